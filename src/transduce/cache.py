@@ -1,0 +1,77 @@
+"""The decoding cache: an explicit object passed to the decoder, never state hidden on modules.
+
+During incremental decoding (Section 3.1: the decoder is auto-regressive) each decoder layer
+needs, for every position decoded so far, the keys and values of its self-attention, and the
+keys and values of its encoder-decoder attention over the source. The cache holds both:
+
+* self-attention keys/values grow by one position per step (written by position into a
+  preallocated buffer that doubles when full, so a step costs no reallocation);
+* encoder-decoder keys/values are projected once per source, when the cache is made
+  (`Transformer.init_cache`), and reused at every step;
+* `reorder(index)` selects rows of the batch, which is how beam search keeps the cache in step
+  with its surviving hypotheses (and how it expands B sources into B * beam rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class LayerCache:
+    """Keys and values of one decoder layer."""
+
+    cross_k: Tensor
+    """Encoder-decoder attention keys, (B, h, S, d_k), projected once from the encoder output."""
+    cross_v: Tensor
+    """Encoder-decoder attention values, (B, h, S, d_v)."""
+    self_k: Tensor | None = None
+    """Self-attention keys buffer, (B, h, capacity, d_k); positions [0, length) are valid."""
+    self_v: Tensor | None = None
+    """Self-attention values buffer, (B, h, capacity, d_v)."""
+
+    def append(self, k: Tensor, v: Tensor, start: int, capacity: int) -> tuple[Tensor, Tensor]:
+        """Write the new positions' keys/values (B, h, n, d) at `start`; return all positions so
+        far, (B, h, start + n, d), as views of the buffer."""
+        n = k.size(2)
+        if self.self_k is None:
+            B, h, _, dk = k.shape
+            self.self_k = k.new_empty(B, h, max(capacity, n), dk)
+            self.self_v = v.new_empty(B, h, max(capacity, n), v.size(-1))
+        elif start + n > self.self_k.size(2):  # full: double the buffer
+            grow = max(self.self_k.size(2), n)
+            self.self_k = torch.cat([self.self_k, self.self_k.new_empty(*self.self_k.shape[:2], grow, self.self_k.size(3))], 2)
+            self.self_v = torch.cat([self.self_v, self.self_v.new_empty(*self.self_v.shape[:2], grow, self.self_v.size(3))], 2)
+        self.self_k[:, :, start : start + n] = k
+        self.self_v[:, :, start : start + n] = v
+        return self.self_k[:, :, : start + n], self.self_v[:, :, : start + n]
+
+
+@dataclass
+class DecoderCache:
+    """Everything the decoder needs to take one more step."""
+
+    layers: list[LayerCache]
+    src_mask: Tensor
+    """Source padding mask, (B, 1, 1, S), True = may attend (see `transduce.model.make_masks`)."""
+    length: int = 0
+    """Target positions decoded so far (the next position's index)."""
+    capacity: int = 64
+    """Initial size of the self-attention buffers, in positions; they double when full."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.src_mask.size(0)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows `index` (a LongTensor of row numbers; may repeat rows), in place."""
+        self.src_mask = self.src_mask.index_select(0, index)
+        for layer in self.layers:
+            layer.cross_k = layer.cross_k.index_select(0, index)
+            layer.cross_v = layer.cross_v.index_select(0, index)
+            if layer.self_k is not None:
+                layer.self_k = layer.self_k.index_select(0, index)
+                layer.self_v = layer.self_v.index_select(0, index)

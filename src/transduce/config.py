@@ -1,0 +1,225 @@
+"""Dataclass configs and the paper's named presets.
+
+`ModelConfig` holds every architectural knob of Table 3 (N, d_model, d_ff, h, d_k, d_v,
+P_drop, positional encoding); `TrainConfig` holds the Section 5 training regime, including
+eps_ls (label smoothing, Table 3 row D) and the number of training steps.
+
+Presets are a plain dict of named `Config`s: the paper's `base` and `big` (Table 3), and every
+row of Table 3 named after its row (`table3-A1` ... `table3-E`), each differing from `base`
+only where the table says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    """The Transformer's architecture (Section 3; the knobs of Table 3).
+
+    Defaults are the paper's base model.
+    """
+
+    src_vocab_size: int = 37000
+    """Source vocabulary size. With `share_embeddings` this is the shared BPE vocabulary (5.1)."""
+    tgt_vocab_size: int | None = None
+    """Target vocabulary size; None means the same vocabulary as the source (the paper)."""
+    n_layers: int = 6
+    """N: identical layers in the encoder and in the decoder (3.1)."""
+    d_model: int = 512
+    """Width of every sub-layer output and of the embeddings (3.1)."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward network (3.3, eq. 2)."""
+    n_heads: int = 8
+    """h: parallel attention heads (3.2.2)."""
+    d_k: int | None = None
+    """Query/key width per head; None means d_model / h (3.2.2)."""
+    d_v: int | None = None
+    """Value width per head; None means d_model / h (3.2.2)."""
+    dropout: float = 0.1
+    """P_drop: applied to each sub-layer output and to embeddings + positions (5.4)."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention weights; not in the paper's base model, an option (parsing, 6.3)."""
+    positional: str = "sinusoidal"
+    """'sinusoidal' (3.5) or 'learned' (Table 3 row E)."""
+    max_positions: int = 1024
+    """Learned positions: table size. Sinusoids are computed for any length."""
+    share_embeddings: bool = True
+    """One matrix for source embedding, target embedding and pre-softmax projection (3.4).
+    Requires one shared vocabulary."""
+    tie_output: bool = True
+    """With separate vocabularies: still tie the target embedding and the pre-softmax projection."""
+    scale_embeddings: bool = True
+    """Multiply embeddings by sqrt(d_model) (3.4)."""
+    norm_first: bool = False
+    """False: the paper's post-norm, LayerNorm(x + Dropout(Sublayer(x))) (3.1).
+    True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), a deviation offered as an option."""
+    layer_norm_eps: float = 1e-6
+    """LayerNorm epsilon (not stated in the paper; tensor2tensor's value)."""
+    pad_id: int = 0
+    """Padding token id; masks are built from it."""
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.src_vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+    @property
+    def head_dim_k(self) -> int:
+        """d_k as used: the explicit value, else d_model / h."""
+        return self.d_model // self.n_heads if self.d_k is None else self.d_k
+
+    @property
+    def head_dim_v(self) -> int:
+        """d_v as used: the explicit value, else d_model / h."""
+        return self.d_model // self.n_heads if self.d_v is None else self.d_v
+
+    def __post_init__(self) -> None:
+        if self.positional not in ("sinusoidal", "learned"):
+            raise ValueError(f"positional must be 'sinusoidal' or 'learned', not {self.positional!r}")
+        if self.share_embeddings and self.src_vocab_size != self.target_vocab_size:
+            raise ValueError(
+                "share_embeddings needs one shared vocabulary "
+                f"(src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.target_vocab_size}); "
+                "set share_embeddings=False for separate vocabularies"
+            )
+        if self.d_model % 2:
+            raise ValueError("d_model must be even for sinusoidal positions")
+        for name in ("n_layers", "d_model", "d_ff", "n_heads", "head_dim_k", "head_dim_v"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
+            raise ValueError("dropout rates must be in [0, 1)")
+
+
+@dataclass
+class TrainConfig:
+    """The training regime of Section 5. Defaults are the paper's base model."""
+
+    max_tokens: int = 25000
+    """Approximate source tokens and target tokens per batch (5.1), summed over GPUs and
+    gradient-accumulation steps."""
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    """Adam beta1, beta2 (5.3)."""
+    adam_eps: float = 1e-9
+    """Adam epsilon (5.3)."""
+    warmup_steps: int = 4000
+    """warmup_steps of equation 3 (5.3)."""
+    lr_scale: float = 1.0
+    """Factor on equation 3 (1.0 is the paper)."""
+    label_smoothing: float = 0.1
+    """eps_ls (5.4; Table 3 row D)."""
+    max_steps: int = 100_000
+    """Training steps: 100K for base, 300K for big (5.2)."""
+    checkpoint_minutes: float = 10.0
+    """Checkpoint interval; the paper wrote one every 10 minutes (6.1)."""
+    average_last: int = 5
+    """Checkpoints averaged for evaluation: last 5 for base, 20 for big (6.1)."""
+
+
+@dataclass
+class Config:
+    """A model and the regime that trains it."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Config":
+        train = dict(d.get("train", {}))
+        if "adam_betas" in train:
+            train["adam_betas"] = tuple(train["adam_betas"])
+        return cls(model=model_config_from_dict(d.get("model", {})), train=TrainConfig(**train))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
+    """Build a ModelConfig from a dict, rejecting unknown keys with a clear message."""
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = set(d) - known
+    if unknown:
+        raise ValueError(f"unknown model config keys: {sorted(unknown)}")
+    return ModelConfig(**d)
+
+
+def _variant(model: dict[str, Any] | None = None, train: dict[str, Any] | None = None) -> Config:
+    """`base` with the given fields changed (Table 3 lists only what differs from base)."""
+    return Config(model=ModelConfig(**(model or {})), train=TrainConfig(**(train or {})))
+
+
+PRESETS: dict[str, Config] = {
+    # Table 3, first row, and Section 6.1.
+    "base": _variant(),
+    # Table 3, last row: N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3, 300K steps (5.2).
+    # (For En-Fr the paper used P_drop=0.1; use --set model.dropout=0.1.)
+    "big": _variant(
+        model=dict(d_model=1024, d_ff=4096, n_heads=16, dropout=0.3),
+        train=dict(max_steps=300_000, average_last=20),
+    ),
+    # (A) number of heads and attention key/value dimensions, computation held constant.
+    "table3-A1": _variant(model=dict(n_heads=1, d_k=512, d_v=512)),
+    "table3-A2": _variant(model=dict(n_heads=4, d_k=128, d_v=128)),
+    "table3-A3": _variant(model=dict(n_heads=16, d_k=32, d_v=32)),
+    "table3-A4": _variant(model=dict(n_heads=32, d_k=16, d_v=16)),
+    # (B) reduced attention key size d_k (d_v stays 64).
+    "table3-B1": _variant(model=dict(d_k=16)),
+    "table3-B2": _variant(model=dict(d_k=32)),
+    # (C) bigger and smaller models.
+    "table3-C1": _variant(model=dict(n_layers=2)),
+    "table3-C2": _variant(model=dict(n_layers=4)),
+    "table3-C3": _variant(model=dict(n_layers=8)),
+    "table3-C4": _variant(model=dict(d_model=256, d_k=32, d_v=32)),
+    "table3-C5": _variant(model=dict(d_model=1024, d_k=128, d_v=128)),
+    "table3-C6": _variant(model=dict(d_ff=1024)),
+    "table3-C7": _variant(model=dict(d_ff=4096)),
+    # (D) dropout and label smoothing.
+    "table3-D1": _variant(model=dict(dropout=0.0)),
+    "table3-D2": _variant(model=dict(dropout=0.2)),
+    "table3-D3": _variant(train=dict(label_smoothing=0.0)),
+    "table3-D4": _variant(train=dict(label_smoothing=0.2)),
+    # (E) learned positional embedding instead of sinusoids.
+    "table3-E": _variant(model=dict(positional="learned")),
+}
+"""Named presets. Table 3's `train steps` column is 100K for every row but big (300K)."""
+
+TABLE3_PARAMS_M: dict[str, float] = {
+    "base": 65, "table3-B1": 58, "table3-B2": 60,
+    "table3-C1": 36, "table3-C2": 50, "table3-C3": 80, "table3-C4": 28,
+    "table3-C5": 168, "table3-C6": 53, "table3-C7": 90, "big": 213,
+}
+"""Table 3's params column (x 10^6), for the rows that list one."""
+
+
+def get_preset(name: str) -> Config:
+    """A fresh copy of a named preset (mutating it does not change the preset)."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return Config.from_dict(PRESETS[name].to_dict())
+
+
+def apply_overrides(config: Config, overrides: list[str]) -> Config:
+    """Apply `section.field=value` overrides (values parsed as JSON, else taken as strings),
+    e.g. ``model.n_layers=3`` or ``train.warmup_steps=8000``."""
+    d = config.to_dict()
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not sep or not dot or section not in d or name not in d[section]:
+            raise ValueError(
+                f"bad override {item!r}: expected section.field=value with section in "
+                f"{sorted(d)} and a known field"
+            )
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        d[section][name] = value
+    return Config.from_dict(d)

@@ -1,0 +1,488 @@
+"""The Transformer of Section 3 of "Attention Is All You Need", in one file.
+
+Read it next to the paper:
+
+* 3.1   `Encoder`, `EncoderLayer`, `Decoder`, `DecoderLayer`: stacks of N identical layers,
+        each sub-layer wrapped as LayerNorm(x + Dropout(Sublayer(x))) (post-norm; pre-norm is
+        an option, `ModelConfig.norm_first`, never the default).
+* 3.2.1 `attention_reference`: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1).
+* 3.2.2 `MultiHeadAttention`: h heads with their own d_k and d_v, concatenated and projected
+        by W^O; the fast path is `torch.nn.functional.scaled_dot_product_attention`.
+* 3.2.3 the three uses of attention: encoder self-attention, masked decoder self-attention,
+        encoder-decoder attention.
+* 3.3   `PositionwiseFeedForward`: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (eq. 2).
+* 3.4   `Embeddings`: learned embeddings multiplied by sqrt(d_model); one matrix shared by the
+        source embedding, the target embedding and the pre-softmax projection.
+* 3.5   `sinusoidal_positions`: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
+        PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); `LearnedPositions` for Table 3 row E.
+* 5.4   dropout on every sub-layer output before the residual add, and on the sums of the
+        embeddings and the positional encodings.
+
+The mask convention
+-------------------
+Every mask in transduce is a **boolean tensor, True = may attend**, broadcastable to the
+attention scores' shape (B, h, T_query, T_key). It is the convention of
+`torch.nn.functional.scaled_dot_product_attention`. Masks are built in one place,
+`make_masks`, from the source padding, the target padding and the causal ("subsequent
+positions", 3.2.3) mask:
+
+    src_mask  (B, 1, 1, S)  = src != pad                        encoder self-attn, cross-attn
+    tgt_mask  (B, 1, T, T)  = causal(T) & (tgt != pad)[:, None, None, :]   decoder self-attn
+
+How this maps onto PyTorch's `nn.Transformer` arguments, whose conventions are the opposite
+(True = may NOT attend) and split in two:
+
+    nn.Transformer argument           transduce equivalent
+    -------------------------------   ------------------------------------------------------
+    src_key_padding_mask (B, S)       ~src_mask[:, 0, 0, :]
+    memory_key_padding_mask (B, S)    ~src_mask[:, 0, 0, :]   (same mask: keys are source positions)
+    tgt_key_padding_mask (B, T)       ~(tgt != pad)
+    tgt_mask (T, T), float -inf/0     ~causal(T)  (or float: 0 where True, -inf where False)
+      or bool True = masked
+    (combined)                        tgt_mask = causal & ~tgt_key_padding_mask (one tensor)
+
+Query positions that are padding are never masked: their outputs are computed and ignored
+(the loss skips them), which keeps every row of the scores with at least one allowed key.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .cache import DecoderCache, LayerCache
+from .config import ModelConfig
+
+# ---------------------------------------------------------------------------------------------
+# Masks: the one place they are built (boolean, True = may attend).
+# ---------------------------------------------------------------------------------------------
+
+
+def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """(B, L) tokens -> (B, 1, 1, L): True where a key position holds a real token."""
+    return (tokens != pad_id)[:, None, None, :]
+
+
+def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | None = None) -> Tensor:
+    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len).
+
+    With k_len == q_len this is the decoder's "prevent positions from attending to subsequent
+    positions" (3.2.3); with k_len > q_len the queries are the last q_len positions of k_len
+    (incremental decoding with a cache of k_len - q_len earlier positions).
+    """
+    k_len = q_len if k_len is None else k_len
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    return (k_pos <= q_pos)[None, None]
+
+
+def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Tensor | None]:
+    """Source mask (B, 1, 1, S) and target mask (B, 1, T, T) from padded token batches."""
+    src_mask = padding_mask(src, pad_id)
+    if tgt is None:
+        return src_mask, None
+    tgt_mask = causal_mask(tgt.size(1), device=tgt.device) & padding_mask(tgt, pad_id)
+    return src_mask, tgt_mask
+
+
+# ---------------------------------------------------------------------------------------------
+# 3.2 Attention
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, equation 1, written out: softmax(Q K^T / sqrt(d_k)) V.
+
+    q (B, h, Tq, d_k), k (B, h, Tk, d_k), v (B, h, Tk, d_v), mask broadcastable to
+    (B, h, Tq, Tk) with True = may attend. Returns the output (B, h, Tq, d_v) and the attention
+    weights (B, h, Tq, Tk) before dropout. The slow path: used when weights are asked for.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention (3.2.2): Concat(head_1, ..., head_h) W^O,
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The projections W^Q, W^K, W^V of all heads are stacked into one matrix `in_proj`
+    (rows: h*d_k for Q, h*d_k for K, h*d_v for V), so self-attention projects with one matmul;
+    encoder-decoder attention uses the Q rows on the decoder states and the K, V rows on the
+    encoder output (views of the same parameter, no copy). d_k and d_v are independent of
+    d_model / h (Table 3 rows A and B).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0):
+        super().__init__()
+        self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
+        self.attention_dropout = attention_dropout
+        self.in_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v))  # [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(n_heads * d_v, d_model)  # W^O
+        q, kv = n_heads * d_k, n_heads * (d_k + d_v)
+        with torch.no_grad():
+            for block in self.in_proj.weight.split([q, n_heads * d_k, n_heads * d_v]):
+                nn.init.xavier_uniform_(block)
+            nn.init.zeros_(self.in_proj.bias)
+            nn.init.xavier_uniform_(self.out_proj.weight)
+            nn.init.zeros_(self.out_proj.bias)
+        self._q_rows, self._kv_rows = q, kv
+
+    def _heads(self, x: Tensor, d: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, d).transpose(1, 2)  # (B, h, T, d)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention: queries, keys and values from the same sequence, (B, h, T, d)."""
+        q, k, v = self.in_proj(x).split([self._q_rows, self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
+        return self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Encoder-decoder attention: queries from the decoder, (B, h, T, d_k)."""
+        w, b = self.in_proj.weight[: self._q_rows], self.in_proj.bias[: self._q_rows]
+        return self._heads(F.linear(x, w, b), self.d_k)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder-decoder attention: keys and values from the encoder output, (B, h, S, d)."""
+        w, b = self.in_proj.weight[self._q_rows :], self.in_proj.bias[self._q_rows :]
+        k, v = F.linear(memory, w, b).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
+        return self._heads(k, self.d_k), self._heads(v, self.d_v)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Equation 1 on every head, then Concat and W^O. Returns (B, Tq, d_model) and, if asked,
+        the weights (B, h, Tq, Tk)."""
+        p = self.attention_dropout if self.training else 0.0
+        if need_weights:
+            out, weights = attention_reference(q, k, v, mask, p)
+        else:
+            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
+        B, _, T, _ = out.shape
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.d_v)  # Concat(head_1..h)
+        return self.out_proj(out), weights
+
+    def forward(
+        self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention over x, or encoder-decoder attention from x to `memory`."""
+        if memory is None:
+            q, k, v = self.project_qkv(x)
+        else:
+            q, (k, v) = self.project_q(x), self.project_kv(memory)
+        return self.attend(q, k, v, mask, need_weights)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3.3 Position-wise feed-forward networks
+# ---------------------------------------------------------------------------------------------
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (equation 2), d_model -> d_ff -> d_model."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w_1 = nn.Linear(d_model, d_ff)
+        self.w_2 = nn.Linear(d_ff, d_model)
+        for lin in (self.w_1, self.w_2):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(F.relu(self.w_1(x)))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3.4 Embeddings, 3.5 Positional encoding
+# ---------------------------------------------------------------------------------------------
+
+
+class Embeddings(nn.Module):
+    """Learned token embeddings, multiplied by sqrt(d_model) (3.4).
+
+    Initialised N(0, d_model^-1/2), so that after the sqrt(d_model) scale the embeddings have unit
+    variance, like the sinusoids they are added to; as the pre-softmax projection the same matrix
+    then gives logits of unit scale (the tensor2tensor convention for shared embeddings).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, scale: bool = True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return F.embedding(tokens, self.weight) * self.scale
+
+
+def sinusoidal_positions(length: int, d_model: int, offset: int = 0) -> Tensor:
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same),
+    for pos in [offset, offset + length). Returns (length, d_model), float32."""
+    pos = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)[None, :]
+    angle = pos / torch.pow(10000.0, two_i / d_model)
+    pe = torch.empty(length, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)  # even dimensions
+    pe[:, 1::2] = torch.cos(angle)  # odd dimensions
+    return pe.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """The fixed sinusoids of 3.5, cached in a (non-saved) buffer that grows on demand."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.d_model = d_model
+        self.register_buffer("table", sinusoidal_positions(max_positions, d_model), persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        if offset + length > self.table.size(0):
+            self.table = sinusoidal_positions(2 * (offset + length), self.d_model).to(self.table.device)
+        return self.table[offset : offset + length]
+
+
+class LearnedPositions(nn.Module):
+    """Learned positional embeddings (Table 3 row E), one vector per position < max_positions."""
+
+    def __init__(self, d_model: int, max_positions: int = 1024):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+        nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        if offset + length > self.weight.size(0):
+            raise ValueError(
+                f"sequence of {offset + length} positions exceeds the learned position table "
+                f"({self.weight.size(0)}); raise model.max_positions"
+            )
+        return self.weight[offset : offset + length]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3.1 Encoder and decoder stacks
+# ---------------------------------------------------------------------------------------------
+
+
+class EncoderLayer(nn.Module):
+    """Multi-head self-attention, then the position-wise FFN (3.1), each wrapped as
+    LayerNorm(x + Dropout(Sublayer(x)))  (post-norm, the paper), or
+    x + Dropout(Sublayer(LayerNorm(x)))  (pre-norm, `norm_first`)."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
+        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+        self.norm_first = c.norm_first
+
+    def forward(self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        h = self.norm1(x) if self.norm_first else x
+        a, weights = self.self_attn(h, mask=src_mask, need_weights=need_weights)
+        x = x + self.dropout(a)
+        if not self.norm_first:
+            x = self.norm1(x)
+
+        h = self.norm2(x) if self.norm_first else x
+        x = x + self.dropout(self.feed_forward(h))
+        if not self.norm_first:
+            x = self.norm2(x)
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    """Masked multi-head self-attention, encoder-decoder attention, then the FFN (3.1), each
+    wrapped like the encoder's sub-layers. With a `LayerCache`, self-attention keys/values are
+    appended to the cache and encoder-decoder keys/values are read from it."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
+        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm3 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.dropout = nn.Dropout(c.dropout)
+        self.norm_first = c.norm_first
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        tgt_mask: Tensor | None,
+        src_mask: Tensor | None,
+        cache: LayerCache | None = None,
+        start: int = 0,
+        capacity: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        # Masked self-attention (3.2.3): each position sees itself and earlier positions.
+        h = self.norm1(x) if self.norm_first else x
+        q, k, v = self.self_attn.project_qkv(h)
+        if cache is not None:
+            k, v = cache.append(k, v, start, capacity)
+        a, self_weights = self.self_attn.attend(q, k, v, tgt_mask, need_weights)
+        x = x + self.dropout(a)
+        if not self.norm_first:
+            x = self.norm1(x)
+
+        # Encoder-decoder attention (3.2.3): queries from the decoder, keys/values from the encoder.
+        h = self.norm2(x) if self.norm_first else x
+        q = self.cross_attn.project_q(h)
+        k, v = (cache.cross_k, cache.cross_v) if cache is not None else self.cross_attn.project_kv(memory)
+        a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights)
+        x = x + self.dropout(a)
+        if not self.norm_first:
+            x = self.norm2(x)
+
+        h = self.norm3(x) if self.norm_first else x
+        x = x + self.dropout(self.feed_forward(h))
+        if not self.norm_first:
+            x = self.norm3(x)
+        return x, self_weights, cross_weights
+
+
+class Encoder(nn.Module):
+    """Embeddings + positions (with dropout, 5.4), then N encoder layers (3.1)."""
+
+    def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module):
+        super().__init__()
+        self.embed, self.positions = embed, positions
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
+        # Pre-norm leaves the last residual sum un-normalised; post-norm needs no final norm.
+        self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
+
+    def forward(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        x = self.embed(src) + self.positions(src.size(1))  # (B, S, d_model)
+        x = self.dropout(x)
+        all_weights = []
+        for layer in self.layers:
+            x, w = layer(x, src_mask, need_weights)
+            all_weights.append(w)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, all_weights
+
+
+class Decoder(nn.Module):
+    """Embeddings + positions (with dropout, 5.4), then N decoder layers (3.1)."""
+
+    def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module):
+        super().__init__()
+        self.embed, self.positions = embed, positions
+        self.dropout = nn.Dropout(c.dropout)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
+        self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
+
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None,
+        src_mask: Tensor,
+        tgt_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        start = cache.length if cache is not None else 0
+        x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
+        x = self.dropout(x)
+        self_w, cross_w = [], []
+        for i, layer in enumerate(self.layers):
+            layer_cache = cache.layers[i] if cache is not None else None
+            capacity = cache.capacity if cache is not None else 0
+            x, sw, cw = layer(x, memory, tgt_mask, src_mask, layer_cache, start, capacity, need_weights)
+            self_w.append(sw)
+            cross_w.append(cw)
+        if cache is not None:
+            cache.length += tgt.size(1)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, self_w, cross_w
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer (Figure 1). `forward(src, tgt)` returns logits over the
+    target vocabulary; the loss lives in `transduce.train.loss`.
+
+    Token batches are (B, L) LongTensors right-padded with `config.pad_id`; `tgt` is the decoder
+    input (BOS followed by the target shifted right).
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = self.config = config
+        src_embed = Embeddings(c.src_vocab_size, c.d_model, c.scale_embeddings)
+        # 3.4: "we share the same weight matrix between the two embedding layers and the
+        # pre-softmax linear transformation".
+        tgt_embed = src_embed if c.share_embeddings else Embeddings(c.target_vocab_size, c.d_model, c.scale_embeddings)
+        if c.positional == "sinusoidal":
+            src_pos = tgt_pos = SinusoidalPositions(c.d_model, c.max_positions)
+        else:
+            src_pos, tgt_pos = LearnedPositions(c.d_model, c.max_positions), LearnedPositions(c.d_model, c.max_positions)
+        self.encoder = Encoder(c, src_embed, src_pos)
+        self.decoder = Decoder(c, tgt_embed, tgt_pos)
+        if c.share_embeddings or c.tie_output:
+            self.output_proj = None  # logits = x @ E^T with the target embedding matrix E
+        else:
+            self.output_proj = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
+            nn.init.normal_(self.output_proj.weight, mean=0.0, std=c.d_model**-0.5)
+
+    def logits(self, x: Tensor) -> Tensor:
+        """The pre-softmax linear transformation (3.4): (B, T, d_model) -> (B, T, V)."""
+        w = self.decoder.embed.weight if self.output_proj is None else self.output_proj.weight
+        return F.linear(x, w)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Encoder output ("memory"), (B, S, d_model)."""
+        if src_mask is None:
+            src_mask = padding_mask(src, self.config.pad_id)
+        return self.encoder(src, src_mask)[0]
+
+    def forward(self, src: Tensor, tgt: Tensor, return_attention: bool = False):
+        """Teacher-forced pass: logits (B, T, V) for every target position.
+
+        With `return_attention=True`, returns (logits, attention) where attention holds the
+        weights (B, h, Tq, Tk) of every layer: {"encoder": [...], "decoder_self": [...],
+        "decoder_cross": [...]} (computed by the reference path; slower).
+        """
+        src_mask, tgt_mask = make_masks(src, tgt, self.config.pad_id)
+        memory, enc_w = self.encoder(src, src_mask, return_attention)
+        x, self_w, cross_w = self.decoder(tgt, memory, src_mask, tgt_mask, need_weights=return_attention)
+        logits = self.logits(x)
+        if return_attention:
+            return logits, {"encoder": enc_w, "decoder_self": self_w, "decoder_cross": cross_w}
+        return logits
+
+    # -- incremental decoding -----------------------------------------------------------------
+
+    def init_cache(self, memory: Tensor, src_mask: Tensor, capacity: int = 64) -> DecoderCache:
+        """A decoding cache for these sources: the encoder-decoder keys/values of every layer are
+        projected here, once; self-attention buffers start with room for `capacity` positions."""
+        layers = [LayerCache(*layer.cross_attn.project_kv(memory)) for layer in self.decoder.layers]
+        return DecoderCache(layers=layers, src_mask=src_mask, capacity=capacity)
+
+    def decode_step(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
+        """Feed the next target tokens (B, n) (usually n = 1) at positions [cache.length,
+        cache.length + n); returns their logits (B, n, V) and advances the cache."""
+        n = tgt.size(1)
+        # One new position attends to every cached one: no mask. Several: causal with offset.
+        tgt_mask = None if n == 1 else causal_mask(n, cache.length + n, device=tgt.device)
+        x, _, _ = self.decoder(tgt, None, cache.src_mask, tgt_mask, cache=cache)
+        return self.logits(x)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
