@@ -1,0 +1,204 @@
+"""Batches by token budget, and the tensors a batch becomes.
+
+Section 5.1: "Sentence pairs were batched together by approximate sequence length. Each training
+batch contained a set of sentence pairs containing approximately 25000 source tokens and 25000
+target tokens."
+
+`batch_by_tokens` works from the two arrays of sentence sizes alone (it never reads a token):
+pairs are sorted by length, so that a batch holds sentences of similar length and little
+padding, then cut into batches whose *padded* size, batch_size * longest sentence, stays within
+`max_tokens` on both sides. Padded tokens count because they are what the hardware computes.
+So `max_tokens=25000` gives at most 25000 source and 25000 target positions per batch, which is
+the paper's budget summed over its 8 GPUs (use `max_tokens / num_gpus` per GPU, or accumulate
+gradients).
+
+`collate` turns one batch into the model's inputs (all right-padded with PAD):
+
+    src      (B, S)  stored source, ends with EOS          x1 x2 x3 EOS
+    tgt_in   (B, T)  BOS + stored target without its EOS   BOS y1 y2 y3
+    tgt_out  (B, T)  stored target, ends with EOS          y1 y2 y3 EOS
+
+so the decoder predicts tgt_out[:, t] having seen tgt_in[:, :t+1]: with the causal mask, this is
+"the output embeddings are offset by one position" of Section 3.1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .indexed import IndexedDataset
+from .text import DataError
+from .vocab import BOS, PAD, Vocab
+
+METADATA = "data.json"  # written by `transduce prepare` into the data directory
+
+
+def batch_by_tokens(
+    src_sizes: np.ndarray,
+    tgt_sizes: np.ndarray,
+    max_tokens: int,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    num_shards: int = 1,
+    shard_id: int = 0,
+) -> list[np.ndarray]:
+    """Group pair indices into batches of at most `max_tokens` padded tokens per side.
+
+    1. Sort pairs by (target size, source size); ties are broken at random (seeded by `seed`
+       and `epoch`), so equal-length pairs meet different neighbours each epoch.
+    2. Walk the sorted pairs, closing a batch when one more pair would make
+       batch_size * max(size) exceed `max_tokens` on the source or the target side.
+    3. Shuffle the list of batches (if `shuffle`); the result depends only on (seed, epoch).
+
+    With `shuffle=False` (evaluation) the order is fully deterministic and does not depend on
+    the seed or the epoch.
+
+    Sharding for data-parallel training: every rank calls this with the same arguments except
+    `shard_id`, and gets every `num_shards`-th batch of the same list. To keep the ranks in
+    lockstep each shard gets the same number of batches: the list is padded at the end with
+    its first batches again (at most num_shards - 1 repeats per epoch; different ones each
+    epoch since the list is shuffled). Nothing is dropped.
+
+    Raises ValueError if a single pair is longer than `max_tokens`.
+    """
+    src_sizes = np.asarray(src_sizes, dtype=np.int64)
+    tgt_sizes = np.asarray(tgt_sizes, dtype=np.int64)
+    if src_sizes.shape != tgt_sizes.shape or src_sizes.ndim != 1:
+        raise ValueError(f"size arrays differ: {src_sizes.shape} source vs {tgt_sizes.shape} target")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if not 0 <= shard_id < num_shards:
+        raise ValueError(f"shard_id {shard_id} is not in [0, {num_shards})")
+    too_long = np.flatnonzero((src_sizes > max_tokens) | (tgt_sizes > max_tokens))
+    if len(too_long):
+        i = int(too_long[0])
+        raise ValueError(
+            f"pair {i} has {src_sizes[i]} source and {tgt_sizes[i]} target tokens, more than "
+            f"max_tokens={max_tokens} ({len(too_long)} such pairs); raise max_tokens or prepare "
+            f"the data with a smaller --max-len"
+        )
+
+    rng = np.random.default_rng([seed, epoch])
+    tie_break = rng.random(len(src_sizes)) if shuffle else np.arange(len(src_sizes))
+    order = np.lexsort((tie_break, src_sizes, tgt_sizes))  # the last key sorts first
+    batches = _pack(order, src_sizes[order].tolist(), tgt_sizes[order].tolist(), max_tokens)
+    if shuffle:
+        batches = [batches[j] for j in rng.permutation(len(batches))]
+    return _shard(batches, num_shards, shard_id)
+
+
+def _pack(order: np.ndarray, src: list[int], tgt: list[int], max_tokens: int) -> list[np.ndarray]:
+    """Cut `order` (pair indices, with their sizes `src`, `tgt`) greedily into batches."""
+    batches = []
+    start, longest_src, longest_tgt = 0, 0, 0
+    for k in range(len(order)):
+        s, t = max(longest_src, src[k]), max(longest_tgt, tgt[k])
+        if (k - start + 1) * max(s, t) > max_tokens:  # pair k does not fit: it opens a new batch
+            batches.append(order[start:k])
+            start, s, t = k, src[k], tgt[k]
+        longest_src, longest_tgt = s, t
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+def _shard(batches: list[np.ndarray], num_shards: int, shard_id: int) -> list[np.ndarray]:
+    """Every `num_shards`-th batch, after padding the list to a multiple of `num_shards`."""
+    if num_shards == 1 or not batches:
+        return batches
+    per_shard = math.ceil(len(batches) / num_shards)
+    padded = [batches[j % len(batches)] for j in range(per_shard * num_shards)]
+    return padded[shard_id::num_shards]
+
+
+def collate(
+    src_list: Sequence[np.ndarray], tgt_list: Sequence[np.ndarray], pad_id: int = PAD, bos_id: int = BOS
+) -> dict:
+    """Pad stored sentences into the model's tensors (see the module docstring).
+
+    Returns {"src": (B, S), "tgt_in": (B, T), "tgt_out": (B, T)} as LongTensors, and
+    "ntokens": the number of non-pad target tokens (the loss normalizer).
+    """
+    if len(src_list) != len(tgt_list) or not src_list:
+        raise ValueError(f"need equal, non-zero numbers of sentences, got {len(src_list)} and {len(tgt_list)}")
+    batch = len(src_list)
+    src_len = max(len(s) for s in src_list)
+    tgt_len = max(len(t) for t in tgt_list)
+    src = np.full((batch, src_len), pad_id, dtype=np.int64)  # (B, S)
+    tgt_in = np.full((batch, tgt_len), pad_id, dtype=np.int64)  # (B, T)
+    tgt_out = np.full((batch, tgt_len), pad_id, dtype=np.int64)  # (B, T)
+    for i, (s, t) in enumerate(zip(src_list, tgt_list)):
+        src[i, : len(s)] = s
+        tgt_out[i, : len(t)] = t
+        tgt_in[i, 0] = bos_id
+        tgt_in[i, 1 : len(t)] = t[:-1]
+    return {
+        "src": torch.from_numpy(src),
+        "tgt_in": torch.from_numpy(tgt_in),
+        "tgt_out": torch.from_numpy(tgt_out),
+        "ntokens": int(sum(len(t) for t in tgt_list)),
+    }
+
+
+class ParallelDataset:
+    """A source and a target `IndexedDataset` of the same split, pair i = (src[i], tgt[i])."""
+
+    def __init__(self, src: IndexedDataset, tgt: IndexedDataset):
+        if len(src) != len(tgt):
+            raise DataError(f"{len(src)} source but {len(tgt)} target sentences", src.prefix)
+        self.src, self.tgt = src, tgt
+
+    @classmethod
+    def load(cls, data_dir: str | Path, split: str) -> "ParallelDataset":
+        """The split `split` of a `transduce prepare` output directory ({split}.src/.tgt)."""
+        data_dir = Path(data_dir)
+        if not (data_dir / f"{split}.src.idx").is_file():
+            found = sorted(p.name[: -len(".src.idx")] for p in data_dir.glob("*.src.idx"))
+            have = f"prepared splits: {', '.join(found)}" if found else "run `transduce prepare` first"
+            raise DataError(f"no split {split!r} here ({have})", data_dir)
+        return cls(IndexedDataset(data_dir / f"{split}.src"), IndexedDataset(data_dir / f"{split}.tgt"))
+
+    @property
+    def src_sizes(self) -> np.ndarray:
+        return self.src.sizes
+
+    @property
+    def tgt_sizes(self) -> np.ndarray:
+        return self.tgt.sizes
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.src[i], self.tgt[i]
+
+    def batches(self, max_tokens: int, **kwargs) -> list[np.ndarray]:
+        """`batch_by_tokens` over this dataset's sizes (same keyword arguments)."""
+        return batch_by_tokens(self.src_sizes, self.tgt_sizes, max_tokens, **kwargs)
+
+    def collate(self, indices: Sequence[int], pad_id: int = PAD, bos_id: int = BOS) -> dict:
+        """The tensors of the pairs `indices` (see `collate`)."""
+        return collate([self.src[int(i)] for i in indices], [self.tgt[int(i)] for i in indices], pad_id, bos_id)
+
+
+def read_metadata(data_dir: str | Path) -> dict:
+    """The data.json of a prepared directory."""
+    path = Path(data_dir) / METADATA
+    if not path.is_file():
+        raise DataError("no such file (run `transduce prepare` first)", path)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_vocabs(data_dir: str | Path) -> tuple[Vocab, Vocab]:
+    """(source vocabulary, target vocabulary) of a prepared directory (the same object if shared)."""
+    files = read_metadata(data_dir)["vocab"]["files"]
+    src = Vocab(Path(data_dir) / files["src"])
+    return src, src if files["tgt"] == files["src"] else Vocab(Path(data_dir) / files["tgt"])

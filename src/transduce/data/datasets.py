@@ -1,0 +1,438 @@
+"""Datasets known by name: where each text file comes from and how to check it.
+
+`fetch(name, split, lang)` returns the path of one side of one split, as a (possibly .gz) text
+file, looking in this order:
+
+1. a local mirror: the `data_dir` argument (`--data-dir`), else the environment variable
+   TRANSDUCE_DATA_DIR, else `../shared/data` next to the repository if that folder exists.
+   Its layout is `<data_dir>/<name>/<mirror path>` (the mirror paths below; a plain file may
+   stand in for a .gz one and vice versa). A mirror named explicitly must hold the file
+   (unless it is a corpus loaded through Hugging Face, below);
+2. the cache: `cache_dir`, else TRANSDUCE_CACHE_DIR, else ~/.cache/transduce; files there were
+   verified when they were downloaded;
+3. a download from the original source into the cache (written under a temporary name, checked
+   against its sha256, then renamed into place).
+
+Every file with a known checksum is verified by the sha256 of its *uncompressed* text, so a
+gzip-compressed mirror copy and the plain original check out the same.
+
+Registered datasets (DATASETS):
+
+- multi30k: Multi30k Task 1 (Elliott et al., 2016; 2017), en/de/fr image descriptions; splits
+  train (29000), val (1014), test_2016_flickr (1000), test_2017_flickr (1000),
+  test_2017_mscoco (461); variants "raw" (cased, untokenized) and "tok" (lowercased,
+  normalized, Moses-tokenized, as produced upstream). Source: github.com/multi30k/dataset.
+- wmt14-en-de, wmt14-en-fr: the WMT 2014 news test sets, newstest2012/2013/2014 (2013 is the
+  paper's development set, 2014 its test set), extracted from the SGML files of statmt.org's
+  dev.tgz and test-full.tgz; for en-de also newstest2014-filtered (the 2737-segment official
+  test set of test-filtered.tgz, sacreBLEU's "wmt14") and train-sample (10000 pairs of
+  Moses-tokenized WMT training text from harvardnlp/seq2seq-attn, for smoke tests only).
+  Their split "train" is the full WMT14 training corpus (4.5M pairs for en-de, about 40M for
+  en-fr): it is not downloaded by this module but loaded through Hugging Face `datasets`
+  ("wmt/wmt14", config "de-en" / "fr-en") when that package is installed, or read from a
+  mirror as `train-full.<lang>.gz`.
+
+  The WMT checksums are those of the plain text in Helsinki-NLP/OPUS-MT-testsets (the mirror's
+  source). That `sgml_to_lines` reproduces it from the statmt.org archives could not be checked
+  without network access; the tests check it on archives rebuilt from that text. Likewise
+  newstest2014-filtered in the mirror is a reconstruction (see its PROVENANCE.md).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import re
+import shutil
+import tarfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .text import DataError
+
+ENV_DATA_DIR = "TRANSDUCE_DATA_DIR"
+ENV_CACHE_DIR = "TRANSDUCE_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One text file of a dataset: its origin, its checksum and its name in a mirror."""
+
+    mirror: str  # path under <data_dir>/<dataset>/
+    url: str | None = None  # a .gz or plain text file, or a .tgz archive holding `member`
+    sha256: str | None = None  # of the uncompressed text; None: cannot be verified
+    member: str | None = None  # the SGML file to extract from the .tgz at `url`
+    lines: int | None = None
+    hf: tuple[str, str] | None = None  # (Hugging Face dataset, config) to load it from instead
+
+    @property
+    def cache_name(self) -> str:
+        """Name in the cache: the mirror path, without .gz unless the download is gzip."""
+        if self.url and self.url.endswith(".gz"):
+            return self.mirror
+        return self.mirror[:-3] if self.mirror.endswith(".gz") else self.mirror
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A named parallel dataset: its languages, splits and files."""
+
+    name: str
+    description: str
+    langs: tuple[str, ...]
+    train: str  # the split names `transduce prepare` uses by default
+    valid: str
+    tests: tuple[str, ...]  # tests[0] is the main test set
+    files: dict[tuple[str, str, str], Source] = field(repr=False)  # (variant, split, lang) -> Source
+
+    @property
+    def variants(self) -> list[str]:
+        return sorted({v for v, _, _ in self.files})
+
+    @property
+    def splits(self) -> list[str]:
+        return sorted({s for _, s, _ in self.files})
+
+    def source(self, split: str, lang: str, variant: str = "raw") -> Source:
+        if variant not in self.variants:
+            raise DataError(f"{self.name} has no variant {variant!r} (choose from {', '.join(self.variants)})")
+        if lang not in self.langs:
+            raise DataError(f"{self.name} has no language {lang!r} (choose from {', '.join(self.langs)})")
+        key = (variant, split, lang)
+        if key not in self.files:
+            raise DataError(f"{self.name} has no split {split!r} (choose from {', '.join(self.splits)})")
+        return self.files[key]
+
+
+# --- Multi30k ------------------------------------------------------------------------------------
+
+MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
+MULTI30K_URL = f"https://raw.githubusercontent.com/multi30k/dataset/{MULTI30K_COMMIT}/data/task1"
+MULTI30K_LINES = {"train": 29000, "val": 1014, "test_2016_flickr": 1000, "test_2017_flickr": 1000, "test_2017_mscoco": 461}
+
+# sha256 of the uncompressed files (also in shared/data/multi30k/PROVENANCE.md)
+MULTI30K_SHA256 = {
+    ("raw", "train", "en"): "460a15fbd157e34a7a9957ee388c1ca247fe47af3ef25fb50442af6c274e0fc6",
+    ("raw", "train", "de"): "2c2b73fd2b548fbcde3a875e0a78d6ee94d498bfdee6bd3eae3945779e9ddf72",
+    ("raw", "train", "fr"): "5925a3c18f1587b6b54b87743106e6e8ab93618edb6f65d19eac0621f853a10d",
+    ("raw", "val", "en"): "1f2a23d992769b5b3d209b0a10dd0b77c08cceb1f20dfb97ed0aafa49d107227",
+    ("raw", "val", "de"): "660e09eb7e1da2f856ea13ee5ad3cf6d36b3d5b0b733c857e94c5747a3dfc660",
+    ("raw", "val", "fr"): "5304e444d842e962b2dda4d816b70b22a1765b15401642b7ca37a67477e708dc",
+    ("raw", "test_2016_flickr", "en"): "399a4382932c1aadd3ceb9bef1008d388a64c76d4ae4e9d4728c6f4301cac182",
+    ("raw", "test_2016_flickr", "de"): "4be6b5b3236b79c25475c6bb829800a7ce559e9ba7a1f6c2394fe4d40be46d16",
+    ("raw", "test_2016_flickr", "fr"): "cb3160d69b002bb638e66cc7612fcd56cb0af82eadc9c142dedc438afb885ef6",
+    ("raw", "test_2017_flickr", "en"): "ce1450ddc5ab0834502579d77a170849952e15a2938b34cc503bdc25ebb4fb98",
+    ("raw", "test_2017_flickr", "de"): "c3078bc3b36808bf9d20eb2347ed6137016179ef59ec0d2b9b8ecc3fb2880081",
+    ("raw", "test_2017_flickr", "fr"): "6f3764e31dac41e9455e612958bcfd4e877c5e15cd66df2c2b2be6d9bd83e5b6",
+    ("raw", "test_2017_mscoco", "en"): "43051fdfa86fd5395182e718a94ca67b1b227b9f7c79596ff0f6b813216981d2",
+    ("raw", "test_2017_mscoco", "de"): "58277df3c75f92f7145a11b910b553d1cf82c439249d4dc237c899609eafac22",
+    ("raw", "test_2017_mscoco", "fr"): "39cde3f43f32b0a6bf29ce4917a46329ff32e53070c2fac87506695a740ae0a0",
+    ("tok", "train", "en"): "08925f8e0572bcd5a006702fc5fe20e2d77c6917d4eebd576fc20de6693c2119",
+    ("tok", "train", "de"): "cb5a23529b65ec2061f1dc446192a9c37382b63cc75f81a0be59d34894b3a505",
+    ("tok", "train", "fr"): "8fa41bb718412bcb7c5dfa58603842810a01543eae86a51279f9886b901266e1",
+    ("tok", "val", "en"): "46573ce391ae227f1c72f873392436a20ef18e0a6d518098cfbd70b77c8572ec",
+    ("tok", "val", "de"): "97232bd273eceb7207f689527386a97e4be2616b18ada47576bdaf96c8ae1f00",
+    ("tok", "val", "fr"): "b303e301aa21fe7822a846b2b3fb2d5a1121ec807cd5b1d006fb7b2b5507168a",
+    ("tok", "test_2016_flickr", "en"): "5b7f32627cf99eced828311b955dae9800bb52bc8b91cf8b6526829e605b29d2",
+    ("tok", "test_2016_flickr", "de"): "c6a33d39d48f9f510de147651316cd9d918e09ad0219df734a2f16b6baccacc4",
+    ("tok", "test_2016_flickr", "fr"): "1463bd5960f9bfe098ec3cd752d3df0c49c84dc646fb518964a29232658cd836",
+    ("tok", "test_2017_flickr", "en"): "c9d1dfd7a26add989382e534af235af9f0f658b2a30e7eb0efdaf142496ee54f",
+    ("tok", "test_2017_flickr", "de"): "02067e4a9402786a4fcb8c1b6f4307e4a5073ced64800abead5273b54f5f31f6",
+    ("tok", "test_2017_flickr", "fr"): "c0583117a47b31e8a6c6a97cfe8de153e462074668f4e994764fcc80b21d33b4",
+    ("tok", "test_2017_mscoco", "en"): "fe69ae004d71c42ead0301e70c57de5b1b6b5fb7f52210d42b22801e98e656f3",
+    ("tok", "test_2017_mscoco", "de"): "e2825990b8a4e5289d2cdba801d57c187810bab9b4f5d87a30c35800a0d871b6",
+    ("tok", "test_2017_mscoco", "fr"): "0b6a4620f02b6b9acf7811fda23f90fed9c6baa0b96aa224db50a273078c84d1",
+}
+
+
+def _multi30k_source(variant: str, split: str, lang: str, sha256: str) -> Source:
+    if variant == "raw":  # gzip upstream
+        name = f"raw/{split}.{lang}.gz"
+        return Source(mirror=name, url=f"{MULTI30K_URL}/{name}", sha256=sha256, lines=MULTI30K_LINES[split])
+    name = f"tok/{split}.lc.norm.tok.{lang}"  # plain text upstream, gzip in the mirror
+    return Source(mirror=name + ".gz", url=f"{MULTI30K_URL}/{name}", sha256=sha256, lines=MULTI30K_LINES[split])
+
+
+MULTI30K = DatasetInfo(
+    name="multi30k",
+    description="Multi30k Task 1: Flickr30k image descriptions in en/de/fr (29k training pairs)",
+    langs=("en", "de", "fr"),
+    train="train",
+    valid="val",
+    tests=("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"),
+    files={key: _multi30k_source(*key, sha256) for key, sha256 in MULTI30K_SHA256.items()},
+)
+
+
+# --- WMT 2014 -------------------------------------------------------------------------------------
+
+WMT14_DEV = "http://www.statmt.org/wmt14/dev.tgz"
+WMT14_TEST_FULL = "http://www.statmt.org/wmt14/test-full.tgz"
+WMT14_TEST_FILTERED = "http://www.statmt.org/wmt14/test-filtered.tgz"
+HF_WMT14 = "wmt/wmt14"  # the Hugging Face hub id of the former "wmt14" dataset
+SEQ2SEQ_ATTN_URL = "https://raw.githubusercontent.com/harvardnlp/seq2seq-attn/2d36b4348dad5a18571495feacddcf8c6620a678/data"
+
+# sha256 of the plain text (shared/data/wmt14-en-*/PROVENANCE.md; Helsinki-NLP/OPUS-MT-testsets)
+WMT14_SHA256 = {
+    ("en-de", "newstest2012", "en"): "f9e51f85c4948033fc7d77ef427f4d88908a8dd3f778970f62d0baafac3ff97e",
+    ("en-de", "newstest2012", "de"): "946b9587b79271b0f3ce9cc8c0e5b310e3021ef598e1ba5dc2a24fef8960de30",
+    ("en-de", "newstest2013", "en"): "ace268a1d9724ca76f6d8e5c720ffdc08f01bdce45630ed8b269dc7918e1c16e",
+    ("en-de", "newstest2013", "de"): "d7ea35ab91ff3709e03ad9cb6bf5b4f2cc775cd2d72efd5254c4aec5e69663ca",
+    ("en-de", "newstest2014", "en"): "7294bccf2879a97b3706b95c9595f1459617a8ee7130d5d8581c910e69736971",
+    ("en-de", "newstest2014", "de"): "ae5d110486bc33d7175e9e28c7d0051eb3e5fcd2166dd93371089852c091a20e",
+    ("en-de", "newstest2014-filtered", "en"): "18db2323feae45b4b9e7d3b400d3ee3740f03a4da50046c07e3c255b9985a3f9",
+    ("en-de", "newstest2014-filtered", "de"): "48fad9e043d7e8e89c06fa8203283501166e4f4a059f6cf08d9a4d6674a19fd8",
+    ("en-de", "train-sample", "en"): "db668a7d798bddf21d1ab8fcb403efbc724ba01b70472ad30d1e2049fd46e12b",
+    ("en-de", "train-sample", "de"): "fe1f824a189baa650eec46269e66eef07f7304ba7572598ebbe61c55eeff7d01",
+    ("en-fr", "newstest2012", "en"): "f9e51f85c4948033fc7d77ef427f4d88908a8dd3f778970f62d0baafac3ff97e",
+    ("en-fr", "newstest2012", "fr"): "29aa5aff172127f6adf5625cc2f8e44f579d524700e84f1ec0eb14f4f19719e4",
+    ("en-fr", "newstest2013", "en"): "ace268a1d9724ca76f6d8e5c720ffdc08f01bdce45630ed8b269dc7918e1c16e",
+    ("en-fr", "newstest2013", "fr"): "909b63be5df3eb8c13e1d5967bf3f0adfdb9f6ed5e638c5bffff563ee2ff7f41",
+    ("en-fr", "newstest2014", "en"): "9a12cb6e8efb3509ebede627e4a9c83ee64935509d561ff70f4b7bd5f93f6096",
+    ("en-fr", "newstest2014", "fr"): "2bd07dc204f965bf88e90adb6223a8cb850f9bf9840df6af1f4945195936656e",
+}
+WMT14_LINES = {"newstest2012": 3003, "newstest2013": 3000, "newstest2014": 3003, "newstest2014-filtered": 2737, "train-sample": 10000}
+
+
+def _wmt14_source(pair: str, split: str, lang: str) -> Source:
+    """English is the "src" side of the SGML files, the other language the "ref" side."""
+    other = pair.split("-")[1]
+    role = "src" if lang == "en" else "ref"
+    sha256 = WMT14_SHA256.get((pair, split, lang))
+    lines = WMT14_LINES.get(split)
+    if split in ("newstest2012", "newstest2013"):
+        member = f"dev/{split}-{role}.{lang}.sgm"
+        return Source(f"{split}.{lang}.gz", WMT14_DEV, sha256, member, lines)
+    if split == "newstest2014":
+        member = f"test-full/newstest2014-{other}en-{role}.{lang}.sgm"
+        return Source(f"{split}.{lang}.gz", WMT14_TEST_FULL, sha256, member, lines)
+    if split == "newstest2014-filtered":
+        member = f"test/newstest2014-{other}en-{role}.{lang}.sgm"
+        return Source(f"{split}.{lang}.gz", WMT14_TEST_FILTERED, sha256, member, lines)
+    if split == "train-sample":
+        name = "src-train.txt" if lang == "en" else "targ-train.txt"
+        return Source(f"train.{lang}.gz", f"{SEQ2SEQ_ATTN_URL}/{name}", sha256, None, lines)
+    if split == "train":
+        return Source(f"train-full.{lang}.gz", hf=(HF_WMT14, f"{other}-en"))
+    raise ValueError(split)
+
+
+def _wmt14(pair: str, description: str, splits: tuple[str, ...], tests: tuple[str, ...]) -> DatasetInfo:
+    langs = tuple(pair.split("-"))
+    files = {("raw", s, lang): _wmt14_source(pair, s, lang) for s in splits for lang in langs}
+    return DatasetInfo(f"wmt14-{pair}", description, langs, "train", "newstest2013", tests, files)
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "multi30k": MULTI30K,
+    "wmt14-en-de": _wmt14(
+        "en-de",
+        "WMT 2014 English-German: newstest2012-2014; full training set through Hugging Face datasets",
+        ("train", "train-sample", "newstest2012", "newstest2013", "newstest2014", "newstest2014-filtered"),
+        ("newstest2014", "newstest2014-filtered"),
+    ),
+    "wmt14-en-fr": _wmt14(
+        "en-fr",
+        "WMT 2014 English-French: newstest2012-2014; full training set through Hugging Face datasets",
+        ("train", "newstest2012", "newstest2013", "newstest2014"),
+        ("newstest2014",),
+    ),
+}
+
+
+def get_dataset(name: str) -> DatasetInfo:
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    return DATASETS[name]
+
+
+# --- where files are looked for -------------------------------------------------------------------
+
+
+def default_data_dir() -> Path | None:
+    """`shared/data` beside the repository (src/transduce/data/datasets.py -> ../shared/data), if
+    it exists."""
+    repo = Path(__file__).resolve().parents[3]
+    mirror = repo.parent / "shared" / "data"
+    return mirror if mirror.is_dir() else None
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE_DIR):
+        return Path(os.environ[ENV_CACHE_DIR])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transduce"
+
+
+def fetch(
+    name: str,
+    split: str,
+    lang: str,
+    *,
+    variant: str = "raw",
+    data_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+) -> Path:
+    """Path to the `lang` side of `split` of dataset `name` (see the module docstring)."""
+    info = get_dataset(name)
+    source = info.source(split, lang, variant)
+
+    explicit = data_dir or os.environ.get(ENV_DATA_DIR)
+    mirror = Path(explicit) if explicit else default_data_dir()
+    if mirror is not None:
+        path = _find_in_mirror(mirror / name / source.mirror)
+        if path is not None:
+            verify(path, source.sha256)
+            return path
+        if explicit and not source.hf:
+            raise DataError(f"no such file in the data directory (it is at {source.url})", mirror / name / source.mirror)
+
+    cache_root = Path(cache_dir or default_cache_dir())
+    cached = cache_root / name / source.cache_name
+    if cached.is_file():
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    if source.hf:
+        _fetch_huggingface(info, split, source.hf, cached.parent)
+    elif source.member:
+        archive = _download_archive(source.url, cache_root / "archives")
+        _extract_sgml(archive, source.member, cached, source.sha256)
+    else:
+        download(source.url, cached, source.sha256)
+    return cached
+
+
+def _find_in_mirror(path: Path) -> Path | None:
+    """`path`, or its plain / .gz counterpart, if it exists."""
+    other = path.with_name(path.name[:-3]) if path.name.endswith(".gz") else path.with_name(path.name + ".gz")
+    return next((p for p in (path, other) if p.is_file()), None)
+
+
+# --- checksums and downloads ----------------------------------------------------------------------
+
+
+def sha256_text(path: str | Path) -> str:
+    """sha256 of a file's uncompressed content (gunzipped if it is gzip)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(path: str | Path, sha256: str | None) -> None:
+    """Raise DataError unless the uncompressed content of `path` has this sha256 (None: skip)."""
+    if sha256 is None:
+        return
+    try:
+        got = sha256_text(path)
+    except (OSError, EOFError) as e:
+        raise DataError(f"cannot read for checksum ({e})", path) from None
+    if got != sha256:
+        raise DataError(f"checksum mismatch: sha256 of the text is {got}, expected {sha256}", path)
+
+
+def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
+    """Download `url` to `dest` atomically: into a temporary file, verified, then renamed."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.download-{os.getpid()}")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+            shutil.copyfileobj(response, out, 1 << 20)
+        verify(tmp, sha256)
+    except (urllib.error.URLError, OSError) as e:
+        tmp.unlink(missing_ok=True)
+        reason = getattr(e, "reason", None) or e
+        raise DataError(f"download failed ({reason})", url) from None
+    except DataError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"downloaded file is corrupt: {e.message}", url) from None
+    os.replace(tmp, dest)
+    return dest
+
+
+def _download_archive(url: str, archive_dir: Path) -> Path:
+    """Download a .tgz once; its members are verified when extracted."""
+    parts = Path(urllib.parse.urlparse(url).path).parts
+    dest = archive_dir / "-".join(parts[-2:])  # e.g. wmt14-dev.tgz
+    return dest if dest.is_file() else download(url, dest)
+
+
+_SEG = re.compile(r"^\s*<seg\b[^>]*>(.*)</seg>")
+_ASCII_SPACES = re.compile(r"[ \t\r\f\v]+")
+
+
+def sgml_to_lines(text: str) -> list[str]:
+    """The sentences of a WMT "SGML" file: the text of each <seg> line.
+
+    These files are not well-formed SGML, so this is line-based, like Moses' input-from-sgm.perl
+    and sacreBLEU: entities are left as they are, runs of ASCII whitespace become one space and
+    the ends are stripped. Unicode spaces (no-break, thin) are kept: they are part of the
+    reference text.
+    """
+    lines = []
+    for line in text.splitlines():
+        if m := _SEG.match(line):
+            lines.append(_ASCII_SPACES.sub(" ", m.group(1)).strip(" "))
+    return lines
+
+
+def _extract_sgml(archive: Path, member: str, dest: Path, sha256: str | None) -> None:
+    tmp = dest.with_name(f".{dest.name}.extract-{os.getpid()}")
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            f = tar.extractfile(member)
+            if f is None:
+                raise KeyError(member)
+            lines = sgml_to_lines(f.read().decode("utf-8"))
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        verify(tmp, sha256)
+    except KeyError:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"archive has no member {member}", archive) from None
+    except (tarfile.TarError, OSError, EOFError, UnicodeDecodeError) as e:
+        tmp.unlink(missing_ok=True)
+        archive.unlink(missing_ok=True)  # damaged: download it again next time
+        raise DataError(f"cannot extract {member} ({e}); archive deleted, try again", archive) from None
+    except DataError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"text extracted from {member} does not match: {e.message}", archive) from None
+    os.replace(tmp, dest)
+
+
+def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_dir: Path) -> None:
+    """Write both sides of a Hugging Face translation dataset split as plain text files."""
+    try:
+        import datasets  # optional dependency
+    except ImportError:
+        raise DataError(
+            f"{info.name} {split} is the full WMT14 training corpus, which is not downloaded here: "
+            f"install Hugging Face `datasets` (pip install datasets) to load {hf[0]} {hf[1]}, "
+            f"put train-full.<lang>.gz files in <data-dir>/{info.name}/, "
+            f"or pass your own files with --train-src/--train-tgt"
+        ) from None
+    try:
+        corpus = datasets.load_dataset(hf[0], hf[1], split=split)
+    except Exception as e:  # network, hub or cache errors of an optional package
+        raise DataError(f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed: {e}") from None
+    paths = {lang: out_dir / info.source(split, lang).cache_name for lang in info.langs}
+    tmps = {lang: p.with_name(f".{p.name}.hf-{os.getpid()}") for lang, p in paths.items()}
+    files = {lang: open(tmps[lang], "w", encoding="utf-8") for lang in info.langs}
+    try:
+        for row in corpus:
+            for lang, f in files.items():
+                f.write(row["translation"][lang].replace("\r", " ").replace("\n", " ") + "\n")
+    except BaseException:
+        for lang, f in files.items():
+            f.close()
+            tmps[lang].unlink(missing_ok=True)
+        raise
+    for lang, f in files.items():
+        f.close()
+        os.replace(tmps[lang], paths[lang])

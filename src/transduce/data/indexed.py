@@ -1,0 +1,163 @@
+"""Token arrays on disk, read through a memory map (like fairseq's mmap dataset or nanoGPT's .bin).
+
+A split of one language is two files:
+
+    {prefix}.bin   all sentences' token ids, concatenated: uint16 if the vocabulary has fewer
+                   than 65536 entries, else int32. No header.
+    {prefix}.idx   a numpy .npy file of int64 offsets, length N + 1: sentence i is
+                   tokens[offsets[i]:offsets[i + 1]].
+
+The token dtype is not written down: it follows from the file sizes, since the .bin file holds
+exactly offsets[-1] tokens of 2 or 4 bytes each (the reader checks this).
+
+CONTRACT: each stored sentence is its subword ids followed by EOS (3), and `sizes` include that
+EOS. `IndexedWriter.add` appends the EOS itself.
+
+The reader never loads the tokens: `sizes` (from the .idx) is all that batching needs, and
+`dataset[i]` copies one sentence out of the memory map.
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import chain
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .text import DataError
+from .vocab import EOS
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits in it, else int32."""
+    return np.dtype(np.uint16) if vocab_size < 65536 else np.dtype(np.int32)
+
+
+class IndexedWriter:
+    """Streams sentences into `{prefix}.bin` / `{prefix}.idx`.
+
+    Writes go to temporary names; `finalize()` renames them into place with `os.replace`, so a
+    reader never sees a half-written file. Used as a context manager, it finalizes on success
+    and deletes the temporary files if an exception escapes.
+
+        with IndexedWriter("out/train.src", vocab_size=len(vocab)) as w:
+            for line in lines:
+                w.add(vocab.encode(line))
+    """
+
+    def __init__(self, prefix: str | Path, vocab_size: int):
+        self.prefix = Path(prefix)
+        self.vocab_size = vocab_size
+        self.dtype = token_dtype(vocab_size)
+        self.bin_path = self.prefix.with_name(self.prefix.name + ".bin")
+        self.idx_path = self.prefix.with_name(self.prefix.name + ".idx")
+        self._tmp_bin = self.bin_path.with_name(self.bin_path.name + ".tmp")
+        self._tmp_idx = self.idx_path.with_name(self.idx_path.name + ".tmp")
+        self._file = open(self._tmp_bin, "wb")
+        self._sizes: list[np.ndarray] = []  # one int64 array per add_many call
+        self.num_sentences = 0
+        self.num_tokens = 0
+        self.max_size = 0  # longest stored sentence, EOS included
+
+    def add(self, ids: Sequence[int]) -> None:
+        """Append one sentence (subword ids without EOS; the EOS is appended here)."""
+        self.add_many([ids])
+
+    def add_many(self, sentences: Sequence[Sequence[int]]) -> None:
+        """Append many sentences at once (faster than `add` in a loop)."""
+        if not sentences:
+            return
+        sizes = np.fromiter((len(s) + 1 for s in sentences), dtype=np.int64, count=len(sentences))
+        ends = np.cumsum(sizes)
+        tokens = np.full(int(ends[-1]), EOS, dtype=np.int64)
+        is_word = np.ones(len(tokens), dtype=bool)
+        is_word[ends - 1] = False  # the EOS positions
+        tokens[is_word] = np.fromiter(chain.from_iterable(sentences), dtype=np.int64, count=int(is_word.sum()))
+        if tokens.min() < 0 or tokens.max() >= self.vocab_size:
+            raise ValueError(f"token id out of range [0, {self.vocab_size}) for {self.prefix}")
+        if (tokens[is_word] == EOS).any():
+            raise ValueError(f"sentence contains EOS ({EOS}); add() appends it itself")
+        self._file.write(tokens.astype(self.dtype).tobytes())
+        self._sizes.append(sizes)
+        self.num_sentences += len(sentences)
+        self.num_tokens += int(ends[-1])
+        self.max_size = max(self.max_size, int(sizes.max()))
+
+    def finalize(self) -> None:
+        """Write the index and move both files into place."""
+        self._file.close()
+        sizes = np.concatenate(self._sizes) if self._sizes else np.zeros(0, dtype=np.int64)
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        with open(self._tmp_idx, "wb") as f:
+            np.save(f, offsets)
+        os.replace(self._tmp_bin, self.bin_path)
+        os.replace(self._tmp_idx, self.idx_path)
+
+    def discard(self) -> None:
+        """Abandon the files being written."""
+        self._file.close()
+        for p in (self._tmp_bin, self._tmp_idx):
+            p.unlink(missing_ok=True)
+
+    def __enter__(self) -> "IndexedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finalize()
+        else:
+            self.discard()
+
+
+class IndexedDataset:
+    """Read-only view of `{prefix}.bin` / `{prefix}.idx`.
+
+    `sizes[i]` is the stored length of sentence i (EOS included); `dataset[i]` is an int64 copy
+    of its tokens.
+    """
+
+    def __init__(self, prefix: str | Path):
+        self.prefix = Path(prefix)
+        bin_path = self.prefix.with_name(self.prefix.name + ".bin")
+        idx_path = self.prefix.with_name(self.prefix.name + ".idx")
+        for p in (idx_path, bin_path):
+            if not p.is_file():
+                raise DataError("no such file (run `transduce prepare` first)", p)
+        try:
+            self.offsets = np.load(idx_path)
+        except (ValueError, OSError, EOFError):
+            raise DataError("not a .npy index file", idx_path) from None
+        if self.offsets.ndim != 1 or len(self.offsets) == 0 or self.offsets[0] != 0:
+            raise DataError("malformed index (expected int64 offsets starting at 0)", idx_path)
+        self.sizes = np.diff(self.offsets)
+        n_tokens = int(self.offsets[-1])
+        n_bytes = bin_path.stat().st_size
+        if n_tokens == 0 and n_bytes == 0:
+            self.tokens = np.zeros(0, dtype=np.uint16)
+            return
+        if n_bytes == 2 * n_tokens:
+            dtype = np.uint16
+        elif n_bytes == 4 * n_tokens:
+            dtype = np.int32
+        else:
+            raise DataError(f"{n_bytes} bytes do not hold the {n_tokens} tokens of {idx_path.name}", bin_path)
+        self.tokens = np.memmap(bin_path, dtype=dtype, mode="r")
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self.sizes)
+        if not -n <= i < n:
+            raise IndexError(f"sentence {i} out of range for {n} sentences in {self.prefix}")
+        i = int(i) % n
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]].astype(np.int64)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"IndexedDataset({str(self.prefix)!r}, sentences={len(self)}, tokens={int(self.offsets[-1])})"

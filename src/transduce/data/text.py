@@ -1,0 +1,181 @@
+"""Reading line-aligned parallel text, and the length filter applied to training pairs.
+
+A parallel corpus is two files, one sentence per line, where line i of the source file translates
+line i of the target file (plain text or gzip, UTF-8). Everything here streams line by line: no
+function ever holds a whole corpus in memory.
+
+Bad input raises `DataError`, whose message is one line that names the file and, where it
+applies, the line: ``train.de:29001: train.en has only 29000 lines (line counts differ)``.
+
+Lines are split on b"\\n" only (a trailing "\\r" is removed). Python's text mode and
+`str.splitlines` would also split on "\\r", U+0085, U+2028 and U+2029, which do occur inside
+sentences of web-crawled corpora and would silently break the line alignment.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+
+class DataError(Exception):
+    """A problem with the user's data, reported as one line: ``<file>:<line>: <what>``."""
+
+    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None):
+        self.message = " ".join(str(message).split("\n"))
+        self.path = None if path is None else str(path)
+        self.line = line
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if self.path is None:
+            return self.message
+        if self.line is None:
+            return f"{self.path}: {self.message}"
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+def _open_binary(path: Path):
+    """Open a plain or gzip (by the magic bytes, not the name) file for binary reading."""
+    if not path.exists():
+        raise DataError("no such file", path)
+    if path.is_dir():
+        raise DataError("is a directory, not a text file", path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(2)
+        return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+    except PermissionError:
+        raise DataError("cannot read file (permission denied)", path) from None
+
+
+def read_lines(path: str | Path) -> Iterator[str]:
+    """Yield the lines of a UTF-8 text file (plain or .gz) without their line ending.
+
+    Raises DataError for a missing file, an empty file (no lines at all), invalid UTF-8
+    (naming the line) and corrupt gzip data.
+    """
+    path = Path(path)
+    n = 0
+    with _open_binary(path) as f:
+        try:
+            for n, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"invalid UTF-8 (byte {e.start} of the line)", path, n) from None
+                if line.endswith("\n"):
+                    line = line[:-1]
+                if line.endswith("\r"):
+                    line = line[:-1]
+                if n == 1 and line.startswith("\ufeff"):  # byte-order mark
+                    line = line[1:]
+                yield line
+        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            raise DataError(f"corrupt gzip data ({e})", path, n + 1) from None
+    if n == 0:
+        raise DataError("empty file (no lines)", path)
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
+    """Yield (source line, target line) pairs; raise DataError if the line counts differ.
+
+    The error names the file that is longer, at its first line without a counterpart, and the
+    file that ended.
+    """
+    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    n = 0
+    while True:
+        src, tgt = next(src_lines, None), next(tgt_lines, None)
+        if src is None and tgt is None:
+            return
+        if src is None:
+            raise DataError(f"{src_path} has only {n} lines (line counts differ)", tgt_path, n + 1)
+        if tgt is None:
+            raise DataError(f"{tgt_path} has only {n} lines (line counts differ)", src_path, n + 1)
+        n += 1
+        yield src, tgt
+
+
+# ---------------------------------------------------------------------------------------------
+# Length filter
+#
+# Lengths are counted in subword tokens (what the model sees and what batching pays for), not
+# counting the EOS appended when the sentence is stored. So the filter runs after encoding.
+# Only training pairs are filtered: evaluation sets are kept whole, since BLEU is defined on
+# the complete test set.
+# ---------------------------------------------------------------------------------------------
+
+DEFAULT_MAX_LEN = 256
+"""Pairs with more subword tokens than this on either side are dropped from training."""
+
+DEFAULT_MAX_RATIO = 9.0
+"""Pairs whose longer side has more than this many times the tokens of the shorter side are
+dropped from training (the default of Moses' clean-corpus-n.perl, there counted in words)."""
+
+FILTER_REASONS = ("empty", "too_long", "bad_ratio")
+
+
+def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
+    """Why a training pair of these token lengths is dropped, or None to keep it.
+
+    "empty": either side has no tokens (an empty or whitespace-only line);
+    "too_long": either side has more than `max_len` tokens;
+    "bad_ratio": max(src_len, tgt_len) / min(src_len, tgt_len) > `max_ratio`.
+    """
+    if src_len == 0 or tgt_len == 0:
+        return "empty"
+    if src_len > max_len or tgt_len > max_len:
+        return "too_long"
+    if max(src_len, tgt_len) > max_ratio * min(src_len, tgt_len):
+        return "bad_ratio"
+    return None
+
+
+@dataclass
+class FilterReport:
+    """What the length filter did to one split: every dropped pair is counted, never silent.
+
+    `examples` keeps the first few (1-based) line numbers dropped for each reason, so the user
+    can look at them.
+    """
+
+    max_len: int = DEFAULT_MAX_LEN
+    max_ratio: float = DEFAULT_MAX_RATIO
+    read: int = 0
+    kept: int = 0
+    empty: int = 0
+    too_long: int = 0
+    bad_ratio: int = 0
+    examples: dict[str, list[int]] = field(default_factory=dict)
+
+    MAX_EXAMPLES = 5
+
+    def count(self, reason: str | None, line: int) -> None:
+        """Record one pair read at `line` that was kept (reason None) or dropped for `reason`."""
+        self.read += 1
+        if reason is None:
+            self.kept += 1
+            return
+        setattr(self, reason, getattr(self, reason) + 1)
+        lines = self.examples.setdefault(reason, [])
+        if len(lines) < self.MAX_EXAMPLES:
+            lines.append(line)
+
+    @property
+    def dropped(self) -> int:
+        return self.read - self.kept
+
+    def summary(self) -> str:
+        """One line for the user, e.g. ``29,000 pairs read, 28,996 kept; dropped: 0 empty, ...``."""
+        return (
+            f"{self.read:,} pairs read, {self.kept:,} kept; dropped: {self.empty:,} empty, "
+            f"{self.too_long:,} longer than {self.max_len} tokens, "
+            f"{self.bad_ratio:,} with length ratio > {self.max_ratio:g}"
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,160 @@
+"""Subword vocabularies: sentencepiece BPE models with fixed special ids.
+
+Section 5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target
+vocabulary of about 37000 tokens" (En-De); for En-Fr, "32000 word-piece vocabulary". By default
+one vocabulary is trained on both sides of the training data and shared; separate source and
+target vocabularies are an option.
+
+The special ids are the same in every vocabulary, so the model, the batches and the decoder can
+rely on them without looking anything up:
+
+    PAD = 0   padding (never a real token)
+    UNK = 1   unknown piece
+    BOS = 2   begin of sentence: the first decoder input
+    EOS = 3   end of sentence: stored after every sentence, the last decoder output
+
+Training reads a random sample of `sample_size` sentences from a stream (sentencepiece's
+reservoir sampling: `input_sentence_size` + `shuffle_input_sentence`), so corpora of any size
+work in bounded memory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+from .text import DataError
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+
+DEFAULT_VOCAB_SIZE = 8000
+"""Default for `transduce prepare`: right for small corpora such as Multi30k (29k pairs).
+The paper uses about 37000 (shared, WMT14 En-De, 4.5M pairs)."""
+
+DEFAULT_SAMPLE_SIZE = 1_000_000
+"""Sentences sampled for training a vocabulary (all of them if the corpus is smaller)."""
+
+DEFAULT_CHARACTER_COVERAGE = 1.0
+"""Every character seen in the sample gets a piece: right for the paper's Latin-script languages
+(sentencepiece's default, 0.9995, maps digits and letters such as "Ä" to UNK on a corpus the
+size of Multi30k). Lower it (e.g. 0.9999) for noisy web text full of rare scripts."""
+
+
+def train_vocab(
+    model_prefix: str | Path,
+    sentences: Iterable[str],
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    *,
+    sample_size: int = DEFAULT_SAMPLE_SIZE,
+    character_coverage: float = DEFAULT_CHARACTER_COVERAGE,
+    seed: int = 0,
+    num_threads: int | None = None,
+) -> Path:
+    """Train a sentencepiece BPE model on a sample of `sentences`; return `{model_prefix}.model`.
+
+    `sentences` is consumed once, as a stream; a DataError raised while reading it is re-raised
+    as is. `character_coverage` is the share of character occurrences the vocabulary must cover
+    (the rarest characters beyond it become UNK).
+    Raises DataError if `vocab_size` is more than the corpus can provide.
+    """
+    model_prefix = Path(model_prefix)
+    read_error: list[DataError] = []
+
+    def stream():
+        try:
+            yield from sentences
+        except DataError as e:  # sentencepiece would turn it into a RuntimeError with a traceback
+            read_error.append(e)
+            raise
+
+    spm.set_random_generator_seed(seed)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=stream(),
+            model_prefix=str(model_prefix),
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=character_coverage,
+            input_sentence_size=sample_size,
+            shuffle_input_sentence=True,
+            pad_id=PAD,
+            unk_id=UNK,
+            bos_id=BOS,
+            eos_id=EOS,
+            pad_piece=SPECIAL_PIECES["pad"],
+            unk_piece=SPECIAL_PIECES["unk"],
+            bos_piece=SPECIAL_PIECES["bos"],
+            eos_piece=SPECIAL_PIECES["eos"],
+            num_threads=num_threads or os.cpu_count() or 1,
+            minloglevel=2,  # sentencepiece logs every step at INFO; errors still raise
+        )
+    except RuntimeError as e:
+        if read_error:
+            raise read_error[0] from None
+        message = str(e).strip().splitlines()[0]
+        if "Vocabulary size too high" in message:
+            limit = message.split("<=")[-1].strip(" .")
+            raise DataError(f"vocabulary size {vocab_size} is too large for this corpus (at most {limit})") from None
+        raise DataError(f"sentencepiece training failed: {message}") from None
+    return model_prefix.with_name(model_prefix.name + ".model")
+
+
+class Vocab:
+    """A trained sentencepiece model: text <-> subword ids, with the fixed special ids."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise DataError("no such vocabulary file", self.path)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError):
+            raise DataError("not a sentencepiece model", self.path) from None
+        found = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if found != (PAD, UNK, BOS, EOS):
+            raise DataError(
+                f"special ids (pad, unk, bos, eos) are {found}, expected {(PAD, UNK, BOS, EOS)}: "
+                "train it with transduce", self.path
+            )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Vocab":
+        return cls(path)
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of one sentence, without BOS or EOS."""
+        return self.sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        """`encode` over many sentences at once (multi-threaded inside sentencepiece)."""
+        return self.sp.encode(list(texts), num_threads=num_threads or os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of a sequence of ids; PAD, BOS and EOS are dropped (UNK prints as ' ⁇ ')."""
+        return self.sp.decode([int(i) for i in ids])
+
+    def __len__(self) -> int:
+        return self.sp.get_piece_size()
+
+    @property
+    def pad(self) -> int:
+        return PAD
+
+    @property
+    def unk(self) -> int:
+        return UNK
+
+    @property
+    def bos(self) -> int:
+        return BOS
+
+    @property
+    def eos(self) -> int:
+        return EOS
+
+    def __repr__(self) -> str:
+        return f"Vocab({str(self.path)!r}, size={len(self)})"

@@ -1,0 +1,295 @@
+"""The dataset registry: the local mirror, checksums, downloads (from file:// URLs), SGML extraction."""
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from transduce.data import datasets
+from transduce.data.datasets import DATASETS, Source, fetch, sgml_to_lines, sha256_text
+from transduce.data.text import DataError, read_lines
+
+REPO = Path(__file__).resolve().parents[1]
+MIRROR = REPO.parent / "shared" / "data"  # /work/shared/data here, ../shared/data in CI
+needs_mirror = pytest.mark.skipif(not (MIRROR / "multi30k").is_dir(), reason="no local data mirror")
+
+
+@pytest.fixture
+def no_mirror(monkeypatch):
+    """No mirror at all: fetch must use the cache or download."""
+    monkeypatch.delenv(datasets.ENV_DATA_DIR, raising=False)
+    monkeypatch.setattr(datasets, "default_data_dir", lambda: None)
+
+
+def line_count(path):
+    return sum(1 for _ in read_lines(path))
+
+
+@needs_mirror
+def test_default_mirror_is_shared_data_beside_the_repository(monkeypatch):
+    monkeypatch.delenv(datasets.ENV_DATA_DIR, raising=False)
+    assert datasets.default_data_dir() == MIRROR
+
+
+@needs_mirror
+@pytest.mark.parametrize("variant", ["raw", "tok"])
+@pytest.mark.parametrize("lang", ["en", "de", "fr"])
+def test_multi30k_from_mirror(monkeypatch, tmp_path, variant, lang):
+    monkeypatch.delenv(datasets.ENV_DATA_DIR, raising=False)
+    for split, n in [("train", 29000), ("val", 1014), ("test_2016_flickr", 1000), ("test_2017_mscoco", 461)]:
+        path = fetch("multi30k", split, lang, variant=variant, cache_dir=tmp_path)
+        assert path.is_relative_to(MIRROR) and line_count(path) == n
+    assert list(tmp_path.iterdir()) == []  # nothing downloaded or copied
+
+
+@needs_mirror
+def test_multi30k_variants_differ():
+    raw = next(read_lines(fetch("multi30k", "train", "en", data_dir=MIRROR)))
+    tok = next(read_lines(fetch("multi30k", "train", "en", variant="tok", data_dir=MIRROR)))
+    assert raw == "Two young, White males are outside near many bushes."
+    assert tok == raw.lower().replace(",", " ,").replace(".", " .")
+
+
+@needs_mirror
+@pytest.mark.parametrize("name, lang", [("wmt14-en-de", "en"), ("wmt14-en-de", "de"), ("wmt14-en-fr", "fr")])
+def test_wmt14_test_sets_from_mirror(tmp_path, name, lang):
+    for split, n in [("newstest2012", 3003), ("newstest2013", 3000), ("newstest2014", 3003)]:
+        assert line_count(fetch(name, split, lang, data_dir=MIRROR, cache_dir=tmp_path)) == n
+    if name == "wmt14-en-de":
+        assert line_count(fetch(name, "newstest2014-filtered", lang, data_dir=MIRROR)) == 2737
+        assert line_count(fetch(name, "train-sample", lang, data_dir=MIRROR)) == 10000
+
+
+@needs_mirror
+def test_registry_checksums_match_provenance():
+    # every sha256 in the registry appears in the mirror's PROVENANCE.md of that dataset
+    for name, info in DATASETS.items():
+        provenance = (MIRROR / name / "PROVENANCE.md").read_text()
+        for key, source in info.files.items():
+            if source.sha256:
+                assert source.sha256 in provenance, (name, key)
+
+
+def test_env_var_points_at_a_mirror(monkeypatch, tmp_path):
+    source = DATASETS["multi30k"].source("val", "en")
+    text = b"a line\n"
+    mirror_file = tmp_path / "mirror" / "multi30k" / source.mirror
+    mirror_file.parent.mkdir(parents=True)
+    mirror_file.write_bytes(gzip.compress(text))
+    monkeypatch.setitem(DATASETS["multi30k"].files, ("raw", "val", "en"), dataclasses.replace(source, sha256=hashlib.sha256(text).hexdigest()))
+    monkeypatch.setenv(datasets.ENV_DATA_DIR, str(tmp_path / "mirror"))
+    assert fetch("multi30k", "val", "en", cache_dir=tmp_path / "cache") == mirror_file
+
+
+def test_plain_file_may_stand_in_for_gz_in_a_mirror(tmp_path):
+    source = DATASETS["multi30k"].source("val", "de")
+    plain = tmp_path / "multi30k" / source.mirror[: -len(".gz")]
+    plain.parent.mkdir(parents=True)
+    if (MIRROR / "multi30k" / source.mirror).is_file():
+        plain.write_bytes(gzip.open(MIRROR / "multi30k" / source.mirror).read())
+        assert fetch("multi30k", "val", "de", data_dir=tmp_path) == plain
+
+
+def test_explicit_mirror_without_the_file_is_an_error(tmp_path):
+    with pytest.raises(DataError) as e:
+        fetch("multi30k", "train", "en", data_dir=tmp_path, cache_dir=tmp_path / "cache")
+    assert str(e.value).startswith(f"{tmp_path / 'multi30k' / 'raw' / 'train.en.gz'}: no such file in the data directory")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_checksum_mismatch_in_mirror(tmp_path):
+    bad = tmp_path / "multi30k" / "raw" / "val.en.gz"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(gzip.compress(b"not the real text\n"))
+    with pytest.raises(DataError, match=r"val\.en\.gz: checksum mismatch"):
+        fetch("multi30k", "val", "en", data_dir=tmp_path)
+
+
+def test_unknown_names():
+    with pytest.raises(DataError, match="unknown dataset 'nope'"):
+        fetch("nope", "train", "en")
+    with pytest.raises(DataError, match="has no split 'dev'"):
+        fetch("multi30k", "dev", "en")
+    with pytest.raises(DataError, match="has no language 'cs'"):
+        fetch("multi30k", "train", "cs")
+    with pytest.raises(DataError, match="has no variant 'bpe'"):
+        fetch("multi30k", "train", "en", variant="bpe")
+
+
+# --- downloads, with file:// URLs standing in for the network ----------------------------------------
+
+
+def register(monkeypatch, url, sha256, member=None, mirror="x/file.en.gz"):
+    """A one-file dataset "toy" whose only file comes from `url`."""
+    info = datasets.DatasetInfo("toy", "test", ("en",), "train", "train", ("train",),
+                                {("raw", "train", "en"): Source(mirror, url, sha256, member)})
+    monkeypatch.setitem(DATASETS, "toy", info)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_download_verify_and_cache(monkeypatch, tmp_path, no_mirror, gz):
+    text = "Zwei Männer.\nEin Hund.\n".encode()
+    remote = tmp_path / "remote" / ("train.en.gz" if gz else "train.en")
+    remote.parent.mkdir()
+    remote.write_bytes(gzip.compress(text) if gz else text)
+    register(monkeypatch, remote.as_uri(), hashlib.sha256(text).hexdigest())
+    cache = tmp_path / "cache"
+
+    path = fetch("toy", "train", "en", cache_dir=cache)
+    assert path == cache / "toy" / ("x/file.en.gz" if gz else "x/file.en")
+    assert list(read_lines(path)) == ["Zwei Männer.", "Ein Hund."]
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no temporary files left
+
+    remote.unlink()  # the second fetch is served from the cache
+    assert fetch("toy", "train", "en", cache_dir=cache) == path
+
+
+def test_download_with_wrong_checksum_leaves_nothing(monkeypatch, tmp_path, no_mirror):
+    remote = tmp_path / "train.en"
+    remote.write_bytes(b"tampered\n")
+    register(monkeypatch, remote.as_uri(), "0" * 64)
+    with pytest.raises(DataError) as e:
+        fetch("toy", "train", "en", cache_dir=tmp_path / "cache")
+    assert str(e.value).startswith(f"{remote.as_uri()}: downloaded file is corrupt: checksum mismatch")
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
+def test_download_failure(monkeypatch, tmp_path, no_mirror):
+    register(monkeypatch, (tmp_path / "missing.gz").as_uri(), None)
+    with pytest.raises(DataError, match="download failed"):
+        fetch("toy", "train", "en", cache_dir=tmp_path / "cache")
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
+def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, no_mirror):
+    """The registry's own URL is used; urlopen is replaced by a local file's content."""
+    source = DATASETS["multi30k"].source("val", "fr")
+    assert source.url == (f"https://raw.githubusercontent.com/multi30k/dataset/{datasets.MULTI30K_COMMIT}"
+                          "/data/task1/raw/val.fr.gz")
+    if not (MIRROR / "multi30k").is_dir():
+        pytest.skip("no local data mirror")
+    opened = []
+
+    def fake_urlopen(url, timeout):
+        opened.append(url)
+        return io.BytesIO((MIRROR / "multi30k" / "raw" / "val.fr.gz").read_bytes())
+
+    monkeypatch.setattr(datasets.urllib.request, "urlopen", fake_urlopen)
+    path = fetch("multi30k", "val", "fr", cache_dir=tmp_path)
+    assert opened == [source.url] and line_count(path) == 1014
+
+
+def make_sgml(lines, doc="test"):
+    segs = "".join(f'<seg id="{i}">{line}</seg>\n' for i, line in enumerate(lines, 1))
+    return f'<srcset setid="{doc}" srclang="any">\n<doc docid="d1" genre="news" origlang="en">\n{segs}</doc>\n</srcset>\n'
+
+
+def test_sgml_to_lines():
+    sgml = make_sgml(["Hello  \tworld ", "A &amp; B", "Tel\xa0Aviv", "x"]) + "<seg id=\"9\"> tail </seg> junk\n"
+    assert sgml_to_lines(sgml) == ["Hello world", "A &amp; B", "Tel\xa0Aviv", "x", "tail"]
+
+
+SGML_FILES = [(name, split, lang) for name in ("wmt14-en-de", "wmt14-en-fr")
+              for (_, split, lang), source in DATASETS[name].files.items() if source.member]
+
+
+@needs_mirror
+@pytest.mark.parametrize("name, split, lang", SGML_FILES)
+def test_wmt14_sgml_archive_extraction(monkeypatch, tmp_path, no_mirror, name, split, lang):
+    """A .tgz laid out like statmt.org's, built from the mirror's text: extraction reproduces the
+    registry checksum (unicode spaces kept, and so on)."""
+    source = DATASETS[name].source(split, lang)
+    lines = list(read_lines(MIRROR / name / source.mirror))
+    archive = tmp_path / "remote" / "wmt14" / Path(source.url).name
+    archive.parent.mkdir(parents=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        data = make_sgml(lines).encode()
+        member = tarfile.TarInfo(source.member)
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    files = dict(DATASETS[name].files)
+    files[("raw", split, lang)] = dataclasses.replace(source, url=archive.as_uri())
+    monkeypatch.setitem(DATASETS, name, dataclasses.replace(DATASETS[name], files=files))
+
+    path = fetch(name, split, lang, cache_dir=tmp_path / "cache")
+    assert path == tmp_path / "cache" / name / f"{split}.{lang}"
+    assert sha256_text(path) == source.sha256
+    assert (tmp_path / "cache" / "archives" / f"wmt14-{archive.name}").is_file()  # kept for the other files
+
+
+def test_registry_urls_are_the_official_sources():
+    de = DATASETS["wmt14-en-de"]
+    assert de.source("newstest2013", "de").url == "http://www.statmt.org/wmt14/dev.tgz"
+    assert de.source("newstest2013", "de").member == "dev/newstest2013-ref.de.sgm"
+    assert de.source("newstest2014", "en").url == "http://www.statmt.org/wmt14/test-full.tgz"
+    assert de.source("newstest2014", "en").member == "test-full/newstest2014-deen-src.en.sgm"
+    assert DATASETS["wmt14-en-fr"].source("newstest2014", "fr").member == "test-full/newstest2014-fren-ref.fr.sgm"
+    assert de.source("newstest2014-filtered", "de").member == "test/newstest2014-deen-ref.de.sgm"
+    tok = DATASETS["multi30k"].source("train", "de", "tok")
+    assert tok.url.endswith("/data/task1/tok/train.lc.norm.tok.de") and tok.cache_name == "tok/train.lc.norm.tok.de"
+
+
+def test_wmt14_training_corpus_needs_huggingface(monkeypatch, tmp_path, no_mirror):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
+    with pytest.raises(DataError) as e:
+        fetch("wmt14-en-de", "train", "de", cache_dir=tmp_path)
+    message = str(e.value)
+    assert "pip install datasets" in message and "wmt/wmt14 de-en" in message and "--train-src" in message
+    assert "\n" not in message
+
+
+def test_wmt14_training_corpus_from_local_files(tmp_path):
+    for lang in ("en", "fr"):
+        (tmp_path / "wmt14-en-fr").mkdir(exist_ok=True)
+        (tmp_path / "wmt14-en-fr" / f"train-full.{lang}.gz").write_bytes(gzip.compress(b"x\n"))
+    assert fetch("wmt14-en-fr", "train", "fr", data_dir=tmp_path).name == "train-full.fr.gz"
+
+
+def test_wmt14_training_corpus_through_huggingface(monkeypatch, tmp_path, no_mirror):
+    """The Hugging Face path with a stand-in `datasets` module."""
+    rows = [{"translation": {"de": "Hallo\nWelt", "en": "Hello world"}}, {"translation": {"de": "Ja", "en": "Yes"}}]
+    calls = []
+
+    class FakeDatasets:
+        @staticmethod
+        def load_dataset(name, config, split):
+            calls.append((name, config, split))
+            return rows
+
+    monkeypatch.setitem(sys.modules, "datasets", FakeDatasets)
+    de = fetch("wmt14-en-de", "train", "de", cache_dir=tmp_path)
+    assert calls == [("wmt/wmt14", "de-en", "train")]
+    assert list(read_lines(de)) == ["Hallo Welt", "Ja"]  # one sentence per line, always
+    en = fetch("wmt14-en-de", "train", "en", cache_dir=tmp_path)  # written in the same pass
+    assert list(read_lines(en)) == ["Hello world", "Yes"] and len(calls) == 1
+    assert sorted(os.listdir(tmp_path / "wmt14-en-de")) == ["train-full.de", "train-full.en"]
+
+
+def test_archive_without_the_member(monkeypatch, tmp_path, no_mirror):
+    archive = tmp_path / "remote" / "wmt14" / "dev.tgz"
+    archive.parent.mkdir(parents=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        data = make_sgml(["x"]).encode()
+        member = tarfile.TarInfo("dev/other.sgm")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    register(monkeypatch, archive.as_uri(), None, member="dev/newstest2013-src.en.sgm", mirror="newstest2013.en.gz")
+    with pytest.raises(DataError, match="archive has no member dev/newstest2013-src.en.sgm"):
+        fetch("toy", "train", "en", cache_dir=tmp_path / "cache")
+    assert not (tmp_path / "cache" / "toy" / "newstest2013.en").exists()
+
+
+def test_damaged_archive_is_deleted_for_a_fresh_download(monkeypatch, tmp_path, no_mirror):
+    archive = tmp_path / "remote" / "wmt14" / "dev.tgz"
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"this is not a tar.gz file")
+    register(monkeypatch, archive.as_uri(), None, member="dev/x.sgm", mirror="x.en.gz")
+    with pytest.raises(DataError, match="cannot extract dev/x.sgm"):
+        fetch("toy", "train", "en", cache_dir=tmp_path / "cache")
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
