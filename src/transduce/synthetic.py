@@ -1,0 +1,108 @@
+"""A synthetic task that proves the pieces fit: copy or reverse random token sequences.
+
+Masks, the right shift of the decoder input, the loss, the schedule and the decoding cache all
+have to be right for a small Transformer to reach ~100% exact match on held-out sequences within
+a minute of CPU training. Used by the test suite and by `transduce synthetic`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+from .decode import greedy_decode
+from .model import Transformer
+from .train.loss import label_smoothed_nll
+from .train.schedule import noam_scheduler
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+N_SPECIAL = 4
+
+
+@dataclass
+class SyntheticResult:
+    task: str
+    steps: int
+    seconds: float
+    final_loss: float
+    exact_match: float
+    n_eval: int
+
+
+def make_batch(task: str, batch_size: int, n_symbols: int, min_len: int, max_len: int, g: torch.Generator):
+    """Random sequences of symbols (ids >= 4) with random lengths; returns (src, tgt_in, tgt_out)
+    right-padded: src = x + EOS, tgt_in = BOS + y, tgt_out = y + EOS, y = x or reversed x."""
+    lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=g)
+    T = int(lengths.max()) + 1
+    src = torch.full((batch_size, T), PAD, dtype=torch.long)
+    tgt_in, tgt_out = src.clone(), src.clone()
+    for i, n in enumerate(lengths.tolist()):
+        x = torch.randint(N_SPECIAL, N_SPECIAL + n_symbols, (n,), generator=g)
+        y = x.flip(0) if task == "reverse" else x
+        src[i, :n], src[i, n] = x, EOS
+        tgt_in[i, 0], tgt_in[i, 1 : n + 1] = BOS, y
+        tgt_out[i, :n], tgt_out[i, n] = y, EOS
+    return src, tgt_in, tgt_out
+
+
+def train_synthetic(
+    task: str = "reverse",
+    *,
+    seconds: float = 60.0,
+    max_steps: int = 100_000,
+    n_symbols: int = 20,
+    min_len: int = 1,
+    max_len: int = 12,
+    batch_size: int = 64,
+    warmup_steps: int = 200,
+    lr_scale: float = 2.0,
+    n_eval: int = 500,
+    seed: int = 0,
+    model_config: ModelConfig | None = None,
+    progress: bool = False,
+) -> tuple[Transformer, SyntheticResult]:
+    """Train a small Transformer on the task for `seconds` (or `max_steps`), then greedy-decode
+    `n_eval` held-out sequences (a disjoint random stream) and report exact match."""
+    if task not in ("copy", "reverse"):
+        raise ValueError(f"task must be 'copy' or 'reverse', not {task!r}")
+    torch.manual_seed(seed)
+    c = model_config or ModelConfig(
+        src_vocab_size=N_SPECIAL + n_symbols, n_layers=2, d_model=64, d_ff=256, n_heads=4, dropout=0.0
+    )
+    model = Transformer(c)
+    opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    sched = noam_scheduler(opt, c.d_model, warmup_steps=warmup_steps, scale=lr_scale)
+    g_train = torch.Generator().manual_seed(seed)
+    start, step, loss_value = time.perf_counter(), 0, float("nan")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=int(seconds), unit="s", desc=f"synthetic {task}", leave=False)
+    model.train()
+    while step < max_steps and time.perf_counter() - start < seconds:
+        src, tgt_in, tgt_out = make_batch(task, batch_size, n_symbols, min_len, max_len, g_train)
+        loss, _ = label_smoothed_nll(model(src, tgt_in), tgt_out, epsilon=0.0, pad_id=PAD, reduction="mean")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        step += 1
+        loss_value = loss.item()
+        if bar is not None:
+            bar.n = min(int(time.perf_counter() - start), int(seconds))
+            bar.set_postfix(step=step, loss=f"{loss_value:.3f}")
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - start
+
+    model.eval()
+    g_eval = torch.Generator().manual_seed(seed + 1_000_003)
+    src, _, tgt_out = make_batch(task, n_eval, n_symbols, min_len, max_len, g_eval)
+    hyps = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=5)
+    refs = [row[row != PAD][:-1].tolist() for row in tgt_out]
+    exact = sum(h == r for h, r in zip(hyps, refs)) / n_eval
+    return model, SyntheticResult(task, step, elapsed, loss_value, exact, n_eval)

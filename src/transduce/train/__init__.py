@@ -1,0 +1,1 @@
+"""Training (Section 5): loss, learning-rate schedule, the training loop, checkpoint averaging."""

@@ -1,0 +1,37 @@
+import json
+
+import pytest
+import torch
+
+from transduce.checkpoint import load_model, save_model
+from transduce.config import Config, ModelConfig
+from transduce.model import Transformer
+
+
+def test_save_load_round_trip(tmp_path):
+    config = Config(model=ModelConfig(src_vocab_size=30, n_layers=1, d_model=16, d_ff=32, n_heads=2))
+    model = Transformer(config.model).eval()
+    save_model(model, config, tmp_path / "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["model"]["d_model"] == 16
+    loaded, loaded_config = load_model(tmp_path / "m")
+    assert loaded_config == config
+    for (n1, p1), (n2, p2) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    # the tied embedding is still one tensor after loading
+    assert loaded.encoder.embed is loaded.decoder.embed
+    src = torch.tensor([[5, 6, 3]])
+    assert torch.equal(model(src, src), loaded(src, src))
+
+
+def test_weights_file_is_safetensors_not_pickle(tmp_path):
+    config = Config(model=ModelConfig(src_vocab_size=30, n_layers=1, d_model=16, d_ff=32, n_heads=2))
+    save_model(Transformer(config.model), config, tmp_path)
+    head = (tmp_path / "model.safetensors").read_bytes()[:16]
+    header_len = int.from_bytes(head[:8], "little")
+    assert head[8:9] == b"{" and header_len > 0  # safetensors: u64 header length + JSON header
+
+
+def test_missing_files_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(tmp_path)

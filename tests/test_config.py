@@ -1,0 +1,89 @@
+"""Presets against Table 3: each row differs from base only where the table says, and parameter
+counts match the params column."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from transduce.config import PRESETS, TABLE3_PARAMS_M, Config, ModelConfig, apply_overrides, get_preset
+from transduce.model import Transformer, count_parameters
+
+# What Table 3 says each row changes (everything else is base).
+TABLE3_ROWS = {
+    "table3-A1": {"n_heads": 1, "d_k": 512, "d_v": 512},
+    "table3-A2": {"n_heads": 4, "d_k": 128, "d_v": 128},
+    "table3-A3": {"n_heads": 16, "d_k": 32, "d_v": 32},
+    "table3-A4": {"n_heads": 32, "d_k": 16, "d_v": 16},
+    "table3-B1": {"d_k": 16},
+    "table3-B2": {"d_k": 32},
+    "table3-C1": {"n_layers": 2},
+    "table3-C2": {"n_layers": 4},
+    "table3-C3": {"n_layers": 8},
+    "table3-C4": {"d_model": 256, "d_k": 32, "d_v": 32},
+    "table3-C5": {"d_model": 1024, "d_k": 128, "d_v": 128},
+    "table3-C6": {"d_ff": 1024},
+    "table3-C7": {"d_ff": 4096},
+    "table3-D1": {"dropout": 0.0},
+    "table3-D2": {"dropout": 0.2},
+    "table3-D3": {"label_smoothing": 0.0},
+    "table3-D4": {"label_smoothing": 0.2},
+    "table3-E": {"positional": "learned"},
+    "big": {"d_model": 1024, "d_ff": 4096, "n_heads": 16, "dropout": 0.3, "max_steps": 300_000, "average_last": 20},
+}
+
+
+def flat(config: Config) -> dict:
+    return {**dataclasses.asdict(config.model), **dataclasses.asdict(config.train)}
+
+
+def test_base_is_the_paper():
+    c = get_preset("base")
+    m, t = c.model, c.train
+    assert (m.n_layers, m.d_model, m.d_ff, m.n_heads, m.head_dim_k, m.head_dim_v) == (6, 512, 2048, 8, 64, 64)
+    assert (m.dropout, m.positional, m.norm_first, m.share_embeddings) == (0.1, "sinusoidal", False, True)
+    assert (t.label_smoothing, t.warmup_steps, t.adam_betas, t.adam_eps) == (0.1, 4000, (0.9, 0.98), 1e-9)
+    assert (t.max_steps, t.max_tokens) == (100_000, 25000)
+
+
+def test_every_table3_row_has_a_preset():
+    assert set(TABLE3_ROWS) | {"base"} == set(PRESETS)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE3_ROWS))
+def test_preset_differs_from_base_only_where_table3_says(name):
+    base, row = flat(get_preset("base")), flat(get_preset(name))
+    changed = {k: v for k, v in row.items() if base[k] != v}
+    assert changed == TABLE3_ROWS[name]
+
+
+@pytest.mark.parametrize("name", sorted(TABLE3_PARAMS_M))
+def test_parameter_count_matches_table3(name):
+    """Shared vocabulary of 37000 ("about 37000", 5.1): within 3% or 3M, whichever is larger."""
+    with torch.device("meta"):
+        n = count_parameters(Transformer(get_preset(name).model))
+    paper = TABLE3_PARAMS_M[name] * 1e6
+    assert abs(n - paper) <= max(0.03 * paper, 3e6), f"{name}: {n / 1e6:.1f}M vs Table 3 {paper / 1e6:.0f}M"
+
+
+def test_presets_are_fresh_copies():
+    get_preset("base").model.n_layers = 99
+    assert get_preset("base").model.n_layers == 6
+
+
+def test_overrides_and_errors():
+    c = apply_overrides(get_preset("base"), ["model.n_layers=3", "train.warmup_steps=8000", "model.positional=learned"])
+    assert (c.model.n_layers, c.train.warmup_steps, c.model.positional) == (3, 8000, "learned")
+    # d_k follows d_model / h unless set explicitly
+    assert apply_overrides(get_preset("base"), ["model.d_model=256"]).model.head_dim_k == 32
+    with pytest.raises(ValueError, match="bad override"):
+        apply_overrides(get_preset("base"), ["model.nope=1"])
+    with pytest.raises(ValueError, match="positional"):
+        ModelConfig(positional="rotary")
+    with pytest.raises(KeyError, match="unknown preset"):
+        get_preset("huge")
+
+
+def test_config_json_round_trip():
+    c = get_preset("table3-B1")
+    assert Config.from_dict(c.to_dict()) == c
