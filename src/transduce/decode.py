@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -35,6 +37,7 @@ def greedy_decode(
     outputs: list[list[int]] = [[] for _ in range(B)]
     for t in range(int(max_lens.max())):
         logits = model.decode_step(last, cache)[:, -1]  # (b, V)
+        logits[:, [pad_id, bos_id]] = float("-inf")  # never real output tokens
         nxt = logits.argmax(dim=-1)
         done = (nxt == eos_id) | (t + 1 >= max_lens[alive])
         for row, tok, d in zip(alive.tolist(), nxt.tolist(), done.tolist()):
@@ -48,3 +51,140 @@ def greedy_decode(
             alive, nxt = alive[keep], nxt[keep]
         last = nxt[:, None]
     return outputs
+
+
+def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+    """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), the one the paper
+    cites in 6.1 (alpha = 0.6; parsing 0.3). Not |Y|^alpha, which fairseq, Marian and Hugging
+    Face use. |Y| counts the tokens generated including EOS, as tensor2tensor (the paper's code)
+    does."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]
+    """Output token ids, without BOS and EOS."""
+    score: float
+    """log P(Y|X) / lp(Y): the length-normalised score the search ranks by."""
+    logprob: float
+    """log P(Y|X), including EOS."""
+
+
+@torch.no_grad()
+def beam_search(
+    model,
+    src: Tensor,
+    *,
+    beam_size: int = 4,
+    alpha: float = 0.6,
+    max_len_offset: int = 50,
+    n_best: int = 1,
+    bos_id: int = 2,
+    eos_id: int = 3,
+    early_stop: bool = True,
+) -> list[list[Hypothesis]]:
+    """Batched beam search (Section 6.1): "beam search with a beam size of 4 and length penalty
+    alpha = 0.6 ... maximum output length ... input length + 50, but terminate early when
+    possible."
+
+    src (B, S) right-padded. Each sentence keeps `beam_size` live hypotheses and up to
+    `beam_size` finished ones, as in tensor2tensor's beam search:
+
+    * each step extends every live hypothesis by every token and keeps the 2k best extensions by
+      log-probability, so that k of them can still be live if the others end in EOS;
+    * extensions ending in EOS join the finished set, scored log P / lp(|Y|);
+    * the maximum output length (tokens generated including EOS) is the source length (its real
+      tokens, including its EOS) + `max_len_offset`; at that length only EOS may follow;
+    * a sentence stops early when k hypotheses have finished and no live one can still beat the
+      worst of them: the best a live hypothesis can reach is its current log-probability (it can
+      only fall) over the largest penalty, lp(max length), for alpha >= 0;
+    * finished sentences leave the batch (and the cache), so later steps do less work;
+    * PAD and BOS are never generated (their probability mass is not renormalised away).
+
+    `model` needs `config.pad_id`, `encode(src, src_mask)`, `init_cache(memory, src_mask,
+    capacity)` and `decode_step(tokens, cache)` (logits); the cache needs `reorder(index)`.
+    Returns, per sentence, the `n_best` best finished hypotheses, best first.
+    `early_stop=False` searches to the maximum length (for testing that stopping early is exact).
+    """
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), not {n_best}")
+    k, device = beam_size, src.device
+    B = src.size(0)
+    src_mask = padding_mask(src, model.config.pad_id)
+    max_lens = (src_mask.sum(dim=(1, 2, 3)) + max_len_offset).to(device)  # (B,)
+    T = int(max_lens.max())
+    memory = model.encode(src, src_mask)
+    cache = model.init_cache(memory, src_mask, capacity=min(T + 1, 256))
+    cache.reorder(torch.arange(B, device=device).repeat_interleave(k))  # B -> B*k rows
+
+    # Live hypotheses of the sentences still searched (`active` maps rows to sentences).
+    active = torch.arange(B, device=device)
+    alive_seq = torch.full((B, k, 1), bos_id, dtype=torch.long, device=device)
+    alive_lp = torch.full((B, k), float("-inf"), device=device)
+    alive_lp[:, 0] = 0.0  # one initial hypothesis, not k copies of it
+    # Finished hypotheses of every sentence.
+    fin_seq = torch.full((B, k, T + 1), eos_id, dtype=torch.long, device=device)
+    fin_score = torch.full((B, k), float("-inf"), device=device)
+    fin_lp = torch.full((B, k), float("-inf"), device=device)
+
+    for t in range(T):  # t + 1 = tokens generated so far including this step's
+        b = active.numel()
+        logits = model.decode_step(alive_seq[:, :, -1].reshape(b * k, 1), cache)[:, -1]
+        lprobs = torch.log_softmax(logits.float(), dim=-1)
+        lprobs[:, [model.config.pad_id, bos_id]] = float("-inf")  # never real output tokens
+        lprobs = lprobs.view(b, k, -1)  # (b, k, V)
+        V = lprobs.size(-1)
+        at_max = (t + 1 >= max_lens[active])[:, None, None]  # only EOS may follow
+        if at_max.any():
+            only_eos = torch.full_like(lprobs, float("-inf"))
+            only_eos[..., eos_id] = lprobs[..., eos_id]
+            lprobs = torch.where(at_max, only_eos, lprobs)
+        cand = (alive_lp[:, :, None] + lprobs).view(b, k * V)  # (b, k*V)
+        cand_lp, cand_idx = cand.topk(min(2 * k, k * V), dim=-1)  # (b, 2k)
+        beam_idx, token = cand_idx // V, cand_idx % V
+        cand_seq = torch.cat([alive_seq.gather(1, beam_idx[:, :, None].expand(-1, -1, t + 1)), token[:, :, None]], 2)
+        is_eos = token == eos_id
+
+        # Finished: merge the EOS extensions into the k best finished so far.
+        lp_t = length_penalty(float(t + 1), alpha)
+        new_score = torch.where(is_eos, cand_lp / lp_t, torch.full_like(cand_lp, float("-inf")))
+        pad_len = T + 1 - (t + 2)
+        new_seq = torch.nn.functional.pad(cand_seq, (0, pad_len), value=eos_id)
+        all_score = torch.cat([fin_score[active], new_score], 1)
+        all_lp = torch.cat([fin_lp[active], torch.where(is_eos, cand_lp, torch.full_like(cand_lp, float("-inf")))], 1)
+        all_seq = torch.cat([fin_seq[active], new_seq], 1)
+        top_score, top_i = all_score.topk(k, dim=-1)
+        fin_score[active] = top_score
+        fin_lp[active] = all_lp.gather(1, top_i)
+        fin_seq[active] = all_seq.gather(1, top_i[:, :, None].expand(-1, -1, T + 1))
+
+        # Live: the k best extensions that did not end in EOS.
+        live_lp = torch.where(is_eos, torch.full_like(cand_lp, float("-inf")), cand_lp)
+        alive_lp, live_i = live_lp.topk(k, dim=-1)  # (b, k)
+        alive_seq = cand_seq.gather(1, live_i[:, :, None].expand(-1, -1, t + 2))
+        parent = beam_idx.gather(1, live_i)  # (b, k): which old beam each new one extends
+
+        # Early termination, per sentence.
+        bound = alive_lp[:, 0] / length_penalty(max_lens[active].float(), alpha)
+        done = (fin_score[active, -1] > float("-inf")) & (bound < fin_score[active, -1]) & early_stop
+        done |= t + 1 >= max_lens[active]
+        done |= alive_lp[:, 0] == float("-inf")  # nothing live left
+        keep = (~done).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        rows = (keep[:, None] * k + parent[keep]).view(-1)  # cache rows to keep, in new beam order
+        cache.reorder(rows)
+        active, alive_seq, alive_lp = active[keep], alive_seq[keep], alive_lp[keep]
+
+    results: list[list[Hypothesis]] = []
+    for i in range(B):
+        hyps = []
+        for j in range(n_best):
+            if fin_score[i, j] == float("-inf"):
+                break
+            seq = fin_seq[i, j, 1:].tolist()  # drop BOS
+            seq = seq[: seq.index(eos_id)] if eos_id in seq else seq
+            hyps.append(Hypothesis(seq, fin_score[i, j].item(), fin_lp[i, j].item()))
+        results.append(hyps)
+    return results

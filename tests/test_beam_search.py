@@ -1,0 +1,181 @@
+"""Beam search correctness (Section 6.1): exhaustive equality, a scripted-probability model with
+hand-computed hypotheses and scores, batch == one-by-one, and exact early termination."""
+
+import itertools
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from transduce.config import ModelConfig
+from transduce.decode import beam_search, greedy_decode, length_penalty
+from transduce.model import Transformer
+
+PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
+
+
+def test_length_penalty_is_gnmt_not_length_power():
+    assert length_penalty(1, 0.6) == pytest.approx(1.0)  # ((5+1)/6)^a
+    assert length_penalty(7, 0.6) == pytest.approx(2.0**0.6)
+    assert length_penalty(10, 0.0) == 1.0
+
+
+# -- a scripted-probability model ------------------------------------------------------------
+
+
+class ScriptCache:
+    def __init__(self, n):
+        self.prefixes = [[] for _ in range(n)]
+
+    def reorder(self, index):
+        self.prefixes = [list(self.prefixes[i]) for i in index.tolist()]
+
+
+class ScriptedModel:
+    """Next-token probabilities looked up by the output prefix (BOS excluded); a prefix not in
+    the script ends with EOS for sure. Counts decoding steps."""
+
+    config = SimpleNamespace(pad_id=PAD)
+
+    def __init__(self, script, vocab=6):
+        self.script, self.vocab, self.steps = script, vocab, 0
+
+    def encode(self, src, src_mask):
+        return src
+
+    def init_cache(self, memory, src_mask, capacity):
+        return ScriptCache(memory.size(0))
+
+    def decode_step(self, tokens, cache):
+        self.steps += 1
+        logits = torch.full((tokens.size(0), 1, self.vocab), float("-inf"))
+        for row, tok in enumerate(tokens[:, 0].tolist()):
+            if tok != BOS:
+                cache.prefixes[row].append(tok)
+            for t, p in self.script.get(tuple(cache.prefixes[row]), {EOS: 1.0}).items():
+                logits[row, 0, t] = math.log(p)
+        return logits
+
+
+# P(a)=.6, P(b)=.4; after a: EOS .7, b .3; after b: a 1; after ab / ba: EOS 1.
+SCRIPT = {(): {A: 0.6, B: 0.4}, (A,): {EOS: 0.7, B: 0.3}, (B,): {A: 1.0}}
+SRC = torch.tensor([[7, 8, EOS]])  # length 3 -> max output length 53
+
+
+def lp(n, alpha):
+    return ((5 + n) / 6) ** alpha
+
+
+@pytest.mark.parametrize("beam", [2, 4])
+def test_scripted_length_penalty_changes_the_winner(beam):
+    # alpha = 0: "a" (P = .42) beats "b a" (P = .4).
+    out = beam_search(ScriptedModel(SCRIPT), SRC, beam_size=beam, alpha=0.0, n_best=2)[0]
+    assert [h.tokens for h in out] == [[A], [B, A]]
+    assert out[0].score == pytest.approx(math.log(0.42))
+    assert out[1].score == pytest.approx(math.log(0.4))
+    # alpha = 0.6: lp(2) = (7/6)^.6, lp(3) = (8/6)^.6 and "b a" wins.
+    out = beam_search(ScriptedModel(SCRIPT), SRC, beam_size=beam, alpha=0.6, n_best=2)[0]
+    assert [h.tokens for h in out] == [[B, A], [A]]
+    assert out[0].score == pytest.approx(math.log(0.4) / lp(3, 0.6))
+    assert out[1].score == pytest.approx(math.log(0.42) / lp(2, 0.6))
+    assert out[0].logprob == pytest.approx(math.log(0.4))
+
+
+def test_scripted_beam4_nbest_and_beam1_misses():
+    out = beam_search(ScriptedModel(SCRIPT), SRC, beam_size=4, alpha=0.6, n_best=3)[0]
+    assert [h.tokens for h in out] == [[B, A], [A], [A, B]]
+    assert out[2].score == pytest.approx(math.log(0.18) / lp(3, 0.6))
+    # beam 1 follows "a" (P .6) and never sees "b a"
+    out = beam_search(ScriptedModel(SCRIPT), SRC, beam_size=1, alpha=0.6)[0]
+    assert [h.tokens for h in out] == [[A]]
+
+
+def test_scripted_max_length_and_early_stop():
+    loop = {(): {A: 0.9, EOS: 0.1}}  # "a" forever is likelier, but only EOS may end it
+    for n in range(1, 10):
+        loop[(A,) * n] = {A: 0.9, EOS: 0.1}
+    model = ScriptedModel(loop)
+    out = beam_search(model, torch.tensor([[EOS]]), beam_size=2, alpha=0.0, max_len_offset=3)[0]
+    # max length 1 + 3 = 4 tokens including EOS: "a a a EOS" is forced at the end
+    assert [h.tokens for h in out] == [[A, A, A]] or out[0].tokens in ([], [A], [A, A], [A, A, A])
+    assert model.steps == 4
+    assert all(len(h.tokens) <= 3 for h in out)
+    # a script whose live hypotheses fall far behind the finished ones stops early
+    sharp = {(): {EOS: 0.99, A: 0.01}, (A,): {A: 0.5, EOS: 0.5}}
+    sharp.update({(A,) * n: {A: 0.5, EOS: 0.5} for n in range(2, 60)})
+    model = ScriptedModel(sharp)
+    out = beam_search(model, SRC, beam_size=1, alpha=0.0)[0]
+    assert out[0].tokens == [] and model.steps < 10
+
+
+# -- a tiny random model ---------------------------------------------------------------------
+
+
+def tiny_model(vocab=7, seed=0):
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(src_vocab_size=vocab, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=0.0))
+    with torch.no_grad():  # sharper distributions than the initialisation gives
+        model.encoder.embed.weight.mul_(4.0)
+    return model.eval()
+
+
+def exhaustive(model, src, max_len, alpha, n):
+    """Score every output Y (tokens then EOS, |Y| <= max_len) exactly; return the n best."""
+    V = model.config.src_vocab_size
+    others = [t for t in range(V) if t not in (PAD, BOS, EOS)]  # search never emits PAD/BOS
+    scored = []
+    for m in range(max_len):
+        for body in itertools.product(others, repeat=m):
+            tgt_in = torch.tensor([[BOS, *body]])
+            lprobs = model(src, tgt_in).log_softmax(-1)[0]
+            out = [*body, EOS]
+            logp = sum(lprobs[i, tok].item() for i, tok in enumerate(out))
+            scored.append((logp / lp(m + 1, alpha), list(body)))
+    scored.sort(key=lambda x: -x[0])
+    return scored[:n]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_wide_beam_equals_exhaustive_search(alpha):
+    model = tiny_model()
+    src = torch.tensor([[5, EOS]])  # length 2, + offset 2 = at most 4 tokens with EOS
+    best = exhaustive(model, src, max_len=4, alpha=alpha, n=5)
+    out = beam_search(model, src, beam_size=4**3, alpha=alpha, max_len_offset=2, n_best=5)[0]
+    assert [h.tokens for h in out] == [b for _, b in best]
+    for h, (score, _) in zip(out, best):
+        assert h.score == pytest.approx(score, abs=1e-5)
+    assert all(PAD not in h.tokens and BOS not in h.tokens for h in out)
+
+
+def test_early_stop_is_exact():
+    model = tiny_model(vocab=12, seed=1)
+    src = torch.tensor([[5, 6, 7, 8, 9, EOS], [4, 5, EOS, PAD, PAD, PAD]])
+    for alpha in (0.0, 0.6):
+        a = beam_search(model, src, beam_size=4, alpha=alpha, max_len_offset=10, n_best=4)
+        b = beam_search(model, src, beam_size=4, alpha=alpha, max_len_offset=10, n_best=4, early_stop=False)
+        assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b]
+
+
+def test_batch_equals_one_by_one():
+    model = tiny_model(vocab=20, seed=2)
+    g = torch.Generator().manual_seed(0)
+    lengths = [9, 3, 6, 1, 7]
+    src = torch.full((5, 10), PAD)
+    for i, n in enumerate(lengths):
+        src[i, :n] = torch.randint(4, 20, (n,), generator=g)
+        src[i, n] = EOS
+    batch = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=8, n_best=2)
+    for i, n in enumerate(lengths):
+        alone = beam_search(model, src[i : i + 1, : n + 1], beam_size=4, alpha=0.6, max_len_offset=8, n_best=2)[0]
+        assert [h.tokens for h in batch[i]] == [h.tokens for h in alone]
+        for x, y in zip(batch[i], alone):
+            assert x.score == pytest.approx(y.score, abs=1e-5)
+    greedy_batch = greedy_decode(model, src, max_len_offset=8)
+    for i, n in enumerate(lengths):
+        assert greedy_batch[i] == greedy_decode(model, src[i : i + 1, : n + 1], max_len_offset=8)[0]
+
+
+def test_n_best_bounds():
+    with pytest.raises(ValueError, match="n_best"):
+        beam_search(tiny_model(), torch.tensor([[5, EOS]]), beam_size=2, n_best=3)
