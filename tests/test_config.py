@@ -46,8 +46,16 @@ def test_base_is_the_paper():
     assert (t.max_steps, t.max_tokens) == (100_000, 25000)
 
 
+NOT_IN_PAPER = {"small": {"n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4}}
+
+
 def test_every_table3_row_has_a_preset():
-    assert set(TABLE3_ROWS) | {"base"} == set(PRESETS)
+    assert set(TABLE3_ROWS) | {"base"} | set(NOT_IN_PAPER) == set(PRESETS)
+
+
+def test_small_preset_is_base_made_smaller():
+    base, small = flat(get_preset("base")), flat(get_preset("small"))
+    assert {k: v for k, v in small.items() if base[k] != v} == NOT_IN_PAPER["small"]
 
 
 @pytest.mark.parametrize("name", sorted(TABLE3_ROWS))

@@ -44,6 +44,7 @@ def save_model(model: Transformer, config: Config, directory: str | os.PathLike)
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     tmp = directory / (WEIGHTS + ".tmp")
     _st_save_model(model, str(tmp), metadata={"format": "pt", "transduce": "1"})
+    os.chmod(tmp, 0o644)  # safetensors creates files readable by their owner only
     os.replace(tmp, directory / WEIGHTS)
     atomic_write_text(directory / CONFIG, config.to_json() + "\n")
     return directory

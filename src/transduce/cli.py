@@ -14,6 +14,9 @@ Data flows one way: text -> vocabulary -> token arrays -> batches -> model -> se
 subcommands:
   info        show a preset's configuration (Table 3 knobs) and its parameter count
   prepare     learn a BPE vocabulary and binarize parallel text (a named dataset or your files)
+  train       train on prepared data: Adam + equation 3, label smoothing, token-budget batches,
+              bf16/fp16, gradient accumulation, checkpoints, exact resume, DDP via torchrun
+  average     average the last K checkpoints of a run into one model (the paper: 5 / 20)
   synthetic   train a small model on a copy/reverse task and report greedy exact match:
               a one-minute end-to-end check that masks, shifting and decoding fit together
 
@@ -82,11 +85,11 @@ def _add_synthetic(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synthetic",
         help="one-minute end-to-end check on a copy/reverse task",
-        description="Train a small Transformer (N=2, d_model=64) on random token sequences to copy "
+        description="Train a small Transformer (N=2, d_model=128) on random token sequences to copy "
         "or reverse, then greedy-decode held-out sequences and report exact match.",
     )
     p.add_argument("--task", choices=["copy", "reverse"], default="reverse")
-    p.add_argument("--steps", type=int, default=1500, help="training steps (default: 1500)")
+    p.add_argument("--steps", type=int, default=1000, help="training steps (default: 1000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--save", metavar="DIR", help="save the trained model (safetensors + config.json)")
     p.set_defaults(func=_run_synthetic)
@@ -120,6 +123,13 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=prepare.run)
 
 
+def _add_module_command(sub: argparse._SubParsersAction, name: str, module, help: str) -> None:
+    """A subcommand whose flags and behaviour live in `module` (add_args / run)."""
+    p = sub.add_parser(name, help=help, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    module.add_args(p)
+    p.set_defaults(func=module.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="transduce", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,8 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"transduce {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    from .train import average, trainer
+
     _add_info(sub)
     _add_prepare(sub)
+    _add_module_command(sub, "train", trainer, "train a model on prepared data (Section 5; torchrun for many GPUs)")
+    _add_module_command(sub, "average", average, "average the last K checkpoints of a run (6.1)")
     _add_synthetic(sub)
     return parser
 

@@ -187,6 +187,9 @@ PRESETS: dict[str, Config] = {
     "table3-D4": _variant(train=dict(label_smoothing=0.2)),
     # (E) learned positional embedding instead of sinusoids.
     "table3-E": _variant(model=dict(positional="learned")),
+    # Not in the paper: a laptop-CPU size (the paper's architecture, smaller), for small corpora
+    # such as Multi30k and for benchmarks. Everything not listed is base.
+    "small": _variant(model=dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4)),
 }
 """Named presets. Table 3's `train steps` column is 100K for every row but big (300K)."""
 

@@ -25,7 +25,8 @@ def label_smoothed_nll(
     lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)
     keep = target != pad_id
     nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    smooth = -lprobs.mean(dim=-1)  # (B, T): cross-entropy against the uniform distribution
+    smooth = -lprobs.sum(dim=-1) / lprobs.size(-1)  # (B, T): cross-entropy against the uniform
+    # distribution (sum, then divide the (B, T) result: cheaper backward than mean over V)
     loss = (1.0 - epsilon) * nll + epsilon * smooth
     # torch.where, not masked_select: no data-dependent shape, so no host-device sync on CUDA
     zero = lprobs.new_zeros(())

@@ -1,0 +1,223 @@
+"""The training loop and `transduce train`: loss normalisation, precision, the run directory,
+clear errors; and the loss (5.4) and schedule (5.3) it uses."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transduce.checkpoint import load_model
+from transduce.config import Config, ModelConfig
+from transduce.data.batching import ParallelDataset
+from transduce.data.indexed import IndexedWriter
+from transduce.model import Transformer
+from transduce.train.loss import label_smoothed_nll
+from transduce.train.schedule import noam_lr
+from transduce.train.trainer import BatchStream, autocast_for, build_optimizer, main, set_lr, train_step
+
+VOCAB = 24
+
+
+def make_data(out: Path, n_train: int = 60, n_valid: int = 12, separate: bool = False, seed: int = 0) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tgt_vocab = VOCAB + 5 if separate else VOCAB
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        src = [rng.integers(4, VOCAB, rng.integers(1, 10)).tolist() for _ in range(n)]
+        for side, sents, v in (("src", src, VOCAB), ("tgt", [s[::-1] for s in src], tgt_vocab)):
+            with IndexedWriter(out / f"{split}.{side}", v) as w:
+                w.add_many(sents)
+    files = {"src": "spm.src.model", "tgt": "spm.tgt.model"} if separate else {"src": "spm.model", "tgt": "spm.model"}
+    for name in set(files.values()):
+        (out / name).write_bytes(b"not a real sentencepiece model")
+    meta = {"format": 1, "src_lang": "x", "tgt_lang": "y", "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+            "vocab": {"shared": not separate, "files": files, "size": {"src": VOCAB, "tgt": tgt_vocab}}}
+    (out / "data.json").write_text(json.dumps(meta))
+    return out
+
+
+TINY = ["--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
+        "--set", "model.n_heads=2", "--threads", "1", "--no-progress", "--no-tensorboard"]
+
+
+# --- the loss and the schedule ----------------------------------------------------------------------
+
+
+def test_label_smoothed_loss_matches_torch_and_skips_padding():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 3:] = 0
+    target[2, 1:] = 0
+    loss, nll = label_smoothed_nll(logits, target, epsilon=0.1, pad_id=0)
+    flat = logits.view(-1, 11), target.view(-1)
+    torch.testing.assert_close(loss, F.cross_entropy(*flat, ignore_index=0, label_smoothing=0.1, reduction="sum"))
+    torch.testing.assert_close(nll, F.cross_entropy(*flat, ignore_index=0, reduction="sum"))
+    # bf16 logits: computed in fp32
+    loss16, _ = label_smoothed_nll(logits.bfloat16(), target, epsilon=0.1)
+    assert loss16.dtype == torch.float32
+
+
+def test_noam_schedule_is_equation_3():
+    d, w = 512, 4000
+    assert noam_lr(w, d) == pytest.approx(d**-0.5 * w**-0.5)  # the peak
+    assert noam_lr(w // 2, d) == pytest.approx(noam_lr(w, d) / 2)  # linear warmup
+    assert noam_lr(4 * w, d) == pytest.approx(noam_lr(w, d) / 2)  # inverse square root decay
+    assert max(noam_lr(s, d) for s in range(1, 3 * w)) == noam_lr(w, d)
+
+
+# --- one step: normalisation and precision -----------------------------------------------------------
+
+
+def _model_and_optimizer(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    config = Config(model=ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=dropout))
+    model = Transformer(config.model).train()
+    optimizer = build_optimizer(model, config)
+    set_lr(optimizer, 1e-2)
+    return model, optimizer
+
+
+def test_accumulated_micro_batches_equal_one_batch_of_their_union(tmp_path):
+    """The loss is normalised by the target tokens of the whole step, not per micro-batch: two
+    micro-batches of very different sizes give the update of one batch holding both."""
+    dataset = ParallelDataset.load(make_data(tmp_path), "train")
+    a, b = [0, 1, 2, 3, 4, 5, 6], [7, 8]
+    # Plain SGD (lr 1: the update is the gradient). Adam with eps = 1e-9 would turn rounding noise
+    # in gradients that are zero in exact arithmetic (the key bias) into full-size steps.
+    m1, m2 = _model_and_optimizer()[0], _model_and_optimizer()[0]
+    o1, o2 = torch.optim.SGD(m1.parameters(), lr=1.0), torch.optim.SGD(m2.parameters(), lr=1.0)
+    s1, _ = train_step(m1, o1, [dataset.collate(a), dataset.collate(b)], label_smoothing=0.1)
+    s2, _ = train_step(m2, o2, [dataset.collate(a + b)], label_smoothing=0.1)
+    torch.testing.assert_close(s1, s2)
+    for (name, p1), p2 in zip(m1.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(p1, p2, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_bf16_autocast_really_computes_in_bf16_and_keeps_fp32_weights(tmp_path):
+    dataset = ParallelDataset.load(make_data(tmp_path), "train")
+    model, optimizer = _model_and_optimizer()
+    dtypes = set()
+    hooks = [m.register_forward_hook(lambda mod, inp, out: dtypes.add(out.dtype))
+             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    batch = dataset.collate(list(range(8)))
+    with autocast_for(torch.device("cpu"), "bf16"):
+        logits = model(batch["src"], batch["tgt_in"])
+    assert logits.dtype == torch.bfloat16 and dtypes == {torch.bfloat16}
+    for h in hooks:
+        h.remove()
+    sums, norm = train_step(model, optimizer, [batch], label_smoothing=0.1, precision="bf16", want_grad_norm=True)
+    assert torch.isfinite(sums).all() and float(norm) > 0
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_batch_stream_position_continues_the_same_order(tmp_path):
+    dataset = ParallelDataset.load(make_data(tmp_path), "train")
+    full = BatchStream(dataset, 40, seed=1)
+    seen = [full.next().tolist() for _ in range(3 * len(full))]  # three epochs
+    k = len(full) + 2
+    resumed = BatchStream(dataset, 40, seed=1)
+    for _ in range(k):
+        resumed.next()
+    again = BatchStream(dataset, 40, seed=1, epoch=resumed.epoch, position=resumed.position)
+    assert [again.next().tolist() for _ in range(len(seen) - k)] == seen[k:]
+    assert seen[: len(full)] != seen[len(full) : 2 * len(full)]  # reshuffled each epoch
+    assert sorted(i for b in seen[: len(full)] for i in b) == list(range(len(dataset)))
+
+
+# --- the command line -------------------------------------------------------------------------------
+
+
+def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
+    data = make_data(tmp_path / "data", separate=True)
+    run = tmp_path / "run"
+    rc = main(["--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--update-freq", "2",
+               "--max-steps", "4", "--save-every-steps", "2", "--valid-every", "2", "--log-every", "2", "--warmup", "3"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "valid loss" in out and "target tokens/s" in out
+    config = json.loads((run / "config.json").read_text())
+    # separate vocabularies -> no shared embeddings; sizes from the data; flags recorded
+    assert config["model"]["share_embeddings"] is False
+    assert (config["model"]["src_vocab_size"], config["model"]["tgt_vocab_size"]) == (VOCAB, VOCAB + 5)
+    assert config["train"]["warmup_steps"] == 3 and config["train"]["max_steps"] == 4
+    assert config["train"]["max_tokens"] == 80  # per step: 40 x 2 micro-batches x 1 process
+    assert json.loads((run / "data.json").read_text())["data_dir"] == str(data.absolute())
+    assert (run / "spm.src.model").is_file() and (run / "spm.tgt.model").is_file()
+
+    records = [json.loads(line) for line in (run / "logs" / "train.jsonl").read_text().splitlines()]
+    kinds = [r["type"] for r in records]
+    assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("train") == 2
+    train_rec = [r for r in records if r["type"] == "train"][-1]
+    assert {"loss", "nll", "ppl", "lr", "grad_norm", "target_tokens_per_s"} <= train_rec.keys()
+    assert train_rec["lr"] == pytest.approx(noam_lr(4, 16, 3))
+    valid = [r for r in records if r["type"] == "valid"]
+    assert [r["step"] for r in valid] == [2, 4]
+    assert valid[-1]["ppl"] == pytest.approx(math.exp(valid[-1]["nll"]))
+    assert valid[-1]["loss"] > valid[-1]["nll"]  # the smoothed loss is not the perplexity's nll
+
+    final, cfg = load_model(run / "model")
+    ckpt, _ = load_model(run / "checkpoints" / "step_0000004")
+    for (k, v), w in zip(final.state_dict().items(), ckpt.state_dict().values()):
+        assert torch.equal(v, w), k
+    assert cfg.model.tgt_vocab_size == VOCAB + 5
+
+    # --resume with nothing left to do, without --data (taken from RUN_DIR/data.json)
+    assert main(["--run-dir", str(run), "--resume", "--max-steps", "4", "--no-progress", "--no-tensorboard"]) == 0
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--data", "/nonexistent/data"], "no such data directory"),
+        (["--preset", "huge"], "unknown preset"),
+        (["--set", "model.nope=3"], "bad override"),
+        (["--set", "model.n_heads=many"], "n_heads"),
+        (["--set", "model.src_vocab_size=99"], "vocabulary sizes come from the data"),
+        (["--precision", "fp16", "--device", "cpu"], "fp16 needs CUDA"),
+        (["--max-tokens", "5"], "max_tokens"),
+        (["--data", "EMPTY"], "data.json"),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
+    data = make_data(tmp_path / "data", n_train=8, n_valid=2)
+    (tmp_path / "empty").mkdir()
+    extra = [str(tmp_path / "empty") if x == "EMPTY" else x for x in extra]
+    argv = ["--data", str(data), "--run-dir", str(tmp_path / "run"), "--max-steps", "1",
+            "--no-progress", "--no-tensorboard", "--threads", "1"]
+    rc = main(argv + extra)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("transduce train: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err
+
+
+def test_tensorboard_is_optional(tmp_path, monkeypatch):
+    import sys
+
+    from transduce.train.trainer import RunLog
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
+    log = RunLog(tmp_path / "a")
+    log.write("train", 1, loss=2.0)
+    log.close()
+    assert log.tb is None and json.loads((tmp_path / "a" / "train.jsonl").read_text())["loss"] == 2.0
+
+
+def test_tensorboard_scalars_when_installed(tmp_path):
+    pytest.importorskip("tensorboard")
+    from transduce.train.trainer import RunLog
+
+    log = RunLog(tmp_path)
+    log.write("train", 5, loss=2.0, lr=1e-3, target_tokens_per_s=100.0, grad_norm=0.5)
+    log.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert {"train/loss", "train/lr", "train/target_tokens_per_s", "train/grad_norm"} <= set(acc.Tags()["scalars"])
+    assert acc.Scalars("train/loss")[0].step == 5

@@ -1,0 +1,189 @@
+"""Checkpoints: exact resume (dropout on) and atomic writes (a failed write keeps the old latest)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from transduce.checkpoint import load_model
+from transduce.config import Config, ModelConfig, TrainConfig
+from transduce.data.indexed import IndexedWriter
+from transduce.model import Transformer
+from transduce.train import checkpointing
+from transduce.train.checkpointing import (
+    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
+)
+from transduce.train.trainer import TrainOptions, build_optimizer, train
+
+VOCAB = 24
+
+
+def make_data(out: Path, n_train: int = 60, n_valid: int = 12, seed: int = 0) -> Path:
+    """A tiny prepared-data directory: random sequences and their reversals."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        src = [rng.integers(4, VOCAB, rng.integers(1, 10)).tolist() for _ in range(n)]
+        for side, sents in (("src", src), ("tgt", [s[::-1] for s in src])):
+            with IndexedWriter(out / f"{split}.{side}", VOCAB) as w:
+                w.add_many(sents)
+    meta = {"format": 1, "src_lang": "x", "tgt_lang": "y", "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+            "vocab": {"shared": True, "files": {"src": "spm.model", "tgt": "spm.model"}, "size": {"src": VOCAB, "tgt": VOCAB}}}
+    (out / "data.json").write_text(json.dumps(meta))
+    return out
+
+
+def tiny_config(max_steps: int) -> Config:
+    model = ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=0.3, attention_dropout=0.1)
+    return Config(model=model, train=TrainConfig(warmup_steps=4, max_steps=max_steps))
+
+
+def options(**kw) -> TrainOptions:
+    base = dict(max_tokens=48, update_freq=2, threads=1, progress=False, tensorboard=False, valid_every=3,
+                save_every_steps=2, save_every_minutes=0, keep_last=0, log_every=2, seed=3)
+    return TrainOptions(**{**base, **kw})
+
+
+def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data, tmp_path_factory):
+    run = tmp_path_factory.mktemp("full") / "run"
+    result = train(tiny_config(9), data, run, options())
+    return run, params(result.model)
+
+
+def test_uninterrupted_run_crosses_epochs_and_writes_checkpoints(uninterrupted):
+    run, _ = uninterrupted
+    steps = [s for s, _ in list_checkpoints(run)]
+    assert steps == [2, 4, 6, 8, 9]
+    state = json.loads((run / "checkpoints" / "step_0000009" / "trainer_state.json").read_text())
+    assert state["epoch"] >= 1  # the run went past an epoch boundary
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000009"
+
+
+def test_resume_from_a_mid_run_checkpoint_is_exact(uninterrupted, data, tmp_path):
+    """As if the process died after writing step 4: resume and finish; same bits as never stopping."""
+    full_run, full_params = uninterrupted
+    run = tmp_path / "run"
+    shutil.copytree(full_run, run)
+    for step, path in list_checkpoints(run):
+        if step > 4:
+            shutil.rmtree(path)
+    (run / "checkpoints" / "latest").write_text("step_0000004\n")
+    shutil.rmtree(run / "model")
+
+    result = train(tiny_config(9), data, run, options(resume=True))
+    assert result.step == 9
+    assert_identical(params(result.model), full_params)
+    model, _ = load_model(run / "model")
+    assert_identical(params(model), full_params)
+
+
+def test_stop_and_resume_is_exact(uninterrupted, data, tmp_path):
+    """Stopped at step 3 (mid-epoch, odd step, dropout on), resumed to 9."""
+    _, full_params = uninterrupted
+    run = tmp_path / "run"
+    first = train(tiny_config(3), data, run, options())
+    assert first.step == 3 and latest_checkpoint(run).name == "step_0000003"
+    result = train(tiny_config(9), data, run, options(resume=True))
+    assert_identical(params(result.model), full_params)
+    records = [json.loads(line) for line in (run / "logs" / "train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "start"] == [0, 3]
+
+
+def test_fresh_run_refuses_a_run_dir_with_checkpoints(uninterrupted, data, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(uninterrupted[0], run)
+    with pytest.raises(Exception, match="--resume"):
+        train(tiny_config(9), data, run, options())
+
+
+def _tiny_training_objects():
+    torch.manual_seed(0)
+    config = tiny_config(10)
+    model = Transformer(config.model)
+    optimizer = build_optimizer(model, config)
+    src = torch.randint(4, VOCAB, (3, 5))
+    model(src, src).float().pow(2).mean().backward()
+    optimizer.step()
+    return config, model, optimizer
+
+
+def test_failed_write_leaves_previous_latest_loadable(tmp_path, monkeypatch):
+    config, model, optimizer = _tiny_training_objects()
+    rng = {"cpu/rank0": torch.get_rng_state()}
+    save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=1, epoch=0, position=7), rng)
+    saved = params(model)
+    exp_avg = {k: v.clone() for k, v in checkpointing.optimizer_tensors(optimizer, model).items()}
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    real_save = checkpointing._save_tensors
+
+    def fail_on_rng(tensors, path):  # the weights and Adam's state are written, then the disk fills up
+        if path.name == checkpointing.RNG:
+            real_save(tensors, path.with_name("partial"))
+            raise OSError(28, "No space left on device")
+        real_save(tensors, path)
+
+    monkeypatch.setattr(checkpointing, "_save_tensors", fail_on_rng)
+    with pytest.raises(OSError):
+        save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=2), rng)
+    monkeypatch.undo()
+
+    # A hard crash mid-write (no cleanup) leaves a temporary directory: ignored.
+    crashed = tmp_path / "checkpoints" / ".tmp-step_0000003-12345"
+    crashed.mkdir()
+    (crashed / "model.safetensors").write_bytes(b"\x00" * 10)
+
+    ckpt_dir = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpt_dir.iterdir() if not p.name.startswith(".tmp")) == ["latest", "step_0000001"]
+    assert latest_checkpoint(tmp_path).name == "step_0000001"
+    fresh = Transformer(config.model)
+    fresh_opt = build_optimizer(fresh, config)
+    loaded = load_checkpoint(latest_checkpoint(tmp_path), fresh, fresh_opt)
+    assert (loaded.state.step, loaded.state.position) == (1, 7)
+    assert_identical(params(fresh), saved)
+    reloaded = checkpointing.optimizer_tensors(fresh_opt, fresh)
+    assert reloaded.keys() == exp_avg.keys() and all(torch.equal(reloaded[k], exp_avg[k]) for k in reloaded)
+    assert torch.equal(loaded.rng["cpu/rank0"], rng["cpu/rank0"])
+    # the checkpoint directory is also a plain model directory
+    model_only, _ = load_model(latest_checkpoint(tmp_path))
+    assert_identical(params(model_only), saved)
+
+    # The next successful save cleans up, moves `latest`, and keep_last prunes.
+    save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=2), rng, keep_last=1)
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step_0000002"]
+    assert latest_checkpoint(tmp_path).name == "step_0000002"
+
+
+def test_latest_pointer_to_a_missing_checkpoint_falls_back_to_newest(tmp_path):
+    config, model, optimizer = _tiny_training_objects()
+    for step in (1, 2):
+        save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=step), {})
+    (tmp_path / "checkpoints" / "latest").write_text("step_0000099\n")
+    assert latest_checkpoint(tmp_path).name == "step_0000002"
+
+
+def test_no_pickle_in_a_checkpoint(uninterrupted):
+    run, _ = uninterrupted
+    for f in (run / "checkpoints" / "step_0000009").iterdir():
+        assert f.suffix in (".safetensors", ".json"), f.name
