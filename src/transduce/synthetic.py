@@ -26,6 +26,7 @@ N_SPECIAL = 4
 class SyntheticResult:
     task: str
     steps: int
+    dev_exact_match: float
     seconds: float
     final_loss: float
     exact_match: float
@@ -51,37 +52,45 @@ def make_batch(task: str, batch_size: int, n_symbols: int, min_len: int, max_len
 def train_synthetic(
     task: str = "reverse",
     *,
-    seconds: float = 60.0,
-    max_steps: int = 100_000,
-    n_symbols: int = 20,
+    seconds: float = float("inf"),
+    max_steps: int = 3000,
+    n_symbols: int = 10,
     min_len: int = 1,
-    max_len: int = 12,
-    batch_size: int = 64,
-    warmup_steps: int = 200,
-    lr_scale: float = 2.0,
+    max_len: int = 10,
+    batch_size: int = 128,
+    warmup_steps: int = 100,
+    lr_scale: float = 0.3,
     n_eval: int = 500,
+    eval_every: int = 100,
+    n_dev: int = 500,
     seed: int = 0,
     model_config: ModelConfig | None = None,
     progress: bool = False,
 ) -> tuple[Transformer, SyntheticResult]:
-    """Train a small Transformer on the task for `seconds` (or `max_steps`), then greedy-decode
-    `n_eval` held-out sequences (a disjoint random stream) and report exact match."""
+    """Train a small Transformer on the task, then greedy-decode `n_eval` held-out sequences and
+    report exact match.
+
+    Training stops when greedy exact match on `n_dev` development sequences, checked every
+    `eval_every` steps, reaches 100%, or after `max_steps` steps, or after `seconds`. Training,
+    development and held-out sequences come from three separately seeded random streams."""
     if task not in ("copy", "reverse"):
         raise ValueError(f"task must be 'copy' or 'reverse', not {task!r}")
     torch.manual_seed(seed)
     c = model_config or ModelConfig(
-        src_vocab_size=N_SPECIAL + n_symbols, n_layers=2, d_model=64, d_ff=256, n_heads=4, dropout=0.0
+        src_vocab_size=N_SPECIAL + n_symbols, n_layers=2, d_model=128, d_ff=256, n_heads=4, dropout=0.0
     )
     model = Transformer(c)
     opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     sched = noam_scheduler(opt, c.d_model, warmup_steps=warmup_steps, scale=lr_scale)
     g_train = torch.Generator().manual_seed(seed)
-    start, step, loss_value = time.perf_counter(), 0, float("nan")
+    g_dev = torch.Generator().manual_seed(seed + 500_009)
+    dev = make_batch(task, n_dev, n_symbols, min_len, max_len, g_dev)
+    start, step, loss_value, dev_exact = time.perf_counter(), 0, float("nan"), 0.0
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=int(seconds), unit="s", desc=f"synthetic {task}", leave=False)
+        bar = tqdm(total=max_steps, unit="step", desc=f"synthetic {task}", leave=False)
     model.train()
     while step < max_steps and time.perf_counter() - start < seconds:
         src, tgt_in, tgt_out = make_batch(task, batch_size, n_symbols, min_len, max_len, g_train)
@@ -91,18 +100,28 @@ def train_synthetic(
         opt.step()
         sched.step()
         step += 1
-        loss_value = loss.item()
-        if bar is not None:
-            bar.n = min(int(time.perf_counter() - start), int(seconds))
-            bar.set_postfix(step=step, loss=f"{loss_value:.3f}")
+        if step % eval_every == 0:
+            loss_value = loss.item()
+            dev_exact = exact_match(model, dev)
+            model.train()
+            if bar is not None:
+                bar.update(eval_every)
+                bar.set_postfix(loss=f"{loss_value:.4f}", dev_exact=f"{dev_exact:.1%}")
+            if dev_exact == 1.0:
+                break
     if bar is not None:
         bar.close()
     elapsed = time.perf_counter() - start
 
-    model.eval()
     g_eval = torch.Generator().manual_seed(seed + 1_000_003)
-    src, _, tgt_out = make_batch(task, n_eval, n_symbols, min_len, max_len, g_eval)
+    exact = exact_match(model, make_batch(task, n_eval, n_symbols, min_len, max_len, g_eval))
+    return model, SyntheticResult(task, step, dev_exact, elapsed, loss_value, exact, n_eval)
+
+
+def exact_match(model: Transformer, batch) -> float:
+    """Fraction of sequences that greedy decoding gets exactly right."""
+    src, _, tgt_out = batch
+    model.eval()
     hyps = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=5)
     refs = [row[row != PAD][:-1].tolist() for row in tgt_out]
-    exact = sum(h == r for h, r in zip(hyps, refs)) / n_eval
-    return model, SyntheticResult(task, step, elapsed, loss_value, exact, n_eval)
+    return sum(h == r for h, r in zip(hyps, refs)) / len(refs)
