@@ -24,5 +24,5 @@ def test_info_bad_override_is_one_line_error(capsys):
 
 def test_console_help_lists_subcommands():
     out = subprocess.run([sys.executable, "-m", "transduce.cli", "--help"], capture_output=True, text=True, check=True).stdout
-    for cmd in ("info", "prepare", "synthetic"):
+    for cmd in ("info", "prepare", "train", "average", "translate", "evaluate", "synthetic"):
         assert cmd in out

@@ -17,6 +17,9 @@ subcommands:
   train       train on prepared data: Adam + equation 3, label smoothing, token-budget batches,
               bf16/fp16, gradient accumulation, checkpoints, exact resume, DDP via torchrun
   average     average the last K checkpoints of a run into one model (the paper: 5 / 20)
+  translate   translate a file or stdin line for line: beam 4, alpha 0.6, input + 50 (6.1)
+  evaluate    score translations: sacreBLEU + chrF, the paper's tokenized compound-split BLEU,
+              and Multi30k's lowercased tokenized BLEU
   synthetic   train a small model on a copy/reverse task and report greedy exact match:
               a one-minute end-to-end check that masks, shifting and decoding fit together
 
@@ -141,12 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"transduce {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    from . import evaluate, translate
     from .train import average, trainer
 
     _add_info(sub)
     _add_prepare(sub)
     _add_module_command(sub, "train", trainer, "train a model on prepared data (Section 5; torchrun for many GPUs)")
     _add_module_command(sub, "average", average, "average the last K checkpoints of a run (6.1)")
+    _add_module_command(sub, "translate", translate, "translate text with a trained model (beam search, 6.1)")
+    _add_module_command(sub, "evaluate", evaluate, "BLEU in every convention: sacreBLEU, chrF, the paper's, Multi30k's")
     _add_synthetic(sub)
     return parser
 

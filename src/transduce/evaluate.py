@@ -1,0 +1,449 @@
+"""`transduce evaluate`: BLEU as the paper computed it, and as it should be reported today.
+
+    transduce evaluate --hyp hyp.de --ref newstest2014.de --tgt de
+    transduce evaluate --hyp hyp.de --dataset wmt14-en-de --src en --tgt de --split newstest2014
+    transduce evaluate runs/base --dataset multi30k --src en --tgt de --average 5 --json scores.json
+    transduce evaluate runs/base --src-file test.en --ref test.de --tgt de --save-hyp hyp.de
+
+Scores reported (every one in the table, and in the JSON under `scores`):
+
+``sacrebleu``  sacreBLEU (Post, 2018) on the detokenized output against the untouched
+    reference: `sacrebleu.metrics.BLEU` with its defaults (13a tokenization, cased, exponential
+    smoothing), with its signature. The number to compare across papers today.
+``chrf``  chrF (`sacrebleu.metrics.CHRF`, character 6-grams, beta 2), with its signature.
+``paper_bleu``  the paper's convention. Table 2's 27.3 / 28.4 (En-De) were computed by
+    tensor2tensor's ``get_ende_bleu.sh``, which runs, on the hypotheses and on the reference:
+
+    1. Moses ``tokenizer.perl -l de`` (default options: no aggressive hyphen splitting, special
+       characters escaped to &amp; &quot; &apos; &lt; &gt; &#91; &#93; &#124;), here
+       `sacremoses.MosesTokenizer(lang).tokenize(escape=True)`;
+    2. ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``: "compound splitting" (GNMT, ConvS2S
+       and Stanford's NMT did the same "for historical reasons"): a hyphen between two
+       non-space characters becomes its own token, marked ##AT##-##AT##. The /g matches do
+       not overlap, so "a-b-c" becomes "a ##AT##-##AT## b-c", as in Perl. Perl reads bytes
+       here (no -C), so its \\S is "not ASCII whitespace" (a no-break space counts as \\S)
+       and a match consumes one byte of a multi-byte character; `compound_split` works on the
+       UTF-8 bytes to do exactly the same (checked against perl in the tests);
+    3. ``multi-bleu.perl``: corpus BLEU on whitespace tokens, case-sensitive, 4-grams, no
+       smoothing (a zero n-gram precision gives 0), brevity penalty exp(1 - r/c) with r the
+       sum of the closest reference lengths. `multi_bleu` implements it (and equals
+       `sacrebleu.corpus_bleu(..., tokenize="none", smooth_method="none", force=True)`).
+
+    Escaping does not change the score (it maps whole tokens one to one and never creates or
+    removes a hyphen or a space), so it is kept as tokenizer.perl does it by default. The same
+    steps are applied with ``-l`` set to the target language for other pairs (the paper does
+    not say how its En-Fr scores were tokenized). This is the number to compare with Table 2;
+    tokenization and compound splitting both add matches, so it is usually higher than
+    sacreBLEU's and the two must never be compared with each other.
+``multi30k_lc_tok_bleu``  Multi30k's convention in the literature: lowercased tokenized BLEU
+    against the official `tok` references (``data/task1/tok/*.lc.norm.tok.*``, made with
+    ``lowercase.perl | normalize-punctuation.perl -l L | tokenizer.perl -l L``). The
+    hypotheses go through the same three steps (`str.lower`, `sacremoses.MosesPunctNormalizer`,
+    `sacremoses.MosesTokenizer` with escaping), then `multi_bleu`. Reported for
+    ``--dataset multi30k`` (reference fetched with variant "tok") or with ``--tok-ref FILE``.
+    (Checked: sacremoses 0.2 reproduces the official tok files from the raw ones on the val and
+    test splits of en, de and fr, 10,425 lines, except 3, where the December 2017 Moses
+    normalizer Multi30k used differs: twice a period moved behind a closing quote, once "’"
+    normalized to a double quote.)
+
+Named test sets: ``--dataset wmt14-en-de --split newstest2014`` is the full 3003-sentence
+newstest2014 that the paper and tensor2tensor used; ``newstest2014-filtered`` is the 2737-line
+official set that sacreBLEU calls "wmt14". ``--dataset multi30k`` defaults to test_2016_flickr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import re
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from .data.text import DataError, read_lines
+
+PROG = "transduce evaluate"
+
+CONVENTIONS = {
+    "sacrebleu": "sacreBLEU on detokenized, cased text (Post, 2018)",
+    "chrf": "chrF on detokenized, cased text (sacreBLEU)",
+    "paper_bleu": "tokenized BLEU with compound splitting, as tensor2tensor's get_ende_bleu.sh computed the paper's "
+                  "Table 2: Moses tokenizer.perl -l LANG on hypotheses and reference, "
+                  "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g, multi-bleu.perl",
+    "multi30k_lc_tok_bleu": "Multi30k: lowercased BLEU on tokens against the official tok references "
+                            "(lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG, "
+                            "applied to the hypotheses too), multi-bleu.perl",
+}
+
+# ---------------------------------------------------------------------------------------------
+# Tokenization conventions
+# ---------------------------------------------------------------------------------------------
+
+# Perl without -C matches bytes: \S is any byte but ASCII whitespace (a no-break space, bytes
+# C2 A0, is \S), and one byte, not one character, is consumed on each side of the hyphen.
+_ATAT = re.compile(rb"([^ \t\n\r\f\v])-([^ \t\n\r\f\v])")
+
+
+def compound_split(line: str) -> str:
+    """get_ende_bleu.sh's ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``, byte for
+    byte: "Auto-Fahrer" -> "Auto ##AT##-##AT## Fahrer"; hyphens at either end of a token, or
+    between spaces, stay as they are; "a-b-c" -> "a ##AT##-##AT## b-c" (/g matches do not
+    overlap; but "ß-Ü-ß" is split twice, since Perl consumed only the first byte of "Ü")."""
+    return _ATAT.sub(rb"\1 ##AT##-##AT## \2", line.encode("utf-8")).decode("utf-8")
+
+
+def _sacremoses():
+    try:
+        import sacremoses
+    except ImportError:
+        raise DataError("the tokenized BLEU conventions need sacremoses (pip install sacremoses)") from None
+    return sacremoses
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(lang: str):
+    return _sacremoses().MosesTokenizer(lang=lang)
+
+
+@functools.lru_cache(maxsize=None)
+def _normalizer(lang: str):
+    return _sacremoses().MosesPunctNormalizer(lang=lang)
+
+
+def moses_tokenize(line: str, lang: str, escape: bool = True) -> str:
+    """Moses ``tokenizer.perl -l LANG`` with its defaults (escaping on, no -a)."""
+    return _tokenizer(lang).tokenize(line, aggressive_dash_splits=False, return_str=True, escape=escape)
+
+
+def paper_tokenize(line: str, lang: str) -> str:
+    """tokenizer.perl -l LANG, then the ##AT## compound split (get_ende_bleu.sh)."""
+    return compound_split(moses_tokenize(line, lang))
+
+
+def multi30k_tokenize(line: str, lang: str) -> str:
+    """lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG: how the
+    Multi30k `tok` files were made (multi30k/dataset scripts/task1-tokenize.sh)."""
+    return moses_tokenize(_normalizer(lang).normalize(line.lower()), lang)
+
+
+# ---------------------------------------------------------------------------------------------
+# multi-bleu.perl
+# ---------------------------------------------------------------------------------------------
+
+_ASCII_SPACE = re.compile(r"[ \t\n\r\f\v]+")
+
+
+def _words(line: str) -> list[str]:
+    """Perl's ``split`` on a byte string: ASCII whitespace separates, leading/trailing ignored."""
+    return [w for w in _ASCII_SPACE.split(line) if w]
+
+
+@dataclass
+class BleuResult:
+    """multi-bleu.perl's numbers: `str()` prints its line."""
+
+    score: float
+    """BLEU x 100."""
+    precisions: list[float]
+    """Modified n-gram precisions x 100, n = 1..4."""
+    bp: float
+    ratio: float
+    hyp_len: int
+    ref_len: int
+    correct: list[int] = field(default_factory=list)
+    total: list[int] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        p = self.precisions
+        return (f"BLEU = {self.score:.2f}, {p[0]:.1f}/{p[1]:.1f}/{p[2]:.1f}/{p[3]:.1f} "
+                f"(BP={self.bp:.3f}, ratio={self.ratio:.3f}, hyp_len={self.hyp_len}, ref_len={self.ref_len})")
+
+
+def _ngrams(words: list[str], n: int) -> Counter:
+    return Counter(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
+
+
+def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lowercase: bool = False) -> BleuResult:
+    """Corpus BLEU exactly as Moses' multi-bleu.perl computes it on pre-tokenized text.
+
+    `refs` is one reference stream (a list of lines) or several (a list of such lists, like
+    sacrebleu). Per sentence: n-gram counts clipped by the largest count in any reference;
+    reference length = the closest reference length (the shorter on a tie). Corpus: precision
+    p_n = sum of clipped matches / sum of hypothesis n-grams, BLEU = BP * exp(mean log p_n)
+    with log 0 taken as -9999999999 (so a zero precision gives 0: no smoothing), BP =
+    exp(1 - ref_len / hyp_len) if hyp_len < ref_len, else 1. `lowercase` is its -lc flag.
+    """
+    streams: list[Sequence[str]] = [refs] if refs and isinstance(refs[0], str) else list(refs)  # type: ignore[list-item]
+    for s in streams:
+        if len(s) != len(hyps):
+            raise ValueError(f"{len(hyps)} hypotheses but a reference stream of {len(s)} lines")
+    correct, total = [0] * 4, [0] * 4
+    hyp_len = ref_len = 0
+    for i, hyp in enumerate(hyps):
+        words = _words(hyp.lower() if lowercase else hyp)
+        ref_max: dict[tuple, int] = {}
+        closest_diff, closest_len = -1, 0
+        for stream in streams:
+            ref_words = _words(stream[i].lower() if lowercase else stream[i])
+            diff = abs(len(words) - len(ref_words))
+            if closest_diff == -1 or diff < closest_diff:
+                closest_diff, closest_len = diff, len(ref_words)
+            elif diff == closest_diff and len(ref_words) < closest_len:
+                closest_len = len(ref_words)
+            for n in range(1, 5):
+                for g, c in _ngrams(ref_words, n).items():
+                    if ref_max.get(g, 0) < c:
+                        ref_max[g] = c
+        hyp_len += len(words)
+        ref_len += closest_len
+        for n in range(1, 5):
+            for g, c in _ngrams(words, n).items():
+                total[n - 1] += c
+                correct[n - 1] += min(c, ref_max.get(g, 0))
+    prec = [c / t if t else 0.0 for c, t in zip(correct, total)]
+    if ref_len == 0 or hyp_len == 0:
+        return BleuResult(0.0, [100 * p for p in prec], 0.0, 0.0 if ref_len == 0 else hyp_len / ref_len,
+                          hyp_len, ref_len, correct, total)
+    bp = math.exp(1 - ref_len / hyp_len) if hyp_len < ref_len else 1.0
+    log_mean = sum(math.log(p) if p > 0 else -9999999999 for p in prec) / 4
+    return BleuResult(100 * bp * math.exp(log_mean), [100 * p for p in prec], bp, hyp_len / ref_len,
+                      hyp_len, ref_len, correct, total)
+
+
+# ---------------------------------------------------------------------------------------------
+# All the scores
+# ---------------------------------------------------------------------------------------------
+
+
+def sacrebleu_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a") -> dict:
+    """sacreBLEU BLEU and chrF on detokenized text, with their signatures."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu = BLEU(tokenize=tokenize)
+    b = bleu.corpus_score(list(hyps), [list(refs)])
+    chrf = CHRF()
+    c = chrf.corpus_score(list(hyps), [list(refs)])
+    return {
+        "sacrebleu": {
+            "score": b.score, "signature": str(bleu.get_signature()), "precisions": list(b.precisions),
+            "bp": b.bp, "ratio": b.sys_len / b.ref_len if b.ref_len else 0.0, "hyp_len": b.sys_len, "ref_len": b.ref_len,
+            "text": str(b), "convention": CONVENTIONS["sacrebleu"],
+        },
+        "chrf": {"score": c.score, "signature": str(chrf.get_signature()), "text": str(c), "convention": CONVENTIONS["chrf"]},
+    }
+
+
+def _bleu_entry(r: BleuResult, convention: str, **extra) -> dict:
+    d = asdict(r)
+    d["text"] = str(r)
+    d["convention"] = convention
+    d.update(extra)
+    return d
+
+
+def score(
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    *,
+    lang: str,
+    tok_refs: Sequence[str] | None = None,
+    sacrebleu_tokenize: str = "13a",
+) -> dict:
+    """Every score of the module docstring: {"sacrebleu", "chrf", "paper_bleu"} and, with the
+    lowercased tokenized references `tok_refs`, "multi30k_lc_tok_bleu". `lang` is the target
+    language (for the Moses tokenizer)."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    scores = sacrebleu_scores(hyps, refs, sacrebleu_tokenize)
+    scores["paper_bleu"] = _bleu_entry(
+        multi_bleu([paper_tokenize(h, lang) for h in hyps], [paper_tokenize(r, lang) for r in refs]),
+        CONVENTIONS["paper_bleu"].replace("LANG", lang),
+    )
+    if tok_refs is not None:
+        if len(tok_refs) != len(hyps):
+            raise ValueError(f"{len(hyps)} hypotheses but {len(tok_refs)} tokenized references")
+        scores["multi30k_lc_tok_bleu"] = _bleu_entry(
+            multi_bleu([multi30k_tokenize(h, lang) for h in hyps], list(tok_refs)),
+            CONVENTIONS["multi30k_lc_tok_bleu"].replace("LANG", lang),
+        )
+    return scores
+
+
+LABELS = {
+    "sacrebleu": "sacreBLEU (detokenized, cased)",
+    "chrf": "chrF",
+    "paper_bleu": "paper: tokenized BLEU, compound split",
+    "multi30k_lc_tok_bleu": "Multi30k: lowercased tokenized BLEU",
+}
+
+
+def format_table(report: dict) -> str:
+    """The report as a table for people."""
+    head = f"{report['n_sentences']:,} sentences"
+    if report.get("src_lang") and report.get("tgt_lang"):
+        head += f", {report['src_lang']}->{report['tgt_lang']}"
+    elif report.get("tgt_lang"):
+        head += f", target {report['tgt_lang']}"
+    if report.get("dataset"):
+        head += f", {report['dataset']} {report['split']}"
+    lines = [head]
+    if report.get("model"):
+        lines.append(f"model: {report['model']}")
+    width = max(len(v) for v in LABELS.values())
+    lines.append(f"{'metric':<{width}}  {'score':>6}  details")
+    for key, s in report["scores"].items():
+        detail = s.get("signature") or s.get("text", "")
+        if key in ("paper_bleu", "multi30k_lc_tok_bleu"):
+            detail = s["text"]
+        lines.append(f"{LABELS.get(key, key):<{width}}  {s['score']:>6.2f}  {detail}")
+        if key == "sacrebleu":
+            lines.append(f"{'':<{width}}  {'':>6}  {s['text']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------------------------
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `transduce evaluate`."""
+    from .data.datasets import DATASETS
+    from .translate import add_decoding_args, add_model_args
+
+    parser.add_argument("model_path", type=Path, nargs="?", metavar="MODEL",
+                        help="translate the source with this run directory or model directory (instead of --hyp)")
+    g = parser.add_argument_group("what to score")
+    g.add_argument("--hyp", type=Path, metavar="FILE", help="translations to score (detokenized, one per line)")
+    g.add_argument("--ref", type=Path, metavar="FILE", help="reference translations (detokenized, cased)")
+    g.add_argument("--src-file", type=Path, metavar="FILE", help="source sentences for MODEL to translate")
+    g.add_argument("--tok-ref", type=Path, metavar="FILE",
+                   help="lowercased, normalized, Moses-tokenized reference (the Multi30k convention; "
+                        "automatic with --dataset multi30k)")
+    g.add_argument("--dataset", choices=sorted(DATASETS), help="a registered test set instead of --ref/--src-file")
+    g.add_argument("--split", help="its split (default: the dataset's main test set, e.g. newstest2014, test_2016_flickr)")
+    g.add_argument("--src", help="source language (with --dataset)")
+    g.add_argument("--tgt", help="target language: picks the dataset side and the Moses tokenizer's -l (required)")
+    g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR or ../shared/data)")
+    g = parser.add_argument_group("scoring and output")
+    g.add_argument("--sacrebleu-tokenize", default="13a", help="sacreBLEU's tokenizer (default 13a, its standard)")
+    g.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the report as JSON to FILE (or stdout, without the table, when no FILE is given)")
+    g.add_argument("--save-hyp", type=Path, metavar="FILE", help="write the translations MODEL produced")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_model_args(parser)
+    add_decoding_args(parser)
+
+
+def _read(path: Path) -> list[str]:
+    return list(read_lines(path))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`transduce evaluate`: 0 on success, 2 on bad input or options (one line on stderr)."""
+    from tqdm import tqdm
+
+    try:
+        if not args.tgt:
+            raise ValueError("give --tgt LANG (the target language: it chooses the Moses tokenizer's rules)")
+        report: dict = {"tgt_lang": args.tgt, "src_lang": args.src}
+        src_path = args.src_file
+        ref_path = args.ref
+        tok_ref_path = args.tok_ref
+        if args.dataset:
+            from .data.datasets import fetch, get_dataset
+
+            if args.ref or args.src_file:
+                raise ValueError("give --dataset or --ref/--src-file, not both")
+            info = get_dataset(args.dataset)
+            split = args.split or info.tests[0]
+            if args.model_path is not None and not args.src:
+                raise ValueError(f"give --src (the source language of {info.name}) to translate it")
+            ref_path = fetch(info.name, split, args.tgt, data_dir=args.data_dir)
+            if args.src:
+                src_path = fetch(info.name, split, args.src, data_dir=args.data_dir)
+            if "tok" in info.variants and tok_ref_path is None:
+                tok_ref_path = fetch(info.name, split, args.tgt, variant="tok", data_dir=args.data_dir)
+            report.update(dataset=info.name, split=split)
+        if ref_path is None:
+            raise ValueError("give --ref FILE or --dataset NAME")
+        if (args.hyp is None) == (args.model_path is None):
+            raise ValueError("give either --hyp FILE or a MODEL to translate with")
+        refs = _read(Path(ref_path))
+        tok_refs = _read(Path(tok_ref_path)) if tok_ref_path is not None else None
+        if args.hyp is not None:
+            hyps = _read(args.hyp)
+            report["hyp"] = str(args.hyp)
+            if len(hyps) != len(refs):
+                raise DataError(f"{len(hyps)} lines, but the reference {ref_path} has {len(refs)}", args.hyp)
+        else:
+            from .translate import check_decoding_args, load_from_args, translate_lines
+
+            if src_path is None:
+                raise ValueError("give --src-file FILE (or --dataset with --src) for MODEL to translate")
+            check_decoding_args(args)
+            srcs = _read(Path(src_path))
+            if len(srcs) != len(refs):
+                raise DataError(f"{len(srcs)} lines, but the reference {ref_path} has {len(refs)}", src_path)
+            loaded = load_from_args(args)
+            print(f"{PROG}: translating {len(srcs):,} sentences with {loaded.description}", file=sys.stderr)
+            hyps = translate_lines(
+                loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, beam=args.beam, alpha=args.alpha,
+                max_len_offset=args.max_len_offset, greedy=args.greedy, batch_tokens=args.batch_tokens,
+                batch_size=args.batch_size, max_input_tokens=args.max_input_tokens, bf16=args.bf16,
+                warn=lambda m: tqdm.write(f"{PROG}: warning: {m}", file=sys.stderr),
+                progress=not args.quiet and sys.stderr.isatty(), source_name=str(src_path), chunk_lines=args.chunk_lines,
+            )
+            report["model"] = loaded.description
+            report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
+                                  "max_len_offset": args.max_len_offset, "bf16": args.bf16}
+            if args.save_hyp:
+                from .translate import AtomicOutput
+
+                out = AtomicOutput(args.save_hyp)
+                try:
+                    out.write("".join(h + "\n" for h in hyps).encode("utf-8"))
+                    out.commit()
+                except BaseException:
+                    out.discard()
+                    raise
+        report["ref"] = str(ref_path)
+        if src_path is not None:
+            report["src"] = str(src_path)
+        if tok_ref_path is not None:
+            report["tok_ref"] = str(tok_ref_path)
+        report["n_sentences"] = len(hyps)
+        report["scores"] = score(hyps, refs, lang=args.tgt, tok_refs=tok_refs, sacrebleu_tokenize=args.sacrebleu_tokenize)
+        report["conventions"] = {k: v["convention"] for k, v in report["scores"].items()}
+    except (DataError, FileNotFoundError, ValueError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"{PROG}: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"{PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    text = json.dumps(report, indent=2, ensure_ascii=False)
+    if args.json == "-":
+        print(text)
+        return 0
+    if args.json:
+        from .checkpoint import atomic_write_text
+
+        atomic_write_text(Path(args.json), text + "\n")
+    print(format_table(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_args(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

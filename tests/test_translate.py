@@ -1,0 +1,246 @@
+"""`transduce translate`: line for line out, empty lines, truncation, bad UTF-8, batching,
+n-best output and checkpoint averaging, on a tiny random model with a tiny sentencepiece
+vocabulary trained here."""
+
+import gzip
+import io
+import json
+import random
+import shutil
+import sys
+
+import pytest
+import torch
+
+from transduce.checkpoint import save_model
+from transduce.config import Config, ModelConfig
+from transduce.data.vocab import Vocab, train_vocab
+from transduce.translate import load_translation_model, main, translate_lines, translate_stream
+
+WORDS = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "grass", "red", "blue", "ball", "with",
+         "two", "children", "play", "near", "water", "street", "looks"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: thousands of tiny ops, which two threads on a busy machine only slow down."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A model directory: random 2-layer model (d_model 32) + a 100-piece shared BPE vocabulary
+    beside it (spm.model)."""
+    root = tmp_path_factory.mktemp("translate")
+    rng = random.Random(0)
+    lines = [sentence(rng, rng.randint(3, 12)) for _ in range(400)]
+    spm = train_vocab(root / "spm", lines, vocab_size=100, num_threads=1)
+    vocab = Vocab(spm)
+    torch.manual_seed(0)
+    mc = ModelConfig(src_vocab_size=len(vocab), n_layers=2, d_model=32, d_ff=64, n_heads=4, dropout=0.0)
+    from transduce.model import Transformer
+
+    model = Transformer(mc)
+    d = root / "model"
+    save_model(model, Config(model=mc), d)
+    shutil.copy(spm, d / "spm.model")
+    return d
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_translation_model(model_dir)
+
+
+FAST = ["--quiet", "--beam", "2", "--max-len-offset", "4"]
+
+
+def write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_line_count_preserved_including_empty_lines(model_dir, tmp_path):
+    src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass", "   ", "blue ball", ""])
+    out = tmp_path / "out.txt"
+    assert main([str(model_dir), "--input", str(src), "--output", str(out), *FAST]) == 0
+    got = out.read_bytes().decode("utf-8").split("\n")
+    assert got[-1] == "" and len(got) - 1 == 6  # six lines, each ended by "\n"
+    assert got[1] == "" and got[3] == "" and got[5] == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt"]  # the temporary file is gone
+
+
+def test_gzip_input_and_output(model_dir, tmp_path):
+    src = tmp_path / "in.txt.gz"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write("a man runs\nthe red ball\n")
+    out = tmp_path / "out.txt.gz"
+    assert main([str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
+    with gzip.open(out, "rt", encoding="utf-8") as f:
+        assert len(f.read().split("\n")) == 3
+
+
+def test_stdin_to_stdout(model_dir, monkeypatch, capsysbinary):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a man runs\n\nthe dog\n")))
+    assert main([str(model_dir), *FAST]) == 0
+    out = capsysbinary.readouterr().out.decode("utf-8")
+    assert out.count("\n") == 3 and out.split("\n")[1] == ""
+
+
+def test_overlong_line_is_truncated_with_a_warning(model_dir, tmp_path, capsys):
+    rng = random.Random(1)
+    src = write(tmp_path / "in.txt", ["a man", sentence(rng, 40), "the dog"])
+    out = tmp_path / "out.txt"
+    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--max-input-tokens", "8", *FAST]) == 0
+    err = capsys.readouterr().err
+    assert f"transduce translate: warning: {src}:2:" in err and "limit of 8" in err
+    assert f"{src}:1:" not in err and f"{src}:3:" not in err
+    assert len(out.read_text(encoding="utf-8").split("\n")) == 4
+
+
+def test_learned_positions_bound_the_input(loaded):
+    from transduce.translate import input_token_limit
+
+    mc = ModelConfig(src_vocab_size=100, positional="learned", max_positions=64)
+    assert input_token_limit(mc, 1024, 50) == 64 - 1 - 50
+    assert input_token_limit(loaded.config.model, 1024, 50) == 1024  # sinusoids: only the option
+    with pytest.raises(ValueError, match="lower --max-len-offset"):
+        input_token_limit(mc, 1024, 63)
+
+
+def test_invalid_utf8_is_a_one_line_error_and_leaves_no_output(model_dir, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"a man runs\n" * 3 + b"the \xff dog\n" + b"blue ball\n")
+    out = tmp_path / "out.txt"
+    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--chunk-lines", "2", *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0] == f"transduce translate: error: {src}:4: invalid UTF-8 (byte 4 of the line)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no out.txt, no temporary file
+
+
+def test_missing_vocabulary_is_a_one_line_error(loaded, tmp_path, capsys):
+    d = tmp_path / "bare"
+    save_model(loaded.model, loaded.config, d)
+    assert main([str(d), *FAST]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pass --vocab" in err[0]
+
+
+def test_batch_equals_each_line_alone(loaded):
+    rng = random.Random(2)
+    lines = [sentence(rng, rng.randint(1, 14)) for _ in range(12)] + [""]
+    kw = dict(beam=3, alpha=0.6, max_len_offset=6)
+    batched = list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, batch_size=64, **kw))
+    alone = [list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, [s], **kw))[0] for s in lines]
+    assert [c[0].tokens for c in batched] == [c[0].tokens for c in alone]
+    assert [c[0].score for c in batched] == pytest.approx([c[0].score for c in alone], abs=1e-4)
+    # Small batches (several per chunk, chunks of 5 lines) give the same again, in input order.
+    small = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, batch_size=2, batch_tokens=30, **kw)
+    assert small == [c[0].text for c in alone]
+    assert small[-1] == ""
+
+
+def test_greedy_and_bf16_run(loaded):
+    lines = ["a man runs", "", "the dog sits"]
+    assert len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=4)) == 3
+    assert len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, bf16=True, beam=2, max_len_offset=4)) == 3
+    assert loaded.model.training is False
+
+
+def test_n_best_format(model_dir, tmp_path):
+    src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass"])
+    out = tmp_path / "out.tsv"
+    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--quiet", "--beam", "3", "--n-best", "3",
+                 "--max-len-offset", "4"]) == 0
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert all(len(r) == 5 for r in rows)
+    by_line: dict[int, list] = {}
+    for line_no, rank, score, logprob, text in rows:
+        by_line.setdefault(int(line_no), []).append((int(rank), float(score), float(logprob), text))
+    assert sorted(by_line) == [1, 2, 3]
+    assert by_line[2] == [(1, 0.0, 0.0, "")]  # the empty line: one empty hypothesis
+    for n in (1, 3):
+        hyps = by_line[n]
+        assert [h[0] for h in hyps] == list(range(1, len(hyps) + 1)) and 1 <= len(hyps) <= 3
+        scores = [h[1] for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert all(h[2] <= 0 for h in hyps)
+
+
+def test_n_best_larger_than_beam_is_an_error(model_dir, capsys):
+    assert main([str(model_dir), "--beam", "2", "--n-best", "3"]) == 2
+    assert "--n-best must be between 1 and --beam" in capsys.readouterr().err
+
+
+def _run_dir_with_checkpoints(tmp_path, loaded, model_dir):
+    """A run directory with two checkpoints holding the same weights."""
+    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+
+    run = tmp_path / "run"
+    for step in (1, 2):
+        d = save_model(loaded.model, loaded.config, run / "checkpoints" / checkpoint_name(step))
+        (d / STATE).write_text(TrainingState(step=step).to_json(), encoding="utf-8")
+    shutil.copy(model_dir / "spm.model", run / "spm.model")
+    return run
+
+
+def test_average_of_two_identical_checkpoints_equals_one(loaded, model_dir, tmp_path):
+    run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
+    avg = load_translation_model(run, average=2)
+    one = load_translation_model(run, checkpoint="1")
+    assert "average of the last 2 checkpoints" in avg.description
+    assert one.description.endswith("step_0000001")
+    for (name, a), (_, b) in zip(avg.model.state_dict().items(), one.model.state_dict().items()):
+        assert torch.equal(a, b), name
+    src = write(tmp_path / "in.txt", ["a man runs", "the dog sits on the grass", "blue ball"])
+    out_avg, out_one = tmp_path / "avg.txt", tmp_path / "one.txt"
+    assert main([str(run), "-i", str(src), "-o", str(out_avg), "--average", "2", *FAST]) == 0
+    assert main([str(run), "-i", str(src), "-o", str(out_one), "--checkpoint", "step_0000001", *FAST]) == 0
+    assert out_avg.read_text(encoding="utf-8") == out_one.read_text(encoding="utf-8")
+
+
+def test_run_dir_defaults_to_the_latest_checkpoint_and_rejects_bad_choices(loaded, model_dir, tmp_path, capsys):
+    run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
+    assert load_translation_model(run).description.endswith("step_0000002")
+    assert main([str(run), "--average", "3", *FAST]) == 2
+    assert "asked for the last 3 checkpoints" in capsys.readouterr().err
+    assert main([str(run), "--average", "2", "--checkpoint", "latest", *FAST]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main([str(run), "--checkpoint", "step_0000009", *FAST]) == 2
+    assert "no such checkpoint" in capsys.readouterr().err
+
+
+def test_run_dir_vocabulary_from_data_json(loaded, model_dir, tmp_path):
+    run = tmp_path / "run"
+    save_model(loaded.model, loaded.config, run / "model")
+    shutil.copy(model_dir / "spm.model", run / "spm.model")
+    (run / "data.json").write_text(json.dumps({"vocab": {"files": {"src": "spm.model", "tgt": "spm.model"}}}))
+    got = load_translation_model(run)
+    assert got.description == str(run / "model") and len(got.src_vocab) == len(loaded.src_vocab)
+
+
+def test_average_is_the_elementwise_mean(loaded, model_dir, tmp_path):
+    from transduce.model import Transformer
+    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+
+    run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
+    shifted = Transformer(loaded.config.model)
+    shifted.load_state_dict(loaded.model.state_dict())
+    with torch.no_grad():
+        for p in shifted.parameters():
+            p.add_(1.0)
+    d = save_model(shifted, loaded.config, run / "checkpoints" / checkpoint_name(3))
+    (d / STATE).write_text(TrainingState(step=3).to_json(), encoding="utf-8")
+    avg = load_translation_model(run, average=2)  # step 2 (= loaded) and step 3 (= loaded + 1)
+    assert avg.model.decoder.embed.weight is avg.model.encoder.embed.weight  # still tied
+    for name, p in avg.model.state_dict().items():
+        if p.is_floating_point() and not name.endswith("table"):
+            assert torch.allclose(p, loaded.model.state_dict()[name] + 0.5, atol=1e-6), name
