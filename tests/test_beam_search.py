@@ -28,7 +28,7 @@ class ScriptCache:
     def __init__(self, n):
         self.prefixes = [[] for _ in range(n)]
 
-    def reorder(self, index):
+    def reorder(self, index, same_sources=False):
         self.prefixes = [list(self.prefixes[i]) for i in index.tolist()]
 
 

@@ -66,12 +66,32 @@ class DecoderCache:
     def batch_size(self) -> int:
         return self.src_mask.size(0)
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows `index` (a LongTensor of row numbers; may repeat rows), in place."""
-        self.src_mask = self.src_mask.index_select(0, index)
+    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+        """Keep the batch rows `index` (a LongTensor of row numbers; may repeat rows), in place.
+
+        Only the `length` valid positions of the self-attention buffers are copied, not their
+        whole capacity. With `same_sources=True` the caller promises that every new row reads
+        the same source as the row it replaces (beam search moving hypotheses between the beams
+        of one sentence), so the encoder-decoder keys/values and the source mask stay as they
+        are: nothing to copy.
+        """
+        if not same_sources:
+            self.src_mask = self.src_mask.index_select(0, index)
+        n = self.length
         for layer in self.layers:
-            layer.cross_k = layer.cross_k.index_select(0, index)
-            layer.cross_v = layer.cross_v.index_select(0, index)
+            if not same_sources:
+                layer.cross_k = layer.cross_k.index_select(0, index)
+                layer.cross_v = layer.cross_v.index_select(0, index)
             if layer.self_k is not None:
-                layer.self_k = layer.self_k.index_select(0, index)
-                layer.self_v = layer.self_v.index_select(0, index)
+                layer.self_k = _select_prefix(layer.self_k, index, n)
+                layer.self_v = _select_prefix(layer.self_v, index, n)
+
+
+def _select_prefix(buffer: Tensor, index: Tensor, n: int) -> Tensor:
+    """Rows `index` of a (B, h, capacity, d) buffer, of which positions [0, n) are valid."""
+    if index.numel() == buffer.size(0):  # same batch size: reuse the buffer
+        buffer[:, :, :n] = buffer[index, :, :n]
+        return buffer
+    out = buffer.new_empty(index.numel(), *buffer.shape[1:])
+    out[:, :, :n] = buffer[index, :, :n]
+    return out

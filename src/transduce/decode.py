@@ -103,7 +103,7 @@ def beam_search(
     * PAD and BOS are never generated (their probability mass is not renormalised away).
 
     `model` needs `config.pad_id`, `encode(src, src_mask)`, `init_cache(memory, src_mask,
-    capacity)` and `decode_step(tokens, cache)` (logits); the cache needs `reorder(index)`.
+    capacity)` and `decode_step(tokens, cache)` (logits); the cache needs `reorder(index, same_sources)`.
     Returns, per sentence, the `n_best` best finished hypotheses, best first.
     `early_stop=False` searches to the maximum length (for testing that stopping early is exact).
     """
@@ -174,7 +174,7 @@ def beam_search(
         if keep.numel() == 0:
             break
         rows = (keep[:, None] * k + parent[keep]).view(-1)  # cache rows to keep, in new beam order
-        cache.reorder(rows)
+        cache.reorder(rows, same_sources=keep.numel() == b)  # no sentence left: sources unchanged
         active, alive_seq, alive_lp = active[keep], alive_seq[keep], alive_lp[keep]
 
     results: list[list[Hypothesis]] = []
