@@ -19,25 +19,10 @@ import torch
 from safetensors.torch import load_file
 
 from transduce.config import Config, ModelConfig, TrainConfig
-from transduce.data.indexed import IndexedWriter
+from train_data import VOCAB, make_data
 from transduce.train.trainer import TrainOptions, train
 
-VOCAB = 24
 STEPS = 4
-
-
-def make_data(out: Path, n_train: int = 100, n_valid: int = 10, seed: int = 0) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for split, n in (("train", n_train), ("valid", n_valid)):
-        src = [rng.integers(4, VOCAB, rng.integers(1, 10)).tolist() for _ in range(n)]
-        for side, sents in (("src", src), ("tgt", [s[::-1] for s in src])):
-            with IndexedWriter(out / f"{split}.{side}", VOCAB) as w:
-                w.add_many(sents)
-    meta = {"format": 1, "src_lang": "x", "tgt_lang": "y", "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
-            "vocab": {"shared": True, "files": {"src": "spm.model", "tgt": "spm.model"}, "size": {"src": VOCAB, "tgt": VOCAB}}}
-    (out / "data.json").write_text(json.dumps(meta))
-    return out
 
 
 def config() -> Config:
@@ -88,7 +73,7 @@ def free_port() -> int:
 
 
 def test_two_processes_match_one_process_with_the_union_of_their_batches(tmp_path):
-    data = make_data(tmp_path / "data")
+    data = make_data(tmp_path / "data", n_train=100, n_valid=10)
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(test_dir=str(Path(__file__).parent), data=str(data), run=str(tmp_path / "ddp"), out=str(tmp_path)))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -4,36 +4,19 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from transduce.checkpoint import load_model
 from transduce.config import Config, ModelConfig, TrainConfig
-from transduce.data.indexed import IndexedWriter
 from transduce.model import Transformer
 from transduce.train import checkpointing
 from transduce.train.checkpointing import (
     TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
 )
+from train_data import VOCAB, make_data
 from transduce.train.trainer import TrainOptions, build_optimizer, train
 
-VOCAB = 24
-
-
-def make_data(out: Path, n_train: int = 60, n_valid: int = 12, seed: int = 0) -> Path:
-    """A tiny prepared-data directory: random sequences and their reversals."""
-    out.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for split, n in (("train", n_train), ("valid", n_valid)):
-        src = [rng.integers(4, VOCAB, rng.integers(1, 10)).tolist() for _ in range(n)]
-        for side, sents in (("src", src), ("tgt", [s[::-1] for s in src])):
-            with IndexedWriter(out / f"{split}.{side}", VOCAB) as w:
-                w.add_many(sents)
-    meta = {"format": 1, "src_lang": "x", "tgt_lang": "y", "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
-            "vocab": {"shared": True, "files": {"src": "spm.model", "tgt": "spm.model"}, "size": {"src": VOCAB, "tgt": VOCAB}}}
-    (out / "data.json").write_text(json.dumps(meta))
-    return out
 
 
 def tiny_config(max_steps: int) -> Config:
