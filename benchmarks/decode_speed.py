@@ -10,7 +10,13 @@ Beam-4 search (Section 6.1) over the English side of newstest2014 En->De
 (`fetch("wmt14-en-de", "newstest2014", "en")`, 3003 sentences; `--n-sentences` takes the first
 N) with a base-size Transformer (preset `base`: N=6, d_model 512, d_ff 2048, h=8, post-norm,
 sinusoidal positions, shared/tied 37000-token embeddings scaled by sqrt(d_model)), random
-weights, in fp32 and under bf16 autocast.
+weights, in three precisions, the same for both systems:
+
+* fp32;
+* bf16: the weights cast to bf16 (`model.to(torch.bfloat16)`, Hugging Face's usual
+  `torch_dtype=torch.bfloat16`; transduce's `translate --bf16`); transduce keeps the search's
+  log-probabilities and scores in fp32;
+* bf16-autocast: fp32 weights, the forward passes under `torch.autocast("cpu", torch.bfloat16)`.
 
 * transduce: `transduce.decode.beam_search` on `transduce.model.Transformer` (what
   `transduce translate` runs per batch), timed from source ids to finished hypotheses
@@ -150,10 +156,18 @@ def build_marian(seed: int):
     return model
 
 
+PRECISIONS = ("fp32", "bf16", "bf16-autocast")
+
+
 def autocast(precision: str):
-    if precision == "bf16":
+    if precision == "bf16-autocast":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def cast(model, precision: str):
+    """The model's weights in the precision's dtype (bf16 for "bf16", fp32 otherwise)."""
+    return model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
 
 
 def run_transduce(forced: ForcedLength, src: torch.Tensor, L: int, precision: str) -> float:
@@ -201,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-sentences", type=int, default=3003, help="the first N sentences of newstest2014 (default all 3003)")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
-    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (default both)")
+    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (bf16 weights), bf16-autocast (default fp32,bf16)")
     parser.add_argument("--systems", default="transduce,hf", help="comma-separated: transduce, hf (default both)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every batch R times per system (alternating) and keep the fastest: "
@@ -215,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     torch.set_num_threads(threads)
     precisions = [p for p in args.precisions.split(",") if p]
+    if bad := [p for p in precisions if p not in PRECISIONS]:
+        parser.error(f"unknown precision {bad[0]!r} (choose from {', '.join(PRECISIONS)})")
     systems = [s for s in args.systems.split(",") if s]
 
     path = fetch("wmt14-en-de", "newstest2014", "en", data_dir=args.data_dir)
@@ -251,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     for precision in precisions:
+        for system, m in models.items():
+            cast(m.model if system == "transduce" else m, precision)
         # Warm-up: one short batch per system (allocator, oneDNN kernels, lazy initialisation).
         for system in models:
             call(system, batches[0][0][:4], batches[0][1], precision)
@@ -281,12 +299,12 @@ def main(argv: list[str] | None = None) -> int:
                             "sentences_per_s": n / t, "target_tokens_per_s": tgt_tokens / t})
 
     name = {"transduce": "transduce", "hf": "HF MarianMTModel"}
-    print(f"\n{'system':<18} {'precision':<9} {'time s':>8} {'sent/s':>8} {'tok/s':>9} {'vs HF':>7}")
+    print(f"\n{'system':<18} {'precision':<13} {'time s':>8} {'sent/s':>8} {'tok/s':>9} {'vs HF':>7}")
     for r in results:
         hf = next((x for x in results if x["system"] == "hf" and x["precision"] == r["precision"]), None)
         speedup = f"{r['sentences_per_s'] / hf['sentences_per_s']:.2f}x" if hf else "-"
         r["speedup_vs_hf"] = r["sentences_per_s"] / hf["sentences_per_s"] if hf else None
-        print(f"{name[r['system']]:<18} {r['precision']:<9} {r['seconds']:>8.1f} {r['sentences_per_s']:>8.2f} "
+        print(f"{name[r['system']]:<18} {r['precision']:<13} {r['seconds']:>8.1f} {r['sentences_per_s']:>8.2f} "
               f"{r['target_tokens_per_s']:>9.1f} {speedup:>7}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "results": results}, indent=2) + "\n")

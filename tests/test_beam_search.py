@@ -31,6 +31,9 @@ class ScriptCache:
     def reorder(self, index, same_sources=False):
         self.prefixes = [list(self.prefixes[i]) for i in index.tolist()]
 
+    def repeat_rows(self, k):
+        self.reorder(torch.arange(len(self.prefixes)).repeat_interleave(k))
+
 
 class ScriptedModel:
     """Next-token probabilities looked up by the output prefix (BOS excluded); a prefix not in

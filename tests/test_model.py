@@ -237,3 +237,34 @@ def test_dropout_active_only_in_training():
     assert not torch.equal(model(src, tgt), model(src, tgt))
     model.eval()
     assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+def test_beams_folded_into_cross_attention_equal_copied_sources():
+    """repeat_rows(k) keeps one source row per sentence and folds the k beams into the query
+    dimension of encoder-decoder attention; it must decode exactly like copying the source k
+    times, also after reordering within sentences and after a sentence leaves the batch."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src = padded_batch([7, 3, 5], seed=7)
+    src_mask, _ = make_masks(src, None, PAD)
+    memory = model.encode(src, src_mask)
+    folded, copied = model.init_cache(memory, src_mask), model.init_cache(memory, src_mask)
+    k = 2
+    folded.repeat_rows(k)
+    copied.reorder(torch.arange(3).repeat_interleave(k))
+    assert folded.batch_size == copied.batch_size == 6 and folded.layers[0].cross_k.size(0) == 3
+    tgt = padded_batch([5] * 6, seed=8)
+    for t in range(2):
+        torch.testing.assert_close(model.decode_step(tgt[:, t : t + 1], folded),
+                                   model.decode_step(tgt[:, t : t + 1], copied), rtol=1e-5, atol=1e-5)
+    within = torch.tensor([1, 1, 3, 2, 4, 5])  # beams move within their sentence
+    folded.reorder(within, same_sources=True)
+    copied.reorder(within, same_sources=True)
+    drop = torch.tensor([0, 1, 5, 4])  # sentence 1 leaves
+    folded.reorder(drop)
+    copied.reorder(drop)
+    for t in range(2, 5):
+        torch.testing.assert_close(model.decode_step(tgt[:4, t : t + 1], folded),
+                                   model.decode_step(tgt[:4, t : t + 1], copied), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="single source"):
+        folded.reorder(torch.tensor([0, 2, 1, 3]))

@@ -103,7 +103,8 @@ def beam_search(
     * PAD and BOS are never generated (their probability mass is not renormalised away).
 
     `model` needs `config.pad_id`, `encode(src, src_mask)`, `init_cache(memory, src_mask,
-    capacity)` and `decode_step(tokens, cache)` (logits); the cache needs `reorder(index, same_sources)`.
+    capacity)` and `decode_step(tokens, cache)` (logits); the cache needs `repeat_rows(k)` and
+    `reorder(index, same_sources)`.
     Returns, per sentence, the `n_best` best finished hypotheses, best first.
     `early_stop=False` searches to the maximum length (for testing that stopping early is exact).
     """
@@ -116,7 +117,6 @@ def beam_search(
     T = int(max_lens.max())
     memory = model.encode(src, src_mask)
     cache = model.init_cache(memory, src_mask, capacity=min(T + 1, 256))
-    cache.reorder(torch.arange(B, device=device).repeat_interleave(k))  # B -> B*k rows
 
     # Live hypotheses of the sentences still searched (`active` maps rows to sentences).
     active = torch.arange(B, device=device)
@@ -127,22 +127,33 @@ def beam_search(
     fin_seq = torch.full((B, k, T + 1), eos_id, dtype=torch.long, device=device)
     fin_score = torch.full((B, k), float("-inf"), device=device)
     fin_lp = torch.full((B, k), float("-inf"), device=device)
+    banned = [model.config.pad_id, bos_id]
 
     for t in range(T):  # t + 1 = tokens generated so far including this step's
         b = active.numel()
-        logits = model.decode_step(alive_seq[:, :, -1].reshape(b * k, 1), cache)[:, -1]
-        lprobs = torch.log_softmax(logits.float(), dim=-1)
-        lprobs[:, [model.config.pad_id, bos_id]] = float("-inf")  # never real output tokens
-        lprobs = lprobs.view(b, k, -1)  # (b, k, V)
-        V = lprobs.size(-1)
-        at_max = (t + 1 >= max_lens[active])[:, None, None]  # only EOS may follow
+        if t == 0:  # the k beams of a sentence are still one hypothesis: decode it once
+            logits = model.decode_step(alive_seq[:, 0, -1:], cache)[:, -1]  # (B, V)
+            cache.repeat_rows(k)  # B -> B*k rows; the source side stays one row per sentence
+        else:
+            logits = model.decode_step(alive_seq[:, :, -1].reshape(b * k, 1), cache)[:, -1]  # (b*k, V)
+        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens (not renormalised)
+        # The best 2k extensions of a sentence are among the 2k best tokens of each of its beams:
+        # only those are ranked (exact; a top-k over k*V would cost more).
+        n = min(2 * k, lprobs.size(-1))
+        top_lp, top_token = lprobs.topk(n, dim=-1)  # (rows, n)
+        at_max = t + 1 >= max_lens[active]  # (b,): only EOS may follow
         if at_max.any():
-            only_eos = torch.full_like(lprobs, float("-inf"))
-            only_eos[..., eos_id] = lprobs[..., eos_id]
-            lprobs = torch.where(at_max, only_eos, lprobs)
-        cand = (alive_lp[:, :, None] + lprobs).view(b, k * V)  # (b, k*V)
-        cand_lp, cand_idx = cand.topk(min(2 * k, k * V), dim=-1)  # (b, 2k)
-        beam_idx, token = cand_idx // V, cand_idx % V
+            rows_at_max = at_max if t == 0 else at_max.repeat_interleave(k)
+            only_eos = torch.full_like(top_lp, float("-inf"))
+            only_eos[:, 0] = lprobs[:, eos_id]
+            top_lp = torch.where(rows_at_max[:, None], only_eos, top_lp)
+            top_token = torch.where(rows_at_max[:, None], torch.full_like(top_token, eos_id), top_token)
+        if t == 0:
+            top_lp, top_token = top_lp.repeat_interleave(k, dim=0), top_token.repeat_interleave(k, dim=0)
+        cand = (alive_lp[:, :, None] + top_lp.view(b, k, n)).view(b, k * n)  # (b, k*n)
+        cand_lp, cand_idx = cand.topk(min(2 * k, k * n), dim=-1)  # (b, 2k)
+        beam_idx, token = cand_idx // n, top_token.view(b, k * n).gather(1, cand_idx)
         cand_seq = torch.cat([alive_seq.gather(1, beam_idx[:, :, None].expand(-1, -1, t + 1)), token[:, :, None]], 2)
         is_eos = token == eos_id
 
