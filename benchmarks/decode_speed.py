@@ -139,14 +139,15 @@ def build_transduce(seed: int) -> Transformer:
     return Transformer(config.model).eval()
 
 
-def build_marian(seed: int):
+def build_marian(seed: int, d_model: int = 512, layers: int = 6, heads: int = 8, ffn: int = 2048, vocab: int = VOCAB):
+    """Hugging Face's MarianMTModel with transduce's architecture (defaults: the base preset)."""
     from transformers import MarianConfig, MarianMTModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     config = MarianConfig(
-        vocab_size=VOCAB, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
-        decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, activation_function="relu",
+        vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
+        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, activation_function="relu",
         dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024,
         scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS,

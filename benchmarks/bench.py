@@ -1,0 +1,364 @@
+"""Training and decoding throughput: transduce against Hugging Face and nn.Transformer, with MFU.
+
+    python benchmarks/bench.py                                  # small and base, fp32 and bf16
+    python benchmarks/bench.py --presets small --precisions bf16 --systems transduce,hf
+    python benchmarks/bench.py --decode-sentences 0 --json bench.json   # training only
+
+What is measured, in one run, on the same batches for every system
+-------------------------------------------------------------------
+* Training-step throughput: forward, the label-smoothed loss (eps 0.1, padding excluded; the same
+  function, `transduce.train.loss.label_smoothed_nll`, for every system), backward and an Adam
+  step (beta 0.9/0.98, eps 1e-9, the fused implementation, the same for every system), dropout 0.1
+  on, batches of about --max-tokens padded tokens. Target tokens/s = non-pad target tokens of the
+  timed steps / their time; the median of --repeats rounds of --steps steps each, after --warmup
+  steps.
+* Beam-4 decoding throughput (sentences/s): see `benchmarks/decode_speed.py` (forced equal output
+  lengths, the first --decode-sentences sentences of newstest2014, batches of 32).
+
+Batches of realistic sentence lengths: the sentence pairs of newstest2014 En-De (3003, from the
+dataset mirror or download), each side split into words and punctuation and hashed into the
+vocabulary (`decode_speed.encode`; a BPE gives ~10-20% more tokens), sorted by length and cut
+into batches of at most --max-tokens padded tokens per side. Every system gets the same batches
+in the same order.
+
+Systems (all post-norm, sinusoidal positions, embeddings shared between encoder, decoder and the
+pre-softmax layer, scaled by sqrt(d_model); random init):
+* transduce: `transduce.model.Transformer` of the preset (attention through SDPA; the trainer's
+  kernel choice: the math kernel for bf16 on the CPU).
+* hf: Hugging Face `MarianMTModel` of the same dimensions (`decode_speed.build_marian`), SDPA
+  attention, dropout 0.1 (attention/activation dropout 0, as in transduce).
+* torch: `torch.nn.Transformer` (batch_first, the same dimensions and dropout) with shared scaled
+  embeddings, sinusoidal positions and a tied output layer: the floor. (Its layers also apply
+  dropout to the attention weights and inside the FFN, and it adds final LayerNorms.)
+
+Precisions: fp32, and bf16 = torch.autocast("cpu", torch.bfloat16) with fp32 weights and Adam
+(mixed precision training, the same for every system).
+
+FLOPs and MFU. Model FLOPs per step are counted from the padded batch shapes: every matrix product
+counts 2*m*n*k; a training step is 3x the forward pass (backward = 2x forward). Forward, with
+source length S, target length T, batch B, d = d_model, f = d_ff, a = h*d_k, c = h*d_v, N layers,
+vocabulary V:
+    encoder  B*S*N*2*(d*(2a + c) + c*d + 2*d*f) + B*N*2*(S*S*a + S*S*c)
+    decoder  B*T*N*2*(d*(2a + c) + c*d + d*a + c*d + 2*d*f) + B*S*N*2*d*(a + c)
+             + B*N*2*(T*T*a + T*T*c + T*S*a + T*S*c)
+    output   B*T*2*d*V
+(attention counted in full, causal masking not discounted). The bench prints FLOPs per target
+token, the achieved FLOP/s, and the model-FLOPs utilisation against a matmul peak measured in the
+same run and dtype (the best of several 2048^3 `torch.mm`s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import decode_speed  # noqa: E402
+from transduce.config import get_preset  # noqa: E402
+from transduce.data.datasets import fetch  # noqa: E402
+from transduce.data.text import read_lines  # noqa: E402
+from transduce.model import Transformer, sinusoidal_positions  # noqa: E402
+from transduce.train.loss import label_smoothed_nll  # noqa: E402
+from transduce.train.trainer import attention_kernel_for  # noqa: E402
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+VOCAB = {"small": 8000, "base": 37000}
+SYSTEMS = ("transduce", "hf", "torch")
+NAMES = {"transduce": "transduce", "hf": "HF MarianMTModel", "torch": "nn.Transformer"}
+
+
+# --- batches ---------------------------------------------------------------------------------------
+
+
+def make_batches(vocab: int, max_tokens: int, data_dir: str | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(src (B, S), tgt (B, T + 1)) batches from newstest2014 En-De, hashed into `vocab` ids."""
+    en = list(read_lines(fetch("wmt14-en-de", "newstest2014", "en", data_dir=data_dir)))
+    de = list(read_lines(fetch("wmt14-en-de", "newstest2014", "de", data_dir=data_dir)))
+    pairs = [(decode_speed.encode(s, vocab), [BOS] + decode_speed.encode(t, vocab)) for s, t in zip(en, de)]
+    pairs = [p for p in pairs if len(p[0]) <= 128 and len(p[1]) <= 129]
+    pairs.sort(key=lambda p: (len(p[1]), len(p[0])))
+    batches, cur = [], []
+    for p in pairs:
+        s_max = max([len(p[0])] + [len(q[0]) for q in cur])
+        t_max = max([len(p[1])] + [len(q[1]) for q in cur])
+        if cur and (len(cur) + 1) * max(s_max, t_max) > max_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(p)
+    if cur:
+        batches.append(cur)
+
+    def pad(seqs):
+        out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            out[i, : len(s)] = torch.tensor(s)
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(batches), generator=g).tolist()  # mixed lengths, like training
+    return [(pad([p[0] for p in batches[i]]), pad([p[1] for p in batches[i]])) for i in order]
+
+
+# --- systems ---------------------------------------------------------------------------------------
+
+
+def dims(preset: str) -> dict:
+    c = get_preset(preset).model
+    return dict(d=c.d_model, f=c.d_ff, h=c.n_heads, N=c.n_layers, a=c.n_heads * c.head_dim_k,
+                c=c.n_heads * c.head_dim_v, V=VOCAB[preset])
+
+
+def build_transduce(preset: str) -> nn.Module:
+    config = get_preset(preset)
+    config.model.src_vocab_size = VOCAB[preset]
+    config.model.dropout = 0.1
+    return Transformer(config.model)
+
+
+class TorchTransformer(nn.Module):
+    """nn.Transformer with the paper's embeddings: shared, scaled by sqrt(d_model), sinusoidal
+    positions, tied pre-softmax layer."""
+
+    def __init__(self, dm: dict, dropout: float = 0.1):
+        super().__init__()
+        d = dm["d"]
+        self.embed = nn.Embedding(dm["V"], d, padding_idx=PAD)
+        nn.init.normal_(self.embed.weight, std=d**-0.5)
+        self.core = nn.Transformer(d, dm["h"], dm["N"], dm["N"], dm["f"], dropout, batch_first=True)
+        self.register_buffer("pe", sinusoidal_positions(1024, d), persistent=False)
+        self.scale, self.dropout = math.sqrt(d), nn.Dropout(dropout)
+
+    def forward(self, src, tgt):
+        x = self.dropout(self.embed(src) * self.scale + self.pe[: src.size(1)])
+        y = self.dropout(self.embed(tgt) * self.scale + self.pe[: tgt.size(1)])
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
+        out = self.core(x, y, tgt_mask=causal, src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD,
+                        memory_key_padding_mask=src == PAD, tgt_is_causal=True)
+        return out @ self.embed.weight.T
+
+
+def build(system: str, preset: str) -> nn.Module:
+    torch.manual_seed(0)
+    dm = dims(preset)
+    if system == "transduce":
+        return build_transduce(preset)
+    if system == "hf":
+        return decode_speed.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=dm["V"])
+    return TorchTransformer(dm)
+
+
+def forward_logits(system: str, model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    if system == "hf":
+        return model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt_in,
+                     decoder_attention_mask=(tgt_in != PAD).long(), use_cache=False).logits
+    return model(src, tgt_in)
+
+
+# --- FLOPs -----------------------------------------------------------------------------------------
+
+
+def forward_flops(dm: dict, B: int, S: int, T: int) -> int:
+    """Model FLOPs of one forward pass on a padded (B, S) source and (B, T) target (see the
+    module docstring)."""
+    d, f, a, c, N, V = dm["d"], dm["f"], dm["a"], dm["c"], dm["N"], dm["V"]
+    enc = B * S * N * 2 * (d * (2 * a + c) + c * d + 2 * d * f) + B * N * 2 * (S * S * a + S * S * c)
+    dec = (B * T * N * 2 * (d * (2 * a + c) + c * d + d * a + c * d + 2 * d * f) + B * S * N * 2 * d * (a + c)
+           + B * N * 2 * (T * T * a + T * T * c + T * S * a + T * S * c))
+    return enc + dec + B * T * 2 * d * V
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an n^3 torch.mm in `dtype`."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(a, b)
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+# --- training throughput ---------------------------------------------------------------------------
+
+
+def train_throughput(system: str, preset: str, precision: str, batches, *, steps: int, warmup: int,
+                     repeats: int, compile: bool = False) -> dict:
+    model = build(system, preset).train()
+    compile_s = None
+    if compile and system == "transduce":
+        model = torch.compile(model, dynamic=True)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
+    dm = dims(preset)
+
+    def amp():
+        return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+    def kernel():  # transduce's trainer picks the SDPA kernel (see trainer.attention_kernel_for)
+        if system == "transduce":
+            return attention_kernel_for(torch.device("cpu"), precision)
+        return contextlib.nullcontext()
+
+    it = iter(batches * (1 + (warmup + steps * repeats) // len(batches)))
+
+    def step() -> tuple[int, int]:
+        src, tgt = next(it)
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+        with amp(), kernel():
+            logits = forward_logits(system, model, src, tgt_in)
+        loss, _ = label_smoothed_nll(logits, tgt_out, 0.1, PAD)
+        (loss / int((tgt_out != PAD).sum())).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return int((tgt_out != PAD).sum()), forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
+
+    t0 = time.perf_counter()
+    step()  # the first step compiles, with --compile
+    compile_s = time.perf_counter() - t0 if compile and system == "transduce" else None
+    for _ in range(warmup - 1):
+        step()
+    rates, flops_rates, per_token = [], [], []
+    for _ in range(repeats):
+        tokens = flops = 0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            n, f = step()
+            tokens, flops = tokens + n, flops + 3 * f
+        dt = time.perf_counter() - t0
+        rates.append(tokens / dt)
+        flops_rates.append(flops / dt)
+        per_token.append(flops / tokens)
+    return {"tokens_per_s": statistics.median(rates), "flops_per_s": statistics.median(flops_rates),
+            "flops_per_token": statistics.median(per_token), "rounds": rates,
+            "params": sum(p.numel() for p in model.parameters() if p.requires_grad), "first_step_s": compile_s}
+
+
+# --- main ------------------------------------------------------------------------------------------
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", default="small,base", help="comma-separated: small, base (default both)")
+    p.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (default both)")
+    p.add_argument("--systems", default="transduce,hf,torch", help="comma-separated: transduce, hf, torch")
+    p.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch and side (default 4096)")
+    p.add_argument("--steps", type=int, default=5, help="training steps per timed round (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds; the median counts (default 3)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed training steps first (default 2)")
+    p.add_argument("--decode-sentences", type=int, default=64,
+                   help="beam-4 decoding of the first N sentences of newstest2014 (0: skip; default 64)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile transduce's model (dynamic shapes); the first step's time is reported apart")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
+    p.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args(argv)
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    presets = [x for x in args.presets.split(",") if x]
+    precisions = [x for x in args.precisions.split(",") if x]
+    systems = [x for x in args.systems.split(",") if x]
+    for name, values, allowed in (("preset", presets, VOCAB), ("precision", precisions, ("fp32", "bf16")),
+                                  ("system", systems, SYSTEMS)):
+        if bad := [v for v in values if v not in allowed]:
+            p.error(f"unknown {name} {bad[0]!r} (choose from {', '.join(allowed)})")
+
+    print(f"transduce bench: commit {git_commit()}, torch {torch.__version__}, {threads} threads, "
+          f"{platform.processor() or platform.machine()}", flush=True)
+    peaks = {pr: matmul_peak(torch.bfloat16 if pr == "bf16" else torch.float32) for pr in precisions}
+    for pr, v in peaks.items():
+        print(f"matmul peak ({pr}, 2048^3 torch.mm): {v / 1e9:.1f} GFLOP/s", flush=True)
+
+    results = []
+    for preset in presets:
+        batches = make_batches(VOCAB[preset], args.max_tokens, args.data_dir)
+        for precision in precisions:
+            for system in systems:
+                r = train_throughput(system, preset, precision, batches, steps=args.steps, warmup=args.warmup,
+                                     repeats=args.repeats, compile=args.compile)
+                r.update(kind="train", system=system, preset=preset, precision=precision,
+                         mfu=r["flops_per_s"] / peaks[precision])
+                results.append(r)
+                print(f"train  {preset:<6} {precision:<5} {NAMES[system]:<17} {r['tokens_per_s']:>9,.0f} tgt tok/s  "
+                      f"{r['flops_per_s'] / 1e9:>6.1f} GFLOP/s  MFU {100 * r['mfu']:>4.1f}%  "
+                      f"({r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['params'] / 1e6:.1f}M params)"
+                      + (f", compile + first step {r['first_step_s']:.0f} s" if r["first_step_s"] else ""), flush=True)
+            if args.decode_sentences > 0:
+                dec = [s for s in systems if s in ("transduce", "hf")]
+                d = decode(preset, precision, dec, args.decode_sentences, args.data_dir)
+                for system, sps in d.items():
+                    results.append({"kind": "decode", "system": system, "preset": preset, "precision": precision,
+                                    "sentences_per_s": sps})
+                    print(f"decode {preset:<6} {precision:<5} {NAMES[system]:<17} {sps:>9.2f} sentences/s (beam 4)",
+                          flush=True)
+
+    print(f"\n{'':7}{'preset':<7}{'precision':<10}{'system':<18}{'result':>22}{'vs HF':>8}{'MFU':>7}")
+    for r in results:
+        key = "tokens_per_s" if r["kind"] == "train" else "sentences_per_s"
+        hf = next((x for x in results if x["kind"] == r["kind"] and x["system"] == "hf" and x["preset"] == r["preset"]
+                   and x["precision"] == r["precision"]), None)
+        r["speedup_vs_hf"] = r[key] / hf[key] if hf else None
+        unit = "tgt tok/s" if r["kind"] == "train" else "sent/s"
+        mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
+        sp = f"{r['speedup_vs_hf']:.2f}x" if hf else "-"
+        print(f"{r['kind']:<7}{r['preset']:<7}{r['precision']:<10}{NAMES[r['system']]:<18}"
+              f"{r[key]:>12,.1f} {unit:<9}{sp:>8}{mfu:>7}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "commit": git_commit(),
+                                               "matmul_peak_flops": peaks, "results": results}, indent=2) + "\n")
+    return 0
+
+
+def decode(preset: str, precision: str, systems: list[str], n: int, data_dir: str | None) -> dict:
+    """Beam-4 sentences/s of each system on the first n sentences of newstest2014 (decode_speed's
+    forced equal lengths); bf16 = bf16 weights for both."""
+    vocab = VOCAB[preset]
+    lines = list(read_lines(fetch("wmt14-en-de", "newstest2014", "en", data_dir=data_dir)))[:n]
+    srcs = [decode_speed.encode(s, vocab) for s in lines]
+    batches = decode_speed.make_batches(srcs, 32)
+    out = {}
+    for system in systems:
+        if system == "transduce":
+            m = decode_speed.ForcedLength(build_transduce(preset).eval())
+            decode_speed.cast(m.model, precision)
+        else:
+            m = decode_speed.cast(build("hf", preset).eval(), precision)
+        total = 0.0
+        for i, (idx, L) in enumerate(batches):
+            src, mask = decode_speed.pad_batch(srcs, idx)
+            if system == "transduce":
+                dt = decode_speed.run_transduce(m, src, L, "fp32")
+            else:
+                dt = decode_speed.run_hf(m, src, mask, L, "fp32")
+            total += dt if i > 0 or len(batches) == 1 else 0.0  # the first batch warms up
+        counted = sum(len(idx) for idx, _ in (batches[1:] if len(batches) > 1 else batches))
+        out[system] = counted / total
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
