@@ -3,7 +3,11 @@
 #
 #   prepare  shared 8k BPE vocabulary, memory-mapped token arrays (from the mirror or downloaded)
 #   train    the paper's architecture at laptop size (preset `small`: N=3, d_model=256, d_ff=1024,
-#            h=4), P_drop 0.3 for a 29k-pair corpus, bf16 autocast, MINUTES of wall-clock training
+#            h=4), bf16 autocast, MINUTES of wall-clock training. Settings for a 45-minute budget
+#            (chosen on the validation split, never on test): P_drop 0.1 (0.3 left the model
+#            underfit: training perplexity stayed below validation's), warmup 300 steps with
+#            scale 0.4 (equation 3 peaks at 1.4e-3), batches of 4096 tokens; a checkpoint every
+#            3 minutes, all kept (the BLEU-vs-minutes curve)
 #   average  the last 5 checkpoints (6.1)
 #   evaluate test_2016_flickr: sacreBLEU (cased, detokenized), chrF, and the literature's
 #            lowercased tokenized BLEU; greedy and beam 4
@@ -21,9 +25,9 @@ if [ ! -f "$RUN/data/data.json" ]; then
 fi
 
 transduce train --data "$RUN/data" --run-dir "$RUN" --preset small \
-  --set model.dropout=0.3 --precision bf16 --threads "$THREADS" \
+  --set model.dropout=0.1 --precision bf16 --threads "$THREADS" \
   --max-tokens 4096 --max-minutes "$MINUTES" --max-steps 1000000 \
-  --warmup 800 --lr-scale 1.2 --valid-every 500 --save-every-minutes 3 --keep-last 5
+  --warmup 300 --lr-scale 0.4 --valid-every 500 --save-every-minutes 3 --keep-last 0
 
 transduce average "$RUN" --last 5 --out "$RUN/avg_last5"
 
