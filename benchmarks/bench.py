@@ -198,7 +198,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
 
 
 def train_throughput(system: str, preset: str, precision: str, batches, *, steps: int, warmup: int,
-                     repeats: int, compile: bool = False) -> dict:
+                     repeats: int, compile: bool = False, profile: bool = False) -> dict:
     model = build(system, preset).train()
     compile_s = None
     if compile and system == "transduce":
@@ -232,6 +232,14 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
     compile_s = time.perf_counter() - t0 if compile and system == "transduce" else None
     for _ in range(warmup - 1):
         step()
+    if profile:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        print(f"--- profile: one training step, {system} {preset} {precision} ---")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), flush=True)
     rates, flops_rates, per_token = [], [], []
     for _ in range(repeats):
         tokens = flops = 0
@@ -272,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="beam-4 decoding of the first N sentences of newstest2014 (0: skip; default 64)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile transduce's model (dynamic shapes); the first step's time is reported apart")
+    p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops for one training step of each")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
     p.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -299,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         for precision in precisions:
             for system in systems:
                 r = train_throughput(system, preset, precision, batches, steps=args.steps, warmup=args.warmup,
-                                     repeats=args.repeats, compile=args.compile)
+                                     repeats=args.repeats, compile=args.compile, profile=args.profile)
                 r.update(kind="train", system=system, preset=preset, precision=precision,
                          mfu=r["flops_per_s"] / peaks[precision])
                 results.append(r)

@@ -61,6 +61,22 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def _top_log_probs(logits: Tensor, n: int, banned: list[int], eos_id: int, chunk: int = 16):
+    """Per row of logits (rows, V): the n best log-probabilities (fp32, log-softmax over all V;
+    `banned` tokens then excluded without renormalising) with their tokens, and EOS's
+    log-probability. Rows go `chunk` at a time, so that the fp32 log-probabilities of a chunk
+    stay in cache instead of a (rows, V) fp32 copy making a round trip through memory."""
+    top_lp, top_token, eos_lp = [], [], []
+    for part in logits.split(chunk):
+        lprobs = torch.log_softmax(part, dim=-1, dtype=torch.float32)
+        eos_lp.append(lprobs[:, eos_id])
+        lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens
+        values, tokens = lprobs.topk(n, dim=-1)
+        top_lp.append(values)
+        top_token.append(tokens)
+    return torch.cat(top_lp), torch.cat(top_token), torch.cat(eos_lp)
+
+
 @dataclass
 class Hypothesis:
     tokens: list[int]
@@ -136,17 +152,15 @@ def beam_search(
             cache.repeat_rows(k)  # B -> B*k rows; the source side stays one row per sentence
         else:
             logits = model.decode_step(alive_seq[:, :, -1].reshape(b * k, 1), cache)[:, -1]  # (b*k, V)
-        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens (not renormalised)
         # The best 2k extensions of a sentence are among the 2k best tokens of each of its beams:
         # only those are ranked (exact; a top-k over k*V would cost more).
-        n = min(2 * k, lprobs.size(-1))
-        top_lp, top_token = lprobs.topk(n, dim=-1)  # (rows, n)
+        n = min(2 * k, logits.size(-1))
+        top_lp, top_token, eos_lp = _top_log_probs(logits, n, banned, eos_id)  # (rows, n), (rows, n), (rows,)
         at_max = t + 1 >= max_lens[active]  # (b,): only EOS may follow
         if at_max.any():
             rows_at_max = at_max if t == 0 else at_max.repeat_interleave(k)
             only_eos = torch.full_like(top_lp, float("-inf"))
-            only_eos[:, 0] = lprobs[:, eos_id]
+            only_eos[:, 0] = eos_lp
             top_lp = torch.where(rows_at_max[:, None], only_eos, top_lp)
             top_token = torch.where(rows_at_max[:, None], torch.full_like(top_token, eos_id), top_token)
         if t == 0:

@@ -1,0 +1,39 @@
+"""The benchmark's FLOPs formula (benchmarks/bench.py), checked against PyTorch's own count."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from transduce.config import ModelConfig
+from transduce.model import Transformer
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH.parent))
+    spec = importlib.util.spec_from_file_location("bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("d_k,d_v", [(8, 8), (4, 12)])
+def test_forward_flops_match_torch_flop_counter(bench, d_k, d_v):
+    """Every matrix product of a forward pass, attention included, as torch's FlopCounterMode
+    counts them (2*m*n*k per product), for unequal source and target lengths and d_k != d_v."""
+    c = ModelConfig(src_vocab_size=40, n_layers=2, d_model=16, d_ff=24, n_heads=2, d_k=d_k, d_v=d_v, dropout=0.0)
+    model = Transformer(c).eval()
+    B, S, T = 3, 7, 5
+    src, tgt = torch.randint(4, 40, (B, S)), torch.randint(4, 40, (B, T))
+    # the math kernel: FlopCounterMode does not count the CPU flash-attention kernel
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as counter:
+        model(src, tgt)
+    dm = dict(d=16, f=24, h=2, N=2, a=2 * d_k, c=2 * d_v, V=40)
+    assert bench.forward_flops(dm, B, S, T) == counter.get_total_flops()
