@@ -155,6 +155,26 @@ def test_greedy_and_bf16_run(loaded):
     assert loaded.model.training is False
 
 
+def test_cli_bf16_casts_the_weights_and_keeps_line_count(model_dir, tmp_path, monkeypatch):
+    """--bf16 decodes with the weights in bf16 (no autocast), line for line; scores stay fp32."""
+    from transduce import translate
+
+    seen = {}
+    real = translate.translate_stream
+
+    def spy(model, *args, **kwargs):
+        seen["dtype"] = next(model.parameters()).dtype
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(translate, "translate_stream", spy)
+    src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass"])
+    out = tmp_path / "out.txt"
+    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--bf16", "--n-best", "2", *FAST]) == 0
+    assert seen["dtype"] == torch.bfloat16
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert {int(r[0]) for r in rows} == {1, 2, 3} and all(float(r[3]) <= 0 for r in rows)
+
+
 def test_n_best_format(model_dir, tmp_path):
     src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass"])
     out = tmp_path / "out.tsv"

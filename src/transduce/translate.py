@@ -553,8 +553,8 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
                    help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the fast beam-1 path; ignores --beam, --alpha)")
     g.add_argument("--bf16", action="store_true",
-                   help="decode with the weights cast to bf16 (CPU or CUDA; about 1.7x faster than fp32 on a CPU "
-                        "with avx512_bf16); log-probabilities and scores stay fp32")
+                   help="decode with the weights cast to bf16 (CPU or CUDA; 1.4-2.2x faster than fp32 on a "
+                        "2-core Zen 4, docs/RESULTS.md); log-probabilities and scores stay fp32")
     g = parser.add_argument_group("batching")
     g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                    help=f"padded source tokens per batch at most (default {DEFAULT_BATCH_TOKENS})")
