@@ -118,8 +118,8 @@ class ForcedLength:
     def encode(self, src, src_mask):
         return self.model.encode(src, src_mask)
 
-    def init_cache(self, memory, src_mask, capacity=64):
-        return self.model.init_cache(memory, src_mask, capacity)
+    def init_cache(self, memory, src_mask):
+        return self.model.init_cache(memory, src_mask)
 
     def decode_step(self, tokens, cache):
         logits = self.model.decode_step(tokens, cache)  # advances cache.length to this step's count

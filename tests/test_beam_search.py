@@ -47,7 +47,7 @@ class ScriptedModel:
     def encode(self, src, src_mask):
         return src
 
-    def init_cache(self, memory, src_mask, capacity):
+    def init_cache(self, memory, src_mask):
         return ScriptCache(memory.size(0))
 
     def decode_step(self, tokens, cache):

@@ -131,7 +131,7 @@ def test_cached_decoding_equals_full_forward(norm_first, positional):
     tgt = padded_batch([6, 6, 6], seed=4)
     full = model(src, tgt)
     src_mask, _ = make_masks(src, None, PAD)
-    cache = model.init_cache(model.encode(src, src_mask), src_mask, capacity=2)  # forces buffer growth
+    cache = model.init_cache(model.encode(src, src_mask), src_mask)
     steps = [model.decode_step(tgt[:, t : t + 1], cache) for t in range(tgt.size(1))]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
     assert cache.length == 6
@@ -149,8 +149,14 @@ def test_cached_decoding_multi_token_chunks_and_reorder():
     # reorder: swap rows and duplicate row 0 (what beam search does)
     index = torch.tensor([1, 0, 0])
     cache.reorder(index)
-    rest = model.decode_step(tgt[index, 4:], cache)
-    torch.testing.assert_close(rest, full[index, 4:], rtol=1e-5, atol=1e-5)
+    rest = model.decode_step(tgt[index, 4:5], cache)
+    torch.testing.assert_close(rest, full[index, 4:5], rtol=1e-5, atol=1e-5)
+    # two reorders before the next step compose (the cache applies them lazily, in one copy)
+    cache.reorder(torch.tensor([2, 0, 1, 1]))
+    cache.reorder(torch.tensor([3, 1, 0]))
+    index = index[torch.tensor([2, 0, 1, 1])][torch.tensor([3, 1, 0])]
+    rest = model.decode_step(tgt[index, 5:], cache)
+    torch.testing.assert_close(rest, full[index, 5:], rtol=1e-5, atol=1e-5)
 
 
 # -- embeddings and positions ----------------------------------------------------------------

@@ -31,7 +31,7 @@ def greedy_decode(
     memory = model.encode(src, src_mask)
     max_lens = src_mask.sum(dim=(1, 2, 3)) + max_len_offset  # (B,) input length + b
     B = src.size(0)
-    cache = model.init_cache(memory, src_mask, capacity=min(int(max_lens.max()) + 1, 256))
+    cache = model.init_cache(memory, src_mask)
     alive = torch.arange(B, device=src.device)  # original row of each cache row
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)
     outputs: list[list[int]] = [[] for _ in range(B)]
@@ -71,10 +71,28 @@ def _top_log_probs(logits: Tensor, n: int, banned: list[int], eos_id: int, chunk
         lprobs = torch.log_softmax(part, dim=-1, dtype=torch.float32)
         eos_lp.append(lprobs[:, eos_id])
         lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens
-        values, tokens = lprobs.topk(n, dim=-1)
+        values, tokens = _topk(lprobs, n)
         top_lp.append(values)
         top_token.append(tokens)
     return torch.cat(top_lp), torch.cat(top_token), torch.cat(eos_lp)
+
+
+def _topk(x: Tensor, n: int, block: int = 64) -> Tensor:
+    """`x.topk(n, dim=-1)` for (rows, V), about 2x faster for a large V: the n largest values lie
+    in the n blocks (of `block` columns) with the largest maxima, so only those are searched.
+    Exact in the values; among equal values the tokens chosen may differ from `topk`'s."""
+    rows, V = x.shape
+    nb = V // block
+    if nb < 4 * n:
+        return x.topk(n, dim=-1)
+    block_max = x[:, : nb * block].view(rows, nb, block).amax(-1)
+    if nb * block < V:  # the last, shorter block
+        block_max = torch.cat([block_max, x[:, nb * block :].amax(-1, keepdim=True)], 1)
+    best_blocks = block_max.topk(n, dim=-1).indices  # (rows, n)
+    cols = (best_blocks[:, :, None] * block + torch.arange(block, device=x.device)).view(rows, -1)
+    cols = cols.clamp_(max=V - 1)  # the short last block: repeated columns, harmless for a max
+    values, i = x.gather(1, cols).topk(n, dim=-1)
+    return values, cols.gather(1, i)
 
 
 @dataclass
@@ -118,8 +136,8 @@ def beam_search(
     * finished sentences leave the batch (and the cache), so later steps do less work;
     * PAD and BOS are never generated (their probability mass is not renormalised away).
 
-    `model` needs `config.pad_id`, `encode(src, src_mask)`, `init_cache(memory, src_mask,
-    capacity)` and `decode_step(tokens, cache)` (logits); the cache needs `repeat_rows(k)` and
+    `model` needs `config.pad_id`, `encode(src, src_mask)`, `init_cache(memory, src_mask)`
+    and `decode_step(tokens, cache)` (logits); the cache needs `repeat_rows(k)` and
     `reorder(index, same_sources)`.
     Returns, per sentence, the `n_best` best finished hypotheses, best first.
     `early_stop=False` searches to the maximum length (for testing that stopping early is exact).
@@ -132,7 +150,7 @@ def beam_search(
     max_lens = (src_mask.sum(dim=(1, 2, 3)) + max_len_offset).to(device)  # (B,)
     T = int(max_lens.max())
     memory = model.encode(src, src_mask)
-    cache = model.init_cache(memory, src_mask, capacity=min(T + 1, 256))
+    cache = model.init_cache(memory, src_mask)
 
     # Live hypotheses of the sentences still searched (`active` maps rows to sentences).
     active = torch.arange(B, device=device)

@@ -365,17 +365,16 @@ class DecoderLayer(nn.Module):
         tgt_mask: Tensor | None,
         src_mask: Tensor | None,
         cache: LayerCache | None = None,
-        start: int = 0,
-        capacity: int = 0,
         need_weights: bool = False,
         rows_per_source: int = 1,
+        reorder: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Masked self-attention (3.2.3): each position sees itself and earlier positions.
         h = self.norm1(x) if self.norm_first else x
         q, k, v = self.self_attn.project_qkv(h)
         incremental = cache is not None
         if incremental:
-            k, v = cache.append(k, v, start, capacity)
+            k, v = cache.append(k, v, reorder)
         a, self_weights = self.self_attn.attend(q, k, v, tgt_mask, need_weights, incremental)
         x = x + self.dropout(a)
         if not self.norm_first:
@@ -443,11 +442,11 @@ class Decoder(nn.Module):
         x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
         x = self.dropout(x)
         self_w, cross_w = [], []
+        reorder = cache.take_pending() if cache is not None else None  # applied by every layer's append
         for i, layer in enumerate(self.layers):
             layer_cache = cache.layers[i] if cache is not None else None
-            capacity = cache.capacity if cache is not None else 0
             group = cache.rows_per_source if cache is not None else 1
-            x, sw, cw = layer(x, memory, tgt_mask, src_mask, layer_cache, start, capacity, need_weights, group)
+            x, sw, cw = layer(x, memory, tgt_mask, src_mask, layer_cache, need_weights, group, reorder)
             self_w.append(sw)
             cross_w.append(cw)
         if cache is not None:
@@ -512,13 +511,13 @@ class Transformer(nn.Module):
 
     # -- incremental decoding -----------------------------------------------------------------
 
-    def init_cache(self, memory: Tensor, src_mask: Tensor, capacity: int = 64) -> DecoderCache:
+    def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
         """A decoding cache for these sources: the encoder-decoder keys/values of every layer are
-        projected here, once; self-attention buffers start with room for `capacity` positions."""
+        projected here, once."""
         # contiguous: every step multiplies by them (a strided view would be copied each time)
         layers = [LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(memory)))
                   for layer in self.decoder.layers]
-        return DecoderCache(layers=layers, src_mask=src_mask, capacity=capacity)
+        return DecoderCache(layers=layers, src_mask=src_mask)
 
     def decode_step(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
         """Feed the next target tokens (B, n) (usually n = 1) at positions [cache.length,
