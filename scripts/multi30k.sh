@@ -16,13 +16,15 @@
 #            beam 4 with the validation-chosen alpha
 #
 # Environment: RUN (run directory, default runs/multi30k-en-de), MINUTES (default 45),
-# THREADS (default: all cores), DROPOUT (P_drop, default 0.1), EVAL_ONLY=1 (skip prepare and training: evaluate RUN again),
+# THREADS (default: all cores), DROPOUT (P_drop, default 0.1), COOLDOWN (train --cooldown: the last
+# fraction of the budget over which the rate decays linearly to 0; default 0, the paper's schedule), EVAL_ONLY=1 (skip prepare and training: evaluate RUN again),
 # TRANSDUCE_DATA_DIR (a local dataset mirror; ../shared/data is found automatically).
 set -euo pipefail
 RUN=${RUN:-runs/multi30k-en-de}
 MINUTES=${MINUTES:-45}
 THREADS=${THREADS:-$(nproc)}
 DROPOUT=${DROPOUT:-0.1}
+COOLDOWN=${COOLDOWN:-0}
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
@@ -32,7 +34,7 @@ if [ "${EVAL_ONLY:-0}" != 1 ]; then
   transduce train --data "$RUN/data" --run-dir "$RUN" --preset small \
     --set model.dropout="$DROPOUT" --precision bf16 --threads "$THREADS" \
     --max-tokens 4096 --max-minutes "$MINUTES" --max-steps 1000000 \
-    --warmup 300 --lr-scale 0.4 --valid-every 500 --save-every-minutes 3 --keep-last 0
+    --warmup 300 --lr-scale 0.4 --cooldown "$COOLDOWN" --valid-every 500 --save-every-minutes 3 --keep-last 0
 
   transduce average "$RUN" --last 5 --out "$RUN/avg_last5"
 fi

@@ -14,7 +14,7 @@ from transduce.config import Config, ModelConfig
 from transduce.data.batching import ParallelDataset
 from transduce.model import Transformer
 from transduce.train.loss import label_smoothed_nll
-from transduce.train.schedule import noam_lr
+from transduce.train.schedule import cooldown_factor, noam_lr
 from train_data import VOCAB, make_data
 from transduce.train.trainer import BatchStream, autocast_for, build_optimizer, main, set_lr, train_step
 
@@ -48,6 +48,28 @@ def test_noam_schedule_is_equation_3():
     assert noam_lr(w // 2, d) == pytest.approx(noam_lr(w, d) / 2)  # linear warmup
     assert noam_lr(4 * w, d) == pytest.approx(noam_lr(w, d) / 2)  # inverse square root decay
     assert max(noam_lr(s, d) for s in range(1, 3 * w)) == noam_lr(w, d)
+
+
+def test_cooldown_is_off_by_default_and_linear_to_zero():
+    assert cooldown_factor(0.99, 0.0) == 1.0  # the paper's schedule
+    assert cooldown_factor(0.5, 0.2) == 1.0
+    assert cooldown_factor(0.8, 0.2) == pytest.approx(1.0)
+    assert cooldown_factor(0.9, 0.2) == pytest.approx(0.5)
+    assert cooldown_factor(1.0, 0.2) == 0.0
+
+
+def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    rc = main(["--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "8",
+               "--valid-every", "0", "--log-every", "1", "--warmup", "2", "--cooldown", "0.5"])
+    assert rc == 0
+    lrs = [json.loads(line)["lr"] for line in (run / "logs" / "train.jsonl").read_text().splitlines()
+           if json.loads(line)["type"] == "train"]
+    # step s + 1 uses progress s / 8: full rate up to step 5, then 3/4, 1/2, 1/4 of equation 3
+    expected = [noam_lr(s, 16, 2) * cooldown_factor((s - 1) / 8, 0.5) for s in range(1, 9)]
+    assert lrs == pytest.approx(expected)
+    assert expected[-1] == pytest.approx(noam_lr(8, 16, 2) / 4)
 
 
 # --- one step: normalisation and precision -----------------------------------------------------------

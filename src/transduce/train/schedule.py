@@ -16,6 +16,17 @@ def noam_lr(step: int, d_model: int, warmup_steps: int = 4000, scale: float = 1.
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
+def cooldown_factor(progress: float, fraction: float) -> float:
+    """A factor on equation 3 that decays linearly to 0 over the last `fraction` of the run
+    (`progress` in [0, 1]: the share of the step or time budget used). Not in the paper, whose
+    rate only decays as step^-0.5: an option (`transduce train --cooldown`, default 0 = off) for
+    runs with a fixed time budget, where the rate would otherwise still be high when the clock
+    stops."""
+    if fraction <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - progress) / fraction))
+
+
 def noam_scheduler(
     optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int = 4000, scale: float = 1.0
 ) -> torch.optim.lr_scheduler.LambdaLR:

@@ -16,6 +16,8 @@ What the paper says, and where it is done here:
   --max-steps and --max-minutes bound the run.
 * 5.3 Optimizer. Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (`build_optimizer`); the
   learning rate of equation 3 set before every optimizer step (`transduce.train.schedule.noam_lr`).
+  Not in the paper, an option: --cooldown F decays it linearly to 0 over the last fraction F of
+  a step or time budget (`cooldown_factor`).
 * 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
 * 6.1 Checkpoints every 10 minutes (--save-every-minutes), the last K kept for averaging
@@ -74,7 +76,7 @@ from .checkpointing import (
     TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, read_checkpoint_config, save_checkpoint,
 )
 from .loss import label_smoothed_nll
-from .schedule import noam_lr
+from .schedule import cooldown_factor, noam_lr
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -100,6 +102,9 @@ class TrainOptions:
     checkpoints on the way count; the final validation and checkpoint follow); None = no limit."""
     clip_norm: float = 0.0
     """Clip the gradient's global norm to this (0 = off, as in the paper)."""
+    cooldown: float = 0.0
+    """Decay the rate of equation 3 linearly to 0 over this last fraction of the run (of
+    --max-minutes, or of max_steps, whichever comes first); 0 = the paper's schedule."""
     precision: str = "fp32"
     """fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast + GradScaler; CUDA only)."""
     seed: int = 1
@@ -645,7 +650,8 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
                 max_tokens=max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=lr,
                 train_seconds=train_seconds + (time.perf_counter() - start), target_tokens=tokens_seen,
                 scaler=scaler.state_dict() if scaler is not None else None,
-                schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale},
+                schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
+                          "cooldown": opts.cooldown},
                 optimizer={k: v for k, v in optimizer.param_groups[0].items() if k != "params"},
             )
             path = save_checkpoint(run_dir, model, config, optimizer, state, rng, keep_last)
@@ -666,10 +672,11 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
     interval_tokens, interval_sums, grad_norm = 0, torch.zeros(2, device=device), None
     lr, valid, tokens_per_s, validated_at = noam_lr(step, config.model.d_model, t.warmup_steps, t.lr_scale), None, 0.0, -1
     stop = step >= t.max_steps
+    progress = 0.0  # share of the step or time budget used (for --cooldown)
     while not stop:
         # One optimizer step: update_freq micro-batches on every rank (5.1), lr of eq. 3 (5.3).
         batches = [to_device(train_set.collate(stream.next()), device) for _ in range(opts.update_freq)]
-        lr = noam_lr(step + 1, config.model.d_model, t.warmup_steps, t.lr_scale)
+        lr = noam_lr(step + 1, config.model.d_model, t.warmup_steps, t.lr_scale) * cooldown_factor(progress, opts.cooldown)
         set_lr(optimizer, lr)
         log_now = (step + 1) % opts.log_every == 0 or step + 1 == t.max_steps
         sums, norm = train_step(
@@ -691,6 +698,12 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
         if env.distributed:
             time_up, save_due = _agree(env, [time_up, save_due]) if log_now else (False, False)
         stop = step >= t.max_steps or time_up
+        if opts.cooldown > 0:
+            p = max(step / t.max_steps, (now - start) / (60 * opts.max_minutes) if opts.max_minutes else 0.0)
+            if not env.distributed:
+                progress = p
+            elif log_now:  # every rank must use the same rate: rank 0's clock, at log intervals
+                progress = all_reduce_(torch.tensor([p if env.is_main else 0.0], device=device), env, dist.ReduceOp.MAX).item()
 
         if log_now or stop:
             stats = torch.cat([interval_sums.double(), torch.tensor([float(interval_tokens)], dtype=torch.float64, device=device)])
@@ -802,6 +815,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=int, metavar="N", help="warmup_steps of equation 3 (default: train.warmup_steps, 4000)")
     g.add_argument("--lr-scale", type=float, metavar="X", help="factor on equation 3 (default: train.lr_scale, 1.0)")
     g.add_argument("--label-smoothing", type=float, metavar="EPS", help="eps_ls (default: train.label_smoothing, 0.1)")
+    g.add_argument("--cooldown", type=float, default=d.cooldown, metavar="F",
+                   help="not in the paper: decay the rate linearly to 0 over the last fraction F of the run "
+                        "(of --max-minutes or --max-steps); 0 = equation 3 alone (default)")
     g.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X", help="clip the gradient norm (0 = off, the paper)")
     g.add_argument("--seed", type=int, default=d.seed)
 
@@ -821,7 +837,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace) -> TrainOptions:
     return TrainOptions(
         max_tokens=args.max_tokens, update_freq=args.update_freq, max_minutes=args.max_minutes,
-        clip_norm=args.clip_norm, precision=args.precision, seed=args.seed, valid_every=args.valid_every,
+        clip_norm=args.clip_norm, cooldown=args.cooldown, precision=args.precision, seed=args.seed, valid_every=args.valid_every,
         save_every_steps=args.save_every_steps, save_every_minutes=args.save_every_minutes,
         keep_last=args.keep_last, resume=args.resume, threads=args.threads, device=args.device,
         compile=args.compile, progress=not args.no_progress, log_every=max(1, args.log_every),
