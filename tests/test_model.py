@@ -159,6 +159,31 @@ def test_cached_decoding_multi_token_chunks_and_reorder():
     torch.testing.assert_close(rest, full[index, 5:], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_cache_reuses_two_buffers_and_stays_exact(mode):
+    """After its first steps the cache alternates between two buffers instead of allocating
+    new memory every step (inference mode sets no `_base` on views: the buffers are tracked
+    explicitly), and decoding with reorders still matches the full forward pass."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src, tgt = padded_batch([7, 3], seed=5), padded_batch([9, 9], seed=6)
+    index = torch.tensor([1, 0])  # swap the rows before every step
+    with mode():
+        src_mask, _ = make_masks(src, None, PAD)
+        cache = model.init_cache(model.encode(src, src_mask), src_mask)
+        rows, ptrs, steps = torch.arange(2), [], []
+        for t in range(tgt.size(1)):
+            steps.append(model.decode_step(tgt[rows, t : t + 1], cache))
+            ptrs.append(cache.layers[0].self_k.untyped_storage().data_ptr())
+            cache.reorder(index)
+            rows = rows[index]
+        full = model(src, tgt)
+    assert len(set(ptrs[2:])) == 2 and ptrs[2] == ptrs[4] == ptrs[6] == ptrs[8]
+    expected = [full[[0, 1] if t % 2 == 0 else [1, 0], t] for t in range(9)]  # rows swap every step
+    for t in range(9):
+        torch.testing.assert_close(steps[t][:, 0], expected[t], rtol=1e-5, atol=1e-5)
+
+
 # -- embeddings and positions ----------------------------------------------------------------
 
 

@@ -39,18 +39,21 @@ class LayerCache:
     or the rows before a pending reorder (`DecoderCache.pending`)."""
     self_v: Tensor | None = None
     """Self-attention values, (B', h, length, d_v)."""
+    _flat: list = field(default_factory=lambda: [None, None])
+    """The flat buffers `self_k` and `self_v` are views of (kept here, not found through
+    `Tensor._base`, which inference mode does not set)."""
     _spare: list = field(default_factory=lambda: [None, None])
     """Flat memory for the next step's keys and values: the memory of the step before, reused
-    (allocating fresh megabytes every step costs page faults that can exceed the copy itself)."""
+    (allocating fresh megabytes every step costs page faults that exceed the copy itself: 3x
+    slower gathers in base-size beam search)."""
 
     def append(self, k: Tensor, v: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values (B, h, n, d); return all positions so far,
         (B, h, length + n, d), contiguous. `rows`: the pending reorder (which old row each row
         continues), applied in the same copy."""
-        old_k, old_v = self.self_k, self.self_v
-        self.self_k = _extend(old_k, k, rows, self._spare[0])
-        self.self_v = _extend(old_v, v, rows, self._spare[1])
-        self._spare = [_flat_base(old_k), _flat_base(old_v)]
+        self.self_k, flat_k = _extend(self.self_k, k, rows, self._spare[0])
+        self.self_v, flat_v = _extend(self.self_v, v, rows, self._spare[1])
+        self._spare, self._flat = self._flat, [flat_k, flat_v]  # the old buffers are free now
         return self.self_k, self.self_v
 
 
@@ -112,19 +115,23 @@ class DecoderCache:
         return rows
 
 
-def _extend(cached: Tensor | None, new: Tensor, rows: Tensor | None, spare: Tensor | None) -> Tensor:
+def _extend(
+    cached: Tensor | None, new: Tensor, rows: Tensor | None, spare: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
     """cached[rows] (all of it if rows is None) followed by `new` along the position axis (2), in
     one contiguous tensor, a view of `spare` (flat) when it is large enough: one copy of the cache
-    per step. (index_select writing straight into the prefix of the result: 1.5-2x faster than
-    selecting first and copying after.)"""
+    per step. Returns the tensor and the flat buffer it is a view of (None where autograd may
+    still need the memory). (index_select writing straight into the prefix of the result:
+    1.5-2x faster than selecting first and copying after.)"""
+    tracked = torch.is_grad_enabled() and (new.requires_grad or (cached is not None and cached.requires_grad))
     if cached is None:  # a copy (never a view of `new`: its memory becomes a spare later)
-        return new.clone(memory_format=torch.contiguous_format)
+        out = new.clone(memory_format=torch.contiguous_format)
+        return out, None if tracked else out.view(-1)
     B, h, n, d = cached.shape
     shape = (new.size(0), h, n + new.size(2), d)
     size = shape[0] * h * shape[2] * d
-    tracked = torch.is_grad_enabled() and (cached.requires_grad or new.requires_grad)
     if tracked:  # autograd keeps the old tensors for backward: never reuse their memory
-        out = new.new_empty(shape)
+        out, spare = new.new_empty(shape), None
     else:
         if spare is None or spare.numel() < size or spare.dtype != new.dtype:
             spare = new.new_empty(size + shape[0] * h * 32 * d)  # room for 32 more positions
@@ -136,15 +143,7 @@ def _extend(cached: Tensor | None, new: Tensor, rows: Tensor | None, spare: Tens
     else:
         torch.index_select(cached, 0, rows, out=out[:, :, :n])
     out[:, :, n:] = new
-    return out
-
-
-def _flat_base(t: Tensor | None) -> Tensor | None:
-    """The flat tensor a cache tensor is a view of (itself, flattened, if it owns its memory)."""
-    if t is None:
-        return None
-    base = t._base if t._base is not None else t
-    return base.view(-1) if base.is_contiguous() else None
+    return out, spare
 
 
 def _group_sources(index: Tensor, g: int) -> Tensor:
