@@ -53,3 +53,40 @@ def test_scheduler_applies_equation_3_per_step():
         assert opt.param_groups[0]["lr"] == pytest.approx(noam_lr(step, 64, 10))
         opt.step()
         sched.step()
+
+
+def _reference_smoothed(logits, target, eps, pad_id=0):
+    """The textbook form: log-softmax over V, then q-weighted sum (what loss.py avoids storing)."""
+    lp = logits.float().log_softmax(-1)
+    keep = target != pad_id
+    nll = -lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    loss = (1 - eps) * nll - eps * lp.mean(-1)
+    return (loss * keep).sum(), (nll * keep).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_label_smoothing_gradient_matches_log_softmax(dtype):
+    """Forward and gradient equal the log-softmax form, over several row blocks (300 x 5000
+    logits is more than one block), through both outputs, with padding and 'mean'."""
+    torch.manual_seed(0)
+    base = (torch.randn(3, 100, 5000) * 3).to(dtype)
+    target = torch.randint(1, 5000, (3, 100))
+    target[0, 60:], target[2, 10:] = 0, 0
+    x1, x2 = base.clone().requires_grad_(), base.clone().requires_grad_()
+    loss, nll = label_smoothed_nll(x1, target, 0.1, pad_id=0, reduction="mean")
+    (loss + 0.5 * nll).backward()
+    ref_loss, ref_nll = _reference_smoothed(x2, target, 0.1)
+    n = (target != 0).sum()
+    ((ref_loss + 0.5 * ref_nll) / n).backward()
+    torch.testing.assert_close(loss, ref_loss / n, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nll, ref_nll / n, rtol=1e-5, atol=1e-5)
+    assert x1.grad.dtype == dtype
+    torch.testing.assert_close(x1.grad.float(), x2.grad.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-7)
+    assert x1.grad[0, 60:].abs().sum() == 0 and x1.grad[2, 10:].abs().sum() == 0  # padding
+
+
+def test_fused_label_smoothing_gradcheck():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([[1, 2, 0], [5, 0, 0]])
+    assert torch.autograd.gradcheck(lambda z: label_smoothed_nll(z, target, 0.1, pad_id=0), (logits,))
