@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decode import beam_search, greedy_decode, length_penalty
+from transduce.decode import _top_log_probs, beam_search, greedy_decode, length_penalty
 from transduce.model import Transformer
 
 PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
@@ -182,3 +182,21 @@ def test_batch_equals_one_by_one():
 def test_n_best_bounds():
     with pytest.raises(ValueError, match="n_best"):
         beam_search(tiny_model(), torch.tensor([[5, EOS]]), beam_size=2, n_best=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_top_log_probs_equal_log_softmax_then_topk(dtype):
+    """The search's per-row candidates: log-softmax over all V in fp32, PAD/BOS then banned
+    (not renormalised), the n best; over several chunks of rows, with a large V (block top-k)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(37, 3000) * 4).to(dtype)
+    lp = logits.float().log_softmax(-1)
+    expected_eos = lp[:, 3].clone()
+    lp[:, [0, 2]] = float("-inf")
+    expected, _ = lp.topk(8, dim=-1)
+    values, tokens, eos_lp = _top_log_probs(logits.clone(), 8, [0, 2], 3)
+    assert values.dtype == torch.float32
+    torch.testing.assert_close(values, expected, rtol=0, atol=2e-5)
+    torch.testing.assert_close(eos_lp, expected_eos, rtol=0, atol=2e-5)
+    torch.testing.assert_close(lp.gather(1, tokens), values, rtol=0, atol=2e-5)  # tokens carry those values
+    assert not bool(((tokens == 0) | (tokens == 2)).any())
