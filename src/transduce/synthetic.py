@@ -59,7 +59,7 @@ def train_synthetic(
     max_len: int = 10,
     batch_size: int = 128,
     warmup_steps: int = 100,
-    lr_scale: float = 0.3,
+    lr_scale: float = 0.2,
     n_eval: int = 500,
     eval_every: int = 100,
     n_dev: int = 500,
