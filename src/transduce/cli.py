@@ -21,7 +21,7 @@ subcommands:
   evaluate    score translations: sacreBLEU + chrF, the paper's tokenized compound-split BLEU,
               and Multi30k's lowercased tokenized BLEU
   synthetic   train a small model on a copy/reverse task and report greedy exact match:
-              a one-minute end-to-end check that masks, shifting and decoding fit together
+              a one- to two-minute end-to-end check that masks, shifting and decoding fit together
 
 Run `transduce SUBCOMMAND --help` for the options of each.
 """
@@ -87,7 +87,7 @@ def _run_info(args: argparse.Namespace) -> int:
 def _add_synthetic(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "synthetic",
-        help="one-minute end-to-end check on a copy/reverse task",
+        help="end-to-end check (a minute or two) on a copy/reverse task",
         description="Train a small Transformer (N=2, d_model=128) on random sequences of 1-10 symbols "
         "to copy or reverse, until greedy decoding gets 500 development sequences right, then "
         "greedy-decode 500 held-out sequences and report exact match.",

@@ -2,7 +2,7 @@
 
 Masks, the right shift of the decoder input, the loss, the schedule and the decoding cache all
 have to be right for a small Transformer to reach ~100% exact match on held-out sequences within
-a minute of CPU training. Used by the test suite and by `transduce synthetic`.
+a minute or two of CPU training. Used by the test suite and by `transduce synthetic`.
 """
 
 from __future__ import annotations
