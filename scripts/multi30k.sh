@@ -7,16 +7,18 @@
 #            (chosen on the validation split, never on test): P_drop 0.1 (0.3 left the model
 #            underfit: training perplexity stayed below validation's), warmup 300 steps with
 #            scale 0.4 (equation 3 peaks at 1.4e-3), batches of 4096 tokens; a checkpoint every
-#            3 minutes, all kept (the BLEU-vs-minutes curve)
-#   average  the last 5 checkpoints (6.1)
-#   alpha    the length penalty for beam 4 chosen on the validation split (6.1: "chosen after
-#            experimentation on the development set"), among 0.6 (the paper's WMT value) ... 1.5
+#            SAVE_MINUTES (1.5) minutes, all kept (the BLEU-vs-minutes curve)
+#   average  the last K checkpoints (6.1), for each K in AVERAGE (default "5 10")
+#   choose   K and the length penalty alpha for beam 4, jointly on the validation split (6.1:
+#            "chosen after experimentation on the development set"); alpha among 0.6 (the
+#            paper's WMT value) ... 1.5
 #   evaluate test_2016_flickr: sacreBLEU (cased, detokenized), chrF, the paper's tokenized BLEU
 #            and the literature's lowercased tokenized BLEU; greedy, beam 4 with alpha 0.6, and
 #            beam 4 with the validation-chosen alpha
 #
 # Environment: RUN (run directory, default runs/multi30k-en-de), MINUTES (default 45),
-# THREADS (default: all cores), DROPOUT (P_drop, default 0.1), COOLDOWN (train --cooldown: the last
+# THREADS (default: all cores), DROPOUT (P_drop, default 0.1), SAVE_MINUTES (default 1.5),
+# AVERAGE (the numbers of last checkpoints to average, default "5 10"), COOLDOWN (train --cooldown: the last
 # fraction of the budget over which the rate decays linearly to 0; default 0, the paper's schedule), EVAL_ONLY=1 (skip prepare and training: evaluate RUN again),
 # TRANSDUCE_DATA_DIR (a local dataset mirror; ../shared/data is found automatically).
 set -euo pipefail
@@ -25,6 +27,8 @@ MINUTES=${MINUTES:-45}
 THREADS=${THREADS:-$(nproc)}
 DROPOUT=${DROPOUT:-0.1}
 COOLDOWN=${COOLDOWN:-0}
+SAVE_MINUTES=${SAVE_MINUTES:-1.5}
+AVERAGE=${AVERAGE:-5 10}
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
@@ -34,28 +38,39 @@ if [ "${EVAL_ONLY:-0}" != 1 ]; then
   transduce train --data "$RUN/data" --run-dir "$RUN" --preset small \
     --set model.dropout="$DROPOUT" --precision bf16 --threads "$THREADS" \
     --max-tokens 4096 --max-minutes "$MINUTES" --max-steps 1000000 \
-    --warmup 300 --lr-scale 0.4 --cooldown "$COOLDOWN" --valid-every 500 --save-every-minutes 3 --keep-last 0
-
-  transduce average "$RUN" --last 5 --out "$RUN/avg_last5"
+    --warmup 300 --lr-scale 0.4 --cooldown "$COOLDOWN" --valid-every 500 --save-every-minutes "$SAVE_MINUTES" --keep-last 0
 fi
 
-# The length penalty for beam 4, chosen on the validation split (sacreBLEU), never on test.
+# The number of averaged checkpoints and the length penalty for beam 4, chosen together on the
+# validation split (sacreBLEU), never on test.
+# A short run (MINUTES=5) has fewer checkpoints than K: it averages all it has.
 mkdir -p "$RUN/alpha"
-for a in 0.6 0.8 1.0 1.2 1.5; do
-  transduce evaluate "$RUN/avg_last5" --dataset multi30k --src en --tgt de --split val --beam 4 --alpha "$a" \
-    --threads "$THREADS" --quiet --json "$RUN/alpha/val.alpha$a.json" > /dev/null
+n=$(find "$RUN/checkpoints" -maxdepth 1 -name 'step_*' -type d | wc -l)
+AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
+for k in $AVERAGE; do
+  transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
+  for a in 0.6 0.8 1.0 1.2 1.5; do
+    transduce evaluate "$RUN/avg_last$k" --dataset multi30k --src en --tgt de --split val --beam 4 \
+      --alpha "$a" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null
+  done
 done
-ALPHA=$(python - "$RUN/alpha" <<'PY'
+read -r K ALPHA < <(python - "$RUN/alpha" $AVERAGE <<'PY'
 import json, sys
 from pathlib import Path
-runs = [json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("val.alpha*.json"))]
-scores = {r["decoding"]["alpha"]: r["scores"]["sacrebleu"]["score"] for r in runs}
-for a, s in sorted(scores.items()):
-    print(f"validation, beam 4, alpha {a}: sacreBLEU {s:.2f}", file=sys.stderr)
-print(max(scores, key=lambda a: (scores[a], -abs(a - 0.6))))  # ties: the one nearest the paper's
+scores = {}
+for k in sys.argv[2:]:
+    for p in Path(sys.argv[1]).glob(f"val.avg{k}.alpha*.json"):
+        r = json.loads(p.read_text())
+        scores[int(k), r["decoding"]["alpha"]] = r["scores"]["sacrebleu"]["score"]
+for (k, a), s in sorted(scores.items()):
+    print(f"validation, average of the last {k}, beam 4, alpha {a}: sacreBLEU {s:.2f}", file=sys.stderr)
+# Ties: the fewer checkpoints, then the alpha nearest the paper's 0.6.
+k, a = max(scores, key=lambda ka: (scores[ka], -ka[0], -abs(ka[1] - 0.6)))
+print(k, a)
 PY
 )
-echo "alpha chosen on the validation split: $ALPHA"
+[ -n "${ALPHA:-}" ] || { echo "multi30k.sh: no validation scores in $RUN/alpha" >&2; exit 1; }
+echo "chosen on the validation split: the average of the last $K checkpoints, alpha $ALPHA"
 
 searches=(greedy beam4 "beam4-alpha$ALPHA")
 for search in "${searches[@]}"; do
@@ -64,7 +79,7 @@ for search in "${searches[@]}"; do
     beam4) flags=(--beam 4 --alpha 0.6) ;;
     *) flags=(--beam 4 --alpha "$ALPHA") ;;
   esac
-  transduce evaluate "$RUN/avg_last5" --dataset multi30k --src en --tgt de --split test_2016_flickr \
+  transduce evaluate "$RUN/avg_last$K" --dataset multi30k --src en --tgt de --split test_2016_flickr \
     "${flags[@]}" --threads "$THREADS" --quiet --json "$RUN/test_2016_flickr.$search.json" \
     --save-hyp "$RUN/test_2016_flickr.$search.de" > /dev/null
 done
