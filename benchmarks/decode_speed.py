@@ -20,7 +20,9 @@ weights, in three precisions, the same for both systems:
 
 * transduce: `transduce.decode.beam_search` on `transduce.model.Transformer` (what
   `transduce translate` runs per batch), timed from source ids to finished hypotheses
-  (encoder included).
+  (encoder included), with its weights pre-packed for oneDNN as `translate` does
+  (`Transformer.pack_weights`, done once per precision, untimed like the casts).
+  `--systems transduce-nopack,...` adds the same model through plain `F.linear`.
 * Hugging Face: `MarianMTModel` built from a `MarianConfig` with the same dimensions (6+6
   layers, 8 heads, FFN 2048, ReLU, post-norm, static sinusoidal positions, scale_embedding,
   shared and tied embeddings, vocabulary 37000), random init, `generate(num_beams=4, ...)`,
@@ -158,6 +160,7 @@ def build_marian(seed: int, d_model: int = 512, layers: int = 6, heads: int = 8,
 
 
 PRECISIONS = ("fp32", "bf16", "bf16-autocast")
+SYSTEMS = ("transduce", "transduce-nopack", "hf")
 
 
 def autocast(precision: str):
@@ -217,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
     parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (bf16 weights), bf16-autocast (default fp32,bf16)")
-    parser.add_argument("--systems", default="transduce,hf", help="comma-separated: transduce, hf (default both)")
+    parser.add_argument("--systems", default="transduce,hf",
+                        help="comma-separated: transduce, transduce-nopack (weights not pre-packed), hf (default transduce,hf)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every batch R times per system (alternating) and keep the fastest: "
                              "steadier on a shared machine (default 1)")
@@ -246,11 +250,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.processor() or platform.machine()}",
           flush=True)
 
+    if bad := [s for s in systems if s not in SYSTEMS]:
+        parser.error(f"unknown system {bad[0]!r} (choose from {', '.join(SYSTEMS)})")
     models = {}
-    if "transduce" in systems:
-        t = build_transduce(args.seed)
-        models["transduce"] = ForcedLength(t)
-        print(f"transduce: {count_parameters(t):,} parameters", flush=True)
+    for system in ("transduce", "transduce-nopack"):
+        if system in systems:
+            t = build_transduce(args.seed)
+            models[system] = ForcedLength(t)
+            print(f"{system}: {count_parameters(t):,} parameters", flush=True)
     if "hf" in systems:
         import transformers
 
@@ -262,14 +269,18 @@ def main(argv: list[str] | None = None) -> int:
 
     def call(system: str, idx: list[int], L: int, precision: str) -> float:
         src, mask = pad_batch(srcs, idx)
-        if system == "transduce":
+        if system.startswith("transduce"):
             return run_transduce(models[system], src, L, precision)
         return run_hf(models[system], src, mask, L, precision)
 
     results = []
     for precision in precisions:
         for system, m in models.items():
-            cast(m.model if system == "transduce" else m, precision)
+            cast(m.model if system.startswith("transduce") else m, precision)
+            if system.startswith("transduce"):
+                m.model.unpack_weights()
+                if system == "transduce" and not m.model.pack_weights():
+                    print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)
         # Warm-up: one short batch per system (allocator, oneDNN kernels, lazy initialisation).
         for system in models:
             call(system, batches[0][0][:4], batches[0][1], precision)
@@ -278,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             src, mask = pad_batch(srcs, idx)
             for system in models:
                 print(f"\n--- profile: {system} {precision}, one batch of {len(idx)} sentences, L={L} ---")
-                if system == "transduce":
+                if system.startswith("transduce"):
                     print(profile_transduce(models[system], src, L, precision))
                 else:
                     print(profile_hf(models[system], src, mask, L, precision))
@@ -299,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"system": system, "precision": precision, "seconds": t, "sentences": n,
                             "sentences_per_s": n / t, "target_tokens_per_s": tgt_tokens / t})
 
-    name = {"transduce": "transduce", "hf": "HF MarianMTModel"}
+    name = {"transduce": "transduce", "transduce-nopack": "transduce nopack", "hf": "HF MarianMTModel"}
     print(f"\n{'system':<18} {'precision':<13} {'time s':>8} {'sent/s':>8} {'tok/s':>9} {'vs HF':>7}")
     for r in results:
         hf = next((x for x in results if x["system"] == "hf" and x["precision"] == r["precision"]), None)

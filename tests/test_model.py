@@ -8,8 +8,10 @@ import torch
 from transduce.config import ModelConfig
 from transduce.model import (
     MultiHeadAttention,
+    PackedWeight,
     Transformer,
     attention_reference,
+    can_pack_weights,
     causal_mask,
     make_masks,
     sinusoidal_positions,
@@ -182,6 +184,83 @@ def test_cache_reuses_two_buffers_and_stays_exact(mode):
     expected = [full[[0, 1] if t % 2 == 0 else [1, 0], t] for t in range(9)]  # rows swap every step
     for t in range(9):
         torch.testing.assert_close(steps[t][:, 0], expected[t], rtol=1e-5, atol=1e-5)
+
+
+# -- weights pre-packed for CPU inference ----------------------------------------------------
+
+needs_packing = pytest.mark.skipif(not can_pack_weights(torch.float32, "cpu"), reason="no oneDNN in this torch build")
+
+
+def _count_packed_calls(monkeypatch):
+    calls = []
+    original = PackedWeight.__call__
+    monkeypatch.setattr(PackedWeight, "__call__", lambda self, x, b: calls.append(1) or original(self, x, b))
+    return calls
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_give_the_same_logits_and_beam_search(monkeypatch, dtype):
+    """`pack_weights` changes how the products run, not what they compute: the teacher-forced
+    logits and cached decoding agree with the F.linear path (fp32 to rounding; bf16 within
+    bf16 rounding), and beam search finds the same hypotheses (fp32)."""
+    from transduce.decode import beam_search
+
+    if dtype == torch.bfloat16 and not can_pack_weights(dtype, "cpu"):
+        pytest.skip("oneDNN bf16 not supported on this CPU")
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(src_vocab_size=60, tie_output=False, share_embeddings=False)).eval().to(dtype)
+    src, tgt = padded_batch([7, 3, 5], vocab=60, seed=1), padded_batch([6, 6, 2], vocab=60, seed=2)
+    with torch.inference_mode():
+        plain = model(src, tgt).float()
+        plain_beam = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
+    calls = _count_packed_calls(monkeypatch)
+    assert model.pack_weights()
+    with torch.inference_mode():
+        packed = model(src, tgt).float()
+        packed_beam = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
+    assert len(calls) > 0
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(packed, plain, **tol)
+    if dtype == torch.float32:
+        assert [[h.tokens for h in hs] for hs in packed_beam] == [[h.tokens for h in hs] for hs in plain_beam]
+    model.unpack_weights()
+    calls.clear()
+    with torch.inference_mode():
+        model(src, tgt)
+    assert calls == []
+
+
+@needs_packing
+def test_packed_weights_are_never_used_stale_or_under_autograd(monkeypatch):
+    """A packed copy stands for its parameter only while the parameter is unchanged, and never
+    where gradients are wanted: after an in-place update (an optimizer step) or under autograd
+    the model computes exactly what it computes unpacked."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src, tgt = padded_batch([5, 4], seed=3), padded_batch([4, 4], seed=4)
+    assert model.pack_weights()
+    calls = _count_packed_calls(monkeypatch)
+    logits = model(src, tgt)  # autograd on: F.linear, and gradients reach every weight
+    logits.float().sum().backward()
+    assert calls == [] and all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():
+        model.decoder.layers[0].feed_forward.w_1.weight.add_(0.5)  # the packed copy is stale now
+        model.decoder.embed.weight.mul_(1.5)
+        updated = model(src, tgt)
+    used = len(calls)
+    model.unpack_weights()
+    with torch.no_grad():
+        reference = model(src, tgt)
+    torch.testing.assert_close(updated, reference, rtol=1e-5, atol=1e-5)
+    assert used > 0  # the other layers still used their (valid) copies; the stale two did not
+
+
+def test_pack_weights_declines_what_it_cannot_pack():
+    assert not can_pack_weights(torch.float16, "cpu")
+    assert not can_pack_weights(torch.float32, "cuda")
+    model = Transformer(tiny_config()).to(torch.float16)
+    assert model.pack_weights() is False and model._packed_output is None
 
 
 # -- embeddings and positions ----------------------------------------------------------------

@@ -130,6 +130,55 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     return torch.bmm(weights, v3).view(B, h, Tq, -1)
 
 
+class PackedWeight:
+    """A weight matrix W (out, in) copied into oneDNN's blocked layout, for y = x W^T + b on the
+    CPU at inference (`Transformer.pack_weights`). Not part of the paper: the same product,
+    computed without re-laying out W at every call. Measured on a 2-core Zen 4 for one
+    decoding step of base-size beam search (128 rows x 512 -> 37,000): 23 against 40 ms in fp32
+    (MKL's sgemm), 13 against 17 ms in bf16.
+
+    It stands for `source[rows]` only while that parameter is unchanged (same storage, same
+    version counter: an optimizer step or `load_state_dict` retires it), and `linear` uses it
+    only without autograd, autocast, or a change of dtype or device; otherwise `F.linear` runs."""
+
+    def __init__(self, source: Tensor, rows: slice | None = None):
+        self.source, self.version, self.ptr = source, source._version, source.data_ptr()
+        w = source.detach() if rows is None else source.detach()[rows]
+        self.dtype = w.dtype
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+
+    def usable(self, x: Tensor) -> bool:
+        return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
+                and self.source._version == self.version and self.source.data_ptr() == self.ptr
+                and not torch.is_autocast_enabled("cpu"))
+
+
+    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: PackedWeight | None = None) -> Tensor:
+    """x W^T + b: through `packed` (W pre-packed for the CPU) when it applies, else `F.linear`."""
+    return packed(x, bias) if packed is not None and packed.usable(x) else F.linear(x, weight, bias)
+
+
+def apply_linear(layer: nn.Linear, x: Tensor, packed: PackedWeight | None = None) -> Tensor:
+    """layer(x): through `packed` when it applies, else the module itself (its hooks run)."""
+    return packed(x, layer.bias) if packed is not None and packed.usable(x) else layer(x)
+
+
+def can_pack_weights(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether `Transformer.pack_weights` applies: CPU, oneDNN, fp32 or (where oneDNN supports
+    it) bf16 weights."""
+    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (3.2.2): Concat(head_1, ..., head_h) W^O,
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
@@ -155,6 +204,7 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(self.out_proj.weight)
             nn.init.zeros_(self.out_proj.bias)
         self._q_rows, self._kv_rows = q, kv
+        self._packed: dict[str, PackedWeight] = {}  # `Transformer.pack_weights`; empty: F.linear
 
     def _heads(self, x: Tensor, d: int) -> Tensor:
         B, T, _ = x.shape
@@ -162,18 +212,19 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention: queries, keys and values from the same sequence, (B, h, T, d)."""
-        q, k, v = self.in_proj(x).split([self._q_rows, self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
+        qkv = apply_linear(self.in_proj, x, self._packed.get("qkv"))
+        q, k, v = qkv.split([self._q_rows, self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
         return self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
 
     def project_q(self, x: Tensor) -> Tensor:
         """Encoder-decoder attention: queries from the decoder, (B, h, T, d_k)."""
         w, b = self.in_proj.weight[: self._q_rows], self.in_proj.bias[: self._q_rows]
-        return self._heads(F.linear(x, w, b), self.d_k)
+        return self._heads(linear(x, w, b, self._packed.get("q")), self.d_k)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder-decoder attention: keys and values from the encoder output, (B, h, S, d)."""
         w, b = self.in_proj.weight[self._q_rows :], self.in_proj.bias[self._q_rows :]
-        k, v = F.linear(memory, w, b).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
+        k, v = linear(memory, w, b, self._packed.get("kv")).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
     def attend(
@@ -210,7 +261,13 @@ class MultiHeadAttention(nn.Module):
             if weights is not None:
                 weights = weights.view(R // group, h, group, n, -1).transpose(1, 2).reshape(R, h, n, -1)
         out = out.transpose(1, 2).reshape(R, n, self.n_heads * self.d_v)  # Concat(head_1..h)
-        return self.out_proj(out), weights
+        return apply_linear(self.out_proj, out, self._packed.get("out")), weights
+
+    def pack_weights(self) -> None:
+        """oneDNN-packed copies of W^Q W^K W^V (together, Q alone, K V together) and W^O."""
+        w, q = self.in_proj.weight, self._q_rows
+        self._packed = {"qkv": PackedWeight(w), "q": PackedWeight(w, slice(0, q)),
+                        "kv": PackedWeight(w, slice(q, None)), "out": PackedWeight(self.out_proj.weight)}
 
     def forward(
         self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, need_weights: bool = False
@@ -239,8 +296,14 @@ class PositionwiseFeedForward(nn.Module):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
 
+        self._packed: dict[str, PackedWeight] = {}  # `Transformer.pack_weights`; empty: F.linear
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(F.relu(self.w_1(x)))
+        h = F.relu(apply_linear(self.w_1, x, self._packed.get("w_1")))
+        return apply_linear(self.w_2, h, self._packed.get("w_2"))
+
+    def pack_weights(self) -> None:
+        self._packed = {"w_1": PackedWeight(self.w_1.weight), "w_2": PackedWeight(self.w_2.weight)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,11 +581,38 @@ class Transformer(nn.Module):
         else:
             self.output_proj = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
             nn.init.normal_(self.output_proj.weight, mean=0.0, std=c.d_model**-0.5)
+        self._packed_output: PackedWeight | None = None  # `pack_weights`
 
     def logits(self, x: Tensor) -> Tensor:
         """The pre-softmax linear transformation (3.4): (B, T, d_model) -> (B, T, V)."""
         w = self.decoder.embed.weight if self.output_proj is None else self.output_proj.weight
-        return F.linear(x, w)
+        return linear(x, w, None, self._packed_output)
+
+    def pack_weights(self) -> bool:
+        """For CPU inference: give every linear layer and the pre-softmax projection a copy of its
+        weights in oneDNN's blocked layout (`PackedWeight`), so that no product re-lays out its
+        weight matrix at every call (base-size beam search on a 2-core Zen 4: ~1.3x faster in
+        fp32, ~1.1x in bf16). Call it after loading and casting the weights; copies that no longer
+        match their parameter are ignored. Returns False (and packs nothing) where it does not
+        apply (`can_pack_weights`). Costs one more copy of the weights; `unpack_weights` frees it.
+        """
+        p = next(self.parameters())
+        if not can_pack_weights(p.dtype, p.device):
+            return False
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (MultiHeadAttention, PositionwiseFeedForward)):
+                    m.pack_weights()
+            w = self.decoder.embed.weight if self.output_proj is None else self.output_proj.weight
+            self._packed_output = PackedWeight(w)
+        return True
+
+    def unpack_weights(self) -> None:
+        """Drop the packed copies of `pack_weights`: every product goes through `F.linear` again."""
+        for m in self.modules():
+            if isinstance(m, (MultiHeadAttention, PositionwiseFeedForward)):
+                m._packed = {}
+        self._packed_output = None
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """Encoder output ("memory"), (B, S, d_model)."""

@@ -169,7 +169,8 @@ def translate_stream(
     line). Lines longer than the limit (see `input_token_limit`) are truncated and reported
     through `warn("SOURCE:LINE: ...")`; `advance(n)` is called as lines are done.
 
-    The model is put in eval mode for the duration (and restored). It decodes on the device of
+    The model is put in eval mode for the duration (and restored; on the CPU its weights are
+    pre-packed meanwhile, `Transformer.pack_weights`). It decodes on the device of
     its parameters and in their dtype: bf16 weights (what `--bf16` loads) run in bf16; with fp32
     weights, `bf16=True` runs the forward passes under bf16 autocast. The search's
     log-probabilities and scores are fp32 either way.
@@ -187,6 +188,9 @@ def translate_stream(
     pad = getattr(model.config, "pad_id", PAD)
     was_training = model.training
     model.eval()
+    # CPU: weights pre-packed for oneDNN for the duration (`Transformer.pack_weights`), unless
+    # the caller packed them already.
+    packed_here = getattr(model, "_packed_output", False) is None and model.pack_weights()
     nan = float("nan")
     try:
         it = iter(lines)
@@ -234,6 +238,8 @@ def translate_stream(
                 yield r
             first_line += len(chunk)
     finally:
+        if packed_here:
+            model.unpack_weights()
         model.train(was_training)
 
 
