@@ -6,7 +6,9 @@
 #            h=4), bf16 autocast, MINUTES of wall-clock training. Settings for a 45-minute budget
 #            (chosen on the validation split, never on test): P_drop 0.1 (0.3 left the model
 #            underfit: training perplexity stayed below validation's), warmup 300 steps with
-#            scale 0.4 (equation 3 peaks at 1.4e-3), batches of 4096 tokens; a checkpoint every
+#            scale 0.4 (equation 3 peaks at 1.4e-3), then a linear decay to 0 over the last 20% of
+#            the budget (COOLDOWN 0.2: not the paper's schedule, which never reaches 0; chosen on
+#            validation, 38.79 against 38.63 sacreBLEU), batches of 4096 tokens; a checkpoint every
 #            SAVE_MINUTES (3) minutes, all kept (the BLEU-vs-minutes curve)
 #   average  the last K checkpoints (6.1), for each K in AVERAGE (default "5"; checkpoints
 #            every 1.5 minutes with AVERAGE="5 10" scored no higher on validation: RESULTS.md)
@@ -20,14 +22,14 @@
 # Environment: RUN (run directory, default runs/multi30k-en-de), MINUTES (default 45),
 # THREADS (default: all cores), DROPOUT (P_drop, default 0.1), SAVE_MINUTES (default 3),
 # AVERAGE (the numbers of last checkpoints to average, default "5"), COOLDOWN (train --cooldown: the last
-# fraction of the budget over which the rate decays linearly to 0; default 0, the paper's schedule), EVAL_ONLY=1 (skip prepare and training: evaluate RUN again),
+# fraction of the budget over which the rate decays linearly to 0; default 0.2; 0 is the paper's schedule), EVAL_ONLY=1 (skip prepare and training: evaluate RUN again),
 # TRANSDUCE_DATA_DIR (a local dataset mirror; ../shared/data is found automatically).
 set -euo pipefail
 RUN=${RUN:-runs/multi30k-en-de}
 MINUTES=${MINUTES:-45}
 THREADS=${THREADS:-$(nproc)}
 DROPOUT=${DROPOUT:-0.1}
-COOLDOWN=${COOLDOWN:-0}
+COOLDOWN=${COOLDOWN:-0.2}
 SAVE_MINUTES=${SAVE_MINUTES:-3}
 AVERAGE=${AVERAGE:-5}
 
