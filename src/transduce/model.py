@@ -153,9 +153,8 @@ class PackedWeight:
                 and not torch.is_autocast_enabled("cpu"))
 
 
-    def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
-        """x W^T + b, then `activation` ("none" or "relu") fused into the same kernel."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, activation, [], "")
+    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: PackedWeight | None = None) -> Tensor:
@@ -300,11 +299,7 @@ class PositionwiseFeedForward(nn.Module):
         self._packed: dict[str, PackedWeight] = {}  # `Transformer.pack_weights`; empty: F.linear
 
     def forward(self, x: Tensor) -> Tensor:
-        packed = self._packed.get("w_1")
-        if packed is not None and packed.usable(x):  # inference on the CPU: ReLU fused in
-            h = packed(x, self.w_1.bias, "relu")
-        else:
-            h = F.relu(self.w_1(x))
+        h = F.relu(apply_linear(self.w_1, x, self._packed.get("w_1")))
         return apply_linear(self.w_2, h, self._packed.get("w_2"))
 
     def pack_weights(self) -> None:
