@@ -23,7 +23,8 @@
 # THREADS (default: all cores), DROPOUT (P_drop, default 0.1), SAVE_MINUTES (default 3),
 # AVERAGE (the numbers of last checkpoints to average, default "5"), COOLDOWN (train --cooldown: the last
 # fraction of the budget over which the rate decays linearly to 0; default 0.2; 0 is the paper's schedule), EVAL_ONLY=1 (skip prepare and training: evaluate RUN again),
-# SEED (train --seed, default 1), PRESET (default small), WARMUP (default 300), LR_SCALE (default 0.4), SETS (more config settings
+# SEED (train --seed, default 1), PRESET (default small), WARMUP (default 300), LR_SCALE (default 0.4),
+# MAX_TOKENS (train --max-tokens, tokens per batch and side, default 4096), SETS (more config settings
 # for train --set, space-separated, e.g. "model.n_layers=4 model.d_model=128"),
 # TRANSDUCE_DATA_DIR (a local dataset mirror; ../shared/data is found automatically).
 set -euo pipefail
@@ -39,6 +40,7 @@ WARMUP=${WARMUP:-300}
 LR_SCALE=${LR_SCALE:-0.4}
 read -r -a SETS <<< "${SETS:-}"
 SEED=${SEED:-1}
+MAX_TOKENS=${MAX_TOKENS:-4096}
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
@@ -47,7 +49,7 @@ if [ "${EVAL_ONLY:-0}" != 1 ]; then
 
   transduce train --data "$RUN/data" --run-dir "$RUN" --preset "$PRESET" \
     --set model.dropout="$DROPOUT" ${SETS[@]+"${SETS[@]/#/--set=}"} --precision bf16 --threads "$THREADS" \
-    --max-tokens 4096 --max-minutes "$MINUTES" --max-steps 1000000 \
+    --max-tokens "$MAX_TOKENS" --max-minutes "$MINUTES" --max-steps 1000000 \
     --warmup "$WARMUP" --lr-scale "$LR_SCALE" --cooldown "$COOLDOWN" --valid-every 500 --save-every-minutes "$SAVE_MINUTES" --keep-last 0 --seed "$SEED"
 fi
 
