@@ -48,7 +48,8 @@ give roughly 10-20% more tokens per sentence.
 Output: a table of system, precision, sentences/s, target tokens/s (sum of L over sentences,
 EOS included) and the speedup of transduce over Hugging Face in the same precision. The
 target (issue): >= 2x Hugging Face's sentences/s in the same precision.
-`--profile` runs torch.profiler over one transduce batch and prints where the time goes.
+`--profile` runs torch.profiler over one batch (the middle one; `--profile-batches 5,25,45`
+picks others, summed) of each system and prints where the time goes.
 """
 
 from __future__ import annotations
@@ -198,19 +199,23 @@ def run_hf(marian, src: torch.Tensor, mask: torch.Tensor, L: int, precision: str
     return dt
 
 
-def profile_transduce(forced: ForcedLength, src: torch.Tensor, L: int, precision: str, rows: int = 25) -> str:
+def profile_transduce(forced: ForcedLength, work: list, precision: str, rows: int = 25) -> str:
+    """torch.profiler's top ops over the batches `work` ((src, mask, L) each), summed."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        run_transduce(forced, src, L, precision)
+        for src, _, L in work:
+            run_transduce(forced, src, L, precision)
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
 
 
-def profile_hf(marian, src, mask, L: int, precision: str, rows: int = 25) -> str:
+def profile_hf(marian, work: list, precision: str, rows: int = 25) -> str:
+    """The same for Hugging Face."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        run_hf(marian, src, mask, L, precision)
+        for src, mask, L in work:
+            run_hf(marian, src, mask, L, precision)
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
 
 
@@ -228,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     parser.add_argument("--profile", action="store_true", help="profile one batch of each system and precision, print the top ops")
+    parser.add_argument("--profile-batches", metavar="I,J,...",
+                        help="with --profile: the batches to profile (0-based, sorted by length; default the middle one)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
 
@@ -243,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     srcs = [encode(line) for line in lines]
     batches = make_batches(srcs, args.batch_size)
     n = len(srcs)
+    try:
+        profile_batches = [int(i) for i in args.profile_batches.split(",")] if args.profile_batches else [len(batches) // 2]
+    except ValueError:
+        parser.error(f"--profile-batches: expected comma-separated batch numbers, got {args.profile_batches!r}")
+    if bad := [i for i in profile_batches if not 0 <= i < len(batches)]:
+        parser.error(f"--profile-batches: batch {bad[0]} does not exist (0..{len(batches) - 1})")
     tgt_tokens = sum(L * len(idx) for idx, L in batches)
     print(f"{n} sentences of {path.name}: {sum(map(len, srcs)):,} source tokens (EOS included), "
           f"{tgt_tokens:,} forced target tokens; {len(batches)} batches of <= {args.batch_size}; "
@@ -285,14 +298,15 @@ def main(argv: list[str] | None = None) -> int:
         for system in models:
             call(system, batches[0][0][:4], batches[0][1], precision)
         if args.profile:
-            idx, L = batches[len(batches) // 2]
-            src, mask = pad_batch(srcs, idx)
+            chosen = [batches[i] for i in profile_batches]
+            work = [(*pad_batch(srcs, idx), L) for idx, L in chosen]
+            what = ", ".join(f"{len(idx)} sentences with L={L}" for idx, L in chosen)
             for system in models:
-                print(f"\n--- profile: {system} {precision}, one batch of {len(idx)} sentences, L={L} ---")
+                print(f"\n--- profile: {system} {precision}, batches {profile_batches}: {what} ---")
                 if system.startswith("transduce"):
-                    print(profile_transduce(models[system], src, L, precision))
+                    print(profile_transduce(models[system], work, precision))
                 else:
-                    print(profile_hf(models[system], src, mask, L, precision))
+                    print(profile_hf(models[system], work, precision))
         times = {s: 0.0 for s in models}
         for b, (idx, L) in enumerate(batches):
             best = {s: float("inf") for s in models}
