@@ -84,7 +84,8 @@ print(k, a)
 PY
 )
 [ -n "${ALPHA:-}" ] || { echo "multi30k.sh: no validation scores in $RUN/alpha" >&2; exit 1; }
-echo "chosen on the validation split: the average of the last $K checkpoints, alpha $ALPHA"
+if [ "$K" = 1 ]; then what="the last checkpoint"; else what="the average of the last $K checkpoints"; fi
+echo "chosen on the validation split: $what, alpha $ALPHA"
 
 searches=(greedy beam4 "beam4-alpha$ALPHA")
 for search in "${searches[@]}"; do
