@@ -48,6 +48,10 @@ give roughly 10-20% more tokens per sentence.
 Output: a table of system, precision, sentences/s, target tokens/s (sum of L over sentences,
 EOS included) and the speedup of transduce over Hugging Face in the same precision. The
 target (issue): >= 2x Hugging Face's sentences/s in the same precision.
+`--workers W` runs W batches at a time, each in its own Python thread with threads / W torch
+threads (what Marian and CTranslate2 call CPU workers or inter-op threads), for both systems
+alike: each system takes the same group of W batches in turn, and the group's wall time counts.
+
 `--profile` runs torch.profiler over one batch (the middle one; `--profile-batches 5,25,45`
 picks others, summed) of each system and prints where the time goes.
 """
@@ -63,6 +67,7 @@ import re
 import sys
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -230,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every batch R times per system (alternating) and keep the fastest: "
                              "steadier on a shared machine (default 1)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="batches decoded at once, each in its own thread with threads/workers torch threads, "
+                             "for both systems alike (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     parser.add_argument("--profile", action="store_true", help="profile one batch of each system and precision, print the top ops")
@@ -239,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    torch.set_num_threads(threads)
+    if not 1 <= args.workers <= threads:
+        parser.error(f"--workers must be between 1 and the threads ({threads}), not {args.workers}")
+    if args.workers > 1 and (args.profile or args.repeats > 1):
+        parser.error("--workers > 1 does not combine with --profile or --repeats")
+    torch.set_num_threads(threads // args.workers)
     precisions = [p for p in args.precisions.split(",") if p]
     if bad := [p for p in precisions if p not in PRECISIONS]:
         parser.error(f"unknown precision {bad[0]!r} (choose from {', '.join(PRECISIONS)})")
@@ -259,17 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     tgt_tokens = sum(L * len(idx) for idx, L in batches)
     print(f"{n} sentences of {path.name}: {sum(map(len, srcs)):,} source tokens (EOS included), "
           f"{tgt_tokens:,} forced target tokens; {len(batches)} batches of <= {args.batch_size}; "
-          f"beam {BEAM}; {threads} threads; best of {args.repeats} per batch; torch {torch.__version__}; "
+          f"beam {BEAM}; {threads} threads, {args.workers} worker(s); best of {args.repeats} per batch; torch {torch.__version__}; "
           f"{platform.processor() or platform.machine()}",
           flush=True)
 
     if bad := [s for s in systems if s not in SYSTEMS]:
         parser.error(f"unknown system {bad[0]!r} (choose from {', '.join(SYSTEMS)})")
-    models = {}
+    models, spares = {}, {}
     for system in ("transduce", "transduce-nopack"):
         if system in systems:
             t = build_transduce(args.seed)
             models[system] = ForcedLength(t)
+            spares[system] = [ForcedLength(t) for _ in range(args.workers - 1)]  # one per extra worker
             print(f"{system}: {count_parameters(t):,} parameters", flush=True)
     if "hf" in systems:
         import transformers
@@ -280,11 +293,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Hugging Face transformers {transformers.__version__} MarianMTModel: {n_params:,} trainable parameters, "
               f"attention: {m.config._attn_implementation}", flush=True)
 
-    def call(system: str, idx: list[int], L: int, precision: str) -> float:
+    def call(system: str, idx: list[int], L: int, precision: str, worker: int = 0) -> float:
         src, mask = pad_batch(srcs, idx)
         if system.startswith("transduce"):
-            return run_transduce(models[system], src, L, precision)
+            return run_transduce(models[system] if worker == 0 else spares[system][worker - 1], src, L, precision)
         return run_hf(models[system], src, mask, L, precision)
+
+    def call_group(system: str, group: list[tuple[list[int], int]], precision: str) -> float:
+        """Wall time of decoding `group`'s batches at once, one thread each (--workers)."""
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(len(group)) as pool:
+            list(pool.map(lambda wb: call(system, *wb[1], precision, worker=wb[0]), enumerate(group)))
+        return time.perf_counter() - t0
 
     results = []
     for precision in precisions:
@@ -308,7 +328,18 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     print(profile_hf(models[system], work, precision))
         times = {s: 0.0 for s in models}
-        for b, (idx, L) in enumerate(batches):
+        if args.workers > 1:
+            groups = [batches[i : i + args.workers] for i in range(0, len(batches), args.workers)]
+            for g, group in enumerate(groups):
+                for system in list(models) if g % 2 == 0 else list(models)[::-1]:  # alternate who goes first
+                    times[system] += call_group(system, group, precision)
+                done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
+                print(f"\r{precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
+                      end="", file=sys.stderr, flush=True)
+            batches_left = []
+        else:
+            batches_left = batches
+        for b, (idx, L) in enumerate(batches_left):
             best = {s: float("inf") for s in models}
             for r in range(args.repeats):
                 order = list(models) if (b + r) % 2 == 0 else list(models)[::-1]  # alternate who goes first
@@ -333,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name[r['system']]:<18} {r['precision']:<13} {r['seconds']:>8.1f} {r['sentences_per_s']:>8.2f} "
               f"{r['target_tokens_per_s']:>9.1f} {speedup:>7}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "results": results}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "workers": args.workers, "results": results}, indent=2) + "\n")
     return 0
 
 
