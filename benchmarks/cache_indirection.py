@@ -20,6 +20,12 @@ This script times one decoding step's self-attention work for both, with base-si
 * indirection: write the new position in place, then per sentence scores = Q K^T over the k * t
   slot positions plus an additive ancestry mask, softmax, weights V.
 
+* gather (`--compiled`): never move a cached position either, but keep per hypothesis the
+  physical row that holds each of its positions (`ptr`, R x t integers, gathered by parent each
+  step) and let `torch.compile` (Inductor's C++ backend) fuse the row lookup into the attention
+  products, so that no gathered copy is ever written: scores over t positions, not k * t.
+  The first call compiles (time printed separately); shapes are dynamic, so t does not recompile.
+
 Only the self-attention part differs; the linear layers are the same in both and not timed.
 Result on dev-2c (docs/RESULTS.md, session 7): the copy is cheaper up to t ~ 35 and loses only
 beyond the last-level cache, so the decoder keeps the copy.
@@ -65,6 +71,28 @@ def check_same_attention(B: int = 3, k: int = 4, h: int = 2, d: int = 8, T: int 
     return float((copy_out - ind_out).abs().max())
 
 
+def gather_attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, ptr: torch.Tensor) -> torch.Tensor:
+    """Attention of q (R, h, d) over the positions 0..T-1 of each hypothesis r, position j read
+    from physical row ptr[r, j] of keys/values (R, h, >= T, d). Eager PyTorch materialises the
+    gathered rows; under torch.compile the lookup is fused into the products."""
+    T = ptr.size(1)
+    j = torch.arange(T, device=q.device)
+    scores = (q[:, None] * keys[ptr, :, j]).sum(-1) * q.size(-1) ** -0.5  # (R, T, h)
+    weights = scores.softmax(1)
+    return (weights[..., None] * values[ptr, :, j]).sum(1)  # (R, h, d)
+
+
+def check_gather_attend(R: int = 6, h: int = 2, d: int = 8, T: int = 7, fn=gather_attend) -> float:
+    """gather_attend equals attention over explicitly gathered rows: max |difference|."""
+    keys, values, q = torch.randn(R, h, T + 3, d), torch.randn(R, h, T + 3, d), torch.randn(R, h, d)
+    ptr = torch.randint(0, R, (R, T))
+    j = torch.arange(T)
+    rows_k, rows_v = keys[ptr, :, j].transpose(1, 2), values[ptr, :, j].transpose(1, 2)  # (R, h, T, d)
+    w = (torch.einsum("rhd,rhtd->rht", q, rows_k) * d**-0.5).softmax(-1)
+    ref = torch.einsum("rht,rhtd->rhd", w, rows_v)
+    return float((fn(q, keys, values, ptr) - ref).abs().max())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sentences", type=int, default=32, help="sentences per batch (default 32)")
@@ -73,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=6, help="decoder layers (default 6)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--repeats", type=int, default=100, help="calls per timed round (default 100)")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time the gather layout with torch.compile fusing the lookup into attention")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -84,7 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     assert diff < 1e-5, f"the two layouts disagree: max |difference| {diff}"
     print(f"{B} sentences x beam {k}, h={h}, d_k={d}, {args.layers} layers, fp32, {torch.get_num_threads()} threads; "
           f"same attention output in both layouts (max |difference| {diff:.1e})")
-    print(f"{'t':>4}  {'copy ms/step':>12}  {'indirection ms/step':>19}")
+    compiled = None
+    if args.compiled:
+        compiled = torch.compile(gather_attend, dynamic=True)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            diff_c = check_gather_attend(fn=compiled)
+        assert diff_c < 1e-5, f"the compiled gather attention disagrees: max |difference| {diff_c}"
+        print(f"gather layout compiled in {time.perf_counter() - t0:.1f} s; same attention output "
+              f"(max |difference| {diff_c:.1e})")
+    print(f"{'t':>4}  {'copy ms/step':>12}  {'indirection ms/step':>19}" + ("  gather, compiled ms/step" if compiled else ""))
     for t in (int(x) for x in args.lengths.split(",")):
         T = t + 1
         # copy: the cached rows of the step before, the parents chosen by beam search, a spare buffer
@@ -125,7 +164,28 @@ def main(argv: list[str] | None = None) -> int:
         bias = make_bias()
         copy_ms = timed(copy_step, args.repeats) * args.layers * 1e3
         ind_ms = (timed(indirection_step, args.repeats) * args.layers + timed(make_bias, args.repeats)) * 1e3
-        print(f"{t:>4}  {copy_ms:>12.2f}  {ind_ms:>19.2f}", flush=True)
+        line = f"{t:>4}  {copy_ms:>12.2f}  {ind_ms:>19.2f}"
+        if compiled is not None:
+            # physical rows (R, h, positions, d): each row writes its new position in place; `ptr`
+            # (R, t) names the row holding each earlier position, gathered by parent every step
+            phys = {name: torch.randn(R, h, T + 32, d) for name in "kv"}
+            ptr = (torch.randint(0, k, (R, t)) + torch.arange(B).repeat_interleave(k)[:, None] * k)
+            rows = torch.arange(R)[:, None]
+
+            def new_ptr():  # once per step, shared by the layers
+                return torch.cat([ptr.index_select(0, parents), rows], 1)
+
+            p_step = new_ptr()
+
+            def gather_layer():
+                for name in "kv":
+                    phys[name][:, :, t] = new[name][:, :, 0]
+                with torch.inference_mode():
+                    return compiled(q[:, :, 0], phys["k"], phys["v"], p_step)
+
+            gather_ms = (timed(gather_layer, args.repeats) * args.layers + timed(new_ptr, args.repeats)) * 1e3
+            line += f"  {gather_ms:>24.2f}"
+        print(line, flush=True)
     return 0
 
 
