@@ -27,8 +27,10 @@ This script times one decoding step's self-attention work for both, with base-si
   The first call compiles (time printed separately); shapes are dynamic, so t does not recompile.
 
 Only the self-attention part differs; the linear layers are the same in both and not timed.
-Result on dev-2c (docs/RESULTS.md, session 7): the copy is cheaper up to t ~ 35 and loses only
-beyond the last-level cache, so the decoder keeps the copy.
+Results on dev-2c (docs/RESULTS.md): the copy beats indirection up to t ~ 50 (session 7); the
+compiled gather beats the copy by 0.3-1.4 ms per step at t = 20-52, about 2% of a decoding
+step, too little for a run-time compiler and a second cache layout (session 8). The decoder
+keeps the copy.
 """
 
 from __future__ import annotations
