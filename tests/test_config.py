@@ -46,16 +46,29 @@ def test_base_is_the_paper():
     assert (t.max_steps, t.max_tokens) == (100_000, 25000)
 
 
-NOT_IN_PAPER = {"small": {"n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4}}
+NOT_IN_PAPER = {
+    "small": {"n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4},
+    # Transformer-Tiny (Wu et al. 2021), the main job's recipe
+    "tiny": {"n_layers": 4, "d_model": 128, "d_ff": 256, "n_heads": 4, "dropout": 0.3, "max_tokens": 4096,
+             "warmup_steps": 2000, "lr_scale": 2.53, "max_steps": 8000, "average_last": 10},
+}
 
 
 def test_every_table3_row_has_a_preset():
     assert set(TABLE3_ROWS) | {"base"} | set(NOT_IN_PAPER) == set(PRESETS)
 
 
-def test_small_preset_is_base_made_smaller():
-    base, small = flat(get_preset("base")), flat(get_preset("small"))
-    assert {k: v for k, v in small.items() if base[k] != v} == NOT_IN_PAPER["small"]
+@pytest.mark.parametrize("name", sorted(NOT_IN_PAPER))
+def test_cpu_presets_are_base_made_smaller(name):
+    base, small = flat(get_preset("base")), flat(get_preset(name))
+    assert {k: v for k, v in small.items() if base[k] != v} == NOT_IN_PAPER[name]
+
+
+def test_tiny_peaks_at_wu_et_al_learning_rate():
+    from transduce.train.schedule import noam_lr
+
+    t, m = get_preset("tiny").train, get_preset("tiny").model
+    assert noam_lr(t.warmup_steps, m.d_model, t.warmup_steps, t.lr_scale) == pytest.approx(0.005, rel=1e-3)
 
 
 @pytest.mark.parametrize("name", sorted(TABLE3_ROWS))

@@ -44,6 +44,10 @@ class ModelConfig:
     """P_drop: applied to each sub-layer output and to embeddings + positions (5.4)."""
     attention_dropout: float = 0.0
     """Dropout on the attention weights; not in the paper's base model, an option (parsing, 6.3)."""
+    attention_bias: bool = False
+    """Biases on the projections W^Q, W^K, W^V and W^O. The paper's equations (3.2.2) and
+    tensor2tensor have none (False); True is an option (fairseq, OpenNMT-py, Marian and
+    `nn.MultiheadAttention` add them)."""
     positional: str = "sinusoidal"
     """'sinusoidal' (3.5) or 'learned' (Table 3 row E)."""
     max_positions: int = 1024
@@ -112,6 +116,10 @@ class TrainConfig:
     """Factor on equation 3 (1.0 is the paper)."""
     label_smoothing: float = 0.1
     """eps_ls (5.4; Table 3 row D)."""
+    smooth_all_classes: bool = False
+    """False: the smoothing mass eps is spread over the classes the model can emit (every token
+    but PAD and BOS). True: over all V classes, PAD and BOS included (tensor2tensor,
+    `F.cross_entropy(label_smoothing=eps)`). The paper says only eps_ls = 0.1."""
     max_steps: int = 100_000
     """Training steps: 100K for base, 300K for big (5.2)."""
     checkpoint_minutes: float = 10.0
@@ -190,6 +198,15 @@ PRESETS: dict[str, Config] = {
     # Not in the paper: a laptop-CPU size (the paper's architecture, smaller), for small corpora
     # such as Multi30k and for benchmarks. Everything not listed is base.
     "small": _variant(model=dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4)),
+    # Not in the paper: Transformer-Tiny, the literature's recipe for Multi30k (Wu et al. 2021,
+    # "Good for Misconceived Reasons", ACL: 4 layers, d_model 128, d_ff 256, 4 heads, dropout
+    # 0.3, peak learning rate 0.005 after 2000 warmup updates, 4096-token batches, 8k updates, the
+    # last 10 checkpoints averaged). Equation 3 peaks at d_model^-0.5 * warmup^-0.5 * lr_scale,
+    # so lr_scale = 0.005 * sqrt(128 * 2000) = 2.53 gives their 0.005. The main job's model.
+    "tiny": _variant(
+        model=dict(n_layers=4, d_model=128, d_ff=256, n_heads=4, dropout=0.3),
+        train=dict(max_tokens=4096, warmup_steps=2000, lr_scale=2.53, max_steps=8000, average_last=10),
+    ),
 }
 """Named presets. Table 3's `train steps` column is 100K for every row but big (300K)."""
 

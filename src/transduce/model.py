@@ -179,6 +179,10 @@ def can_pack_weights(dtype: torch.dtype, device: torch.device | str) -> bool:
     return dtype == torch.float32
 
 
+def _rows(bias: Tensor | None, rows: slice) -> Tensor | None:
+    return None if bias is None else bias[rows]
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (3.2.2): Concat(head_1, ..., head_h) W^O,
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
@@ -190,19 +194,22 @@ class MultiHeadAttention(nn.Module):
     d_model / h (Table 3 rows A and B).
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0):
+    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0,
+                 bias: bool = False):
         super().__init__()
         self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
         self.attention_dropout = attention_dropout
-        self.in_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v))  # [W^Q; W^K; W^V]
-        self.out_proj = nn.Linear(n_heads * d_v, d_model)  # W^O
+        # The paper's projections are matrices alone; `bias` (ModelConfig.attention_bias) adds biases.
+        self.in_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v), bias=bias)  # [W^Q; W^K; W^V]
+        self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)  # W^O
         q, kv = n_heads * d_k, n_heads * (d_k + d_v)
         with torch.no_grad():
             for block in self.in_proj.weight.split([q, n_heads * d_k, n_heads * d_v]):
                 nn.init.xavier_uniform_(block)
-            nn.init.zeros_(self.in_proj.bias)
             nn.init.xavier_uniform_(self.out_proj.weight)
-            nn.init.zeros_(self.out_proj.bias)
+            for b in (self.in_proj.bias, self.out_proj.bias):
+                if b is not None:
+                    nn.init.zeros_(b)
         self._q_rows, self._kv_rows = q, kv
         self._packed: dict[str, PackedWeight] = {}  # `Transformer.pack_weights`; empty: F.linear
 
@@ -218,12 +225,12 @@ class MultiHeadAttention(nn.Module):
 
     def project_q(self, x: Tensor) -> Tensor:
         """Encoder-decoder attention: queries from the decoder, (B, h, T, d_k)."""
-        w, b = self.in_proj.weight[: self._q_rows], self.in_proj.bias[: self._q_rows]
+        w, b = self.in_proj.weight[: self._q_rows], _rows(self.in_proj.bias, slice(None, self._q_rows))
         return self._heads(linear(x, w, b, self._packed.get("q")), self.d_k)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder-decoder attention: keys and values from the encoder output, (B, h, S, d)."""
-        w, b = self.in_proj.weight[self._q_rows :], self.in_proj.bias[self._q_rows :]
+        w, b = self.in_proj.weight[self._q_rows :], _rows(self.in_proj.bias, slice(self._q_rows, None))
         k, v = linear(memory, w, b, self._packed.get("kv")).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
@@ -420,7 +427,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout)
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout, c.attention_bias)
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
@@ -448,8 +455,8 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout)
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout, c.attention_bias)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout, c.attention_bias)
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)

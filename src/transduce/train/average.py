@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from ..checkpoint import CONFIG, WEIGHTS, atomic_write_text, load_config
 from ..config import Config
-from .checkpointing import CHECKPOINTS, list_checkpoints, readable
+from .checkpointing import on_interval, CHECKPOINTS, list_checkpoints, readable
 
 
 def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch.Tensor], Config]:
@@ -69,12 +69,17 @@ def save_averaged(tensors: dict[str, torch.Tensor], config: Config, directory: s
 
 
 def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
-    """The newest `k` complete checkpoints of a run, oldest first."""
+    """The newest `k` complete checkpoints of a run written at its checkpoint interval, oldest
+    first (6.1: "the last 5 checkpoints, which were written at 10-minute intervals"). A
+    checkpoint forced off the interval (the end of a run that did not end on it) is left out,
+    unless the run has no other."""
     found = list_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(f"{Path(run_dir) / CHECKPOINTS}: no checkpoints")
     if k < 1:
         raise ValueError("--last must be at least 1")
+    regular = [(s, p) for s, p in found if on_interval(p)]
+    found = regular or found
     if len(found) < k:
         raise ValueError(f"asked for the last {k} checkpoints but {run_dir} has {len(found)} "
                          f"({', '.join(p.name for _, p in found)}); use --last {len(found)} or keep more (--keep-last)")

@@ -76,6 +76,10 @@ class TrainingState:
     """The learning-rate schedule (equation 3): d_model, warmup_steps, scale."""
     optimizer: dict = field(default_factory=dict)
     """Adam's hyperparameters (for the record; the trainer rebuilds them from the config)."""
+    on_interval: bool = True
+    """Written at the checkpoint interval (6.1: "written at 10-minute intervals"); False for a
+    checkpoint forced off the interval (the end of a run or a stop by --max-minutes), which
+    "the last K" of averaging leaves out so that the averaged checkpoints stay evenly spaced."""
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, **self.__dict__}, indent=2)
@@ -105,6 +109,14 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         if m and p.is_dir() and (p / STATE).is_file():
             found.append((int(m.group(1)), p))
     return sorted(found)
+
+
+def on_interval(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint was written at the run's interval (older checkpoints: True)."""
+    try:
+        return bool(json.loads((Path(path) / STATE).read_text(encoding="utf-8")).get("on_interval", True))
+    except (OSError, ValueError):
+        return True
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:

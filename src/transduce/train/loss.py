@@ -7,21 +7,26 @@ from torch import Tensor
 
 
 def label_smoothed_nll(
-    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = 0, reduction: str = "sum"
+    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = 0, reduction: str = "sum",
+    exclude: tuple[int, ...] | list[int] = (),
 ) -> tuple[Tensor, Tensor]:
-    """Cross-entropy against the smoothed distribution q = (1 - eps) * onehot + eps / V
-    (Section 5.4, "label smoothing of value eps_ls = 0.1"; Szegedy et al. 2016).
+    """Cross-entropy against the smoothed distribution q = (1 - eps) * onehot + eps / K on the
+    K = V - len(exclude) classes not excluded (Section 5.4, "label smoothing of value
+    eps_ls = 0.1"; Szegedy et al. 2016).
+
+    `exclude`: classes that receive no smoothing mass. The trainer passes PAD and BOS, which the
+    model can never emit (`TrainConfig.smooth_all_classes` = False); with `exclude=()` the mass is
+    spread over all V classes, as tensor2tensor and `F.cross_entropy(label_smoothing=eps)` do.
 
     logits (B, T, V), target (B, T). Padding positions (target == pad_id) contribute nothing.
     Returns (loss, nll): the smoothed loss that is optimised and the plain negative
     log-likelihood of the targets (for perplexity), both fp32 (fp64 for fp64 logits) and summed over non-pad tokens by
     default (`reduction='sum'`), or averaged over them (`'mean'`).
 
-    The uniform part spreads eps over all V classes including the target itself, which is what
-    `torch.nn.functional.cross_entropy(label_smoothing=eps)` computes too. With
-    lse = log sum_v exp(z_v), the per-token terms are nll = lse - z_y and
-    smooth = lse - mean_v z_v, and loss = (1 - eps) nll + eps smooth; its gradient is
-    softmax(z) - q. Both are computed a block of rows at a time in fp32 (`_SmoothedCrossEntropy`)
+    The uniform part includes the target itself. With lse = log sum_v exp(z_v) (over all V:
+    the model's distribution is unchanged), the per-token terms are nll = lse - z_y and
+    smooth = lse - mean_{v not excluded} z_v, and loss = (1 - eps) nll + eps smooth; its
+    gradient is softmax(z) - q. Both are computed a block of rows at a time in fp32 (`_SmoothedCrossEntropy`)
     without materialising the (B, T, V) log-probabilities: on the CPU the loss of `small`
     took 16% of a bf16 training step through log_softmax, its backward and the casts around
     them, and takes 3% this way.
@@ -29,8 +34,11 @@ def label_smoothed_nll(
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', not {reduction!r}")
     V = logits.size(-1)
+    exclude = sorted(set(int(i) for i in exclude))
+    if any(not 0 <= i < V for i in exclude) or len(exclude) >= V:
+        raise ValueError(f"exclude must name fewer than V = {V} classes in [0, V), not {exclude}")
     target = target.reshape(-1)
-    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target, float(epsilon), pad_id)
+    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target, float(epsilon), pad_id, tuple(exclude))
     if reduction == "mean":
         n = (target != pad_id).sum().clamp(min=1)
         loss, nll = loss / n, nll / n
@@ -51,7 +59,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed loss and nll of (N, V) logits, fp32, and their exact gradient."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int):
+    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, exclude: tuple[int, ...]):
         N, V = logits.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16/fp16 -> fp32; fp64 stays
         lse = torch.empty(N, dtype=dtype, device=logits.device)
@@ -62,7 +70,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             z = buf[: logits[sl].size(0)]
             z.copy_(logits[sl])
             target_logit[sl] = z.gather(1, target[sl, None]).squeeze(1)
-            mean_logit[sl] = z.sum(dim=-1).div_(V)
+            total = z.sum(dim=-1)
+            if exclude:
+                total -= z[:, list(exclude)].sum(dim=-1)
+            mean_logit[sl] = total.div_(V - len(exclude))
             m = z.amax(dim=-1, keepdim=True)
             lse[sl] = z.sub_(m).exp_().sum(dim=-1).log_().add_(m.squeeze(1))  # log sum exp, stably
         keep = target != pad_id
@@ -71,24 +82,28 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         # torch.where, not masked_select: no data-dependent shape, so no host-device sync on CUDA
         zero = lse.new_zeros(())
         ctx.save_for_backward(logits, target, lse, keep)
-        ctx.epsilon = epsilon
+        ctx.epsilon, ctx.exclude = epsilon, exclude
         return torch.where(keep, loss, zero).sum(), torch.where(keep, nll, zero).sum()
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
         logits, target, lse, keep = ctx.saved_tensors
-        eps, V = ctx.epsilon, logits.size(1)
-        # d loss / dz = softmax(z) - (1 - eps) onehot - eps / V;  d nll / dz = softmax(z) - onehot
+        eps, exclude = ctx.epsilon, list(ctx.exclude)
+        K = logits.size(1) - len(exclude)
+        # d loss / dz = softmax(z) - (1 - eps) onehot - eps / K [not excluded];
+        # d nll / dz = softmax(z) - onehot
         a = (grad_loss + grad_nll).to(lse.dtype)  # the softmax's coefficient
         b = (grad_loss * (1.0 - eps) + grad_nll).to(lse.dtype)  # the one-hot's
-        c = (grad_loss * (eps / V)).to(lse.dtype)  # the uniform's
+        c = (grad_loss * (eps / K)).to(lse.dtype)  # the uniform's
         grad = torch.empty_like(logits)
         starts, rows, buf = _row_blocks(logits, lse.dtype)
         for s in starts:
             sl = slice(s, s + rows)
             g = buf[: logits[sl].size(0)]
             g.copy_(logits[sl]).sub_(lse[sl, None]).exp_().mul_(a).sub_(c)
+            if exclude:
+                g[:, exclude] += c  # no uniform share on the excluded classes
             g.scatter_add_(1, target[sl, None], (-b).expand(g.size(0), 1))
             g.mul_(keep[sl, None])  # padding positions: no gradient
             grad[sl] = g
-        return grad, None, None, None
+        return grad, None, None, None, None

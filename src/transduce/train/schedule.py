@@ -18,10 +18,8 @@ def noam_lr(step: int, d_model: int, warmup_steps: int = 4000, scale: float = 1.
 
 def cooldown_factor(progress: float, fraction: float) -> float:
     """A factor on equation 3 that decays linearly to 0 over the last `fraction` of the run
-    (`progress` in [0, 1]: the share of the step or time budget used). Not in the paper, whose
-    rate only decays as step^-0.5: an option (`transduce train --cooldown`, default 0 = off) for
-    runs with a fixed time budget, where the rate would otherwise still be high when the clock
-    stops."""
+    (`progress` in [0, 1]: the share of the step budget used). Not in the paper, whose rate only
+    decays as step^-0.5: an option (`transduce train --cooldown`, default 0 = off)."""
     if fraction <= 0:
         return 1.0
     return min(1.0, max(0.0, (1.0 - progress) / fraction))

@@ -17,7 +17,7 @@ What the paper says, and where it is done here:
 * 5.3 Optimizer. Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (`build_optimizer`); the
   learning rate of equation 3 set before every optimizer step (`transduce.train.schedule.noam_lr`).
   Not in the paper, an option: --cooldown F decays it linearly to 0 over the last fraction F of
-  a step or time budget (`cooldown_factor`).
+  the step budget (`cooldown_factor`).
 * 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
 * 6.1 Checkpoints every 10 minutes (--save-every-minutes), the last K kept for averaging
@@ -67,18 +67,18 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..checkpoint import atomic_write_text, save_model
-from ..config import PRESETS, Config, apply_overrides, get_preset
+from ..config import PRESETS, Config, ModelConfig, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, read_metadata
 from ..data.text import DataError
-from ..data.vocab import PAD
+from ..data.vocab import BOS, PAD
 from ..model import Transformer, count_parameters
 from .checkpointing import (
     TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, read_checkpoint_config, save_checkpoint,
 )
+from ..precision import PRECISIONS, choose_precision
 from .loss import label_smoothed_nll
 from .schedule import cooldown_factor, noam_lr
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class UsageError(Exception):
@@ -103,10 +103,12 @@ class TrainOptions:
     clip_norm: float = 0.0
     """Clip the gradient's global norm to this (0 = off, as in the paper)."""
     cooldown: float = 0.0
-    """Decay the rate of equation 3 linearly to 0 over this last fraction of the run (of
-    --max-minutes, or of max_steps, whichever comes first); 0 = the paper's schedule."""
-    precision: str = "fp32"
-    """fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast + GradScaler; CUDA only)."""
+    """Decay the rate of equation 3 linearly to 0 over this last fraction of max_steps (never
+    of the clock: the schedule is the same on a fast and a slow machine); 0 = the paper's."""
+    precision: str = "auto"
+    """auto (bf16 where the device computes it natively and faster, else fp32:
+    `transduce.precision`), fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast + GradScaler;
+    CUDA only)."""
     seed: int = 1
     valid_every: int = 1000
     """Validate every N steps (0: only at the end)."""
@@ -237,9 +239,26 @@ def attention_kernel_for(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
+def resolve_precision(env: DistEnv, requested: str, model: ModelConfig) -> str:
+    """The precision this run trains in: `requested`, or for 'auto' the hardware's choice
+    (`transduce.precision.choose_precision`), said on one line. Rank 0 decides; every rank
+    follows, so that a probe's timing noise cannot split a job between two precisions."""
+    if requested not in PRECISIONS:
+        raise UsageError(f"unknown precision {requested!r} ({', '.join(PRECISIONS)})")
+    check_precision(env.device, requested)
+    choice = choose_precision(requested, env.device, d_model=model.d_model, d_ff=model.d_ff)
+    precision = choice.precision
+    if env.distributed:
+        code = torch.tensor([float(PRECISIONS.index(precision)) if env.is_main else 0.0], device=env.device)
+        precision = PRECISIONS[int(all_reduce_(code, env, dist.ReduceOp.MAX).item())]
+    _say(env, choice.line())
+    if choice.warning:
+        _say(env, f"warning: {choice.warning}")
+    check_precision(env.device, precision)
+    return precision
+
+
 def check_precision(device: torch.device, precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r} ({', '.join(PRECISIONS)})")
     if precision == "fp16" and device.type != "cuda":
         raise UsageError("--precision fp16 needs CUDA (it trains with a GradScaler); use bf16 on CPU")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -335,6 +354,7 @@ def train_step(
     clip_norm: float = 0.0,
     want_grad_norm: bool = False,
     pad_id: int = PAD,
+    smooth_exclude: tuple[int, ...] = (PAD, BOS),
 ) -> tuple[Tensor, Tensor | None]:
     """One optimizer step on `micro_batches` (collated batches on the model's device),
     forward + backward one at a time, gradients accumulated.
@@ -363,7 +383,7 @@ def train_step(
         with model.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast_for(env.device, precision), attention_kernel_for(env.device, precision):
                 logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
-            loss, nll = label_smoothed_nll(logits, batch["tgt_out"], label_smoothing, pad_id)  # sums, fp32
+            loss, nll = label_smoothed_nll(logits, batch["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)  # sums, fp32
             scaled = loss * loss_scale
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         sums += torch.stack([loss.detach(), nll.detach()])
@@ -398,6 +418,7 @@ def evaluate(
     env: DistEnv | None = None,
     precision: str = "fp32",
     pad_id: int = PAD,
+    smooth_exclude: tuple[int, ...] = (PAD, BOS),
 ) -> dict:
     """Loss on a whole split, in eval mode (no dropout). Returns per target token: `loss` (the
     label-smoothed loss, what training minimises), `nll` (plain negative log-likelihood) and
@@ -415,7 +436,7 @@ def evaluate(
         b = to_device(dataset.collate(indices), env.device)
         with autocast_for(env.device, precision):
             logits = model(b["src"], b["tgt_in"])
-        loss, nll = label_smoothed_nll(logits, b["tgt_out"], label_smoothing, pad_id)
+        loss, nll = label_smoothed_nll(logits, b["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)
         sums += torch.stack([loss.double(), nll.double(), torch.tensor(float(b["ntokens"]), dtype=torch.float64, device=env.device)])
     all_reduce_(sums, env)
     loss, nll, tokens = sums.tolist()
@@ -572,12 +593,13 @@ def train(
 
 def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, env: DistEnv, log_extra: dict) -> TrainResult:
     device = env.device
-    check_precision(device, opts.precision)
     set_threads(env, opts.threads)
+    precision = resolve_precision(env, opts.precision, config.model)
     t = config.train
     max_tokens = resolve_batching(opts, config, env)
     save_minutes = t.checkpoint_minutes if opts.save_every_minutes is None else opts.save_every_minutes
     keep_last = t.average_last if opts.keep_last is None else opts.keep_last
+    smooth_exclude = () if t.smooth_all_classes else (PAD, BOS)  # 5.4: no mass on what is never emitted
 
     # Data (5.1).
     meta = read_metadata(data_dir)
@@ -588,7 +610,7 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
     torch.manual_seed(opts.seed)
     model = Transformer(config.model).to(device)
     optimizer = build_optimizer(model, config)
-    scaler = make_grad_scaler(device, opts.precision)
+    scaler = make_grad_scaler(device, precision)
 
     # Fresh start or exact resume.
     latest = latest_checkpoint(run_dir) if opts.resume else None
@@ -633,16 +655,20 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
     log = RunLog(run_dir / "logs", opts.tensorboard) if env.is_main else None
     bar = _progress_bar(env, opts, step, t.max_steps)
     n_params = count_parameters(model)
+    if not config.model.share_embeddings:  # 3.4's three-way tying needs one vocabulary: say what is shared
+        _say(env, "note: separate source and target vocabularies (or model.share_embeddings=false): the source "
+                  "embedding is its own matrix; the target embedding and the pre-softmax projection are "
+                  + ("tied (model.tie_output)" if config.model.tie_output else "separate too (model.tie_output=false)"))
     if log is not None:
         log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(device),
-                  precision=opts.precision, max_tokens_per_batch=max_tokens, update_freq=opts.update_freq,
+                  precision=precision, max_tokens_per_batch=max_tokens, update_freq=opts.update_freq,
                   batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
                   config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
-    _say(env, f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {device} ({opts.precision}), "
+    _say(env, f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {device} ({precision}), "
               f"step {step} -> {t.max_steps}, {max_tokens} tokens x {opts.update_freq} micro-batches x "
               f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")
 
-    def checkpoint(lr: float) -> None:
+    def checkpoint(lr: float, on_interval: bool = True) -> None:
         rng = gather_rng_states(env)  # a collective: every rank
         if env.is_main:
             state = TrainingState(
@@ -653,6 +679,7 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
                 schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
                           "cooldown": opts.cooldown},
                 optimizer={k: v for k, v in optimizer.param_groups[0].items() if k != "params"},
+                on_interval=on_interval,
             )
             path = save_checkpoint(run_dir, model, config, optimizer, state, rng, keep_last)
             log.write("checkpoint", step, path=str(path))
@@ -660,7 +687,8 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
     def validate() -> dict | None:
         if valid_set is None:
             return None
-        r = evaluate(model, valid_set, max_tokens=max_tokens, label_smoothing=t.label_smoothing, env=env, precision=opts.precision)
+        r = evaluate(model, valid_set, max_tokens=max_tokens, label_smoothing=t.label_smoothing, env=env,
+                     precision=precision, smooth_exclude=smooth_exclude)
         if log is not None:
             log.write("valid", step, **r)
         _say(env, f"step {step}: valid loss {r['loss']:.4f}, nll {r['nll']:.4f}, ppl {r['ppl']:.2f} ({r['tokens']} tokens)", bar)
@@ -668,11 +696,13 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
 
     start = time.perf_counter()
     last_save = last_log = start
+    first_step = step
     step_seconds, session_tokens = 0.0, 0  # time in training steps (no validation, no checkpoints), tokens
     interval_tokens, interval_sums, grad_norm = 0, torch.zeros(2, device=device), None
     lr, valid, tokens_per_s, validated_at = noam_lr(step, config.model.d_model, t.warmup_steps, t.lr_scale), None, 0.0, -1
     stop = step >= t.max_steps
-    progress = 0.0  # share of the step or time budget used (for --cooldown)
+    progress = step / max(t.max_steps, 1)  # share of the step budget used (for --cooldown)
+    capped_at = None  # the step at which --max-minutes stopped the run short of max_steps
     while not stop:
         # One optimizer step: update_freq micro-batches on every rank (5.1), lr of eq. 3 (5.3).
         batches = [to_device(train_set.collate(stream.next()), device) for _ in range(opts.update_freq)]
@@ -680,7 +710,8 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
         set_lr(optimizer, lr)
         log_now = (step + 1) % opts.log_every == 0 or step + 1 == t.max_steps
         sums, norm = train_step(
-            train_model, optimizer, batches, label_smoothing=t.label_smoothing, env=env, precision=opts.precision,
+            train_model, optimizer, batches, label_smoothing=t.label_smoothing, env=env, precision=precision,
+            smooth_exclude=smooth_exclude,
             scaler=scaler, clip_norm=opts.clip_norm, want_grad_norm=log_now,
         )
         step += 1
@@ -698,12 +729,9 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
         if env.distributed:
             time_up, save_due = _agree(env, [time_up, save_due]) if log_now else (False, False)
         stop = step >= t.max_steps or time_up
-        if opts.cooldown > 0:
-            p = max(step / t.max_steps, (now - start) / (60 * opts.max_minutes) if opts.max_minutes else 0.0)
-            if not env.distributed:
-                progress = p
-            elif log_now:  # every rank must use the same rate: rank 0's clock, at log intervals
-                progress = all_reduce_(torch.tensor([p if env.is_main else 0.0], device=device), env, dist.ReduceOp.MAX).item()
+        progress = step / max(t.max_steps, 1)  # the cooldown follows the steps, never the clock
+        if time_up and step < t.max_steps:
+            capped_at = step
 
         if log_now or stop:
             stats = torch.cat([interval_sums.double(), torch.tensor([float(interval_tokens)], dtype=torch.float64, device=device)])
@@ -727,8 +755,10 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
                 if bar is not None:
                     bar.set_postfix(postfix, refresh=False)
                 else:
-                    _say(env, f"step {step} | epoch {stream.epoch} | loss {record['loss']:.4f} | ppl {record['ppl']:.2f} | "
-                              f"lr {lr:.3e} | {tokens_per_s:,.0f} target tokens/s")
+                    eta = _remaining(step, t.max_steps, now - start, session_steps=step - first_step,
+                                     minutes_left=opts.max_minutes and opts.max_minutes - (now - start) / 60)
+                    _say(env, f"step {step}/{t.max_steps} | epoch {stream.epoch} | loss {record['loss']:.4f} | "
+                              f"ppl {record['ppl']:.2f} | lr {lr:.3e} | {tokens_per_s:,.0f} target tokens/s | {eta}")
             interval_sums.zero_()
             interval_tokens, grad_norm, last_log = 0, None, time.perf_counter()
 
@@ -741,10 +771,16 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
         last_log += time.perf_counter() - pause
 
     # The end: validate, checkpoint, and the final model directory.
+    if capped_at is not None:
+        _say(env, f"note: --max-minutes {opts.max_minutes:g} stopped training at step {step} of {t.max_steps}: "
+                  "this model is not the recipe's (continue with --resume to finish it)")
+        if log is not None:
+            log.write("capped", step, max_steps=t.max_steps, max_minutes=opts.max_minutes)
     if validated_at != step:
         valid = validate()
     if saved_at != step:
-        checkpoint(lr)
+        # Forced off the interval (6.1's "last 5 at 10-minute intervals"): averaging leaves it out.
+        checkpoint(lr, on_interval=bool(opts.save_every_steps) and step % opts.save_every_steps == 0)
     tokens_per_s = session_tokens / step_seconds if step_seconds > 0 else 0.0
     if env.is_main:
         save_model(model, config, run_dir / "model")
@@ -756,6 +792,22 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
     _say(env, f"done at step {step}: {tokens_per_s:,.0f} target tokens/s over {step_seconds:.1f} s of training steps; "
               f"final model in {run_dir / 'model'}")
     return TrainResult(model, step, valid, run_dir, tokens_per_s)
+
+
+def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: int, minutes_left: float | None) -> str:
+    """'ETA 12:34' for the steps left at this session's pace (`step_seconds` of wall-clock time,
+    validation and checkpoints included, for `session_steps` steps), or the --max-minutes cap if
+    that comes sooner."""
+    if session_steps <= 0 or step_seconds <= 0:
+        return "ETA --:--"
+    seconds = (max_steps - step) * step_seconds / session_steps
+    capped = minutes_left is not None and minutes_left * 60 < seconds
+    if capped:
+        seconds = max(minutes_left * 60, 0.0)
+    m, sec = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    text = f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+    return f"ETA {text}" + (" (--max-minutes)" if capped else "")
 
 
 def _agree(env: DistEnv, flags: list[bool]) -> list[bool]:
@@ -804,10 +856,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
                    help="micro-batches accumulated per optimizer step; e.g. 8 on one device emulates the paper's 8 GPUs")
     g.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (default: train.max_steps, 100K base, 300K big)")
-    g.add_argument("--max-minutes", type=float, metavar="M", help="stop after M minutes of wall-clock time (this session)")
+    g.add_argument("--max-minutes", type=float, metavar="M",
+                   help="a cap: stop after M minutes of wall-clock time (this session), saying so when it binds "
+                        "before --max-steps (the model is then not the recipe's)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
     g.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                   help="fp32; bf16 autocast (CPU and CUDA); fp16 autocast + GradScaler (CUDA only)")
+                   help="auto (default): bf16 where the device computes it natively and a product of the "
+                        "model's size is measured faster, else fp32 (the choice and its reason are printed); "
+                        "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
+                        "fp16 autocast + GradScaler (CUDA only)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads per process (default: cores / local processes)")
     g.add_argument("--compile", action="store_true", help="torch.compile the model")
 
@@ -816,8 +873,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--lr-scale", type=float, metavar="X", help="factor on equation 3 (default: train.lr_scale, 1.0)")
     g.add_argument("--label-smoothing", type=float, metavar="EPS", help="eps_ls (default: train.label_smoothing, 0.1)")
     g.add_argument("--cooldown", type=float, default=d.cooldown, metavar="F",
-                   help="not in the paper: decay the rate linearly to 0 over the last fraction F of the run "
-                        "(of --max-minutes or --max-steps); 0 = equation 3 alone (default)")
+                   help="not in the paper: decay the rate linearly to 0 over the last fraction F of "
+                        "--max-steps; 0 = equation 3 alone (default)")
     g.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X", help="clip the gradient norm (0 = off, the paper)")
     g.add_argument("--seed", type=int, default=d.seed)
 
