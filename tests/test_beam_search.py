@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decode import _top_log_probs, beam_search, greedy_decode, length_penalty
+from transduce.decode import _top_log_probs, _topk, beam_search, greedy_decode, length_penalty
 from transduce.model import Transformer
 
 PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
@@ -200,3 +200,68 @@ def test_top_log_probs_equal_log_softmax_then_topk(dtype):
     torch.testing.assert_close(eos_lp, expected_eos, rtol=0, atol=2e-5)
     torch.testing.assert_close(lp.gather(1, tokens), values, rtol=0, atol=2e-5)  # tokens carry those values
     assert not bool(((tokens == 0) | (tokens == 2)).any())
+
+
+# -- block top-k at vocabulary sizes that are not multiples of the block (64) -----------------
+
+# 37000 (the paper's) and 8001 leave a short last block; 257 / 513 / 1025 / 2049 are just above
+# the size where the block path starts (4n blocks, n = 1, 2, 4, 8); 2111 leaves 63; 4096 is a
+# multiple of 64 (control); 2047 takes the plain topk path for n = 8.
+TOPK_VOCABS = [37000, 8001, 257, 513, 1025, 2049, 2111, 4096, 2047]
+
+
+def _check_topk(x, n):
+    values, idx = _topk(x, n)
+    assert torch.equal(values, x.topk(n, dim=-1).values)  # exact in the values
+    assert torch.equal(x.gather(1, idx), values)  # the columns carry those values
+    assert all(len(set(r)) == n for r in idx.tolist())  # n distinct columns per row
+
+
+@pytest.mark.parametrize("V", TOPK_VOCABS)
+@pytest.mark.parametrize("n", [1, 2, 4, 8])
+def test_topk_exact_and_distinct(V, n):
+    g = torch.Generator().manual_seed(V * 10 + n)
+    x = torch.randn(6, V, generator=g)
+    _check_topk(x, n)  # random rows
+    top = x.amax(-1, keepdim=True)
+    last = x.clone()
+    last[:, V - 1] = top[:, 0] + 1.0  # the best is the last column
+    _check_topk(last, n)
+    tail = x.clone()  # the top several values all in the last (possibly short) block
+    width = min(V - (V // 64) * 64 or 64, n + 2)
+    tail[:, V - width :] = top + torch.arange(width, 0, -1, dtype=x.dtype)
+    _check_topk(tail, n)
+    with_inf = last.clone()  # -inf columns (banned tokens) do not bring columns back twice
+    with_inf[:, : V // 2] = float("-inf")
+    _check_topk(with_inf, n)
+
+
+class LastTokenBestModel:
+    """Every step, the same distribution: the last token V-1 is the best, then EOS, then the
+    rest in a fixed random order."""
+
+    config = SimpleNamespace(pad_id=PAD)
+
+    def __init__(self, vocab):
+        g = torch.Generator().manual_seed(vocab)
+        self.logits = -20.0 - torch.rand(vocab, generator=g)
+        self.logits[EOS], self.logits[vocab - 1] = -1.0, 0.0
+
+    def encode(self, src, src_mask):
+        return src
+
+    def init_cache(self, memory, src_mask):
+        return ScriptCache(memory.size(0))
+
+    def decode_step(self, tokens, cache):
+        return self.logits.expand(tokens.size(0), 1, -1).clone()
+
+
+@pytest.mark.parametrize("V", [37000, 8001, 2111])
+def test_beam_search_last_token_best_gives_distinct_hypotheses(V):
+    src = torch.tensor([[7, 8, EOS], [9, EOS, PAD]])
+    for hyps in beam_search(LastTokenBestModel(V), src, beam_size=4, alpha=0.6, max_len_offset=4, n_best=4):
+        seqs = [tuple(h.tokens) for h in hyps]
+        assert len(seqs) == 4 and len(set(seqs)) == 4, seqs  # pairwise distinct
+        assert any(V - 1 in s for s in seqs)
+        assert all(PAD not in s and BOS not in s for s in seqs)
