@@ -90,3 +90,45 @@ def test_fused_label_smoothing_gradcheck():
     logits = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
     target = torch.tensor([[1, 2, 0], [5, 0, 0]])
     assert torch.autograd.gradcheck(lambda z: label_smoothed_nll(z, target, 0.1, pad_id=0), (logits,))
+
+
+def test_smoothing_mass_can_be_kept_off_classes_never_emitted():
+    """exclude=(PAD, BOS): q = (1 - eps) onehot + eps / (V - 2) on the other classes, 0 on those two."""
+    torch.manual_seed(0)
+    V, eps = 9, 0.1
+    logits, target = torch.randn(2, 4, V), torch.tensor([[4, 5, 3, 0], [1, 8, 0, 0]])
+    loss, nll = label_smoothed_nll(logits, target, eps, pad_id=0, exclude=(0, 2))
+    lp = logits.log_softmax(-1)
+    expected = 0.0
+    for b in range(2):
+        for t in range(4):
+            if target[b, t] == 0:
+                continue
+            q = torch.full((V,), eps / (V - 2))
+            q[[0, 2]] = 0.0
+            q[target[b, t]] += 1 - eps
+            assert q.sum().item() == pytest.approx(1.0)
+            expected += -(q * lp[b, t]).sum()
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, label_smoothed_nll(logits, target, eps, pad_id=0)[1])  # nll is unchanged
+    assert not torch.allclose(loss, label_smoothed_nll(logits, target, eps, pad_id=0)[0])
+    x = torch.randn(2, 3, V, dtype=torch.float64, requires_grad=True)
+    tgt = torch.tensor([[1, 2, 0], [5, 0, 0]])
+    assert torch.autograd.gradcheck(lambda z: label_smoothed_nll(z, tgt, 0.1, pad_id=0, exclude=(0, 2)), (x,))
+    with pytest.raises(ValueError, match="exclude"):
+        label_smoothed_nll(logits, target, eps, exclude=(V,))
+
+
+def test_trainer_smooths_over_emittable_classes_by_default():
+    """TrainConfig.smooth_all_classes = False: the trainer's loss puts no mass on PAD and BOS."""
+    from transduce.config import TrainConfig
+    from transduce.model import Transformer
+    from transduce.config import ModelConfig
+    from transduce.train.trainer import evaluate
+    from transduce.data.vocab import BOS, PAD
+
+    assert TrainConfig().smooth_all_classes is False
+    import inspect
+    from transduce.train import trainer
+    assert inspect.signature(trainer.train_step).parameters["smooth_exclude"].default == (PAD, BOS)
+    assert inspect.signature(evaluate).parameters["smooth_exclude"].default == (PAD, BOS)

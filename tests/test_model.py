@@ -13,9 +13,11 @@ from transduce.model import (
     attention_reference,
     can_pack_weights,
     causal_mask,
+    count_parameters,
     make_masks,
     sinusoidal_positions,
 )
+import torch.nn.functional as F
 
 PAD = 0
 
@@ -408,3 +410,20 @@ def test_dropout_zeroes_p_of_the_elements_and_scales_the_rest():
     assert Dropout(0.3).train()(x.detach().bfloat16()).dtype == torch.bfloat16
     with pytest.raises(ValueError):
         Dropout(1.0)
+
+
+def test_attention_has_no_biases_unless_asked():
+    """3.2.2: the projections W^Q, W^K, W^V, W^O are matrices; biases are an option."""
+    c = ModelConfig(src_vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2)
+    model = Transformer(c)
+    names = [n for n, _ in model.named_parameters() if "attn" in n]
+    assert names and not any(n.endswith("bias") for n in names)
+    biased = Transformer(ModelConfig(src_vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2, attention_bias=True))
+    extra = count_parameters(biased) - count_parameters(model)
+    assert extra == 3 * (3 * 16 + 16)  # three attentions, each [b^Q; b^K; b^V] and b^O
+    mha = MultiHeadAttention(16, 2, 8, 8)
+    assert mha.in_proj.bias is None and mha.out_proj.bias is None
+    x = torch.randn(2, 5, 16)
+    mha.pack_weights()
+    with torch.no_grad():
+        torch.testing.assert_close(mha(x)[0], mha.out_proj(F.scaled_dot_product_attention(*mha.project_qkv(x)).transpose(1, 2).reshape(2, 5, 16)))

@@ -72,6 +72,37 @@ def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
     assert expected[-1] == pytest.approx(noam_lr(8, 16, 2) / 4)
 
 
+def test_max_minutes_is_a_cap_that_says_when_it_binds(tmp_path, capsys):
+    """The recipe is the steps; --max-minutes stops short of them only with a note, and the
+    checkpoint forced there is marked off the interval (averaging leaves it out)."""
+    from transduce.train.average import last_checkpoints
+
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    rc = main(["--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "100000",
+               "--valid-every", "0", "--save-every-steps", "2", "--max-minutes", "0.004", "--log-every", "1"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "stopped training at step" in out and "of 100000: this model is not the recipe's" in out
+    records = [json.loads(line) for line in (run / "logs" / "train.jsonl").read_text().splitlines()]
+    capped = [r for r in records if r["type"] == "capped"]
+    assert capped and capped[0]["max_steps"] == 100000
+    step = capped[0]["step"]
+    last = json.loads((run / "checkpoints" / f"step_{step:07d}" / "trainer_state.json").read_text())
+    assert last["on_interval"] == (step % 2 == 0)
+    if step % 2:
+        assert all(p.name != f"step_{step:07d}" for p in last_checkpoints(run, 1))
+
+
+def test_remaining_time_estimate():
+    from transduce.train.trainer import _remaining
+
+    assert _remaining(10, 110, 20.0, 10, None) == "ETA 03:20"  # 100 steps at 2 s
+    assert _remaining(10, 10010, 20.0, 10, None) == "ETA 5:33:20"
+    assert _remaining(10, 110, 20.0, 10, 1.0) == "ETA 01:00 (--max-minutes)"
+    assert _remaining(0, 110, 0.0, 0, None) == "ETA --:--"
+
+
 # --- one step: normalisation and precision -----------------------------------------------------------
 
 
@@ -142,6 +173,9 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "valid loss" in out and "target tokens/s" in out
+    assert "step 2/4 |" in out and "| ETA " in out  # steps done of the recipe's, and the time left
+    # separate vocabularies: what is still tied is said, not silently switched off
+    assert "separate source and target vocabularies" in out and "tied (model.tie_output)" in out
     config = json.loads((run / "config.json").read_text())
     # separate vocabularies -> no shared embeddings; sizes from the data; flags recorded
     assert config["model"]["share_embeddings"] is False

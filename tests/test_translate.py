@@ -126,6 +126,29 @@ def test_invalid_utf8_is_a_one_line_error_and_leaves_no_output(model_dir, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no out.txt, no temporary file
 
 
+@pytest.mark.parametrize("command", ["translate", "evaluate", "prepare"])
+def test_truncated_gzip_is_the_same_one_line_error_everywhere(model_dir, tmp_path, capsys, command):
+    """Every command that reads text reports a truncated .gz the same way: FILE:LINE, no traceback."""
+    import gzip
+
+    from transduce import cli
+
+    data = gzip.compress(b"a man runs on the grass .\n" * 4000)
+    src = tmp_path / "broken.gz"
+    src.write_bytes(data[: len(data) // 2])
+    out = tmp_path / "out"
+    argv = {"translate": ["translate", str(model_dir), "-i", str(src), "-o", str(out), *FAST],
+            "evaluate": ["evaluate", "--hyp", str(src), "--ref", str(src), "--tgt", "de"],
+            "prepare": ["prepare", "--train-src", str(src), "--train-tgt", str(src), "--valid-src", str(src),
+                        "--valid-tgt", str(src), "--out", str(out)]}[command]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]  # (prepare also draws progress lines)
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert f"error: {src}:" in errors[0] and "corrupt gzip data" in errors[0]
+    assert not out.exists()
+
+
 def test_missing_vocabulary_is_a_one_line_error(loaded, tmp_path, capsys):
     d = tmp_path / "bare"
     save_model(loaded.model, loaded.config, d)
@@ -153,6 +176,23 @@ def test_greedy_and_bf16_run(loaded):
     assert len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=4)) == 3
     assert len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, bf16=True, beam=2, max_len_offset=4)) == 3
     assert loaded.model.training is False
+
+
+def test_cli_precision_auto_says_what_it_chose_and_bf16_warns_where_emulated(model_dir, tmp_path, monkeypatch, capsys):
+    import transduce.precision as precision
+    from transduce.precision import Capability
+
+    src = write(tmp_path / "in.txt", ["a man runs", "blue ball"])
+    monkeypatch.setattr(precision, "read_capability",
+                        lambda device: Capability("cpu", "AMD EPYC (Zen 3)", False, "AVX2 only, no bf16 instructions"))
+    monkeypatch.setattr(precision, "probe_bf16_speedup", lambda **kw: 0.25)
+    assert main([str(model_dir), "-i", str(src), "-o", str(tmp_path / "a.txt"), *FAST[1:]]) == 0  # not --quiet
+    err = capsys.readouterr().err
+    assert "precision: fp32 (auto: AMD EPYC (Zen 3): AVX2 only" in err and "warning" not in err
+    assert main([str(model_dir), "-i", str(src), "-o", str(tmp_path / "b.txt"), "--precision", "bf16", *FAST[1:]]) == 0
+    err = capsys.readouterr().err
+    assert "precision: bf16 (as asked" in err and "warning: bf16 is emulated on this CPU" in err and "4.0x slower" in err
+    assert (tmp_path / "b.txt").read_text().count("\n") == 2
 
 
 def test_cli_bf16_casts_the_weights_and_keeps_line_count(model_dir, tmp_path, monkeypatch):
@@ -227,9 +267,20 @@ def test_average_of_two_identical_checkpoints_equals_one(loaded, model_dir, tmp_
     assert out_avg.read_text(encoding="utf-8") == out_one.read_text(encoding="utf-8")
 
 
-def test_run_dir_defaults_to_the_latest_checkpoint_and_rejects_bad_choices(loaded, model_dir, tmp_path, capsys):
+def test_run_dir_defaults_to_the_average_of_its_last_checkpoints_and_rejects_bad_choices(loaded, model_dir, tmp_path, capsys):
+    """6.1: every result of the paper is averaged, so a run directory gives the average of its
+    last train.average_last checkpoints (all it has, if fewer); one checkpoint is a choice."""
+    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+
     run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
-    assert load_translation_model(run).description.endswith("step_0000002")
+    assert loaded.config.train.average_last == 5
+    assert load_translation_model(run).description.startswith("average of the last 2 checkpoints (step_0000001 .. step_0000002)")
+    assert load_translation_model(run, checkpoint="latest").description.endswith("step_0000002")
+    # A final checkpoint forced off the interval stays out of "the last K" (evenly spaced, as in 6.1).
+    d = save_model(loaded.model, loaded.config, run / "checkpoints" / checkpoint_name(3))
+    (d / STATE).write_text(TrainingState(step=3, on_interval=False).to_json(), encoding="utf-8")
+    assert "(step_0000001 .. step_0000002)" in load_translation_model(run).description
+    assert load_translation_model(run, checkpoint="latest").description.endswith("step_0000003")
     assert main([str(run), "--average", "3", *FAST]) == 2
     assert "asked for the last 3 checkpoints" in capsys.readouterr().err
     assert main([str(run), "--average", "2", "--checkpoint", "latest", *FAST]) == 2

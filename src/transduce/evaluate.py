@@ -390,7 +390,10 @@ def run(args: argparse.Namespace) -> int:
             if len(srcs) != len(refs):
                 raise DataError(f"{len(srcs)} lines, but the reference {ref_path} has {len(refs)}", src_path)
             loaded = load_from_args(args)
-            print(f"{PROG}: translating {len(srcs):,} sentences with {loaded.description}", file=sys.stderr)
+            print(f"{PROG}: translating {len(srcs):,} sentences with {loaded.description}; {loaded.precision.line()}",
+                  file=sys.stderr)
+            if loaded.precision.warning:
+                tqdm.write(f"{PROG}: warning: {loaded.precision.warning}", file=sys.stderr)
             hyps = translate_lines(
                 loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, beam=args.beam, alpha=args.alpha,
                 max_len_offset=args.max_len_offset, greedy=args.greedy, batch_tokens=args.batch_tokens,
@@ -400,7 +403,8 @@ def run(args: argparse.Namespace) -> int:
             )
             report["model"] = loaded.description
             report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
-                                  "max_len_offset": args.max_len_offset, "bf16": args.bf16}
+                                  "max_len_offset": args.max_len_offset, "bf16": args.bf16,
+                                  "precision": loaded.precision.precision}
             if args.save_hyp:
                 from .translate import AtomicOutput
 

@@ -144,8 +144,8 @@ def choose_precision(
     *,
     d_model: int = 512,
     d_ff: int = 2048,
-    capability: Capability | Callable[[torch.device], Capability] = read_capability,
-    probe: Callable[..., float] = probe_bf16_speedup,
+    capability: Capability | Callable[[torch.device], Capability] | None = None,
+    probe: Callable[..., float] | None = None,
 ) -> Choice:
     """The precision to run in: `requested` itself (with a warning where bf16 is emulated), or
     for 'auto' the hardware's choice (see the module docstring). `capability` (a Capability or a
@@ -157,6 +157,8 @@ def choose_precision(
         return Choice("fp32", "as asked")
     if requested == "fp16":
         return Choice("fp16", "as asked")
+    capability = read_capability if capability is None else capability  # looked up now: patchable
+    probe = probe_bf16_speedup if probe is None else probe
     cap = capability(device) if callable(capability) else capability
     where = f"{cap.name}: {cap.detail}"
     if requested == "bf16":

@@ -1,17 +1,18 @@
 """`transduce translate`: text in, translations out, line for line (Section 6.1's decoding).
 
     transduce translate runs/base < newstest2014.en > hyp.de
-    transduce translate runs/base --input newstest2014.en.gz --output hyp.de --average 5
+    transduce translate runs/base --input newstest2014.en.gz --output hyp.de --checkpoint latest
     transduce translate path/to/model_dir --vocab spm.model --beam 4 --alpha 0.6
 
 MODEL is either
 
 * a training run directory (`transduce train --run-dir`): its vocabulary comes from its
-  data.json and the copied spm*.model files; the model is RUN_DIR/model (the final one) if it
-  exists, else the latest checkpoint; `--checkpoint NAME|PATH` picks another one (a name under
-  RUN_DIR/checkpoints such as step_0100000 or 100000, `latest`, `model`, or any model
-  directory), `--average K` averages the last K checkpoints in memory (Section 6.1: the paper
-  averaged the last 5 for base, 20 for big); or
+  data.json and the copied spm*.model files; the model is, as in every result of the paper
+  (6.1), the average of its last checkpoints written at the checkpoint interval: as many as the
+  run's train.average_last (5 base, 20 big), or all it has if fewer, computed in memory;
+  `--average K` chooses K; `--checkpoint NAME|PATH` picks one checkpoint, unaveraged (a name
+  under RUN_DIR/checkpoints such as step_0100000 or 100000, `latest`, `model` for the final
+  weights, or any model directory); a run directory without checkpoints gives its model/; or
 * a model directory (model.safetensors + config.json, e.g. RUN_DIR/checkpoints/step_*/ or the
   output of `transduce average`), with `--vocab SPM_MODEL` (or `--src-vocab/--tgt-vocab`);
   without them the vocabulary is looked for beside it (a data.json or spm.model in the
@@ -63,7 +64,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .data.text import DataError
+from .data.text import DataError, iter_lines, open_text
 from .data.vocab import BOS, EOS, PAD, Vocab
 
 DEFAULT_BEAM = 4
@@ -303,6 +304,8 @@ class LoadedModel:
     description: str
     """What was loaded, for the user: e.g. 'runs/base/checkpoints/step_0100000' or
     'average of the last 5 checkpoints (step_... .. step_...)'."""
+    precision: object = None
+    """The `transduce.precision.Choice` it runs in (set by `load_from_args`)."""
 
 
 def _is_model_dir(path: Path) -> bool:
@@ -383,6 +386,20 @@ def _model_from_tensors(tensors: dict, config, where) -> torch.nn.Module:
     return model
 
 
+def _default_average(run_dir: Path) -> int | None:
+    """For a run directory with checkpoints: how many of the last to average by default, the run's
+    own train.average_last (6.1: 5 for base, 20 for big), or all it has if fewer. None when
+    it has no checkpoints (then its model/ is used)."""
+    from .train.checkpointing import list_checkpoints, on_interval, read_checkpoint_config
+
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    regular = [p for _, p in found if on_interval(p)] or [p for _, p in found]
+    k = _guarded(read_checkpoint_config, found[-1][1]).train.average_last
+    return max(1, min(k, len(regular)))
+
+
 def load_translation_model(
     path: str | os.PathLike,
     *,
@@ -402,6 +419,8 @@ def load_translation_model(
         raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
     if checkpoint is not None and average is not None:
         raise ValueError("give --checkpoint or --average, not both")
+    if average is None and checkpoint is None and not _is_model_dir(path):
+        average = _default_average(path)  # a run directory: averaged, as every result of the paper (6.1)
     if average is not None:
         from .train.average import average_checkpoints, last_checkpoints
 
@@ -458,38 +477,6 @@ def load_translation_model(
 # ---------------------------------------------------------------------------------------------
 
 
-def read_text_lines(f: BinaryIO, name: str) -> Iterator[str]:
-    """Lines of a binary stream, decoded as UTF-8, without their line endings: split on b"\\n"
-    only (like `transduce.data.text.read_lines`), a trailing "\\r" and a leading byte-order mark
-    dropped. Invalid UTF-8 raises DataError naming `name` and the line. An empty stream is
-    zero lines (not an error)."""
-    n = 0
-    for n, raw in enumerate(f, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"invalid UTF-8 (byte {e.start} of the line)", name, n) from None
-        if line.endswith("\n"):
-            line = line[:-1]
-        if line.endswith("\r"):
-            line = line[:-1]
-        if n == 1 and line.startswith("\ufeff"):
-            line = line[1:]
-        yield line
-
-
-def open_input(path: str | os.PathLike) -> BinaryIO:
-    """A file for binary reading, gunzipped if it is gzip (by its magic bytes)."""
-    path = Path(path)
-    if not path.exists():
-        raise DataError("no such file", path)
-    if path.is_dir():
-        raise DataError("is a directory, not a text file", path)
-    with open(path, "rb") as f:
-        magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
-
-
 def _count_lines(path: Path) -> int | None:
     """Lines of a plain file (for the progress bar's total); None for gzip."""
     with open(path, "rb") as f:
@@ -538,10 +525,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     """Options that choose the model and the vocabulary (shared with `transduce evaluate`)."""
     g = parser.add_argument_group("model")
     g.add_argument("--checkpoint", metavar="NAME|PATH",
-                   help="a checkpoint of the run: step_0100000, 100000, latest, model, or a model directory "
-                        "(default: RUN_DIR/model, else the latest checkpoint)")
+                   help="one checkpoint of the run, unaveraged: step_0100000, 100000, latest, model (the final "
+                        "weights), or a model directory")
     g.add_argument("--average", type=int, metavar="K",
-                   help="average the last K checkpoints of the run in memory (the paper: 5 base, 20 big)")
+                   help="average the last K checkpoints of the run in memory (default for a run directory: the "
+                        "run's train.average_last, as in 6.1: 5 base, 20 big; or all it has, if fewer)")
     g.add_argument("--vocab", type=Path, metavar="SPM_MODEL", help="shared sentencepiece model (default: found beside the model)")
     g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
     g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
@@ -558,9 +546,11 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len-offset", type=int, default=DEFAULT_MAX_LEN_OFFSET,
                    help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the fast beam-1 path; ignores --beam, --alpha)")
-    g.add_argument("--bf16", action="store_true",
-                   help="decode with the weights cast to bf16 (CPU or CUDA; 1.4-2.2x faster than fp32 on a "
-                        "2-core Zen 4, docs/RESULTS.md); log-probabilities and scores stay fp32")
+    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="auto (default): bf16 weights where the device computes bf16 natively and a product of "
+                        "the model's size is measured faster, else fp32 (the choice is printed); fp32; bf16 "
+                        "(warns where the CPU only emulates it). Log-probabilities and scores stay fp32")
+    g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
     g = parser.add_argument_group("batching")
     g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                    help=f"padded source tokens per batch at most (default {DEFAULT_BATCH_TOKENS})")
@@ -602,7 +592,7 @@ def check_decoding_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_len_offset < 0:
         raise ValueError("--max-len-offset must not be negative")
-    if args.bf16:
+    if args.precision == "bf16":
         dev = resolve_device(args.device)
         if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError("this GPU does not support bf16")
@@ -615,6 +605,12 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
         args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
         src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device),
     )
+    from .precision import choose_precision
+
+    mc = loaded.config.model
+    loaded.precision = choose_precision(args.precision, next(loaded.model.parameters()).device,
+                                        d_model=mc.d_model, d_ff=mc.d_ff)
+    args.bf16 = loaded.precision.precision == "bf16"
     if args.bf16:
         loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
     return loaded
@@ -641,7 +637,7 @@ def run(args: argparse.Namespace) -> int:
         if args.output is not None and str(args.output) != "-" and not args.output.absolute().parent.is_dir():
             raise DataError("no such directory", args.output.absolute().parent)
         if args.input is not None and str(args.input) != "-":
-            infile = open_input(args.input)
+            infile = open_text(args.input)
             name = str(args.input)
             interactive = False
         else:
@@ -651,6 +647,9 @@ def run(args: argparse.Namespace) -> int:
         loaded = load_from_args(args)
         if not args.quiet:
             print(f"{PROG}: model {loaded.description}", file=sys.stderr)
+            print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
+        if loaded.precision.warning:
+            warn(loaded.precision.warning)
         if args.output is not None and str(args.output) != "-":
             out = AtomicOutput(args.output)
             write, flush = out.write, lambda: None
@@ -660,7 +659,7 @@ def run(args: argparse.Namespace) -> int:
             bar = tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
         n_best = args.n_best or 1
         stream = translate_stream(
-            loaded.model, loaded.src_vocab, loaded.tgt_vocab, read_text_lines(infile, name),
+            loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
             beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset, n_best=n_best,
             greedy=args.greedy, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
             max_input_tokens=args.max_input_tokens, bf16=args.bf16,

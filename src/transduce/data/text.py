@@ -18,7 +18,7 @@ import gzip
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 
 class DataError(Exception):
@@ -38,8 +38,10 @@ class DataError(Exception):
         return f"{self.path}:{self.line}: {self.message}"
 
 
-def _open_binary(path: Path):
-    """Open a plain or gzip (by the magic bytes, not the name) file for binary reading."""
+def open_text(path: str | Path) -> BinaryIO:
+    """Open a plain or gzip (by the magic bytes, not the name) file for binary reading; read it
+    with `iter_lines`. Raises DataError for a missing file, a directory or no permission."""
+    path = Path(path)
     if not path.exists():
         raise DataError("no such file", path)
     if path.is_dir():
@@ -52,6 +54,29 @@ def _open_binary(path: Path):
         raise DataError("cannot read file (permission denied)", path) from None
 
 
+def iter_lines(f: BinaryIO, name: str | Path) -> Iterator[str]:
+    """The lines of a binary stream (plain, or gzip as `open_text` opens it), decoded as UTF-8,
+    without their line endings: split on b"\\n" only, a trailing "\\r" and a leading byte-order
+    mark dropped. Invalid UTF-8 and corrupt or truncated gzip data raise DataError naming `name`
+    and the line. An empty stream is zero lines."""
+    n = 0
+    try:
+        for n, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"invalid UTF-8 (byte {e.start} of the line)", name, n) from None
+            if line.endswith("\n"):
+                line = line[:-1]
+            if line.endswith("\r"):
+                line = line[:-1]
+            if n == 1 and line.startswith("\ufeff"):  # byte-order mark
+                line = line[1:]
+            yield line
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a truncated or damaged gzip stream
+        raise DataError(f"corrupt gzip data ({e or type(e).__name__})", name, n + 1) from None
+
+
 def read_lines(path: str | Path) -> Iterator[str]:
     """Yield the lines of a UTF-8 text file (plain or .gz) without their line ending.
 
@@ -60,22 +85,9 @@ def read_lines(path: str | Path) -> Iterator[str]:
     """
     path = Path(path)
     n = 0
-    with _open_binary(path) as f:
-        try:
-            for n, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"invalid UTF-8 (byte {e.start} of the line)", path, n) from None
-                if line.endswith("\n"):
-                    line = line[:-1]
-                if line.endswith("\r"):
-                    line = line[:-1]
-                if n == 1 and line.startswith("\ufeff"):  # byte-order mark
-                    line = line[1:]
-                yield line
-        except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
-            raise DataError(f"corrupt gzip data ({e})", path, n + 1) from None
+    with open_text(path) as f:
+        for n, line in enumerate(iter_lines(f, path), start=1):
+            yield line
     if n == 0:
         raise DataError("empty file (no lines)", path)
 

@@ -1,0 +1,103 @@
+"""`--precision auto`: each branch of the choice, with the capability read and the probe injected,
+and the warning for bf16 where the CPU only emulates it (`transduce.precision`)."""
+
+import json
+
+import pytest
+import torch
+
+import transduce.precision as precision
+from transduce.precision import Capability, choose_precision, probe_bf16_speedup, read_capability
+from train_data import make_data
+
+AMX = Capability("cpu", "Intel Xeon (Sapphire Rapids)", True, "AMX and avx512_bf16")
+ZEN3 = Capability("cpu", "AMD EPYC (Zen 3)", False, "AVX2 only, no bf16 instructions (no AMX, no avx512_bf16)")
+UNKNOWN = Capability("cpu", "riscv64", None, "bf16 support of riscv64 unknown")
+H100 = Capability("cuda", "NVIDIA H100", True, "compute capability 9.0")
+T4 = Capability("cuda", "Tesla T4", False, "compute capability 7.5")
+
+
+def probe_returning(speedup, calls):
+    def probe(**kwargs):
+        calls.append(kwargs)
+        return speedup
+    return probe
+
+
+def test_native_bf16_cpu_that_measures_faster_chooses_bf16():
+    calls = []
+    c = choose_precision("auto", "cpu", d_model=256, d_ff=1024, capability=AMX, probe=probe_returning(2.5, calls))
+    assert c.precision == "bf16" and c.warning is None
+    assert "AMX" in c.reason and "2.50x" in c.reason and c.line().startswith("precision: bf16 (")
+    assert calls == [{"d_model": 256, "d_ff": 1024, "device": torch.device("cpu")}]  # the model's size is probed
+
+
+def test_native_bf16_cpu_that_measures_slower_chooses_fp32():
+    """Ambiguous: native bf16, but at this model size the casts cost more than they save."""
+    c = choose_precision("auto", "cpu", capability=AMX, probe=probe_returning(0.8, []))
+    assert c.precision == "fp32" and "0.80x" in c.reason
+
+
+def test_cpu_without_bf16_chooses_fp32_without_probing():
+    calls = []
+    c = choose_precision("auto", "cpu", capability=ZEN3, probe=probe_returning(9.9, calls))
+    assert c.precision == "fp32" and "no bf16 instructions" in c.reason and calls == []
+
+
+def test_unknown_cpu_is_decided_by_the_probe():
+    assert choose_precision("auto", "cpu", capability=UNKNOWN, probe=probe_returning(1.7, [])).precision == "bf16"
+    assert choose_precision("auto", "cpu", capability=UNKNOWN, probe=probe_returning(0.5, [])).precision == "fp32"
+
+
+def test_cuda_follows_the_gpus_bf16_support_and_never_picks_fp16():
+    calls = []
+    assert choose_precision("auto", "cpu", capability=H100, probe=probe_returning(0.1, calls)).precision == "bf16"
+    assert choose_precision("auto", "cpu", capability=T4, probe=probe_returning(9.0, calls)).precision == "fp32"
+    assert calls == []
+
+
+def test_explicit_bf16_on_an_emulating_cpu_warns_with_the_measured_slowdown():
+    c = choose_precision("bf16", "cpu", capability=ZEN3, probe=probe_returning(0.2, []))
+    assert c.precision == "bf16"
+    assert "emulated" in c.warning and "5.0x slower than fp32" in c.warning and "auto would use fp32" in c.warning
+    assert choose_precision("bf16", "cpu", capability=AMX, probe=probe_returning(0.2, [])).warning is None
+
+
+def test_explicit_choices_are_obeyed_and_unknown_ones_rejected():
+    assert choose_precision("fp32", capability=AMX).precision == "fp32"
+    assert choose_precision("fp16", capability=AMX).precision == "fp16"
+    with pytest.raises(ValueError, match="unknown precision"):
+        choose_precision("int4", capability=AMX)
+
+
+def test_this_machine_is_read_and_probed():
+    cap = read_capability("cpu")
+    assert cap.device == "cpu" and cap.native_bf16 in (True, False, None) and cap.name and cap.detail
+    speedup = probe_bf16_speedup(d_model=64, d_ff=128, rows=64, budget_s=0.05)
+    assert speedup > 0
+    c = choose_precision("auto", "cpu", d_model=64, d_ff=128)
+    assert c.precision in ("fp32", "bf16")
+    if cap.native_bf16 is False:
+        assert c.precision == "fp32"
+
+
+def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path, monkeypatch, capsys):
+    """The trainer says what it chose and why; `--precision bf16` where bf16 is emulated warns."""
+    from transduce.train.trainer import main
+
+    monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)
+    monkeypatch.setattr(precision, "probe_bf16_speedup", lambda **kw: 0.2)
+    data = make_data(tmp_path / "data")
+    common = ["--data", str(data), "--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16",
+              "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--threads", "1", "--no-progress",
+              "--no-tensorboard", "--max-tokens", "64", "--max-steps", "2", "--valid-every", "0",
+              "--save-every-minutes", "0"]
+    assert main(["--run-dir", str(tmp_path / "bf16"), "--precision", "bf16", *common]) == 0
+    out = capsys.readouterr().out
+    assert "precision: bf16 (as asked; AMD EPYC (Zen 3)" in out
+    assert "warning: bf16 is emulated on this CPU" in out and "5.0x slower than fp32" in out
+    assert main(["--run-dir", str(tmp_path / "auto"), *common]) == 0  # auto is the default
+    out = capsys.readouterr().out
+    assert "precision: fp32 (auto: AMD EPYC (Zen 3): AVX2 only" in out and "warning" not in out
+    start = json.loads((tmp_path / "auto" / "logs" / "train.jsonl").read_text().splitlines()[0])
+    assert start["precision"] == "fp32" and start["options"]["precision"] == "auto"
