@@ -26,20 +26,29 @@ attention scores' shape (B, h, T_query, T_key). It is the convention of
 `make_masks`, from the source padding, the target padding and the causal ("subsequent
 positions", 3.2.3) mask:
 
-    src_mask  (B, 1, 1, S)  = src != pad                        encoder self-attn, cross-attn
-    tgt_mask  (B, 1, T, T)  = causal(T) & (tgt != pad)[:, None, None, :]   decoder self-attn
+    src_mask  (B, 1, 1, S)  = padding_mask(src, pad)                  encoder self-attn, cross-attn
+    tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
 
-How this maps onto PyTorch's `nn.Transformer` arguments, whose conventions are the opposite
-(True = may NOT attend) and split in two:
+PyTorch's `nn.Transformer` takes six masks and three `*_is_causal` flags, with the opposite
+polarity: a bool mask is True where attention is NOT allowed; a float mask is added to the scores
+(0 allowed, -inf blocked; bool b as float: zeros.masked_fill(b, -inf); give a sub-layer's two
+masks one type). nn blocks a key if either of a sub-layer's two masks blocks it; transduce's one
+mask is the AND of the allowed sets. Exactly (`a` = the nn argument as bool; checked numerically
+against nn.MultiheadAttention / nn.Transformer* by tests/test_masks.py; docs/paper_map.md has
+the full table):
 
-    nn.Transformer argument           transduce equivalent
-    -------------------------------   ------------------------------------------------------
-    src_key_padding_mask (B, S)       ~src_mask[:, 0, 0, :]
-    memory_key_padding_mask (B, S)    ~src_mask[:, 0, 0, :]   (same mask: keys are source positions)
-    tgt_key_padding_mask (B, T)       ~(tgt != pad)
-    tgt_mask (T, T), float -inf/0     ~causal(T)  (or float: 0 where True, -inf where False)
-      or bool True = masked
-    (combined)                        tgt_mask = causal & ~tgt_key_padding_mask (one tensor)
+    nn argument (shape)             pass for transduce's masks       transduce mask for a
+    src_mask (S,S)|(N*h,S,S)        None (padding only)              src_mask & ~a
+    tgt_mask (T,T)|(N*h,T,T)        ~causal_mask(T)[0, 0] (bool) or  ~a & padding_mask(tgt, pad)
+                                    generate_square_subsequent_mask(T) (float);
+                                    NOT causal_mask(T): inverted
+    memory_mask (T,S)               None (padding only)              src_mask & ~a, as the decoder's src_mask
+    src_key_padding_mask (N,S)      src == pad                       ~a[:, None, None, :] (= src_mask)
+    tgt_key_padding_mask (N,T)      tgt == pad                       causal_mask(T) & ~a[:, None, None, :]
+    memory_key_padding_mask (N,S)   src == pad                       ~a[:, None, None, :] (= src_mask)
+    src/tgt/memory_is_causal        False / True / False: hints that the mask given is causal,
+                                    never masks by themselves; transduce has no such flags
+    a mask m as one (N*h, L, S):    ~m.expand(B, h, L, S).reshape(B * h, L, S); back ~a.view(B, h, L, S)
 
 Query positions that are padding are never masked: their outputs are computed and ignored
 (the loss skips them), which keeps every row of the scores with at least one allowed key.
