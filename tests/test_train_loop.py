@@ -245,7 +245,7 @@ def test_tensorboard_is_optional(tmp_path, monkeypatch):
 
 
 def test_tensorboard_scalars_when_installed(tmp_path):
-    pytest.importorskip("tensorboard")
+    """tensorboard is a test dependency (pyproject's `test` extra): this test runs, never skips."""
     from transduce.train.trainer import RunLog
 
     log = RunLog(tmp_path)
