@@ -75,7 +75,7 @@ def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
 def test_max_minutes_is_a_cap_that_says_when_it_binds(tmp_path, capsys):
     """The recipe is the steps; --max-minutes stops short of them only with a note, and the
     checkpoint forced there is marked off the interval (averaging leaves it out)."""
-    from transduce.train.average import last_checkpoints
+    from transduce.checkpoint import last_checkpoints
 
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"

@@ -242,7 +242,7 @@ def test_n_best_larger_than_beam_is_an_error(model_dir, capsys):
 
 def _run_dir_with_checkpoints(tmp_path, loaded, model_dir):
     """A run directory with two checkpoints holding the same weights."""
-    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+    from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 
     run = tmp_path / "run"
     for step in (1, 2):
@@ -270,7 +270,7 @@ def test_average_of_two_identical_checkpoints_equals_one(loaded, model_dir, tmp_
 def test_run_dir_defaults_to_the_average_of_its_last_checkpoints_and_rejects_bad_choices(loaded, model_dir, tmp_path, capsys):
     """6.1: every result of the paper is averaged, so a run directory gives the average of its
     last train.average_last checkpoints (all it has, if fewer); one checkpoint is a choice."""
-    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+    from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 
     run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
     assert loaded.config.train.average_last == 5
@@ -300,7 +300,7 @@ def test_run_dir_vocabulary_from_data_json(loaded, model_dir, tmp_path):
 
 def test_average_is_the_elementwise_mean(loaded, model_dir, tmp_path):
     from transduce.model import Transformer
-    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+    from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 
     run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
     shifted = Transformer(loaded.config.model)

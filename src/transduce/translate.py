@@ -308,35 +308,6 @@ class LoadedModel:
     """The `transduce.precision.Choice` it runs in (set by `load_from_args`)."""
 
 
-def _is_model_dir(path: Path) -> bool:
-    from .checkpoint import CONFIG, WEIGHTS
-
-    return (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
-
-
-def _resolve_checkpoint(run_dir: Path, name: str) -> Path:
-    """A checkpoint given as a path, a name under RUN_DIR/checkpoints, a step number, `latest`
-    or `model`."""
-    from .train.checkpointing import CHECKPOINTS, checkpoint_name, latest_checkpoint
-
-    as_path = Path(name)
-    if _is_model_dir(as_path):
-        return as_path
-    if name == "latest":
-        found = latest_checkpoint(run_dir)
-        if found is None:
-            raise FileNotFoundError(f"{run_dir / CHECKPOINTS}: no checkpoints")
-        return found
-    candidates = [run_dir / name, run_dir / CHECKPOINTS / name]
-    if name.isdigit():
-        candidates.append(run_dir / CHECKPOINTS / checkpoint_name(int(name)))
-    for c in candidates:
-        if _is_model_dir(c):
-            return c
-    raise FileNotFoundError(f"{name}: no such checkpoint (a model directory, a name under {run_dir / CHECKPOINTS}, "
-                            "a step number, 'latest' or 'model')")
-
-
 def _find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
     from .data.batching import METADATA, load_vocabs
 
@@ -358,48 +329,6 @@ def _find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
     return None
 
 
-def _guarded(load, *args, **kwargs):
-    """Loading errors (a damaged or mismatched safetensors file, a bad config.json) as a
-    one-line ValueError."""
-    try:
-        return load(*args, **kwargs)
-    except (FileNotFoundError, ValueError):
-        raise
-    except Exception as e:  # safetensors' SafetensorError, torch's RuntimeError on shape mismatch, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{args[0]}: cannot load the model ({first})") from None
-
-
-def _model_from_tensors(tensors: dict, config, where) -> torch.nn.Module:
-    """A Transformer holding `tensors` (named as in model.safetensors, where a tied embedding
-    is stored once under one of its names); every parameter must be covered."""
-    from .model import Transformer
-
-    model = Transformer(config.model)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    state = model.state_dict()
-    loaded = {state[k].data_ptr() for k in tensors if k in state}
-    missing = [k for k in missing if state[k].data_ptr() not in loaded]  # not an alias of a loaded tensor
-    if missing or unexpected:
-        raise ValueError(f"{where}: the averaged weights do not fit the model "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return model
-
-
-def _default_average(run_dir: Path) -> int | None:
-    """For a run directory with checkpoints: how many of the last to average by default, the run's
-    own train.average_last (6.1: 5 for base, 20 for big), or all it has if fewer. None when
-    it has no checkpoints (then its model/ is used)."""
-    from .train.checkpointing import list_checkpoints, on_interval, read_checkpoint_config
-
-    found = list_checkpoints(run_dir)
-    if not found:
-        return None
-    regular = [p for _, p in found if on_interval(p)] or [p for _, p in found]
-    k = _guarded(read_checkpoint_config, found[-1][1]).train.average_last
-    return max(1, min(k, len(regular)))
-
-
 def load_translation_model(
     path: str | os.PathLike,
     *,
@@ -412,43 +341,10 @@ def load_translation_model(
 ) -> LoadedModel:
     """The model and vocabularies `transduce translate MODEL` uses (see the module docstring).
     Raises FileNotFoundError, ValueError or DataError with a one-line message."""
-    from .checkpoint import load_model
+    from .checkpoint import load_for_inference
 
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
-    if checkpoint is not None and average is not None:
-        raise ValueError("give --checkpoint or --average, not both")
-    if average is None and checkpoint is None and not _is_model_dir(path):
-        average = _default_average(path)  # a run directory: averaged, as every result of the paper (6.1)
-    if average is not None:
-        from .train.average import average_checkpoints, last_checkpoints
-
-        if average < 1:
-            raise ValueError("--average must be at least 1")
-        paths = last_checkpoints(path, average)
-        tensors, config = _guarded(average_checkpoints, paths)
-        model = _model_from_tensors(tensors, config, paths[-1]).to(device).eval()
-        what = f"average of the last {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) of {path}"
-        vocab_dirs = [path]
-    else:
-        if checkpoint is not None:
-            model_dir = _resolve_checkpoint(path, checkpoint)
-        elif _is_model_dir(path):
-            model_dir = path
-        elif _is_model_dir(path / "model"):
-            model_dir = path / "model"
-        else:
-            from .train.checkpointing import latest_checkpoint
-
-            model_dir = latest_checkpoint(path)
-            if model_dir is None:
-                raise FileNotFoundError(f"{path}: neither a model directory (model.safetensors + config.json) "
-                                        "nor a run directory with a model/ or checkpoints/")
-        model, config = _guarded(load_model, model_dir, device=device)
-        what = str(model_dir)
-        # A run directory holds data.json; a checkpoint's is two levels up (RUN_DIR/checkpoints/step_*).
-        vocab_dirs = list(dict.fromkeys([path, model_dir, model_dir.parent, model_dir.parent.parent]))
+    resolved = load_for_inference(path, checkpoint=checkpoint, average=average, device=device)
+    model, config, what = resolved.model, resolved.config, resolved.description
     if vocab is not None and (src_vocab is not None or tgt_vocab is not None):
         raise ValueError("give --vocab (shared) or --src-vocab/--tgt-vocab, not both")
     if vocab is not None:
@@ -458,7 +354,7 @@ def load_translation_model(
             raise ValueError("give both --src-vocab and --tgt-vocab")
         sv, tv = Vocab(src_vocab), Vocab(tgt_vocab)
     else:
-        found = _find_vocabs(vocab_dirs)
+        found = _find_vocabs(resolved.search_dirs)
         if found is None:
             raise FileNotFoundError(f"no vocabulary found beside {what} (no data.json or spm.model): "
                                     "pass --vocab SPM_MODEL")

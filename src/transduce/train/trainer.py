@@ -20,8 +20,8 @@ What the paper says, and where it is done here:
   the step budget (`cooldown_factor`).
 * 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
-* 6.1 Checkpoints every 10 minutes (--save-every-minutes), the last K kept for averaging
-  (`transduce average`, see average.py); the format is in checkpointing.py.
+* 6.1 Checkpoints every 10 minutes (--save-every-minutes) or N steps, the last K kept for
+  averaging (`transduce average`); what is written where: `transduce.checkpoint`.
 
 Loss normalisation (documented because every toolkit does it differently): the label-smoothed
 loss is summed over the non-pad target tokens of every micro-batch and divided by the number of
@@ -31,15 +31,8 @@ all-reduce averages over world_size, so the gradient is exactly d(sum of token l
 however the step is split across ranks and accumulation steps. (N_total is known before the
 forward passes: it comes from the collated batches, summed over ranks by one small all-reduce.)
 
-Run directory:
-
-    RUN_DIR/config.json          the Config (model + training regime) the run uses
-    RUN_DIR/data.json            the data's metadata (+ "data_dir": where it was read from)
-    RUN_DIR/spm*.model, *.vocab  the vocabulary files, copied: later commands need only RUN_DIR
-    RUN_DIR/checkpoints/         step_*/ (each also a model directory) and `latest`
-    RUN_DIR/logs/train.jsonl     one JSON object per line: start, train, valid, checkpoint, end
-    RUN_DIR/logs/                TensorBoard event files (if tensorboard is installed)
-    RUN_DIR/model/               the final model (model.safetensors + config.json)
+The run directory's layout (config, data.json, vocabulary copies, checkpoints/, logs/, model/)
+is described once, in `transduce.checkpoint`.
 
 Only rank 0 writes. Exact resume (--resume) restores the weights, Adam's moments, the step, the
 position in the epoch's batch order and every rank's RNG state (dropout), so an interrupted and
@@ -55,7 +48,6 @@ import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -66,15 +58,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_write_text, save_model
+from ..checkpoint import (
+    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, load_config, prepare_run_dir, save_checkpoint,
+    save_model,
+)
 from ..config import PRESETS, Config, ModelConfig, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, read_metadata
 from ..data.text import DataError
 from ..data.vocab import BOS, PAD
 from ..model import Transformer, count_parameters
-from .checkpointing import (
-    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, read_checkpoint_config, save_checkpoint,
-)
 from ..precision import PRECISIONS, choose_precision
 from .loss import label_smoothed_nll
 from .schedule import cooldown_factor, noam_lr
@@ -544,18 +536,6 @@ def config_for_data(preset: str, overrides: list[str], meta: dict) -> Config:
     return config
 
 
-def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -> None:
-    """Create the run directory: config.json, data.json (with the data directory's absolute
-    path) and copies of the vocabulary files."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.json", config.to_json() + "\n")
-    atomic_write_text(run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n")
-    for name in sorted(set(meta["vocab"]["files"].values())):
-        for f in (data_dir / name, (data_dir / name).with_suffix(".vocab")):
-            if f.is_file() and not (run_dir / f.name).is_file():
-                shutil.copy2(f, run_dir / f.name)
-
-
 def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
     """Padded tokens per micro-batch per rank; records the total per step in config.train."""
     if opts.update_freq < 1:
@@ -917,7 +897,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
     meta = read_metadata(data_dir)
 
     if resuming:
-        config = read_checkpoint_config(latest_checkpoint(run_dir))
+        config = load_config(latest_checkpoint(run_dir))
         if args.preset or args.set:  # allowed only if they describe the same model
             requested = config_for_data(args.preset or "base", args.set, meta)
             if requested.model != config.model:
