@@ -1,7 +1,7 @@
 """`transduce train`: the training loop of Section 5, in one place.
 
     transduce train --data data/wmt14-en-de --run-dir runs/base --preset base --update-freq 8
-    torchrun --nproc_per_node 8 -m transduce.train.trainer --data ... --run-dir ... --preset base
+    torchrun --nproc_per_node 8 -m transduce train --data ... --run-dir ... --preset base
 
 What the paper says, and where it is done here:
 
@@ -13,15 +13,16 @@ What the paper says, and where it is done here:
   (8 GPUs x 3125, or one process with --update-freq 8).
 * 5.2 Hardware and schedule. 8 GPUs, 100K steps (base) / 300K (big): torchrun +
   DistributedDataParallel (`setup_distributed`); each rank trains on its shard of the batches.
-  --max-steps and --max-minutes bound the run.
+  config.train.max_steps and `TrainOptions.max_minutes` (--max-steps, --max-minutes) bound the run.
 * 5.3 Optimizer. Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (`build_optimizer`); the
   learning rate of equation 3 set before every optimizer step (`transduce.train.schedule.noam_lr`).
-  Not in the paper, an option: --cooldown F decays it linearly to 0 over the last fraction F of
-  the step budget (`cooldown_factor`).
+  Not in the paper, an option: `TrainOptions.cooldown` (--cooldown F) decays it linearly to 0
+  over the last fraction F of the step budget (`cooldown_factor`).
 * 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
-* 6.1 Checkpoints every 10 minutes (--save-every-minutes) or N steps, the last K kept for
-  averaging (`transduce average`); what is written where: `transduce.checkpoint`.
+* 6.1 Checkpoints every 10 minutes (config.train.checkpoint_minutes, --save-every-minutes) or N
+  steps, the last K kept for averaging (`transduce average`); what is written where:
+  `transduce.checkpoint`.
 
 Loss normalisation (documented because every toolkit does it differently): the label-smoothed
 loss is summed over the non-pad target tokens of every micro-batch and divided by the number of
@@ -34,14 +35,13 @@ forward passes: it comes from the collated batches, summed over ranks by one sma
 The run directory's layout (config, data.json, vocabulary copies, checkpoints/, logs/, model/)
 is described once, in `transduce.checkpoint`.
 
-Only rank 0 writes. Exact resume (--resume) restores the weights, Adam's moments, the step, the
-position in the epoch's batch order and every rank's RNG state (dropout), so an interrupted and
-resumed run ends with the same parameters as an uninterrupted one.
+Only rank 0 writes. Exact resume (`TrainOptions.resume`, --resume) restores the weights, Adam's
+moments, the step, the position in the epoch's batch order and every rank's RNG state (dropout),
+so an interrupted and resumed run ends with the same parameters as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import inspect
@@ -50,7 +50,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -59,22 +59,16 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..checkpoint import (
-    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, load_config, prepare_run_dir, save_checkpoint,
-    save_model,
+    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, prepare_run_dir, save_checkpoint, save_model,
 )
 from ..config import PRESETS, Config, ModelConfig, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, read_metadata
-from ..data.text import DataError
 from ..data.vocab import BOS, PAD
+from ..errors import DataError, UsageError
 from ..model import Transformer, count_parameters
 from ..precision import PRECISIONS, choose_precision
 from .loss import label_smoothed_nll
 from .schedule import cooldown_factor, noam_lr
-
-
-
-class UsageError(Exception):
-    """Bad input from the command line: reported as one line, exit status 2."""
 
 
 # --- options --------------------------------------------------------------------------------------
@@ -82,44 +76,51 @@ class UsageError(Exception):
 
 @dataclass
 class TrainOptions:
-    """How to run the training (the regime itself, Section 5, is `Config.train`)."""
+    """How to run the training (the regime itself, Section 5, is `Config.train`).
 
-    max_tokens: int | None = None
-    """Padded tokens per micro-batch per process (source and target side each). None:
-    config.train.max_tokens / (world_size * update_freq), the paper's total budget."""
-    update_freq: int = 1
-    """Micro-batches accumulated per optimizer step (emulates more GPUs)."""
-    max_minutes: float | None = None
-    """Stop training after this many minutes of this session's wall-clock time (validation and
-    checkpoints on the way count; the final validation and checkpoint follow); None = no limit."""
-    clip_norm: float = 0.0
-    """Clip the gradient's global norm to this (0 = off, as in the paper)."""
-    cooldown: float = 0.0
-    """Decay the rate of equation 3 linearly to 0 over this last fraction of max_steps (never
-    of the clock: the schedule is the same on a fast and a slow machine); 0 = the paper's."""
-    precision: str = "auto"
-    """auto (bf16 where the device computes it natively and faster, else fp32:
-    `transduce.precision`), fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast + GradScaler;
-    CUDA only)."""
+    Every field is a flag of `transduce train` (`--max-tokens` for max_tokens; a boolean that
+    is on by default is turned off by `--no-NAME`), declared here once: the flag's help (and
+    metavar, choices) is the field's metadata (`transduce.cli.fields`)."""
+
+    max_tokens: int | None = field(default=None, metadata={"metavar": "N", "help": (
+        "padded tokens per micro-batch per process, each side (default: train.max_tokens, "
+        "25000 in the paper, divided by processes x update-freq)")})
+    update_freq: int = field(default=1, metadata={"metavar": "K", "help": (
+        "micro-batches accumulated per optimizer step; e.g. 8 on one device emulates the paper's 8 GPUs")})
+    max_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
+        "a cap: stop after M minutes of wall-clock time (this session), saying so when it binds "
+        "before --max-steps (the model is then not the recipe's)")})
+    """Validation and checkpoints on the way count; the final validation and checkpoint follow."""
+    clip_norm: float = field(default=0.0, metadata={"metavar": "X", "help": "clip the gradient norm (0 = off, the paper)"})
+    cooldown: float = field(default=0.0, metadata={"metavar": "F", "help": (
+        "not in the paper: decay the rate linearly to 0 over the last fraction F of "
+        "--max-steps; 0 = equation 3 alone (default)")})
+    """A fraction of max_steps, never of the clock: the schedule is the same on a fast and a slow machine."""
+    precision: str = field(default="auto", metadata={"choices": PRECISIONS, "help": (
+        "auto (default): bf16 where the device computes it natively and a product of the "
+        "model's size is measured faster, else fp32 (the choice and its reason are printed); "
+        "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
+        "fp16 autocast + GradScaler (CUDA only)")})
     seed: int = 1
-    valid_every: int = 1000
-    """Validate every N steps (0: only at the end)."""
-    save_every_steps: int = 0
-    """Checkpoint every N steps (0 = off)."""
-    save_every_minutes: float | None = None
-    """Checkpoint every M minutes (None: config.train.checkpoint_minutes, 10 as in 6.1; 0 = off)."""
-    keep_last: int | None = None
-    """Checkpoints kept (None: config.train.average_last, the number averaged; 0 = all)."""
-    resume: bool = False
-    threads: int | None = None
-    """CPU threads per process (None: the cores available / local processes)."""
-    device: str = "auto"
-    compile: bool = False
-    progress: bool = True
-    log_every: int = 100
-    """Log (JSONL, TensorBoard, progress bar) every N steps; with several processes also the
-    interval at which the time-based decisions (--max-minutes, --save-every-minutes) are made."""
-    tensorboard: bool = True
+    valid_every: int = field(default=1000, metadata={"metavar": "N", "help": (
+        "validation loss and perplexity every N steps (0: at the end only; default %(default)s)")})
+    save_every_steps: int = field(default=0, metadata={"metavar": "N", "help": "checkpoint every N steps (0 = off)"})
+    save_every_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
+        "checkpoint every M minutes (default: train.checkpoint_minutes, 10 as in the paper; 0 = off)")})
+    keep_last: int | None = field(default=None, metadata={"metavar": "K", "help": (
+        "checkpoints to keep (default: train.average_last, 5 base / 20 big; 0 = all)")})
+    resume: bool = field(default=False, metadata={"help": (
+        "continue from RUN_DIR's latest checkpoint, exactly (starts afresh if there is none)")})
+    threads: int | None = field(default=None, metadata={"metavar": "N", "help": (
+        "CPU threads per process (default: cores / local processes)")})
+    device: str = field(default="auto", metadata={"choices": ("auto", "cpu", "cuda")})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    progress: bool = field(default=True, metadata={"help": (
+        "no progress bar (there is none when stderr is not a terminal)")})
+    log_every: int = field(default=100, metadata={"metavar": "N", "help": "log every N steps (default %(default)s)"})
+    """Also, with several processes, the interval at which the time-based decisions
+    (max_minutes, save_every_minutes) are made."""
+    tensorboard: bool = field(default=True, metadata={"help": "no TensorBoard event files"})
 
 
 @dataclass
@@ -562,7 +563,7 @@ def train(
 
     Launched by torchrun, joins the process group itself (see `setup_distributed`). With
     `opts.resume` and a checkpoint in `run_dir`, continues it exactly (the config must then be
-    the run's own, see `run`)."""
+    the run's own, as `transduce.cli.train.resolve_config` makes it)."""
     opts = opts or TrainOptions()
     env = setup_distributed(opts.device)
     try:
@@ -810,137 +811,3 @@ def _say(env: DistEnv, message: str, bar=None) -> None:
             bar.write(message)
         else:
             print(message, flush=True)
-
-
-# --- the command line -----------------------------------------------------------------------------
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    """The options of `transduce train`. Regime flags default to the preset's TrainConfig."""
-    d = TrainOptions()
-    g = parser.add_argument_group("input and output")
-    g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output directory "
-                   "(with --resume, defaults to the one recorded in RUN_DIR/data.json)")
-    g.add_argument("--run-dir", type=Path, required=True, metavar="DIR",
-                   help="where config, vocabulary, checkpoints, logs and the final model go")
-    g.add_argument("--preset", metavar="NAME", help=f"model and regime (default: base); one of: {', '.join(PRESETS)}")
-    g.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a config field, e.g. --set model.n_layers=3 (repeatable)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from RUN_DIR's latest checkpoint, exactly (starts afresh if there is none)")
-
-    g = parser.add_argument_group("batching (5.1) and hardware (5.2)")
-    g.add_argument("--max-tokens", type=int, metavar="N",
-                   help="padded tokens per micro-batch per process, each side (default: train.max_tokens, "
-                        "25000 in the paper, divided by processes x update-freq)")
-    g.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
-                   help="micro-batches accumulated per optimizer step; e.g. 8 on one device emulates the paper's 8 GPUs")
-    g.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (default: train.max_steps, 100K base, 300K big)")
-    g.add_argument("--max-minutes", type=float, metavar="M",
-                   help="a cap: stop after M minutes of wall-clock time (this session), saying so when it binds "
-                        "before --max-steps (the model is then not the recipe's)")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
-    g.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                   help="auto (default): bf16 where the device computes it natively and a product of the "
-                        "model's size is measured faster, else fp32 (the choice and its reason are printed); "
-                        "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
-                        "fp16 autocast + GradScaler (CUDA only)")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads per process (default: cores / local processes)")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
-
-    g = parser.add_argument_group("optimizer (5.3) and regularization (5.4)")
-    g.add_argument("--warmup", type=int, metavar="N", help="warmup_steps of equation 3 (default: train.warmup_steps, 4000)")
-    g.add_argument("--lr-scale", type=float, metavar="X", help="factor on equation 3 (default: train.lr_scale, 1.0)")
-    g.add_argument("--label-smoothing", type=float, metavar="EPS", help="eps_ls (default: train.label_smoothing, 0.1)")
-    g.add_argument("--cooldown", type=float, default=d.cooldown, metavar="F",
-                   help="not in the paper: decay the rate linearly to 0 over the last fraction F of "
-                        "--max-steps; 0 = equation 3 alone (default)")
-    g.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X", help="clip the gradient norm (0 = off, the paper)")
-    g.add_argument("--seed", type=int, default=d.seed)
-
-    g = parser.add_argument_group("validation, checkpoints (6.1), logs")
-    g.add_argument("--valid-every", type=int, default=d.valid_every, metavar="N",
-                   help=f"validation loss and perplexity every N steps (0: at the end only; default {d.valid_every})")
-    g.add_argument("--save-every-steps", type=int, default=d.save_every_steps, metavar="N", help="checkpoint every N steps (0 = off)")
-    g.add_argument("--save-every-minutes", type=float, metavar="M",
-                   help="checkpoint every M minutes (default: train.checkpoint_minutes, 10 as in the paper; 0 = off)")
-    g.add_argument("--keep-last", type=int, metavar="K",
-                   help="checkpoints to keep (default: train.average_last, 5 base / 20 big; 0 = all)")
-    g.add_argument("--log-every", type=int, default=d.log_every, metavar="N", help=f"log every N steps (default {d.log_every})")
-    g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
-
-
-def _options(args: argparse.Namespace) -> TrainOptions:
-    return TrainOptions(
-        max_tokens=args.max_tokens, update_freq=args.update_freq, max_minutes=args.max_minutes,
-        clip_norm=args.clip_norm, cooldown=args.cooldown, precision=args.precision, seed=args.seed, valid_every=args.valid_every,
-        save_every_steps=args.save_every_steps, save_every_minutes=args.save_every_minutes,
-        keep_last=args.keep_last, resume=args.resume, threads=args.threads, device=args.device,
-        compile=args.compile, progress=not args.no_progress, log_every=max(1, args.log_every),
-        tensorboard=not args.no_tensorboard,
-    )
-
-
-def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
-    """The run's Config and data directory from the command line (and, resuming, the run dir)."""
-    run_dir: Path = args.run_dir
-    resuming = args.resume and latest_checkpoint(run_dir) is not None
-    data_dir = args.data
-    if data_dir is None:
-        recorded = run_dir / "data.json"
-        if not (args.resume and recorded.is_file()):
-            raise UsageError("--data DIR is required (a `transduce prepare` output directory)")
-        data_dir = Path(json.loads(recorded.read_text(encoding="utf-8"))["data_dir"])
-    if not data_dir.is_dir():
-        raise UsageError(f"{data_dir}: no such data directory (run `transduce prepare --out {data_dir}` first)")
-    meta = read_metadata(data_dir)
-
-    if resuming:
-        config = load_config(latest_checkpoint(run_dir))
-        if args.preset or args.set:  # allowed only if they describe the same model
-            requested = config_for_data(args.preset or "base", args.set, meta)
-            if requested.model != config.model:
-                raise UsageError("--preset/--set describe a different model than the run being resumed "
-                                 f"({run_dir / 'config.json'}); drop them or use another --run-dir")
-            config.train = requested.train
-    else:
-        config = config_for_data(args.preset or "base", args.set, meta)
-    t = config.train
-    for flag, name in (("max_steps", "max_steps"), ("warmup", "warmup_steps"), ("lr_scale", "lr_scale"),
-                       ("label_smoothing", "label_smoothing"), ("save_every_minutes", "checkpoint_minutes")):
-        value = getattr(args, flag)
-        if value is not None:
-            setattr(t, name, value)
-    if t.max_steps < 0 or t.warmup_steps < 1 or not 0 <= t.label_smoothing < 1:
-        raise UsageError("need --max-steps >= 0, --warmup >= 1 and 0 <= --label-smoothing < 1")
-    return config, data_dir
-
-
-def run(args: argparse.Namespace) -> int:
-    """`transduce train`: returns the exit status (0, or 2 for bad input, reported on one line)."""
-    try:
-        config, data_dir = resolve_config(args)
-        train(config, data_dir, args.run_dir, _options(args), log_extra={"argv": sys.argv})
-    except (UsageError, DataError) as e:
-        print(f"transduce train: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # e.g. a pair longer than --max-tokens, a config the model rejects
-        print(f"transduce train: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"transduce train: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="transduce train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_args(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
