@@ -9,7 +9,7 @@ from transduce.config import Config, ModelConfig, TrainConfig
 from transduce.model import Transformer
 from transduce.cli import main
 from transduce.checkpoint import TrainingState, save_checkpoint
-from transduce.train.trainer import build_optimizer
+from transduce.train.step import build_optimizer
 
 
 def _run_with_checkpoints(run_dir, n: int, separate: bool = False, average_last: int = 5):

@@ -17,7 +17,8 @@ from transduce.train.loss import label_smoothed_nll
 from transduce.train.schedule import cooldown_factor, noam_lr
 from train_data import VOCAB, make_data
 from transduce.cli import main
-from transduce.train.trainer import BatchStream, autocast_for, build_optimizer, set_lr, train_step
+from transduce.train.step import autocast_for, build_optimizer, set_lr, train_step
+from transduce.train.trainer import BatchStream
 
 
 

@@ -15,7 +15,8 @@ from transduce.checkpoint import (
     TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
 )
 from train_data import VOCAB, make_data
-from transduce.train.trainer import TrainOptions, build_optimizer, train
+from transduce.train.step import build_optimizer
+from transduce.train.trainer import TrainOptions, train
 
 
 

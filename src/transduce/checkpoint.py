@@ -345,7 +345,7 @@ def save_checkpoint(
     but the newest `keep_last` checkpoints (0 keeps all). Returns its directory.
 
     `model` is the plain module (not the DDP/compiled wrapper); `rng` maps names such as
-    "cpu/rank0" to RNG state tensors (see `trainer.gather_rng_states`).
+    "cpu/rank0" to RNG state tensors (see `transduce.train.distributed.gather_rng_states`).
     """
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 import torch
 
 from .data.vocab import BOS, EOS, PAD, Vocab
+from .device import resolve_device
 from .errors import DataError
 
 DEFAULT_BEAM = 4
@@ -313,9 +314,12 @@ def load_translation_model(
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
     """The model and vocabularies `transduce translate MODEL` uses (see the module docstring).
-    Raises FileNotFoundError, ValueError or DataError with a one-line message."""
+    `device` is a torch.device or a name (`transduce.device.resolve_device`: auto, cpu, cuda,
+    cuda:N). Raises FileNotFoundError, ValueError or DataError with a one-line message."""
     from .checkpoint import load_for_inference
 
+    if isinstance(device, str):
+        device = resolve_device(device)
     resolved = load_for_inference(path, checkpoint=checkpoint, average=average, device=device)
     model, config, what = resolved.model, resolved.config, resolved.description
     if vocab is not None and (src_vocab is not None or tgt_vocab is not None):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..device import DEVICES, resolve_device
 from ..translate import (
     DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS,
     DEFAULT_MAX_LEN_OFFSET, LoadedModel, load_translation_model,
@@ -27,7 +28,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--vocab", type=Path, metavar="SPM_MODEL", help="shared sentencepiece model (default: found beside the model)")
     g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
     g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
-    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N (default: auto)")
+    g.add_argument("--device", default="auto", metavar="NAME", help=f"{DEVICES} (default: auto, CUDA if available)")
     g.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's)")
 
 
@@ -54,15 +55,6 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
                    help=f"longer input lines are truncated, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
     g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                    help=f"lines read and sorted by length at a time (default {DEFAULT_CHUNK_LINES})")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but CUDA is not available")
-    return dev
 
 
 def check_decoding_args(args: argparse.Namespace) -> None:
