@@ -75,7 +75,7 @@ from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
 from transduce.model import Transformer, sinusoidal_positions  # noqa: E402
 from transduce.train.loss import label_smoothed_nll  # noqa: E402
-from transduce.train.trainer import attention_kernel_for  # noqa: E402
+from transduce.train.step import attention_kernel_for  # noqa: E402
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 VOCAB = {"small": 8000, "base": 37000}
@@ -221,7 +221,7 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
     def amp():
         return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
-    def kernel():  # transduce's trainer picks the SDPA kernel (see trainer.attention_kernel_for)
+    def kernel():  # transduce's trainer picks the SDPA kernel (see transduce.train.step.attention_kernel_for)
         if system == "transduce":
             return attention_kernel_for(torch.device("cpu"), precision)
         return contextlib.nullcontext()

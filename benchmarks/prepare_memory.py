@@ -4,7 +4,7 @@
     python benchmarks/prepare_memory.py --pairs 1000000 --gzip
 
 Writes a random-word parallel corpus (Zipf-distributed words, WMT-like sentence lengths) into a
-temporary directory, runs `python -m transduce.data.prepare` on it in a child process (the
+temporary directory, runs `python -m transduce prepare` on it in a child process (the
 vocabulary is trained on a sample of --vocab-sample sentences) and reports the child's peak
 resident memory (getrusage RUSAGE_CHILDREN ru_maxrss) and wall time. Target: peak < 2 GiB,
 whatever the corpus size, since text is streamed and tokens go straight to disk.
@@ -93,7 +93,7 @@ def main() -> int:
         print(f"corpus: {args.pairs:,} pairs, {corpus_bytes / 2**20:,.0f} MiB on disk, generated in {generate_s:.0f} s",
               flush=True)
 
-        command = [sys.executable, "-m", "transduce.data.prepare", "--src", "en", "--tgt", "de",
+        command = [sys.executable, "-m", "transduce", "prepare", "--src", "en", "--tgt", "de",
                    "--vocab-size", str(args.vocab_size), "--vocab-sample", str(args.vocab_sample),
                    "--out", str(work / "prepared")]
         for name, path in files.items():

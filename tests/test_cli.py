@@ -1,7 +1,16 @@
+import errno
+import os
 import subprocess
 import sys
+from pathlib import Path
 
-from transduce.cli import main
+import pytest
+
+from transduce.cli import SUBCOMMANDS, main, report_errors
+from transduce.errors import DataError, UsageError
+from train_data import make_data
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_info_prints_config_and_parameter_count(capsys):
@@ -23,6 +32,107 @@ def test_info_bad_override_is_one_line_error(capsys):
 
 
 def test_console_help_lists_subcommands():
-    out = subprocess.run([sys.executable, "-m", "transduce.cli", "--help"], capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    out = subprocess.run([sys.executable, "-m", "transduce", "--help"], capture_output=True, text=True, check=True,
+                         env=env).stdout
     for cmd in ("info", "prepare", "train", "average", "translate", "evaluate", "synthetic"):
         assert cmd in out
+
+
+# --- the one error reporter -------------------------------------------------------------------------
+
+
+def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
+    """A command line of `command` with bad input, and what its error message must say."""
+    missing = str(tmp / "missing.txt")
+    (tmp / "a_file").write_text("x\n")
+    return {
+        "info": (["--set", "model.nope=3"], "bad override"),
+        "prepare": (["--train-src", missing, "--train-tgt", missing, "--valid-src", missing, "--valid-tgt", missing,
+                     "--out", str(tmp / "out"), "--no-progress"], f"{missing}: no such file"),
+        "train": (["--data", str(tmp / "nope"), "--run-dir", str(tmp / "run")], "no such data directory"),
+        "average": ([str(tmp / "nope")], "no such run directory"),
+        "translate": ([str(tmp / "nope")], "no such directory"),
+        "evaluate": (["--hyp", missing, "--ref", missing], "give --tgt LANG"),
+        "synthetic": (["--max-steps", "0", "--save", str(tmp / "a_file" / "model")], "Not a directory"),  # an OSError
+    }[command]
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_reports_bad_input_on_one_line_with_status_2(command, tmp_path, capsys):
+    argv, message = _bad_input(command, tmp_path)
+    assert main([command, *argv]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error" in line]  # (progress bars may draw lines too)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"transduce {command}: error: ") and message in lines[0], err
+
+
+@pytest.mark.parametrize("error, line", [
+    (DataError("invalid UTF-8", "f.txt", 3), "f.txt:3: invalid UTF-8"),
+    (UsageError("give --data DIR"), "give --data DIR"),
+    (ValueError("two\nlines"), "two lines"),
+    (KeyError("a key's message"), "a key's message"),
+    (FileNotFoundError("runs/x: no such run directory"), "runs/x: no such run directory"),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.txt"), "x.txt: No such file or directory"),
+    (OSError(errno.ENOSPC, "No space left on device", "/out"), "/out: No space left on device"),
+])
+def test_the_reporter_turns_bad_input_into_one_line(error, line, capsys):
+    def fail():
+        raise error
+
+    assert report_errors("transduce x", fail) == 2
+    assert capsys.readouterr().err == f"transduce x: error: {line}\n"
+
+
+def test_the_reporter_is_quiet_on_a_closed_pipe_and_says_interrupted(capsys):
+    def closed():
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert report_errors("transduce x", closed) == 0
+    assert capsys.readouterr().err == ""
+    assert report_errors("transduce x", interrupted) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert report_errors("transduce x", lambda: None) == 0
+
+
+def test_a_bug_is_not_bad_input():
+    """Anything else is a bug: it keeps its traceback."""
+    with pytest.raises(ZeroDivisionError):
+        report_errors("transduce x", lambda: 1 / 0)
+
+
+def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
+    """Every TrainOptions field is a flag; booleans on by default are --no-NAME; the options
+    built back from the flags are the defaults when no flag is given."""
+    import dataclasses
+
+    from transduce.cli import build_parser
+    from transduce.cli.fields import from_args
+    from transduce.train.trainer import TrainOptions
+
+    parser = build_parser()
+    args = parser.parse_args(["train", "--run-dir", str(tmp_path)])
+    assert from_args(TrainOptions, args) == TrainOptions()
+    args = parser.parse_args(["train", "--run-dir", str(tmp_path), "--no-progress", "--no-tensorboard", "--resume",
+                              "--compile", "--max-tokens", "40", "--max-minutes", "1.5", "--precision", "bf16"])
+    got = from_args(TrainOptions, args)
+    assert (got.progress, got.tensorboard, got.resume, got.compile) == (False, False, True, True)
+    assert (got.max_tokens, got.max_minutes, got.precision) == (40, 1.5, "bf16")
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    train_help = capsys.readouterr().out
+    for f in dataclasses.fields(TrainOptions):
+        name = f.name.replace("_", "-")
+        assert (f"--no-{name}" if f.default is True else f"--{name}") in train_help, f.name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--run-dir", str(tmp_path), "--precision", "fp64"])  # choices from the field
+    data = make_data(tmp_path / "data")  # the TrainConfig flags land in the config
+    from transduce.cli.train import resolve_config
+
+    config, _ = resolve_config(parser.parse_args(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"),
+                                                  "--warmup", "3", "--save-every-minutes", "0", "--lr-scale", "2"]))
+    assert (config.train.warmup_steps, config.train.checkpoint_minutes, config.train.lr_scale) == (3, 0.0, 2.0)

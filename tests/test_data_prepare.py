@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from transduce.data.batching import ParallelDataset, load_vocabs, read_metadata
-from transduce.data.prepare import main
+from transduce.cli import main
 from transduce.data.text import read_lines
 from transduce.data.vocab import EOS
 
@@ -53,6 +53,11 @@ def files(tmp_path):
     return out
 
 
+def prepare(argv) -> int:
+    """`transduce prepare ARGV`."""
+    return main(["prepare", *argv])
+
+
 def args_for(files, out, *extra):
     argv = []
     for key, path in files.items():
@@ -66,7 +71,7 @@ def leftovers(parent):
 
 
 def run_error(capsys, argv):
-    assert main(argv) == 2
+    assert prepare(argv) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err  # one line, no traceback
@@ -81,7 +86,7 @@ def run_error(capsys, argv):
 def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRANSDUCE_DATA_DIR", raising=False)
     out = tmp_path / "m30k"
-    assert main(["--dataset", "multi30k", "--src", "en", "--tgt", "de", "--vocab-size", "2000",
+    assert prepare(["--dataset", "multi30k", "--src", "en", "--tgt", "de", "--vocab-size", "2000",
                  "--out", str(out), "--no-progress"]) == 0
     report = capsys.readouterr().out
     assert "29,000 pairs read" in report and "0 empty" in report
@@ -122,7 +127,7 @@ def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch):
 @needs_mirror
 def test_wmt14_sample_and_test_sets(tmp_path, capsys):
     out = tmp_path / "wmt"
-    assert main(["--dataset", "wmt14-en-de", "--train-split", "train-sample", "--src", "de", "--tgt", "en",
+    assert prepare(["--dataset", "wmt14-en-de", "--train-split", "train-sample", "--src", "de", "--tgt", "en",
                  "--data-dir", str(MIRROR), "--vocab-size", "1000", "--out", str(out), "--no-progress"]) == 0
     meta = read_metadata(out)
     assert {n: s["pairs"] for n, s in meta["splits"].items() if n != "train"} == {
@@ -144,7 +149,7 @@ def test_wmt14_full_training_set_is_a_clear_error(tmp_path, capsys, monkeypatch)
 
 def test_own_files(tmp_path, files, capsys):
     out = tmp_path / "data"
-    assert main(args_for(files, out)) == 0
+    assert prepare(args_for(files, out)) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["data.json", "spm.model", "spm.vocab"] + [f"{s}.{side}.{ext}" for s in ("train", "valid", "test")
                                                    for side in ("src", "tgt") for ext in ("bin", "idx")])
@@ -158,7 +163,7 @@ def test_own_files(tmp_path, files, capsys):
 
 def test_separate_vocabularies(tmp_path, files):
     out = tmp_path / "data"
-    assert main(args_for(files, out, "--separate-vocab")) == 0
+    assert prepare(args_for(files, out, "--separate-vocab")) == 0
     assert (out / "spm.src.model").is_file() and (out / "spm.tgt.model").is_file()
     assert not (out / "spm.model").exists()
     src_vocab, tgt_vocab = load_vocabs(out)
@@ -181,7 +186,7 @@ def test_filtering_is_counted_and_reported(tmp_path, files, capsys):
     files["valid_src"] = write_lines(tmp_path / "valid.en", valid_src)
 
     out = tmp_path / "data"
-    assert main(args_for(files, out, "--max-len", "100", "--max-ratio", "8")) == 0
+    assert prepare(args_for(files, out, "--max-len", "100", "--max-ratio", "8")) == 0
     report = capsys.readouterr().out
     assert "train: 1,996 pairs" in report
     assert "2,000 pairs read, 1,996 kept; dropped: 2 empty, 1 longer than 100 tokens, 1 with length ratio > 8" in report
@@ -194,7 +199,7 @@ def test_filtering_is_counted_and_reported(tmp_path, files, capsys):
 
 def test_help_runs_as_a_module():
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    result = subprocess.run([sys.executable, "-m", "transduce.data.prepare", "--help"], capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, "-m", "transduce", "prepare", "--help"], capture_output=True, text=True, env=env)
     assert result.returncode == 0 and "--vocab-size" in result.stdout and "--separate-vocab" in result.stdout
     assert "Warning" not in result.stderr
 
@@ -268,14 +273,14 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, files, capsys):
     (out / "precious.txt").write_text("keep me")
     assert run_error(capsys, args_for(files, out)) == f"{out}: output directory is not empty (use --overwrite to replace it)"
     assert (out / "precious.txt").read_text() == "keep me"
-    assert main(args_for(files, out, "--overwrite")) == 0
+    assert prepare(args_for(files, out, "--overwrite")) == 0
     assert not (out / "precious.txt").exists() and (out / "data.json").is_file()
     assert leftovers(tmp_path) == []
 
 
 def test_empty_output_directory_is_fine(tmp_path, files):
     (tmp_path / "out").mkdir()
-    assert main(args_for(files, tmp_path / "out")) == 0
+    assert prepare(args_for(files, tmp_path / "out")) == 0
 
 
 def test_argument_errors(tmp_path, files, capsys):

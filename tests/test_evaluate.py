@@ -12,21 +12,14 @@ import pytest
 import sacrebleu
 import torch
 
-from transduce.evaluate import (
-    compound_split, main, moses_tokenize, multi30k_tokenize, multi_bleu, paper_tokenize, score,
-)
+from transduce.cli import main
+from transduce.evaluate import compound_split, moses_tokenize, multi30k_tokenize, multi_bleu, paper_tokenize, score
 
 MIRROR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 needs_mirror = pytest.mark.skipif(not (MIRROR / "multi30k").is_dir(), reason="no local data mirror")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: thousands of tiny ops, which two threads on a busy machine only slow down."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # -- the ##AT## compound split: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' ------------------
@@ -185,7 +178,7 @@ def test_json_report_keys(tmp_path, capsys):
     hyp = _write(tmp_path / "hyp.de", ["Das ist Test.", "Der Auto-Fahrer hatte z.B. drei Kinder."])
     ref = _write(tmp_path / "ref.de", ["Das ist ein Test.", "Der Auto-Fahrer hat z.B. 3 Kinder."])
     tok = _write(tmp_path / "ref.tok.de", [multi30k_tokenize(x, "de") for x in ["Das ist ein Test.", "Der Auto-Fahrer hat z.B. 3 Kinder."]])
-    assert main(["--hyp", str(hyp), "--ref", str(ref), "--tok-ref", str(tok), "--tgt", "de", "--json"]) == 0
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tok-ref", str(tok), "--tgt", "de", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert {"n_sentences", "tgt_lang", "hyp", "ref", "tok_ref", "scores", "conventions"} <= set(report)
     assert report["n_sentences"] == 2
@@ -198,7 +191,7 @@ def test_json_report_keys(tmp_path, capsys):
     assert report["scores"]["paper_bleu"]["score"] == pytest.approx(32.22, abs=0.01)
     # The table, and the JSON into a file.
     out = tmp_path / "report.json"
-    assert main(["--hyp", str(hyp), "--ref", str(ref), "--tgt", "de", "--json", str(out)]) == 0
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tgt", "de", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert "sacreBLEU" in table and "paper: tokenized BLEU, compound split" in table and "32.22" in table
     assert set(json.loads(out.read_text())["scores"]) == {"sacrebleu", "chrf", "paper_bleu"}
@@ -207,14 +200,14 @@ def test_json_report_keys(tmp_path, capsys):
 def test_errors_are_one_line(tmp_path, capsys):
     hyp = _write(tmp_path / "hyp.de", ["a", "b"])
     ref = _write(tmp_path / "ref.de", ["a"])
-    assert main(["--hyp", str(hyp), "--ref", str(ref), "--tgt", "de"]) == 2
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tgt", "de"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"transduce evaluate: error: {hyp}: 2 lines, but the reference {ref} has 1"]
-    assert main(["--hyp", str(hyp), "--ref", str(hyp)]) == 2
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(hyp)]) == 2
     assert "give --tgt LANG" in capsys.readouterr().err
     bad = tmp_path / "bad.de"
     bad.write_bytes(b"ok\n\xffno\n")
-    assert main(["--hyp", str(bad), "--ref", str(hyp), "--tgt", "de"]) == 2
+    assert main(["evaluate", "--hyp", str(bad), "--ref", str(hyp), "--tgt", "de"]) == 2
     assert capsys.readouterr().err.strip() == f"transduce evaluate: error: {bad}:2: invalid UTF-8 (byte 0 of the line)"
 
 
@@ -225,7 +218,7 @@ def test_multi30k_dataset_from_the_mirror(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRANSDUCE_DATA_DIR", raising=False)
     with gzip.open(MIRROR / "multi30k" / "raw" / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         hyp = _write(tmp_path / "hyp.de", f.read().splitlines())
-    assert main(["--hyp", str(hyp), "--dataset", "multi30k", "--src", "en", "--tgt", "de", "--json"]) == 0
+    assert main(["evaluate", "--hyp", str(hyp), "--dataset", "multi30k", "--src", "en", "--tgt", "de", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n_sentences"] == 1000 and report["split"] == "test_2016_flickr"
     for key in ("sacrebleu", "paper_bleu", "multi30k_lc_tok_bleu"):  # the reference scored against itself
@@ -249,10 +242,10 @@ def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
     src = _write(tmp_path / "src.txt", lines[:5] + [""])
     ref = _write(tmp_path / "ref.txt", lines[5:10] + [""])
     saved = tmp_path / "hyp.txt"
-    assert main([str(model_dir), "--src-file", str(src), "--ref", str(ref), "--tgt", "de", "--beam", "2",
+    assert main(["evaluate", str(model_dir), "--src-file", str(src), "--ref", str(ref), "--tgt", "de", "--beam", "2",
                  "--max-len-offset", "3", "--save-hyp", str(saved), "--json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == str(model_dir) and report["decoding"]["beam"] == 2
     assert report["n_sentences"] == 6 and len(saved.read_text(encoding="utf-8").split("\n")) == 7
-    assert main([str(model_dir), "--hyp", str(saved), "--ref", str(ref), "--tgt", "de"]) == 2
+    assert main(["evaluate", str(model_dir), "--hyp", str(saved), "--ref", str(ref), "--tgt", "de"]) == 2
     assert "either --hyp FILE or a MODEL" in capsys.readouterr().err

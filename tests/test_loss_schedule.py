@@ -124,11 +124,11 @@ def test_trainer_smooths_over_emittable_classes_by_default():
     from transduce.config import TrainConfig
     from transduce.model import Transformer
     from transduce.config import ModelConfig
-    from transduce.train.trainer import evaluate
+    from transduce.train.step import evaluate
     from transduce.data.vocab import BOS, PAD
 
     assert TrainConfig().smooth_all_classes is False
     import inspect
-    from transduce.train import trainer
-    assert inspect.signature(trainer.train_step).parameters["smooth_exclude"].default == (PAD, BOS)
+    from transduce.train import step
+    assert inspect.signature(step.train_step).parameters["smooth_exclude"].default == (PAD, BOS)
     assert inspect.signature(evaluate).parameters["smooth_exclude"].default == (PAD, BOS)

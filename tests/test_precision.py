@@ -83,7 +83,7 @@ def test_this_machine_is_read_and_probed():
 
 def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path, monkeypatch, capsys):
     """The trainer says what it chose and why; `--precision bf16` where bf16 is emulated warns."""
-    from transduce.train.trainer import main
+    from transduce.cli import main
 
     monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)
     monkeypatch.setattr(precision, "probe_bf16_speedup", lambda **kw: 0.2)
@@ -92,11 +92,11 @@ def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path
               "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--threads", "1", "--no-progress",
               "--no-tensorboard", "--max-tokens", "64", "--max-steps", "2", "--valid-every", "0",
               "--save-every-minutes", "0"]
-    assert main(["--run-dir", str(tmp_path / "bf16"), "--precision", "bf16", *common]) == 0
+    assert main(["train", "--run-dir", str(tmp_path / "bf16"), "--precision", "bf16", *common]) == 0
     out = capsys.readouterr().out
     assert "precision: bf16 (as asked; AMD EPYC (Zen 3)" in out
     assert "warning: bf16 is emulated on this CPU" in out and "5.0x slower than fp32" in out
-    assert main(["--run-dir", str(tmp_path / "auto"), *common]) == 0  # auto is the default
+    assert main(["train", "--run-dir", str(tmp_path / "auto"), *common]) == 0  # auto is the default
     out = capsys.readouterr().out
     assert "precision: fp32 (auto: AMD EPYC (Zen 3): AVX2 only" in out and "warning" not in out
     start = json.loads((tmp_path / "auto" / "logs" / "train.jsonl").read_text().splitlines()[0])

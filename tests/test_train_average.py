@@ -1,6 +1,5 @@
 """Checkpoint averaging (Section 6.1): `transduce average RUN_DIR --last K`."""
 
-import argparse
 
 import pytest
 import torch
@@ -8,9 +7,9 @@ import torch
 from transduce.checkpoint import load_model
 from transduce.config import Config, ModelConfig, TrainConfig
 from transduce.model import Transformer
-from transduce.train import average
-from transduce.train.checkpointing import TrainingState, save_checkpoint
-from transduce.train.trainer import build_optimizer
+from transduce.cli import main
+from transduce.checkpoint import TrainingState, save_checkpoint
+from transduce.train.step import build_optimizer
 
 
 def _run_with_checkpoints(run_dir, n: int, separate: bool = False, average_last: int = 5):
@@ -28,15 +27,16 @@ def _run_with_checkpoints(run_dir, n: int, separate: bool = False, average_last:
     return states
 
 
-def args(run_dir, last=None, out=None):
-    return argparse.Namespace(run_dir=run_dir, last=last, out=out)
+def average(run_dir, last=None, out=None) -> int:
+    """`transduce average RUN_DIR [--last K] [--out DIR]`."""
+    return main(["average", str(run_dir)] + (["--last", str(last)] if last else []) + (["--out", str(out)] if out else []))
 
 
 @pytest.mark.parametrize("separate", [False, True])
 def test_average_of_two_is_the_elementwise_mean(tmp_path, separate):
     states = _run_with_checkpoints(tmp_path, 3, separate)
     out = tmp_path / "avg"
-    assert average.run(args(tmp_path, last=2, out=out)) == 0
+    assert average(tmp_path, last=2, out=out) == 0
     model, config = load_model(out)  # a model directory: loads strictly
     got = model.state_dict()
     for k, v in got.items():
@@ -51,14 +51,23 @@ def test_average_of_two_is_the_elementwise_mean(tmp_path, separate):
 
 def test_default_k_is_the_runs_average_last_and_default_output_dir(tmp_path, capsys):
     _run_with_checkpoints(tmp_path, 4, average_last=3)  # (5 for base, 20 for big)
-    assert average.run(args(tmp_path)) == 0
+    assert average(tmp_path) == 0
     assert "averaged 3 checkpoints (step_0000002 ... step_0000004)" in capsys.readouterr().out
     load_model(tmp_path / "avg_last3")
 
 
 def test_too_few_checkpoints_is_a_clear_error(tmp_path, capsys):
     _run_with_checkpoints(tmp_path, 2)
-    assert average.run(args(tmp_path, last=5)) == 2
+    assert average(tmp_path, last=5) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("transduce average: error:") and "--last 2" in err and "\n" not in err
-    assert average.run(args(tmp_path / "nope", last=1)) == 2
+    assert average(tmp_path / "nope", last=1) == 2
+
+
+def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path, capsys):
+    _run_with_checkpoints(tmp_path, 2)
+    weights = tmp_path / "checkpoints" / "step_0000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert average(tmp_path, last=2) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("transduce average: error:") and "step_0000002" in err and "\n" not in err

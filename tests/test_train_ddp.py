@@ -5,6 +5,7 @@ step each (--update-freq 2, so the no_sync() accumulation path runs); the single
 four consecutive batches per step (--update-freq 4). Every step then sees the same union of
 batches, normalised by the same token count, so the parameters and the logged losses must agree
 up to float rounding; the two ranks must hold identical parameters.
+And `torchrun -m transduce train` runs the command itself on 2 processes.
 """
 
 import json
@@ -100,3 +101,20 @@ def test_two_processes_match_one_process_with_the_union_of_their_batches(tmp_pat
     assert start["world_size"] == 2 and start["update_freq"] == 2
     assert start["batches_per_epoch"] >= 4 * STEPS  # within one epoch (no end-of-epoch shard padding)
     assert single_losses[-1] < single_losses[0]
+
+
+def test_torchrun_runs_the_transduce_command(tmp_path):
+    """`torchrun --nproc_per_node N -m transduce train ...`: the command joins the process group itself."""
+    data = make_data(tmp_path / "data", n_train=40, n_valid=4)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "transduce", "train",
+           "--data", str(data), "--run-dir", str(run), "--set", "model.n_layers=1", "--set", "model.d_model=16",
+           "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--max-tokens", "40", "--max-steps", "2",
+           "--valid-every", "0", "--save-every-minutes", "0", "--threads", "1", "--no-progress", "--no-tensorboard"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start = json.loads((run / "logs" / "train.jsonl").read_text().splitlines()[0])
+    assert start["world_size"] == 2 and start["argv"][1:3] == ["train", "--data"]
+    assert (run / "model" / "model.safetensors").is_file()

@@ -16,7 +16,9 @@ from transduce.model import Transformer
 from transduce.train.loss import label_smoothed_nll
 from transduce.train.schedule import cooldown_factor, noam_lr
 from train_data import VOCAB, make_data
-from transduce.train.trainer import BatchStream, autocast_for, build_optimizer, main, set_lr, train_step
+from transduce.cli import main
+from transduce.train.step import autocast_for, build_optimizer, set_lr, train_step
+from transduce.train.trainer import BatchStream
 
 
 
@@ -61,7 +63,7 @@ def test_cooldown_is_off_by_default_and_linear_to_zero():
 def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    rc = main(["--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "8",
+    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "8",
                "--valid-every", "0", "--log-every", "1", "--warmup", "2", "--cooldown", "0.5"])
     assert rc == 0
     lrs = [json.loads(line)["lr"] for line in (run / "logs" / "train.jsonl").read_text().splitlines()
@@ -75,11 +77,11 @@ def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
 def test_max_minutes_is_a_cap_that_says_when_it_binds(tmp_path, capsys):
     """The recipe is the steps; --max-minutes stops short of them only with a note, and the
     checkpoint forced there is marked off the interval (averaging leaves it out)."""
-    from transduce.train.average import last_checkpoints
+    from transduce.checkpoint import last_checkpoints
 
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    rc = main(["--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "100000",
+    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "100000",
                "--valid-every", "0", "--save-every-steps", "2", "--max-minutes", "0.004", "--log-every", "1"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -168,7 +170,7 @@ def test_batch_stream_position_continues_the_same_order(tmp_path):
 def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     data = make_data(tmp_path / "data", separate=True)
     run = tmp_path / "run"
-    rc = main(["--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--update-freq", "2",
+    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--update-freq", "2",
                "--max-steps", "4", "--save-every-steps", "2", "--valid-every", "2", "--log-every", "2", "--warmup", "3"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -203,7 +205,7 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     assert cfg.model.tgt_vocab_size == VOCAB + 5
 
     # --resume with nothing left to do, without --data (taken from RUN_DIR/data.json)
-    assert main(["--run-dir", str(run), "--resume", "--max-steps", "4", "--no-progress", "--no-tensorboard"]) == 0
+    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "4", "--no-progress", "--no-tensorboard"]) == 0
 
 
 @pytest.mark.parametrize(
@@ -223,7 +225,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
     data = make_data(tmp_path / "data", n_train=8, n_valid=2)
     (tmp_path / "empty").mkdir()
     extra = [str(tmp_path / "empty") if x == "EMPTY" else x for x in extra]
-    argv = ["--data", str(data), "--run-dir", str(tmp_path / "run"), "--max-steps", "1",
+    argv = ["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), "--max-steps", "1",
             "--no-progress", "--no-tensorboard", "--threads", "1"]
     rc = main(argv + extra)
     err = capsys.readouterr().err

@@ -10,12 +10,13 @@ import torch
 from transduce.checkpoint import load_model
 from transduce.config import Config, ModelConfig, TrainConfig
 from transduce.model import Transformer
-from transduce.train import checkpointing
-from transduce.train.checkpointing import (
+from transduce import checkpoint as checkpointing
+from transduce.checkpoint import (
     TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
 )
 from train_data import VOCAB, make_data
-from transduce.train.trainer import TrainOptions, build_optimizer, train
+from transduce.train.step import build_optimizer
+from transduce.train.trainer import TrainOptions, train
 
 
 

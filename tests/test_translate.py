@@ -15,19 +15,14 @@ import torch
 from transduce.checkpoint import save_model
 from transduce.config import Config, ModelConfig
 from transduce.data.vocab import Vocab, train_vocab
-from transduce.translate import load_translation_model, main, translate_lines, translate_stream
+from transduce.cli import main
+from transduce.translate import load_translation_model, translate_lines, translate_stream
 
 WORDS = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "grass", "red", "blue", "ball", "with",
          "two", "children", "play", "near", "water", "street", "looks"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: thousands of tiny ops, which two threads on a busy machine only slow down."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def sentence(rng: random.Random, n: int) -> str:
@@ -70,7 +65,7 @@ def write(path, lines):
 def test_line_count_preserved_including_empty_lines(model_dir, tmp_path):
     src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass", "   ", "blue ball", ""])
     out = tmp_path / "out.txt"
-    assert main([str(model_dir), "--input", str(src), "--output", str(out), *FAST]) == 0
+    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), *FAST]) == 0
     got = out.read_bytes().decode("utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == 6  # six lines, each ended by "\n"
     assert got[1] == "" and got[3] == "" and got[5] == ""
@@ -82,14 +77,14 @@ def test_gzip_input_and_output(model_dir, tmp_path):
     with gzip.open(src, "wt", encoding="utf-8") as f:
         f.write("a man runs\nthe red ball\n")
     out = tmp_path / "out.txt.gz"
-    assert main([str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
     with gzip.open(out, "rt", encoding="utf-8") as f:
         assert len(f.read().split("\n")) == 3
 
 
 def test_stdin_to_stdout(model_dir, monkeypatch, capsysbinary):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"a man runs\n\nthe dog\n")))
-    assert main([str(model_dir), *FAST]) == 0
+    assert main(["translate", str(model_dir), *FAST]) == 0
     out = capsysbinary.readouterr().out.decode("utf-8")
     assert out.count("\n") == 3 and out.split("\n")[1] == ""
 
@@ -98,7 +93,7 @@ def test_overlong_line_is_truncated_with_a_warning(model_dir, tmp_path, capsys):
     rng = random.Random(1)
     src = write(tmp_path / "in.txt", ["a man", sentence(rng, 40), "the dog"])
     out = tmp_path / "out.txt"
-    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--max-input-tokens", "8", *FAST]) == 0
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--max-input-tokens", "8", *FAST]) == 0
     err = capsys.readouterr().err
     assert f"transduce translate: warning: {src}:2:" in err and "limit of 8" in err
     assert f"{src}:1:" not in err and f"{src}:3:" not in err
@@ -119,7 +114,7 @@ def test_invalid_utf8_is_a_one_line_error_and_leaves_no_output(model_dir, tmp_pa
     src = tmp_path / "in.txt"
     src.write_bytes(b"a man runs\n" * 3 + b"the \xff dog\n" + b"blue ball\n")
     out = tmp_path / "out.txt"
-    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--chunk-lines", "2", *FAST]) == 2
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--chunk-lines", "2", *FAST]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0] == f"transduce translate: error: {src}:4: invalid UTF-8 (byte 4 of the line)"
@@ -152,7 +147,7 @@ def test_truncated_gzip_is_the_same_one_line_error_everywhere(model_dir, tmp_pat
 def test_missing_vocabulary_is_a_one_line_error(loaded, tmp_path, capsys):
     d = tmp_path / "bare"
     save_model(loaded.model, loaded.config, d)
-    assert main([str(d), *FAST]) == 2
+    assert main(["translate", str(d), *FAST]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pass --vocab" in err[0]
 
@@ -186,10 +181,10 @@ def test_cli_precision_auto_says_what_it_chose_and_bf16_warns_where_emulated(mod
     monkeypatch.setattr(precision, "read_capability",
                         lambda device: Capability("cpu", "AMD EPYC (Zen 3)", False, "AVX2 only, no bf16 instructions"))
     monkeypatch.setattr(precision, "probe_bf16_speedup", lambda **kw: 0.25)
-    assert main([str(model_dir), "-i", str(src), "-o", str(tmp_path / "a.txt"), *FAST[1:]]) == 0  # not --quiet
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(tmp_path / "a.txt"), *FAST[1:]]) == 0  # not --quiet
     err = capsys.readouterr().err
     assert "precision: fp32 (auto: AMD EPYC (Zen 3): AVX2 only" in err and "warning" not in err
-    assert main([str(model_dir), "-i", str(src), "-o", str(tmp_path / "b.txt"), "--precision", "bf16", *FAST[1:]]) == 0
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(tmp_path / "b.txt"), "--precision", "bf16", *FAST[1:]]) == 0
     err = capsys.readouterr().err
     assert "precision: bf16 (as asked" in err and "warning: bf16 is emulated on this CPU" in err and "4.0x slower" in err
     assert (tmp_path / "b.txt").read_text().count("\n") == 2
@@ -209,7 +204,7 @@ def test_cli_bf16_casts_the_weights_and_keeps_line_count(model_dir, tmp_path, mo
     monkeypatch.setattr(translate, "translate_stream", spy)
     src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass"])
     out = tmp_path / "out.txt"
-    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--bf16", "--n-best", "2", *FAST]) == 0
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--bf16", "--n-best", "2", *FAST]) == 0
     assert seen["dtype"] == torch.bfloat16
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     assert {int(r[0]) for r in rows} == {1, 2, 3} and all(float(r[3]) <= 0 for r in rows)
@@ -218,7 +213,7 @@ def test_cli_bf16_casts_the_weights_and_keeps_line_count(model_dir, tmp_path, mo
 def test_n_best_format(model_dir, tmp_path):
     src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass"])
     out = tmp_path / "out.tsv"
-    assert main([str(model_dir), "-i", str(src), "-o", str(out), "--quiet", "--beam", "3", "--n-best", "3",
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--quiet", "--beam", "3", "--n-best", "3",
                  "--max-len-offset", "4"]) == 0
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     assert all(len(r) == 5 for r in rows)
@@ -236,13 +231,13 @@ def test_n_best_format(model_dir, tmp_path):
 
 
 def test_n_best_larger_than_beam_is_an_error(model_dir, capsys):
-    assert main([str(model_dir), "--beam", "2", "--n-best", "3"]) == 2
+    assert main(["translate", str(model_dir), "--beam", "2", "--n-best", "3"]) == 2
     assert "--n-best must be between 1 and --beam" in capsys.readouterr().err
 
 
 def _run_dir_with_checkpoints(tmp_path, loaded, model_dir):
     """A run directory with two checkpoints holding the same weights."""
-    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+    from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 
     run = tmp_path / "run"
     for step in (1, 2):
@@ -262,15 +257,15 @@ def test_average_of_two_identical_checkpoints_equals_one(loaded, model_dir, tmp_
         assert torch.equal(a, b), name
     src = write(tmp_path / "in.txt", ["a man runs", "the dog sits on the grass", "blue ball"])
     out_avg, out_one = tmp_path / "avg.txt", tmp_path / "one.txt"
-    assert main([str(run), "-i", str(src), "-o", str(out_avg), "--average", "2", *FAST]) == 0
-    assert main([str(run), "-i", str(src), "-o", str(out_one), "--checkpoint", "step_0000001", *FAST]) == 0
+    assert main(["translate", str(run), "-i", str(src), "-o", str(out_avg), "--average", "2", *FAST]) == 0
+    assert main(["translate", str(run), "-i", str(src), "-o", str(out_one), "--checkpoint", "step_0000001", *FAST]) == 0
     assert out_avg.read_text(encoding="utf-8") == out_one.read_text(encoding="utf-8")
 
 
 def test_run_dir_defaults_to_the_average_of_its_last_checkpoints_and_rejects_bad_choices(loaded, model_dir, tmp_path, capsys):
     """6.1: every result of the paper is averaged, so a run directory gives the average of its
     last train.average_last checkpoints (all it has, if fewer); one checkpoint is a choice."""
-    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+    from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 
     run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
     assert loaded.config.train.average_last == 5
@@ -281,11 +276,11 @@ def test_run_dir_defaults_to_the_average_of_its_last_checkpoints_and_rejects_bad
     (d / STATE).write_text(TrainingState(step=3, on_interval=False).to_json(), encoding="utf-8")
     assert "(step_0000001 .. step_0000002)" in load_translation_model(run).description
     assert load_translation_model(run, checkpoint="latest").description.endswith("step_0000003")
-    assert main([str(run), "--average", "3", *FAST]) == 2
+    assert main(["translate", str(run), "--average", "3", *FAST]) == 2
     assert "asked for the last 3 checkpoints" in capsys.readouterr().err
-    assert main([str(run), "--average", "2", "--checkpoint", "latest", *FAST]) == 2
+    assert main(["translate", str(run), "--average", "2", "--checkpoint", "latest", *FAST]) == 2
     assert "not both" in capsys.readouterr().err
-    assert main([str(run), "--checkpoint", "step_0000009", *FAST]) == 2
+    assert main(["translate", str(run), "--checkpoint", "step_0000009", *FAST]) == 2
     assert "no such checkpoint" in capsys.readouterr().err
 
 
@@ -300,7 +295,7 @@ def test_run_dir_vocabulary_from_data_json(loaded, model_dir, tmp_path):
 
 def test_average_is_the_elementwise_mean(loaded, model_dir, tmp_path):
     from transduce.model import Transformer
-    from transduce.train.checkpointing import STATE, TrainingState, checkpoint_name
+    from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 
     run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
     shifted = Transformer(loaded.config.model)

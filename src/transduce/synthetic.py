@@ -3,6 +3,11 @@
 Masks, the right shift of the decoder input, the loss, the schedule and the decoding cache all
 have to be right for a small Transformer to reach ~100% exact match on held-out sequences within
 a minute or two of CPU training. Used by the test suite and by `transduce synthetic`.
+
+The sequences are generated in memory, so the task does not go through the trainer's `train`
+(which reads a prepared directory), but it trains with the trainer's pieces: Adam from
+`build_optimizer` (5.3), the rate of equation 3 (`noam_lr`) set by `set_lr` before each step,
+and `train_step` (the loss summed over the non-pad target tokens, divided by their number).
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
+from .config import Config, ModelConfig
 from .decode import greedy_decode
 from .model import Transformer
-from .train.loss import label_smoothed_nll
-from .train.schedule import noam_scheduler
+from .train.schedule import noam_lr
+from .train.step import build_optimizer, set_lr, train_step
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 N_SPECIAL = 4
@@ -80,8 +85,7 @@ def train_synthetic(
         src_vocab_size=N_SPECIAL + n_symbols, n_layers=2, d_model=128, d_ff=256, n_heads=4, dropout=0.0
     )
     model = Transformer(c)
-    opt = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
-    sched = noam_scheduler(opt, c.d_model, warmup_steps=warmup_steps, scale=lr_scale)
+    opt = build_optimizer(model, Config(model=c))  # Adam, beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (5.3)
     g_train = torch.Generator().manual_seed(seed)
     g_dev = torch.Generator().manual_seed(seed + 500_009)
     dev = make_batch(task, n_dev, n_symbols, min_len, max_len, g_dev)
@@ -94,14 +98,12 @@ def train_synthetic(
     model.train()
     while step < max_steps and time.perf_counter() - start < seconds:
         src, tgt_in, tgt_out = make_batch(task, batch_size, n_symbols, min_len, max_len, g_train)
-        loss, _ = label_smoothed_nll(model(src, tgt_in), tgt_out, epsilon=0.0, pad_id=PAD, reduction="mean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
+        batch = {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": int((tgt_out != PAD).sum())}
+        set_lr(opt, noam_lr(step + 1, c.d_model, warmup_steps, lr_scale))  # equation 3, step counted from 1
+        sums, _ = train_step(model, opt, [batch], label_smoothing=0.0, pad_id=PAD, smooth_exclude=())
         step += 1
         if step % eval_every == 0:
-            loss_value = loss.item()
+            loss_value = sums[0].item() / batch["ntokens"]  # per target token
             dev_exact = exact_match(model, dev)
             model.train()
             if bar is not None:

@@ -1,57 +1,32 @@
-"""`transduce translate`: text in, translations out, line for line (Section 6.1's decoding).
+"""Translation: text in, translations out, line for line (Section 6.1's decoding).
 
-    transduce translate runs/base < newstest2014.en > hyp.de
-    transduce translate runs/base --input newstest2014.en.gz --output hyp.de --checkpoint latest
-    transduce translate path/to/model_dir --vocab spm.model --beam 4 --alpha 0.6
+`load_translation_model` loads what a MODEL argument names, with its vocabulary: a training run
+directory (by default the average of its last checkpoints, as in every result of the paper,
+6.1; or one checkpoint) or a model directory (`transduce.checkpoint.load_for_inference`), the
+vocabulary given or found beside it (a data.json or spm.model in the directory, its parent or
+its grandparent).
 
-MODEL is either
+`translate_stream` translates any iterable of lines and yields, for every line in order, its
+best candidates (`Candidate`: text, score, log-probability, tokens); `translate_lines` returns
+the best translation of each. Decoding is Section 6.1's: beam search with beam 4, length
+penalty alpha = 0.6 (GNMT's ((5+|Y|)/6)^alpha), maximum output length input length + 50
+(`transduce.decode.beam_search`); `greedy=True` is the fast beam-1 path
+(`transduce.decode.greedy_decode`).
 
-* a training run directory (`transduce train --run-dir`): its vocabulary comes from its
-  data.json and the copied spm*.model files; the model is, as in every result of the paper
-  (6.1), the average of its last checkpoints written at the checkpoint interval: as many as the
-  run's train.average_last (5 base, 20 big), or all it has if fewer, computed in memory;
-  `--average K` chooses K; `--checkpoint NAME|PATH` picks one checkpoint, unaveraged (a name
-  under RUN_DIR/checkpoints such as step_0100000 or 100000, `latest`, `model` for the final
-  weights, or any model directory); a run directory without checkpoints gives its model/; or
-* a model directory (model.safetensors + config.json, e.g. RUN_DIR/checkpoints/step_*/ or the
-  output of `transduce average`), with `--vocab SPM_MODEL` (or `--src-vocab/--tgt-vocab`);
-  without them the vocabulary is looked for beside it (a data.json or spm.model in the
-  directory, its parent or its grandparent).
+Always one result per input line: an empty (or whitespace-only) line gives an empty
+translation without running the model; a line longer than the limit (`input_token_limit`:
+`max_input_tokens` subword tokens, default 1024, and with learned positions what the position
+table allows) is cut to the limit, with a warning naming the line. The input is streamed:
+`chunk_lines` lines (2000) at a time, each chunk sorted by length and cut into batches of at
+most `batch_tokens` padded source tokens and `batch_size` sentences, translated and put back in
+input order, so memory does not grow with the input.
 
-Decoding is Section 6.1's: beam search with beam 4, length penalty alpha = 0.6 (GNMT's
-((5+|Y|)/6)^alpha), maximum output length input length + 50 (`transduce.decode.beam_search`);
-`--greedy` is the fast beam-1 path (`transduce.decode.greedy_decode`).
-
-Input and output
-----------------
-One sentence per line (UTF-8, plain or gzip), from --input or stdin; one translation per line
-to --output or stdout. Always as many lines out as in:
-
-* an empty (or whitespace-only) line gives an empty line, without running the model;
-* a line longer than the limit (--max-input-tokens subword tokens, default 1024; with learned
-  positions also what the position table allows: max_positions - 1 - max_len_offset) is cut to
-  the limit, with a warning on stderr naming the line;
-* invalid UTF-8 is an error naming the file and line
-  (``transduce translate: error: FILE:LINE: invalid UTF-8 ...``, exit status 2). --output is
-  written to a temporary file and renamed at the end, so an error leaves no partial file.
-
-The input is streamed: read `--chunk-lines` lines (2000) at a time, each chunk sorted by length
-and cut into batches of at most --batch-tokens padded source tokens and --batch-size sentences,
-translated, put back in input order and written. Memory does not grow with the file.
-
-N-best output (``--n-best K``): tab-separated lines, K per input line (fewer if the search
-finished fewer; one line with an empty hypothesis for an empty input line), best first::
-
-    LINE <TAB> RANK <TAB> SCORE <TAB> LOGPROB <TAB> TEXT
-
-LINE is the 1-based input line number, RANK 1..K, SCORE is log P(Y|X) / lp(Y) (what the beam
-ranks by), LOGPROB is log P(Y|X) including EOS, TEXT the detokenized hypothesis (tabs and line
-breaks in it, which sentencepiece does not produce, would be replaced by spaces).
+`AtomicOutput` writes a file that appears whole or not at all. The command, with its input and
+output handling, is `transduce.cli.translate`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gzip
 import math
@@ -64,8 +39,9 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .data.text import DataError, iter_lines, open_text
 from .data.vocab import BOS, EOS, PAD, Vocab
+from .device import resolve_device
+from .errors import DataError
 
 DEFAULT_BEAM = 4
 DEFAULT_ALPHA = 0.6
@@ -79,11 +55,9 @@ DEFAULT_BATCH_SIZE = 128
 DEFAULT_CHUNK_LINES = 2000
 """Lines read, sorted and translated at a time."""
 
-PROG = "transduce translate"
-
 
 # ---------------------------------------------------------------------------------------------
-# The library: lines -> translations
+# Lines -> translations
 # ---------------------------------------------------------------------------------------------
 
 
@@ -305,36 +279,7 @@ class LoadedModel:
     """What was loaded, for the user: e.g. 'runs/base/checkpoints/step_0100000' or
     'average of the last 5 checkpoints (step_... .. step_...)'."""
     precision: object = None
-    """The `transduce.precision.Choice` it runs in (set by `load_from_args`)."""
-
-
-def _is_model_dir(path: Path) -> bool:
-    from .checkpoint import CONFIG, WEIGHTS
-
-    return (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
-
-
-def _resolve_checkpoint(run_dir: Path, name: str) -> Path:
-    """A checkpoint given as a path, a name under RUN_DIR/checkpoints, a step number, `latest`
-    or `model`."""
-    from .train.checkpointing import CHECKPOINTS, checkpoint_name, latest_checkpoint
-
-    as_path = Path(name)
-    if _is_model_dir(as_path):
-        return as_path
-    if name == "latest":
-        found = latest_checkpoint(run_dir)
-        if found is None:
-            raise FileNotFoundError(f"{run_dir / CHECKPOINTS}: no checkpoints")
-        return found
-    candidates = [run_dir / name, run_dir / CHECKPOINTS / name]
-    if name.isdigit():
-        candidates.append(run_dir / CHECKPOINTS / checkpoint_name(int(name)))
-    for c in candidates:
-        if _is_model_dir(c):
-            return c
-    raise FileNotFoundError(f"{name}: no such checkpoint (a model directory, a name under {run_dir / CHECKPOINTS}, "
-                            "a step number, 'latest' or 'model')")
+    """The `transduce.precision.Choice` it runs in (set by `transduce.cli.common.load_from_args`)."""
 
 
 def _find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
@@ -358,48 +303,6 @@ def _find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
     return None
 
 
-def _guarded(load, *args, **kwargs):
-    """Loading errors (a damaged or mismatched safetensors file, a bad config.json) as a
-    one-line ValueError."""
-    try:
-        return load(*args, **kwargs)
-    except (FileNotFoundError, ValueError):
-        raise
-    except Exception as e:  # safetensors' SafetensorError, torch's RuntimeError on shape mismatch, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"{args[0]}: cannot load the model ({first})") from None
-
-
-def _model_from_tensors(tensors: dict, config, where) -> torch.nn.Module:
-    """A Transformer holding `tensors` (named as in model.safetensors, where a tied embedding
-    is stored once under one of its names); every parameter must be covered."""
-    from .model import Transformer
-
-    model = Transformer(config.model)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    state = model.state_dict()
-    loaded = {state[k].data_ptr() for k in tensors if k in state}
-    missing = [k for k in missing if state[k].data_ptr() not in loaded]  # not an alias of a loaded tensor
-    if missing or unexpected:
-        raise ValueError(f"{where}: the averaged weights do not fit the model "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return model
-
-
-def _default_average(run_dir: Path) -> int | None:
-    """For a run directory with checkpoints: how many of the last to average by default, the run's
-    own train.average_last (6.1: 5 for base, 20 for big), or all it has if fewer. None when
-    it has no checkpoints (then its model/ is used)."""
-    from .train.checkpointing import list_checkpoints, on_interval, read_checkpoint_config
-
-    found = list_checkpoints(run_dir)
-    if not found:
-        return None
-    regular = [p for _, p in found if on_interval(p)] or [p for _, p in found]
-    k = _guarded(read_checkpoint_config, found[-1][1]).train.average_last
-    return max(1, min(k, len(regular)))
-
-
 def load_translation_model(
     path: str | os.PathLike,
     *,
@@ -411,44 +314,14 @@ def load_translation_model(
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
     """The model and vocabularies `transduce translate MODEL` uses (see the module docstring).
-    Raises FileNotFoundError, ValueError or DataError with a one-line message."""
-    from .checkpoint import load_model
+    `device` is a torch.device or a name (`transduce.device.resolve_device`: auto, cpu, cuda,
+    cuda:N). Raises FileNotFoundError, ValueError or DataError with a one-line message."""
+    from .checkpoint import load_for_inference
 
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
-    if checkpoint is not None and average is not None:
-        raise ValueError("give --checkpoint or --average, not both")
-    if average is None and checkpoint is None and not _is_model_dir(path):
-        average = _default_average(path)  # a run directory: averaged, as every result of the paper (6.1)
-    if average is not None:
-        from .train.average import average_checkpoints, last_checkpoints
-
-        if average < 1:
-            raise ValueError("--average must be at least 1")
-        paths = last_checkpoints(path, average)
-        tensors, config = _guarded(average_checkpoints, paths)
-        model = _model_from_tensors(tensors, config, paths[-1]).to(device).eval()
-        what = f"average of the last {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) of {path}"
-        vocab_dirs = [path]
-    else:
-        if checkpoint is not None:
-            model_dir = _resolve_checkpoint(path, checkpoint)
-        elif _is_model_dir(path):
-            model_dir = path
-        elif _is_model_dir(path / "model"):
-            model_dir = path / "model"
-        else:
-            from .train.checkpointing import latest_checkpoint
-
-            model_dir = latest_checkpoint(path)
-            if model_dir is None:
-                raise FileNotFoundError(f"{path}: neither a model directory (model.safetensors + config.json) "
-                                        "nor a run directory with a model/ or checkpoints/")
-        model, config = _guarded(load_model, model_dir, device=device)
-        what = str(model_dir)
-        # A run directory holds data.json; a checkpoint's is two levels up (RUN_DIR/checkpoints/step_*).
-        vocab_dirs = list(dict.fromkeys([path, model_dir, model_dir.parent, model_dir.parent.parent]))
+    if isinstance(device, str):
+        device = resolve_device(device)
+    resolved = load_for_inference(path, checkpoint=checkpoint, average=average, device=device)
+    model, config, what = resolved.model, resolved.config, resolved.description
     if vocab is not None and (src_vocab is not None or tgt_vocab is not None):
         raise ValueError("give --vocab (shared) or --src-vocab/--tgt-vocab, not both")
     if vocab is not None:
@@ -458,7 +331,7 @@ def load_translation_model(
             raise ValueError("give both --src-vocab and --tgt-vocab")
         sv, tv = Vocab(src_vocab), Vocab(tgt_vocab)
     else:
-        found = _find_vocabs(vocab_dirs)
+        found = _find_vocabs(resolved.search_dirs)
         if found is None:
             raise FileNotFoundError(f"no vocabulary found beside {what} (no data.json or spm.model): "
                                     "pass --vocab SPM_MODEL")
@@ -473,21 +346,8 @@ def load_translation_model(
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading and writing
+# Writing a file whole or not at all
 # ---------------------------------------------------------------------------------------------
-
-
-def _count_lines(path: Path) -> int | None:
-    """Lines of a plain file (for the progress bar's total); None for gzip."""
-    with open(path, "rb") as f:
-        if f.read(2) == b"\x1f\x8b":
-            return None
-        f.seek(0)
-        n, last = 0, b"\n"
-        for block in iter(lambda: f.read(1 << 20), b""):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
 
 
 class AtomicOutput:
@@ -514,196 +374,3 @@ class AtomicOutput:
             self.f.close()
             self._raw.close()
         self.tmp.unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# The command line
-# ---------------------------------------------------------------------------------------------
-
-
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """Options that choose the model and the vocabulary (shared with `transduce evaluate`)."""
-    g = parser.add_argument_group("model")
-    g.add_argument("--checkpoint", metavar="NAME|PATH",
-                   help="one checkpoint of the run, unaveraged: step_0100000, 100000, latest, model (the final "
-                        "weights), or a model directory")
-    g.add_argument("--average", type=int, metavar="K",
-                   help="average the last K checkpoints of the run in memory (default for a run directory: the "
-                        "run's train.average_last, as in 6.1: 5 base, 20 big; or all it has, if fewer)")
-    g.add_argument("--vocab", type=Path, metavar="SPM_MODEL", help="shared sentencepiece model (default: found beside the model)")
-    g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
-    g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
-    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda or cuda:N (default: auto)")
-    g.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's)")
-
-
-def add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    """Search and batching options (shared with `transduce evaluate`)."""
-    g = parser.add_argument_group("search (Section 6.1)")
-    g.add_argument("--beam", type=int, default=DEFAULT_BEAM, help=f"beam size (default {DEFAULT_BEAM})")
-    g.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                   help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA})")
-    g.add_argument("--max-len-offset", type=int, default=DEFAULT_MAX_LEN_OFFSET,
-                   help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
-    g.add_argument("--greedy", action="store_true", help="greedy decoding (the fast beam-1 path; ignores --beam, --alpha)")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                   help="auto (default): bf16 weights where the device computes bf16 natively and a product of "
-                        "the model's size is measured faster, else fp32 (the choice is printed); fp32; bf16 "
-                        "(warns where the CPU only emulates it). Log-probabilities and scores stay fp32")
-    g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
-    g = parser.add_argument_group("batching")
-    g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
-                   help=f"padded source tokens per batch at most (default {DEFAULT_BATCH_TOKENS})")
-    g.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                   help=f"sentences per batch at most (default {DEFAULT_BATCH_SIZE})")
-    g.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS,
-                   help=f"longer input lines are truncated, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
-    g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
-                   help=f"lines read and sorted by length at a time (default {DEFAULT_CHUNK_LINES})")
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    """The options of `transduce translate`."""
-    parser.add_argument("model_path", type=Path, metavar="MODEL",
-                        help="a training run directory, or a model directory (model.safetensors + config.json)")
-    g = parser.add_argument_group("input and output")
-    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences to translate, plain or .gz (default: stdin)")
-    g.add_argument("--output", "-o", type=Path, metavar="FILE",
-                   help="translations (default: stdout); written atomically, gzip if FILE ends in .gz")
-    g.add_argument("--n-best", type=int, metavar="K",
-                   help="write the K best hypotheses per line as TSV: LINE, RANK, SCORE, LOGPROB, TEXT")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no notes (warnings still shown)")
-    add_model_args(parser)
-    add_decoding_args(parser)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but CUDA is not available")
-    return dev
-
-
-def check_decoding_args(args: argparse.Namespace) -> None:
-    for name in ("beam", "batch_tokens", "batch_size", "max_input_tokens", "chunk_lines"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if args.max_len_offset < 0:
-        raise ValueError("--max-len-offset must not be negative")
-    if args.precision == "bf16":
-        dev = resolve_device(args.device)
-        if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError("this GPU does not support bf16")
-
-
-def load_from_args(args: argparse.Namespace) -> LoadedModel:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loaded = load_translation_model(
-        args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
-        src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device),
-    )
-    from .precision import choose_precision
-
-    mc = loaded.config.model
-    loaded.precision = choose_precision(args.precision, next(loaded.model.parameters()).device,
-                                        d_model=mc.d_model, d_ff=mc.d_ff)
-    args.bf16 = loaded.precision.precision == "bf16"
-    if args.bf16:
-        loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
-    return loaded
-
-
-def run(args: argparse.Namespace) -> int:
-    """`transduce translate`: 0 on success, 2 on bad input or options (one line on stderr)."""
-    from tqdm import tqdm
-
-    out: AtomicOutput | None = None
-    bar = None
-    infile: BinaryIO | None = None
-
-    def warn(msg: str) -> None:
-        tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)  # above the progress bar, if any
-
-    try:
-        check_decoding_args(args)
-        if args.n_best is not None:
-            if args.greedy and args.n_best != 1:
-                raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
-            if not args.greedy and not 1 <= args.n_best <= args.beam:
-                raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
-        if args.output is not None and str(args.output) != "-" and not args.output.absolute().parent.is_dir():
-            raise DataError("no such directory", args.output.absolute().parent)
-        if args.input is not None and str(args.input) != "-":
-            infile = open_text(args.input)
-            name = str(args.input)
-            interactive = False
-        else:
-            infile = sys.stdin.buffer
-            name = "<stdin>"
-            interactive = sys.stdin.isatty()
-        loaded = load_from_args(args)
-        if not args.quiet:
-            print(f"{PROG}: model {loaded.description}", file=sys.stderr)
-            print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
-        if loaded.precision.warning:
-            warn(loaded.precision.warning)
-        if args.output is not None and str(args.output) != "-":
-            out = AtomicOutput(args.output)
-            write, flush = out.write, lambda: None
-        else:
-            write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
-        if args.input is not None and not args.quiet and sys.stderr.isatty():
-            bar = tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
-        n_best = args.n_best or 1
-        stream = translate_stream(
-            loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
-            beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset, n_best=n_best,
-            greedy=args.greedy, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
-            max_input_tokens=args.max_input_tokens, bf16=args.bf16,
-            chunk_lines=1 if interactive else args.chunk_lines, source_name=name, warn=warn,
-            advance=bar.update if bar is not None else None,
-        )
-        for line_no, cands in enumerate(stream, start=1):
-            if args.n_best is None:
-                write((cands[0].text + "\n").encode("utf-8"))
-            else:
-                for rank, c in enumerate(cands, start=1):
-                    write(f"{line_no}\t{rank}\t{c.score:.6f}\t{c.logprob:.6f}\t{c.text}\n".encode("utf-8"))
-            if interactive:
-                flush()
-        flush()
-        if out is not None:
-            out.commit()
-            out = None
-    except (DataError, FileNotFoundError, ValueError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # e.g. `| head`: the reader is gone, stop quietly
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as e:
-        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
-        print(f"{PROG}: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
-    finally:
-        if out is not None:
-            out.discard()
-        if bar is not None:
-            bar.close()
-        if infile is not None and infile is not sys.stdin.buffer:
-            infile.close()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_args(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

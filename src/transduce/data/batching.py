@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .indexed import IndexedDataset
-from .text import DataError
+from ..errors import DataError
 from .vocab import BOS, PAD, Vocab
 
 METADATA = "data.json"  # written by `transduce prepare` into the data directory

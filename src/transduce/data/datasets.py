@@ -52,7 +52,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .text import DataError
+from ..errors import DataError
 
 ENV_DATA_DIR = "TRANSDUCE_DATA_DIR"
 ENV_CACHE_DIR = "TRANSDUCE_CACHE_DIR"

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .text import DataError
+from ..errors import DataError
 from .vocab import EOS
 
 

@@ -18,14 +18,13 @@ Output directory:
     train.src.bin/.idx  train.tgt.bin/.idx  valid.*  test.*  (+ extra test sets by name)
     data.json
 
-Everything is written into a temporary directory beside --out and renamed into place at the end,
-so a failure leaves nothing behind. Errors in the input are reported on one line
-(`transduce prepare: error: <file>:<line>: <what>`) with exit status 2.
+Everything is written into a temporary directory beside the output directory and renamed into
+place at the end, so a failure leaves nothing behind. Errors in the input raise `DataError`, one
+line naming the file and line (`transduce prepare: error: <file>:<line>: <what>`, exit status 2).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -39,10 +38,11 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
+from ..errors import DataError
 from .batching import METADATA
-from .datasets import DATASETS, fetch, get_dataset
+from .datasets import fetch, get_dataset
 from .indexed import IndexedWriter
-from .text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO, DataError, FilterReport, filter_reason, read_lines, read_parallel
+from .text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO, FilterReport, filter_reason, read_lines, read_parallel
 from .vocab import (
     BOS, DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE, EOS, PAD, UNK, Vocab, train_vocab,
 )
@@ -60,109 +60,20 @@ class Split:
     origin: str  # where it came from, e.g. "multi30k:test_2016_flickr" or "files"
 
 
-# --- the command line -------------------------------------------------------------------------------
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    """Add the options of `transduce prepare` to `parser`."""
-    g = parser.add_argument_group("input: a registered dataset")
-    g.add_argument("--dataset", choices=sorted(DATASETS), help="dataset name (fetched once, see transduce.data.datasets)")
-    g.add_argument("--src", help="source language, e.g. en (a label only when giving files)")
-    g.add_argument("--tgt", help="target language, e.g. de")
-    g.add_argument("--variant", default="raw", help="multi30k: raw (cased, untokenized; default) or tok (lowercased, tokenized)")
-    g.add_argument("--train-split", help="train on this split of the dataset instead of its usual one (e.g. train-sample)")
-    g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR, or ../shared/data beside the repository)")
-    g.add_argument("--cache-dir", help="where downloads go (default: $TRANSDUCE_CACHE_DIR or ~/.cache/transduce)")
-
-    g = parser.add_argument_group("input: your own line-aligned files (plain or .gz)")
-    for split in ("train", "valid", "test"):
-        g.add_argument(f"--{split}-src", type=Path, metavar="FILE")
-        g.add_argument(f"--{split}-tgt", type=Path, metavar="FILE")
-
-    g = parser.add_argument_group("vocabulary (sentencepiece BPE)")
-    g.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
-                   help=f"number of pieces (default {DEFAULT_VOCAB_SIZE}, for small corpora; the paper: 37000)")
-    g.add_argument("--separate-vocab", action="store_true", help="train separate source and target vocabularies")
-    g.add_argument("--vocab-sample", type=int, default=DEFAULT_SAMPLE_SIZE,
-                   help=f"train it on a random sample of this many sentences (default {DEFAULT_SAMPLE_SIZE:,})")
-    g.add_argument("--character-coverage", type=float, default=DEFAULT_CHARACTER_COVERAGE,
-                   help=f"share of characters the vocabulary covers, the rest become UNK (default {DEFAULT_CHARACTER_COVERAGE:g})")
-    g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample")
-
-    g = parser.add_argument_group("filtering of training pairs (lengths in subword tokens)")
-    g.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN, help=f"drop pairs with a longer side (default {DEFAULT_MAX_LEN})")
-    g.add_argument("--max-ratio", type=float, default=DEFAULT_MAX_RATIO,
-                   help=f"drop pairs whose length ratio exceeds this (default {DEFAULT_MAX_RATIO:g})")
-
-    g = parser.add_argument_group("output")
-    g.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
-    g.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run `transduce prepare`; return the exit status (0, or 2 for bad input)."""
-    try:
-        _check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
-        splits, src_lang, tgt_lang = resolve_splits(args)
-        meta = prepare(
-            splits,
-            args.out,
-            src_lang=src_lang,
-            tgt_lang=tgt_lang,
-            vocab_size=args.vocab_size,
-            separate_vocab=args.separate_vocab,
-            sample_size=args.vocab_sample,
-            character_coverage=args.character_coverage,
-            seed=args.seed,
-            max_len=args.max_len,
-            max_ratio=args.max_ratio,
-            overwrite=args.overwrite,
-            progress=not args.no_progress,
-            extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
-        )
-    except DataError as e:
-        print(f"transduce prepare: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # e.g. no space left, permission denied on --out
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"transduce prepare: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
-    print_report(meta)
-    return 0
-
-
-def resolve_splits(args: argparse.Namespace) -> tuple[list[Split], str, str]:
-    """The splits to prepare (train first), from --dataset or from the file options."""
-    files = {k: getattr(args, k) for k in ("train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")}
-    given = {k: v for k, v in files.items() if v is not None}
-    if args.dataset and given:
-        raise DataError("give either --dataset or --train-src/--train-tgt/..., not both")
-    if not args.dataset:
-        for split in ("train", "valid"):
-            if files[f"{split}_src"] is None or files[f"{split}_tgt"] is None:
-                raise DataError(f"give --dataset, or --{split}-src and --{split}-tgt")
-        if (files["test_src"] is None) != (files["test_tgt"] is None):
-            raise DataError("give both --test-src and --test-tgt, or neither")
-        names = ["train", "valid"] + (["test"] if files["test_src"] else [])
-        splits = [Split(n, files[f"{n}_src"], files[f"{n}_tgt"], "files") for n in names]
-        return splits, args.src or "src", args.tgt or "tgt"
-
-    info = get_dataset(args.dataset)
-    if not args.src or not args.tgt:
-        raise DataError(f"--dataset {info.name} needs --src and --tgt (languages: {', '.join(info.langs)})")
-    if args.src == args.tgt:
-        raise DataError(f"--src and --tgt are both {args.src!r}")
-    wanted = [("train", args.train_split or info.train), ("valid", info.valid), ("test", info.tests[0])]
-    wanted += [(name, name) for name in info.tests[1:]]
+def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train_split: str | None = None,
+                   data_dir: str | None = None, cache_dir: str | None = None) -> list[Split]:
+    """The splits of a registered dataset, fetched: train (its usual split, or `train_split`),
+    valid, test, then its other test sets under their own names."""
+    info = get_dataset(name)
+    wanted = [("train", train_split or info.train), ("valid", info.valid), ("test", info.tests[0])]
+    wanted += [(test, test) for test in info.tests[1:]]
     splits = []
-    for name, origin in wanted:
-        src, tgt = (
-            fetch(info.name, origin, lang, variant=args.variant, data_dir=args.data_dir, cache_dir=args.cache_dir)
-            for lang in (args.src, args.tgt)
+    for split, origin in wanted:
+        src_file, tgt_file = (
+            fetch(info.name, origin, lang, variant=variant, data_dir=data_dir, cache_dir=cache_dir) for lang in (src, tgt)
         )
-        splits.append(Split(name, src, tgt, f"{info.name}:{origin}"))
-    return splits, args.src, args.tgt
+        splits.append(Split(split, src_file, tgt_file, f"{info.name}:{origin}"))
+    return splits
 
 
 # --- the work ---------------------------------------------------------------------------------------
@@ -190,7 +101,7 @@ def prepare(
     if not splits or splits[0].name != "train":
         raise ValueError("the first split must be 'train'")
     out = Path(out).absolute()
-    _check_output_dir(out, overwrite)
+    check_output_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -226,7 +137,7 @@ def prepare(
     return meta
 
 
-def _check_output_dir(out: Path, overwrite: bool) -> None:
+def check_output_dir(out: Path, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise DataError("exists and is not a directory", out)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -238,7 +149,7 @@ def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private
-    _check_output_dir(out, overwrite)
+    check_output_dir(out, overwrite)
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.rename(out, old)
@@ -337,16 +248,3 @@ def print_report(meta: dict, file=None) -> None:
             print(f"  {name}: {counts}; {report.summary()}", file=file)
         else:
             print(f"  {name}: {counts} (evaluation split: kept whole)", file=file)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="transduce prepare",
-        description="Train a BPE vocabulary and write memory-mapped token arrays for training.",
-    )
-    add_args(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,8 +4,9 @@ A parallel corpus is two files, one sentence per line, where line i of the sourc
 line i of the target file (plain text or gzip, UTF-8). Everything here streams line by line: no
 function ever holds a whole corpus in memory.
 
-Bad input raises `DataError`, whose message is one line that names the file and, where it
-applies, the line: ``train.de:29001: train.en has only 29000 lines (line counts differ)``.
+Bad input raises `DataError` (defined in `transduce.errors`, importable from here too), whose
+message is one line that names the file and, where it applies, the line:
+``train.de:29001: train.en has only 29000 lines (line counts differ)``.
 
 Lines are split on b"\\n" only (a trailing "\\r" is removed). Python's text mode and
 `str.splitlines` would also split on "\\r", U+0085, U+2028 and U+2029, which do occur inside
@@ -20,22 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-
-class DataError(Exception):
-    """A problem with the user's data, reported as one line: ``<file>:<line>: <what>``."""
-
-    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None):
-        self.message = " ".join(str(message).split("\n"))
-        self.path = None if path is None else str(path)
-        self.line = line
-        super().__init__(str(self))
-
-    def __str__(self) -> str:
-        if self.path is None:
-            return self.message
-        if self.line is None:
-            return f"{self.path}: {self.message}"
-        return f"{self.path}:{self.line}: {self.message}"
+from ..errors import DataError
 
 
 def open_text(path: str | Path) -> BinaryIO:

@@ -26,7 +26,7 @@ from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
-from .text import DataError
+from ..errors import DataError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}

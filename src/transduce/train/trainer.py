@@ -1,7 +1,7 @@
 """`transduce train`: the training loop of Section 5, in one place.
 
     transduce train --data data/wmt14-en-de --run-dir runs/base --preset base --update-freq 8
-    torchrun --nproc_per_node 8 -m transduce.train.trainer --data ... --run-dir ... --preset base
+    torchrun --nproc_per_node 8 -m transduce train --data ... --run-dir ... --preset base
 
 What the paper says, and where it is done here:
 
@@ -12,77 +12,75 @@ What the paper says, and where it is done here:
   `world_size` processes; the paper's batch is max_tokens * update_freq * world_size ~ 25000
   (8 GPUs x 3125, or one process with --update-freq 8).
 * 5.2 Hardware and schedule. 8 GPUs, 100K steps (base) / 300K (big): torchrun +
-  DistributedDataParallel (`setup_distributed`); each rank trains on its shard of the batches.
-  --max-steps and --max-minutes bound the run.
-* 5.3 Optimizer. Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (`build_optimizer`); the
-  learning rate of equation 3 set before every optimizer step (`transduce.train.schedule.noam_lr`).
-  Not in the paper, an option: --cooldown F decays it linearly to 0 over the last fraction F of
-  the step budget (`cooldown_factor`).
+  DistributedDataParallel (`transduce.train.distributed.setup_distributed`); each rank trains
+  on its shard of the batches. config.train.max_steps and `TrainOptions.max_minutes`
+  (--max-steps, --max-minutes) bound the run.
+* 5.3 Optimizer. Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9
+  (`transduce.train.step.build_optimizer`); the learning rate of equation 3 set before every
+  optimizer step (`transduce.train.schedule.noam_lr`).
+  Not in the paper, an option: `TrainOptions.cooldown` (--cooldown F) decays it linearly to 0
+  over the last fraction F of the step budget (`cooldown_factor`).
 * 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
-* 6.1 Checkpoints every 10 minutes (--save-every-minutes), the last K kept for averaging
-  (`transduce average`, see average.py); the format is in checkpointing.py.
+* 6.1 Checkpoints every 10 minutes (config.train.checkpoint_minutes, --save-every-minutes) or N
+  steps, the last K kept for averaging (`transduce average`); what is written where:
+  `transduce.checkpoint`.
 
-Loss normalisation (documented because every toolkit does it differently): the label-smoothed
-loss is summed over the non-pad target tokens of every micro-batch and divided by the number of
-non-pad target tokens in the whole optimizer step, i.e. over all micro-batches of all ranks.
+Loss normalisation (documented because every toolkit does it differently; done by
+`transduce.train.step.train_step`): the label-smoothed loss is summed over the non-pad target
+tokens of every micro-batch and divided by the number of non-pad target tokens in the whole
+optimizer step, i.e. over all micro-batches of all ranks.
 Each rank scales its summed loss by world_size / N_total before backward, and DDP's gradient
 all-reduce averages over world_size, so the gradient is exactly d(sum of token losses) / N_total
 however the step is split across ranks and accumulation steps. (N_total is known before the
 forward passes: it comes from the collated batches, summed over ranks by one small all-reduce.)
 
-Run directory:
+The run directory's layout (config, data.json, vocabulary copies, checkpoints/, logs/, model/)
+is described once, in `transduce.checkpoint`.
 
-    RUN_DIR/config.json          the Config (model + training regime) the run uses
-    RUN_DIR/data.json            the data's metadata (+ "data_dir": where it was read from)
-    RUN_DIR/spm*.model, *.vocab  the vocabulary files, copied: later commands need only RUN_DIR
-    RUN_DIR/checkpoints/         step_*/ (each also a model directory) and `latest`
-    RUN_DIR/logs/train.jsonl     one JSON object per line: start, train, valid, checkpoint, end
-    RUN_DIR/logs/                TensorBoard event files (if tensorboard is installed)
-    RUN_DIR/model/               the final model (model.safetensors + config.json)
+Only rank 0 writes. Exact resume (`TrainOptions.resume`, --resume) restores the weights, Adam's
+moments, the step, the position in the epoch's batch order and every rank's RNG state (dropout),
+so an interrupted and resumed run ends with the same parameters as an uninterrupted one.
 
-Only rank 0 writes. Exact resume (--resume) restores the weights, Adam's moments, the step, the
-position in the epoch's batch order and every rank's RNG state (dropout), so an interrupted and
-resumed run ends with the same parameters as an uninterrupted one.
+Where the code is: `train` runs the phases in order: set up (threads, precision, batching, the
+data, the model, Adam), restore (a fresh start or exact resume), the loop (one optimizer step,
+the decisions to stop, logging, validation, checkpoints; its state is one `LoopState`), finish
+(the final validation, checkpoint and model directory). One optimizer step, the precision and
+the validation loss are in `transduce.train.step`; the process group, the collectives and the
+RNG states in `transduce.train.distributed`.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import dataclasses
 import inspect
 import json
 import math
 import os
-import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..checkpoint import atomic_write_text, save_model
-from ..config import PRESETS, Config, ModelConfig, apply_overrides, get_preset
-from ..data.batching import ParallelDataset, read_metadata
-from ..data.text import DataError
-from ..data.vocab import BOS, PAD
-from ..model import Transformer, count_parameters
-from .checkpointing import (
-    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, read_checkpoint_config, save_checkpoint,
+from ..checkpoint import (
+    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, prepare_run_dir, save_checkpoint, save_model,
 )
-from ..precision import PRECISIONS, choose_precision
-from .loss import label_smoothed_nll
+from ..config import PRESETS, Config, apply_overrides, get_preset
+from ..data.batching import ParallelDataset, read_metadata
+from ..data.vocab import BOS, PAD
+from ..device import DEVICES
+from ..errors import DataError, UsageError
+from ..model import Transformer, count_parameters
+from ..precision import PRECISIONS
+from .distributed import (
+    DistEnv, agree, all_reduce_, gather_rng_states, restore_rng_states, seed_dropout, set_threads, setup_distributed,
+)
 from .schedule import cooldown_factor, noam_lr
-
-
-
-class UsageError(Exception):
-    """Bad input from the command line: reported as one line, exit status 2."""
+from .step import build_optimizer, evaluate, make_grad_scaler, resolve_precision, set_lr, to_device, train_step
 
 
 # --- options --------------------------------------------------------------------------------------
@@ -90,44 +88,52 @@ class UsageError(Exception):
 
 @dataclass
 class TrainOptions:
-    """How to run the training (the regime itself, Section 5, is `Config.train`)."""
+    """How to run the training (the regime itself, Section 5, is `Config.train`).
 
-    max_tokens: int | None = None
-    """Padded tokens per micro-batch per process (source and target side each). None:
-    config.train.max_tokens / (world_size * update_freq), the paper's total budget."""
-    update_freq: int = 1
-    """Micro-batches accumulated per optimizer step (emulates more GPUs)."""
-    max_minutes: float | None = None
-    """Stop training after this many minutes of this session's wall-clock time (validation and
-    checkpoints on the way count; the final validation and checkpoint follow); None = no limit."""
-    clip_norm: float = 0.0
-    """Clip the gradient's global norm to this (0 = off, as in the paper)."""
-    cooldown: float = 0.0
-    """Decay the rate of equation 3 linearly to 0 over this last fraction of max_steps (never
-    of the clock: the schedule is the same on a fast and a slow machine); 0 = the paper's."""
-    precision: str = "auto"
-    """auto (bf16 where the device computes it natively and faster, else fp32:
-    `transduce.precision`), fp32, bf16 (autocast; CPU and CUDA) or fp16 (autocast + GradScaler;
-    CUDA only)."""
+    Every field is a flag of `transduce train` (`--max-tokens` for max_tokens; a boolean that
+    is on by default is turned off by `--no-NAME`), declared here once: the flag's help (and
+    metavar, choices) is the field's metadata (`transduce.cli.fields`)."""
+
+    max_tokens: int | None = field(default=None, metadata={"metavar": "N", "help": (
+        "padded tokens per micro-batch per process, each side (default: train.max_tokens, "
+        "25000 in the paper, divided by processes x update-freq)")})
+    update_freq: int = field(default=1, metadata={"metavar": "K", "help": (
+        "micro-batches accumulated per optimizer step; e.g. 8 on one device emulates the paper's 8 GPUs")})
+    max_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
+        "a cap: stop after M minutes of wall-clock time (this session), saying so when it binds "
+        "before --max-steps (the model is then not the recipe's)")})
+    """Validation and checkpoints on the way count; the final validation and checkpoint follow."""
+    clip_norm: float = field(default=0.0, metadata={"metavar": "X", "help": "clip the gradient norm (0 = off, the paper)"})
+    cooldown: float = field(default=0.0, metadata={"metavar": "F", "help": (
+        "not in the paper: decay the rate linearly to 0 over the last fraction F of "
+        "--max-steps; 0 = equation 3 alone (default)")})
+    """A fraction of max_steps, never of the clock: the schedule is the same on a fast and a slow machine."""
+    precision: str = field(default="auto", metadata={"choices": PRECISIONS, "help": (
+        "auto (default): bf16 where the device computes it natively and a product of the "
+        "model's size is measured faster, else fp32 (the choice and its reason are printed); "
+        "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
+        "fp16 autocast + GradScaler (CUDA only)")})
     seed: int = 1
-    valid_every: int = 1000
-    """Validate every N steps (0: only at the end)."""
-    save_every_steps: int = 0
-    """Checkpoint every N steps (0 = off)."""
-    save_every_minutes: float | None = None
-    """Checkpoint every M minutes (None: config.train.checkpoint_minutes, 10 as in 6.1; 0 = off)."""
-    keep_last: int | None = None
-    """Checkpoints kept (None: config.train.average_last, the number averaged; 0 = all)."""
-    resume: bool = False
-    threads: int | None = None
-    """CPU threads per process (None: the cores available / local processes)."""
-    device: str = "auto"
-    compile: bool = False
-    progress: bool = True
-    log_every: int = 100
-    """Log (JSONL, TensorBoard, progress bar) every N steps; with several processes also the
-    interval at which the time-based decisions (--max-minutes, --save-every-minutes) are made."""
-    tensorboard: bool = True
+    valid_every: int = field(default=1000, metadata={"metavar": "N", "help": (
+        "validation loss and perplexity every N steps (0: at the end only; default %(default)s)")})
+    save_every_steps: int = field(default=0, metadata={"metavar": "N", "help": "checkpoint every N steps (0 = off)"})
+    save_every_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
+        "checkpoint every M minutes (default: train.checkpoint_minutes, 10 as in the paper; 0 = off)")})
+    keep_last: int | None = field(default=None, metadata={"metavar": "K", "help": (
+        "checkpoints to keep (default: train.average_last, 5 base / 20 big; 0 = all)")})
+    resume: bool = field(default=False, metadata={"help": (
+        "continue from RUN_DIR's latest checkpoint, exactly (starts afresh if there is none)")})
+    threads: int | None = field(default=None, metadata={"metavar": "N", "help": (
+        "CPU threads per process (default: cores / local processes)")})
+    device: str = field(default="auto", metadata={"metavar": "NAME", "help": (
+        f"{DEVICES} (default: auto, CUDA if available; cuda: each process its local rank's GPU)")})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
+    progress: bool = field(default=True, metadata={"help": (
+        "no progress bar (there is none when stderr is not a terminal)")})
+    log_every: int = field(default=100, metadata={"metavar": "N", "help": "log every N steps (default %(default)s)"})
+    """Also, with several processes, the interval at which the time-based decisions
+    (max_minutes, save_every_minutes) are made."""
+    tensorboard: bool = field(default=True, metadata={"help": "no TensorBoard event files"})
 
 
 @dataclass
@@ -139,158 +145,6 @@ class TrainResult:
     """The last validation: loss, nll, ppl per target token."""
     run_dir: Path
     target_tokens_per_s: float
-
-
-# --- distributed setup ----------------------------------------------------------------------------
-
-
-@dataclass
-class DistEnv:
-    """This process's place in a torchrun job (a single process when not launched by torchrun)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    device: torch.device = torch.device("cpu")
-    owns_group: bool = False
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-    def close(self) -> None:
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda, but CUDA is not available")
-        return torch.device("cuda", local_rank)
-    if name != "cpu":
-        raise UsageError(f"unknown device {name!r} (auto, cpu or cuda)")
-    return torch.device("cpu")
-
-
-def setup_distributed(device: str = "auto") -> DistEnv:
-    """Read the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT) and join the process group: NCCL on CUDA, gloo on CPU (5.2).
-    Multi-node works the same way (`torchrun --nnodes ... --rdzv-endpoint ...`)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-    dev = resolve_device(device, local_rank)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    owns = False
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if dev.type == "cuda" else "gloo")
-        owns = True
-    return DistEnv(rank, world, local_rank, local_world, dev, owns)
-
-
-def set_threads(env: DistEnv, threads: int | None) -> None:
-    """CPU threads: as asked, else OMP_NUM_THREADS if set (torchrun sets it to 1 for several
-    processes), else the available cores shared among this machine's processes."""
-    if threads:
-        torch.set_num_threads(threads)
-    elif env.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(max(1, cores // env.local_world_size))
-
-
-def all_reduce_(t: Tensor, env: DistEnv, op=None) -> Tensor:
-    if env.distributed:
-        dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
-    return t
-
-
-# --- precision ------------------------------------------------------------------------------------
-
-
-def autocast_for(device: torch.device, precision: str):
-    """A fresh autocast context for the forward pass: bf16 on CPU or CUDA, fp16 on CUDA, or
-    nothing for fp32. (Adam's master weights and the loss's log-softmax stay fp32.)"""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def attention_kernel_for(device: torch.device, precision: str):
-    """The scaled-dot-product-attention kernel for training. On the CPU in bf16, PyTorch's
-    flash-attention backward is several times slower than the plain ("math") kernel, which
-    computes attention in fp32 (measured with torch 2.13, 186 x 22 tokens, 4 heads of 64:
-    backward 53 ms flash vs 12 ms math; 50 vs 26 ms at 100 tokens), so training uses the math
-    kernel there; elsewhere PyTorch chooses. The backward kernel is the one the forward chose."""
-    if device.type == "cpu" and precision == "bf16":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.MATH])
-    return contextlib.nullcontext()
-
-
-def resolve_precision(env: DistEnv, requested: str, model: ModelConfig) -> str:
-    """The precision this run trains in: `requested`, or for 'auto' the hardware's choice
-    (`transduce.precision.choose_precision`), said on one line. Rank 0 decides; every rank
-    follows, so that a probe's timing noise cannot split a job between two precisions."""
-    if requested not in PRECISIONS:
-        raise UsageError(f"unknown precision {requested!r} ({', '.join(PRECISIONS)})")
-    check_precision(env.device, requested)
-    choice = choose_precision(requested, env.device, d_model=model.d_model, d_ff=model.d_ff)
-    precision = choice.precision
-    if env.distributed:
-        code = torch.tensor([float(PRECISIONS.index(precision)) if env.is_main else 0.0], device=env.device)
-        precision = PRECISIONS[int(all_reduce_(code, env, dist.ReduceOp.MAX).item())]
-    _say(env, choice.line())
-    if choice.warning:
-        _say(env, f"warning: {choice.warning}")
-    check_precision(env.device, precision)
-    return precision
-
-
-def check_precision(device: torch.device, precision: str) -> None:
-    if precision == "fp16" and device.type != "cuda":
-        raise UsageError("--precision fp16 needs CUDA (it trains with a GradScaler); use bf16 on CPU")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UsageError("this GPU does not support bf16; use --precision fp16 or fp32")
-
-
-def make_grad_scaler(device: torch.device, precision: str):
-    """torch.amp.GradScaler for fp16 (None otherwise); torch >= 2.3 spells it torch.amp."""
-    if precision != "fp16":
-        return None
-    return torch.amp.GradScaler(device.type)
-
-
-# --- optimizer (5.3) ------------------------------------------------------------------------------
-
-
-def build_optimizer(model: nn.Module, config: Config) -> torch.optim.Adam:
-    """Adam, beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (5.3), fused where this torch build and the
-    device support it (one kernel for all parameters), else the multi-tensor (foreach) version.
-    The learning rate is set before each step by `set_lr` (equation 3)."""
-    t = config.train
-    params = [p for p in model.parameters() if p.requires_grad]
-    kwargs = dict(lr=0.0, betas=tuple(t.adam_betas), eps=t.adam_eps)
-    try:
-        return torch.optim.Adam(params, fused=True, **kwargs)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.Adam(params, **kwargs)
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
 
 
 # --- batches (5.1) --------------------------------------------------------------------------------
@@ -330,156 +184,6 @@ class BatchStream:
         batch = self._batches[self.position]
         self.position += 1
         return batch
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    """Move a collated batch's tensors to `device` (pinned + non-blocking on CUDA)."""
-    if device.type != "cuda":
-        return batch
-    return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-# --- one optimizer step ---------------------------------------------------------------------------
-
-
-def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    micro_batches: list[dict],
-    *,
-    label_smoothing: float,
-    env: DistEnv | None = None,
-    precision: str = "fp32",
-    scaler=None,
-    clip_norm: float = 0.0,
-    want_grad_norm: bool = False,
-    pad_id: int = PAD,
-    smooth_exclude: tuple[int, ...] = (PAD, BOS),
-) -> tuple[Tensor, Tensor | None]:
-    """One optimizer step on `micro_batches` (collated batches on the model's device),
-    forward + backward one at a time, gradients accumulated.
-
-    The loss is normalised by the non-pad target tokens of all micro-batches of all ranks (see
-    the module docstring), so a single process given the union of the ranks' micro-batches
-    computes the same update. With DDP (`model` wrapped), gradients are all-reduced only on the
-    last micro-batch (`no_sync()` on the others).
-
-    Returns (sums, grad_norm): sums = [smoothed loss, nll] summed over this rank's tokens (a
-    detached fp32 tensor: no host sync), grad_norm the global gradient norm before clipping
-    (a tensor, when clipping or `want_grad_norm`; else None). The learning rate must be set.
-    """
-    env = env or DistEnv(device=micro_batches[0]["src"].device)
-    local_tokens = sum(int(b["ntokens"]) for b in micro_batches)
-    if env.distributed:
-        total = torch.tensor(float(local_tokens), device=env.device)
-        dist.all_reduce(total)  # N_total over all ranks (asynchronous on the GPU stream)
-        loss_scale = env.world_size / total  # DDP averages over world_size: undo it
-    else:
-        loss_scale = 1.0 / local_tokens
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-    sums = torch.zeros(2, device=env.device)
-    for i, batch in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        with model.no_sync() if ddp and not last else contextlib.nullcontext():
-            with autocast_for(env.device, precision), attention_kernel_for(env.device, precision):
-                logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
-            loss, nll = label_smoothed_nll(logits, batch["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)  # sums, fp32
-            scaled = loss * loss_scale
-            (scaler.scale(scaled) if scaler is not None else scaled).backward()
-        sums += torch.stack([loss.detach(), nll.detach()])
-
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    grad_norm = None
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    if clip_norm > 0:
-        grad_norm = nn.utils.clip_grad_norm_(params, clip_norm)
-    elif want_grad_norm:
-        grad_norm = nn.utils.clip_grad_norm_(params, float("inf"))  # measures only
-    if scaler is not None:
-        scaler.step(optimizer)  # skipped if the gradients overflowed
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return sums, grad_norm
-
-
-# --- validation -----------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    dataset: ParallelDataset,
-    *,
-    max_tokens: int,
-    label_smoothing: float,
-    env: DistEnv | None = None,
-    precision: str = "fp32",
-    pad_id: int = PAD,
-    smooth_exclude: tuple[int, ...] = (PAD, BOS),
-) -> dict:
-    """Loss on a whole split, in eval mode (no dropout). Returns per target token: `loss` (the
-    label-smoothed loss, what training minimises), `nll` (plain negative log-likelihood) and
-    `ppl` = exp(nll), the per-token perplexity; and `tokens`. With several ranks each takes
-    every world-th batch (no padding, nothing counted twice) and the sums are all-reduced.
-
-    `model` should be the plain module (not the DDP wrapper: no collectives in its forward)."""
-    env = env or DistEnv(device=next(model.parameters()).device)
-    was_training = model.training
-    model.eval()
-    longest = int(max(dataset.src_sizes.max(initial=0), dataset.tgt_sizes.max(initial=0)))
-    batches = dataset.batches(max(max_tokens, longest), shuffle=False)  # evaluation splits are unfiltered
-    sums = torch.zeros(3, dtype=torch.float64, device=env.device)
-    for indices in batches[env.rank :: env.world_size]:
-        b = to_device(dataset.collate(indices), env.device)
-        with autocast_for(env.device, precision):
-            logits = model(b["src"], b["tgt_in"])
-        loss, nll = label_smoothed_nll(logits, b["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)
-        sums += torch.stack([loss.double(), nll.double(), torch.tensor(float(b["ntokens"]), dtype=torch.float64, device=env.device)])
-    all_reduce_(sums, env)
-    loss, nll, tokens = sums.tolist()
-    model.train(was_training)
-    tokens = max(tokens, 1.0)
-    return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 700.0)), "tokens": int(tokens)}
-
-
-# --- RNG state (exact resume) ---------------------------------------------------------------------
-
-
-def gather_rng_states(env: DistEnv) -> dict[str, Tensor]:
-    """Every rank's torch RNG states, {"cpu/rank{r}": uint8, "cuda/rank{r}": uint8} (a
-    collective: every rank must call it). Dropout draws from these."""
-    states = {"cpu": torch.get_rng_state()}
-    if env.device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(env.device)
-    if not env.distributed:
-        return {f"{k}/rank0": v for k, v in states.items()}
-    out = {}
-    for kind, state in states.items():
-        t = state.to(env.device)
-        gathered = [torch.empty_like(t) for _ in range(env.world_size)]
-        dist.all_gather(gathered, t)
-        out.update({f"{kind}/rank{r}": g.cpu() for r, g in enumerate(gathered)})
-    return out
-
-
-def restore_rng_states(rng: dict[str, Tensor], env: DistEnv) -> bool:
-    """Set this rank's RNG states from a checkpoint; False if it holds none for this rank."""
-    cpu = rng.get(f"cpu/rank{env.rank}")
-    if cpu is None:
-        return False
-    torch.set_rng_state(cpu)
-    cuda = rng.get(f"cuda/rank{env.rank}")
-    if cuda is not None and env.device.type == "cuda":
-        torch.cuda.set_rng_state(cuda, env.device)
-    return True
-
-
-def seed_dropout(seed: int, rank: int) -> None:
-    """A different dropout stream per rank (the model's initialisation used `seed` itself)."""
-    torch.manual_seed(seed * 1000 + 1 + rank)
 
 
 # --- logging --------------------------------------------------------------------------------------
@@ -544,18 +248,6 @@ def config_for_data(preset: str, overrides: list[str], meta: dict) -> Config:
     return config
 
 
-def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -> None:
-    """Create the run directory: config.json, data.json (with the data directory's absolute
-    path) and copies of the vocabulary files."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "config.json", config.to_json() + "\n")
-    atomic_write_text(run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n")
-    for name in sorted(set(meta["vocab"]["files"].values())):
-        for f in (data_dir / name, (data_dir / name).with_suffix(".vocab")):
-            if f.is_file() and not (run_dir / f.name).is_file():
-                shutil.copy2(f, run_dir / f.name)
-
-
 def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
     """Padded tokens per micro-batch per rank; records the total per step in config.train."""
     if opts.update_freq < 1:
@@ -567,7 +259,7 @@ def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
     return per_batch
 
 
-# --- the loop -------------------------------------------------------------------------------------
+# --- the loop: set up, restore, the steps, finish -------------------------------------------------
 
 
 def train(
@@ -582,24 +274,110 @@ def train(
 
     Launched by torchrun, joins the process group itself (see `setup_distributed`). With
     `opts.resume` and a checkpoint in `run_dir`, continues it exactly (the config must then be
-    the run's own, see `run`)."""
+    the run's own, as `transduce.cli.train.resolve_config` makes it)."""
     opts = opts or TrainOptions()
     env = setup_distributed(opts.device)
     try:
-        return _train(config, Path(data_dir), Path(run_dir), opts, env, log_extra or {})
+        run = _set_up(config, Path(data_dir), Path(run_dir), opts, env)
+        start = _restore(run)
+        state = _open(run, start, log_extra or {})
+        while not state.stop:
+            _step(run, state)
+        return _finish(run, state)
     finally:
         env.close()
 
 
-def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, env: DistEnv, log_extra: dict) -> TrainResult:
-    device = env.device
+@dataclass
+class Run:
+    """What a run fixes before its first step (`_set_up`, then `_open`); every phase reads it."""
+
+    config: Config
+    opts: TrainOptions
+    env: DistEnv
+    data_dir: Path
+    run_dir: Path
+    precision: str
+    max_tokens: int
+    """Padded tokens per micro-batch per rank (`resolve_batching`)."""
+    save_minutes: float
+    keep_last: int
+    smooth_exclude: tuple[int, ...]
+    meta: dict
+    train_set: ParallelDataset
+    valid_set: ParallelDataset | None
+    model: Transformer
+    """The plain module: what is validated and saved."""
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    train_model: nn.Module | None = None
+    """The module that trains: `model`, optionally compiled, wrapped in DDP for several processes."""
+    log: RunLog | None = None
+    """Rank 0's log (None on the other ranks)."""
+    bar: object = None
+    """Rank 0's progress bar, when stderr is a terminal."""
+
+
+@dataclass
+class Start:
+    """Where a run starts: step 0, or where its latest checkpoint left off (`_restore`)."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    """The index of the next batch in the epoch's order."""
+    train_seconds: float = 0.0
+    """Training time of the earlier sessions."""
+    target_tokens: int = 0
+    saved_at: int = -1
+    """The step of the newest checkpoint (-1: none)."""
+
+
+@dataclass
+class LoopState:
+    """What the loop changes, step after step (`_step`), and what `_finish` reports."""
+
+    step: int
+    stream: BatchStream
+    lr: float
+    """The rate of the latest step (before the first, equation 3 at the current step)."""
+    progress: float
+    """The share of the step budget used (for --cooldown): it follows the steps, never the clock."""
+    stop: bool
+    train_seconds: float
+    """Training time of the earlier sessions (from the checkpoint)."""
+    tokens_seen: int
+    """Target tokens trained on, earlier sessions included."""
+    saved_at: int
+    """The step of the newest checkpoint of this run (-1: none)."""
+    first_step: int
+    """The step this session started at."""
+    start: float
+    """The clocks (time.perf_counter): this session's start, the last checkpoint, the last log."""
+    last_save: float
+    last_log: float
+    interval_sums: Tensor
+    """[smoothed loss, nll] summed over this rank's tokens since the last log (on the device)."""
+    interval_tokens: int = 0
+    grad_norm: Tensor | None = None
+    """The gradient norm of the latest step that measured it, since the last log."""
+    step_seconds: float = 0.0
+    """Time in training steps in this session (no validation, no checkpoints)."""
+    session_tokens: int = 0
+    valid: dict | None = None
+    validated_at: int = -1
+    capped_at: int | None = None
+    """The step at which --max-minutes stopped the run short of max_steps."""
+
+
+# Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler.
+
+
+def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, env: DistEnv) -> Run:
     set_threads(env, opts.threads)
     precision = resolve_precision(env, opts.precision, config.model)
     t = config.train
     max_tokens = resolve_batching(opts, config, env)
-    save_minutes = t.checkpoint_minutes if opts.save_every_minutes is None else opts.save_every_minutes
-    keep_last = t.average_last if opts.keep_last is None else opts.keep_last
-    smooth_exclude = () if t.smooth_all_classes else (PAD, BOS)  # 5.4: no mass on what is never emitted
 
     # Data (5.1).
     meta = read_metadata(data_dir)
@@ -608,42 +386,77 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
 
     # Model, optimizer (5.3), precision.
     torch.manual_seed(opts.seed)
-    model = Transformer(config.model).to(device)
+    model = Transformer(config.model).to(env.device)
     optimizer = build_optimizer(model, config)
-    scaler = make_grad_scaler(device, precision)
+    scaler = make_grad_scaler(env.device, precision)
+    return Run(
+        config=config, opts=opts, env=env, data_dir=data_dir, run_dir=run_dir, precision=precision,
+        max_tokens=max_tokens,
+        save_minutes=t.checkpoint_minutes if opts.save_every_minutes is None else opts.save_every_minutes,
+        keep_last=t.average_last if opts.keep_last is None else opts.keep_last,
+        smooth_exclude=() if t.smooth_all_classes else (PAD, BOS),  # 5.4: no mass on what is never emitted
+        meta=meta, train_set=train_set, valid_set=valid_set, model=model, optimizer=optimizer, scaler=scaler,
+    )
 
-    # Fresh start or exact resume.
-    latest = latest_checkpoint(run_dir) if opts.resume else None
-    if latest is None and list_checkpoints(run_dir) and not opts.resume:
-        raise UsageError(f"{run_dir} already has checkpoints; pass --resume to continue it, or use another --run-dir")
-    step, epoch, position, train_seconds, tokens_seen = 0, 0, 0, 0.0, 0
-    saved_at = -1  # the step of the newest checkpoint of this session
-    if latest is not None:
-        ckpt = load_checkpoint(latest, model, optimizer, device)
-        s = ckpt.state
-        step, train_seconds, tokens_seen, saved_at = s.step, s.train_seconds, s.target_tokens, s.step
-        same_batches = (s.world_size, s.max_tokens, s.seed) == (env.world_size, max_tokens, opts.seed)
-        if same_batches:
-            epoch, position = s.epoch, s.position
-        else:  # the saved position indexes another batch list: go on with a fresh epoch
-            epoch, position = s.epoch + 1, 0
-            _say(env, f"note: batching changed since the checkpoint (world size, max tokens or seed): continuing at epoch {epoch}")
-        if scaler is not None and s.scaler:
-            scaler.load_state_dict(s.scaler)
-        if not (same_batches and restore_rng_states(ckpt.rng, env)):
-            seed_dropout(opts.seed + step, env.rank)
-    else:
+
+# Restore: a fresh start, or exact resume.
+
+
+def _restore(run: Run) -> Start:
+    """Where to start, with dropout's RNG set for it: at step 0, or exactly where the run's latest
+    checkpoint left off (weights, Adam's moments, the step, the position in the batch order, the
+    GradScaler and every rank's RNG state)."""
+    env, opts = run.env, run.opts
+    latest = latest_checkpoint(run.run_dir) if opts.resume else None
+    if latest is None and list_checkpoints(run.run_dir) and not opts.resume:
+        raise UsageError(f"{run.run_dir} already has checkpoints; pass --resume to continue it, or use another --run-dir")
+    if latest is None:
         seed_dropout(opts.seed, env.rank)
+        return Start()
+    ckpt = load_checkpoint(latest, run.model, run.optimizer, env.device)
+    s = ckpt.state
+    start = Start(step=s.step, epoch=s.epoch, position=s.position, train_seconds=s.train_seconds,
+                  target_tokens=s.target_tokens, saved_at=s.step)
+    same_batches = (s.world_size, s.max_tokens, s.seed) == (env.world_size, run.max_tokens, opts.seed)
+    if not same_batches:  # the saved position indexes another batch list: go on with a fresh epoch
+        start.epoch, start.position = s.epoch + 1, 0
+        env.say(f"note: batching changed since the checkpoint (world size, max tokens or seed): continuing at epoch {start.epoch}")
+    if run.scaler is not None and s.scaler:
+        run.scaler.load_state_dict(s.scaler)
+    if not (same_batches and restore_rng_states(ckpt.rng, env)):
+        seed_dropout(opts.seed + s.step, env.rank)
+    return start
 
+
+def _open(run: Run, start: Start, log_extra: dict) -> LoopState:
+    """Write the run directory (rank 0), start the batch stream at `start`, make the module that
+    trains, open the log and the progress bar, say what will be done; the loop's clocks start."""
+    env, opts, config = run.env, run.opts, run.config
+    t = config.train
     if env.is_main:
-        prepare_run_dir(run_dir, data_dir, meta, config)
-    stream = BatchStream(train_set, max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
-                         epoch=epoch, position=position)
+        prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
+    stream = BatchStream(run.train_set, run.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
+                         epoch=start.epoch, position=start.position)
+    run.train_model = _training_module(run)
+    run.log = RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None
+    run.bar = _progress_bar(env, opts, start.step, t.max_steps)
+    _announce(run, stream, start.step, log_extra)
+    now = time.perf_counter()
+    return LoopState(
+        step=start.step, stream=stream, lr=noam_lr(start.step, config.model.d_model, t.warmup_steps, t.lr_scale),
+        progress=start.step / max(t.max_steps, 1), stop=start.step >= t.max_steps,
+        train_seconds=start.train_seconds, tokens_seen=start.target_tokens, saved_at=start.saved_at,
+        first_step=start.step, start=now, last_save=now, last_log=now,
+        interval_sums=torch.zeros(2, device=env.device),
+    )
 
-    # The module that trains: optionally compiled, wrapped in DDP for several processes.
-    model.train()
-    train_model: nn.Module = torch.compile(model) if opts.compile else model
-    if env.distributed:
+
+def _training_module(run: Run) -> nn.Module:
+    """The module that trains: optionally compiled, wrapped in DDP for several processes."""
+    run.model.train()
+    train_model: nn.Module = torch.compile(run.model) if run.opts.compile else run.model
+    if run.env.distributed:
+        device = run.env.device
         DDP = nn.parallel.DistributedDataParallel
         # The only buffer is the table of fixed sinusoids, which grows on demand and may differ
         # in length between ranks: never sync it at forward (torch >= 2.12 renamed the option).
@@ -651,147 +464,182 @@ def _train(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, en
                           else {"broadcast_buffers": False})
         train_model = DDP(train_model, device_ids=[device.index] if device.type == "cuda" else None,
                           gradient_as_bucket_view=True, **no_buffer_sync)
+    return train_model
 
-    log = RunLog(run_dir / "logs", opts.tensorboard) if env.is_main else None
-    bar = _progress_bar(env, opts, step, t.max_steps)
-    n_params = count_parameters(model)
+
+def _announce(run: Run, stream: BatchStream, step: int, log_extra: dict) -> None:
+    """The log's "start" record and the opening lines."""
+    env, opts, config = run.env, run.opts, run.config
+    n_params = count_parameters(run.model)
     if not config.model.share_embeddings:  # 3.4's three-way tying needs one vocabulary: say what is shared
-        _say(env, "note: separate source and target vocabularies (or model.share_embeddings=false): the source "
-                  "embedding is its own matrix; the target embedding and the pre-softmax projection are "
-                  + ("tied (model.tie_output)" if config.model.tie_output else "separate too (model.tie_output=false)"))
-    if log is not None:
-        log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(device),
-                  precision=precision, max_tokens_per_batch=max_tokens, update_freq=opts.update_freq,
-                  batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
-                  config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
-    _say(env, f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {device} ({precision}), "
-              f"step {step} -> {t.max_steps}, {max_tokens} tokens x {opts.update_freq} micro-batches x "
-              f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")
+        env.say("note: separate source and target vocabularies (or model.share_embeddings=false): the source "
+                "embedding is its own matrix; the target embedding and the pre-softmax projection are "
+                + ("tied (model.tie_output)" if config.model.tie_output else "separate too (model.tie_output=false)"))
+    if run.log is not None:
+        run.log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(env.device),
+                      precision=run.precision, max_tokens_per_batch=run.max_tokens, update_freq=opts.update_freq,
+                      batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
+                      config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
+    env.say(f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {env.device} ({run.precision}), "
+            f"step {step} -> {config.train.max_steps}, {run.max_tokens} tokens x {opts.update_freq} micro-batches x "
+            f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")
 
-    def checkpoint(lr: float, on_interval: bool = True) -> None:
-        rng = gather_rng_states(env)  # a collective: every rank
-        if env.is_main:
-            state = TrainingState(
-                step=step, epoch=stream.epoch, position=stream.position, world_size=env.world_size,
-                max_tokens=max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=lr,
-                train_seconds=train_seconds + (time.perf_counter() - start), target_tokens=tokens_seen,
-                scaler=scaler.state_dict() if scaler is not None else None,
-                schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
-                          "cooldown": opts.cooldown},
-                optimizer={k: v for k, v in optimizer.param_groups[0].items() if k != "params"},
-                on_interval=on_interval,
-            )
-            path = save_checkpoint(run_dir, model, config, optimizer, state, rng, keep_last)
-            log.write("checkpoint", step, path=str(path))
 
-    def validate() -> dict | None:
-        if valid_set is None:
-            return None
-        r = evaluate(model, valid_set, max_tokens=max_tokens, label_smoothing=t.label_smoothing, env=env,
-                     precision=precision, smooth_exclude=smooth_exclude)
-        if log is not None:
-            log.write("valid", step, **r)
-        _say(env, f"step {step}: valid loss {r['loss']:.4f}, nll {r['nll']:.4f}, ppl {r['ppl']:.2f} ({r['tokens']} tokens)", bar)
-        return r
+# The loop: one step, its decisions, logging, validation and checkpoints.
 
-    start = time.perf_counter()
-    last_save = last_log = start
-    first_step = step
-    step_seconds, session_tokens = 0.0, 0  # time in training steps (no validation, no checkpoints), tokens
-    interval_tokens, interval_sums, grad_norm = 0, torch.zeros(2, device=device), None
-    lr, valid, tokens_per_s, validated_at = noam_lr(step, config.model.d_model, t.warmup_steps, t.lr_scale), None, 0.0, -1
-    stop = step >= t.max_steps
-    progress = step / max(t.max_steps, 1)  # share of the step budget used (for --cooldown)
-    capped_at = None  # the step at which --max-minutes stopped the run short of max_steps
-    while not stop:
-        # One optimizer step: update_freq micro-batches on every rank (5.1), lr of eq. 3 (5.3).
-        batches = [to_device(train_set.collate(stream.next()), device) for _ in range(opts.update_freq)]
-        lr = noam_lr(step + 1, config.model.d_model, t.warmup_steps, t.lr_scale) * cooldown_factor(progress, opts.cooldown)
-        set_lr(optimizer, lr)
-        log_now = (step + 1) % opts.log_every == 0 or step + 1 == t.max_steps
-        sums, norm = train_step(
-            train_model, optimizer, batches, label_smoothing=t.label_smoothing, env=env, precision=precision,
-            smooth_exclude=smooth_exclude,
-            scaler=scaler, clip_norm=opts.clip_norm, want_grad_norm=log_now,
-        )
-        step += 1
-        interval_sums += sums
-        interval_tokens += sum(b["ntokens"] for b in batches)
-        grad_norm = norm if norm is not None else grad_norm
-        if bar is not None:
-            bar.update(1)
 
-        # Decisions that depend on the clock: taken by rank 0 (every step alone, at log intervals
-        # with several processes, to avoid a host sync per step) and shared.
-        now = time.perf_counter()
-        time_up = opts.max_minutes is not None and now - start >= 60 * opts.max_minutes
-        save_due = save_minutes > 0 and now - last_save >= 60 * save_minutes
-        if env.distributed:
-            time_up, save_due = _agree(env, [time_up, save_due]) if log_now else (False, False)
-        stop = step >= t.max_steps or time_up
-        progress = step / max(t.max_steps, 1)  # the cooldown follows the steps, never the clock
-        if time_up and step < t.max_steps:
-            capped_at = step
+def _step(run: Run, state: LoopState) -> None:
+    """One pass of the loop: an optimizer step; whether to stop; the log at intervals; validation
+    and checkpoints when due (their time does not count as training time)."""
+    opts = run.opts
+    log_now = _optimizer_step(run, state)
+    now, save_due = _decide(run, state, log_now)
+    if log_now or state.stop:
+        _log_interval(run, state, now)
+    pause = time.perf_counter()  # validation and checkpoints do not count as training time
+    if opts.valid_every and state.step % opts.valid_every == 0 and not state.stop:
+        state.valid, state.validated_at = _validate(run, state), state.step
+    if not state.stop and ((opts.save_every_steps and state.step % opts.save_every_steps == 0) or save_due):
+        _checkpoint(run, state)
+        state.saved_at, state.last_save = state.step, time.perf_counter()
+    state.last_log += time.perf_counter() - pause
 
-        if log_now or stop:
-            stats = torch.cat([interval_sums.double(), torch.tensor([float(interval_tokens)], dtype=torch.float64, device=device)])
-            loss_sum, nll_sum, ntok = all_reduce_(stats, env).tolist()  # the one host sync per log interval
-            tokens_per_s = ntok / max(now - last_log, 1e-9)
-            tokens_seen += int(ntok)
-            session_tokens += int(ntok)
-            step_seconds += now - last_log
-            if env.is_main:
-                record = dict(
-                    epoch=stream.epoch, loss=loss_sum / ntok, nll=nll_sum / ntok, ppl=math.exp(min(nll_sum / ntok, 700.0)),
-                    lr=lr, target_tokens_per_s=tokens_per_s, target_tokens=int(ntok),
-                    elapsed_s=round(now - start, 2),
-                )
-                if grad_norm is not None:
-                    record["grad_norm"] = float(grad_norm)
-                if scaler is not None:
-                    record["loss_scale"] = float(scaler.get_scale())
-                log.write("train", step, **record)
-                postfix = dict(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
-                if bar is not None:
-                    bar.set_postfix(postfix, refresh=False)
-                else:
-                    eta = _remaining(step, t.max_steps, now - start, session_steps=step - first_step,
-                                     minutes_left=opts.max_minutes and opts.max_minutes - (now - start) / 60)
-                    _say(env, f"step {step}/{t.max_steps} | epoch {stream.epoch} | loss {record['loss']:.4f} | "
-                              f"ppl {record['ppl']:.2f} | lr {lr:.3e} | {tokens_per_s:,.0f} target tokens/s | {eta}")
-            interval_sums.zero_()
-            interval_tokens, grad_norm, last_log = 0, None, time.perf_counter()
 
-        pause = time.perf_counter()  # validation and checkpoints do not count as training time
-        if opts.valid_every and step % opts.valid_every == 0 and not stop:
-            valid, validated_at = validate(), step
-        if not stop and ((opts.save_every_steps and step % opts.save_every_steps == 0) or save_due):
-            checkpoint(lr)
-            saved_at, last_save = step, time.perf_counter()
-        last_log += time.perf_counter() - pause
+def _optimizer_step(run: Run, state: LoopState) -> bool:
+    """One optimizer step: update_freq micro-batches on every rank (5.1), the rate of equation 3
+    (5.3). Returns whether this step is logged (it then measures the gradient norm)."""
+    opts, t = run.opts, run.config.train
+    batches = [to_device(run.train_set.collate(state.stream.next()), run.env.device) for _ in range(opts.update_freq)]
+    state.lr = (noam_lr(state.step + 1, run.config.model.d_model, t.warmup_steps, t.lr_scale)
+                * cooldown_factor(state.progress, opts.cooldown))
+    set_lr(run.optimizer, state.lr)
+    log_now = (state.step + 1) % opts.log_every == 0 or state.step + 1 == t.max_steps
+    sums, norm = train_step(
+        run.train_model, run.optimizer, batches, label_smoothing=t.label_smoothing, env=run.env,
+        precision=run.precision, smooth_exclude=run.smooth_exclude,
+        scaler=run.scaler, clip_norm=opts.clip_norm, want_grad_norm=log_now,
+    )
+    state.step += 1
+    state.interval_sums += sums
+    state.interval_tokens += sum(b["ntokens"] for b in batches)
+    state.grad_norm = norm if norm is not None else state.grad_norm
+    if run.bar is not None:
+        run.bar.update(1)
+    return log_now
 
-    # The end: validate, checkpoint, and the final model directory.
-    if capped_at is not None:
-        _say(env, f"note: --max-minutes {opts.max_minutes:g} stopped training at step {step} of {t.max_steps}: "
-                  "this model is not the recipe's (continue with --resume to finish it)")
-        if log is not None:
-            log.write("capped", step, max_steps=t.max_steps, max_minutes=opts.max_minutes)
-    if validated_at != step:
-        valid = validate()
-    if saved_at != step:
-        # Forced off the interval (6.1's "last 5 at 10-minute intervals"): averaging leaves it out.
-        checkpoint(lr, on_interval=bool(opts.save_every_steps) and step % opts.save_every_steps == 0)
-    tokens_per_s = session_tokens / step_seconds if step_seconds > 0 else 0.0
+
+def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
+    """Whether to stop (state.stop; state.capped_at if --max-minutes binds first). Returns (now,
+    whether a timed checkpoint is due). The decisions that depend on the clock are taken by rank 0
+    (every step alone, at log intervals with several processes, to avoid a host sync per step)
+    and shared."""
+    opts, t = run.opts, run.config.train
+    now = time.perf_counter()
+    time_up = opts.max_minutes is not None and now - state.start >= 60 * opts.max_minutes
+    save_due = run.save_minutes > 0 and now - state.last_save >= 60 * run.save_minutes
+    if run.env.distributed:
+        time_up, save_due = agree(run.env, [time_up, save_due]) if log_now else (False, False)
+    state.stop = state.step >= t.max_steps or time_up
+    state.progress = state.step / max(t.max_steps, 1)  # the cooldown follows the steps, never the clock
+    if time_up and state.step < t.max_steps:
+        state.capped_at = state.step
+    return now, save_due
+
+
+def _log_interval(run: Run, state: LoopState, now: float) -> None:
+    """The interval's loss and throughput over all ranks (one all-reduce: the one host sync per
+    log interval); rank 0 writes the "train" record and a line (or the progress bar's postfix)."""
+    env, opts, t = run.env, run.opts, run.config.train
+    stats = torch.cat([state.interval_sums.double(),
+                       torch.tensor([float(state.interval_tokens)], dtype=torch.float64, device=env.device)])
+    loss_sum, nll_sum, ntok = all_reduce_(stats, env).tolist()
+    tokens_per_s = ntok / max(now - state.last_log, 1e-9)
+    state.tokens_seen += int(ntok)
+    state.session_tokens += int(ntok)
+    state.step_seconds += now - state.last_log
     if env.is_main:
-        save_model(model, config, run_dir / "model")
-        log.write("end", step, valid=valid, target_tokens_per_s=tokens_per_s, step_seconds=round(step_seconds, 2),
-                  wall_seconds=round(time.perf_counter() - start, 2))
-        log.close()
-    if bar is not None:
-        bar.close()
-    _say(env, f"done at step {step}: {tokens_per_s:,.0f} target tokens/s over {step_seconds:.1f} s of training steps; "
-              f"final model in {run_dir / 'model'}")
-    return TrainResult(model, step, valid, run_dir, tokens_per_s)
+        record = dict(
+            epoch=state.stream.epoch, loss=loss_sum / ntok, nll=nll_sum / ntok, ppl=math.exp(min(nll_sum / ntok, 700.0)),
+            lr=state.lr, target_tokens_per_s=tokens_per_s, target_tokens=int(ntok),
+            elapsed_s=round(now - state.start, 2),
+        )
+        if state.grad_norm is not None:
+            record["grad_norm"] = float(state.grad_norm)
+        if run.scaler is not None:
+            record["loss_scale"] = float(run.scaler.get_scale())
+        run.log.write("train", state.step, **record)
+        if run.bar is not None:
+            run.bar.set_postfix(dict(loss=f"{record['loss']:.3f}", lr=f"{state.lr:.2e}", tok_s=f"{tokens_per_s:,.0f}"),
+                                refresh=False)
+        else:
+            eta = _remaining(state.step, t.max_steps, now - state.start, session_steps=state.step - state.first_step,
+                             minutes_left=opts.max_minutes and opts.max_minutes - (now - state.start) / 60)
+            env.say(f"step {state.step}/{t.max_steps} | epoch {state.stream.epoch} | loss {record['loss']:.4f} | "
+                    f"ppl {record['ppl']:.2f} | lr {state.lr:.3e} | {tokens_per_s:,.0f} target tokens/s | {eta}")
+    state.interval_sums.zero_()
+    state.interval_tokens, state.grad_norm, state.last_log = 0, None, time.perf_counter()
+
+
+def _validate(run: Run, state: LoopState) -> dict | None:
+    """The loss on the validation split (None without one), logged and said."""
+    if run.valid_set is None:
+        return None
+    r = evaluate(run.model, run.valid_set, max_tokens=run.max_tokens, label_smoothing=run.config.train.label_smoothing,
+                 env=run.env, precision=run.precision, smooth_exclude=run.smooth_exclude)
+    if run.log is not None:
+        run.log.write("valid", state.step, **r)
+    run.env.say(f"step {state.step}: valid loss {r['loss']:.4f}, nll {r['nll']:.4f}, ppl {r['ppl']:.2f} "
+                f"({r['tokens']} tokens)", run.bar)
+    return r
+
+
+def _checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
+    """A training checkpoint of the state after `state.step` (every rank calls it: the RNG
+    states are gathered; rank 0 writes)."""
+    rng = gather_rng_states(run.env)  # a collective: every rank
+    if not run.env.is_main:
+        return
+    config, opts, t = run.config, run.opts, run.config.train
+    training = TrainingState(
+        step=state.step, epoch=state.stream.epoch, position=state.stream.position, world_size=run.env.world_size,
+        max_tokens=run.max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=state.lr,
+        train_seconds=state.train_seconds + (time.perf_counter() - state.start), target_tokens=state.tokens_seen,
+        scaler=run.scaler.state_dict() if run.scaler is not None else None,
+        schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
+                  "cooldown": opts.cooldown},
+        optimizer={k: v for k, v in run.optimizer.param_groups[0].items() if k != "params"},
+        on_interval=on_interval,
+    )
+    path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, run.keep_last)
+    run.log.write("checkpoint", state.step, path=str(path))
+
+
+# Finish: the final validation, checkpoint and model directory.
+
+
+def _finish(run: Run, state: LoopState) -> TrainResult:
+    env, opts, t, step = run.env, run.opts, run.config.train, state.step
+    if state.capped_at is not None:
+        env.say(f"note: --max-minutes {opts.max_minutes:g} stopped training at step {step} of {t.max_steps}: "
+                "this model is not the recipe's (continue with --resume to finish it)")
+        if run.log is not None:
+            run.log.write("capped", step, max_steps=t.max_steps, max_minutes=opts.max_minutes)
+    if state.validated_at != step:
+        state.valid = _validate(run, state)
+    if state.saved_at != step:
+        # Forced off the interval (6.1's "last 5 at 10-minute intervals"): averaging leaves it out.
+        _checkpoint(run, state, on_interval=bool(opts.save_every_steps) and step % opts.save_every_steps == 0)
+    tokens_per_s = state.session_tokens / state.step_seconds if state.step_seconds > 0 else 0.0
+    if env.is_main:
+        save_model(run.model, run.config, run.run_dir / "model")
+        run.log.write("end", step, valid=state.valid, target_tokens_per_s=tokens_per_s,
+                      step_seconds=round(state.step_seconds, 2), wall_seconds=round(time.perf_counter() - state.start, 2))
+        run.log.close()
+    if run.bar is not None:
+        run.bar.close()
+    env.say(f"done at step {step}: {tokens_per_s:,.0f} target tokens/s over {state.step_seconds:.1f} s of training "
+            f"steps; final model in {run.run_dir / 'model'}")
+    return TrainResult(run.model, step, state.valid, run.run_dir, tokens_per_s)
 
 
 def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: int, minutes_left: float | None) -> str:
@@ -810,11 +658,6 @@ def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: in
     return f"ETA {text}" + (" (--max-minutes)" if capped else "")
 
 
-def _agree(env: DistEnv, flags: list[bool]) -> list[bool]:
-    """Rank 0's flags, on every rank (the other ranks contribute False)."""
-    t = torch.tensor([float(f and env.is_main) for f in flags], device=env.device)
-    return [bool(x) for x in all_reduce_(t, env, dist.ReduceOp.MAX).tolist()]
-
 
 def _progress_bar(env: DistEnv, opts: TrainOptions, step: int, total: int):
     if not (env.is_main and opts.progress and sys.stderr.isatty()):
@@ -822,145 +665,3 @@ def _progress_bar(env: DistEnv, opts: TrainOptions, step: int, total: int):
     from tqdm import tqdm
 
     return tqdm(total=total, initial=step, unit="step", dynamic_ncols=True, desc="train")
-
-
-def _say(env: DistEnv, message: str, bar=None) -> None:
-    if env.is_main:
-        if bar is not None:
-            bar.write(message)
-        else:
-            print(message, flush=True)
-
-
-# --- the command line -----------------------------------------------------------------------------
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    """The options of `transduce train`. Regime flags default to the preset's TrainConfig."""
-    d = TrainOptions()
-    g = parser.add_argument_group("input and output")
-    g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output directory "
-                   "(with --resume, defaults to the one recorded in RUN_DIR/data.json)")
-    g.add_argument("--run-dir", type=Path, required=True, metavar="DIR",
-                   help="where config, vocabulary, checkpoints, logs and the final model go")
-    g.add_argument("--preset", metavar="NAME", help=f"model and regime (default: base); one of: {', '.join(PRESETS)}")
-    g.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a config field, e.g. --set model.n_layers=3 (repeatable)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from RUN_DIR's latest checkpoint, exactly (starts afresh if there is none)")
-
-    g = parser.add_argument_group("batching (5.1) and hardware (5.2)")
-    g.add_argument("--max-tokens", type=int, metavar="N",
-                   help="padded tokens per micro-batch per process, each side (default: train.max_tokens, "
-                        "25000 in the paper, divided by processes x update-freq)")
-    g.add_argument("--update-freq", type=int, default=d.update_freq, metavar="K",
-                   help="micro-batches accumulated per optimizer step; e.g. 8 on one device emulates the paper's 8 GPUs")
-    g.add_argument("--max-steps", type=int, metavar="N", help="optimizer steps (default: train.max_steps, 100K base, 300K big)")
-    g.add_argument("--max-minutes", type=float, metavar="M",
-                   help="a cap: stop after M minutes of wall-clock time (this session), saying so when it binds "
-                        "before --max-steps (the model is then not the recipe's)")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=d.device)
-    g.add_argument("--precision", choices=PRECISIONS, default=d.precision,
-                   help="auto (default): bf16 where the device computes it natively and a product of the "
-                        "model's size is measured faster, else fp32 (the choice and its reason are printed); "
-                        "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
-                        "fp16 autocast + GradScaler (CUDA only)")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads per process (default: cores / local processes)")
-    g.add_argument("--compile", action="store_true", help="torch.compile the model")
-
-    g = parser.add_argument_group("optimizer (5.3) and regularization (5.4)")
-    g.add_argument("--warmup", type=int, metavar="N", help="warmup_steps of equation 3 (default: train.warmup_steps, 4000)")
-    g.add_argument("--lr-scale", type=float, metavar="X", help="factor on equation 3 (default: train.lr_scale, 1.0)")
-    g.add_argument("--label-smoothing", type=float, metavar="EPS", help="eps_ls (default: train.label_smoothing, 0.1)")
-    g.add_argument("--cooldown", type=float, default=d.cooldown, metavar="F",
-                   help="not in the paper: decay the rate linearly to 0 over the last fraction F of "
-                        "--max-steps; 0 = equation 3 alone (default)")
-    g.add_argument("--clip-norm", type=float, default=d.clip_norm, metavar="X", help="clip the gradient norm (0 = off, the paper)")
-    g.add_argument("--seed", type=int, default=d.seed)
-
-    g = parser.add_argument_group("validation, checkpoints (6.1), logs")
-    g.add_argument("--valid-every", type=int, default=d.valid_every, metavar="N",
-                   help=f"validation loss and perplexity every N steps (0: at the end only; default {d.valid_every})")
-    g.add_argument("--save-every-steps", type=int, default=d.save_every_steps, metavar="N", help="checkpoint every N steps (0 = off)")
-    g.add_argument("--save-every-minutes", type=float, metavar="M",
-                   help="checkpoint every M minutes (default: train.checkpoint_minutes, 10 as in the paper; 0 = off)")
-    g.add_argument("--keep-last", type=int, metavar="K",
-                   help="checkpoints to keep (default: train.average_last, 5 base / 20 big; 0 = all)")
-    g.add_argument("--log-every", type=int, default=d.log_every, metavar="N", help=f"log every N steps (default {d.log_every})")
-    g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
-
-
-def _options(args: argparse.Namespace) -> TrainOptions:
-    return TrainOptions(
-        max_tokens=args.max_tokens, update_freq=args.update_freq, max_minutes=args.max_minutes,
-        clip_norm=args.clip_norm, cooldown=args.cooldown, precision=args.precision, seed=args.seed, valid_every=args.valid_every,
-        save_every_steps=args.save_every_steps, save_every_minutes=args.save_every_minutes,
-        keep_last=args.keep_last, resume=args.resume, threads=args.threads, device=args.device,
-        compile=args.compile, progress=not args.no_progress, log_every=max(1, args.log_every),
-        tensorboard=not args.no_tensorboard,
-    )
-
-
-def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
-    """The run's Config and data directory from the command line (and, resuming, the run dir)."""
-    run_dir: Path = args.run_dir
-    resuming = args.resume and latest_checkpoint(run_dir) is not None
-    data_dir = args.data
-    if data_dir is None:
-        recorded = run_dir / "data.json"
-        if not (args.resume and recorded.is_file()):
-            raise UsageError("--data DIR is required (a `transduce prepare` output directory)")
-        data_dir = Path(json.loads(recorded.read_text(encoding="utf-8"))["data_dir"])
-    if not data_dir.is_dir():
-        raise UsageError(f"{data_dir}: no such data directory (run `transduce prepare --out {data_dir}` first)")
-    meta = read_metadata(data_dir)
-
-    if resuming:
-        config = read_checkpoint_config(latest_checkpoint(run_dir))
-        if args.preset or args.set:  # allowed only if they describe the same model
-            requested = config_for_data(args.preset or "base", args.set, meta)
-            if requested.model != config.model:
-                raise UsageError("--preset/--set describe a different model than the run being resumed "
-                                 f"({run_dir / 'config.json'}); drop them or use another --run-dir")
-            config.train = requested.train
-    else:
-        config = config_for_data(args.preset or "base", args.set, meta)
-    t = config.train
-    for flag, name in (("max_steps", "max_steps"), ("warmup", "warmup_steps"), ("lr_scale", "lr_scale"),
-                       ("label_smoothing", "label_smoothing"), ("save_every_minutes", "checkpoint_minutes")):
-        value = getattr(args, flag)
-        if value is not None:
-            setattr(t, name, value)
-    if t.max_steps < 0 or t.warmup_steps < 1 or not 0 <= t.label_smoothing < 1:
-        raise UsageError("need --max-steps >= 0, --warmup >= 1 and 0 <= --label-smoothing < 1")
-    return config, data_dir
-
-
-def run(args: argparse.Namespace) -> int:
-    """`transduce train`: returns the exit status (0, or 2 for bad input, reported on one line)."""
-    try:
-        config, data_dir = resolve_config(args)
-        train(config, data_dir, args.run_dir, _options(args), log_extra={"argv": sys.argv})
-    except (UsageError, DataError) as e:
-        print(f"transduce train: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # e.g. a pair longer than --max-tokens, a config the model rejects
-        print(f"transduce train: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"transduce train: error: {where}{e.strerror or e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="transduce train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_args(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Flags shared by `transduce translate` and `transduce evaluate`: which model (and vocabulary)
+to load, the search of Section 6.1 and the batching of the input; and loading the model they
+choose."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..device import DEVICES, resolve_device
+from ..translate import (
+    DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS,
+    DEFAULT_MAX_LEN_OFFSET, LoadedModel, load_translation_model,
+)
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Options that choose the model and the vocabulary."""
+    g = parser.add_argument_group("model")
+    g.add_argument("--checkpoint", metavar="NAME|PATH",
+                   help="one checkpoint of the run, unaveraged: step_0100000, 100000, latest, model (the final "
+                        "weights), or a model directory")
+    g.add_argument("--average", type=int, metavar="K",
+                   help="average the last K checkpoints of the run in memory (default for a run directory: the "
+                        "run's train.average_last, as in 6.1: 5 base, 20 big; or all it has, if fewer)")
+    g.add_argument("--vocab", type=Path, metavar="SPM_MODEL", help="shared sentencepiece model (default: found beside the model)")
+    g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
+    g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
+    g.add_argument("--device", default="auto", metavar="NAME", help=f"{DEVICES} (default: auto, CUDA if available)")
+    g.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's)")
+
+
+def add_decoding_args(parser: argparse.ArgumentParser) -> None:
+    """Search and batching options."""
+    g = parser.add_argument_group("search (Section 6.1)")
+    g.add_argument("--beam", type=int, default=DEFAULT_BEAM, help=f"beam size (default {DEFAULT_BEAM})")
+    g.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                   help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA})")
+    g.add_argument("--max-len-offset", type=int, default=DEFAULT_MAX_LEN_OFFSET,
+                   help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
+    g.add_argument("--greedy", action="store_true", help="greedy decoding (the fast beam-1 path; ignores --beam, --alpha)")
+    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="auto (default): bf16 weights where the device computes bf16 natively and a product of "
+                        "the model's size is measured faster, else fp32 (the choice is printed); fp32; bf16 "
+                        "(warns where the CPU only emulates it). Log-probabilities and scores stay fp32")
+    g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
+    g = parser.add_argument_group("batching")
+    g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
+                   help=f"padded source tokens per batch at most (default {DEFAULT_BATCH_TOKENS})")
+    g.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help=f"sentences per batch at most (default {DEFAULT_BATCH_SIZE})")
+    g.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS,
+                   help=f"longer input lines are truncated, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
+    g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
+                   help=f"lines read and sorted by length at a time (default {DEFAULT_CHUNK_LINES})")
+
+
+def check_decoding_args(args: argparse.Namespace) -> None:
+    for name in ("beam", "batch_tokens", "batch_size", "max_input_tokens", "chunk_lines"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.max_len_offset < 0:
+        raise ValueError("--max-len-offset must not be negative")
+    if args.precision == "bf16":
+        dev = resolve_device(args.device)
+        if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ValueError("this GPU does not support bf16")
+
+
+def load_from_args(args: argparse.Namespace) -> LoadedModel:
+    """The model the model flags choose, in the precision --precision chooses (`args.bf16` is
+    set to whether that is bf16)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_translation_model(
+        args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
+        src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device),
+    )
+    from ..precision import choose_precision
+
+    mc = loaded.config.model
+    loaded.precision = choose_precision(args.precision, next(loaded.model.parameters()).device,
+                                        d_model=mc.d_model, d_ff=mc.d_ff)
+    args.bf16 = loaded.precision.precision == "bf16"
+    if args.bf16:
+        loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
+    return loaded
+
+
+def decoding_options(args: argparse.Namespace) -> dict:
+    """The keyword arguments of `translate_stream` / `translate_lines` that the flags set."""
+    return dict(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset, greedy=args.greedy,
+                batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
+                bf16=args.bf16, chunk_lines=args.chunk_lines)

@@ -1,0 +1,147 @@
+"""`transduce evaluate`: its flags; the hypotheses read (or translated by MODEL) and scored by
+`transduce.evaluate.score`, the report printed as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .. import evaluate
+from ..checkpoint import atomic_write_text
+from ..data.datasets import DATASETS
+from ..data.text import read_lines
+from ..errors import DataError
+from .common import add_decoding_args, add_model_args, check_decoding_args, decoding_options, load_from_args
+
+HELP = "BLEU in every convention: sacreBLEU, chrF, the paper's, Multi30k's"
+DESCRIPTION = evaluate.__doc__
+PROG = "transduce evaluate"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `transduce evaluate`."""
+    parser.add_argument("model_path", type=Path, nargs="?", metavar="MODEL",
+                        help="translate the source with this run directory or model directory (instead of --hyp)")
+    g = parser.add_argument_group("what to score")
+    g.add_argument("--hyp", type=Path, metavar="FILE", help="translations to score (detokenized, one per line)")
+    g.add_argument("--ref", type=Path, metavar="FILE", help="reference translations (detokenized, cased)")
+    g.add_argument("--src-file", type=Path, metavar="FILE", help="source sentences for MODEL to translate")
+    g.add_argument("--tok-ref", type=Path, metavar="FILE",
+                   help="lowercased, normalized, Moses-tokenized reference (the Multi30k convention; "
+                        "automatic with --dataset multi30k)")
+    g.add_argument("--dataset", choices=sorted(DATASETS), help="a registered test set instead of --ref/--src-file")
+    g.add_argument("--split", help="its split (default: the dataset's main test set, e.g. newstest2014, test_2016_flickr)")
+    g.add_argument("--src", help="source language (with --dataset)")
+    g.add_argument("--tgt", help="target language: picks the dataset side and the Moses tokenizer's -l (required)")
+    g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR or ../shared/data)")
+    g = parser.add_argument_group("scoring and output")
+    g.add_argument("--sacrebleu-tokenize", default="13a", help="sacreBLEU's tokenizer (default 13a, its standard)")
+    g.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the report as JSON to FILE (or stdout, without the table, when no FILE is given)")
+    g.add_argument("--save-hyp", type=Path, metavar="FILE", help="write the translations MODEL produced")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_model_args(parser)
+    add_decoding_args(parser)
+
+
+def _read(path: str | Path) -> list[str]:
+    return list(read_lines(Path(path)))
+
+
+def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Path | None]:
+    """The start of the report, and the source, reference and tokenized reference files: the
+    flags' own, or those of --dataset (fetched)."""
+    if not args.tgt:
+        raise ValueError("give --tgt LANG (the target language: it chooses the Moses tokenizer's rules)")
+    report: dict = {"tgt_lang": args.tgt, "src_lang": args.src}
+    src_path, ref_path, tok_ref_path = args.src_file, args.ref, args.tok_ref
+    if args.dataset:
+        from ..data.datasets import fetch, get_dataset
+
+        if args.ref or args.src_file:
+            raise ValueError("give --dataset or --ref/--src-file, not both")
+        info = get_dataset(args.dataset)
+        split = args.split or info.tests[0]
+        if args.model_path is not None and not args.src:
+            raise ValueError(f"give --src (the source language of {info.name}) to translate it")
+        ref_path = fetch(info.name, split, args.tgt, data_dir=args.data_dir)
+        if args.src:
+            src_path = fetch(info.name, split, args.src, data_dir=args.data_dir)
+        if "tok" in info.variants and tok_ref_path is None:
+            tok_ref_path = fetch(info.name, split, args.tgt, variant="tok", data_dir=args.data_dir)
+        report.update(dataset=info.name, split=split)
+    if ref_path is None:
+        raise ValueError("give --ref FILE or --dataset NAME")
+    if (args.hyp is None) == (args.model_path is None):
+        raise ValueError("give either --hyp FILE or a MODEL to translate with")
+    return report, src_path, ref_path, tok_ref_path
+
+
+def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: Path, n_refs: int, report: dict) -> list[str]:
+    """MODEL's translations of the source (saved to --save-hyp if given); what was loaded and
+    how it decoded goes into `report`."""
+    from tqdm import tqdm
+
+    from ..translate import AtomicOutput, translate_lines
+
+    if src_path is None:
+        raise ValueError("give --src-file FILE (or --dataset with --src) for MODEL to translate")
+    check_decoding_args(args)
+    srcs = _read(src_path)
+    if len(srcs) != n_refs:
+        raise DataError(f"{len(srcs)} lines, but the reference {ref_path} has {n_refs}", src_path)
+    loaded = load_from_args(args)
+    print(f"{PROG}: translating {len(srcs):,} sentences with {loaded.description}; {loaded.precision.line()}",
+          file=sys.stderr)
+    if loaded.precision.warning:
+        tqdm.write(f"{PROG}: warning: {loaded.precision.warning}", file=sys.stderr)
+    hyps = translate_lines(
+        loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **decoding_options(args),
+        warn=lambda m: tqdm.write(f"{PROG}: warning: {m}", file=sys.stderr),
+        progress=not args.quiet and sys.stderr.isatty(), source_name=str(src_path),
+    )
+    report["model"] = loaded.description
+    report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
+                          "max_len_offset": args.max_len_offset, "bf16": args.bf16,
+                          "precision": loaded.precision.precision}
+    if args.save_hyp:
+        out = AtomicOutput(args.save_hyp)
+        try:
+            out.write("".join(h + "\n" for h in hyps).encode("utf-8"))
+            out.commit()
+        except BaseException:
+            out.discard()
+            raise
+    return hyps
+
+
+def run(args: argparse.Namespace) -> int:
+    """Score --hyp (or MODEL's translations) against the reference; print the table, or JSON."""
+    report, src_path, ref_path, tok_ref_path = resolve_files(args)
+    refs = _read(ref_path)
+    tok_refs = _read(tok_ref_path) if tok_ref_path is not None else None
+    if args.hyp is not None:
+        hyps = _read(args.hyp)
+        report["hyp"] = str(args.hyp)
+        if len(hyps) != len(refs):
+            raise DataError(f"{len(hyps)} lines, but the reference {ref_path} has {len(refs)}", args.hyp)
+    else:
+        hyps = translate_source(args, src_path, ref_path, len(refs), report)
+    report["ref"] = str(ref_path)
+    if src_path is not None:
+        report["src"] = str(src_path)
+    if tok_ref_path is not None:
+        report["tok_ref"] = str(tok_ref_path)
+    report["n_sentences"] = len(hyps)
+    report["scores"] = evaluate.score(hyps, refs, lang=args.tgt, tok_refs=tok_refs, sacrebleu_tokenize=args.sacrebleu_tokenize)
+    report["conventions"] = {k: v["convention"] for k, v in report["scores"].items()}
+    text = json.dumps(report, indent=2, ensure_ascii=False)
+    if args.json == "-":
+        print(text)
+        return 0
+    if args.json:
+        atomic_write_text(Path(args.json), text + "\n")
+    print(evaluate.format_table(report))
+    return 0

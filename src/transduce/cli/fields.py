@@ -1,0 +1,50 @@
+"""Flags derived from dataclass fields, so that an option is declared once, on its field.
+
+`add_field_flags` adds one flag per field: `--max-tokens` for `max_tokens`, of the field's type
+(`int | None` gives int) and default; the field's metadata holds the rest of what argparse
+takes (help, metavar, choices). A boolean field that is off by default is a `--NAME` switch;
+one that is on by default is turned off by `--no-NAME`. `from_args` builds the dataclass back
+from the parsed flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+
+
+def flag(name: str) -> str:
+    """The flag of a field: max_tokens -> --max-tokens."""
+    return "--" + name.replace("_", "-")
+
+
+def field_type(cls: type, name: str) -> type:
+    """The type a flag's value is converted to: the field's annotation, without its None."""
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 else hint
+
+
+def add_field_flag(parser, cls: type, f: dataclasses.Field) -> None:
+    """The flag of one field of dataclass `cls` (`parser` may be an argument group)."""
+    kwargs = dict(f.metadata)
+    if field_type(cls, f.name) is bool:
+        if f.default:
+            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", **kwargs)
+        else:
+            parser.add_argument(flag(f.name), action="store_true", **kwargs)
+        return
+    parser.add_argument(flag(f.name), type=field_type(cls, f.name), default=f.default, **kwargs)
+
+
+def add_field_flags(parser, cls: type, names: typing.Iterable[str] | None = None) -> None:
+    """Flags for the fields `names` of dataclass `cls` (default: all of them), in that order."""
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    for name in by_name if names is None else names:
+        add_field_flag(parser, cls, by_name[name])
+
+
+def from_args(cls: type, args: argparse.Namespace):
+    """The dataclass `cls` from parsed flags: every field from the attribute of its name."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

@@ -1,0 +1,57 @@
+"""`transduce info`: a preset's configuration and parameter count, or the table of every preset."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import PRESETS, TABLE3_PARAMS_M, Config, apply_overrides, get_preset
+
+HELP = "show a preset's configuration and parameter count"
+DESCRIPTION = """\
+Print a preset's model and training configuration and its parameter count. Presets: the paper's
+base and big, and every row of Table 3 (table3-A1 ... table3-E)."""
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="base", choices=sorted(PRESETS), metavar="NAME",
+                        help="preset name (default: base); one of: " + ", ".join(PRESETS))
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="shared vocabulary size (default: the preset's, 37000 as in the paper)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a field, e.g. --set model.n_layers=3 (repeatable)")
+    parser.add_argument("--all", action="store_true", help="print a table of every preset's parameter count")
+
+
+def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:
+    """The preset with the flags' changes, and its parameter count."""
+    import torch
+
+    from ..model import Transformer, count_parameters
+
+    config = get_preset(name)
+    if args.vocab_size is not None:
+        config.model.src_vocab_size = args.vocab_size
+    config = apply_overrides(config, args.set)
+    with torch.device("meta"):  # count parameters without allocating them
+        n = count_parameters(Transformer(config.model))
+    return config, n
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.all:
+        print(f"{'preset':<12} {'N':>2} {'d_model':>7} {'d_ff':>5} {'h':>3} {'d_k':>4} {'d_v':>4} "
+              f"{'P_drop':>6} {'eps_ls':>6} {'positions':>10} {'params':>9} {'Table 3':>8}")
+        for name in PRESETS:
+            c, n = _build(name, args)
+            m, t = c.model, c.train
+            paper = TABLE3_PARAMS_M.get(name)
+            print(f"{name:<12} {m.n_layers:>2} {m.d_model:>7} {m.d_ff:>5} {m.n_heads:>3} {m.head_dim_k:>4} "
+                  f"{m.head_dim_v:>4} {m.dropout:>6} {t.label_smoothing:>6} {m.positional:>10} "
+                  f"{n / 1e6:>8.1f}M {f'{paper}M' if paper else '-':>8}")
+        return 0
+    config, n = _build(args.preset, args)
+    print(f"preset: {args.preset}")
+    print(config.to_json())
+    paper = TABLE3_PARAMS_M.get(args.preset)
+    print(f"parameters: {n:,} ({n / 1e6:.1f}M)" + (f"; Table 3: {paper}M" if paper else ""))
+    return 0

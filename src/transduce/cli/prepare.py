@@ -1,0 +1,92 @@
+"""`transduce prepare`: its flags, the splits they name, and one call into
+`transduce.data.prepare.prepare`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..data import prepare
+from ..data.datasets import DATASETS, get_dataset
+from ..data.prepare import Split, check_output_dir, dataset_splits, print_report
+from ..data.text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO
+from ..data.vocab import DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE
+from ..errors import UsageError
+
+HELP = "learn a BPE vocabulary and binarize parallel text"
+DESCRIPTION = prepare.__doc__
+FILE_FLAGS = ("train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    """The options of `transduce prepare`."""
+    g = parser.add_argument_group("input: a registered dataset")
+    g.add_argument("--dataset", choices=sorted(DATASETS), help="dataset name (fetched once, see transduce.data.datasets)")
+    g.add_argument("--src", help="source language, e.g. en (a label only when giving files)")
+    g.add_argument("--tgt", help="target language, e.g. de")
+    g.add_argument("--variant", default="raw", help="multi30k: raw (cased, untokenized; default) or tok (lowercased, tokenized)")
+    g.add_argument("--train-split", help="train on this split of the dataset instead of its usual one (e.g. train-sample)")
+    g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR, or ../shared/data beside the repository)")
+    g.add_argument("--cache-dir", help="where downloads go (default: $TRANSDUCE_CACHE_DIR or ~/.cache/transduce)")
+
+    g = parser.add_argument_group("input: your own line-aligned files (plain or .gz)")
+    for name in FILE_FLAGS:
+        g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE")
+
+    g = parser.add_argument_group("vocabulary (sentencepiece BPE)")
+    g.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
+                   help=f"number of pieces (default {DEFAULT_VOCAB_SIZE}, for small corpora; the paper: 37000)")
+    g.add_argument("--separate-vocab", action="store_true", help="train separate source and target vocabularies")
+    g.add_argument("--vocab-sample", type=int, default=DEFAULT_SAMPLE_SIZE,
+                   help=f"train it on a random sample of this many sentences (default {DEFAULT_SAMPLE_SIZE:,})")
+    g.add_argument("--character-coverage", type=float, default=DEFAULT_CHARACTER_COVERAGE,
+                   help=f"share of characters the vocabulary covers, the rest become UNK (default {DEFAULT_CHARACTER_COVERAGE:g})")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample")
+
+    g = parser.add_argument_group("filtering of training pairs (lengths in subword tokens)")
+    g.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN, help=f"drop pairs with a longer side (default {DEFAULT_MAX_LEN})")
+    g.add_argument("--max-ratio", type=float, default=DEFAULT_MAX_RATIO,
+                   help=f"drop pairs whose length ratio exceeds this (default {DEFAULT_MAX_RATIO:g})")
+
+    g = parser.add_argument_group("output")
+    g.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
+    g.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def resolve_splits(args: argparse.Namespace) -> tuple[list[Split], str, str]:
+    """The splits to prepare (train first), from --dataset or from the file options."""
+    files = {k: getattr(args, k) for k in FILE_FLAGS}
+    if args.dataset and any(v is not None for v in files.values()):
+        raise UsageError("give either --dataset or --train-src/--train-tgt/..., not both")
+    if not args.dataset:
+        for split in ("train", "valid"):
+            if files[f"{split}_src"] is None or files[f"{split}_tgt"] is None:
+                raise UsageError(f"give --dataset, or --{split}-src and --{split}-tgt")
+        if (files["test_src"] is None) != (files["test_tgt"] is None):
+            raise UsageError("give both --test-src and --test-tgt, or neither")
+        names = ["train", "valid"] + (["test"] if files["test_src"] else [])
+        splits = [Split(n, files[f"{n}_src"], files[f"{n}_tgt"], "files") for n in names]
+        return splits, args.src or "src", args.tgt or "tgt"
+
+    info = get_dataset(args.dataset)
+    if not args.src or not args.tgt:
+        raise UsageError(f"--dataset {info.name} needs --src and --tgt (languages: {', '.join(info.langs)})")
+    if args.src == args.tgt:
+        raise UsageError(f"--src and --tgt are both {args.src!r}")
+    splits = dataset_splits(info.name, args.src, args.tgt, variant=args.variant, train_split=args.train_split,
+                            data_dir=args.data_dir, cache_dir=args.cache_dir)
+    return splits, args.src, args.tgt
+
+
+def run(args: argparse.Namespace) -> int:
+    check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
+    splits, src_lang, tgt_lang = resolve_splits(args)
+    meta = prepare.prepare(
+        splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size,
+        separate_vocab=args.separate_vocab, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
+        seed=args.seed, max_len=args.max_len, max_ratio=args.max_ratio, overwrite=args.overwrite,
+        progress=not args.no_progress, extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
+    )
+    print_report(meta)
+    return 0

@@ -1,0 +1,42 @@
+"""The one error vocabulary of transduce.
+
+`TransduceError` is a problem of the user's input: the `transduce` command reports it as one
+line, ``transduce SUBCOMMAND: error: MESSAGE``, with exit status 2 and no traceback
+(`transduce.cli.report_errors`). Its two kinds:
+
+* `DataError`: a problem with the user's data (text files, prepared data, vocabularies,
+  datasets), whose message names the file and, where it applies, the line;
+* `UsageError`: bad command-line input (flags that contradict each other or the run).
+
+Library code also raises ValueError and FileNotFoundError where a caller passed a bad value or
+a missing path; the command reports those the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TransduceError(Exception):
+    """A problem of the user's input, reported on one line with exit status 2."""
+
+
+class DataError(TransduceError):
+    """A problem with the user's data, reported as one line: ``<file>:<line>: <what>``."""
+
+    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None):
+        self.message = " ".join(str(message).split("\n"))
+        self.path = None if path is None else str(path)
+        self.line = line
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if self.path is None:
+            return self.message
+        if self.line is None:
+            return f"{self.path}: {self.message}"
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+class UsageError(TransduceError):
+    """Bad input from the command line: reported as one line, exit status 2."""

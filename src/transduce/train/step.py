@@ -1,0 +1,218 @@
+"""One optimizer step and the validation loss, and what they need: the precision (fp32, bf16 or
+fp16 autocast), Adam (5.3) and its learning rate, batches on the device.
+
+`transduce.train.trainer` calls these in its loop; `transduce.synthetic` trains with the same
+`build_optimizer`, `set_lr` and `train_step`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..config import Config, ModelConfig
+from ..data.batching import ParallelDataset
+from ..data.vocab import BOS, PAD
+from ..errors import UsageError
+from ..precision import PRECISIONS, choose_precision
+from .distributed import DistEnv, all_reduce_
+from .loss import label_smoothed_nll
+
+
+# --- precision ------------------------------------------------------------------------------------
+
+
+def autocast_for(device: torch.device, precision: str):
+    """A fresh autocast context for the forward pass: bf16 on CPU or CUDA, fp16 on CUDA, or
+    nothing for fp32. (Adam's master weights and the loss's log-softmax stay fp32.)"""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def attention_kernel_for(device: torch.device, precision: str):
+    """The scaled-dot-product-attention kernel for training. On the CPU in bf16, PyTorch's
+    flash-attention backward is several times slower than the plain ("math") kernel, which
+    computes attention in fp32 (measured with torch 2.13, 186 x 22 tokens, 4 heads of 64:
+    backward 53 ms flash vs 12 ms math; 50 vs 26 ms at 100 tokens), so training uses the math
+    kernel there; elsewhere PyTorch chooses. The backward kernel is the one the forward chose."""
+    if device.type == "cpu" and precision == "bf16":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.MATH])
+    return contextlib.nullcontext()
+
+
+def resolve_precision(env: DistEnv, requested: str, model: ModelConfig) -> str:
+    """The precision this run trains in: `requested`, or for 'auto' the hardware's choice
+    (`transduce.precision.choose_precision`), said on one line. Rank 0 decides; every rank
+    follows, so that a probe's timing noise cannot split a job between two precisions."""
+    if requested not in PRECISIONS:
+        raise UsageError(f"unknown precision {requested!r} ({', '.join(PRECISIONS)})")
+    check_precision(env.device, requested)
+    choice = choose_precision(requested, env.device, d_model=model.d_model, d_ff=model.d_ff)
+    precision = choice.precision
+    if env.distributed:
+        code = torch.tensor([float(PRECISIONS.index(precision)) if env.is_main else 0.0], device=env.device)
+        precision = PRECISIONS[int(all_reduce_(code, env, dist.ReduceOp.MAX).item())]
+    env.say(choice.line())
+    if choice.warning:
+        env.say(f"warning: {choice.warning}")
+    check_precision(env.device, precision)
+    return precision
+
+
+def check_precision(device: torch.device, precision: str) -> None:
+    if precision == "fp16" and device.type != "cuda":
+        raise UsageError("--precision fp16 needs CUDA (it trains with a GradScaler); use bf16 on CPU")
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UsageError("this GPU does not support bf16; use --precision fp16 or fp32")
+
+
+def make_grad_scaler(device: torch.device, precision: str):
+    """torch.amp.GradScaler for fp16 (None otherwise); torch >= 2.3 spells it torch.amp."""
+    if precision != "fp16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+# --- optimizer (5.3) ------------------------------------------------------------------------------
+
+
+def build_optimizer(model: nn.Module, config: Config) -> torch.optim.Adam:
+    """Adam, beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (5.3), fused where this torch build and the
+    device support it (one kernel for all parameters), else the multi-tensor (foreach) version.
+    The learning rate is set before each step by `set_lr` (equation 3)."""
+    t = config.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    kwargs = dict(lr=0.0, betas=tuple(t.adam_betas), eps=t.adam_eps)
+    try:
+        return torch.optim.Adam(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.Adam(params, **kwargs)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+# --- batches on the device ------------------------------------------------------------------------
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """Move a collated batch's tensors to `device` (pinned + non-blocking on CUDA)."""
+    if device.type != "cuda":
+        return batch
+    return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+# --- one optimizer step ---------------------------------------------------------------------------
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    micro_batches: list[dict],
+    *,
+    label_smoothing: float,
+    env: DistEnv | None = None,
+    precision: str = "fp32",
+    scaler=None,
+    clip_norm: float = 0.0,
+    want_grad_norm: bool = False,
+    pad_id: int = PAD,
+    smooth_exclude: tuple[int, ...] = (PAD, BOS),
+) -> tuple[Tensor, Tensor | None]:
+    """One optimizer step on `micro_batches` (collated batches on the model's device),
+    forward + backward one at a time, gradients accumulated.
+
+    The loss is normalised by the non-pad target tokens of all micro-batches of all ranks (see
+    `transduce.train.trainer`'s docstring), so a single process given the union of the ranks' micro-batches
+    computes the same update. With DDP (`model` wrapped), gradients are all-reduced only on the
+    last micro-batch (`no_sync()` on the others).
+
+    Returns (sums, grad_norm): sums = [smoothed loss, nll] summed over this rank's tokens (a
+    detached fp32 tensor: no host sync), grad_norm the global gradient norm before clipping
+    (a tensor, when clipping or `want_grad_norm`; else None). The learning rate must be set.
+    """
+    env = env or DistEnv(device=micro_batches[0]["src"].device)
+    local_tokens = sum(int(b["ntokens"]) for b in micro_batches)
+    if env.distributed:
+        total = torch.tensor(float(local_tokens), device=env.device)
+        dist.all_reduce(total)  # N_total over all ranks (asynchronous on the GPU stream)
+        loss_scale = env.world_size / total  # DDP averages over world_size: undo it
+    else:
+        loss_scale = 1.0 / local_tokens
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    sums = torch.zeros(2, device=env.device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        with model.no_sync() if ddp and not last else contextlib.nullcontext():
+            with autocast_for(env.device, precision), attention_kernel_for(env.device, precision):
+                logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
+            loss, nll = label_smoothed_nll(logits, batch["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)  # sums, fp32
+            scaled = loss * loss_scale
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        sums += torch.stack([loss.detach(), nll.detach()])
+
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = None
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if clip_norm > 0:
+        grad_norm = nn.utils.clip_grad_norm_(params, clip_norm)
+    elif want_grad_norm:
+        grad_norm = nn.utils.clip_grad_norm_(params, float("inf"))  # measures only
+    if scaler is not None:
+        scaler.step(optimizer)  # skipped if the gradients overflowed
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return sums, grad_norm
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    dataset: ParallelDataset,
+    *,
+    max_tokens: int,
+    label_smoothing: float,
+    env: DistEnv | None = None,
+    precision: str = "fp32",
+    pad_id: int = PAD,
+    smooth_exclude: tuple[int, ...] = (PAD, BOS),
+) -> dict:
+    """Loss on a whole split, in eval mode (no dropout). Returns per target token: `loss` (the
+    label-smoothed loss, what training minimises), `nll` (plain negative log-likelihood) and
+    `ppl` = exp(nll), the per-token perplexity; and `tokens`. With several ranks each takes
+    every world-th batch (no padding, nothing counted twice) and the sums are all-reduced.
+
+    `model` should be the plain module (not the DDP wrapper: no collectives in its forward)."""
+    env = env or DistEnv(device=next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    longest = int(max(dataset.src_sizes.max(initial=0), dataset.tgt_sizes.max(initial=0)))
+    batches = dataset.batches(max(max_tokens, longest), shuffle=False)  # evaluation splits are unfiltered
+    sums = torch.zeros(3, dtype=torch.float64, device=env.device)
+    for indices in batches[env.rank :: env.world_size]:
+        b = to_device(dataset.collate(indices), env.device)
+        with autocast_for(env.device, precision):
+            logits = model(b["src"], b["tgt_in"])
+        loss, nll = label_smoothed_nll(logits, b["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)
+        sums += torch.stack([loss.double(), nll.double(), torch.tensor(float(b["ntokens"]), dtype=torch.float64, device=env.device)])
+    all_reduce_(sums, env)
+    loss, nll, tokens = sums.tolist()
+    model.train(was_training)
+    tokens = max(tokens, 1.0)
+    return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 700.0)), "tokens": int(tokens)}
