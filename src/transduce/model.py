@@ -188,26 +188,20 @@ class MultiHeadAttention(nn.Module):
         k, v = self.in_proj(memory, self.kv_rows).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        need_weights: bool = False,
-        incremental: bool = False,
-        group: int = 1,
-    ) -> tuple[Tensor, Tensor | None]:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False,
+               incremental: bool = False) -> tuple[Tensor, Tensor | None]:
         """Equation 1 on every head, then Concat and W^O. Returns (B, Tq, d_model) and, if asked,
         the weights (B, h, Tq, Tk).
 
         `incremental`: q holds the positions of one decoding step (attended with
-        `step_attention` where set). `group` > 1: q's rows come in groups of `group` consecutive rows
-        that share one row of k, v and mask (the beams of a sentence in encoder-decoder
-        attention); each group's queries are folded into one row's query dimension, so keys and
-        values are never repeated per beam.
+        `step_attention` where set). Where k, v and mask have fewer rows than q, q's rows come in
+        groups of q.size(0) // k.size(0) consecutive rows that share one row of them (the beams
+        of a sentence in encoder-decoder attention, `DecoderCache.rows_per_source`); each group's
+        queries are folded into one row's query dimension, so keys and values are never repeated
+        per beam.
         """
         R, h, n, _ = q.shape
+        group = R // k.size(0)
         if group > 1:  # (R, h, n, d) -> (R / group, h, group * n, d)
             q = q.view(R // group, group, h, n, -1).transpose(1, 2).reshape(R // group, h, group * n, -1)
         p = self.attention_dropout if self.training else 0.0
@@ -407,23 +401,14 @@ class DecoderLayer(nn.Module):
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None,
-        tgt_mask: Tensor | None,
-        src_mask: Tensor | None,
-        cache: LayerCache | None = None,
-        need_weights: bool = False,
-        rows_per_source: int = 1,
-        reorder: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def forward(self, x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None, src_mask: Tensor | None,
+                cache: LayerCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Masked self-attention (3.2.3): each position sees itself and earlier positions.
         h = self.norm1(x) if self.norm_first else x
         q, k, v = self.self_attn.project_qkv(h)
         incremental = cache is not None
         if incremental:
-            k, v = cache.append(k, v, reorder)
+            k, v = cache.append(k, v)
         a, self_weights = self.self_attn.attend(q, k, v, tgt_mask, need_weights, incremental)
         x = x + self.dropout(a)
         if not self.norm_first:
@@ -433,7 +418,7 @@ class DecoderLayer(nn.Module):
         h = self.norm2(x) if self.norm_first else x
         q = self.cross_attn.project_q(h)
         k, v = (cache.cross_k, cache.cross_v) if incremental else self.cross_attn.project_kv(memory)
-        a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights, incremental, rows_per_source)
+        a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights, incremental)
         x = x + self.dropout(a)
         if not self.norm_first:
             x = self.norm2(x)
@@ -491,11 +476,9 @@ class Decoder(nn.Module):
         x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
         x = self.dropout(x)
         self_w, cross_w = [], []
-        reorder = cache.take_pending() if cache is not None else None  # applied by every layer's append
-        for i, layer in enumerate(self.layers):
-            layer_cache = cache.layers[i] if cache is not None else None
-            group = cache.rows_per_source if cache is not None else 1
-            x, sw, cw = layer(x, memory, tgt_mask, src_mask, layer_cache, need_weights, group, reorder)
+        layer_caches = cache.begin_step() if cache is not None else [None] * len(self.layers)
+        for layer, layer_cache in zip(self.layers, layer_caches):
+            x, sw, cw = layer(x, memory, tgt_mask, src_mask, layer_cache, need_weights)
             self_w.append(sw)
             cross_w.append(cw)
         if cache is not None:
