@@ -31,25 +31,9 @@ positions", 3.2.3) mask:
     tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
 
 PyTorch's `nn.Transformer` takes six masks and three `*_is_causal` flags, with the opposite
-polarity: a bool mask is True where attention is NOT allowed; a float mask is added to the scores
-(0 allowed, -inf blocked; bool b as float: zeros.masked_fill(b, -inf); give a sub-layer's two
-masks one type). nn blocks a key if either of a sub-layer's two masks blocks it; transduce's one
-mask is the AND of the allowed sets. Exactly (`a` = the nn argument as bool; checked numerically
-against nn.MultiheadAttention / nn.Transformer* by tests/test_masks.py; docs/paper_map.md has
-the full table):
-
-    nn argument (shape)             pass for transduce's masks       transduce mask for a
-    src_mask (S,S)|(N*h,S,S)        None (padding only)              src_mask & ~a
-    tgt_mask (T,T)|(N*h,T,T)        ~causal_mask(T)[0, 0] (bool) or  ~a & padding_mask(tgt, pad)
-                                    generate_square_subsequent_mask(T) (float);
-                                    NOT causal_mask(T): inverted
-    memory_mask (T,S)               None (padding only)              src_mask & ~a, as the decoder's src_mask
-    src_key_padding_mask (N,S)      src == pad                       ~a[:, None, None, :] (= src_mask)
-    tgt_key_padding_mask (N,T)      tgt == pad                       causal_mask(T) & ~a[:, None, None, :]
-    memory_key_padding_mask (N,S)   src == pad                       ~a[:, None, None, :] (= src_mask)
-    src/tgt/memory_is_causal        False / True / False: hints that the mask given is causal,
-                                    never masks by themselves; transduce has no such flags
-    a mask m as one (N*h, L, S):    ~m.expand(B, h, L, S).reshape(B * h, L, S); back ~a.view(B, h, L, S)
+polarity (a bool mask is True where attention is NOT allowed): what to pass it for transduce's
+masks, and back, is the table "The mask convention" in docs/paper_map.md, every row checked
+numerically against nn.MultiheadAttention / nn.Transformer* by tests/test_masks.py.
 
 Query positions that are padding are never masked: their outputs are computed and ignored
 (the loss skips them), which keeps every row of the scores with at least one allowed key.
@@ -69,9 +53,7 @@ from torch import Tensor, nn
 from .cache import DecoderCache, LayerCache
 from .config import ModelConfig
 
-# ---------------------------------------------------------------------------------------------
-# Masks: the one place they are built (boolean, True = may attend).
-# ---------------------------------------------------------------------------------------------
+# -- Masks: the one place they are built (boolean, True = may attend). -------------------------
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -101,9 +83,7 @@ def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Te
     return src_mask, tgt_mask
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.2 Attention
-# ---------------------------------------------------------------------------------------------
+# -- 3.2 Attention -----------------------------------------------------------------------------
 
 
 def attention_reference(
@@ -218,9 +198,8 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(R, n, self.n_heads * self.d_v)  # Concat(head_1..h)
         return self.out_proj(out), weights
 
-    def forward(
-        self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Self-attention over x, or encoder-decoder attention from x to `memory`."""
         if memory is None:
             q, k, v = self.project_qkv(x)
@@ -229,9 +208,7 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q, k, v, mask, need_weights)
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.3 Position-wise feed-forward networks
-# ---------------------------------------------------------------------------------------------
+# -- 3.3 Position-wise feed-forward networks ---------------------------------------------------
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -249,9 +226,7 @@ class PositionwiseFeedForward(nn.Module):
         return self.w_2(F.relu(self.w_1(x)))
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.4 Embeddings, 3.5 Positional encoding
-# ---------------------------------------------------------------------------------------------
+# -- 3.4 Embeddings, 3.5 Positional encoding ---------------------------------------------------
 
 
 class Embeddings(nn.Module):
@@ -308,16 +283,12 @@ class LearnedPositions(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         if offset + length > self.weight.size(0):
-            raise ValueError(
-                f"sequence of {offset + length} positions exceeds the learned position table "
-                f"({self.weight.size(0)}); raise model.max_positions"
-            )
+            raise ValueError(f"sequence of {offset + length} positions exceeds the learned position table "
+                             f"({self.weight.size(0)}); raise model.max_positions")
         return self.weight[offset : offset + length]
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.4 Residual dropout
-# ---------------------------------------------------------------------------------------------
+# -- 5.4 Residual dropout ----------------------------------------------------------------------
 
 
 class Dropout(nn.Module):
@@ -352,9 +323,7 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.1 Encoder and decoder stacks
-# ---------------------------------------------------------------------------------------------
+# -- 3.1 Encoder and decoder stacks ------------------------------------------------------------
 
 
 class EncoderLayer(nn.Module):
@@ -463,15 +432,8 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
 
-    def forward(
-        self,
-        tgt: Tensor,
-        memory: Tensor | None,
-        src_mask: Tensor,
-        tgt_mask: Tensor | None,
-        cache: DecoderCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    def forward(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor, tgt_mask: Tensor | None,
+                cache: DecoderCache | None = None, need_weights: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = cache.length if cache is not None else 0
         x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
         x = self.dropout(x)
