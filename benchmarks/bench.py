@@ -70,6 +70,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decode_speed  # noqa: E402
+from transduce import kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
@@ -185,14 +186,14 @@ def forward_flops(dm: dict, B: int, S: int, T: int) -> int:
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     """Best FLOP/s of an n^3 matrix product in `dtype`: `torch.mm`, or oneDNN with the second
-    matrix pre-packed (`torch.ops.mkldnn._linear_pointwise`, what `Transformer.pack_weights`
+    matrix pre-packed (`torch.ops.mkldnn._linear_pointwise`, what `kernels.pack_weights`
     uses) where this torch has it. On a Zen 4 the latter is the faster (fp32 ~220 against
     ~185 GFLOP/s through MKL): the peak must be the best the machine does, or MFU overstates."""
-    from transduce.model import can_pack_weights
+    from transduce.kernels import can_pack
 
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     products = [lambda: torch.mm(a, b)]
-    if can_pack_weights(dtype, "cpu"):
+    if can_pack(dtype, "cpu"):
         packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous())
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
     best = 0.0
@@ -366,7 +367,7 @@ def decode(preset: str, precision: str, systems: list[str], n: int, data_dir: st
         if system == "transduce":
             m = decode_speed.ForcedLength(build_transduce(preset).eval())
             decode_speed.cast(m.model, precision)
-            m.model.pack_weights()  # what `translate` does (a no-op under autocast's fp32 weights)
+            kernels.apply(m.model)  # what `translate` does (a no-op under autocast's fp32 weights)
         else:
             m = decode_speed.cast(build("hf", preset).eval(), precision)
         total = 0.0

@@ -9,14 +9,14 @@ it appends the next position: one copy of the whole cache per step. The alternat
 FasterTransformer calls cache indirection never moves a cached position: position s of beam slot
 j stays where step s wrote it, and each hypothesis keeps the slot of its ancestor at every
 position. Attention then scores the query of every beam of a sentence against the keys of all k
-slots (k times the products, but each key read once, as in `decode_attention`'s folded
+slots (k times the products, but each key read once, as in `MultiHeadAttention.attend`'s folded
 encoder-decoder attention) and masks the positions that belong to other ancestors.
 
 This script times one decoding step's self-attention work for both, with base-size shapes
 (h = 8, d_k = 64, six layers, keys and values), in fp32, for several cache lengths t:
 
 * copy: gather the t cached positions of K and of V by parent row into the next buffer (what the
-  cache does), append, then scores = K q, softmax, weights V per row (`decode_attention`);
+  cache does), append, then scores = K q, softmax, weights V per row (`kernels.decode_attention`);
 * indirection: write the new position in place, then per sentence scores = Q K^T over the k * t
   slot positions plus an additive ancestry mask, softmax, weights V.
 

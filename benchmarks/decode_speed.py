@@ -20,9 +20,10 @@ weights, in three precisions, the same for both systems:
 
 * transduce: `transduce.decode.beam_search` on `transduce.model.Transformer` (what
   `transduce translate` runs per batch), timed from source ids to finished hypotheses
-  (encoder included), with its weights pre-packed for oneDNN as `translate` does
-  (`Transformer.pack_weights`, done once per precision, untimed like the casts).
-  `--systems transduce-nopack,...` adds the same model through plain `F.linear`.
+  (encoder included), with the speed-ups of `transduce.kernels` applied as `translate` does
+  (`kernels.apply`, done once per precision, untimed like the casts).
+  `--systems transduce-nopack,...` adds the same model through plain `F.linear` (its decoding
+  steps' attention still `kernels.decode_attention`).
 * Hugging Face: `MarianMTModel` built from a `MarianConfig` with the same dimensions (6+6
   layers, 8 heads, FFN 2048, ReLU, post-norm, static sinusoidal positions, scale_embedding,
   shared and tied embeddings, vocabulary 37000), random init, `generate(num_beams=4, ...)`,
@@ -75,6 +76,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from transduce import kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
@@ -311,8 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         for system, m in models.items():
             cast(m.model if system.startswith("transduce") else m, precision)
             if system.startswith("transduce"):
-                m.model.unpack_weights()
-                if system == "transduce" and not m.model.pack_weights():
+                kernels.unpack_weights(m.model)
+                kernels.apply(m.model, pack=False)  # decoding steps' attention, as translate runs them
+                if system == "transduce" and not kernels.pack_weights(m.model):
                     print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)
         # Warm-up: one short batch per system (allocator, oneDNN kernels, lazy initialisation).
         for system in models:

@@ -1,4 +1,4 @@
-"""F.linear against oneDNN with the weight pre-packed (what `Transformer.pack_weights` uses), at
+"""F.linear against oneDNN with the weight pre-packed (what `transduce.kernels.pack_weights` uses), at
 the shapes of one step of base-size beam search: M rows (32 sentences x beam 4 = 128) times the
 decoder's weight matrices (W^Q W^K W^V together, W^O, FFN in and out) and the 37,000-way output
 layer, in fp32 and bf16.

@@ -8,10 +8,8 @@ import torch
 from transduce.config import ModelConfig
 from transduce.model import (
     MultiHeadAttention,
-    PackedWeight,
     Transformer,
     attention_reference,
-    can_pack_weights,
     causal_mask,
     count_parameters,
     make_masks,
@@ -125,12 +123,29 @@ def test_padding_does_not_leak():
 # -- incremental decoding ----------------------------------------------------------------------
 
 
+@pytest.fixture(params=["sdpa", "decode_attention"])
+def step_attention(request):
+    """Decoding steps attend through the model's default (`scaled_dot_product_attention`) or
+    through `transduce.kernels.decode_attention`, what translate sets on the CPU."""
+    from transduce.kernels import decode_attention
+
+    return None if request.param == "sdpa" else decode_attention
+
+
+def with_step_attention(model, fn):
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.step_attention = fn
+    return model
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_cached_decoding_equals_full_forward(norm_first, positional):
+def test_cached_decoding_equals_full_forward(norm_first, positional, step_attention):
     """Step-by-step decoding with the cache gives the logits of one full pass, batch with padding."""
     torch.manual_seed(0)
     model = Transformer(tiny_config(norm_first=norm_first, positional=positional, d_k=6, d_v=10)).eval()
+    with_step_attention(model, step_attention)
     src = padded_batch([7, 3, 5], seed=3)
     tgt = padded_batch([6, 6, 6], seed=4)
     full = model(src, tgt)
@@ -141,9 +156,9 @@ def test_cached_decoding_equals_full_forward(norm_first, positional):
     assert cache.length == 6
 
 
-def test_cached_decoding_multi_token_chunks_and_reorder():
+def test_cached_decoding_multi_token_chunks_and_reorder(step_attention):
     torch.manual_seed(0)
-    model = Transformer(tiny_config()).eval()
+    model = with_step_attention(Transformer(tiny_config()).eval(), step_attention)
     src, tgt = padded_batch([7, 3], seed=5), padded_batch([6, 6], seed=6)
     full = model(src, tgt)
     src_mask, _ = make_masks(src, None, PAD)
@@ -164,12 +179,12 @@ def test_cached_decoding_multi_token_chunks_and_reorder():
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
-def test_cache_reuses_two_buffers_and_stays_exact(mode):
+def test_cache_reuses_two_buffers_and_stays_exact(mode, step_attention):
     """After its first steps the cache alternates between two buffers instead of allocating
     new memory every step (inference mode sets no `_base` on views: the buffers are tracked
     explicitly), and decoding with reorders still matches the full forward pass."""
     torch.manual_seed(0)
-    model = Transformer(tiny_config()).eval()
+    model = with_step_attention(Transformer(tiny_config()).eval(), step_attention)
     src, tgt = padded_batch([7, 3], seed=5), padded_batch([9, 9], seed=6)
     index = torch.tensor([1, 0])  # swap the rows before every step
     with mode():
@@ -186,83 +201,6 @@ def test_cache_reuses_two_buffers_and_stays_exact(mode):
     expected = [full[[0, 1] if t % 2 == 0 else [1, 0], t] for t in range(9)]  # rows swap every step
     for t in range(9):
         torch.testing.assert_close(steps[t][:, 0], expected[t], rtol=1e-5, atol=1e-5)
-
-
-# -- weights pre-packed for CPU inference ----------------------------------------------------
-
-needs_packing = pytest.mark.skipif(not can_pack_weights(torch.float32, "cpu"), reason="no oneDNN in this torch build")
-
-
-def _count_packed_calls(monkeypatch):
-    calls = []
-    original = PackedWeight.__call__
-    monkeypatch.setattr(PackedWeight, "__call__", lambda self, x, b: calls.append(1) or original(self, x, b))
-    return calls
-
-
-@needs_packing
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_weights_give_the_same_logits_and_beam_search(monkeypatch, dtype):
-    """`pack_weights` changes how the products run, not what they compute: the teacher-forced
-    logits and cached decoding agree with the F.linear path (fp32 to rounding; bf16 within
-    bf16 rounding), and beam search finds the same hypotheses (fp32)."""
-    from transduce.decode import beam_search
-
-    if dtype == torch.bfloat16 and not can_pack_weights(dtype, "cpu"):
-        pytest.skip("oneDNN bf16 not supported on this CPU")
-    torch.manual_seed(0)
-    model = Transformer(tiny_config(src_vocab_size=60, tie_output=False, share_embeddings=False)).eval().to(dtype)
-    src, tgt = padded_batch([7, 3, 5], vocab=60, seed=1), padded_batch([6, 6, 2], vocab=60, seed=2)
-    with torch.inference_mode():
-        plain = model(src, tgt).float()
-        plain_beam = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
-    calls = _count_packed_calls(monkeypatch)
-    assert model.pack_weights()
-    with torch.inference_mode():
-        packed = model(src, tgt).float()
-        packed_beam = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
-    assert len(calls) > 0
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(packed, plain, **tol)
-    if dtype == torch.float32:
-        assert [[h.tokens for h in hs] for hs in packed_beam] == [[h.tokens for h in hs] for hs in plain_beam]
-    model.unpack_weights()
-    calls.clear()
-    with torch.inference_mode():
-        model(src, tgt)
-    assert calls == []
-
-
-@needs_packing
-def test_packed_weights_are_never_used_stale_or_under_autograd(monkeypatch):
-    """A packed copy stands for its parameter only while the parameter is unchanged, and never
-    where gradients are wanted: after an in-place update (an optimizer step) or under autograd
-    the model computes exactly what it computes unpacked."""
-    torch.manual_seed(0)
-    model = Transformer(tiny_config()).eval()
-    src, tgt = padded_batch([5, 4], seed=3), padded_batch([4, 4], seed=4)
-    assert model.pack_weights()
-    calls = _count_packed_calls(monkeypatch)
-    logits = model(src, tgt)  # autograd on: F.linear, and gradients reach every weight
-    logits.float().sum().backward()
-    assert calls == [] and all(p.grad is not None for p in model.parameters())
-    with torch.no_grad():
-        model.decoder.layers[0].feed_forward.w_1.weight.add_(0.5)  # the packed copy is stale now
-        model.decoder.embed.weight.mul_(1.5)
-        updated = model(src, tgt)
-    used = len(calls)
-    model.unpack_weights()
-    with torch.no_grad():
-        reference = model(src, tgt)
-    torch.testing.assert_close(updated, reference, rtol=1e-5, atol=1e-5)
-    assert used > 0  # the other layers still used their (valid) copies; the stale two did not
-
-
-def test_pack_weights_declines_what_it_cannot_pack():
-    assert not can_pack_weights(torch.float16, "cpu")
-    assert not can_pack_weights(torch.float32, "cuda")
-    model = Transformer(tiny_config()).to(torch.float16)
-    assert model.pack_weights() is False and model._packed_output is None
 
 
 # -- embeddings and positions ----------------------------------------------------------------
@@ -351,12 +289,12 @@ def test_dropout_active_only_in_training():
     assert torch.equal(model(src, tgt), model(src, tgt))
 
 
-def test_beams_folded_into_cross_attention_equal_copied_sources():
+def test_beams_folded_into_cross_attention_equal_copied_sources(step_attention):
     """repeat_rows(k) keeps one source row per sentence and folds the k beams into the query
     dimension of encoder-decoder attention; it must decode exactly like copying the source k
     times, also after reordering within sentences and after a sentence leaves the batch."""
     torch.manual_seed(0)
-    model = Transformer(tiny_config()).eval()
+    model = with_step_attention(Transformer(tiny_config()).eval(), step_attention)
     src = padded_batch([7, 3, 5], seed=7)
     src_mask, _ = make_masks(src, None, PAD)
     memory = model.encode(src, src_mask)
@@ -424,6 +362,5 @@ def test_attention_has_no_biases_unless_asked():
     mha = MultiHeadAttention(16, 2, 8, 8)
     assert mha.in_proj.bias is None and mha.out_proj.bias is None
     x = torch.randn(2, 5, 16)
-    mha.pack_weights()
     with torch.no_grad():
         torch.testing.assert_close(mha(x)[0], mha.out_proj(F.scaled_dot_product_attention(*mha.project_qkv(x)).transpose(1, 2).reshape(2, 5, 16)))

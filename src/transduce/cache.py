@@ -44,13 +44,16 @@ class LayerCache:
     `Tensor._base`, which inference mode does not set)."""
     _spare: list = field(default_factory=lambda: [None, None])
     """Flat memory for the next step's keys and values: the memory of the step before, reused
-    (allocating fresh megabytes every step costs page faults that exceed the copy itself: 3x
-    slower gathers in base-size beam search)."""
+    (allocating fresh megabytes every step costs page faults that exceed the copy itself; see
+    docs/RESULTS.md)."""
+    pending: Tensor | None = None
+    """The reorder this layer's next `append` applies (handed over by `DecoderCache.begin_step`)."""
 
-    def append(self, k: Tensor, v: Tensor, rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values (B, h, n, d); return all positions so far,
-        (B, h, length + n, d), contiguous. `rows`: the pending reorder (which old row each row
-        continues), applied in the same copy."""
+        (B, h, length + n, d), contiguous. The pending reorder (which old row each row
+        continues) is applied in the same copy."""
+        rows, self.pending = self.pending, None
         self.self_k, flat_k = _extend(self.self_k, k, rows, self._spare[0])
         self.self_v, flat_v = _extend(self.self_v, v, rows, self._spare[1])
         self._spare, self._flat = self._flat, [flat_k, flat_v]  # the old buffers are free now
@@ -72,7 +75,8 @@ class DecoderCache:
     keys/values one per row."""
     pending: Tensor | None = None
     """A reorder not yet applied to the self-attention keys/values: row i of the batch continues
-    their row `pending[i]`. The next step's `LayerCache.append` applies it (and clears it)."""
+    their row `pending[i]`. The next step hands it to every layer (`begin_step`), whose
+    `LayerCache.append` applies it."""
 
     @property
     def batch_size(self) -> int:
@@ -109,10 +113,12 @@ class DecoderCache:
             return
         self.pending = index if self.pending is None else self.pending.index_select(0, index)
 
-    def take_pending(self) -> Tensor | None:
-        """The pending reorder, for this step's appends; the caller applies it to every layer."""
+    def begin_step(self) -> list[LayerCache]:
+        """The layers' caches for the next decoding step, each handed the pending reorder."""
         rows, self.pending = self.pending, None
-        return rows
+        for layer in self.layers:
+            layer.pending = rows
+        return self.layers
 
 
 def _extend(
@@ -121,8 +127,8 @@ def _extend(
     """cached[rows] (all of it if rows is None) followed by `new` along the position axis (2), in
     one contiguous tensor, a view of `spare` (flat) when it is large enough: one copy of the cache
     per step. Returns the tensor and the flat buffer it is a view of (None where autograd may
-    still need the memory). (index_select writing straight into the prefix of the result:
-    1.5-2x faster than selecting first and copying after.)"""
+    still need the memory). (index_select writes straight into the prefix of the result: faster
+    than selecting first and copying after; see docs/RESULTS.md.)"""
     tracked = torch.is_grad_enabled() and (new.requires_grad or (cached is not None and cached.requires_grad))
     if cached is None:  # a copy (never a view of `new`: its memory becomes a spare later)
         out = new.clone(memory_format=torch.contiguous_format)

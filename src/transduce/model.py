@@ -8,6 +8,7 @@ Read it next to the paper:
 * 3.2.1 `attention_reference`: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1).
 * 3.2.2 `MultiHeadAttention`: h heads with their own d_k and d_v, concatenated and projected
         by W^O; the fast path is `torch.nn.functional.scaled_dot_product_attention`.
+        `StackedLinear` holds [W^Q; W^K; W^V].
 * 3.2.3 the three uses of attention: encoder self-attention, masked decoder self-attention,
         encoder-decoder attention.
 * 3.3   `PositionwiseFeedForward`: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (eq. 2).
@@ -30,28 +31,15 @@ positions", 3.2.3) mask:
     tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
 
 PyTorch's `nn.Transformer` takes six masks and three `*_is_causal` flags, with the opposite
-polarity: a bool mask is True where attention is NOT allowed; a float mask is added to the scores
-(0 allowed, -inf blocked; bool b as float: zeros.masked_fill(b, -inf); give a sub-layer's two
-masks one type). nn blocks a key if either of a sub-layer's two masks blocks it; transduce's one
-mask is the AND of the allowed sets. Exactly (`a` = the nn argument as bool; checked numerically
-against nn.MultiheadAttention / nn.Transformer* by tests/test_masks.py; docs/paper_map.md has
-the full table):
-
-    nn argument (shape)             pass for transduce's masks       transduce mask for a
-    src_mask (S,S)|(N*h,S,S)        None (padding only)              src_mask & ~a
-    tgt_mask (T,T)|(N*h,T,T)        ~causal_mask(T)[0, 0] (bool) or  ~a & padding_mask(tgt, pad)
-                                    generate_square_subsequent_mask(T) (float);
-                                    NOT causal_mask(T): inverted
-    memory_mask (T,S)               None (padding only)              src_mask & ~a, as the decoder's src_mask
-    src_key_padding_mask (N,S)      src == pad                       ~a[:, None, None, :] (= src_mask)
-    tgt_key_padding_mask (N,T)      tgt == pad                       causal_mask(T) & ~a[:, None, None, :]
-    memory_key_padding_mask (N,S)   src == pad                       ~a[:, None, None, :] (= src_mask)
-    src/tgt/memory_is_causal        False / True / False: hints that the mask given is causal,
-                                    never masks by themselves; transduce has no such flags
-    a mask m as one (N*h, L, S):    ~m.expand(B, h, L, S).reshape(B * h, L, S); back ~a.view(B, h, L, S)
+polarity (a bool mask is True where attention is NOT allowed): what to pass it for transduce's
+masks, and back, is the table "The mask convention" in docs/paper_map.md, every row checked
+numerically against nn.MultiheadAttention / nn.Transformer* by tests/test_masks.py.
 
 Query positions that are padding are never masked: their outputs are computed and ignored
 (the loss skips them), which keeps every row of the scores with at least one allowed key.
+
+CPU inference speed-ups (weights pre-packed for oneDNN, a faster attention for decoding steps)
+are not here: `transduce.kernels` applies them to a built model from the outside.
 """
 
 from __future__ import annotations
@@ -65,9 +53,7 @@ from torch import Tensor, nn
 from .cache import DecoderCache, LayerCache
 from .config import ModelConfig
 
-# ---------------------------------------------------------------------------------------------
-# Masks: the one place they are built (boolean, True = may attend).
-# ---------------------------------------------------------------------------------------------
+# -- Masks: the one place they are built (boolean, True = may attend). -------------------------
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -97,9 +83,7 @@ def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Te
     return src_mask, tgt_mask
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.2 Attention
-# ---------------------------------------------------------------------------------------------
+# -- 3.2 Attention -----------------------------------------------------------------------------
 
 
 def attention_reference(
@@ -119,77 +103,15 @@ def attention_reference(
     return dropped @ v, weights
 
 
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Equation 1 for the few queries of one decoding step (3.1: the decoder is auto-regressive),
-    written as plain matrix products: softmax((K Q^T)^T / sqrt(d_k)) V, the softmax in fp32.
+class StackedLinear(nn.Linear):
+    """A linear layer whose output rows are several projections stacked, [W^Q; W^K; W^V] of all
+    heads (3.2.2): `forward(x)` applies all of them in one product, `forward(x, rows)` the block
+    `rows` alone, x W[rows]^T + b[rows] (views of the parameters, no copy)."""
 
-    Same shapes and mask convention as `attention_reference`. On the CPU this is several times
-    faster than `scaled_dot_product_attention` for 1-8 queries (torch 2.13, 128 rows x 8 heads x
-    35 keys of 64: 0.4 ms against 0.9 ms fp32 and 3.1 ms bf16); K Q^T rather than Q K^T because
-    it reads the keys in their stored layout, which bf16 matmuls need to be fast.
-    """
-    B, h, Tq, d = q.shape
-    Tk = k.size(2)
-    # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
-    k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
-    scores = torch.bmm(k3, q3.transpose(1, 2)).view(B, h, Tk, Tq).transpose(-2, -1) * d**-0.5  # (B, h, Tq, Tk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.float().softmax(dim=-1).to(v.dtype).reshape(B * h, Tq, Tk)
-    return torch.bmm(weights, v3).view(B, h, Tq, -1)
-
-
-class PackedWeight:
-    """A weight matrix W (out, in) copied into oneDNN's blocked layout, for y = x W^T + b on the
-    CPU at inference (`Transformer.pack_weights`). Not part of the paper: the same product,
-    computed without re-laying out W at every call. Measured on a 2-core Zen 4 for one
-    decoding step of base-size beam search (128 rows x 512 -> 37,000): 23 against 40 ms in fp32
-    (MKL's sgemm), 13 against 17 ms in bf16.
-
-    It stands for `source[rows]` only while that parameter is unchanged (same storage, same
-    version counter: an optimizer step or `load_state_dict` retires it), and `linear` uses it
-    only without autograd, autocast, or a change of dtype or device; otherwise `F.linear` runs."""
-
-    def __init__(self, source: Tensor, rows: slice | None = None):
-        self.source, self.version, self.ptr = source, source._version, source.data_ptr()
-        w = source.detach() if rows is None else source.detach()[rows]
-        self.dtype = w.dtype
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
-
-    def usable(self, x: Tensor) -> bool:
-        return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
-                and self.source._version == self.version and self.source.data_ptr() == self.ptr
-                and not torch.is_autocast_enabled("cpu"))
-
-
-    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: PackedWeight | None = None) -> Tensor:
-    """x W^T + b: through `packed` (W pre-packed for the CPU) when it applies, else `F.linear`."""
-    return packed(x, bias) if packed is not None and packed.usable(x) else F.linear(x, weight, bias)
-
-
-def apply_linear(layer: nn.Linear, x: Tensor, packed: PackedWeight | None = None) -> Tensor:
-    """layer(x): through `packed` when it applies, else the module itself (its hooks run)."""
-    return packed(x, layer.bias) if packed is not None and packed.usable(x) else layer(x)
-
-
-def can_pack_weights(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether `Transformer.pack_weights` applies: CPU, oneDNN, fp32 or (where oneDNN supports
-    it) bf16 weights."""
-    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
-        return False
-    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        return False
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return dtype == torch.float32
-
-
-def _rows(bias: Tensor | None, rows: slice) -> Tensor | None:
-    return None if bias is None else bias[rows]
+    def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:
+        if rows is None:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight[rows], None if self.bias is None else self.bias[rows])
 
 
 class MultiHeadAttention(nn.Module):
@@ -201,7 +123,13 @@ class MultiHeadAttention(nn.Module):
     encoder-decoder attention uses the Q rows on the decoder states and the K, V rows on the
     encoder output (views of the same parameter, no copy). d_k and d_v are independent of
     d_model / h (Table 3 rows A and B).
+
+    `step_attention`: how the queries of a decoding step attend (equation 1 all the same); None,
+    the default, is `scaled_dot_product_attention` like every other call. `transduce.kernels`
+    sets a faster one for the CPU.
     """
+
+    step_attention = None
 
     def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0,
                  bias: bool = False):
@@ -209,7 +137,7 @@ class MultiHeadAttention(nn.Module):
         self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
         self.attention_dropout = attention_dropout
         # The paper's projections are matrices alone; `bias` (ModelConfig.attention_bias) adds biases.
-        self.in_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v), bias=bias)  # [W^Q; W^K; W^V]
+        self.in_proj = StackedLinear(d_model, n_heads * (2 * d_k + d_v), bias=bias)  # [W^Q; W^K; W^V]
         self.out_proj = nn.Linear(n_heads * d_v, d_model, bias=bias)  # W^O
         q, kv = n_heads * d_k, n_heads * (d_k + d_v)
         with torch.no_grad():
@@ -219,8 +147,7 @@ class MultiHeadAttention(nn.Module):
             for b in (self.in_proj.bias, self.out_proj.bias):
                 if b is not None:
                     nn.init.zeros_(b)
-        self._q_rows, self._kv_rows = q, kv
-        self._packed: dict[str, PackedWeight] = {}  # `Transformer.pack_weights`; empty: F.linear
+        self.q_rows, self.kv_rows = slice(0, q), slice(q, q + kv)  # blocks of in_proj
 
     def _heads(self, x: Tensor, d: int) -> Tensor:
         B, T, _ = x.shape
@@ -228,48 +155,40 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention: queries, keys and values from the same sequence, (B, h, T, d)."""
-        qkv = apply_linear(self.in_proj, x, self._packed.get("qkv"))
-        q, k, v = qkv.split([self._q_rows, self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
+        qkv = self.in_proj(x)
+        q, k, v = qkv.split([self.n_heads * self.d_k, self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
         return self._heads(q, self.d_k), self._heads(k, self.d_k), self._heads(v, self.d_v)
 
     def project_q(self, x: Tensor) -> Tensor:
         """Encoder-decoder attention: queries from the decoder, (B, h, T, d_k)."""
-        w, b = self.in_proj.weight[: self._q_rows], _rows(self.in_proj.bias, slice(None, self._q_rows))
-        return self._heads(linear(x, w, b, self._packed.get("q")), self.d_k)
+        return self._heads(self.in_proj(x, self.q_rows), self.d_k)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder-decoder attention: keys and values from the encoder output, (B, h, S, d)."""
-        w, b = self.in_proj.weight[self._q_rows :], _rows(self.in_proj.bias, slice(self._q_rows, None))
-        k, v = linear(memory, w, b, self._packed.get("kv")).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
+        k, v = self.in_proj(memory, self.kv_rows).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        need_weights: bool = False,
-        incremental: bool = False,
-        group: int = 1,
-    ) -> tuple[Tensor, Tensor | None]:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False,
+               incremental: bool = False) -> tuple[Tensor, Tensor | None]:
         """Equation 1 on every head, then Concat and W^O. Returns (B, Tq, d_model) and, if asked,
         the weights (B, h, Tq, Tk).
 
-        `incremental`: q holds the positions of one decoding step; on the CPU they are attended
-        with `decode_attention`. `group` > 1: q's rows come in groups of `group` consecutive rows
-        that share one row of k, v and mask (the beams of a sentence in encoder-decoder
-        attention); each group's queries are folded into one row's query dimension, so keys and
-        values are never repeated per beam.
+        `incremental`: q holds the positions of one decoding step (attended with
+        `step_attention` where set). Where k, v and mask have fewer rows than q, q's rows come in
+        groups of q.size(0) // k.size(0) consecutive rows that share one row of them (the beams
+        of a sentence in encoder-decoder attention, `DecoderCache.rows_per_source`); each group's
+        queries are folded into one row's query dimension, so keys and values are never repeated
+        per beam.
         """
         R, h, n, _ = q.shape
+        group = R // k.size(0)
         if group > 1:  # (R, h, n, d) -> (R / group, h, group * n, d)
             q = q.view(R // group, group, h, n, -1).transpose(1, 2).reshape(R // group, h, group * n, -1)
         p = self.attention_dropout if self.training else 0.0
         if need_weights:
             out, weights = attention_reference(q, k, v, mask, p)
-        elif incremental and q.device.type == "cpu":
-            out, weights = decode_attention(q, k, v, mask), None
+        elif incremental and self.step_attention is not None:
+            out, weights = self.step_attention(q, k, v, mask), None
         else:
             out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
         if group > 1:  # unfold: (R / group, h, group * n, .) -> (R, h, n, .)
@@ -277,17 +196,10 @@ class MultiHeadAttention(nn.Module):
             if weights is not None:
                 weights = weights.view(R // group, h, group, n, -1).transpose(1, 2).reshape(R, h, n, -1)
         out = out.transpose(1, 2).reshape(R, n, self.n_heads * self.d_v)  # Concat(head_1..h)
-        return apply_linear(self.out_proj, out, self._packed.get("out")), weights
+        return self.out_proj(out), weights
 
-    def pack_weights(self) -> None:
-        """oneDNN-packed copies of W^Q W^K W^V (together, Q alone, K V together) and W^O."""
-        w, q = self.in_proj.weight, self._q_rows
-        self._packed = {"qkv": PackedWeight(w), "q": PackedWeight(w, slice(0, q)),
-                        "kv": PackedWeight(w, slice(q, None)), "out": PackedWeight(self.out_proj.weight)}
-
-    def forward(
-        self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, need_weights: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Self-attention over x, or encoder-decoder attention from x to `memory`."""
         if memory is None:
             q, k, v = self.project_qkv(x)
@@ -296,9 +208,7 @@ class MultiHeadAttention(nn.Module):
         return self.attend(q, k, v, mask, need_weights)
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.3 Position-wise feed-forward networks
-# ---------------------------------------------------------------------------------------------
+# -- 3.3 Position-wise feed-forward networks ---------------------------------------------------
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -312,19 +222,11 @@ class PositionwiseFeedForward(nn.Module):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
 
-        self._packed: dict[str, PackedWeight] = {}  # `Transformer.pack_weights`; empty: F.linear
-
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(apply_linear(self.w_1, x, self._packed.get("w_1")))
-        return apply_linear(self.w_2, h, self._packed.get("w_2"))
-
-    def pack_weights(self) -> None:
-        self._packed = {"w_1": PackedWeight(self.w_1.weight), "w_2": PackedWeight(self.w_2.weight)}
+        return self.w_2(F.relu(self.w_1(x)))
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.4 Embeddings, 3.5 Positional encoding
-# ---------------------------------------------------------------------------------------------
+# -- 3.4 Embeddings, 3.5 Positional encoding ---------------------------------------------------
 
 
 class Embeddings(nn.Module):
@@ -381,16 +283,12 @@ class LearnedPositions(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         if offset + length > self.weight.size(0):
-            raise ValueError(
-                f"sequence of {offset + length} positions exceeds the learned position table "
-                f"({self.weight.size(0)}); raise model.max_positions"
-            )
+            raise ValueError(f"sequence of {offset + length} positions exceeds the learned position table "
+                             f"({self.weight.size(0)}); raise model.max_positions")
         return self.weight[offset : offset + length]
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.4 Residual dropout
-# ---------------------------------------------------------------------------------------------
+# -- 5.4 Residual dropout ----------------------------------------------------------------------
 
 
 class Dropout(nn.Module):
@@ -398,10 +296,11 @@ class Dropout(nn.Module):
     p and the rest scaled by 1 / (1 - p); the identity in eval mode.
 
     On the CPU the mask comes from 15 random bits per element, four elements per 64-bit draw of
-    the default generator (`random_`), instead of `bernoulli_`'s one draw per element: the mask
-    costs a quarter of the random numbers, and training steps run 6-10% faster (`small`, bf16,
-    this repository's `benchmarks/bench.py`). p is thereby rounded to a multiple of 2^-15 (0.1
-    becomes 0.1000061). Elsewhere (CUDA) `torch.nn.functional.dropout`.
+    the default generator (`random_`), instead of `bernoulli_`'s one draw per element: a quarter
+    of the random numbers, for faster training steps (see docs/RESULTS.md). p is thereby rounded
+    to a multiple of 2^-15 (0.1 becomes 0.1000061). Elsewhere (CUDA) `torch.nn.functional.dropout`.
+    It stays here, not in `transduce.kernels`: it draws a different random stream from
+    `nn.Dropout`, and seeded training runs must repeat bit for bit.
     """
 
     def __init__(self, p: float):
@@ -424,9 +323,7 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-# ---------------------------------------------------------------------------------------------
-# 3.1 Encoder and decoder stacks
-# ---------------------------------------------------------------------------------------------
+# -- 3.1 Encoder and decoder stacks ------------------------------------------------------------
 
 
 class EncoderLayer(nn.Module):
@@ -473,23 +370,14 @@ class DecoderLayer(nn.Module):
         self.dropout = Dropout(c.dropout)
         self.norm_first = c.norm_first
 
-    def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None,
-        tgt_mask: Tensor | None,
-        src_mask: Tensor | None,
-        cache: LayerCache | None = None,
-        need_weights: bool = False,
-        rows_per_source: int = 1,
-        reorder: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def forward(self, x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None, src_mask: Tensor | None,
+                cache: LayerCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Masked self-attention (3.2.3): each position sees itself and earlier positions.
         h = self.norm1(x) if self.norm_first else x
         q, k, v = self.self_attn.project_qkv(h)
         incremental = cache is not None
         if incremental:
-            k, v = cache.append(k, v, reorder)
+            k, v = cache.append(k, v)
         a, self_weights = self.self_attn.attend(q, k, v, tgt_mask, need_weights, incremental)
         x = x + self.dropout(a)
         if not self.norm_first:
@@ -499,7 +387,7 @@ class DecoderLayer(nn.Module):
         h = self.norm2(x) if self.norm_first else x
         q = self.cross_attn.project_q(h)
         k, v = (cache.cross_k, cache.cross_v) if incremental else self.cross_attn.project_kv(memory)
-        a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights, incremental, rows_per_source)
+        a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights, incremental)
         x = x + self.dropout(a)
         if not self.norm_first:
             x = self.norm2(x)
@@ -544,24 +432,15 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
 
-    def forward(
-        self,
-        tgt: Tensor,
-        memory: Tensor | None,
-        src_mask: Tensor,
-        tgt_mask: Tensor | None,
-        cache: DecoderCache | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    def forward(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor, tgt_mask: Tensor | None,
+                cache: DecoderCache | None = None, need_weights: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = cache.length if cache is not None else 0
         x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
         x = self.dropout(x)
         self_w, cross_w = [], []
-        reorder = cache.take_pending() if cache is not None else None  # applied by every layer's append
-        for i, layer in enumerate(self.layers):
-            layer_cache = cache.layers[i] if cache is not None else None
-            group = cache.rows_per_source if cache is not None else 1
-            x, sw, cw = layer(x, memory, tgt_mask, src_mask, layer_cache, need_weights, group, reorder)
+        layer_caches = cache.begin_step() if cache is not None else [None] * len(self.layers)
+        for layer, layer_cache in zip(self.layers, layer_caches):
+            x, sw, cw = layer(x, memory, tgt_mask, src_mask, layer_cache, need_weights)
             self_w.append(sw)
             cross_w.append(cw)
         if cache is not None:
@@ -597,38 +476,12 @@ class Transformer(nn.Module):
         else:
             self.output_proj = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
             nn.init.normal_(self.output_proj.weight, mean=0.0, std=c.d_model**-0.5)
-        self._packed_output: PackedWeight | None = None  # `pack_weights`
 
     def logits(self, x: Tensor) -> Tensor:
         """The pre-softmax linear transformation (3.4): (B, T, d_model) -> (B, T, V)."""
-        w = self.decoder.embed.weight if self.output_proj is None else self.output_proj.weight
-        return linear(x, w, None, self._packed_output)
-
-    def pack_weights(self) -> bool:
-        """For CPU inference: give every linear layer and the pre-softmax projection a copy of its
-        weights in oneDNN's blocked layout (`PackedWeight`), so that no product re-lays out its
-        weight matrix at every call (base-size beam search on a 2-core Zen 4: ~1.4x faster in
-        fp32, ~1.15x in bf16). Call it after loading and casting the weights; copies that no longer
-        match their parameter are ignored. Returns False (and packs nothing) where it does not
-        apply (`can_pack_weights`). Costs one more copy of the weights; `unpack_weights` frees it.
-        """
-        p = next(self.parameters())
-        if not can_pack_weights(p.dtype, p.device):
-            return False
-        with torch.no_grad():
-            for m in self.modules():
-                if isinstance(m, (MultiHeadAttention, PositionwiseFeedForward)):
-                    m.pack_weights()
-            w = self.decoder.embed.weight if self.output_proj is None else self.output_proj.weight
-            self._packed_output = PackedWeight(w)
-        return True
-
-    def unpack_weights(self) -> None:
-        """Drop the packed copies of `pack_weights`: every product goes through `F.linear` again."""
-        for m in self.modules():
-            if isinstance(m, (MultiHeadAttention, PositionwiseFeedForward)):
-                m._packed = {}
-        self._packed_output = None
+        if self.output_proj is None:
+            return F.linear(x, self.decoder.embed.weight)  # the shared embedding matrix
+        return self.output_proj(x)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """Encoder output ("memory"), (B, S, d_model)."""

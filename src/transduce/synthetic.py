@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import kernels
 from .config import Config, ModelConfig
 from .decode import greedy_decode
 from .model import Transformer
@@ -121,9 +122,12 @@ def train_synthetic(
 
 
 def exact_match(model: Transformer, batch) -> float:
-    """Fraction of sequences that greedy decoding gets exactly right."""
+    """Fraction of sequences that greedy decoding gets exactly right (decoding steps through
+    `kernels.decode_attention` on the CPU; the weights change between calls: not packed)."""
     src, _, tgt_out = batch
     model.eval()
+    undo = kernels.apply(model, pack=False)
     hyps = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=5)
+    undo()
     refs = [row[row != PAD][:-1].tolist() for row in tgt_out]
     return sum(h == r for h, r in zip(hyps, refs)) / len(refs)

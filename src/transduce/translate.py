@@ -39,6 +39,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from . import kernels
 from .data.vocab import BOS, EOS, PAD, Vocab
 from .device import resolve_device
 from .errors import DataError
@@ -144,8 +145,8 @@ def translate_stream(
     line). Lines longer than the limit (see `input_token_limit`) are truncated and reported
     through `warn("SOURCE:LINE: ...")`; `advance(n)` is called as lines are done.
 
-    The model is put in eval mode for the duration (and restored; on the CPU its weights are
-    pre-packed meanwhile, `Transformer.pack_weights`). It decodes on the device of
+    The model is put in eval mode for the duration (and restored; on the CPU the speed-ups of
+    `transduce.kernels` are applied meanwhile, `kernels.apply`). It decodes on the device of
     its parameters and in their dtype: bf16 weights (what `--bf16` loads) run in bf16; with fp32
     weights, `bf16=True` runs the forward passes under bf16 autocast. The search's
     log-probabilities and scores are fp32 either way.
@@ -163,9 +164,9 @@ def translate_stream(
     pad = getattr(model.config, "pad_id", PAD)
     was_training = model.training
     model.eval()
-    # CPU: weights pre-packed for oneDNN for the duration (`Transformer.pack_weights`), unless
-    # the caller packed them already.
-    packed_here = getattr(model, "_packed_output", False) is None and model.pack_weights()
+    # CPU: weights pre-packed and decoding steps' attention for the duration, unless the caller
+    # has set them already (the undo undoes only what `apply` did).
+    undo_speedups = kernels.apply(model)
     nan = float("nan")
     try:
         it = iter(lines)
@@ -213,8 +214,7 @@ def translate_stream(
                 yield r
             first_line += len(chunk)
     finally:
-        if packed_here:
-            model.unpack_weights()
+        undo_speedups()
         model.train(was_training)
 
 

@@ -1,0 +1,164 @@
+"""CPU inference speed-ups, applied to a built `transduce.model.Transformer` from the outside.
+
+None of this is in the paper: the same products and the same equation 1, computed faster on the
+CPU (measured in docs/RESULTS.md). `transduce.model` works without any of it.
+
+* `pack_weights(model)` replaces every linear layer (`nn.Linear`, the stacked [W^Q; W^K; W^V] of
+  `transduce.model.StackedLinear`, the pre-softmax projection with the shared embedding matrix)
+  by a `PackedLinear`: the same parameters, plus a copy of each weight matrix in oneDNN's blocked
+  layout, so that no product re-lays out its weight at every call. `unpack_weights` puts the
+  original layers back.
+* `decode_attention`: equation 1 for the few queries of a decoding step as plain products, for
+  `MultiHeadAttention.step_attention`.
+* `apply(model)`: both (what `transduce.translate` does); it returns the function that undoes
+  exactly what it did. `apply(model, pack=False)`: the attention alone.
+
+Parameters keep their names (`state_dict` is unchanged) and stay shared: an optimizer step or
+`load_state_dict` on a packed model retires the stale copies, which are then ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .model import MultiHeadAttention, Transformer
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Equation 1 (3.2.1) for the few queries of one decoding step (3.1: the decoder is
+    auto-regressive), written as plain matrix products: softmax((K Q^T)^T / sqrt(d_k)) V, the
+    softmax in fp32.
+
+    Same shapes and mask convention as `transduce.model.attention_reference`; no dropout. On the
+    CPU several times faster than `scaled_dot_product_attention` for 1-8 queries (see
+    docs/RESULTS.md); K Q^T rather than Q K^T because it reads the keys in their stored layout,
+    which bf16 matmuls need to be fast.
+    """
+    B, h, Tq, d = q.shape
+    Tk = k.size(2)
+    # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
+    k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
+    scores = torch.bmm(k3, q3.transpose(1, 2)).view(B, h, Tk, Tq).transpose(-2, -1) * d**-0.5  # (B, h, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.float().softmax(dim=-1).to(v.dtype).reshape(B * h, Tq, Tk)
+    return torch.bmm(weights, v3).view(B, h, Tq, -1)
+
+
+def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether `pack_weights` applies: CPU, oneDNN, fp32 or (where oneDNN supports it) bf16."""
+    if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
+
+
+class PackedWeight:
+    """A weight matrix W (out, in), or the block `rows` of it, copied into oneDNN's blocked layout
+    for y = x W^T + b.
+
+    It stands for `source[rows]` only while that parameter is unchanged (same storage, same
+    version counter: an optimizer step or `load_state_dict` retires it), and only without
+    autograd, autocast, or a change of dtype or device (`usable`)."""
+
+    def __init__(self, source: Tensor, rows: slice | None = None):
+        self.source, self.version, self.ptr = source, source._version, source.data_ptr()
+        w = source.detach() if rows is None else source.detach()[rows]
+        self.dtype = w.dtype
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+
+    def usable(self, x: Tensor) -> bool:
+        return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
+                and self.source._version == self.version and self.source.data_ptr() == self.ptr
+                and not torch.is_autocast_enabled("cpu"))
+
+    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
+
+
+def _key(rows: slice | None):
+    return None if rows is None else (rows.start, rows.stop, rows.step)
+
+
+class PackedLinear(nn.Module):
+    """Stands in for a linear layer: x W^T + b (or, like `StackedLinear`, the block `rows` of it)
+    through a `PackedWeight` where one is usable, else `F.linear`: the same computation as the
+    layer it replaces. Holds the layer's own parameters under the same names; for the tied
+    pre-softmax projection (`layer` None) it refers to the embedding matrix without registering it
+    a second time. The replaced layer's forward hooks do not run while it stands in."""
+
+    def __init__(self, layer: nn.Linear | None, weight: Tensor | None = None, blocks: tuple[slice, ...] = ()):
+        super().__init__()
+        self.original = (layer,)  # a tuple: not registered as a submodule
+        if layer is not None:
+            self.weight, self.bias = layer.weight, layer.bias
+        else:
+            self.__dict__["weight"], self.bias = weight, None
+        with torch.no_grad():
+            self.packed = {_key(r): PackedWeight(self.weight, r) for r in (None, *blocks)}
+
+    def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:
+        w, b = self.weight, self.bias
+        if rows is not None:
+            w, b = w[rows], None if b is None else b[rows]
+        packed = self.packed.get(_key(rows))
+        return packed(x, b) if packed is not None and packed.usable(x) else F.linear(x, w, b)
+
+
+def _linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if isinstance(child, (nn.Linear, PackedLinear))]
+
+
+def is_packed(model: nn.Module) -> bool:
+    return any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def pack_weights(model: nn.Module) -> bool:
+    """Replace every linear layer of `model` and its tied pre-softmax projection by a
+    `PackedLinear`. Call it after loading and casting the weights. Returns False, changing
+    nothing, where it does not apply (`can_pack`) or the model is packed already. Costs one more
+    copy of the weights; `unpack_weights` frees it."""
+    p = next(model.parameters())
+    if not can_pack(p.dtype, p.device) or is_packed(model):
+        return False
+    for parent, name, layer in _linear_layers(model):
+        blocks = (parent.q_rows, parent.kv_rows) if isinstance(parent, MultiHeadAttention) and name == "in_proj" else ()
+        setattr(parent, name, PackedLinear(layer, blocks=blocks))
+    for m in model.modules():
+        if isinstance(m, Transformer) and m.output_proj is None:
+            m.output_proj = PackedLinear(None, weight=m.decoder.embed.weight)
+    return True
+
+
+def unpack_weights(model: nn.Module) -> None:
+    """Put back the layers `pack_weights` replaced: every product goes through `F.linear` again."""
+    for parent, name, layer in _linear_layers(model):
+        if isinstance(layer, PackedLinear):
+            setattr(parent, name, layer.original[0])
+
+
+def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
+    """For CPU inference: every attention layer's decoding steps through `decode_attention`
+    (`MultiHeadAttention.step_attention`) and, with `pack`, the weights packed (`pack_weights`).
+    Returns the function that undoes exactly this, leaving what the caller had set as it was."""
+    cpu = next(model.parameters()).device.type == "cpu"
+    unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
+    for m in unset:
+        m.step_attention = decode_attention
+    packed_here = pack and pack_weights(model)
+
+    def undo() -> None:
+        if packed_here:
+            unpack_weights(model)
+        for m in unset:
+            m.step_attention = None
+
+    return undo
