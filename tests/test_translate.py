@@ -257,8 +257,8 @@ def test_average_of_two_identical_checkpoints_equals_one(loaded, model_dir, tmp_
         assert torch.equal(a, b), name
     src = write(tmp_path / "in.txt", ["a man runs", "the dog sits on the grass", "blue ball"])
     out_avg, out_one = tmp_path / "avg.txt", tmp_path / "one.txt"
-    assert main(["translate", str(run), "-i", str(src), "-o", str(out_avg), "--average", "2", *FAST]) == 0
-    assert main(["translate", str(run), "-i", str(src), "-o", str(out_one), "--checkpoint", "step_0000001", *FAST]) == 0
+    assert main(["translate", str(run), "-i", str(src), "-o", str(out_avg), "--average", "2", *FAST, "--precision", "fp32"]) == 0
+    assert main(["translate", str(run), "-i", str(src), "-o", str(out_one), "--checkpoint", "step_0000001", *FAST, "--precision", "fp32"]) == 0
     assert out_avg.read_text(encoding="utf-8") == out_one.read_text(encoding="utf-8")
 
 
