@@ -12,7 +12,7 @@ def test_save_load_round_trip(tmp_path):
     config = Config(model=ModelConfig(src_vocab_size=30, n_layers=1, d_model=16, d_ff=32, n_heads=2))
     model = Transformer(config.model).eval()
     save_model(model, config, tmp_path / "m")
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["checksums.json", "config.json", "model.safetensors"]
     assert json.loads((tmp_path / "m" / "config.json").read_text())["model"]["d_model"] == 16
     loaded, loaded_config = load_model(tmp_path / "m")
     assert loaded_config == config

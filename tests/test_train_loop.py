@@ -126,8 +126,8 @@ def test_accumulated_micro_batches_equal_one_batch_of_their_union(tmp_path):
     # in gradients that are zero in exact arithmetic (the key bias) into full-size steps.
     m1, m2 = _model_and_optimizer()[0], _model_and_optimizer()[0]
     o1, o2 = torch.optim.SGD(m1.parameters(), lr=1.0), torch.optim.SGD(m2.parameters(), lr=1.0)
-    s1, _ = train_step(m1, o1, [dataset.collate(a), dataset.collate(b)], label_smoothing=0.1)
-    s2, _ = train_step(m2, o2, [dataset.collate(a + b)], label_smoothing=0.1)
+    s1 = train_step(m1, o1, [dataset.collate(a), dataset.collate(b)], label_smoothing=0.1).sums
+    s2 = train_step(m2, o2, [dataset.collate(a + b)], label_smoothing=0.1).sums
     torch.testing.assert_close(s1, s2)
     for (name, p1), p2 in zip(m1.named_parameters(), m2.parameters()):
         torch.testing.assert_close(p1, p2, rtol=1e-5, atol=1e-6, msg=name)
@@ -145,7 +145,7 @@ def test_bf16_autocast_really_computes_in_bf16_and_keeps_fp32_weights(tmp_path):
     assert logits.dtype == torch.bfloat16 and dtypes == {torch.bfloat16}
     for h in hooks:
         h.remove()
-    sums, norm = train_step(model, optimizer, [batch], label_smoothing=0.1, precision="bf16", want_grad_norm=True)
+    sums, norm, updated = train_step(model, optimizer, [batch], label_smoothing=0.1, precision="bf16")
     assert torch.isfinite(sums).all() and float(norm) > 0
     assert all(p.dtype == torch.float32 for p in model.parameters())
 

@@ -7,6 +7,7 @@ A model directory (what `translate`, `evaluate` and `average` read and write)::
 
     model.safetensors   the weights (a shared tensor such as the tied embedding stored once)
     config.json         the `Config` (model architecture and training regime)
+    checksums.json      SHA-256 and size of the two files above (written last)
 
 A run directory (`transduce train --run-dir`)::
 
@@ -18,8 +19,11 @@ A run directory (`transduce train --run-dir`)::
             optimizer.safetensors  Adam's state, one tensor per (state name, parameter name),
                                    e.g. "exp_avg/encoder.layers.0.norm1.weight"
             rng.safetensors        torch RNG states of every rank (uint8 tensors), e.g. "cpu/rank0"
-            trainer_state.json     step, epoch, position in the epoch, schedule, GradScaler, ...
+            trainer_state.json     step, epoch, position in the epoch, schedule, GradScaler, ...,
+                                   and the SHA-256 and size of every other file (written last)
         latest                   one line: the name of the newest complete checkpoint
+        step_0000900.damaged/    a checkpoint found damaged on --resume, set aside (never deleted)
+    RUN_DIR/.lock                held (flock) by the one trainer writing the run; says who it is
     RUN_DIR/logs/train.jsonl     one JSON object per line: start, train, valid, checkpoint, end
     RUN_DIR/logs/                TensorBoard event files (if tensorboard is installed)
     RUN_DIR/model/               the final model (a model directory)
@@ -31,6 +35,11 @@ renamed into place whole; only then is `latest` rewritten. A crash at any moment
 pointing at a complete checkpoint; half-written temporary directories are ignored (and removed by
 the next successful save).
 
+Integrity: loading verifies every file against the checksums written beside it (`verify`); a
+damaged file (truncated by a full disk, a flipped bit) is a one-line `DamagedCheckpoint` error
+naming the file. `transduce train --resume` then falls back to the newest intact checkpoint
+(`newest_intact`). One writer: a trainer holds `RUN_DIR/.lock` (`RunLock`) for as long as it runs.
+
 Section 6.1: "For the base models, we used a single model obtained by averaging the last 5
 checkpoints, which were written at 10-minute intervals. For the big models, we averaged the last
 20 checkpoints." `last_checkpoints` takes the last K written at the interval (a checkpoint forced
@@ -40,19 +49,25 @@ run directory given to an inference command means that average (`load_for_infere
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
+import time
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from safetensors.torch import load_model as _st_load_model
 from safetensors.torch import save_model as _st_save_model
 
 from .config import Config
+from .errors import TrainingStopped
 from .model import Transformer
 
 WEIGHTS = "model.safetensors"
@@ -62,6 +77,9 @@ LATEST = "latest"
 OPTIMIZER = "optimizer.safetensors"
 RNG = "rng.safetensors"
 STATE = "trainer_state.json"
+CHECKSUMS = "checksums.json"
+LOCK = ".lock"
+DAMAGED = ".damaged"
 FORMAT = 1
 
 _NAME = re.compile(r"^step_(\d+)$")
@@ -108,6 +126,70 @@ def _save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     readable(path)
 
 
+def file_digest(path: Path) -> dict:
+    """{"sha256": hex digest, "bytes": size} of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
+
+
+def digests(directory: Path, names) -> dict[str, dict]:
+    return {name: file_digest(directory / name) for name in names if (directory / name).is_file()}
+
+
+def as_os_error(e: Exception, path: Path) -> OSError:
+    """safetensors reports a failed write as "... I/O error: No space left on device (os error
+    28)": the OSError it stands for."""
+    m = re.search(r"os error (\d+)", str(e))
+    if m:
+        code = int(m.group(1))
+        return OSError(code, os.strerror(code), str(path))
+    return OSError(0, str(e), str(path))
+
+
+class DamagedCheckpoint(ValueError):
+    """A model directory or checkpoint whose files are missing, truncated or altered: one line
+    naming the file."""
+
+
+def expected_digests(directory: Path) -> dict[str, dict] | None:
+    """The checksums recorded in a directory: a checkpoint's trainer_state.json, else a model
+    directory's checksums.json; None for a directory written before checksums (nothing to check)."""
+    for name, key in ((STATE, "files"), (CHECKSUMS, None)):
+        path = directory / name
+        if path.is_file():
+            try:
+                recorded = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                raise DamagedCheckpoint(f"{path}: damaged (not readable JSON)") from None
+            recorded = recorded.get(key) if key else recorded
+            if recorded:
+                return recorded
+    return None
+
+
+def verify(directory: str | os.PathLike, names=None) -> None:
+    """Check the files of a model directory or checkpoint (all, or `names`) against their
+    recorded SHA-256 and size; raise DamagedCheckpoint naming the first that differs."""
+    directory = Path(directory)
+    expected = expected_digests(directory)
+    if expected is None:
+        return
+    for name, want in expected.items():
+        if names is not None and name not in names:
+            continue
+        path = directory / name
+        if not path.is_file():
+            raise DamagedCheckpoint(f"{path}: missing (the checkpoint is incomplete)")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise DamagedCheckpoint(f"{path}: damaged ({size:,} bytes, {want['bytes']:,} written: truncated?)")
+        if file_digest(path)["sha256"] != want["sha256"]:
+            raise DamagedCheckpoint(f"{path}: damaged (its SHA-256 differs from the one written with it)")
+
+
 # --- model directories ----------------------------------------------------------------------------
 
 
@@ -123,10 +205,19 @@ def save_model(model: torch.nn.Module, config: Config, directory: str | os.PathL
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
     tmp = directory / (WEIGHTS + ".tmp")
     _st_save_model(model, str(tmp), metadata={"format": "pt", "transduce": "1"})
-    readable(tmp)
-    os.replace(tmp, directory / WEIGHTS)
-    atomic_write_text(directory / CONFIG, config.to_json() + "\n")
+    _finish_model_dir(directory, tmp, config)
     return directory
+
+
+def _finish_model_dir(directory: Path, weights_tmp: Path, config: Config) -> None:
+    """Move the written weights into place, write config.json, then checksums.json (last)."""
+    with open(weights_tmp, "rb") as f:
+        os.fsync(f.fileno())
+    readable(weights_tmp)
+    (directory / CHECKSUMS).unlink(missing_ok=True)  # never a stale one beside new files
+    os.replace(weights_tmp, directory / WEIGHTS)
+    atomic_write_text(directory / CONFIG, config.to_json() + "\n")
+    atomic_write_text(directory / CHECKSUMS, json.dumps(digests(directory, (WEIGHTS, CONFIG)), indent=2) + "\n")
 
 
 def save_tensors_as_model(tensors: dict[str, torch.Tensor], config: Config, directory: str | os.PathLike) -> Path:
@@ -135,9 +226,7 @@ def save_tensors_as_model(tensors: dict[str, torch.Tensor], config: Config, dire
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (WEIGHTS + ".tmp")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt", "transduce": "1"})
-    readable(tmp)
-    os.replace(tmp, directory / WEIGHTS)
-    atomic_write_text(directory / CONFIG, config.to_json() + "\n")
+    _finish_model_dir(directory, tmp, config)
     return directory
 
 
@@ -157,6 +246,7 @@ def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu")
     weights = directory / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: no such file")
+    verify(directory, (WEIGHTS, CONFIG))
     _st_load_model(model, str(weights), strict=True, device=str(device))
     return model.to(device).eval(), config
 
@@ -179,7 +269,7 @@ def guarded(load, *args, **kwargs):
     one-line ValueError naming the first argument (the path)."""
     try:
         return load(*args, **kwargs)
-    except (FileNotFoundError, ValueError):
+    except (FileNotFoundError, ValueError):  # DamagedCheckpoint included
         raise
     except Exception as e:  # safetensors' SafetensorError, torch's RuntimeError on shape mismatch, ...
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -235,6 +325,8 @@ class TrainingState:
     """Written at the checkpoint interval (6.1: "written at 10-minute intervals"); False for a
     checkpoint forced off the interval (the end of a run or a stop by --max-minutes), which
     "the last K" of averaging leaves out so that the averaged checkpoints stay evenly spaced."""
+    files: dict = field(default_factory=dict)
+    """{file name: {"sha256", "bytes"}} of every other file of the checkpoint (`verify`)."""
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, **self.__dict__}, indent=2)
@@ -357,6 +449,8 @@ def save_checkpoint(
         save_model(model, config, tmp)  # model.safetensors + config.json: a model directory
         _save_tensors(optimizer_tensors(optimizer, model), tmp / OPTIMIZER)
         _save_tensors({k: v.to("cpu").contiguous() for k, v in rng.items()}, tmp / RNG)
+        files = {**json.loads((tmp / CHECKSUMS).read_text(encoding="utf-8")), **digests(tmp, (CHECKSUMS, OPTIMIZER, RNG))}
+        state = dataclasses.replace(state, files=files)
         atomic_write_text(tmp / STATE, state.to_json() + "\n")  # last: marks the directory complete
         fsync_dir(tmp)
         if final.exists():  # the same step saved again (e.g. a resumed run that ends at once)
@@ -367,6 +461,9 @@ def save_checkpoint(
         else:
             os.replace(tmp, final)
         fsync_dir(root)
+    except SafetensorError as e:  # safetensors' own error for a failed write (a full disk)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise as_os_error(e, tmp) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -400,14 +497,90 @@ def load_checkpoint(
     for f in (WEIGHTS, CONFIG, STATE):
         if not (path / f).is_file():
             raise FileNotFoundError(f"{path / f}: no such file (not a complete checkpoint)")
-    state = TrainingState.from_json((path / STATE).read_text(encoding="utf-8"))
-    _st_load_model(model, str(path / WEIGHTS), strict=True, device=str(device))
-    if optimizer is not None:
-        # Read on the CPU: load_state_dict moves each tensor where its parameter's policy wants
-        # it (Adam keeps a non-fused `step` on the CPU).
-        load_optimizer_tensors(optimizer, model, load_file(str(path / OPTIMIZER)))
-    rng = load_file(str(path / RNG)) if (path / RNG).is_file() else {}
+    try:
+        state = TrainingState.from_json((path / STATE).read_text(encoding="utf-8"))
+    except (ValueError, TypeError):
+        raise DamagedCheckpoint(f"{path / STATE}: damaged (not a readable training state)") from None
+    verify(path)
+    try:
+        _st_load_model(model, str(path / WEIGHTS), strict=True, device=str(device))
+        if optimizer is not None:
+            # Read on the CPU: load_state_dict moves each tensor where its parameter's policy wants
+            # it (Adam keeps a non-fused `step` on the CPU).
+            load_optimizer_tensors(optimizer, model, load_file(str(path / OPTIMIZER)))
+        rng = load_file(str(path / RNG)) if (path / RNG).is_file() else {}
+    except (OSError, ValueError):
+        raise
+    except Exception as e:  # a checkpoint from before checksums, damaged: safetensors' own error
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DamagedCheckpoint(f"{path}: damaged ({first})") from None
     return LoadedCheckpoint(path, state, rng)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to `step_N.damaged` (kept for inspection, no longer listed)."""
+    target = path.with_name(path.name + DAMAGED)
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{DAMAGED}.{n}")
+    os.replace(path, target)
+    return target
+
+
+# --- one writer per run directory -----------------------------------------------------------------
+
+
+class RunLock:
+    """An exclusive `flock` on RUN_DIR/.lock for as long as a trainer runs: the kernel releases
+    it when the process ends, however it ends (kill -9 included), so a stale lock never blocks.
+    The file says who holds it (pid, host, since when), for the error a second trainer gets.
+    Where `fcntl` does not exist (Windows) there is no lock."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / LOCK
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RunLocked(f"{self.path.parent} is being written by another trainer ({self.holder()}); "
+                            "wait for it to end, stop it, or use another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode() + b"\n")
+        self._fd = fd
+        return self
+
+    def holder(self) -> str:
+        try:
+            who = json.loads(self.path.read_text(encoding="utf-8"))
+            return f"process {who['pid']} on {who['host']}, since {who['since']}"
+        except (OSError, ValueError, KeyError):
+            return "a process that has not yet said who it is"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class RunLocked(TrainingStopped):
+    """A second trainer on a run directory that one is already writing."""
 
 
 # --- averaging (6.1) ------------------------------------------------------------------------------
@@ -446,6 +619,7 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch
         if config is not None and c.model != config.model:
             raise ValueError(f"{path}: a different model architecture than {paths[0]}")
         config = c
+        verify(path, (WEIGHTS, CONFIG))
         tensors = load_file(str(Path(path) / WEIGHTS))
         if total and tensors.keys() != total.keys():
             raise ValueError(f"{path}: other tensors than {paths[0]}")

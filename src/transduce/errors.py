@@ -40,3 +40,8 @@ class DataError(TransduceError):
 
 class UsageError(TransduceError):
     """Bad input from the command line: reported as one line, exit status 2."""
+
+
+class TrainingStopped(TransduceError):
+    """Training stopped on purpose, its state resumable: another trainer holds the run directory,
+    a checkpoint could not be written, or too many steps in a row were not finite."""

@@ -101,7 +101,7 @@ def train_synthetic(
         src, tgt_in, tgt_out = make_batch(task, batch_size, n_symbols, min_len, max_len, g_train)
         batch = {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": int((tgt_out != PAD).sum())}
         set_lr(opt, noam_lr(step + 1, c.d_model, warmup_steps, lr_scale))  # equation 3, step counted from 1
-        sums, _ = train_step(model, opt, [batch], label_smoothing=0.0, pad_id=PAD, smooth_exclude=())
+        sums = train_step(model, opt, [batch], label_smoothing=0.0, pad_id=PAD, smooth_exclude=()).sums
         step += 1
         if step % eval_every == 0:
             loss_value = sums[0].item() / batch["ntokens"]  # per target token

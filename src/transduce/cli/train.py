@@ -17,11 +17,18 @@ from ..config import PRESETS, Config, TrainConfig
 from ..data.batching import read_metadata
 from ..errors import UsageError
 from ..train import trainer
+from ..train.signals import EXIT_INTERRUPTED
 from ..train.trainer import TrainOptions, config_for_data, train
 from .fields import add_field_flags, field_type, flag, from_args
 
 HELP = "train a model on prepared data (Section 5; torchrun for many GPUs)"
 DESCRIPTION = trainer.__doc__
+EPILOG = """\
+exit status: 0 done; 2 bad input, or a stop that kept a resumable state (another trainer holds
+RUN_DIR, a checkpoint could not be written, too many non-finite steps in a row: the message says
+which); 75 stopped by SIGTERM or SIGINT after writing a checkpoint: continue with --resume (a
+second signal exits at once). A damaged latest checkpoint is set aside and --resume continues from
+the newest intact one. Under Slurm: docs/cluster.md."""
 
 CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, metavar, help); unset: the preset's value
     "max_steps": ("max_steps", "N", "optimizer steps (default: train.max_steps, 100K base, 300K big)"),
@@ -103,5 +110,5 @@ def run(args: argparse.Namespace) -> int:
     config, data_dir = resolve_config(args)
     options = from_args(TrainOptions, args)
     options.log_every = max(1, options.log_every)
-    train(config, data_dir, args.run_dir, options, log_extra={"argv": sys.argv})
-    return 0
+    result = train(config, data_dir, args.run_dir, options, log_extra={"argv": sys.argv})
+    return EXIT_INTERRUPTED if result.interrupted else 0

@@ -87,6 +87,14 @@ def agree(env: DistEnv, flags: list[bool]) -> list[bool]:
     return [bool(x) for x in all_reduce_(t, env, dist.ReduceOp.MAX).tolist()]
 
 
+def any_rank(env: DistEnv, flag: bool) -> bool:
+    """Whether `flag` is true on any rank (one all-reduce with several processes)."""
+    if not env.distributed:
+        return flag
+    t = torch.tensor([float(flag)], device=env.device)
+    return bool(all_reduce_(t, env, dist.ReduceOp.MAX).item())
+
+
 # --- RNG state (exact resume) ---------------------------------------------------------------------
 
 

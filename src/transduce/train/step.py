@@ -8,6 +8,7 @@ fp16 autocast), Adam (5.3) and its learning rate, batches on the device.
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 import math
 
 import torch
@@ -115,6 +116,16 @@ def to_device(batch: dict, device: torch.device) -> dict:
 # --- one optimizer step ---------------------------------------------------------------------------
 
 
+class StepResult(NamedTuple):
+    sums: Tensor
+    """[smoothed loss, nll] summed over this rank's tokens (detached, fp32)."""
+    grad_norm: Tensor
+    """The global gradient norm before clipping."""
+    updated: bool
+    """False when the step was skipped: a non-finite loss or gradient norm (on any rank), or an
+    fp16 overflow that made the GradScaler skip it and lower its scale."""
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -125,10 +136,9 @@ def train_step(
     precision: str = "fp32",
     scaler=None,
     clip_norm: float = 0.0,
-    want_grad_norm: bool = False,
     pad_id: int = PAD,
     smooth_exclude: tuple[int, ...] = (PAD, BOS),
-) -> tuple[Tensor, Tensor | None]:
+) -> StepResult:
     """One optimizer step on `micro_batches` (collated batches on the model's device),
     forward + backward one at a time, gradients accumulated.
 
@@ -137,9 +147,10 @@ def train_step(
     computes the same update. With DDP (`model` wrapped), gradients are all-reduced only on the
     last micro-batch (`no_sync()` on the others).
 
-    Returns (sums, grad_norm): sums = [smoothed loss, nll] summed over this rank's tokens (a
-    detached fp32 tensor: no host sync), grad_norm the global gradient norm before clipping
-    (a tensor, when clipping or `want_grad_norm`; else None). The learning rate must be set.
+    A step whose loss or gradient norm is not finite is not taken: no parameter and no optimizer
+    state changes (`StepResult.updated` False; the decision costs one host sync per step, as a
+    GradScaler's does, and with several processes one small all-reduce so that all skip together).
+    The learning rate must be set.
     """
     env = env or DistEnv(device=micro_batches[0]["src"].device)
     local_tokens = sum(int(b["ntokens"]) for b in micro_batches)
@@ -163,19 +174,35 @@ def train_step(
 
     if scaler is not None:
         scaler.unscale_(optimizer)
-    grad_norm = None
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if clip_norm > 0:
         grad_norm = nn.utils.clip_grad_norm_(params, clip_norm)
-    elif want_grad_norm:
-        grad_norm = nn.utils.clip_grad_norm_(params, float("inf"))  # measures only
-    if scaler is not None:
-        scaler.step(optimizer)  # skipped if the gradients overflowed
-        scaler.update()
     else:
-        optimizer.step()
+        grad_norm = gradient_norm(params)
+    if scaler is not None:  # fp16: the scaler skips an overflowing step itself, and lowers its scale
+        scale = scaler.get_scale()
+        scaler.step(optimizer)
+        scaler.update()
+        updated = scaler.get_scale() >= scale
+    else:
+        bad = ~(torch.isfinite(grad_norm) & torch.isfinite(sums).all())
+        if env.distributed:
+            bad = all_reduce_(bad.float().reshape(1), env, dist.ReduceOp.MAX)
+        updated = not bool(bad.item())
+        if updated:
+            optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return sums, grad_norm
+    return StepResult(sums, grad_norm.detach(), updated)
+
+
+def gradient_norm(params: list[Tensor]) -> Tensor:
+    """The global 2-norm of the gradients, measured only (they are not touched)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    if hasattr(nn.utils, "get_total_norm"):  # torch >= 2.6
+        return nn.utils.get_total_norm(grads)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
 
 
 # --- validation -----------------------------------------------------------------------------------

@@ -38,6 +38,13 @@ forward passes: it comes from the collated batches, summed over ranks by one sma
 The run directory's layout (config, data.json, vocabulary copies, checkpoints/, logs/, model/)
 is described once, in `transduce.checkpoint`.
 
+What interrupts a run, and what the trainer does about it (docs/cluster.md): SIGTERM or SIGINT
+stop it at a step boundary with a checkpoint (`transduce.train.signals`); a damaged latest
+checkpoint is set aside and `--resume` continues from the newest intact one; one trainer per run
+directory (`transduce.checkpoint.RunLock`); a checkpoint that cannot be written (a full disk)
+stops the run with the previous ones intact; a step whose loss or gradient norm is not finite is
+not taken, and `max_nonfinite` in a row stop the run.
+
 Only rank 0 writes. Exact resume (`TrainOptions.resume`, --resume) restores the weights, Adam's
 moments, the step, the position in the epoch's batch order and every rank's RNG state (dropout),
 so an interrupted and resumed run ends with the same parameters as an uninterrupted one.
@@ -67,19 +74,21 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import (
-    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, prepare_run_dir, save_checkpoint, save_model,
+    DamagedCheckpoint, LoadedCheckpoint, RunLock, TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint,
+    prepare_run_dir, save_checkpoint, save_model, set_aside,
 )
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, read_metadata
 from ..data.vocab import BOS, PAD
 from ..device import DEVICES
-from ..errors import DataError, UsageError
+from ..errors import DataError, TrainingStopped, UsageError
 from ..model import Transformer, count_parameters
 from ..precision import PRECISIONS
 from .distributed import (
-    DistEnv, agree, all_reduce_, gather_rng_states, restore_rng_states, seed_dropout, set_threads, setup_distributed,
+    DistEnv, agree, all_reduce_, any_rank, gather_rng_states, restore_rng_states, seed_dropout, set_threads, setup_distributed,
 )
 from .schedule import cooldown_factor, noam_lr
+from .signals import StopSignals
 from .step import build_optimizer, evaluate, make_grad_scaler, resolve_precision, set_lr, to_device, train_step
 
 
@@ -134,6 +143,9 @@ class TrainOptions:
     """Also, with several processes, the interval at which the time-based decisions
     (max_minutes, save_every_minutes) are made."""
     tensorboard: bool = field(default=True, metadata={"help": "no TensorBoard event files"})
+    max_nonfinite: int = field(default=5, metadata={"metavar": "N", "help": (
+        "stop, with a checkpoint of the weights from before them, after N steps in a row whose loss "
+        "or gradient norm is not finite (each is skipped: no update; default %(default)s)")})
 
 
 @dataclass
@@ -145,6 +157,8 @@ class TrainResult:
     """The last validation: loss, nll, ppl per target token."""
     run_dir: Path
     target_tokens_per_s: float
+    interrupted: str | None = None
+    """The signal that stopped the run (after its checkpoint), e.g. "SIGTERM"; None if it ran to the end."""
 
 
 # --- batches (5.1) --------------------------------------------------------------------------------
@@ -207,15 +221,24 @@ class RunLog:
 
     def write(self, kind: str, step: int, **values) -> None:
         record = {"type": kind, "step": step, "time": round(time.time(), 3), **values}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        if self.file is not None:
+            try:
+                self.file.write(json.dumps(record) + "\n")
+                self.file.flush()
+            except OSError as e:  # a full disk: the log stops, training does not
+                print(f"warning: {self.file.name}: {e.strerror or e}; the log stops here", file=sys.stderr)
+                self.file = None
         if self.tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(f"{kind}/{k}", v, step)
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            try:
+                self.file.close()
+            except OSError:
+                pass
         if self.tb is not None:
             self.tb.close()
 
@@ -277,15 +300,32 @@ def train(
     the run's own, as `transduce.cli.train.resolve_config` makes it)."""
     opts = opts or TrainOptions()
     env = setup_distributed(opts.device)
+    lock = RunLock(run_dir)
     try:
-        run = _set_up(config, Path(data_dir), Path(run_dir), opts, env)
-        start = _restore(run)
-        state = _open(run, start, log_extra or {})
-        while not state.stop:
-            _step(run, state)
-        return _finish(run, state)
+        _lock(lock, env)
+        with StopSignals() as signals:
+            run = _set_up(config, Path(data_dir), Path(run_dir), opts, env)
+            run.signals = signals
+            start = _restore(run)
+            state = _open(run, start, log_extra or {})
+            while not state.stop:
+                _step(run, state)
+            return _finish(run, state)
     finally:
+        lock.release()
         env.close()
+
+
+def _lock(lock: RunLock, env: DistEnv) -> None:
+    """One trainer per run directory: rank 0 takes the lock; every rank stops if it cannot."""
+    error = None
+    if env.is_main:
+        try:
+            lock.acquire()
+        except TrainingStopped as e:
+            error = e
+    if agree(env, [error is not None])[0]:
+        raise error or TrainingStopped(f"{lock.path.parent} is being written by another trainer (see rank 0)")
 
 
 @dataclass
@@ -316,6 +356,8 @@ class Run:
     """Rank 0's log (None on the other ranks)."""
     bar: object = None
     """Rank 0's progress bar, when stderr is a terminal."""
+    signals: StopSignals | None = None
+    """SIGTERM / SIGINT: a request to stop after the current step (`transduce.train.signals`)."""
 
 
 @dataclass
@@ -368,6 +410,12 @@ class LoopState:
     validated_at: int = -1
     capped_at: int | None = None
     """The step at which --max-minutes stopped the run short of max_steps."""
+    interrupted: str | None = None
+    """The signal that stopped the run (SIGTERM, SIGINT), agreed by every rank."""
+    skipped_in_a_row: int = 0
+    """Steps in a row not taken for a non-finite loss or gradient (`train_step`)."""
+    skipped: int = 0
+    """Steps not taken in this session (non-finite values, fp16 overflows)."""
 
 
 # Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler.
@@ -413,7 +461,7 @@ def _restore(run: Run) -> Start:
     if latest is None:
         seed_dropout(opts.seed, env.rank)
         return Start()
-    ckpt = load_checkpoint(latest, run.model, run.optimizer, env.device)
+    ckpt = _load_newest_intact(run, latest)
     s = ckpt.state
     start = Start(step=s.step, epoch=s.epoch, position=s.position, train_seconds=s.train_seconds,
                   target_tokens=s.target_tokens, saved_at=s.step)
@@ -426,6 +474,38 @@ def _restore(run: Run) -> Start:
     if not (same_batches and restore_rng_states(ckpt.rng, env)):
         seed_dropout(opts.seed + s.step, env.rank)
     return start
+
+
+def _load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
+    """Load `latest`, or if it is damaged (a checksum differs, a file is missing or truncated)
+    the newest intact checkpoint before it, saying which and how many steps that loses. Damaged
+    checkpoints are set aside as step_N.damaged (rank 0, once every rank has loaded)."""
+    env = run.env
+    candidates = [latest] + [p for _, p in reversed(list_checkpoints(run.run_dir)) if p != latest]
+    damaged: list[Path] = []
+    for path in candidates:
+        try:
+            ckpt = load_checkpoint(path, run.model, run.optimizer, env.device)
+        except DamagedCheckpoint as e:
+            env.say(f"warning: {e}")
+            damaged.append(path)
+            continue
+        if damaged:
+            newest = max(_step_of(p) for p in damaged)
+            lost = newest - ckpt.state.step
+            env.say(f"resuming from {path.name}, the newest intact checkpoint: {lost} step{'s' * (lost != 1)} "
+                    f"lost; set aside as *.damaged: {', '.join(p.name for p in damaged)}")
+            agree(env, [True])  # a barrier: every rank has read its checkpoint before the renames
+            if env.is_main:
+                for p in damaged:
+                    set_aside(p)
+        return ckpt
+    raise TrainingStopped(f"{run.run_dir / 'checkpoints'}: every checkpoint is damaged "
+                          f"({', '.join(p.name for p in damaged)}); nothing to resume from")
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.split("_")[1])
 
 
 def _open(run: Run, start: Start, log_extra: dict) -> LoopState:
@@ -493,6 +573,9 @@ def _step(run: Run, state: LoopState) -> None:
     and checkpoints when due (their time does not count as training time)."""
     opts = run.opts
     log_now = _optimizer_step(run, state)
+    if log_now is None:  # not taken: nothing to log, validate or save at this step
+        _decide(run, state, False)
+        return
     now, save_due = _decide(run, state, log_now)
     if log_now or state.stop:
         _log_interval(run, state, now)
@@ -505,27 +588,64 @@ def _step(run: Run, state: LoopState) -> None:
     state.last_log += time.perf_counter() - pause
 
 
-def _optimizer_step(run: Run, state: LoopState) -> bool:
+def _optimizer_step(run: Run, state: LoopState) -> bool | None:
     """One optimizer step: update_freq micro-batches on every rank (5.1), the rate of equation 3
-    (5.3). Returns whether this step is logged (it then measures the gradient norm)."""
+    (5.3). Returns whether this step is logged, or None if it was not taken (`_skipped`)."""
     opts, t = run.opts, run.config.train
-    batches = [to_device(run.train_set.collate(state.stream.next()), run.env.device) for _ in range(opts.update_freq)]
+    indices, where = [], []
+    for _ in range(opts.update_freq):
+        indices.append(state.stream.next())
+        where.append((state.stream.epoch, state.stream.position - 1))
+    batches = [to_device(run.train_set.collate(i), run.env.device) for i in indices]
     state.lr = (noam_lr(state.step + 1, run.config.model.d_model, t.warmup_steps, t.lr_scale)
                 * cooldown_factor(state.progress, opts.cooldown))
     set_lr(run.optimizer, state.lr)
     log_now = (state.step + 1) % opts.log_every == 0 or state.step + 1 == t.max_steps
-    sums, norm = train_step(
+    sums, norm, updated = train_step(
         run.train_model, run.optimizer, batches, label_smoothing=t.label_smoothing, env=run.env,
-        precision=run.precision, smooth_exclude=run.smooth_exclude,
-        scaler=run.scaler, clip_norm=opts.clip_norm, want_grad_norm=log_now,
+        precision=run.precision, smooth_exclude=run.smooth_exclude, scaler=run.scaler, clip_norm=opts.clip_norm,
     )
+    if not updated:
+        _skipped(run, state, sums, norm, where, indices)
+        return None
+    state.skipped_in_a_row = 0
     state.step += 1
     state.interval_sums += sums
     state.interval_tokens += sum(b["ntokens"] for b in batches)
-    state.grad_norm = norm if norm is not None else state.grad_norm
+    state.grad_norm = norm
     if run.bar is not None:
         run.bar.update(1)
     return log_now
+
+
+def _skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list, indices: list) -> None:
+    """A step not taken: logged with its batches (epoch, index in the epoch, first pair indices);
+    `max_nonfinite` in a row stop the run with a checkpoint of the weights from before them (the
+    batch order goes on after them)."""
+    env = run.env
+    overflow = run.scaler is not None
+    state.skipped += 1
+    state.skipped_in_a_row += 0 if overflow else 1
+    loss, grad_norm = float(sums[0]), float(norm)
+    batches = ", ".join(f"epoch {e} #{i}" for e, i in where)
+    if run.log is not None:
+        run.log.write("skipped", state.step + 1, reason="fp16 overflow" if overflow else "non-finite",
+                      loss=loss, grad_norm=grad_norm, in_a_row=state.skipped_in_a_row,
+                      batches=[{"epoch": e, "index": i, "pairs": [int(x) for x in ix[:8]]} for (e, i), ix in zip(where, indices)],
+                      **({"loss_scale": float(run.scaler.get_scale())} if overflow else {}))
+    if overflow:
+        env.say(f"step {state.step + 1}: fp16 overflow, skipped by the loss scaler (scale now "
+                f"{run.scaler.get_scale():g}); batches {batches}", run.bar)
+        return
+    env.say(f"step {state.step + 1}: non-finite loss ({loss:g}) or gradient norm ({grad_norm:g}) on batches {batches}: "
+            f"skipped, no update ({state.skipped_in_a_row} in a row)", run.bar)
+    if state.skipped_in_a_row >= run.opts.max_nonfinite:
+        _checkpoint(run, state, on_interval=False)
+        raise TrainingStopped(
+            f"{state.skipped_in_a_row} steps in a row had a non-finite loss or gradient (the last on batches {batches}); "
+            f"the weights from before them, after step {state.step}, are in "
+            f"{run.run_dir / 'checkpoints'} (the batch order continues after them): lower the rate (--lr-scale), "
+            "check the data, then continue with --resume")
 
 
 def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
@@ -539,7 +659,12 @@ def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
     save_due = run.save_minutes > 0 and now - state.last_save >= 60 * run.save_minutes
     if run.env.distributed:
         time_up, save_due = agree(run.env, [time_up, save_due]) if log_now else (False, False)
-    state.stop = state.step >= t.max_steps or time_up
+    signalled = run.signals is not None and run.signals.requested is not None
+    if run.env.distributed:  # every rank stops at the same step, whichever got the signal
+        signalled = any_rank(run.env, signalled)
+    if signalled and state.interrupted is None:
+        state.interrupted = (run.signals.requested if run.signals and run.signals.requested else "a signal to another rank")
+    state.stop = state.step >= t.max_steps or time_up or signalled
     state.progress = state.step / max(t.max_steps, 1)  # the cooldown follows the steps, never the clock
     if time_up and state.step < t.max_steps:
         state.capped_at = state.step
@@ -597,8 +722,19 @@ def _checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
     """A training checkpoint of the state after `state.step` (every rank calls it: the RNG
     states are gathered; rank 0 writes)."""
     rng = gather_rng_states(run.env)  # a collective: every rank
-    if not run.env.is_main:
-        return
+    error = _write_checkpoint(run, state, rng, on_interval) if run.env.is_main else None
+    if agree(run.env, [error is not None])[0]:
+        previous = latest_checkpoint(run.run_dir)
+        raise TrainingStopped(
+            f"the checkpoint of step {state.step} could not be written ({error or 'on rank 0'}); "
+            + (f"{previous.name} and `latest` are intact: free space, then continue with --resume "
+               f"(from step {_step_of(previous)}: {state.step - _step_of(previous)} steps lost)" if previous is not None
+               else "no earlier checkpoint: the run starts again"))
+
+
+def _write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -> str | None:
+    """Rank 0 writes the checkpoint; a failed write (a full disk) is returned as its message, the
+    previous checkpoints and `latest` left as they were (`save_checkpoint` writes beside them)."""
     config, opts, t = run.config, run.opts, run.config.train
     training = TrainingState(
         step=state.step, epoch=state.stream.epoch, position=state.stream.position, world_size=run.env.world_size,
@@ -610,8 +746,14 @@ def _checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
         optimizer={k: v for k, v in run.optimizer.param_groups[0].items() if k != "params"},
         on_interval=on_interval,
     )
-    path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, run.keep_last)
+    try:
+        path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, run.keep_last)
+    except OSError as e:
+        message = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else (e.strerror or str(e))
+        run.log.write("checkpoint_failed", state.step, error=message)
+        return message
     run.log.write("checkpoint", state.step, path=str(path))
+    return None
 
 
 # Finish: the final validation, checkpoint and model directory.
@@ -624,6 +766,8 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
                 "this model is not the recipe's (continue with --resume to finish it)")
         if run.log is not None:
             run.log.write("capped", step, max_steps=t.max_steps, max_minutes=opts.max_minutes)
+    if state.interrupted is not None:
+        return _interrupted(run, state)
     if state.validated_at != step:
         state.valid = _validate(run, state)
     if state.saved_at != step:
@@ -640,6 +784,24 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
     env.say(f"done at step {step}: {tokens_per_s:,.0f} target tokens/s over {state.step_seconds:.1f} s of training "
             f"steps; final model in {run.run_dir / 'model'}")
     return TrainResult(run.model, step, state.valid, run.run_dir, tokens_per_s)
+
+
+def _interrupted(run: Run, state: LoopState) -> TrainResult:
+    """Stopped by SIGTERM or SIGINT: a checkpoint at this step (unless there is one), no final
+    validation and no model directory (the run is not finished)."""
+    env, step = run.env, state.step
+    if state.saved_at != step:
+        every = run.opts.save_every_steps
+        _checkpoint(run, state, on_interval=bool(every) and step % every == 0)
+    if env.is_main:
+        run.log.write("interrupted", step, signal=state.interrupted)
+        run.log.close()
+    if run.bar is not None:
+        run.bar.close()
+    env.say(f"interrupted at step {step} by {state.interrupted}; the checkpoint is in {run.run_dir / 'checkpoints'}: "
+            "continue with --resume")
+    tokens_per_s = state.session_tokens / state.step_seconds if state.step_seconds > 0 else 0.0
+    return TrainResult(run.model, step, state.valid, run.run_dir, tokens_per_s, interrupted=state.interrupted)
 
 
 def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: int, minutes_left: float | None) -> str:

@@ -1,0 +1,73 @@
+"""Stopping on request: SIGTERM and SIGINT end a training run at a step boundary, with a
+checkpoint, instead of killing it between two checkpoints.
+
+SIGTERM is what Slurm's preemption and time limit (`--signal`), `docker stop`, systemd and
+Kubernetes send; SIGINT is Ctrl-C. The first signal only sets `StopSignals.requested`: the current
+step finishes, the trainer writes a checkpoint (with several processes: at the same step on every
+rank, agreed by one all-reduce per step) and exits with status `EXIT_INTERRUPTED`; the run goes on
+with `--resume`. A second signal ends the process at once, as the signal's default action would
+(a checkpoint being written then is abandoned whole: `latest` keeps pointing at the previous one).
+
+One exception to "a second signal ends at once": a signal of the other kind arriving within
+`SAME_REQUEST_S` seconds is the same request. Ctrl-C under torchrun delivers both: the terminal
+sends SIGINT to every process of the group, and torchrun forwards a SIGTERM to its workers (it
+then waits 30 s before SIGKILL).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+EXIT_INTERRUPTED = 75
+"""The exit status of a run stopped by a signal after writing its checkpoint (sysexits' EX_TEMPFAIL:
+"try again later"): a wrapper script or a scheduler can requeue on it (docs/cluster.md)."""
+
+SAME_REQUEST_S = 2.0
+
+HANDLED = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopSignals:
+    """While entered (in the main thread; elsewhere it does nothing), SIGTERM and SIGINT request a
+    stop instead of killing the process. `requested` is the first signal's name, or None."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._first: tuple[int, float] | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in HANDLED:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        now = time.monotonic()
+        if self._first is None:
+            self._first = (signum, now)
+            self.requested = signal.Signals(signum).name
+            _stderr(f"\n{self.requested}: stopping after this step with a checkpoint (send it again to exit at once)\n")
+            return
+        first, at = self._first
+        if signum != first and now - at < SAME_REQUEST_S:  # Ctrl-C under torchrun: SIGINT + SIGTERM
+            return
+        _stderr(f"\n{signal.Signals(signum).name} again: exiting now, without a checkpoint\n")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _stderr(text: str) -> None:
+    """Write from a signal handler: os.write, never print (a handler may interrupt a print)."""
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
