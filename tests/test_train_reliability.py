@@ -296,3 +296,24 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(d
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert [r["step"] for r in records(run) if r["type"] == "end"] == [CLI_STEPS]
+
+
+def test_an_fp16_overflow_skipped_by_the_loss_scaler_is_reported_as_not_taken(data, monkeypatch):
+    """The GradScaler's own skip (a non-finite gradient, as an fp16 overflow makes) is a step not
+    taken, like a NaN without a scaler; the scaler lowers its scale."""
+    from transduce.data.batching import ParallelDataset
+    from transduce.model import Transformer
+    from transduce.train.step import build_optimizer, set_lr, train_step
+
+    config = tiny_config(5)
+    model = Transformer(config.model)
+    optimizer = build_optimizer(model, config)
+    set_lr(optimizer, 1e-3)
+    batch = ParallelDataset.load(data, "train").collate(list(range(6)))
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    nan_on(monkeypatch, {1})
+    saved = params(model)
+    result = train_step(model, optimizer, [batch], label_smoothing=0.1, scaler=scaler)
+    assert not result.updated and scaler.get_scale() == 512.0
+    assert_identical(params(model), saved)
+    assert train_step(model, optimizer, [batch], label_smoothing=0.1, scaler=scaler).updated
