@@ -19,7 +19,7 @@ def sentences(n, seed=0):
 @pytest.fixture(scope="module")
 def vocab(tmp_path_factory):
     model = train_vocab(tmp_path_factory.mktemp("vocab") / "spm", iter(sentences(2000)), vocab_size=100)
-    return Vocab.load(model)
+    return Vocab(model)
 
 
 def test_special_ids_are_fixed(vocab):

@@ -114,9 +114,6 @@ DEFAULT_MAX_RATIO = 9.0
 """Pairs whose longer side has more than this many times the tokens of the shorter side are
 dropped from training (the default of Moses' clean-corpus-n.perl, there counted in words)."""
 
-FILTER_REASONS = ("empty", "too_long", "bad_ratio")
-
-
 def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
     """Why a training pair of these token lengths is dropped, or None to keep it.
 

@@ -121,10 +121,6 @@ class Vocab:
                 "train it with transduce", self.path
             )
 
-    @classmethod
-    def load(cls, path: str | Path) -> "Vocab":
-        return cls(path)
-
     def encode(self, text: str) -> list[int]:
         """Subword ids of one sentence, without BOS or EOS."""
         return self.sp.encode(text)
