@@ -105,12 +105,13 @@ class ParserScores:
     """The gold part-of-speech tags put back before scoring: how publications report F1."""
     own_tags: EvalbResult | None
     """With the tags the parser produced (None when it produced XX)."""
-    repairs: Repairs
+    repairs: Repairs | None
+    """What turning the outputs into trees took (None: trees read from a file, unknown)."""
     repaired_sentences: int
     sentences: int
 
     def as_dict(self) -> dict:
-        d = {"evalb_gold_tags": self.gold_tags.as_dict(), "repairs": self.repairs.as_dict(),
+        d = {"evalb_gold_tags": self.gold_tags.as_dict(), "repairs": self.repairs and self.repairs.as_dict(),
              "repaired_sentences": self.repaired_sentences, "sentences": self.sentences}
         if self.own_tags is not None:
             d["evalb_own_tags"] = self.own_tags.as_dict()
@@ -130,8 +131,8 @@ def score_parses(gold: Sequence[Tree], parsed: Sequence[Tree | None], *, own_tag
             with_gold_tags.append(str(p.with_tags(g.tags())))
         else:
             with_gold_tags.append(str(p))  # different words: EVALB counts it as an error
+    total = sum(repairs, Repairs()) if repairs is not None else None
     repairs = list(repairs or [])
-    total = sum(repairs, Repairs())
     return ParserScores(
         gold_tags=evalb(gold_lines, with_gold_tags, params, ("gold", "parses")),
         own_tags=evalb(gold_lines, ["" if p is None else str(p) for p in parsed], params, ("gold", "parses"))
@@ -151,8 +152,9 @@ def format_scores(s: ParserScores, cutoff: int = 40) -> str:
                          f"{t.precision:.2f}; matched {t.matched:,} / gold {t.gold:,} / test {t.test:,} brackets; "
                          f"{t.sentences:,} sentences, {t.errors} errors, {t.skipped} skipped; tagging "
                          f"{t.tagging_accuracy:.2f})")
-    lines.append(f"repairs: {s.repaired_sentences} of {s.sentences:,} outputs were not well-formed trees; "
-                 f"{s.repairs.summary()}")
+    if s.repairs is not None:
+        lines.append(f"repairs: {s.repaired_sentences} of {s.sentences:,} outputs were not well-formed trees; "
+                     f"{s.repairs.summary()}")
     return "\n".join(lines)
 
 
