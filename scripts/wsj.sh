@@ -109,7 +109,9 @@ PY
 if [ "$K" = 1 ]; then what="the last checkpoint"; else what="the average of the last $K checkpoints"; fi
 echo "chosen on section 22: $what, beam $BEAM, alpha $ALPHA"
 
-searches=(greedy "beam$BEAM-alpha0.3" "beam$BEAM-alpha$ALPHA" "beam$BEAM-alpha$ALPHA-constrained")
+searches=(greedy "beam$BEAM-alpha0.3")
+if [ "$ALPHA" != 0.3 ]; then searches+=("beam$BEAM-alpha$ALPHA"); fi
+searches+=("beam$BEAM-alpha$ALPHA-constrained")
 for search in "${searches[@]}"; do
   case $search in
     greedy) flags=(--greedy) ;;
