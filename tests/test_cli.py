@@ -53,6 +53,7 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
         "train": (["--data", str(tmp / "nope"), "--run-dir", str(tmp / "run")], "no such data directory"),
         "average": ([str(tmp / "nope")], "no such run directory"),
         "translate": ([str(tmp / "nope")], "no such directory"),
+        "parse": ([str(tmp / "nope")], "no such directory"),
         "evaluate": (["--hyp", missing, "--ref", missing], "give --tgt LANG"),
         "synthetic": (["--max-steps", "0", "--save", str(tmp / "a_file" / "model")], "Not a directory"),  # an OSError
     }[command]

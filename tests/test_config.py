@@ -57,7 +57,24 @@ NOT_IN_PAPER = {
 
 
 def test_every_table3_row_has_a_preset():
-    assert set(TABLE3_ROWS) | {"base"} | set(NOT_IN_PAPER) == set(PRESETS)
+    assert set(TABLE3_ROWS) | {"base"} | set(NOT_IN_PAPER) | set(PARSING) == set(PRESETS)
+
+
+# Section 6.3 (parse-wsj: the paper's 4 layers and d_model 1024; the rest tensor2tensor's
+# transformer_parsing_base) and its CPU size: what each changes from base.
+PARSING = {
+    "parse-wsj": {"n_layers": 4, "d_model": 1024, "dropout": 0.2, "attention_dropout": 0.2, "share_embeddings": False,
+                  "tie_output": False, "max_tokens": 32768, "warmup_steps": 16000, "lr_scale": 0.5},
+    "parse-cpu": {"n_layers": 4, "d_model": 256, "d_ff": 1024, "n_heads": 4, "attention_dropout": 0.1,
+                  "share_embeddings": False, "tie_output": False, "max_tokens": 4096, "warmup_steps": 1000,
+                  "lr_scale": 0.55, "max_steps": 4000},
+}
+
+
+@pytest.mark.parametrize("name", sorted(PARSING))
+def test_parsing_presets(name):
+    base, preset = flat(get_preset("base")), flat(get_preset(name))
+    assert {k: v for k, v in preset.items() if base[k] != v} == PARSING[name]
 
 
 @pytest.mark.parametrize("name", sorted(NOT_IN_PAPER))

@@ -61,14 +61,19 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _top_log_probs(logits: Tensor, n: int, banned: list[int], eos_id: int, chunk: int = 16):
+def _top_log_probs(logits: Tensor, n: int, banned: list[int], eos_id: int, chunk: int = 16,
+                   allowed: Tensor | None = None):
     """Per row of logits (rows, V): the n best log-probabilities (fp32, log-softmax over all V;
     `banned` tokens then excluded without renormalising) with their tokens, and EOS's
     log-probability. Rows go `chunk` at a time, so that the fp32 log-probabilities of a chunk
-    stay in cache instead of a (rows, V) fp32 copy making a round trip through memory."""
+    stay in cache instead of a (rows, V) fp32 copy making a round trip through memory.
+    `allowed` (rows, V) bool: a constraint's choice; the others are excluded too (EOS included)."""
     top_lp, top_token, eos_lp = [], [], []
-    for part in logits.split(chunk):
+    masks = allowed.split(chunk) if allowed is not None else [None] * len(logits.split(chunk))
+    for part, mask in zip(logits.split(chunk), masks):
         lprobs = torch.log_softmax(part, dim=-1, dtype=torch.float32)
+        if mask is not None:
+            lprobs.masked_fill_(~mask, float("-inf"))
         eos_lp.append(lprobs[:, eos_id])
         lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens
         values, tokens = _topk(lprobs, n)
@@ -118,6 +123,7 @@ def beam_search(
     bos_id: int = 2,
     eos_id: int = 3,
     early_stop: bool = True,
+    constraint=None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search (Section 6.1): "beam search with a beam size of 4 and length penalty
     alpha = 0.6 ... maximum output length ... input length + 50, but terminate early when
@@ -142,6 +148,10 @@ def beam_search(
     `reorder(index, same_sources)`.
     Returns, per sentence, the `n_best` best finished hypotheses, best first.
     `early_stop=False` searches to the maximum length (for testing that stopping early is exact).
+    `constraint`: an object that restricts the symbols each hypothesis may take next, with
+    `start(src, k)`, `allowed(state)` -> (b, k, V) bool and `advance(state, parent, token)`, and
+    states with `select(keep)` (e.g. `transduce.parsing.constrain.TreeConstraint`: only
+    well-formed trees; not in the paper). None: the paper's free search.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), not {n_best}")
@@ -163,18 +173,24 @@ def beam_search(
     fin_score = torch.full((B, k), float("-inf"), device=device)
     fin_lp = torch.full((B, k), float("-inf"), device=device)
     banned = [model.config.pad_id, bos_id]
+    cstate = constraint.start(src, k) if constraint is not None else None
 
     for t in range(T):  # t + 1 = tokens generated so far including this step's
         b = active.numel()
+        allowed = None
         if t == 0:  # the k beams of a sentence are still one hypothesis: decode it once
             logits = model.decode_step(alive_seq[:, 0, -1:], cache)[:, -1]  # (B, V)
             cache.repeat_rows(k)  # B -> B*k rows; the source side stays one row per sentence
+            if constraint is not None:
+                allowed = constraint.allowed(cstate)[:, 0]  # (B, V)
         else:
             logits = model.decode_step(alive_seq[:, :, -1].reshape(b * k, 1), cache)[:, -1]  # (b*k, V)
+            if constraint is not None:
+                allowed = constraint.allowed(cstate).reshape(b * k, -1)  # (b*k, V)
         # The best 2k extensions of a sentence are among the 2k best tokens of each of its beams:
         # only those are ranked (exact; a top-k over k*V would cost more).
         n = min(2 * k, logits.size(-1))
-        top_lp, top_token, eos_lp = _top_log_probs(logits, n, banned, eos_id)  # (rows, n), (rows, n), (rows,)
+        top_lp, top_token, eos_lp = _top_log_probs(logits, n, banned, eos_id, allowed=allowed)  # (rows, n), (rows, n), (rows,)
         at_max = t + 1 >= max_lens[active]  # (b,): only EOS may follow
         if at_max.any():
             rows_at_max = at_max if t == 0 else at_max.repeat_interleave(k)
@@ -208,6 +224,8 @@ def beam_search(
         alive_lp, live_i = live_lp.topk(k, dim=-1)  # (b, k)
         alive_seq = cand_seq.gather(1, live_i[:, :, None].expand(-1, -1, t + 2))
         parent = beam_idx.gather(1, live_i)  # (b, k): which old beam each new one extends
+        if constraint is not None:
+            cstate = constraint.advance(cstate, parent, alive_seq[:, :, -1])
 
         # Early termination, per sentence.
         bound = alive_lp[:, 0] / length_penalty(max_lens[active].float(), alpha)
@@ -220,6 +238,8 @@ def beam_search(
         rows = (keep[:, None] * k + parent[keep]).view(-1)  # cache rows to keep, in new beam order
         cache.reorder(rows, same_sources=keep.numel() == b)  # no sentence left: sources unchanged
         active, alive_seq, alive_lp = active[keep], alive_seq[keep], alive_lp[keep]
+        if constraint is not None:
+            cstate = cstate.select(keep)
 
     results: list[list[Hypothesis]] = []
     for i in range(B):

@@ -139,6 +139,7 @@ def translate_stream(
     source_name: str = "input",
     warn: Callable[[str], None] | None = None,
     advance: Callable[[int], None] | None = None,
+    constraint=None,
 ) -> Iterator[list[Candidate]]:
     """Translate `lines` (any iterable, consumed `chunk_lines` at a time); yield, for every
     line in order, its `n_best` best candidates (best first; one empty candidate for an empty
@@ -149,10 +150,13 @@ def translate_stream(
     `transduce.kernels` are applied meanwhile, `kernels.apply`). It decodes on the device of
     its parameters and in their dtype: bf16 weights (what `--bf16` loads) run in bf16; with fp32
     weights, `bf16=True` runs the forward passes under bf16 autocast. The search's
-    log-probabilities and scores are fp32 either way.
+    log-probabilities and scores are fp32 either way. `constraint` restricts the beam search
+    (`transduce.decode.beam_search`; e.g. parsing's well-formed trees); not with `greedy`.
     """
     from .decode import beam_search, greedy_decode
 
+    if greedy and constraint is not None:
+        raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
     if greedy and n_best != 1:
         raise ValueError("greedy decoding gives one hypothesis per line: n_best must be 1")
     if not greedy and not 1 <= n_best <= beam:
@@ -199,7 +203,7 @@ def translate_stream(
                         cands = [[Candidate(_clean(tgt_vocab.decode(o)), nan, nan, o)] for o in outs]
                     else:
                         hyps = beam_search(model, src, beam_size=beam, alpha=alpha, max_len_offset=max_len_offset,
-                                           n_best=n_best, bos_id=BOS, eos_id=EOS)
+                                           n_best=n_best, bos_id=BOS, eos_id=EOS, constraint=constraint)
                         cands = [
                             [Candidate(_clean(tgt_vocab.decode(h.tokens)), h.score, h.logprob, h.tokens) for h in hs]
                             or [Candidate("", -math.inf, -math.inf, [])]
@@ -280,6 +284,19 @@ class LoadedModel:
     'average of the last 5 checkpoints (step_... .. step_...)'."""
     precision: object = None
     """The `transduce.precision.Choice` it runs in (set by `transduce.cli.common.load_from_args`)."""
+    metadata: dict | None = None
+    """The data.json found beside the model (what it was trained on: e.g. "task": "parsing"), if any."""
+
+
+def _find_metadata(dirs: Sequence[Path]) -> dict | None:
+    import json
+
+    from .data.batching import METADATA
+
+    for d in dirs:
+        if (d / METADATA).is_file():
+            return json.loads((d / METADATA).read_text(encoding="utf-8"))
+    return None
 
 
 def _find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
@@ -342,7 +359,7 @@ def load_translation_model(
             f"vocabulary sizes ({len(sv)} source, {len(tv)} target) do not match the model's "
             f"({mc.src_vocab_size}, {mc.target_vocab_size}): wrong --vocab?"
         )
-    return LoadedModel(model, config, sv, tv, what)
+    return LoadedModel(model, config, sv, tv, what, metadata=_find_metadata(resolved.search_dirs))
 
 
 # ---------------------------------------------------------------------------------------------

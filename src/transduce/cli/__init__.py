@@ -31,14 +31,15 @@ subcommands:
   average     average the last K checkpoints of a run into one model (the paper: 5 / 20)
   translate   translate a file or stdin line for line: beam 4, alpha 0.6, input + 50 (6.1)
   evaluate    score translations: sacreBLEU + chrF, the paper's tokenized compound-split BLEU,
-              and Multi30k's lowercased tokenized BLEU
+              and Multi30k's lowercased tokenized BLEU; parses: EVALB F1 (COLLINS.prm)
+  parse       parse English sentences into constituency trees, line for line (6.3)
   synthetic   train a small model on a copy/reverse task and report greedy exact match:
               a one- to two-minute end-to-end check that masks, shifting and decoding fit together
 
 Run `transduce SUBCOMMAND --help` for the options of each.
 """
 
-SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "synthetic")
+SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "parse", "synthetic")
 """In the order of `transduce --help`; each is the module `transduce.cli.NAME`."""
 
 

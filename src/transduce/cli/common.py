@@ -32,14 +32,20 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's)")
 
 
-def add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    """Search and batching options."""
-    g = parser.add_argument_group("search (Section 6.1)")
-    g.add_argument("--beam", type=int, default=DEFAULT_BEAM, help=f"beam size (default {DEFAULT_BEAM})")
-    g.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                   help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA})")
-    g.add_argument("--max-len-offset", type=int, default=DEFAULT_MAX_LEN_OFFSET,
-                   help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
+def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEFAULT_BEAM, alpha: float | None = DEFAULT_ALPHA,
+                      max_len_offset: int | None = DEFAULT_MAX_LEN_OFFSET, batch_size: int | None = DEFAULT_BATCH_SIZE,
+                      section: str = "6.1", note: str = "") -> None:
+    """Search and batching options, with these defaults (None: chosen later by the task, `note`
+    says how)."""
+    def default(value) -> str:
+        return f"default {value}" if value is not None else f"default: {note}"
+
+    g = parser.add_argument_group(f"search (Section {section})")
+    g.add_argument("--beam", type=int, default=beam, help=f"beam size ({default(beam)})")
+    g.add_argument("--alpha", type=float, default=alpha,
+                   help=f"length penalty ((5+|Y|)/6)^alpha ({default(alpha)})")
+    g.add_argument("--max-len-offset", type=int, default=max_len_offset,
+                   help=f"maximum output length = input length + this ({default(max_len_offset)})")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the fast beam-1 path; ignores --beam, --alpha)")
     g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                    help="auto (default): bf16 weights where the device computes bf16 natively and a product of "
@@ -49,12 +55,19 @@ def add_decoding_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("batching")
     g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                    help=f"padded source tokens per batch at most (default {DEFAULT_BATCH_TOKENS})")
-    g.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                   help=f"sentences per batch at most (default {DEFAULT_BATCH_SIZE})")
+    g.add_argument("--batch-size", type=int, default=batch_size,
+                   help=f"sentences per batch at most ({default(batch_size)})")
     g.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS,
                    help=f"longer input lines are truncated, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
     g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                    help=f"lines read and sorted by length at a time (default {DEFAULT_CHUNK_LINES})")
+
+
+def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
+    """Set the decoding flags left unset (None) to `defaults` (beam=..., alpha=..., ...)."""
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
 
 
 def check_decoding_args(args: argparse.Namespace) -> None:

@@ -13,9 +13,12 @@ from ..checkpoint import atomic_write_text
 from ..data.datasets import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError
-from .common import add_decoding_args, add_model_args, check_decoding_args, decoding_options, load_from_args
+from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from .common import (
+    add_decoding_args, add_model_args, check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args,
+)
 
-HELP = "BLEU in every convention: sacreBLEU, chrF, the paper's, Multi30k's"
+HELP = "BLEU in every convention: sacreBLEU, chrF, the paper's, Multi30k's; parses: EVALB F1"
 DESCRIPTION = evaluate.__doc__
 PROG = "transduce evaluate"
 
@@ -40,10 +43,33 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sacrebleu-tokenize", default="13a", help="sacreBLEU's tokenizer (default 13a, its standard)")
     g.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the report as JSON to FILE (or stdout, without the table, when no FILE is given)")
-    g.add_argument("--save-hyp", type=Path, metavar="FILE", help="write the translations MODEL produced")
+    g.add_argument("--save-hyp", type=Path, metavar="FILE", help="write the translations (or trees) MODEL produced")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g = parser.add_argument_group("parsing (Section 6.3): automatic with a treebank (--dataset ptb-wsj --split 22|23) "
+                                  "or a parsing MODEL")
+    g.add_argument("--trees", action="store_true",
+                   help="--hyp and --ref are bracketed trees, one per line: score them with EVALB")
+    g.add_argument("--evalb-params", type=Path, metavar="PRM", help="an EVALB parameter file (default: COLLINS.prm's settings)")
+    g.add_argument("--constrained", action="store_true",
+                   help="MODEL decodes with a beam search that only produces well-formed trees (not in the paper)")
     add_model_args(parser)
-    add_decoding_args(parser)
+    add_decoding_args(parser, beam=None, alpha=None, max_len_offset=None, batch_size=None,
+                      note="the task's (translation 6.1: beam 4, alpha 0.6, input + 50, 128 sentences a batch; "
+                           "parsing 6.3: beam 21, alpha 0.3, input + 300, 16 sentences)")
+
+
+def is_parsing(args: argparse.Namespace) -> bool:
+    """Trees to score: a treebank dataset, --trees, or a MODEL trained on a treebank."""
+    from ..data.datasets import get_dataset
+    from ..parsing.parse import is_parsing_model
+    from ..translate import _find_metadata
+
+    if args.trees or (args.dataset and get_dataset(args.dataset).kind == "treebank"):
+        return True
+    if args.model_path is not None:
+        p = Path(args.model_path)
+        return is_parsing_model(_find_metadata([p, p.parent, p.parent.parent]))
+    return False
 
 
 def _read(path: str | Path) -> list[str]:
@@ -119,6 +145,10 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
 
 def run(args: argparse.Namespace) -> int:
     """Score --hyp (or MODEL's translations) against the reference; print the table, or JSON."""
+    if is_parsing(args):
+        return run_parsing(args)
+    fill_decoding_defaults(args, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
+                           batch_size=DEFAULT_BATCH_SIZE)
     report, src_path, ref_path, tok_ref_path = resolve_files(args)
     refs = _read(ref_path)
     tok_refs = _read(tok_ref_path) if tok_ref_path is not None else None
@@ -144,4 +174,86 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         atomic_write_text(Path(args.json), text + "\n")
     print(evaluate.format_table(report))
+    return 0
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+
+TREEBANK_SPLIT_ALIASES = {"dev": "22", "valid": "22", "test": "23", "train": "02-21"}
+
+
+def run_parsing(args: argparse.Namespace) -> int:
+    """EVALB of MODEL's parses (or of --hyp trees) against a treebank split (or --ref trees)."""
+    from tqdm import tqdm
+
+    from ..data.datasets import fetch, get_dataset
+    from ..parsing import parse as parsing
+    from ..parsing.evalb import COLLINS, EvalbParams
+    from ..parsing.trees import clean, read_tree_lines, read_trees, tree_lines
+
+    report: dict = {"task": "parsing"}
+    if args.dataset:
+        if args.ref:
+            raise ValueError("give --dataset or --ref, not both")
+        info = get_dataset(args.dataset)
+        split = TREEBANK_SPLIT_ALIASES.get(args.split, args.split) if args.split else info.tests[0]
+        ref_path = fetch(info.name, split, "trees", data_dir=args.data_dir)
+        report.update(dataset=info.name, split=split)
+    elif args.ref:
+        ref_path = args.ref
+    else:
+        raise ValueError("give the gold trees: --dataset ptb-wsj --split 22|23, or --ref FILE")
+    if (args.hyp is None) == (args.model_path is None):
+        raise ValueError("give either --hyp FILE (trees) or a MODEL to parse with")
+    params = EvalbParams.from_file(args.evalb_params) if args.evalb_params else COLLINS
+    gold = []
+    for t in read_trees(ref_path):  # .mrg trees too: cleaned as for training (a no-op on the mirror's)
+        c = clean(t)
+        if c is None:
+            raise DataError("a gold tree has no word left once empty elements are removed", ref_path)
+        gold.append(c)
+    report["ref"] = str(ref_path)
+    if args.hyp is not None:
+        parsed = read_tree_lines(args.hyp)
+        if len(parsed) != len(gold):
+            raise DataError(f"{len(parsed)} lines, but the gold file {ref_path} has {len(gold)} trees", args.hyp)
+        own = any(tag != "XX" for p in parsed if p is not None for tag in p.tags())
+        scores = parsing.score_parses(gold, parsed, own_tags=own, params=params)
+        report["hyp"] = str(args.hyp)
+    else:
+        fill_decoding_defaults(args, beam=parsing.DEFAULT_BEAM, alpha=parsing.DEFAULT_ALPHA,
+                               max_len_offset=parsing.DEFAULT_MAX_LEN_OFFSET, batch_size=parsing.DEFAULT_BATCH_SIZE)
+        check_decoding_args(args)
+        loaded = load_from_args(args)
+        if not parsing.is_parsing_model(loaded.metadata):
+            raise DataError("not a parsing model (its data.json does not say task: parsing)", args.model_path)
+        print(f"{PROG}: parsing {len(gold):,} sentences with {loaded.description}; {loaded.precision.line()}",
+              file=sys.stderr)
+        scores, parses = parsing.evaluate_parser(
+            loaded, gold, progress=not args.quiet and sys.stderr.isatty(), source_name=str(ref_path),
+            warn=lambda m: tqdm.write(f"{PROG}: warning: {m}", file=sys.stderr), constrained=args.constrained,
+            **decoding_options(args),
+        )
+        report["model"] = loaded.description
+        report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
+                              "max_len_offset": args.max_len_offset, "constrained": args.constrained,
+                              "precision": loaded.precision.precision}
+        if args.save_hyp:
+            from ..translate import AtomicOutput
+
+            out = AtomicOutput(args.save_hyp)
+            try:
+                out.write("".join(line + "\n" for line in tree_lines(p.tree for p in parses)).encode("utf-8"))
+                out.commit()
+            except BaseException:
+                out.discard()
+                raise
+    report["n_sentences"] = len(gold)
+    report["scores"] = scores.as_dict()
+    if args.json == "-":
+        print(json.dumps(report, indent=2))
+        return 0
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps(report, indent=2) + "\n")
+    print(parsing.format_scores(scores, params.cutoff_len))
     return 0

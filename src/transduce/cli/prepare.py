@@ -12,10 +12,15 @@ from ..data.prepare import Split, check_output_dir, dataset_splits, print_report
 from ..data.text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO
 from ..data.vocab import DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE
 from ..errors import UsageError
+from ..parsing.data import MAX_LEN as TREE_MAX_LEN, PAPER_VOCAB_SIZE, dataset_tree_splits, prepare_treebank
 
-HELP = "learn a BPE vocabulary and binarize parallel text"
-DESCRIPTION = prepare.__doc__
+HELP = "learn a BPE vocabulary and binarize parallel text (or a treebank, for parsing)"
+DESCRIPTION = prepare.__doc__ + """
+Treebanks (parsing, Section 6.3): `--dataset ptb-wsj` or `--train-trees/--valid-trees/--test-trees`;
+each tree becomes a pair (its words; its linearization), with a subword source vocabulary and a
+closed word-level target vocabulary (see transduce.parsing.data)."""
 FILE_FLAGS = ("train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
+TREE_FLAGS = ("train_trees", "valid_trees", "test_trees")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -33,9 +38,18 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     for name in FILE_FLAGS:
         g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE")
 
+    g = parser.add_argument_group("input: a treebank for parsing (Section 6.3; --dataset ptb-wsj, or your files)")
+    for name in TREE_FLAGS:
+        g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE",
+                       help="bracketed trees, one per line or PTB .mrg (plain or .gz)" if name == "train_trees" else None)
+    g.add_argument("--keep-tags", action="store_true",
+                   help="linearize with the part-of-speech tags instead of XX, so that the parser predicts them "
+                        "(default: XX, as Vinyals et al. and the paper)")
+
     g = parser.add_argument_group("vocabulary (sentencepiece BPE)")
-    g.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
-                   help=f"number of pieces (default {DEFAULT_VOCAB_SIZE}, for small corpora; the paper: 37000)")
+    g.add_argument("--vocab-size", type=int,
+                   help=f"number of pieces (default {DEFAULT_VOCAB_SIZE}, for small corpora; the paper: 37000; "
+                        f"treebanks: the source's, default {PAPER_VOCAB_SIZE} as in 6.3)")
     g.add_argument("--separate-vocab", action="store_true", help="train separate source and target vocabularies")
     g.add_argument("--vocab-sample", type=int, default=DEFAULT_SAMPLE_SIZE,
                    help=f"train it on a random sample of this many sentences (default {DEFAULT_SAMPLE_SIZE:,})")
@@ -44,7 +58,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample")
 
     g = parser.add_argument_group("filtering of training pairs (lengths in subword tokens)")
-    g.add_argument("--max-len", type=int, default=DEFAULT_MAX_LEN, help=f"drop pairs with a longer side (default {DEFAULT_MAX_LEN})")
+    g.add_argument("--max-len", type=int,
+                   help=f"drop pairs with a longer side (default {DEFAULT_MAX_LEN}; treebanks: {TREE_MAX_LEN} target symbols)")
     g.add_argument("--max-ratio", type=float, default=DEFAULT_MAX_RATIO,
                    help=f"drop pairs whose length ratio exceeds this (default {DEFAULT_MAX_RATIO:g})")
 
@@ -79,13 +94,43 @@ def resolve_splits(args: argparse.Namespace) -> tuple[list[Split], str, str]:
     return splits, args.src, args.tgt
 
 
+def resolve_tree_splits(args: argparse.Namespace) -> list[tuple[str, Path, str]] | None:
+    """The treebank splits to prepare, or None when the input is parallel text."""
+    trees = {k: getattr(args, k) for k in TREE_FLAGS}
+    is_treebank = bool(args.dataset) and get_dataset(args.dataset).kind == "treebank"
+    if not is_treebank and not any(trees.values()):
+        if args.keep_tags:
+            raise UsageError("--keep-tags is for treebanks (--dataset ptb-wsj or --train-trees ...)")
+        return None
+    if any(getattr(args, k) is not None for k in FILE_FLAGS) or (args.dataset and any(trees.values())):
+        raise UsageError("give one input: --dataset, --train-src/--train-tgt/..., or --train-trees/--valid-trees/...")
+    if args.separate_vocab or args.src or args.tgt:
+        raise UsageError("a treebank has words as source and trees as target, with separate vocabularies: "
+                         "drop --src/--tgt/--separate-vocab")
+    if is_treebank:
+        return dataset_tree_splits(args.dataset, data_dir=args.data_dir)
+    if trees["train_trees"] is None or trees["valid_trees"] is None:
+        raise UsageError("give --train-trees and --valid-trees (and optionally --test-trees)")
+    return [(n, trees[f"{n}_trees"], "files") for n in ("train", "valid", "test") if trees[f"{n}_trees"] is not None]
+
+
 def run(args: argparse.Namespace) -> int:
     check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
+    tree_splits = resolve_tree_splits(args)
+    if tree_splits is not None:
+        meta = prepare_treebank(
+            tree_splits, args.out, tags=args.keep_tags, vocab_size=args.vocab_size or PAPER_VOCAB_SIZE,
+            max_len=args.max_len or TREE_MAX_LEN, overwrite=args.overwrite,
+            progress=not args.no_progress, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
+            seed=args.seed, extra={"dataset": args.dataset, "variant": None},
+        )
+        print_report(meta)
+        return 0
     splits, src_lang, tgt_lang = resolve_splits(args)
     meta = prepare.prepare(
-        splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size,
+        splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
         separate_vocab=args.separate_vocab, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
-        seed=args.seed, max_len=args.max_len, max_ratio=args.max_ratio, overwrite=args.overwrite,
+        seed=args.seed, max_len=args.max_len or DEFAULT_MAX_LEN, max_ratio=args.max_ratio, overwrite=args.overwrite,
         progress=not args.no_progress, extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
     )
     print_report(meta)

@@ -36,6 +36,10 @@ Registered datasets (DATASETS):
   source). That `sgml_to_lines` reproduces it from the statmt.org archives could not be checked
   without network access; the tests check it on archives rebuilt from that text. Likewise
   newstest2014-filtered in the mirror is a reconstruction (see its PROVENANCE.md).
+- ptb-wsj: the Penn Treebank's Wall Street Journal trees (a treebank, `kind="treebank"`: one
+  file of trees per split, language "trees"), splits by section 02-21 (train), 22 (dev), 23
+  (test), and 22-auto-pos / 23-auto-pos with predicted tags. Licensed by the LDC, so only ever
+  read from a mirror (`<data_dir>/ptb-wsj/`), never downloaded.
 """
 
 from __future__ import annotations
@@ -88,6 +92,7 @@ class DatasetInfo:
     valid: str
     tests: tuple[str, ...]  # tests[0] is the main test set
     files: dict[tuple[str, str, str], Source] = field(repr=False)  # (variant, split, lang) -> Source
+    kind: str = "parallel"  # or "treebank": one file of trees per split (transduce.parsing)
 
     @property
     def variants(self) -> list[str]:
@@ -227,6 +232,30 @@ def _wmt14(pair: str, description: str, splits: tuple[str, ...], tests: tuple[st
     return DatasetInfo(f"wmt14-{pair}", description, langs, "train", "newstest2013", tests, files)
 
 
+# --- Penn Treebank WSJ (Section 6.3) ------------------------------------------------------------
+
+# Licensed by the LDC: never downloaded, only read from a mirror (<data_dir>/ptb-wsj/, see its
+# PROVENANCE.md). One tree per line, root TOP, traces and function tags removed. Splits by WSJ
+# section: 02-21 train, 22 dev, 23 test; "22-auto-pos", "23-auto-pos" carry Stanford-tagger tags.
+PTB_WSJ_FILES = {  # split -> (mirror file, sha256 of the uncompressed text, trees)
+    "02-21": ("train.trees.gz", "43179085595e2a70c60926674c3c9c3969ad6820c5aa71a39f0720a530f3b07e", 39832),
+    "22": ("dev.trees.gz", "b3cd4fe25519d131c2291c731939fbaab7baaf3f1657b1a228f554d555b87ff2", 1700),
+    "23": ("test.trees.gz", "9cfa902d91f48ee06c6a7ca8caf682c46e30a1c143e88a34f93a7a186d0e3873", 2416),
+    "22-auto-pos": ("dev.auto-pos.trees.gz", "920bbd9a8c2456c862eee65523af84903974b81993173e62fc87f739479c700b", 1700),
+    "23-auto-pos": ("test.auto-pos.trees.gz", "fa3259764017bed5be4afc68e226fff2f753a463d30c0eaffc6ebfda95456db2", 2416),
+}
+PTB_WSJ = DatasetInfo(
+    name="ptb-wsj",
+    description="Penn Treebank WSJ constituency trees (LDC licensed; mirror only): 02-21 train, 22 dev, 23 test",
+    langs=("trees",),
+    train="02-21",
+    valid="22",
+    tests=("23",),
+    files={("raw", split, "trees"): Source(mirror=m, sha256=h, lines=n) for split, (m, h, n) in PTB_WSJ_FILES.items()},
+    kind="treebank",
+)
+
+
 DATASETS: dict[str, DatasetInfo] = {
     "multi30k": MULTI30K,
     "wmt14-en-de": _wmt14(
@@ -241,6 +270,7 @@ DATASETS: dict[str, DatasetInfo] = {
         ("train", "newstest2012", "newstest2013", "newstest2014"),
         ("newstest2014",),
     ),
+    "ptb-wsj": PTB_WSJ,
 }
 
 
@@ -288,8 +318,13 @@ def fetch(
             verify(path, source.sha256)
             return path
         if explicit and not source.hf:
-            raise DataError(f"no such file in the data directory (it is at {source.url})", mirror / name / source.mirror)
+            where = f"it is at {source.url}" if source.url else "licensed data, not downloadable"
+            raise DataError(f"no such file in the data directory ({where})", mirror / name / source.mirror)
 
+    if source.url is None and not source.hf:  # licensed data: there is nowhere to download it from
+        where = mirror / name if mirror is not None else Path(f"<data-dir>/{name}")
+        raise DataError(f"{info.description}: not downloadable; put {source.mirror} in {where} "
+                        f"(or give --data-dir / ${ENV_DATA_DIR})")
     cache_root = Path(cache_dir or default_cache_dir())
     cached = cache_root / name / source.cache_name
     if cached.is_file():

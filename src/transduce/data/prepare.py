@@ -58,6 +58,7 @@ class Split:
     src: Path
     tgt: Path
     origin: str  # where it came from, e.g. "multi30k:test_2016_flickr" or "files"
+    files: dict[str, str] | None = None  # what data.json records instead of src_file/tgt_file
 
 
 def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train_split: str | None = None,
@@ -95,9 +96,12 @@ def prepare(
     overwrite: bool = False,
     progress: bool = True,
     extra: dict | None = None,
+    tgt_vocab_type: str = "bpe",
 ) -> dict:
     """Build the output directory `out` from `splits` (the first is the training split) and
-    return its metadata (also written to out/data.json)."""
+    return its metadata (also written to out/data.json). `tgt_vocab_type="word"`: the target
+    side gets a closed word-level vocabulary of its own (one piece per symbol, not BPE; implies
+    `separate_vocab`), e.g. linearized trees (transduce.parsing)."""
     if not splits or splits[0].name != "train":
         raise ValueError("the first split must be 'train'")
     out = Path(out).absolute()
@@ -107,7 +111,7 @@ def prepare(
     try:
         start = time.perf_counter()
         vocab_meta, src_vocab, tgt_vocab = _train_vocabularies(
-            splits[0], tmp, vocab_size, separate_vocab, sample_size, character_coverage, seed, progress
+            splits[0], tmp, vocab_size, separate_vocab, sample_size, character_coverage, seed, progress, tgt_vocab_type
         )
         split_meta = {}
         for split in splits:
@@ -159,8 +163,16 @@ def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
         os.rename(tmp, out)
 
 
-def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sample_size, coverage, seed, progress):
+WORD_VOCAB_LIMIT = 100_000
+"""A closed word-level target vocabulary takes every symbol of the training targets, up to this many."""
+
+
+def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sample_size, coverage, seed, progress,
+                        tgt_type: str = "bpe"):
     """Train the shared (or the two separate) sentencepiece models on the training split."""
+    if tgt_type not in ("bpe", "word"):
+        raise ValueError(f"target vocabulary type must be 'bpe' or 'word', not {tgt_type!r}")
+    separate = separate or tgt_type == "word"
 
     def lines(sentences: Iterable[str], desc: str) -> Iterator[str]:
         yield from tqdm(sentences, desc=desc, unit=" lines", unit_scale=True, disable=not progress, mininterval=1)
@@ -173,11 +185,16 @@ def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sampl
         files = {"src": model.name, "tgt": model.name}
     else:
         src_model = train_vocab(out_dir / "spm.src", lines(read_lines(train.src), "vocab: read train source"), **options)
-        tgt_model = train_vocab(out_dir / "spm.tgt", lines(read_lines(train.tgt), "vocab: read train target"), **options)
+        if tgt_type == "word":
+            tgt_options = {**options, "vocab_size": WORD_VOCAB_LIMIT, "sample_size": 0, "model_type": "word"}
+        else:
+            tgt_options = options
+        tgt_model = train_vocab(out_dir / "spm.tgt", lines(read_lines(train.tgt), "vocab: read train target"), **tgt_options)
         src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
         files = {"src": src_model.name, "tgt": tgt_model.name}
     meta = {
         "type": "sentencepiece-bpe",
+        **({"tgt_type": "sentencepiece-word"} if tgt_type == "word" else {}),
         "shared": not separate,
         "files": files,
         "size": {"src": len(src_vocab), "tgt": len(tgt_vocab)},
@@ -220,8 +237,7 @@ def _binarize(split: Split, src_vocab: Vocab, tgt_vocab: Vocab, out_dir: Path, *
             bar.update(len(chunk))
     return {
         "origin": split.origin,
-        "src_file": str(Path(split.src).absolute()),
-        "tgt_file": str(Path(split.tgt).absolute()),
+        **(split.files or {"src_file": str(Path(split.src).absolute()), "tgt_file": str(Path(split.tgt).absolute())}),
         "pairs": src_out.num_sentences,
         "src_tokens": src_out.num_tokens,  # EOS included
         "tgt_tokens": tgt_out.num_tokens,
@@ -238,8 +254,12 @@ def print_report(meta: dict, file=None) -> None:
     v = meta["vocab"]
     kind = "shared" if v["shared"] else "separate"
     sizes = f"{v['size']['src']}" if v["shared"] else f"{v['size']['src']} source, {v['size']['tgt']} target"
+    if v.get("tgt_type") == "sentencepiece-word":
+        kind, sizes = "source BPE, target closed word-level", f"{v['size']['src']} source, {v['size']['tgt']} target"
+    else:
+        kind += " BPE"
     print(f"prepared {meta['src_lang']}->{meta['tgt_lang']} in {meta['out']} ({meta['seconds']} s)", file=file)
-    print(f"  vocabulary: {kind} BPE, {sizes} pieces ({', '.join(sorted(set(v['files'].values())))})", file=file)
+    print(f"  vocabulary: {kind}, {sizes} pieces ({', '.join(sorted(set(v['files'].values())))})", file=file)
     for name, s in meta["splits"].items():
         r = s["filter_report"]
         counts = f"{s['pairs']:,} pairs, {s['src_tokens']:,} / {s['tgt_tokens']:,} tokens"

@@ -53,8 +53,14 @@ def train_vocab(
     character_coverage: float = DEFAULT_CHARACTER_COVERAGE,
     seed: int = 0,
     num_threads: int | None = None,
+    model_type: str = "bpe",
 ) -> Path:
     """Train a sentencepiece BPE model on a sample of `sentences`; return `{model_prefix}.model`.
+
+    `model_type="word"`: a closed word-level vocabulary instead, one piece per distinct
+    whitespace-separated symbol of the sample, taken as it is (no normalization, no splitting),
+    for targets made of a small set of symbols such as linearized trees (Section 6.3);
+    `vocab_size` is then an upper bound (every symbol seen gets a piece if it fits).
 
     `sentences` is consumed once, as a stream; a DataError raised while reading it is re-raised
     as is. `character_coverage` is the share of character occurrences the vocabulary must cover
@@ -71,12 +77,20 @@ def train_vocab(
             read_error.append(e)
             raise
 
+    if model_type not in ("bpe", "word"):
+        raise ValueError(f"model_type must be 'bpe' or 'word', not {model_type!r}")
+    word = {} if model_type == "bpe" else dict(
+        normalization_rule_name="identity", split_by_unicode_script=False, split_by_number=False,
+        split_digits=False, hard_vocab_limit=False, use_all_vocab=True, max_sentencepiece_length=64,
+        max_sentence_length=1 << 16,
+    )
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=stream(),
             model_prefix=str(model_prefix),
-            model_type="bpe",
+            model_type=model_type,
+            **word,
             vocab_size=vocab_size,
             character_coverage=character_coverage,
             input_sentence_size=sample_size,

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# transduce's parsing job (Section 6.3, Table 4): WSJ constituency parsing on a 2-core CPU.
+#
+# The recipe is defined by updates, not minutes, so that every machine trains the same model
+# and only the time differs:
+#   prepare  the Penn Treebank WSJ from the mirror (licensed: <data-dir>/ptb-wsj, never
+#            downloaded): 02-21 train, 22 dev, 23 test; source = the words (16K BPE pieces, as
+#            in 6.3), target = Vinyals et al.'s linearized tree (a closed vocabulary of 59 symbols)
+#   train    preset `parse-cpu` (N=4, d_model=256, d_ff=1024, h=4, dropout 0.1 on sub-layers
+#            and attention weights, untied vocabularies), batches of 4096 tokens, warmup 1000,
+#            peak rate 1.1e-3, 4,000 updates (about 55 minutes on 2 cores in bf16), the rate
+#            decaying linearly to 0 over the last 20% (COOLDOWN 0.2, not the paper's schedule);
+#            a checkpoint every SAVE_STEPS (250) updates
+#   average  the last K checkpoints, for each K in AVERAGE (default "5")
+#   choose   K and the length penalty alpha for beam 21 on section 22 (EVALB F1, gold tags put
+#            back): alpha among 0.0, 0.3 (the paper's), 0.6, 1.0
+#   evaluate section 23 with EVALB (COLLINS.prm), gold tags put back (the publication
+#            convention): greedy; beam 21 with alpha 0.3 (the paper's settings, input + 300);
+#            beam 21 with the chosen alpha; the same with constrained decoding (only well-formed
+#            trees; not in the paper)
+#
+# Environment:
+#   RUN         run directory (default runs/wsj)
+#   STEPS       updates (default: the preset's, 4000 for parse-cpu)
+#   MINUTES     an optional cap on training time (the model is then not the recipe's)
+#   PRECISION   auto (default), fp32 or bf16, for training and decoding
+#   THREADS     CPU threads (default: all cores)
+#   SAVE_STEPS  a checkpoint every N updates (default 250)
+#   AVERAGE     the numbers of last checkpoints to average, chosen among on section 22 ("5")
+#   ALPHAS      the length penalties tried on section 22 ("0.0 0.3 0.6 1.0")
+#   COOLDOWN    train --cooldown (default 0.2; 0 is the paper's schedule)
+#   SEED        train --seed (default 1)
+#   PRESET      default parse-cpu (parse-wsj is the paper's model, for a GPU)
+#   SETS        more config settings for train --set, space-separated
+#   BEAM, MAX_LEN_OFFSET  decoding (default 21 and 300, the paper's; smaller only for smoke tests)
+#   CURVE=1     also the F1 curve: each checkpoint, greedy, on section 22 ($RUN/curve/)
+#   EVAL_ONLY=1 skip prepare and training: evaluate RUN again
+#   TRANSDUCE_DATA_DIR  the dataset mirror (../shared/data is found automatically)
+# An interrupted run continues where its last checkpoint left it when the command is run again.
+set -euo pipefail
+RUN=${RUN:-runs/wsj}
+THREADS=${THREADS:-$(nproc)}
+PRECISION=${PRECISION:-auto}
+COOLDOWN=${COOLDOWN:-0.2}
+SAVE_STEPS=${SAVE_STEPS:-250}
+AVERAGE=${AVERAGE:-5}
+ALPHAS=${ALPHAS:-0.0 0.3 0.6 1.0}
+PRESET=${PRESET:-parse-cpu}
+SEED=${SEED:-1}
+read -r -a SETS <<< "${SETS:-}"
+OPTIONAL=()
+if [ -n "${STEPS:-}" ]; then OPTIONAL+=(--max-steps "$STEPS"); fi
+if [ -n "${MINUTES:-}" ]; then OPTIONAL+=(--max-minutes "$MINUTES"); fi
+BEAM=${BEAM:-21}
+COMMON=(--precision "$PRECISION" --threads "$THREADS" --max-len-offset "${MAX_LEN_OFFSET:-300}" --quiet)
+
+if [ "${EVAL_ONLY:-0}" != 1 ]; then
+  if [ ! -f "$RUN/data/data.json" ]; then
+    transduce prepare --dataset ptb-wsj --out "$RUN/data"
+  fi
+  transduce train --data "$RUN/data" --run-dir "$RUN" --resume --preset "$PRESET" \
+    ${SETS[@]+"${SETS[@]/#/--set=}"} ${OPTIONAL[@]+"${OPTIONAL[@]}"} --precision "$PRECISION" --threads "$THREADS" \
+    --cooldown "$COOLDOWN" --valid-every 500 --save-every-steps "$SAVE_STEPS" \
+    --save-every-minutes 0 --keep-last 0 --seed "$SEED"
+fi
+
+# The F1 curve against updates: every checkpoint, greedy, on section 22.
+if [ "${CURVE:-0}" = 1 ]; then
+  mkdir -p "$RUN/curve"
+  for ckpt in "$RUN"/checkpoints/step_*; do
+    step=$(basename "$ckpt")
+    [ -f "$RUN/curve/$step.json" ] || transduce evaluate "$RUN" --checkpoint "$step" --dataset ptb-wsj --split 22 \
+      --greedy "${COMMON[@]}" --json "$RUN/curve/$step.json" > /dev/null
+    python - "$RUN/curve/$step.json" "$step" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["scores"]["evalb_gold_tags"]["all"]
+print(f"{sys.argv[2]}: section 22, greedy: F1 {s['f1']:.2f}")
+PY
+  done
+fi
+
+# The number of averaged checkpoints and alpha for beam 21 (BEAM), chosen together on section 22, never on 23.
+mkdir -p "$RUN/alpha"
+n=$(find "$RUN/checkpoints" -maxdepth 1 -name 'step_*' -type d | wc -l)
+AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
+for k in $AVERAGE; do
+  transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
+  for a in $ALPHAS; do
+    [ -f "$RUN/alpha/22.avg$k.alpha$a.json" ] || transduce evaluate "$RUN/avg_last$k" --dataset ptb-wsj --split 22 \
+      --beam "$BEAM" --alpha "$a" "${COMMON[@]}" --json "$RUN/alpha/22.avg$k.alpha$a.json" > /dev/null
+  done
+done
+read -r K ALPHA < <(python - "$RUN/alpha" $AVERAGE <<'PY'
+import json, sys
+from pathlib import Path
+scores = {}
+for k in sys.argv[2:]:
+    for p in Path(sys.argv[1]).glob(f"22.avg{k}.alpha*.json"):
+        r = json.loads(p.read_text())
+        scores[int(k), r["decoding"]["alpha"]] = r["scores"]["evalb_gold_tags"]["all"]["f1"]
+for (k, a), s in sorted(scores.items()):
+    print(f"section 22, average of the last {k}, alpha {a}: F1 {s:.2f}", file=sys.stderr)
+# Ties: the fewer checkpoints, then the alpha nearest the paper's 0.3.
+k, a = max(scores, key=lambda ka: (scores[ka], -ka[0], -abs(ka[1] - 0.3)))
+print(k, a)
+PY
+)
+[ -n "${ALPHA:-}" ] || { echo "wsj.sh: no section 22 scores in $RUN/alpha" >&2; exit 1; }
+if [ "$K" = 1 ]; then what="the last checkpoint"; else what="the average of the last $K checkpoints"; fi
+echo "chosen on section 22: $what, beam $BEAM, alpha $ALPHA"
+
+searches=(greedy "beam$BEAM-alpha0.3")
+if [ "$ALPHA" != 0.3 ]; then searches+=("beam$BEAM-alpha$ALPHA"); fi
+searches+=("beam$BEAM-alpha$ALPHA-constrained")
+for search in "${searches[@]}"; do
+  case $search in
+    greedy) flags=(--greedy) ;;
+    *-constrained) flags=(--beam "$BEAM" --alpha "$ALPHA" --constrained) ;;
+    "beam$BEAM-alpha0.3") flags=(--beam "$BEAM" --alpha 0.3) ;;
+    *) flags=(--beam "$BEAM" --alpha "$ALPHA") ;;
+  esac
+  [ -f "$RUN/23.$search.json" ] || transduce evaluate "$RUN/avg_last$K" --dataset ptb-wsj --split 23 "${flags[@]}" \
+    "${COMMON[@]}" --json "$RUN/23.$search.json" --save-hyp "$RUN/23.$search.trees" > /dev/null
+done
+for search in "${searches[@]}"; do
+  echo "== section 23, $search"
+  transduce evaluate --hyp "$RUN/23.$search.trees" --dataset ptb-wsj --split 23
+done

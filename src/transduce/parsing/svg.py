@@ -1,0 +1,71 @@
+"""A picture of a tree for a person: a standalone SVG file, no dependency, opens in any browser.
+
+The words sit on the bottom row in sentence order, each constituent centred above its children,
+one row per depth, lines from each node to its children; part-of-speech tags (or XX) just above
+their words. Text widths are estimated from the number of characters (no font metrics needed).
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from .trees import Tree
+
+CHAR_W = 7.5  # estimated width of a character at FONT px
+FONT = 13
+ROW_H = 44
+PAD = 12
+
+
+def tree_svg(tree: Tree, title: str | None = None) -> str:
+    """The SVG document of `tree`."""
+    nodes: list[tuple[float, int, str, bool]] = []  # x, row, text, is_word
+    edges: list[tuple[float, int, float, int]] = []
+    depth = _depth(tree)
+    x_next = [PAD]
+
+    def place(node: Tree, row: int) -> float:
+        if node.is_preterminal:
+            word = str(node.children[0])
+            w = max(len(word), len(node.label)) * CHAR_W
+            x = x_next[0] + w / 2
+            x_next[0] += w + 2 * PAD
+            nodes.append((x, row, node.label, False))
+            nodes.append((x, depth, word, True))
+            edges.append((x, row, x, depth))
+            return x
+        xs = [place(c, row + 1) for c in node.children if isinstance(c, Tree)]
+        x = (xs[0] + xs[-1]) / 2 if xs else x_next[0]
+        nodes.append((x, row, node.label, False))
+        for cx, c in zip(xs, [c for c in node.children if isinstance(c, Tree)]):
+            edges.append((x, row, cx, row + 1))
+        return x
+
+    place(tree, 0)
+    width = x_next[0] + PAD
+    height = (depth + 1) * ROW_H + 2 * PAD + (ROW_H if title else 0)
+    top = PAD + (ROW_H if title else 0)
+
+    def y(row: int) -> float:
+        return top + row * ROW_H + FONT
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+           f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="{FONT}">',
+           '<rect width="100%" height="100%" fill="white"/>']
+    if title:
+        out.append(f'<text x="{PAD}" y="{PAD + FONT}" fill="#333">{escape(title)}</text>')
+    for x1, r1, x2, r2 in edges:
+        out.append(f'<line x1="{x1:.1f}" y1="{y(r1) + 4:.1f}" x2="{x2:.1f}" y2="{y(r2) - FONT:.1f}" '
+                   'stroke="#999" stroke-width="1"/>')
+    for x, row, text, is_word in nodes:
+        style = 'fill="#000"' if is_word else 'fill="#1f4e9c" font-weight="bold"'
+        out.append(f'<text x="{x:.1f}" y="{y(row):.1f}" text-anchor="middle" {style}>{escape(text)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _depth(tree: Tree) -> int:
+    """Rows of constituents and tags above the words."""
+    if tree.is_preterminal:
+        return 1
+    return 1 + max((_depth(c) for c in tree.children if isinstance(c, Tree)), default=0)

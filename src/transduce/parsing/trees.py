@@ -1,0 +1,390 @@
+"""Constituency trees: reading them, cleaning raw treebank trees, and Vinyals et al.'s
+linearization there and back (Section 6.3).
+
+Reading. `parse_tree` reads one bracketed tree, `read_trees` a file of them: one tree per line
+(the mirror's format, ``(TOP (S (NP (NNP Ms.) (NNP Haag)) (VP ...) (. .)))``) or the Penn
+Treebank's multi-line ``.mrg`` files (``( (S (NP-SBJ ...`` spread over lines); both are read the
+same way, one complete bracket at a time. Bad input is a `DataError` naming the file and line.
+
+Cleaning (`clean`), the standard preprocessing of parsers trained on the WSJ: traces and other
+empty elements (``-NONE-``) removed with any constituent left empty, function tags and
+co-indices cut from phrase labels (``NP-SBJ-2`` -> ``NP``, ``PP-LOC=3`` -> ``PP``; labels that
+start with ``-``, e.g. ``-LRB-``, are kept), the unlabelled outer bracket of a ``.mrg`` tree
+named ``TOP``. The mirror's trees are already clean: `clean` leaves them as they are.
+
+Linearization (`linearize`), Vinyals et al. (2015, "Grammar as a Foreign Language"), which the
+paper follows: a depth-first walk writing ``(LABEL`` on entering a constituent and ``)LABEL`` on
+leaving it, and ``XX`` for each word (its part-of-speech tag normalised away)::
+
+    (TOP (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .)))
+    ->  (S (NP XX XX )NP (VP XX )VP XX )S
+
+The outer ``TOP`` (or ``ROOT``, or the unlabelled bracket) is left out when it has one child.
+`tags=True` writes the part-of-speech tag instead of ``XX`` (the variant that keeps the tags,
+``(S (NP DT NN )NP (VP VBD )VP . )S``), so that the parser also predicts them.
+
+The way back (`delinearize`): the words are put back in order, one per ``XX`` (or tag), and any
+output is repaired into a well-formed tree that holds exactly the input words; each repair is
+counted by kind in `Repairs`. `is_well_formed` says whether a sequence needs none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence, Union
+
+from ..errors import DataError
+
+XX = "XX"
+"""The symbol of a word whose part-of-speech tag is normalised away (Vinyals et al. 2015)."""
+WRAPPERS = ("TOP", "ROOT", "")
+"""Labels of the outer bracket that holds a sentence's tree; it is not linearized."""
+UNKNOWN = ("⁇", "<unk>")
+"""How an unknown target symbol comes out of a vocabulary: never a leaf, always dropped."""
+
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+@dataclass
+class Tree:
+    """A constituent: a label and its children, which are constituents or (for a part-of-speech
+    tag, a preterminal) a single word."""
+
+    label: str
+    children: list[Union["Tree", str]] = field(default_factory=list)
+
+    @property
+    def is_preterminal(self) -> bool:
+        return len(self.children) == 1 and isinstance(self.children[0], str)
+
+    def preterminals(self) -> Iterator["Tree"]:
+        """The preterminals (tag, word), left to right."""
+        stack: list[Tree] = [self]
+        while stack:
+            node = stack.pop()
+            if node.is_preterminal:
+                yield node
+            else:
+                stack.extend(reversed([c for c in node.children if isinstance(c, Tree)]))
+
+    def leaves(self) -> list[str]:
+        """The words, left to right."""
+        return [p.children[0] for p in self.preterminals()]
+
+    def tags(self) -> list[str]:
+        """The part-of-speech tags, left to right."""
+        return [p.label for p in self.preterminals()]
+
+    def with_tags(self, tags: Sequence[str]) -> "Tree":
+        """A copy whose preterminals carry `tags` (one per word)."""
+        tags = list(tags)
+        if len(tags) != len(self.leaves()):
+            raise ValueError(f"{len(tags)} tags for {len(self.leaves())} words")
+        it = iter(tags)
+
+        def copy(node: Tree) -> Tree:
+            if node.is_preterminal:
+                return Tree(next(it), list(node.children))
+            return Tree(node.label, [copy(c) for c in node.children])  # type: ignore[arg-type]
+
+        return copy(self)
+
+    def __str__(self) -> str:
+        """One line, the mirror's format: ``(TOP (S (NP (DT The) (NN cat)) ...))``."""
+        parts: list[str] = []
+
+        def write(node: Tree) -> None:
+            if node.is_preterminal:
+                parts.append(f"({node.label} {node.children[0]})")
+                return
+            parts.append(f"({node.label}")
+            for c in node.children:
+                parts.append(" ")
+                write(c)  # type: ignore[arg-type]
+            parts.append(")")
+
+        write(self)
+        return "".join(parts)
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+class _Reader:
+    """Builds trees from a stream of bracket tokens; a tree is complete when its brackets close."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = path
+        self.stack: list[Tree] = []
+        self.start = 0  # line where the tree being read began
+        self.expect_label = False
+
+    def feed(self, text: str, line: int | None) -> Iterator[Tree]:
+        for tok in _TOKEN.findall(text):
+            if self.expect_label:  # the token after "(": a label, or "(" / ")" for an unlabelled node
+                self.expect_label = False
+                if tok not in "()":
+                    self.stack[-1].label = tok
+                    continue
+            if tok == "(":
+                node = Tree("")
+                if self.stack:
+                    if any(isinstance(c, str) for c in self.stack[-1].children):
+                        raise DataError("a constituent beside a word inside one bracket", self.path, line)
+                    self.stack[-1].children.append(node)
+                else:
+                    self.start = line
+                self.stack.append(node)
+                self.expect_label = True
+            elif tok == ")":
+                if not self.stack:
+                    raise DataError("')' without an open bracket", self.path, line)
+                node = self.stack.pop()
+                if not self.stack:
+                    yield node
+            else:
+                if not self.stack:
+                    raise DataError(f"text outside brackets: {tok!r}", self.path, line)
+                top = self.stack[-1]
+                if top.children:
+                    what = "two words" if isinstance(top.children[0], str) else "a word beside constituents"
+                    raise DataError(f"{what} inside one bracket ({top.label} ... {tok})", self.path, line)
+                top.children.append(tok)
+
+    def finish(self) -> None:
+        if self.stack:
+            raise DataError(f"{len(self.stack)} bracket(s) never closed in the tree that starts here",
+                            self.path, self.start)
+
+
+def parse_tree(text: str) -> Tree:
+    """One bracketed tree (ValueError if `text` is not exactly one)."""
+    reader = _Reader(None)
+    try:
+        trees = list(reader.feed(text, None))
+        reader.finish()
+    except DataError as e:
+        raise ValueError(f"not a tree: {e.message}: {text[:80]!r}") from None
+    if len(trees) != 1:
+        raise ValueError(f"expected one tree, found {len(trees)}: {text[:80]!r}")
+    return trees[0]
+
+
+def read_trees(path: str | Path) -> Iterator[Tree]:
+    """The trees of a file (plain or .gz): one per line, or PTB .mrg trees over many lines."""
+    from ..data.text import read_lines
+
+    reader = _Reader(path)
+    n = 0
+    for n, line in enumerate(read_lines(path), start=1):
+        yield from reader.feed(line, n)
+    reader.finish()
+
+
+def read_tree_lines(path: str | Path) -> list[Tree | None]:
+    """A file of one tree per line, line for line: an empty line (a sentence a parser gave up
+    on) is None. For scoring, where line i must stay sentence i."""
+    from ..data.text import read_lines
+
+    out: list[Tree | None] = []
+    for n, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            out.append(None)
+            continue
+        reader = _Reader(path)
+        trees = list(reader.feed(line, n))
+        reader.finish()
+        if len(trees) != 1:
+            raise DataError(f"{len(trees)} trees on one line (one tree per line expected)", path, n)
+        out.append(trees[0])
+    return out
+
+
+# --- cleaning --------------------------------------------------------------------------------------
+
+
+def strip_function_tags(label: str) -> str:
+    """``NP-SBJ-2`` -> ``NP``, ``PP-LOC=3`` -> ``PP``; labels that start with ``-`` stay."""
+    if label.startswith("-"):
+        return label
+    return re.split(r"[-=]", label, maxsplit=1)[0] or label
+
+
+def clean(tree: Tree) -> Tree | None:
+    """The tree with empty elements (``-NONE-``) and the constituents left empty removed, function
+    tags cut from phrase labels and an unlabelled root named ``TOP`` (None if nothing is left)."""
+
+    def walk(node: Tree) -> Tree | None:
+        if node.is_preterminal:
+            return None if node.label == "-NONE-" else Tree(node.label, list(node.children))
+        kids = [k for k in (walk(c) for c in node.children if isinstance(c, Tree)) if k is not None]
+        return Tree(strip_function_tags(node.label), kids) if kids else None
+
+    out = walk(tree)
+    if out is not None and out.label == "":
+        out.label = "TOP"
+    return out
+
+
+# --- linearization ---------------------------------------------------------------------------------
+
+
+def _sentence_root(tree: Tree) -> Tree:
+    """The tree without its outer TOP/ROOT bracket, when that bracket has one constituent."""
+    if tree.label in WRAPPERS and len(tree.children) == 1 and isinstance(tree.children[0], Tree) \
+            and not tree.children[0].is_preterminal:
+        return tree.children[0]
+    return tree
+
+
+def linearize(tree: Tree, tags: bool = False) -> list[str]:
+    """Vinyals et al.'s sequence for `tree`: ``(S (NP XX XX )NP ... )S`` (see the module
+    docstring); with `tags`, each word's part-of-speech tag instead of ``XX``."""
+    out: list[str] = []
+
+    def walk(node: Tree) -> None:
+        if node.is_preterminal:
+            if tags and (node.label[:1] in ("(", ")") or node.label in UNKNOWN or not node.label):
+                raise ValueError(f"part-of-speech tag {node.label!r} cannot be a target symbol")
+            out.append(node.label if tags else XX)
+            return
+        out.append("(" + node.label)
+        for c in node.children:
+            if not isinstance(c, Tree):
+                raise ValueError(f"constituent {node.label} has a bare word {c!r} beside constituents")
+            walk(c)
+        out.append(")" + node.label)
+
+    root = _sentence_root(tree)
+    if root is tree and tree.label in WRAPPERS:  # an outer bracket over a word, or over several
+        for c in tree.children:                  # constituents: its children side by side
+            walk(c)  # type: ignore[arg-type]
+    else:
+        walk(root)
+    return out
+
+
+@dataclass
+class Repairs:
+    """What `delinearize` changed to turn an output sequence into a well-formed tree, by kind."""
+
+    unknown_symbols: int = 0
+    """Symbols that are neither a bracket nor a word's symbol (e.g. an unknown-token mark): dropped."""
+    unmatched_closes: int = 0
+    """``)X`` with no open constituent: dropped."""
+    mismatched_closes: int = 0
+    """``)X`` closing a constituent opened with another label: it closes it; the open label stays."""
+    extra_leaves: int = 0
+    """Word symbols beyond the number of words: dropped."""
+    missing_leaves: int = 0
+    """Words without a symbol: added at the end, in the innermost open constituent (or the last
+    top-level one)."""
+    unclosed: int = 0
+    """Constituents still open at the end: closed."""
+    empty_constituents: int = 0
+    """Constituents holding no word: dropped."""
+    extra_roots: int = 0
+    """Top-level constituents beyond the first: kept side by side under TOP."""
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: "Repairs") -> "Repairs":
+        return Repairs(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def summary(self) -> str:
+        """e.g. ``2 repairs: 1 unclosed, 1 missing_leaves`` (or ``no repairs``)."""
+        kinds = [f"{v} {k}" for k, v in self.as_dict().items() if v]
+        return f"{self.total} repairs: {', '.join(kinds)}" if kinds else "no repairs"
+
+
+def is_leaf_symbol(symbol: str, tags: bool) -> bool:
+    """Whether an output symbol stands for a word: ``XX``, or with `tags` any symbol that is not
+    a bracket and not an unknown-token mark."""
+    if tags:
+        return bool(symbol) and symbol[0] not in "()" and symbol not in UNKNOWN
+    return symbol == XX
+
+
+def delinearize(
+    symbols: Sequence[str] | str,
+    words: Sequence[str],
+    *,
+    tags: bool = False,
+    pos: Sequence[str] | None = None,
+) -> tuple[Tree, Repairs]:
+    """The tree an output sequence describes, over exactly `words`, and what it took.
+
+    `symbols`: the sequence (a list, or a string split on whitespace). `tags`: the sequence
+    carries part-of-speech tags as its word symbols (else ``XX``). Each word's tag is then: the
+    tag from `pos` if given (e.g. the gold tags, put back before scoring as publications do),
+    else the tag the sequence gave (`tags`), else ``XX``. Always a tree ``(TOP ...)`` whose
+    leaves are `words`, in order; the repairs made are counted in the `Repairs` returned."""
+    if isinstance(symbols, str):
+        symbols = symbols.split()
+    words = list(words)
+    if pos is not None and len(pos) != len(words):
+        raise ValueError(f"{len(pos)} tags for {len(words)} words")
+    rep = Repairs()
+    root = Tree("TOP")
+    stack = [root]
+    n = 0  # words placed
+    for sym in symbols:
+        if sym.startswith("("):
+            node = Tree(sym[1:])
+            stack[-1].children.append(node)
+            stack.append(node)
+        elif sym.startswith(")"):
+            if len(stack) == 1:
+                rep.unmatched_closes += 1
+                continue
+            if stack.pop().label != sym[1:]:
+                rep.mismatched_closes += 1
+        elif is_leaf_symbol(sym, tags):
+            if n == len(words):
+                rep.extra_leaves += 1
+                continue
+            stack[-1].children.append(Tree(sym if tags else XX, [words[n]]))
+            n += 1
+        else:
+            rep.unknown_symbols += 1
+    if n < len(words):  # at the end: into the innermost open constituent, else the last top-level one
+        rep.missing_leaves += len(words) - n
+        target = stack[-1]
+        if target is root and root.children and not root.children[-1].is_preterminal:  # type: ignore[union-attr]
+            target = root.children[-1]  # type: ignore[assignment]
+        target.children.extend(Tree(XX, [w]) for w in words[n:])
+    rep.unclosed += len(stack) - 1
+
+    def prune(node: Tree) -> bool:  # drop constituents without words; True if `node` keeps some
+        if node.is_preterminal:
+            return True
+        kept = [c for c in node.children if isinstance(c, Tree) and prune(c)]
+        rep.empty_constituents += len(node.children) - len(kept)
+        node.children = kept  # type: ignore[assignment]
+        return bool(kept)
+
+    prune(root)
+    rep.extra_roots += max(0, len(root.children) - 1)
+    if pos is not None:
+        for p, tag in zip(root.preterminals(), pos):
+            p.label = tag
+    assert root.leaves() == words
+    return root, rep
+
+
+def is_well_formed(symbols: Sequence[str] | str, n_words: int, tags: bool = False) -> bool:
+    """Whether `symbols` describe a tree over `n_words` words with no repair at all."""
+    return delinearize(symbols, [str(i) for i in range(n_words)], tags=tags)[1].total == 0
+
+
+def tree_lines(trees: Iterable[Tree | None]) -> Iterator[str]:
+    """One line per tree (an empty line for None)."""
+    for t in trees:
+        yield "" if t is None else str(t)

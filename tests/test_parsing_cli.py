@@ -1,0 +1,127 @@
+"""Parsing end to end on a toy treebank, through the commands a user runs: `transduce prepare
+--train-trees ...`, `transduce train` (a tiny model, a few hundred updates), `transduce parse`
+(raw sentences in, one tree per line out, SVG pictures) and `transduce evaluate` (EVALB)."""
+
+import json
+import random
+
+import pytest
+
+from transduce.cli import main
+from transduce.parsing.trees import is_well_formed, parse_tree, read_tree_lines
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+DT, JJ, NN, NNP = ["the", "a"], ["red", "big", "old"], ["dog", "cat", "man", "ball", "park"], ["John", "Mary"]
+VBZ, IN = ["sees", "likes", "runs", "sleeps"], ["in", "near", "with"]
+
+
+def _np(rng):
+    r = rng.random()
+    if r < 0.3:
+        return f"(NP (NNP {rng.choice(NNP)}))"
+    if r < 0.6:
+        return f"(NP (DT {rng.choice(DT)}) (JJ {rng.choice(JJ)}) (NN {rng.choice(NN)}))"
+    return f"(NP (DT {rng.choice(DT)}) (NN {rng.choice(NN)}))"
+
+
+def toy_tree(rng) -> str:
+    r = rng.random()
+    verb = f"(VBZ {rng.choice(VBZ)})"
+    vp = (f"(VP {verb})" if r < 0.25 else f"(VP {verb} {_np(rng)})" if r < 0.6
+          else f"(VP {verb} (PP (IN {rng.choice(IN)}) {_np(rng)}))")
+    return f"(TOP (S {_np(rng)} {vp} (. .)))"
+
+
+@pytest.fixture(scope="module")
+def parser_run(tmp_path_factory):
+    """A toy treebank prepared and a tiny parser trained on it (about 10 s)."""
+    root = tmp_path_factory.mktemp("parsing")
+    rng = random.Random(0)
+    for name, n in (("train", 400), ("valid", 20), ("test", 30)):
+        (root / f"{name}.trees").write_text("".join(toy_tree(rng) + "\n" for _ in range(n)))
+    data, run = root / "data", root / "run"
+    assert main(["prepare", "--train-trees", str(root / "train.trees"), "--valid-trees", str(root / "valid.trees"),
+                 "--test-trees", str(root / "test.trees"), "--vocab-size", "90", "--out", str(data), "--no-progress"]) == 0
+    meta = json.loads((data / "data.json").read_text())
+    assert meta["task"] == "parsing" and meta["vocab"]["tgt_type"] == "sentencepiece-word"
+    assert meta["splits"]["test"]["trees_file"] == str(root / "test.trees")
+    assert main(["train", "--data", str(data), "--run-dir", str(run), "--preset", "parse-cpu",
+                 "--set", "model.d_model=64", "--set", "model.d_ff=128", "--set", "model.n_layers=2",
+                 "--set", "model.dropout=0.0", "--set", "model.attention_dropout=0.0", "--max-tokens", "1024",
+                 "--warmup", "100", "--lr-scale", "0.2", "--max-steps", "500", "--precision", "fp32", "--threads", "1",
+                 "--save-every-steps", "250", "--save-every-minutes", "0", "--valid-every", "1000", "--no-progress",
+                 "--log-every", "1000"]) == 0
+    return root, run
+
+
+def test_prepare_closed_target_vocabulary(parser_run):
+    root, _ = parser_run
+    meta = json.loads((root / "data" / "data.json").read_text())
+    # S NP VP PP, opened and closed, XX, and the 4 special pieces
+    assert meta["vocab"]["size"]["tgt"] == 4 * 2 + 1 + 4
+    assert meta["linearization"] == {"tags": False, "scheme": "vinyals2015"}
+
+
+def test_parse_raw_sentences_line_for_line(parser_run, tmp_path, capsys):
+    _, run = parser_run
+    src = tmp_path / "in.txt"
+    src.write_text("John sees the big dog.\n\nThe cat sleeps near Mary.\n")
+    out, svg = tmp_path / "out.txt", tmp_path / "svg"
+    assert main(["parse", str(run), "--input", str(src), "--output", str(out), "--svg", str(svg), "--beam", "4",
+                 "--precision", "fp32"]) == 0
+    lines = out.read_text().split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # line for line, the empty one kept
+    first = parse_tree(lines[0])
+    assert first.leaves() == ["John", "sees", "the", "big", "dog", "."]  # PTB tokens: the period split off
+    assert set(first.tags()) == {"XX"}
+    assert parse_tree(lines[2]).leaves() == ["The", "cat", "sleeps", "near", "Mary", "."]
+    assert lines[0] == "(TOP (S (NP (XX John)) (VP (XX sees) (NP (XX the) (XX big) (XX dog))) (XX .)))"
+    assert sorted(p.name for p in svg.iterdir()) == ["1.svg", "3.svg"]
+    assert (svg / "1.svg").read_text().startswith("<svg") and ">dog<" in (svg / "1.svg").read_text()
+    err = capsys.readouterr().err
+    assert "no part-of-speech tags (XX)" in err and "3 lines" in err
+
+
+def test_evaluate_the_model_with_evalb(parser_run, tmp_path, capsys):
+    """The toy grammar is learned: F1 above 95 on the held-out trees, gold tags put back; the
+    saved parses score the same through --hyp."""
+    root, run = parser_run
+    report = tmp_path / "report.json"
+    hyp = tmp_path / "hyp.trees"
+    assert main(["evaluate", str(run), "--ref", str(root / "test.trees"), "--beam", "4", "--precision", "fp32",
+                 "--json", str(report), "--save-hyp", str(hyp), "--quiet"]) == 0
+    r = json.loads(report.read_text())
+    scores = r["scores"]["evalb_gold_tags"]["all"]
+    assert r["decoding"]["alpha"] == 0.3 and r["decoding"]["max_len_offset"] == 300  # the paper's parsing settings
+    assert scores["sentences"] == 30 and scores["errors"] == 0 and scores["f1"] > 95
+    assert "evalb_own_tags" not in r["scores"]
+    assert len(read_tree_lines(hyp)) == 30
+    capsys.readouterr()
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(root / "test.trees"), "--trees", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)["scores"]["evalb_gold_tags"]["all"]
+    assert again["matched"] == scores["matched"] and again["test"] == scores["test"]
+
+
+def test_constrained_search_gives_well_formed_trees(parser_run, tmp_path):
+    """With a model halfway trained (its first checkpoint), the free search's trees are repaired
+    where needed; the constrained search's raw outputs are well-formed trees over the words."""
+    from transduce.data.text import read_lines
+    from transduce.parsing.parse import parse_stream
+    from transduce.parsing.trees import read_trees
+    from transduce.translate import load_translation_model
+
+    root, run = parser_run
+    m = load_translation_model(run, checkpoint="250")
+    sentences = [t.leaves() for t in read_trees(root / "test.trees")][:10]
+    free = list(parse_stream(m.model, m.src_vocab, m.tgt_vocab, sentences, beam=3, max_len_offset=20))
+    tight = list(parse_stream(m.model, m.src_vocab, m.tgt_vocab, sentences, beam=3, max_len_offset=20, constrained=True))
+    for p, words in zip(free + tight, sentences + sentences):
+        assert p.tree.leaves() == words
+    assert all(is_well_formed(p.symbols, len(w)) and p.repairs.total == 0 for p, w in zip(tight, sentences))
+    assert list(read_lines(root / "test.trees"))  # (the file is intact)
+
+
+def test_not_a_parsing_model_is_a_one_line_error(tmp_path, capsys):
+    assert main(["parse", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
