@@ -18,8 +18,9 @@ from .figures import HEAD_COLORS, MASK_COLORS
 
 
 def _script_json(obj) -> str:
-    """JSON safe inside a <script> element: no "</" (which could close it) and no "<!--"."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\u0021--")
+    """JSON safe inside a <script> element: every "<" written as \\u003c, so no text in it can close
+    the element or open a comment."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def render_page(data: dict, title: str = "") -> str:
