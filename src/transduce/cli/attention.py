@@ -50,7 +50,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("model_path", type=Path, metavar="MODEL",
                         help="a training run directory, or a model directory (model.safetensors + config.json)")
-    parser.add_argument("sentences", nargs="*", metavar="SENTENCE", help="source sentences (one batch)")
+    parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
+                        help="source sentences (one batch), right after MODEL, before any option")
     g = parser.add_argument_group("input")
     g.add_argument("--input", "-i", type=Path, metavar="FILE",
                    help="sentences, one per line, each optionally followed by a tab and its target")
