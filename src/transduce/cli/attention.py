@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         write_bytes(args.png, png)
         print(f"{PROG}: wrote {args.png}", file=sys.stderr)
     if args.json:
-        write_bytes(args.json, (json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8"))
+        write_bytes(args.json, (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
         print(f"{PROG}: wrote {args.json}", file=sys.stderr)
     if args.html:
         from ..views.page import render_page

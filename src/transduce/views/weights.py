@@ -186,6 +186,9 @@ that a page stays a few MB (layers x heads x 3 x tokens^2 numbers)."""
 MAX_SENTENCES = 8
 """Sentences in one batch (one page) at most."""
 
+MAX_WEIGHTS = 4_000_000
+"""Weights in one page at most (about 25 MB of text): more is refused with what to do instead."""
+
 
 def attention_data(loaded, sources: list[str], targets: list[str | None] | None = None, *, beam: int = 4,
                    alpha: float = 0.6, greedy: bool = False, max_len_offset: int = 50,
@@ -232,9 +235,17 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
         tgt_ids.append(t_ids)
         texts.append({"source_text": source, "target_text": t_text, "target_from": t_from})
         notes.append(note)
+    mc = loaded.config.model
+    lengths = [(len(a) + 1, len(b) + 1) for a, b in zip(src_ids, tgt_ids)]  # with </s>, with <s>
+    n = mc.n_layers * mc.n_heads * sum(S * S + T * T + T * S for S, T in lengths)
+    if n > MAX_WEIGHTS:
+        raise ValueError(f"{n:,} weights would be more than a page should hold ({MAX_WEIGHTS:,}): give fewer or "
+                         "shorter sentences, or a lower --max-tokens")
     batch = compute_attention(loaded.model, src_ids, tgt_ids)
     batch.notes = notes
-    return batch, to_json(batch, loaded.src_vocab, loaded.tgt_vocab, model=loaded.description, texts=texts)
+    data = to_json(batch, loaded.src_vocab, loaded.tgt_vocab, model=loaded.description, texts=texts)
+    data["max_tokens"] = max_tokens
+    return batch, data
 
 
 def find_token(labels: list[str], pieces: list[str], spec: str, side: str) -> int:
