@@ -232,7 +232,7 @@ def test_png_without_matplotlib_names_the_extra(model_dir, tmp_path, monkeypatch
 def test_a_page_too_large_is_refused_with_what_to_do(model_dir, tmp_path, monkeypatch, capsys):
     import transduce.views.weights as weights
 
-    monkeypatch.setattr(weights, "MAX_WEIGHTS", 1000)  # 2 layers x 4 heads x (S^2 + T^2 + TS) > 1000 here
+    monkeypatch.setattr(weights, "MAX_WEIGHTS", 100)  # 2 layers x 4 heads x (S^2 + T^2 + TS) > 100 here
     assert main(["attention", str(model_dir), "a dog runs on the grass", "--target", "a dog",
                  "--json", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
