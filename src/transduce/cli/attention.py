@@ -26,7 +26,8 @@ Layers and heads are numbered from 1, as in the paper. Tokens are the subword pi
 first piece is shown bare ("mak"), a piece that continues a word with a leading "·" ("·ing");
 the source ends with </s>, the decoder side starts with <s> (position i predicts token i + 1).
 Sentences are cut to --max-tokens subword tokens per side (default 64; the page and the JSON
-say so), at most 8 sentences per batch, so that a page stays a few MB.
+say so), at most 8 sentences per batch and 4 million weights per page (a few MB: more is
+refused, saying what to do).
 """
 
 from __future__ import annotations
