@@ -139,9 +139,11 @@ def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer:
         else:
             ax.set_xlim(0.3, n + 0.7)
             ax.set_ylim(-0.9, 1.9)
-        for idx, h in enumerate(heads):
-            fig.text(0.02 + 0.06 * (idx % 16), 0.955 - 0.025 * (idx // 16), f"{h + 1}", color="white", fontsize=7,
-                     ha="left", va="top", bbox=dict(facecolor=head_color(h), edgecolor="none", pad=1.5))
+        from matplotlib.lines import Line2D
+
+        handles = [Line2D([], [], color=head_color(h), linewidth=3, label=f"head {h + 1}") for h in heads]
+        fig.legend(handles=handles, loc="upper center", ncol=min(len(heads), 8), frameon=False, fontsize=7,
+                   bbox_to_anchor=(0.5, 0.96))
         fig.suptitle(_title(data, kind, layer, heads, query, q_tok), y=0.995, va="top", fontsize=8)
         return _png(fig)
 
