@@ -31,16 +31,16 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=exe)
         page = browser.new_page(viewport={"width": args.width, "height": args.height})
         page.goto(args.html.resolve().as_uri())
-        page.select_option("#sentence", str(args.sentence - 1))
-        page.select_option("#type", args.type)
+        page.select_option("#sentence", value=str(args.sentence - 1))
+        page.select_option("#type", value=args.type)
         if args.layer:
-            page.select_option("#layer", str(args.layer - 1))
+            page.select_option("#layer", value=str(args.layer - 1))
         if args.heads:
             keep = {int(h) - 1 for h in args.heads.split(",")}
             for box in page.query_selector_all("input.head"):
                 if int(box.get_attribute("value")) not in keep:
                     box.uncheck()
-        page.select_option("#view-kind", args.view)
+        page.select_option("#view-kind", value=args.view)
         if args.query:
             page.hover(f"#view text.tok.q[data-i='{args.query - 1}']")
         page.screenshot(path=str(args.png), full_page=False)

@@ -119,19 +119,19 @@ def test_page_in_chromium(page_file, browser, tmp_path):
 
     # Changing the layer changes what is drawn, to that layer's weights.
     before = lines_drawn(page)
-    page.select_option("#layer", "0")
+    page.select_option("#layer", value="0")
     after = lines_drawn(page)
     assert after != before
     assert sorted(after, key=key) == sorted(expected_lines(data, 0, "encoder", 0, range(n_src)), key=key)
 
     # Changing the type: encoder-decoder attention, queries on the target side, keys on the source.
-    page.select_option("#type", "decoder_cross")
+    page.select_option("#type", value="decoder_cross")
     n_tgt = len(data["sentences"][0]["target"])
     assert page.locator("#view text.tok.q").count() == n_tgt and page.locator("#view text.tok.k").count() == n_src
     page.hover("#view text.tok.q[data-i='2']")
     assert sorted(lines_drawn(page), key=key) == sorted(expected_lines(data, 0, "decoder_cross", 0, [2]), key=key)
     # Decoder self-attention: the hovered row reaches no later position.
-    page.select_option("#type", "decoder_self")
+    page.select_option("#type", value="decoder_self")
     page.hover("#view text.tok.q[data-i='2']")
     assert {d["k"] for d in lines_drawn(page)} <= {0, 1, 2}
 
@@ -142,7 +142,7 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     page.click("#all-heads")
 
     # Heatmap: one grid per head; hovering a row fades the others.
-    page.select_option("#view-kind", "heatmap")
+    page.select_option("#view-kind", value="heatmap")
     assert page.locator("#view svg.heatmap").count() == N_HEADS
     page.hover("#view svg.heatmap[data-h='0'] text.tok.q[data-i='1']")
     faded = page.eval_on_selector_all("#view svg.heatmap[data-h='0'] rect.cell",
@@ -153,10 +153,10 @@ def test_page_in_chromium(page_file, browser, tmp_path):
 
     # Masks: the second sentence is padded on both sides; its mask cells say why each is blocked.
     page.mouse.move(1, 1)
-    page.select_option("#view-kind", "masks")
-    page.select_option("#sentence", "1")
+    page.select_option("#view-kind", value="masks")
+    page.select_option("#sentence", value="1")
     for kind in ("encoder", "decoder_self", "decoder_cross"):
-        page.select_option("#type", kind)
+        page.select_option("#type", value=kind)
         cats = page.eval_on_selector_all("#masks rect.mask", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, r.dataset.cat])")
         mask = data["batch"]["masks"][kind][1]
         assert len(cats) == len(mask) * len(mask[0])
@@ -167,9 +167,9 @@ def test_page_in_chromium(page_file, browser, tmp_path):
             assert any(cat == "causal" for *_, cat in cats) and any(cat == "both" for *_, cat in cats)
 
     # A screenshot, as a reader would see the page: sentence 1, the lines, a hovered token.
-    page.select_option("#sentence", "0")
-    page.select_option("#type", "encoder")
-    page.select_option("#view-kind", "lines")
+    page.select_option("#sentence", value="0")
+    page.select_option("#type", value="encoder")
+    page.select_option("#view-kind", value="lines")
     page.hover("#view text.tok.q[data-i='1']")
     shot = tmp_path / "attention-page.png"
     page.screenshot(path=str(shot), full_page=True)
