@@ -150,14 +150,14 @@ def test_png_figures_are_reproducible_bytes(data):
         "query": figures.lines_figure(data, kind="encoder", layer=1, heads=[0, 2], query=3),
         "rows": figures.lines_figure(data, kind="decoder_cross", layer=0, layout="rows", sentence=1),
         "heatmap": figures.heatmap_figure(data, kind="decoder_self", layer=0, sentence=1, query=2),
-        "masks": figures.masks_figure(data),
+        "masks": figures.masks_figure(data, sentences=[1]),  # (one short sentence: seconds count here)
     }
     for name, png in made.items():
         assert png.startswith(b"\x89PNG\r\n\x1a\n"), name
         assert b"matplotlib" not in png.lower(), name  # no Software (version) metadata
     assert len(set(made.values())) == len(made)  # each choice draws something else
     assert figures.lines_figure(data, kind="encoder", layer=1) == made["lines"]
-    assert figures.masks_figure(data) == made["masks"]
+    assert figures.masks_figure(data, sentences=[1]) == made["masks"]
     with pytest.raises(Exception, match="layers 1 to 2"):
         figures.lines_figure(data, layer=2)
 
