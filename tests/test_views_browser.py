@@ -128,6 +128,10 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     page.select_option("#type", value="decoder_cross")
     n_tgt = len(data["sentences"][0]["target"])
     assert page.locator("#view text.tok.q").count() == n_tgt and page.locator("#view text.tok.k").count() == n_src
+    # Decoder queries are labelled by the token they predict; the keys are the source tokens.
+    assert page.eval_on_selector_all("#view text.tok.q", "ts => ts.map(t => t.textContent)") == [
+        "\u2192" + t for t in data["sentences"][0]["predicts"]]
+    assert page.eval_on_selector_all("#view text.tok.k", "ts => ts.map(t => t.textContent)") == data["sentences"][0]["source"]
     page.hover("#view text.tok.q[data-i='2']")
     assert sorted(lines_drawn(page), key=key) == sorted(expected_lines(data, 0, "decoder_cross", 0, [2]), key=key)
     # Decoder self-attention: the hovered row reaches no later position.

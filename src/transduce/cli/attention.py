@@ -24,7 +24,9 @@ Outputs (at least one; each written whole or not at all):
 
 Layers and heads are numbered from 1, as in the paper. Tokens are the subword pieces: a word's
 first piece is shown bare ("mak"), a piece that continues a word with a leading "·" ("·ing");
-the source ends with </s>, the decoder side starts with <s> (position i predicts token i + 1).
+the source ends with </s>. A decoder query is labelled by the token it predicts, with an arrow
+("→Hund": the position that reads "brauner"), decoder keys by the token they read (<s> first);
+--query on the decoder side names the predicted token.
 Sentences are cut to --max-tokens subword tokens per side (default 64; the page and the JSON
 say so), at most 8 sentences per batch and 4 million weights per page (a few MB: more is
 refused, saying what to do).
@@ -187,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         if args.query is not None:
             s = data["sentences"][sentence]
             side, labels, pieces = ("source", s["source"], s["source_pieces"]) if kind == "encoder" else \
-                ("decoder input", s["target"], s["target_pieces"])
+                ("target (the token a decoder position predicts)", s["predicts"], s["target_pieces"][1:] + ["</s>"])
             query = find_token(labels, pieces, args.query, side)
         if args.figure == "lines":
             png = figures.lines_figure(data, sentence=sentence, kind=kind, layer=layer, heads=heads, query=query,

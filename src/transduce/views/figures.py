@@ -59,8 +59,12 @@ def _figure(width: float, height: float):
 
 
 def _side_tokens(data: dict, sentence: int, kind: str) -> tuple[list[str], list[str]]:
+    """Query and key labels. A decoder query is labelled by the token its position predicts, with
+    an arrow ("→Hund": the position that reads "brauner" and predicts "Hund"), so that
+    encoder-decoder attention reads as an alignment of output tokens to source tokens; decoder
+    keys are the tokens read (<s> first)."""
     s = data["sentences"][sentence]
-    q = s["source"] if kind == "encoder" else s["target"]
+    q = s["source"] if kind == "encoder" else ["\u2192" + t for t in s["predicts"]]
     k = s["target"] if kind == "decoder_self" else s["source"]
     return q, k
 
