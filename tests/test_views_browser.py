@@ -129,7 +129,7 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     n_tgt = len(data["sentences"][0]["target"])
     assert page.locator("#view text.tok.q").count() == n_tgt and page.locator("#view text.tok.k").count() == n_src
     # Decoder queries are labelled by the token they predict; the keys are the source tokens.
-    assert page.eval_on_selector_all("#view text.tok.q", "ts => ts.map(t => t.textContent)") == [
+    assert page.eval_on_selector_all("#view text.tok.q", "ts => ts.map(t => t.childNodes[0].nodeValue)") == [
         "\u2192" + t for t in data["sentences"][0]["predicts"]]
     assert page.eval_on_selector_all("#view text.tok.k", "ts => ts.map(t => t.textContent)") == data["sentences"][0]["source"]
     page.hover("#view text.tok.q[data-i='2']")
