@@ -31,10 +31,10 @@ def main() -> None:
         browser = p.chromium.launch(executable_path=exe)
         page = browser.new_page(viewport={"width": args.width, "height": args.height})
         page.goto(args.html.resolve().as_uri())
-        page.select_option("#sentence", value=str(args.sentence - 1))
+        page.select_option("#sentence", index=args.sentence - 1)  # (value= would also match a label)
         page.select_option("#type", value=args.type)
         if args.layer:
-            page.select_option("#layer", value=str(args.layer - 1))
+            page.select_option("#layer", index=args.layer - 1)
         if args.heads:
             keep = {int(h) - 1 for h in args.heads.split(",")}
             for box in page.query_selector_all("input.head"):

@@ -119,8 +119,9 @@ def test_page_in_chromium(page_file, browser, tmp_path):
 
     # Changing the layer changes what is drawn, to that layer's weights.
     before = lines_drawn(page)
-    page.select_option("#layer", value="0")
+    page.select_option("#layer", index=0)  # (a value would also match the labels "1", "2", ...)
     after = lines_drawn(page)
+    assert page.eval_on_selector("#layer", "s => s.options[s.selectedIndex].textContent") == "1"
     assert after != before
     assert sorted(after, key=key) == sorted(expected_lines(data, 0, "encoder", 0, range(n_src)), key=key)
 
@@ -158,7 +159,7 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     # Masks: the second sentence is padded on both sides; its mask cells say why each is blocked.
     page.mouse.move(1, 1)
     page.select_option("#view-kind", value="masks")
-    page.select_option("#sentence", value="1")
+    page.select_option("#sentence", index=1)
     for kind in ("encoder", "decoder_self", "decoder_cross"):
         page.select_option("#type", value=kind)
         cats = page.eval_on_selector_all("#masks rect.mask", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, r.dataset.cat])")
@@ -171,7 +172,7 @@ def test_page_in_chromium(page_file, browser, tmp_path):
             assert any(cat == "causal" for *_, cat in cats) and any(cat == "both" for *_, cat in cats)
 
     # A screenshot, as a reader would see the page: sentence 1, the lines, a hovered token.
-    page.select_option("#sentence", value="0")
+    page.select_option("#sentence", index=0)
     page.select_option("#type", value="encoder")
     page.select_option("#view-kind", value="lines")
     page.hover("#view text.tok.q[data-i='1']")

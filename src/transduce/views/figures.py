@@ -52,10 +52,10 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _figure(width: float, height: float):
+def _figure(width: float, height: float, layout: str | None = None):
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height), dpi=DPI)
+    return Figure(figsize=(width, height), dpi=DPI, layout=layout)
 
 
 def _side_tokens(data: dict, sentence: int, kind: str) -> tuple[list[str], list[str]]:
@@ -168,7 +168,7 @@ def heatmap_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", laye
     cell = 0.16
     pw, ph = 0.9 + cell * len(k_tok), 0.9 + cell * len(q_tok)
     with rc_context({**STYLE, "font.size": 6}):
-        fig = _figure(cols * pw + 0.4, nrows * ph + 0.6)
+        fig = _figure(cols * pw + 0.4, nrows * ph + 0.6, layout="constrained")  # room for the labels
         for idx, h in enumerate(heads):
             ax = fig.add_subplot(nrows, cols, idx + 1)
             im = ax.imshow(w[h], cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest", aspect="equal")
