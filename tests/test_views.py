@@ -144,7 +144,6 @@ def data(loaded, padded):
 
 
 def test_png_figures_are_reproducible_bytes(data):
-    pytest.importorskip("matplotlib", reason="the test extra installs it")  # never skipped in CI: .[test]
     made = {
         "lines": figures.lines_figure(data, kind="encoder", layer=1),
         "query": figures.lines_figure(data, kind="encoder", layer=1, heads=[0, 2], query=3),
