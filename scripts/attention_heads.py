@@ -18,21 +18,21 @@ import json
 
 def word_pieces(pieces: list[str], word: str) -> list[int]:
     """Positions of the pieces of the first occurrence of `word` (pieces start a word with ▁)."""
-    starts = [i for i, p in enumerate(pieces) if p.startswith("\u2581") or p.startswith("<")] + [len(pieces)]
+    starts = [i for i, p in enumerate(pieces) if p.startswith(("\u2581", "<"))] + [len(pieces)]
     for a, b in zip(starts, starts[1:]):
         if "".join(pieces[a:b]).lstrip("\u2581") == word:
             return list(range(a, b))
     raise SystemExit(f"{word!r} is not a word of the source: {' '.join(pieces)}")
 
 
-def summary(w, labels_q, labels_k, causal: bool) -> dict:
+def summary(w, labels_k) -> dict:
     n, counts, peak = len(w), dict(prev=0, self=0, next=0, eos=0, period=0), 0.0
     for i, row in enumerate(w):
         j = max(range(len(row)), key=row.__getitem__)
         peak += row[j]
         if j == i - 1:
             counts["prev"] += 1
-        elif j == i and not labels_k[j] == "</s>":
+        elif j == i and labels_k[j] != "</s>":
             counts["self"] += 1
         elif j == i + 1:
             counts["next"] += 1
@@ -50,17 +50,17 @@ def main() -> None:
     ap.add_argument("--link", action="append", default=[], metavar="A:B")
     ap.add_argument("--top", type=int, default=6)
     args = ap.parse_args()
-    data = json.load(open(args.json, encoding="utf-8"))
+    with open(args.json, encoding="utf-8") as f:
+        data = json.load(f)
     s = data["sentences"][args.sentence - 1]
     print(f"source: {' '.join(s['source'])}\ntarget: {' '.join(s['target'])}  ({s.get('target_from', '')})")
     for kind in data["types"]:
-        q = s["source"] if kind == "encoder" else s["target"]
         k = s["target"] if kind == "decoder_self" else s["source"]
         print(f"\n{data['type_names'][kind]}: share of rows whose strongest key is ...; mean largest weight")
         print("layer head   prev  self  next  </s>   '.'   peak")
         for layer, heads in enumerate(s["attention"][kind]):
             for h, w in enumerate(heads):
-                r = summary(w, q, k, kind == "decoder_self")
+                r = summary(w, k)
                 print(f"{layer + 1:5} {h + 1:4}  " + "  ".join(f"{r[x]:4.2f}" for x in ("prev", "self", "next", "eos", "period", "peak")))
     for link in args.link:
         a, b = link.split(":")

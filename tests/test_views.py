@@ -17,7 +17,7 @@ from transduce.model import attention_reference, make_masks
 from transduce.translate import load_translation_model, translate_stream
 from transduce.views import figures
 from transduce.views.page import render_page
-from transduce.views.weights import TYPES, attention_data, compute_attention, find_token, readable, to_json
+from transduce.views.weights import TYPES, compute_attention, find_token, readable, to_json
 
 from views_data import N_HEADS, N_LAYERS, make_model_dir
 

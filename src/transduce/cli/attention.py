@@ -169,8 +169,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_translation_model(args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
                                     src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device))
     print(f"{PROG}: model {loaded.description}", file=sys.stderr)
-    batch, data = attention_data(loaded, sources, targets, beam=args.beam, alpha=args.alpha, greedy=args.greedy,
-                                 max_len_offset=args.max_len_offset, max_tokens=args.max_tokens)
+    _, data = attention_data(loaded, sources, targets, beam=args.beam, alpha=args.alpha, greedy=args.greedy,
+                             max_len_offset=args.max_len_offset, max_tokens=args.max_tokens)
     for i, s in enumerate(data["sentences"], start=1):
         print(f"{i} source: {' '.join(s['source'])}")
         print(f"{i} target: {' '.join(s['target'][1:])}   ({s['target_from']})")

@@ -260,7 +260,7 @@ def find_token(labels: list[str], pieces: list[str], spec: str, side: str) -> in
         return pos - 1
     hits = [i for i, t in enumerate(labels) if t == spec]
     if not hits:  # a word made of several pieces: its first piece
-        starts = [i for i, p in enumerate(pieces) if p.startswith("\u2581") or p.startswith("<")] + [len(pieces)]
+        starts = [i for i, p in enumerate(pieces) if p.startswith(("\u2581", "<"))] + [len(pieces)]
         for a, b in zip(starts, starts[1:]):
             if "".join(pieces[a:b]).lstrip("\u2581") == spec:
                 hits.append(a)
