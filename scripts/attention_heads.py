@@ -7,7 +7,9 @@ the previous position, the same position, the next position, the end of sentence
 final "."; the mean of each row's largest weight (1.0: one key only; 1/n: spread evenly). With
 `--link A:B` (words of the source, split into pieces or not): for encoder self-attention, the
 weight from the first piece of A to all the pieces of B, per layer and head, strongest first,
-next to what a head spreading its weight evenly would give.
+next to what a head spreading its weight evenly would give. In encoder-decoder attention the two
+sides' positions do not correspond: there, previous, same and next mean nothing; read the </s>,
+"." and peak columns.
 """
 
 from __future__ import annotations
