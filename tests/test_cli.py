@@ -56,6 +56,7 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
         "parse": ([str(tmp / "nope")], "no such directory"),
         "evaluate": (["--hyp", missing, "--ref", missing], "give --tgt LANG"),
         "synthetic": (["--max-steps", "0", "--save", str(tmp / "a_file" / "model")], "Not a directory"),  # an OSError
+        "attention": ([str(tmp / "nope"), "a sentence", "--json", str(tmp / "a.json")], "no such directory"),
     }[command]
 
 

@@ -35,11 +35,13 @@ subcommands:
   parse       parse English sentences into constituency trees, line for line (6.3)
   synthetic   train a small model on a copy/reverse task and report greedy exact match:
               a one- to two-minute end-to-end check that masks, shifting and decoding fit together
+  attention   show what the model attends to: the paper's figures (PNG), an offline HTML page,
+              the masks applied, JSON
 
 Run `transduce SUBCOMMAND --help` for the options of each.
 """
 
-SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "parse", "synthetic")
+SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "parse", "attention", "synthetic")
 """In the order of `transduce --help`; each is the module `transduce.cli.NAME`."""
 
 

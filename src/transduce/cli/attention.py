@@ -1,0 +1,211 @@
+"""`transduce attention`: what the model attends to, as PNG, an offline HTML page and JSON.
+
+    transduce attention runs/m30k "A dog runs on the grass ." --html dog.html
+    transduce attention runs/m30k "It is in this spirit ..." --png fig3.png --layer 3 --query making
+    transduce attention runs/m30k "A dog runs ." --target "Ein Hund rennt ." --json dog.json
+    transduce attention runs/m30k -i sentences.tsv --figure masks --png masks.png
+
+For each sentence (and its target, or else the model's own translation: beam search as
+`transduce translate` decodes, or --greedy), the model is run once, teacher-forced, on the
+padded batch of all the sentences, and every attention weight is kept: encoder self-attention,
+decoder self-attention and encoder-decoder attention, every layer and head (the weights of
+`Transformer.forward(return_attention=True)`, equal to what the fast path computes).
+
+Outputs (at least one; each written whole or not at all):
+
+  --html FILE   one self-contained page that works offline (file://, no network): choose the
+                sentence, the attention type, the layer and the heads; the paper's lines, a
+                heatmap per head, or the masks applied to the batch; hover a query token to
+                see its row alone, with the values
+  --json FILE   the weights: sentences[i].attention[type][layer][head][query][key], with the
+                tokens, and the batch's masks (format transduce-attention/1)
+  --png FILE    one figure (needs matplotlib: pip install 'transduce[views]'):
+                --figure lines (the paper's Figures 3-5), heatmap, or masks
+
+Layers and heads are numbered from 1, as in the paper. Tokens are the subword pieces: a word's
+first piece is shown bare ("mak"), a piece that continues a word with a leading "·" ("·ing");
+the source ends with </s>. A decoder query is labelled by the token it predicts, with an arrow
+("→Hund": the position that reads "brauner"), decoder keys by the token they read (<s> first);
+--query on the decoder side names the predicted token.
+Sentences are cut to --max-tokens subword tokens per side (default 64; the page and the JSON
+say so), at most 8 sentences per batch and 4 million weights per page (a few MB: more is
+refused, saying what to do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import DataError, UsageError
+from .common import add_model_args
+
+HELP = "show what the model attends to: the paper's figures (PNG), an offline HTML page, JSON"
+DESCRIPTION = __doc__
+PROG = "transduce attention"
+TYPES = {"encoder": "encoder", "decoder-self": "decoder_self", "decoder-cross": "decoder_cross"}
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    from ..views.weights import MAX_TOKENS
+
+    parser.add_argument("model_path", type=Path, metavar="MODEL",
+                        help="a training run directory, or a model directory (model.safetensors + config.json)")
+    parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
+                        help="source sentences (one batch), right after MODEL, before any option")
+    g = parser.add_argument_group("input")
+    g.add_argument("--input", "-i", type=Path, metavar="FILE",
+                   help="sentences, one per line, each optionally followed by a tab and its target")
+    g.add_argument("--target", "-t", action="append", metavar="TEXT",
+                   help="the target of a SENTENCE (give one per sentence, in order); default: the model's translation")
+    g.add_argument("--max-tokens", type=int, default=MAX_TOKENS, metavar="N",
+                   help=f"subword tokens kept per side (default {MAX_TOKENS}); longer sentences are cut and the output says so")
+    g = parser.add_argument_group("the model's translation (when no target is given)")
+    g.add_argument("--beam", type=int, default=4, help="beam size (default 4, as in 6.1)")
+    g.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
+    g.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
+    g.add_argument("--max-len-offset", type=int, default=50, metavar="N",
+                   help="maximum translation length = input length + N (default 50, as in 6.1)")
+    g = parser.add_argument_group("outputs")
+    g.add_argument("--html", type=Path, metavar="FILE", help="the interactive page")
+    g.add_argument("--json", type=Path, metavar="FILE", help="the weights as JSON")
+    g.add_argument("--png", type=Path, metavar="FILE", help="a figure (see --figure)")
+    g = parser.add_argument_group("the PNG figure")
+    g.add_argument("--figure", choices=("lines", "heatmap", "masks"), default="lines",
+                   help="lines: the paper's Figures 3-5 (default); heatmap: one grid per head; masks: the masks "
+                        "applied to the batch (every sentence and type)")
+    g.add_argument("--type", choices=tuple(TYPES), default="encoder",
+                   help="encoder (self-attention, default), decoder-self, or decoder-cross (encoder-decoder)")
+    g.add_argument("--layer", type=int, metavar="N", help="layer, from 1 (default: the last)")
+    g.add_argument("--heads", metavar="LIST", help="heads, from 1, e.g. 5,6 (default: all)")
+    g.add_argument("--query", metavar="TOKEN|POS",
+                   help="one query token only (as in Figure 3): a position from 1, or a token that occurs once")
+    g.add_argument("--sentence", type=int, default=1, metavar="N", help="which sentence, from 1 (default 1)")
+    g.add_argument("--layout", choices=("columns", "rows"), default="columns",
+                   help="lines: queries and keys side by side (columns, default) or one above the other, "
+                        "text upright (rows, as the paper prints them)")
+    add_model_args(parser)
+
+
+def read_input(args: argparse.Namespace) -> tuple[list[str], list[str | None] | None]:
+    sources = list(args.sentences)
+    targets: list[str | None] | None = None
+    if args.input is not None:
+        if sources:
+            raise UsageError("give sentences on the command line or --input, not both")
+        from ..data.text import iter_lines, open_text
+
+        targets = []
+        with open_text(args.input) as f:
+            for n, line in enumerate(iter_lines(f, args.input), start=1):
+                if not line.strip():
+                    continue
+                parts = line.split("\t")
+                if len(parts) > 2 or not parts[0].strip():
+                    raise DataError("expected SOURCE or SOURCE<TAB>TARGET", args.input, n)
+                sources.append(parts[0])
+                targets.append(parts[1] if len(parts) == 2 else None)
+        if not sources:
+            raise DataError("no sentences", args.input)
+    if args.target:
+        if args.input is not None:
+            raise UsageError("--target goes with sentences on the command line; in --input, put targets after a tab")
+        if len(args.target) != len(sources):
+            raise UsageError(f"{len(args.target)} --target for {len(sources)} sentences: give one per sentence")
+        targets = list(args.target)
+    if not sources:
+        raise UsageError("no sentence: give SENTENCE arguments or --input FILE")
+    return sources, targets
+
+
+def parse_heads(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        return [int(x) - 1 for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--heads {spec!r}: a comma-separated list of head numbers, from 1") from None
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    from ..translate import AtomicOutput
+
+    if not path.absolute().parent.is_dir():
+        raise DataError("no such directory", path.absolute().parent)
+    out = AtomicOutput(path)
+    try:
+        out.write(data)
+        out.commit()
+    except BaseException:
+        out.discard()
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    if not (args.html or args.json or args.png):
+        raise UsageError("nothing to write: give --html FILE, --json FILE and/or --png FILE")
+    if args.png:
+        from ..views.figures import require_matplotlib
+
+        require_matplotlib()  # before the model is loaded
+    if args.beam < 1 or args.max_len_offset < 0:
+        raise UsageError("--beam must be at least 1 and --max-len-offset not negative")
+    for path in (args.html, args.json, args.png):
+        if path is not None and not path.absolute().parent.is_dir():
+            raise DataError("no such directory", path.absolute().parent)
+    sources, targets = read_input(args)
+    heads = parse_heads(args.heads)
+
+    from ..device import resolve_device
+    from ..translate import load_translation_model
+    from ..views.weights import attention_data, find_token
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    loaded = load_translation_model(args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
+                                    src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device))
+    print(f"{PROG}: model {loaded.description}", file=sys.stderr)
+    _, data = attention_data(loaded, sources, targets, beam=args.beam, alpha=args.alpha, greedy=args.greedy,
+                             max_len_offset=args.max_len_offset, max_tokens=args.max_tokens)
+    for i, s in enumerate(data["sentences"], start=1):
+        print(f"{i} source: {' '.join(s['source'])}")
+        print(f"{i} target: {' '.join(s['target'][1:])}   ({s['target_from']})")
+        for note in s["notes"]:
+            print(f"{PROG}: note: sentence {i}: {note}", file=sys.stderr)
+
+    if args.png:
+        from ..views import figures
+
+        kind = TYPES[args.type]
+        sentence = args.sentence - 1
+        if not 0 <= sentence < len(data["sentences"]):
+            raise UsageError(f"--sentence {args.sentence}: there are {len(data['sentences'])} sentences")
+        layer = (args.layer - 1) if args.layer is not None else data["n_layers"] - 1
+        query = None
+        if args.query is not None:
+            s = data["sentences"][sentence]
+            side, labels, pieces = ("source", s["source"], s["source_pieces"]) if kind == "encoder" else \
+                ("target (the token a decoder position predicts)", s["predicts"], s["target_pieces"][1:] + ["</s>"])
+            query = find_token(labels, pieces, args.query, side)
+        if args.figure == "lines":
+            png = figures.lines_figure(data, sentence=sentence, kind=kind, layer=layer, heads=heads, query=query,
+                                       layout=args.layout)
+        elif args.figure == "heatmap":
+            png = figures.heatmap_figure(data, sentence=sentence, kind=kind, layer=layer, heads=heads, query=query)
+        else:
+            png = figures.masks_figure(data)
+        write_bytes(args.png, png)
+        print(f"{PROG}: wrote {args.png}", file=sys.stderr)
+    if args.json:
+        write_bytes(args.json, (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+        print(f"{PROG}: wrote {args.json}", file=sys.stderr)
+    if args.html:
+        from ..views.page import render_page
+
+        write_bytes(args.html, render_page(data, title=" / ".join(sources)[:80]).encode("utf-8"))
+        print(f"{PROG}: wrote {args.html}", file=sys.stderr)
+    return 0

@@ -1,0 +1,31 @@
+"""The interactive page: one self-contained HTML file, the weights embedded as JSON.
+
+It works from `file://` with no network: the styles and the script are inline, nothing is
+loaded from anywhere (its Content-Security-Policy forbids it), so a saved copy keeps working.
+The page offers the sentence, the attention type, the layer and the heads; three views: the
+paper's lines, a heatmap per head, and the masks applied to the padded batch; hovering a query
+token shows its row alone, with the values. The template is page.html beside this module.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from importlib import resources
+
+from .figures import HEAD_COLORS, MASK_COLORS
+
+
+def _script_json(obj) -> str:
+    """JSON safe inside a <script> element: every "<" written as \\u003c, so no text in it can close
+    the element or open a comment."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def render_page(data: dict, title: str = "") -> str:
+    """The page for `data` (the JSON of `weights.to_json`)."""
+    template = resources.files(__package__).joinpath("page.html").read_text(encoding="utf-8")
+    values = {"TITLE": html.escape(title or data.get("model", "")), "COLORS": json.dumps(HEAD_COLORS),
+              "MASK_COLORS": json.dumps(MASK_COLORS), "DATA": _script_json(data)}
+    return re.sub(r"__(TITLE|COLORS|MASK_COLORS|DATA)__", lambda m: values[m[1]], template)
