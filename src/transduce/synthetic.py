@@ -86,6 +86,7 @@ def train_synthetic(
         src_vocab_size=N_SPECIAL + n_symbols, n_layers=2, d_model=128, d_ff=256, n_heads=4, dropout=0.0
     )
     model = Transformer(c)
+    kernels.fast_dropout(model)  # as the trainer does
     opt = build_optimizer(model, Config(model=c))  # Adam, beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (5.3)
     g_train = torch.Generator().manual_seed(seed)
     g_dev = torch.Generator().manual_seed(seed + 500_009)

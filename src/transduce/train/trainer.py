@@ -20,7 +20,8 @@ What the paper says, and where it is done here:
   optimizer step (`transduce.train.schedule.noam_lr`).
   Not in the paper, an option: `TrainOptions.cooldown` (--cooldown F) decays it linearly to 0
   over the last fraction F of the step budget (`cooldown_factor`).
-* 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only);
+* 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only;
+  on the CPU drawn by `transduce.kernels.BitDropout`, swapped in by `kernels.fast_dropout`);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
 * 6.1 Checkpoints every 10 minutes (config.train.checkpoint_minutes, --save-every-minutes) or N
   steps, the last K kept for averaging (`transduce average`); what is written where:
@@ -73,6 +74,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .. import kernels
 from ..checkpoint import (
     DamagedCheckpoint, LoadedCheckpoint, RunLock, TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint,
     prepare_run_dir, save_checkpoint, save_model, set_aside,
@@ -435,6 +437,7 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
     # Model, optimizer (5.3), precision.
     torch.manual_seed(opts.seed)
     model = Transformer(config.model).to(env.device)
+    kernels.fast_dropout(model)  # 5.4's dropout from fewer random numbers on the CPU
     optimizer = build_optimizer(model, config)
     scaler = make_grad_scaler(env.device, precision)
     return Run(
