@@ -19,13 +19,13 @@ import torch
 
 from . import kernels
 from .config import Config, ModelConfig
+from .data.vocab import BOS, EOS, PAD, SPECIAL_PIECES
 from .decode import greedy_decode
 from .model import Transformer
 from .train.schedule import noam_lr
 from .train.step import build_optimizer, set_lr, train_step
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
-N_SPECIAL = 4
+N_SPECIAL = len(SPECIAL_PIECES)  # symbols start after PAD, UNK, BOS, EOS
 
 
 @dataclass
