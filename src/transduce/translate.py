@@ -18,8 +18,9 @@ translation without running the model; a line longer than the limit (`input_toke
 `max_input_tokens` subword tokens, default 1024, and with learned positions what the position
 table allows) is cut to the limit, with a warning naming the line. The input is streamed:
 `chunk_lines` lines (2000) at a time, each chunk sorted by length and cut into batches of at
-most `batch_tokens` padded source tokens and `batch_size` sentences, translated and put back in
-input order, so memory does not grow with the input.
+most `batch_tokens` padded source tokens and `batch_size` sentences
+(`transduce.data.batching.batch_for_decoding`), translated and put back in input order, so
+memory does not grow with the input.
 
 `AtomicOutput` writes a file that appears whole or not at all. The command, with its input and
 output handling, is `transduce.cli.translate`.
