@@ -24,7 +24,7 @@ in the same order.
 Systems (all post-norm, sinusoidal positions, embeddings shared between encoder, decoder and the
 pre-softmax layer, scaled by sqrt(d_model); random init):
 * transduce: `transduce.model.Transformer` of the preset (attention through SDPA; the trainer's
-  kernel choice: the math kernel for bf16 on the CPU).
+  kernel choice: the math kernel for bf16 on the CPU; the trainer's dropout, `kernels.fast_dropout`).
 * hf: Hugging Face `MarianMTModel` of the same dimensions (`decode_speed.build_marian`), SDPA
   attention, dropout 0.1 (attention/activation dropout 0, as in transduce).
 * torch: `torch.nn.Transformer` (batch_first, the same dimensions and dropout) with shared scaled
@@ -129,7 +129,9 @@ def build_transduce(preset: str) -> nn.Module:
     config = get_preset(preset)
     config.model.src_vocab_size = VOCAB[preset]
     config.model.dropout = 0.1
-    return Transformer(config.model)
+    model = Transformer(config.model)
+    kernels.fast_dropout(model)  # the trainer's dropout
+    return model
 
 
 class TorchTransformer(nn.Module):

@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from transduce.checkpoint import load_model, save_model
+from transduce.checkpoint import checkpoint_name, checkpoint_step, load_model, save_model
 from transduce.config import Config, ModelConfig
 from transduce.model import Transformer
 
@@ -35,3 +35,9 @@ def test_weights_file_is_safetensors_not_pickle(tmp_path):
 def test_missing_files_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_model(tmp_path)
+
+
+def test_checkpoint_step_reads_back_the_name():
+    for step in (0, 7, 1000, 12_345_678):
+        assert checkpoint_step(checkpoint_name(step)) == step
+    assert checkpoint_step(f"runs/x/checkpoints/{checkpoint_name(900)}.damaged") == 900

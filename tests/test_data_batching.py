@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from transduce.data.batching import ParallelDataset, batch_by_tokens, collate
+from transduce.data.batching import ParallelDataset, batch_by_tokens, batch_for_decoding, collate
 from transduce.data.indexed import IndexedWriter
 from transduce.data.text import DataError
 from transduce.data.vocab import BOS, EOS, PAD
@@ -105,6 +105,23 @@ def test_fewer_batches_than_shards():
     shards = [batch_by_tokens([5, 5], [5, 5], 10, num_shards=4, shard_id=r) for r in range(4)]
     assert [len(s) for s in shards] == [1, 1, 1, 1]
     assert [len(s) for s in (batch_by_tokens([], [], 10, num_shards=4, shard_id=r) for r in range(4))] == [0] * 4
+
+
+def test_decoding_batches_are_longest_first_within_both_budgets():
+    """Decoding's batches: every sentence once, longest first (ties in input order), at most
+    max_tokens padded tokens and max_sentences sentences; an over-long sentence alone."""
+    sizes = [3, 9, 1, 4, 4, 30, 2, 9, 4, 1, 7]
+    batches = batch_for_decoding(sizes, max_tokens=20, max_sentences=3)
+    order = [int(i) for b in batches for i in b]
+    assert order == [5, 1, 7, 10, 3, 4, 8, 0, 6, 2, 9]  # by length, descending; ties keep their order
+    assert [len(b) for b in batches] == [1, 2, 2, 3, 3]  # 30 alone; 2 x 9; 7, 4; then 3 a batch
+    for b in batches[1:]:
+        assert len(b) <= 3 and len(b) * max(sizes[i] for i in b) <= 20
+    # a cut is where one more sentence would break a budget
+    for b, nxt in zip(batches[1:], batches[2:]):
+        assert len(b) == 3 or (len(b) + 1) * sizes[b[0]] > 20
+    with pytest.raises(ValueError):
+        batch_for_decoding(sizes, max_tokens=0, max_sentences=3)
 
 
 def test_collate_shapes_and_shift():

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from transduce import kernels
-from transduce.kernels import PackedLinear, PackedWeight, can_pack, decode_attention
+from transduce.kernels import BitDropout, PackedLinear, PackedWeight, can_pack, decode_attention
 from transduce.model import MultiHeadAttention, Transformer, attention_reference, causal_mask, make_masks
 
 from test_model import PAD, padded_batch, tiny_config
@@ -18,6 +18,49 @@ def _count_packed_calls(monkeypatch):
     original = PackedWeight.__call__
     monkeypatch.setattr(PackedWeight, "__call__", lambda self, x, b: calls.append(1) or original(self, x, b))
     return calls
+
+
+# -- dropout (5.4) ---------------------------------------------------------------------------
+
+
+def test_bit_dropout_zeroes_p_of_the_elements_and_scales_the_rest():
+    torch.manual_seed(0)
+    x = torch.randn(1001, 999)  # an element count that is not a multiple of 4
+    drop = BitDropout(0.1).train()
+    torch.manual_seed(0)
+    y = drop(x)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.9) < 0.002  # 1M Bernoulli(0.9) draws: sd 0.0003
+    torch.testing.assert_close(y[kept], x[kept] * (1 / 0.9))
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), y)  # the default generator: seeded runs repeat (exact resume)
+    assert not torch.equal(drop(x), y)
+    # the gradient is the same mask and scale
+    x.requires_grad_(True)
+    torch.manual_seed(1)
+    out = drop(x)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, (out != 0).float() / 0.9)
+    # eval mode and p = 0 are the identity; bf16 stays bf16
+    assert drop.eval()(x) is x and BitDropout(0.0).train()(x) is x
+    assert BitDropout(0.3).train()(x.detach().bfloat16()).dtype == torch.bfloat16
+    with pytest.raises(ValueError):
+        BitDropout(1.0)
+
+
+def test_fast_dropout_swaps_every_dropout_and_nothing_else():
+    """Training's dropout, swapped in from the outside: same p, same mode, same parameters."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(dropout=0.2)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    n_dropouts = sum(isinstance(m, torch.nn.Dropout) for m in model.modules())
+    assert kernels.fast_dropout(model) == n_dropouts > 0
+    assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+    swapped = [m for m in model.modules() if isinstance(m, BitDropout)]
+    assert len(swapped) == n_dropouts and all(m.p == 0.2 and not m.training for m in swapped)
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert kernels.fast_dropout(model) == 0  # once only
 
 
 # -- decode_attention --------------------------------------------------------------------------

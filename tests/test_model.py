@@ -320,36 +320,6 @@ def test_beams_folded_into_cross_attention_equal_copied_sources(step_attention):
         folded.reorder(torch.tensor([0, 2, 1, 3]))
 
 
-# -- dropout (5.4) ---------------------------------------------------------------------------
-
-
-def test_dropout_zeroes_p_of_the_elements_and_scales_the_rest():
-    from transduce.model import Dropout
-
-    torch.manual_seed(0)
-    x = torch.randn(1001, 999)  # an element count that is not a multiple of 4
-    drop = Dropout(0.1).train()
-    torch.manual_seed(0)
-    y = drop(x)
-    kept = y != 0
-    assert abs(kept.float().mean().item() - 0.9) < 0.002  # 1M Bernoulli(0.9) draws: sd 0.0003
-    torch.testing.assert_close(y[kept], x[kept] * (1 / 0.9))
-    torch.manual_seed(0)
-    assert torch.equal(drop(x), y)  # the default generator: seeded runs repeat (exact resume)
-    assert not torch.equal(drop(x), y)
-    # the gradient is the same mask and scale
-    x.requires_grad_(True)
-    torch.manual_seed(1)
-    out = drop(x)
-    out.sum().backward()
-    torch.testing.assert_close(x.grad, (out != 0).float() / 0.9)
-    # eval mode and p = 0 are the identity; bf16 stays bf16
-    assert drop.eval()(x) is x and Dropout(0.0).train()(x) is x
-    assert Dropout(0.3).train()(x.detach().bfloat16()).dtype == torch.bfloat16
-    with pytest.raises(ValueError):
-        Dropout(1.0)
-
-
 def test_attention_has_no_biases_unless_asked():
     """3.2.2: the projections W^Q, W^K, W^V, W^O are matrices; biases are an option."""
     c = ModelConfig(src_vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2)

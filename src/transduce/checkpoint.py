@@ -343,6 +343,11 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step in a checkpoint's name (`step_0001000` or `step_0001000.damaged`: 1000)."""
+    return int(Path(path).name.split(".")[0].split("_")[1])
+
+
 def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """The complete checkpoints of a run as (step, directory), oldest first. A directory
     counts as complete when it has its name's form and its trainer_state.json (the last file

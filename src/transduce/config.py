@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .data.vocab import PAD
+
 
 @dataclass
 class ModelConfig:
@@ -64,8 +66,8 @@ class ModelConfig:
     True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), a deviation offered as an option."""
     layer_norm_eps: float = 1e-6
     """LayerNorm epsilon (not stated in the paper; tensor2tensor's value)."""
-    pad_id: int = 0
-    """Padding token id; masks are built from it."""
+    pad_id: int = PAD
+    """Padding token id, the vocabulary's (`transduce.data.vocab.PAD`); masks are built from it."""
 
     @property
     def target_vocab_size(self) -> int:

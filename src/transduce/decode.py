@@ -1,7 +1,10 @@
 """Decoding: stepping the model through its cache (Section 6.1).
 
-`greedy_decode` is the beam-1 case. Maximum output length is input length + `max_len_offset`
-(the paper: 50; parsing: 300), terminating early when every sentence has emitted EOS.
+`greedy_decode` is the beam-1 case, `beam_search` the paper's (in phases: `prefill`, then
+`beam_step` per output token). Maximum output length is input length + `max_len_offset` (the
+paper: 50; parsing: 300), terminating early when every sentence has emitted EOS. BOS and EOS are
+the vocabulary's (`transduce.data.vocab`: the same ids in every vocabulary `transduce prepare`
+makes); a model of other conventions passes its own.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .data.vocab import BOS, EOS
 from .model import Transformer, padding_mask
 
 
@@ -19,8 +23,8 @@ def greedy_decode(
     model: Transformer,
     src: Tensor,
     *,
-    bos_id: int = 2,
-    eos_id: int = 3,
+    bos_id: int = BOS,
+    eos_id: int = EOS,
     max_len_offset: int = 50,
 ) -> list[list[int]]:
     """Greedy search for a batch of right-padded sources (B, S). Returns, per sentence, the output
@@ -103,12 +107,17 @@ def _topk(x: Tensor, n: int, block: int = 64) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class Hypothesis:
+    """One output of the search for one source sentence (what `transduce.translate` yields too,
+    with its text)."""
+
     tokens: list[int]
     """Output token ids, without BOS and EOS."""
     score: float
-    """log P(Y|X) / lp(Y): the length-normalised score the search ranks by."""
+    """log P(Y|X) / lp(Y): the length-normalised score the search ranks by (nan for greedy)."""
     logprob: float
-    """log P(Y|X), including EOS."""
+    """log P(Y|X), including EOS (nan for greedy)."""
+    text: str = ""
+    """The detokenized output, once a vocabulary has decoded `tokens` (`transduce.translate`)."""
 
 
 @torch.no_grad()
@@ -120,8 +129,8 @@ def beam_search(
     alpha: float = 0.6,
     max_len_offset: int = 50,
     n_best: int = 1,
-    bos_id: int = 2,
-    eos_id: int = 3,
+    bos_id: int = BOS,
+    eos_id: int = EOS,
     early_stop: bool = True,
     constraint=None,
 ) -> list[list[Hypothesis]]:
@@ -152,103 +161,170 @@ def beam_search(
     `start(src, k)`, `allowed(state)` -> (b, k, V) bool and `advance(state, parent, token)`, and
     states with `select(keep)` (e.g. `transduce.parsing.constrain.TreeConstraint`: only
     well-formed trees; not in the paper). None: the paper's free search.
+
+    The phases, as gpt-fast names them: `prefill` (encode, the cache, the first hypothesis),
+    `beam_step` (one token for every live hypothesis), and this loop over the steps.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), not {n_best}")
-    k, device = beam_size, src.device
-    B = src.size(0)
+    beams = prefill(model, src, beam_size, max_len_offset, bos_id, eos_id, constraint)
+    for t in range(beams.max_len):  # t + 1 = tokens generated so far including this step's
+        if not beam_step(model, beams, t, alpha, early_stop):
+            break
+    return beams.best(n_best)
+
+
+@dataclass
+class Beams:
+    """A batched beam search between two steps: the live hypotheses of the sentences still
+    searched (`active` maps their rows to sentences) and the k best finished hypotheses of every
+    sentence."""
+
+    k: int
+    bos_id: int
+    eos_id: int
+    banned: list[int]
+    """Tokens never generated: PAD and BOS."""
+    max_lens: Tensor
+    """(B,): the maximum output length of each sentence, EOS included."""
+    cache: object
+    active: Tensor
+    """(b,): the sentence of each row still searched."""
+    alive_seq: Tensor
+    """(b, k, t + 1): BOS and the tokens of each live hypothesis."""
+    alive_lp: Tensor
+    """(b, k): their log-probabilities."""
+    fin_seq: Tensor
+    """(B, k, max_len + 1): the finished hypotheses, EOS-padded."""
+    fin_score: Tensor
+    """(B, k): their scores (-inf: none yet)."""
+    fin_lp: Tensor
+    """(B, k): their log-probabilities."""
+    constraint: object = None
+    """What restricts the next symbols (see `beam_search`), or None."""
+    cstate: object = None
+    """The constraint's state of each live hypothesis."""
+
+    @property
+    def max_len(self) -> int:
+        return self.fin_seq.size(2) - 1
+
+    def best(self, n_best: int) -> list[list[Hypothesis]]:
+        """Per sentence, the `n_best` best finished hypotheses, best first."""
+        results: list[list[Hypothesis]] = []
+        for i in range(self.fin_seq.size(0)):
+            hyps = []
+            for j in range(n_best):
+                if self.fin_score[i, j] == float("-inf"):
+                    break
+                seq = self.fin_seq[i, j, 1:].tolist()  # drop BOS
+                seq = seq[: seq.index(self.eos_id)] if self.eos_id in seq else seq
+                hyps.append(Hypothesis(seq, self.fin_score[i, j].item(), self.fin_lp[i, j].item()))
+            results.append(hyps)
+        return results
+
+
+def prefill(model, src: Tensor, k: int, max_len_offset: int, bos_id: int, eos_id: int, constraint=None) -> Beams:
+    """Encode the sources, project the encoder-decoder keys/values into a cache, and start every
+    sentence with one live hypothesis (BOS) and no finished one."""
+    device, B = src.device, src.size(0)
     src_mask = padding_mask(src, model.config.pad_id)
     max_lens = (src_mask.sum(dim=(1, 2, 3)) + max_len_offset).to(device)  # (B,)
     T = int(max_lens.max())
     memory = model.encode(src, src_mask)
     cache = model.init_cache(memory, src_mask)
-
-    # Live hypotheses of the sentences still searched (`active` maps rows to sentences).
-    active = torch.arange(B, device=device)
-    alive_seq = torch.full((B, k, 1), bos_id, dtype=torch.long, device=device)
     alive_lp = torch.full((B, k), float("-inf"), device=device)
     alive_lp[:, 0] = 0.0  # one initial hypothesis, not k copies of it
-    # Finished hypotheses of every sentence.
-    fin_seq = torch.full((B, k, T + 1), eos_id, dtype=torch.long, device=device)
-    fin_score = torch.full((B, k), float("-inf"), device=device)
-    fin_lp = torch.full((B, k), float("-inf"), device=device)
-    banned = [model.config.pad_id, bos_id]
-    cstate = constraint.start(src, k) if constraint is not None else None
+    return Beams(
+        k=k, bos_id=bos_id, eos_id=eos_id, banned=[model.config.pad_id, bos_id], max_lens=max_lens, cache=cache,
+        active=torch.arange(B, device=device), alive_seq=torch.full((B, k, 1), bos_id, dtype=torch.long, device=device),
+        alive_lp=alive_lp, fin_seq=torch.full((B, k, T + 1), eos_id, dtype=torch.long, device=device),
+        fin_score=torch.full((B, k), float("-inf"), device=device), fin_lp=torch.full((B, k), float("-inf"), device=device),
+        constraint=constraint, cstate=constraint.start(src, k) if constraint is not None else None,
+    )
 
-    for t in range(T):  # t + 1 = tokens generated so far including this step's
-        b = active.numel()
-        allowed = None
-        if t == 0:  # the k beams of a sentence are still one hypothesis: decode it once
-            logits = model.decode_step(alive_seq[:, 0, -1:], cache)[:, -1]  # (B, V)
-            cache.repeat_rows(k)  # B -> B*k rows; the source side stays one row per sentence
-            if constraint is not None:
-                allowed = constraint.allowed(cstate)[:, 0]  # (B, V)
-        else:
-            logits = model.decode_step(alive_seq[:, :, -1].reshape(b * k, 1), cache)[:, -1]  # (b*k, V)
-            if constraint is not None:
-                allowed = constraint.allowed(cstate).reshape(b * k, -1)  # (b*k, V)
-        # The best 2k extensions of a sentence are among the 2k best tokens of each of its beams:
-        # only those are ranked (exact; a top-k over k*V would cost more).
-        n = min(2 * k, logits.size(-1))
-        top_lp, top_token, eos_lp = _top_log_probs(logits, n, banned, eos_id, allowed=allowed)  # (rows, n), (rows, n), (rows,)
-        at_max = t + 1 >= max_lens[active]  # (b,): only EOS may follow
-        if at_max.any():
-            rows_at_max = at_max if t == 0 else at_max.repeat_interleave(k)
-            only_eos = torch.full_like(top_lp, float("-inf"))
-            only_eos[:, 0] = eos_lp
-            top_lp = torch.where(rows_at_max[:, None], only_eos, top_lp)
-            top_token = torch.where(rows_at_max[:, None], torch.full_like(top_token, eos_id), top_token)
-        if t == 0:
-            top_lp, top_token = top_lp.repeat_interleave(k, dim=0), top_token.repeat_interleave(k, dim=0)
-        cand = (alive_lp[:, :, None] + top_lp.view(b, k, n)).view(b, k * n)  # (b, k*n)
-        cand_lp, cand_idx = cand.topk(min(2 * k, k * n), dim=-1)  # (b, 2k)
-        beam_idx, token = cand_idx // n, top_token.view(b, k * n).gather(1, cand_idx)
-        cand_seq = torch.cat([alive_seq.gather(1, beam_idx[:, :, None].expand(-1, -1, t + 1)), token[:, :, None]], 2)
-        is_eos = token == eos_id
 
-        # Finished: merge the EOS extensions into the k best finished so far.
-        lp_t = length_penalty(float(t + 1), alpha)
-        new_score = torch.where(is_eos, cand_lp / lp_t, torch.full_like(cand_lp, float("-inf")))
-        pad_len = T + 1 - (t + 2)
-        new_seq = torch.nn.functional.pad(cand_seq, (0, pad_len), value=eos_id)
-        all_score = torch.cat([fin_score[active], new_score], 1)
-        all_lp = torch.cat([fin_lp[active], torch.where(is_eos, cand_lp, torch.full_like(cand_lp, float("-inf")))], 1)
-        all_seq = torch.cat([fin_seq[active], new_seq], 1)
-        top_score, top_i = all_score.topk(k, dim=-1)
-        fin_score[active] = top_score
-        fin_lp[active] = all_lp.gather(1, top_i)
-        fin_seq[active] = all_seq.gather(1, top_i[:, :, None].expand(-1, -1, T + 1))
+def beam_step(model, beams: Beams, t: int, alpha: float, early_stop: bool = True) -> bool:
+    """Step t (t + 1 tokens generated, this one included): extend every live hypothesis, merge
+    those ending in EOS into the finished ones, keep the k best others live, and drop the
+    sentences that are done. Returns whether any sentence is left to search."""
+    b = beams.active.numel()
+    cand_lp, beam_idx, token = _extensions(model, beams, t)
+    cand_seq = torch.cat([beams.alive_seq.gather(1, beam_idx[:, :, None].expand(-1, -1, t + 1)), token[:, :, None]], 2)
+    is_eos = token == beams.eos_id
+    _add_finished(beams, t, alpha, cand_lp, cand_seq, is_eos)
+    # Live: the k best extensions that did not end in EOS.
+    live_lp = torch.where(is_eos, torch.full_like(cand_lp, float("-inf")), cand_lp)
+    beams.alive_lp, live_i = live_lp.topk(beams.k, dim=-1)  # (b, k)
+    beams.alive_seq = cand_seq.gather(1, live_i[:, :, None].expand(-1, -1, t + 2))
+    parent = beam_idx.gather(1, live_i)  # (b, k): which old beam each new one extends
+    if beams.constraint is not None:
+        beams.cstate = beams.constraint.advance(beams.cstate, parent, beams.alive_seq[:, :, -1])
+    return _drop_finished(beams, t, alpha, early_stop, parent, b)
 
-        # Live: the k best extensions that did not end in EOS.
-        live_lp = torch.where(is_eos, torch.full_like(cand_lp, float("-inf")), cand_lp)
-        alive_lp, live_i = live_lp.topk(k, dim=-1)  # (b, k)
-        alive_seq = cand_seq.gather(1, live_i[:, :, None].expand(-1, -1, t + 2))
-        parent = beam_idx.gather(1, live_i)  # (b, k): which old beam each new one extends
-        if constraint is not None:
-            cstate = constraint.advance(cstate, parent, alive_seq[:, :, -1])
 
-        # Early termination, per sentence.
-        bound = alive_lp[:, 0] / length_penalty(max_lens[active].float(), alpha)
-        done = (fin_score[active, -1] > float("-inf")) & (bound < fin_score[active, -1]) & early_stop
-        done |= t + 1 >= max_lens[active]
-        done |= alive_lp[:, 0] == float("-inf")  # nothing live left
-        keep = (~done).nonzero().squeeze(1)
-        if keep.numel() == 0:
-            break
-        rows = (keep[:, None] * k + parent[keep]).view(-1)  # cache rows to keep, in new beam order
-        cache.reorder(rows, same_sources=keep.numel() == b)  # no sentence left: sources unchanged
-        active, alive_seq, alive_lp = active[keep], alive_seq[keep], alive_lp[keep]
-        if constraint is not None:
-            cstate = cstate.select(keep)
+def _extensions(model, beams: Beams, t: int) -> tuple[Tensor, Tensor, Tensor]:
+    """One decoding step of every live hypothesis, and the 2k best extensions of each sentence:
+    their log-probabilities, the beam each extends and its new token, (b, 2k) each."""
+    k, active = beams.k, beams.active
+    b = active.numel()
+    if t == 0:  # the k beams of a sentence are still one hypothesis: decode it once
+        logits = model.decode_step(beams.alive_seq[:, 0, -1:], beams.cache)[:, -1]  # (B, V)
+        beams.cache.repeat_rows(k)  # B -> B*k rows; the source side stays one row per sentence
+    else:
+        logits = model.decode_step(beams.alive_seq[:, :, -1].reshape(b * k, 1), beams.cache)[:, -1]  # (b*k, V)
+    allowed = None
+    if beams.constraint is not None:
+        allowed = beams.constraint.allowed(beams.cstate)  # (b, k, V)
+        allowed = allowed[:, 0] if t == 0 else allowed.reshape(b * k, -1)
+    # The best 2k extensions of a sentence are among the 2k best tokens of each of its beams:
+    # only those are ranked (exact; a top-k over k*V would cost more).
+    n = min(2 * k, logits.size(-1))
+    top_lp, top_token, eos_lp = _top_log_probs(logits, n, beams.banned, beams.eos_id, allowed=allowed)  # (rows, n), (rows, n), (rows,)
+    at_max = t + 1 >= beams.max_lens[active]  # (b,): only EOS may follow
+    if at_max.any():
+        rows_at_max = at_max if t == 0 else at_max.repeat_interleave(k)
+        only_eos = torch.full_like(top_lp, float("-inf"))
+        only_eos[:, 0] = eos_lp
+        top_lp = torch.where(rows_at_max[:, None], only_eos, top_lp)
+        top_token = torch.where(rows_at_max[:, None], torch.full_like(top_token, beams.eos_id), top_token)
+    if t == 0:
+        top_lp, top_token = top_lp.repeat_interleave(k, dim=0), top_token.repeat_interleave(k, dim=0)
+    cand = (beams.alive_lp[:, :, None] + top_lp.view(b, k, n)).view(b, k * n)  # (b, k*n)
+    cand_lp, cand_idx = cand.topk(min(2 * k, k * n), dim=-1)  # (b, 2k)
+    return cand_lp, cand_idx // n, top_token.view(b, k * n).gather(1, cand_idx)
 
-    results: list[list[Hypothesis]] = []
-    for i in range(B):
-        hyps = []
-        for j in range(n_best):
-            if fin_score[i, j] == float("-inf"):
-                break
-            seq = fin_seq[i, j, 1:].tolist()  # drop BOS
-            seq = seq[: seq.index(eos_id)] if eos_id in seq else seq
-            hyps.append(Hypothesis(seq, fin_score[i, j].item(), fin_lp[i, j].item()))
-        results.append(hyps)
-    return results
+
+def _add_finished(beams: Beams, t: int, alpha: float, cand_lp: Tensor, cand_seq: Tensor, is_eos: Tensor) -> None:
+    """Merge the extensions ending in EOS into the k best finished hypotheses so far."""
+    active, T = beams.active, beams.max_len
+    lp_t = length_penalty(float(t + 1), alpha)
+    new_score = torch.where(is_eos, cand_lp / lp_t, torch.full_like(cand_lp, float("-inf")))
+    new_seq = torch.nn.functional.pad(cand_seq, (0, T + 1 - (t + 2)), value=beams.eos_id)
+    all_score = torch.cat([beams.fin_score[active], new_score], 1)
+    all_lp = torch.cat([beams.fin_lp[active], torch.where(is_eos, cand_lp, torch.full_like(cand_lp, float("-inf")))], 1)
+    all_seq = torch.cat([beams.fin_seq[active], new_seq], 1)
+    top_score, top_i = all_score.topk(beams.k, dim=-1)
+    beams.fin_score[active] = top_score
+    beams.fin_lp[active] = all_lp.gather(1, top_i)
+    beams.fin_seq[active] = all_seq.gather(1, top_i[:, :, None].expand(-1, -1, T + 1))
+
+
+def _drop_finished(beams: Beams, t: int, alpha: float, early_stop: bool, parent: Tensor, b: int) -> bool:
+    """Early termination, per sentence; the sentences left keep their rows of the cache, in the
+    new beam order. Returns whether any is left."""
+    k, active = beams.k, beams.active
+    bound = beams.alive_lp[:, 0] / length_penalty(beams.max_lens[active].float(), alpha)
+    worst = beams.fin_score[active, -1]
+    done = (worst > float("-inf")) & (bound < worst) & early_stop
+    done |= t + 1 >= beams.max_lens[active]
+    done |= beams.alive_lp[:, 0] == float("-inf")  # nothing live left
+    keep = (~done).nonzero().squeeze(1)
+    if keep.numel() == 0:
+        return False
+    rows = (keep[:, None] * k + parent[keep]).view(-1)  # cache rows to keep, in new beam order
+    beams.cache.reorder(rows, same_sources=keep.numel() == b)  # no sentence left: sources unchanged
+    beams.active, beams.alive_seq, beams.alive_lp = active[keep], beams.alive_seq[keep], beams.alive_lp[keep]
+    if beams.constraint is not None:
+        beams.cstate = beams.cstate.select(keep)
+    return True

@@ -16,8 +16,8 @@ Read it next to the paper:
         source embedding, the target embedding and the pre-softmax projection.
 * 3.5   `sinusoidal_positions`: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
         PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); `LearnedPositions` for Table 3 row E.
-* 5.4   `Dropout` on every sub-layer output before the residual add, and on the sums of the
-        embeddings and the positional encodings.
+* 5.4   dropout (`nn.Dropout`, P_drop) on every sub-layer output before the residual add, and on
+        the sums of the embeddings and the positional encodings.
 
 The mask convention
 -------------------
@@ -38,8 +38,9 @@ numerically against nn.MultiheadAttention / nn.Transformer* by tests/test_masks.
 Query positions that are padding are never masked: their outputs are computed and ignored
 (the loss skips them), which keeps every row of the scores with at least one allowed key.
 
-CPU inference speed-ups (weights pre-packed for oneDNN, a faster attention for decoding steps)
-are not here: `transduce.kernels` applies them to a built model from the outside.
+CPU speed-ups (weights pre-packed for oneDNN and a faster attention for decoding steps; a
+dropout that draws fewer random numbers for training) are not here: `transduce.kernels` applies
+them to a built model from the outside.
 """
 
 from __future__ import annotations
@@ -288,41 +289,6 @@ class LearnedPositions(nn.Module):
         return self.weight[offset : offset + length]
 
 
-# -- 5.4 Residual dropout ----------------------------------------------------------------------
-
-
-class Dropout(nn.Module):
-    """Dropout (5.4, Srivastava et al. 2014): in training, each element is zeroed with probability
-    p and the rest scaled by 1 / (1 - p); the identity in eval mode.
-
-    On the CPU the mask comes from 15 random bits per element, four elements per 64-bit draw of
-    the default generator (`random_`), instead of `bernoulli_`'s one draw per element: a quarter
-    of the random numbers, for faster training steps (see docs/RESULTS.md). p is thereby rounded
-    to a multiple of 2^-15 (0.1 becomes 0.1000061). Elsewhere (CUDA) `torch.nn.functional.dropout`.
-    It stays here, not in `transduce.kernels`: it draws a different random stream from
-    `nn.Dropout`, and seeded training runs must repeat bit for bit.
-    """
-
-    def __init__(self, p: float):
-        super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1), not {p}")
-        self.p = p
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if x.device.type != "cpu":
-            return F.dropout(x, self.p, True)
-        n = x.numel()
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # 63 random bits each
-        keep = (bits.view(torch.int16)[:n].view(x.shape) & 0x7FFF) >= round(self.p * 32768)
-        return x * keep.to(x.dtype).mul_(1.0 / (1.0 - self.p))
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
-
-
 # -- 3.1 Encoder and decoder stacks ------------------------------------------------------------
 
 
@@ -337,7 +303,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -367,7 +333,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
         self.norm3 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None, src_mask: Tensor | None,
@@ -405,7 +371,7 @@ class Encoder(nn.Module):
     def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module):
         super().__init__()
         self.embed, self.positions = embed, positions
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
         # Pre-norm leaves the last residual sum un-normalised; post-norm needs no final norm.
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
@@ -428,7 +394,7 @@ class Decoder(nn.Module):
     def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module):
         super().__init__()
         self.embed, self.positions = embed, positions
-        self.dropout = Dropout(c.dropout)
+        self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
 

@@ -19,13 +19,13 @@ import torch
 
 from . import kernels
 from .config import Config, ModelConfig
+from .data.vocab import BOS, EOS, PAD, SPECIAL_PIECES
 from .decode import greedy_decode
 from .model import Transformer
 from .train.schedule import noam_lr
 from .train.step import build_optimizer, set_lr, train_step
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
-N_SPECIAL = 4
+N_SPECIAL = len(SPECIAL_PIECES)  # symbols start after PAD, UNK, BOS, EOS
 
 
 @dataclass
@@ -86,6 +86,7 @@ def train_synthetic(
         src_vocab_size=N_SPECIAL + n_symbols, n_layers=2, d_model=128, d_ff=256, n_heads=4, dropout=0.0
     )
     model = Transformer(c)
+    kernels.fast_dropout(model)  # as the trainer does
     opt = build_optimizer(model, Config(model=c))  # Adam, beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (5.3)
     g_train = torch.Generator().manual_seed(seed)
     g_dev = torch.Generator().manual_seed(seed + 500_009)

@@ -18,8 +18,9 @@ translation without running the model; a line longer than the limit (`input_toke
 `max_input_tokens` subword tokens, default 1024, and with learned positions what the position
 table allows) is cut to the limit, with a warning naming the line. The input is streamed:
 `chunk_lines` lines (2000) at a time, each chunk sorted by length and cut into batches of at
-most `batch_tokens` padded source tokens and `batch_size` sentences, translated and put back in
-input order, so memory does not grow with the input.
+most `batch_tokens` padded source tokens and `batch_size` sentences
+(`transduce.data.batching.batch_for_decoding`), translated and put back in input order, so
+memory does not grow with the input.
 
 `AtomicOutput` writes a file that appears whole or not at all. The command, with its input and
 output handling, is `transduce.cli.translate`.
@@ -40,7 +41,9 @@ from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
 import torch
 
 from . import kernels
+from .data.batching import batch_for_decoding
 from .data.vocab import BOS, EOS, PAD, Vocab
+from .decode import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
 from .errors import DataError
 
@@ -62,17 +65,9 @@ DEFAULT_CHUNK_LINES = 2000
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Candidate:
-    """One translation hypothesis of one input line."""
-
-    text: str
-    score: float
-    """log P(Y|X) / lp(Y), the length-normalised score the beam ranks by (nan for greedy)."""
-    logprob: float
-    """log P(Y|X), EOS included (nan for greedy)."""
-    tokens: list[int]
-    """Target subword ids, without BOS/EOS."""
+Candidate = Hypothesis
+"""One translation hypothesis of one input line: `text`, `score`, `logprob`, `tokens` (the
+search's `transduce.decode.Hypothesis`, with its text)."""
 
 
 def input_token_limit(model_config, max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
@@ -94,24 +89,6 @@ def input_token_limit(model_config, max_input_tokens: int | None = DEFAULT_MAX_I
 def _clean(text: str) -> str:
     """Keep one translation on one line (and one TSV field)."""
     return text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
-
-
-def _batches(items: list[tuple[int, list[int]]], batch_tokens: int, batch_size: int) -> Iterator[list[tuple[int, list[int]]]]:
-    """Sort (index, ids) by length, longest first, and cut into batches of at most
-    `batch_tokens` padded tokens and `batch_size` sentences (a single long sentence always
-    forms a batch of its own)."""
-    items = sorted(items, key=lambda it: len(it[1]), reverse=True)
-    batch: list[tuple[int, list[int]]] = []
-    longest = 0
-    for it in items:
-        n = len(it[1])
-        if batch and (len(batch) + 1 > batch_size or (len(batch) + 1) * max(longest, n) > batch_tokens):
-            yield batch
-            batch, longest = [], 0
-        batch.append(it)
-        longest = max(longest, n)
-    if batch:
-        yield batch
 
 
 def _autocast(device: torch.device, bf16: bool, dtype: torch.dtype):
@@ -153,8 +130,6 @@ def translate_stream(
     log-probabilities and scores are fp32 either way. `constraint` restricts the beam search
     (`transduce.decode.beam_search`; e.g. parsing's well-formed trees); not with `greedy`.
     """
-    from .decode import beam_search, greedy_decode
-
     if greedy and constraint is not None:
         raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
     if greedy and n_best != 1:
@@ -164,62 +139,92 @@ def translate_stream(
     if beam < 1 or batch_tokens < 1 or batch_size < 1 or chunk_lines < 1:
         raise ValueError("beam, batch_tokens, batch_size and chunk_lines must be positive")
     limit = input_token_limit(model.config, max_input_tokens, max_len_offset)
-    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    pad = getattr(model.config, "pad_id", PAD)
+    search = _Search(model, tgt_vocab, greedy, beam, alpha, max_len_offset, n_best, bf16, constraint)
     was_training = model.training
     model.eval()
     # CPU: weights pre-packed and decoding steps' attention for the duration, unless the caller
     # has set them already (the undo undoes only what `apply` did).
     undo_speedups = kernels.apply(model)
-    nan = float("nan")
     try:
         it = iter(lines)
         first_line = 1
         while chunk := list(islice(it, chunk_lines)):
-            ids = src_vocab.encode_batch(chunk) if len(chunk) > 1 else [src_vocab.encode(chunk[0])]
-            results: list[list[Candidate] | None] = [None] * len(chunk)
-            work: list[tuple[int, list[int]]] = []
-            for i, toks in enumerate(ids):
-                if not toks:
-                    results[i] = [Candidate("", 0.0, 0.0, [])]
-                    continue
-                if len(toks) > limit:
-                    if warn is not None:
-                        warn(f"{source_name}:{first_line + i}: {len(toks)} subword tokens, more than the limit "
-                             f"of {limit}: translating the first {limit} only")
-                    toks = toks[:limit]
-                work.append((i, toks + [EOS]))
-            if advance is not None and len(work) < len(chunk):
-                advance(len(chunk) - len(work))
-            for batch in _batches(work, batch_tokens, batch_size):
-                S = max(len(t) for _, t in batch)
-                src = torch.full((len(batch), S), pad, dtype=torch.long)
-                for row, (_, toks) in enumerate(batch):
-                    src[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-                src = src.to(device)
-                with torch.inference_mode(), _autocast(device, bf16, dtype):
-                    if greedy:
-                        outs = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=max_len_offset)
-                        cands = [[Candidate(_clean(tgt_vocab.decode(o)), nan, nan, o)] for o in outs]
-                    else:
-                        hyps = beam_search(model, src, beam_size=beam, alpha=alpha, max_len_offset=max_len_offset,
-                                           n_best=n_best, bos_id=BOS, eos_id=EOS, constraint=constraint)
-                        cands = [
-                            [Candidate(_clean(tgt_vocab.decode(h.tokens)), h.score, h.logprob, h.tokens) for h in hs]
-                            or [Candidate("", -math.inf, -math.inf, [])]
-                            for hs in hyps
-                        ]
-                for (i, _), c in zip(batch, cands):
-                    results[i] = c
-                if advance is not None:
-                    advance(len(batch))
-            for r in results:
-                assert r is not None
-                yield r
+            ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
+            yield from _translate_chunk(search, ids, batch_tokens, batch_size, advance)
             first_line += len(chunk)
     finally:
         undo_speedups()
         model.train(was_training)
+
+
+def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str, first_line: int,
+                warn: Callable[[str], None] | None) -> list[list[int]]:
+    """The lines' subword ids with EOS ([] for an empty line), each cut to `limit` tokens with a
+    warning naming its line (SOURCE:LINE; the chunk's first line is `first_line`)."""
+    ids = src_vocab.encode_batch(chunk) if len(chunk) > 1 else [src_vocab.encode(chunk[0])]
+    out = []
+    for i, toks in enumerate(ids):
+        if len(toks) > limit:
+            if warn is not None:
+                warn(f"{source_name}:{first_line + i}: {len(toks)} subword tokens, more than the limit "
+                     f"of {limit}: translating the first {limit} only")
+            toks = toks[:limit]
+        out.append(toks + [EOS] if toks else [])
+    return out
+
+
+def _translate_chunk(search: _Search, ids: list[list[int]], batch_tokens: int, batch_size: int,
+                     advance: Callable[[int], None] | None) -> Iterator[list[Candidate]]:
+    """The candidates of each line of a chunk, in input order: empty lines at once, the others
+    in batches of similar length (`transduce.data.batching.batch_for_decoding`)."""
+    results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
+    work = [i for i, toks in enumerate(ids) if toks]
+    if advance is not None and len(work) < len(ids):
+        advance(len(ids) - len(work))
+    for batch in batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size):
+        rows = [work[j] for j in batch.tolist()]
+        for i, c in zip(rows, search([ids[i] for i in rows])):
+            results[i] = c
+        if advance is not None:
+            advance(len(rows))
+    for r in results:
+        assert r is not None
+        yield r
+
+
+@dataclass
+class _Search:
+    """The search `translate_stream` runs on each batch of source ids, and the candidates it makes."""
+
+    model: torch.nn.Module
+    tgt_vocab: Vocab
+    greedy: bool
+    beam: int
+    alpha: float
+    max_len_offset: int
+    n_best: int
+    bf16: bool
+    constraint: object = None
+
+    def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
+        model = self.model
+        param = next(model.parameters())
+        pad = getattr(model.config, "pad_id", PAD)
+        src = torch.full((len(sources), max(len(t) for t in sources)), pad, dtype=torch.long)
+        for row, toks in enumerate(sources):
+            src[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+        src = src.to(param.device)
+        with torch.inference_mode(), _autocast(param.device, self.bf16, param.dtype):
+            if self.greedy:
+                nan = float("nan")
+                outs = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=self.max_len_offset)
+                return [[Candidate(o, nan, nan, _clean(self.tgt_vocab.decode(o)))] for o in outs]
+            hyps = beam_search(model, src, beam_size=self.beam, alpha=self.alpha, max_len_offset=self.max_len_offset,
+                               n_best=self.n_best, bos_id=BOS, eos_id=EOS, constraint=self.constraint)
+        for hs in hyps:
+            for h in hs:
+                h.text = _clean(self.tgt_vocab.decode(h.tokens))
+        return [hs or [Candidate([], -math.inf, -math.inf, "")] for hs in hyps]
 
 
 def translate_lines(

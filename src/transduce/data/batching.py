@@ -12,6 +12,8 @@ So `max_tokens=25000` gives at most 25000 source and 25000 target positions per 
 the paper's budget summed over its 8 GPUs (use `max_tokens / num_gpus` per GPU, or accumulate
 gradients).
 
+Decoding cuts source sentences the same way, longest first (`batch_for_decoding`).
+
 `collate` turns one batch into the model's inputs (all right-padded with PAD):
 
     src      (B, S)  stored source, ends with EOS          x1 x2 x3 EOS
@@ -95,19 +97,36 @@ def batch_by_tokens(
     return _shard(batches, num_shards, shard_id)
 
 
-def _pack(order: np.ndarray, src: list[int], tgt: list[int], max_tokens: int) -> list[np.ndarray]:
-    """Cut `order` (pair indices, with their sizes `src`, `tgt`) greedily into batches."""
+def _pack(order: np.ndarray, src: Sequence[int], tgt: Sequence[int], max_tokens: int,
+          max_sentences: int | None = None) -> list[np.ndarray]:
+    """Cut `order` (pair indices, with their sizes `src`, `tgt`) greedily into batches of at most
+    `max_tokens` padded tokens per side and `max_sentences` pairs; a pair longer than
+    `max_tokens` alone forms a batch of its own."""
     batches = []
     start, longest_src, longest_tgt = 0, 0, 0
     for k in range(len(order)):
         s, t = max(longest_src, src[k]), max(longest_tgt, tgt[k])
-        if (k - start + 1) * max(s, t) > max_tokens:  # pair k does not fit: it opens a new batch
-            batches.append(order[start:k])
+        n = k - start + 1  # pairs in the batch with pair k
+        if n > 1 and (n * max(s, t) > max_tokens or (max_sentences is not None and n > max_sentences)):
+            batches.append(order[start:k])  # pair k does not fit: it opens a new batch
             start, s, t = k, src[k], tgt[k]
         longest_src, longest_tgt = s, t
     if start < len(order):
         batches.append(order[start:])
     return batches
+
+
+def batch_for_decoding(sizes: Sequence[int], max_tokens: int, max_sentences: int) -> list[np.ndarray]:
+    """Batches of source sentences to decode: indices into `sizes` (each sentence's length),
+    longest first (equal lengths in their order), cut into batches of at most `max_tokens` padded
+    tokens (sentences x the longest) and `max_sentences` sentences, as `batch_by_tokens` cuts
+    training pairs; a sentence longer than `max_tokens` is decoded in a batch of its own."""
+    if max_tokens < 1 or max_sentences < 1:
+        raise ValueError("max_tokens and max_sentences must be positive")
+    sizes = np.asarray(sizes, dtype=np.int64)
+    order = np.argsort(-sizes, kind="stable")  # longest first; ties keep the input order
+    ordered = sizes[order].tolist()
+    return _pack(order, ordered, ordered, max_tokens, max_sentences)
 
 
 def _shard(batches: list[np.ndarray], num_shards: int, shard_id: int) -> list[np.ndarray]:

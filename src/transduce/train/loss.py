@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..data.vocab import PAD
+
 
 def label_smoothed_nll(
-    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = 0, reduction: str = "sum",
+    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = PAD, reduction: str = "sum",
     exclude: tuple[int, ...] | list[int] = (),
 ) -> tuple[Tensor, Tensor]:
     """Cross-entropy against the smoothed distribution q = (1 - eps) * onehot + eps / K on the

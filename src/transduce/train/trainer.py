@@ -20,7 +20,8 @@ What the paper says, and where it is done here:
   optimizer step (`transduce.train.schedule.noam_lr`).
   Not in the paper, an option: `TrainOptions.cooldown` (--cooldown F) decays it linearly to 0
   over the last fraction F of the step budget (`cooldown_factor`).
-* 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only);
+* 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only;
+  on the CPU drawn by `transduce.kernels.BitDropout`, swapped in by `kernels.fast_dropout`);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
 * 6.1 Checkpoints every 10 minutes (config.train.checkpoint_minutes, --save-every-minutes) or N
   steps, the last K kept for averaging (`transduce average`); what is written where:
@@ -38,12 +39,13 @@ forward passes: it comes from the collated batches, summed over ranks by one sma
 The run directory's layout (config, data.json, vocabulary copies, checkpoints/, logs/, model/)
 is described once, in `transduce.checkpoint`.
 
-What interrupts a run, and what the trainer does about it (docs/cluster.md): SIGTERM or SIGINT
-stop it at a step boundary with a checkpoint (`transduce.train.signals`); a damaged latest
-checkpoint is set aside and `--resume` continues from the newest intact one; one trainer per run
-directory (`transduce.checkpoint.RunLock`); a checkpoint that cannot be written (a full disk)
-stops the run with the previous ones intact; a step whose loss or gradient norm is not finite is
-not taken, and `max_nonfinite` in a row stop the run.
+What interrupts a run, and what the trainer does about it (docs/cluster.md; the code is
+`transduce.train.recovery`): SIGTERM or SIGINT stop it at a step boundary with a checkpoint
+(`transduce.train.signals`); a damaged latest checkpoint is set aside and `--resume` continues
+from the newest intact one; one trainer per run directory (`transduce.checkpoint.RunLock`); a
+checkpoint that cannot be written (a full disk) stops the run with the previous ones intact; a
+step whose loss or gradient norm is not finite is not taken, and `max_nonfinite` in a row stop
+the run.
 
 Only rank 0 writes. Exact resume (`TrainOptions.resume`, --resume) restores the weights, Adam's
 moments, the step, the position in the epoch's batch order and every rank's RNG state (dropout),
@@ -54,7 +56,8 @@ data, the model, Adam), restore (a fresh start or exact resume), the loop (one o
 the decisions to stop, logging, validation, checkpoints; its state is one `LoopState`), finish
 (the final validation, checkpoint and model directory). One optimizer step, the precision and
 the validation loss are in `transduce.train.step`; the process group, the collectives and the
-RNG states in `transduce.train.distributed`.
+RNG states in `transduce.train.distributed`; restore, checkpoints, skipped steps, interruptions
+and the run directory's lock in `transduce.train.recovery`.
 """
 
 from __future__ import annotations
@@ -73,20 +76,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import (
-    DamagedCheckpoint, LoadedCheckpoint, RunLock, TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint,
-    prepare_run_dir, save_checkpoint, save_model, set_aside,
-)
+from .. import kernels
+from ..checkpoint import RunLock, prepare_run_dir, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, read_metadata
 from ..data.vocab import BOS, PAD
 from ..device import DEVICES
-from ..errors import DataError, TrainingStopped, UsageError
+from ..errors import DataError, UsageError
 from ..model import Transformer, count_parameters
 from ..precision import PRECISIONS
-from .distributed import (
-    DistEnv, agree, all_reduce_, any_rank, gather_rng_states, restore_rng_states, seed_dropout, set_threads, setup_distributed,
-)
+from . import recovery
+from .distributed import DistEnv, agree, all_reduce_, any_rank, set_threads, setup_distributed
 from .schedule import cooldown_factor, noam_lr
 from .signals import StopSignals
 from .step import build_optimizer, evaluate, make_grad_scaler, resolve_precision, set_lr, to_device, train_step
@@ -302,11 +302,11 @@ def train(
     env = setup_distributed(opts.device)
     lock = RunLock(run_dir)
     try:
-        _lock(lock, env)
+        recovery.take_lock(lock, env)
         with StopSignals() as signals:
             run = _set_up(config, Path(data_dir), Path(run_dir), opts, env)
             run.signals = signals
-            start = _restore(run)
+            start = recovery.restore(run)
             state = _open(run, start, log_extra or {})
             while not state.stop:
                 _step(run, state)
@@ -314,18 +314,6 @@ def train(
     finally:
         lock.release()
         env.close()
-
-
-def _lock(lock: RunLock, env: DistEnv) -> None:
-    """One trainer per run directory: rank 0 takes the lock; every rank stops if it cannot."""
-    error = None
-    if env.is_main:
-        try:
-            lock.acquire()
-        except TrainingStopped as e:
-            error = e
-    if agree(env, [error is not None])[0]:
-        raise error or TrainingStopped(f"{lock.path.parent} is being written by another trainer (see rank 0)")
 
 
 @dataclass
@@ -358,21 +346,6 @@ class Run:
     """Rank 0's progress bar, when stderr is a terminal."""
     signals: StopSignals | None = None
     """SIGTERM / SIGINT: a request to stop after the current step (`transduce.train.signals`)."""
-
-
-@dataclass
-class Start:
-    """Where a run starts: step 0, or where its latest checkpoint left off (`_restore`)."""
-
-    step: int = 0
-    epoch: int = 0
-    position: int = 0
-    """The index of the next batch in the epoch's order."""
-    train_seconds: float = 0.0
-    """Training time of the earlier sessions."""
-    target_tokens: int = 0
-    saved_at: int = -1
-    """The step of the newest checkpoint (-1: none)."""
 
 
 @dataclass
@@ -435,6 +408,7 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
     # Model, optimizer (5.3), precision.
     torch.manual_seed(opts.seed)
     model = Transformer(config.model).to(env.device)
+    kernels.fast_dropout(model)  # 5.4's dropout from fewer random numbers on the CPU
     optimizer = build_optimizer(model, config)
     scaler = make_grad_scaler(env.device, precision)
     return Run(
@@ -447,68 +421,7 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
     )
 
 
-# Restore: a fresh start, or exact resume.
-
-
-def _restore(run: Run) -> Start:
-    """Where to start, with dropout's RNG set for it: at step 0, or exactly where the run's latest
-    checkpoint left off (weights, Adam's moments, the step, the position in the batch order, the
-    GradScaler and every rank's RNG state)."""
-    env, opts = run.env, run.opts
-    latest = latest_checkpoint(run.run_dir) if opts.resume else None
-    if latest is None and list_checkpoints(run.run_dir) and not opts.resume:
-        raise UsageError(f"{run.run_dir} already has checkpoints; pass --resume to continue it, or use another --run-dir")
-    if latest is None:
-        seed_dropout(opts.seed, env.rank)
-        return Start()
-    ckpt = _load_newest_intact(run, latest)
-    s = ckpt.state
-    start = Start(step=s.step, epoch=s.epoch, position=s.position, train_seconds=s.train_seconds,
-                  target_tokens=s.target_tokens, saved_at=s.step)
-    same_batches = (s.world_size, s.max_tokens, s.seed) == (env.world_size, run.max_tokens, opts.seed)
-    if not same_batches:  # the saved position indexes another batch list: go on with a fresh epoch
-        start.epoch, start.position = s.epoch + 1, 0
-        env.say(f"note: batching changed since the checkpoint (world size, max tokens or seed): continuing at epoch {start.epoch}")
-    if run.scaler is not None and s.scaler:
-        run.scaler.load_state_dict(s.scaler)
-    if not (same_batches and restore_rng_states(ckpt.rng, env)):
-        seed_dropout(opts.seed + s.step, env.rank)
-    return start
-
-
-def _load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
-    """Load `latest`, or if it is damaged (a checksum differs, a file is missing or truncated)
-    the newest intact checkpoint before it, saying which and how many steps that loses. Damaged
-    checkpoints are set aside as step_N.damaged (rank 0, once every rank has loaded)."""
-    env = run.env
-    candidates = [latest] + [p for _, p in reversed(list_checkpoints(run.run_dir)) if p != latest]
-    damaged: list[Path] = []
-    for path in candidates:
-        try:
-            ckpt = load_checkpoint(path, run.model, run.optimizer, env.device)
-        except DamagedCheckpoint as e:
-            env.say(f"warning: {e}")
-            damaged.append(path)
-            continue
-        if damaged:
-            newest = max(_step_of(p) for p in damaged)
-            lost = newest - ckpt.state.step
-            env.say(f"resuming from {path.name}, the newest intact checkpoint: {lost} step{'s' * (lost != 1)} "
-                    f"lost; set aside as *.damaged: {', '.join(p.name for p in damaged)}")
-            agree(env, [True])  # a barrier: every rank has read its checkpoint before the renames
-            if env.is_main:
-                for p in damaged:
-                    set_aside(p)
-        return ckpt
-    raise TrainingStopped(f"{run.run_dir / 'checkpoints'}: every checkpoint is damaged "
-                          f"({', '.join(p.name for p in damaged)}); nothing to resume from")
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name.split("_")[1])
-
-
-def _open(run: Run, start: Start, log_extra: dict) -> LoopState:
+def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
     """Write the run directory (rank 0), start the batch stream at `start`, make the module that
     trains, open the log and the progress bar, say what will be done; the loop's clocks start."""
     env, opts, config = run.env, run.opts, run.config
@@ -583,14 +496,14 @@ def _step(run: Run, state: LoopState) -> None:
     if opts.valid_every and state.step % opts.valid_every == 0 and not state.stop:
         state.valid, state.validated_at = _validate(run, state), state.step
     if not state.stop and ((opts.save_every_steps and state.step % opts.save_every_steps == 0) or save_due):
-        _checkpoint(run, state)
+        recovery.checkpoint(run, state)
         state.saved_at, state.last_save = state.step, time.perf_counter()
     state.last_log += time.perf_counter() - pause
 
 
 def _optimizer_step(run: Run, state: LoopState) -> bool | None:
     """One optimizer step: update_freq micro-batches on every rank (5.1), the rate of equation 3
-    (5.3). Returns whether this step is logged, or None if it was not taken (`_skipped`)."""
+    (5.3). Returns whether this step is logged, or None if it was not taken (`recovery.skipped`)."""
     opts, t = run.opts, run.config.train
     indices, where = [], []
     for _ in range(opts.update_freq):
@@ -606,7 +519,7 @@ def _optimizer_step(run: Run, state: LoopState) -> bool | None:
         precision=run.precision, smooth_exclude=run.smooth_exclude, scaler=run.scaler, clip_norm=opts.clip_norm,
     )
     if not updated:
-        _skipped(run, state, sums, norm, where, indices)
+        recovery.skipped(run, state, sums, norm, where, indices)
         return None
     state.skipped_in_a_row = 0
     state.step += 1
@@ -616,36 +529,6 @@ def _optimizer_step(run: Run, state: LoopState) -> bool | None:
     if run.bar is not None:
         run.bar.update(1)
     return log_now
-
-
-def _skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list, indices: list) -> None:
-    """A step not taken: logged with its batches (epoch, index in the epoch, first pair indices);
-    `max_nonfinite` in a row stop the run with a checkpoint of the weights from before them (the
-    batch order goes on after them)."""
-    env = run.env
-    overflow = run.scaler is not None
-    state.skipped += 1
-    state.skipped_in_a_row += 0 if overflow else 1
-    loss, grad_norm = float(sums[0]), float(norm)
-    batches = ", ".join(f"epoch {e} #{i}" for e, i in where)
-    if run.log is not None:
-        run.log.write("skipped", state.step + 1, reason="fp16 overflow" if overflow else "non-finite",
-                      loss=loss, grad_norm=grad_norm, in_a_row=state.skipped_in_a_row,
-                      batches=[{"epoch": e, "index": i, "pairs": [int(x) for x in ix[:8]]} for (e, i), ix in zip(where, indices)],
-                      **({"loss_scale": float(run.scaler.get_scale())} if overflow else {}))
-    if overflow:
-        env.say(f"step {state.step + 1}: fp16 overflow, skipped by the loss scaler (scale now "
-                f"{run.scaler.get_scale():g}); batches {batches}", run.bar)
-        return
-    env.say(f"step {state.step + 1}: non-finite loss ({loss:g}) or gradient norm ({grad_norm:g}) on batches {batches}: "
-            f"skipped, no update ({state.skipped_in_a_row} in a row)", run.bar)
-    if state.skipped_in_a_row >= run.opts.max_nonfinite:
-        _checkpoint(run, state, on_interval=False)
-        raise TrainingStopped(
-            f"{state.skipped_in_a_row} steps in a row had a non-finite loss or gradient (the last on batches {batches}); "
-            f"the weights from before them, after step {state.step}, are in "
-            f"{run.run_dir / 'checkpoints'} (the batch order continues after them): lower the rate (--lr-scale), "
-            "check the data, then continue with --resume")
 
 
 def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
@@ -718,44 +601,6 @@ def _validate(run: Run, state: LoopState) -> dict | None:
     return r
 
 
-def _checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
-    """A training checkpoint of the state after `state.step` (every rank calls it: the RNG
-    states are gathered; rank 0 writes)."""
-    rng = gather_rng_states(run.env)  # a collective: every rank
-    error = _write_checkpoint(run, state, rng, on_interval) if run.env.is_main else None
-    if agree(run.env, [error is not None])[0]:
-        previous = latest_checkpoint(run.run_dir)
-        raise TrainingStopped(
-            f"the checkpoint of step {state.step} could not be written ({error or 'on rank 0'}); "
-            + (f"{previous.name} and `latest` are intact: free space, then continue with --resume "
-               f"(from step {_step_of(previous)}: {state.step - _step_of(previous)} steps lost)" if previous is not None
-               else "no earlier checkpoint: the run starts again"))
-
-
-def _write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -> str | None:
-    """Rank 0 writes the checkpoint; a failed write (a full disk) is returned as its message, the
-    previous checkpoints and `latest` left as they were (`save_checkpoint` writes beside them)."""
-    config, opts, t = run.config, run.opts, run.config.train
-    training = TrainingState(
-        step=state.step, epoch=state.stream.epoch, position=state.stream.position, world_size=run.env.world_size,
-        max_tokens=run.max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=state.lr,
-        train_seconds=state.train_seconds + (time.perf_counter() - state.start), target_tokens=state.tokens_seen,
-        scaler=run.scaler.state_dict() if run.scaler is not None else None,
-        schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
-                  "cooldown": opts.cooldown},
-        optimizer={k: v for k, v in run.optimizer.param_groups[0].items() if k != "params"},
-        on_interval=on_interval,
-    )
-    try:
-        path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, run.keep_last)
-    except OSError as e:
-        message = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else (e.strerror or str(e))
-        run.log.write("checkpoint_failed", state.step, error=message)
-        return message
-    run.log.write("checkpoint", state.step, path=str(path))
-    return None
-
-
 # Finish: the final validation, checkpoint and model directory.
 
 
@@ -767,13 +612,14 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
         if run.log is not None:
             run.log.write("capped", step, max_steps=t.max_steps, max_minutes=opts.max_minutes)
     if state.interrupted is not None:
-        return _interrupted(run, state)
+        recovery.interrupted(run, state)
+        return TrainResult(run.model, step, state.valid, run.run_dir, _tokens_per_s(state), interrupted=state.interrupted)
     if state.validated_at != step:
         state.valid = _validate(run, state)
     if state.saved_at != step:
         # Forced off the interval (6.1's "last 5 at 10-minute intervals"): averaging leaves it out.
-        _checkpoint(run, state, on_interval=bool(opts.save_every_steps) and step % opts.save_every_steps == 0)
-    tokens_per_s = state.session_tokens / state.step_seconds if state.step_seconds > 0 else 0.0
+        recovery.checkpoint(run, state, on_interval=bool(opts.save_every_steps) and step % opts.save_every_steps == 0)
+    tokens_per_s = _tokens_per_s(state)
     if env.is_main:
         save_model(run.model, run.config, run.run_dir / "model")
         run.log.write("end", step, valid=state.valid, target_tokens_per_s=tokens_per_s,
@@ -786,22 +632,9 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
     return TrainResult(run.model, step, state.valid, run.run_dir, tokens_per_s)
 
 
-def _interrupted(run: Run, state: LoopState) -> TrainResult:
-    """Stopped by SIGTERM or SIGINT: a checkpoint at this step (unless there is one), no final
-    validation and no model directory (the run is not finished)."""
-    env, step = run.env, state.step
-    if state.saved_at != step:
-        every = run.opts.save_every_steps
-        _checkpoint(run, state, on_interval=bool(every) and step % every == 0)
-    if env.is_main:
-        run.log.write("interrupted", step, signal=state.interrupted)
-        run.log.close()
-    if run.bar is not None:
-        run.bar.close()
-    env.say(f"interrupted at step {step} by {state.interrupted}; the checkpoint is in {run.run_dir / 'checkpoints'}: "
-            "continue with --resume")
-    tokens_per_s = state.session_tokens / state.step_seconds if state.step_seconds > 0 else 0.0
-    return TrainResult(run.model, step, state.valid, run.run_dir, tokens_per_s, interrupted=state.interrupted)
+def _tokens_per_s(state: LoopState) -> float:
+    """This session's target tokens per second of training steps."""
+    return state.session_tokens / state.step_seconds if state.step_seconds > 0 else 0.0
 
 
 def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: int, minutes_left: float | None) -> str:

@@ -1,0 +1,201 @@
+"""What interrupts a training run, and what the trainer does about it (docs/cluster.md).
+
+The trainer's loop (`transduce.train.trainer`) calls these at its phases:
+
+* set up: `take_lock`, one trainer per run directory (`transduce.checkpoint.RunLock`);
+* restore: `restore`, a fresh start or exact resume; a damaged latest checkpoint (a checksum
+  differs, a file is missing or truncated) is set aside and the run continues from the newest
+  intact one (`load_newest_intact`), saying how many steps that loses;
+* the loop: `skipped`, a step whose loss or gradient norm is not finite is not taken, logged
+  with its batches, and `max_nonfinite` in a row stop the run with a checkpoint of the weights
+  from before them; `checkpoint`, a training checkpoint written by rank 0, where a write that
+  fails (a full disk) stops the run with the previous checkpoints and `latest` intact;
+* finish: `interrupted`, SIGTERM or SIGINT (`transduce.train.signals`) stop the run at a step
+  boundary with a checkpoint, without the final validation or model directory.
+
+What a checkpoint holds and where it lies is `transduce.checkpoint`'s.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from ..checkpoint import (
+    DamagedCheckpoint, LoadedCheckpoint, RunLock, TrainingState, checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint,
+    save_checkpoint, set_aside,
+)
+from ..errors import TrainingStopped, UsageError
+from .distributed import DistEnv, agree, gather_rng_states, restore_rng_states, seed_dropout
+
+if TYPE_CHECKING:
+    from .trainer import LoopState, Run
+
+
+def take_lock(lock: RunLock, env: DistEnv) -> None:
+    """One trainer per run directory: rank 0 takes the lock; every rank stops if it cannot."""
+    error = None
+    if env.is_main:
+        try:
+            lock.acquire()
+        except TrainingStopped as e:
+            error = e
+    if agree(env, [error is not None])[0]:
+        raise error or TrainingStopped(f"{lock.path.parent} is being written by another trainer (see rank 0)")
+
+
+@dataclass
+class Start:
+    """Where a run starts: step 0, or where its latest checkpoint left off (`restore`)."""
+
+    step: int = 0
+    epoch: int = 0
+    position: int = 0
+    """The index of the next batch in the epoch's order."""
+    train_seconds: float = 0.0
+    """Training time of the earlier sessions."""
+    target_tokens: int = 0
+    saved_at: int = -1
+    """The step of the newest checkpoint (-1: none)."""
+
+
+def restore(run: Run) -> Start:
+    """Where to start, with dropout's RNG set for it: at step 0, or exactly where the run's latest
+    checkpoint left off (weights, Adam's moments, the step, the position in the batch order, the
+    GradScaler and every rank's RNG state)."""
+    env, opts = run.env, run.opts
+    latest = latest_checkpoint(run.run_dir) if opts.resume else None
+    if latest is None and list_checkpoints(run.run_dir) and not opts.resume:
+        raise UsageError(f"{run.run_dir} already has checkpoints; pass --resume to continue it, or use another --run-dir")
+    if latest is None:
+        seed_dropout(opts.seed, env.rank)
+        return Start()
+    ckpt = load_newest_intact(run, latest)
+    s = ckpt.state
+    start = Start(step=s.step, epoch=s.epoch, position=s.position, train_seconds=s.train_seconds,
+                  target_tokens=s.target_tokens, saved_at=s.step)
+    same_batches = (s.world_size, s.max_tokens, s.seed) == (env.world_size, run.max_tokens, opts.seed)
+    if not same_batches:  # the saved position indexes another batch list: go on with a fresh epoch
+        start.epoch, start.position = s.epoch + 1, 0
+        env.say(f"note: batching changed since the checkpoint (world size, max tokens or seed): continuing at epoch {start.epoch}")
+    if run.scaler is not None and s.scaler:
+        run.scaler.load_state_dict(s.scaler)
+    if not (same_batches and restore_rng_states(ckpt.rng, env)):
+        seed_dropout(opts.seed + s.step, env.rank)
+    return start
+
+
+def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
+    """Load `latest`, or if it is damaged (a checksum differs, a file is missing or truncated)
+    the newest intact checkpoint before it, saying which and how many steps that loses. Damaged
+    checkpoints are set aside as step_N.damaged (rank 0, once every rank has loaded)."""
+    env = run.env
+    candidates = [latest] + [p for _, p in reversed(list_checkpoints(run.run_dir)) if p != latest]
+    damaged: list[Path] = []
+    for path in candidates:
+        try:
+            ckpt = load_checkpoint(path, run.model, run.optimizer, env.device)
+        except DamagedCheckpoint as e:
+            env.say(f"warning: {e}")
+            damaged.append(path)
+            continue
+        if damaged:
+            newest = max(checkpoint_step(p) for p in damaged)
+            lost = newest - ckpt.state.step
+            env.say(f"resuming from {path.name}, the newest intact checkpoint: {lost} step{'s' * (lost != 1)} "
+                    f"lost; set aside as *.damaged: {', '.join(p.name for p in damaged)}")
+            agree(env, [True])  # a barrier: every rank has read its checkpoint before the renames
+            if env.is_main:
+                for p in damaged:
+                    set_aside(p)
+        return ckpt
+    raise TrainingStopped(f"{run.run_dir / 'checkpoints'}: every checkpoint is damaged "
+                          f"({', '.join(p.name for p in damaged)}); nothing to resume from")
+
+
+def skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list, indices: list) -> None:
+    """A step not taken: logged with its batches (epoch, index in the epoch, first pair indices);
+    `max_nonfinite` in a row stop the run with a checkpoint of the weights from before them (the
+    batch order goes on after them)."""
+    env = run.env
+    overflow = run.scaler is not None
+    state.skipped += 1
+    state.skipped_in_a_row += 0 if overflow else 1
+    loss, grad_norm = float(sums[0]), float(norm)
+    batches = ", ".join(f"epoch {e} #{i}" for e, i in where)
+    if run.log is not None:
+        run.log.write("skipped", state.step + 1, reason="fp16 overflow" if overflow else "non-finite",
+                      loss=loss, grad_norm=grad_norm, in_a_row=state.skipped_in_a_row,
+                      batches=[{"epoch": e, "index": i, "pairs": [int(x) for x in ix[:8]]} for (e, i), ix in zip(where, indices)],
+                      **({"loss_scale": float(run.scaler.get_scale())} if overflow else {}))
+    if overflow:
+        env.say(f"step {state.step + 1}: fp16 overflow, skipped by the loss scaler (scale now "
+                f"{run.scaler.get_scale():g}); batches {batches}", run.bar)
+        return
+    env.say(f"step {state.step + 1}: non-finite loss ({loss:g}) or gradient norm ({grad_norm:g}) on batches {batches}: "
+            f"skipped, no update ({state.skipped_in_a_row} in a row)", run.bar)
+    if state.skipped_in_a_row >= run.opts.max_nonfinite:
+        checkpoint(run, state, on_interval=False)
+        raise TrainingStopped(
+            f"{state.skipped_in_a_row} steps in a row had a non-finite loss or gradient (the last on batches {batches}); "
+            f"the weights from before them, after step {state.step}, are in "
+            f"{run.run_dir / 'checkpoints'} (the batch order continues after them): lower the rate (--lr-scale), "
+            "check the data, then continue with --resume")
+
+
+def checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
+    """A training checkpoint of the state after `state.step` (every rank calls it: the RNG
+    states are gathered; rank 0 writes)."""
+    rng = gather_rng_states(run.env)  # a collective: every rank
+    error = write_checkpoint(run, state, rng, on_interval) if run.env.is_main else None
+    if agree(run.env, [error is not None])[0]:
+        previous = latest_checkpoint(run.run_dir)
+        raise TrainingStopped(
+            f"the checkpoint of step {state.step} could not be written ({error or 'on rank 0'}); "
+            + (f"{previous.name} and `latest` are intact: free space, then continue with --resume "
+               f"(from step {checkpoint_step(previous)}: {state.step - checkpoint_step(previous)} steps lost)" if previous is not None
+               else "no earlier checkpoint: the run starts again"))
+
+
+def write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -> str | None:
+    """Rank 0 writes the checkpoint; a failed write (a full disk) is returned as its message, the
+    previous checkpoints and `latest` left as they were (`save_checkpoint` writes beside them)."""
+    config, opts, t = run.config, run.opts, run.config.train
+    training = TrainingState(
+        step=state.step, epoch=state.stream.epoch, position=state.stream.position, world_size=run.env.world_size,
+        max_tokens=run.max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=state.lr,
+        train_seconds=state.train_seconds + (time.perf_counter() - state.start), target_tokens=state.tokens_seen,
+        scaler=run.scaler.state_dict() if run.scaler is not None else None,
+        schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
+                  "cooldown": opts.cooldown},
+        optimizer={k: v for k, v in run.optimizer.param_groups[0].items() if k != "params"},
+        on_interval=on_interval,
+    )
+    try:
+        path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, run.keep_last)
+    except OSError as e:
+        message = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else (e.strerror or str(e))
+        run.log.write("checkpoint_failed", state.step, error=message)
+        return message
+    run.log.write("checkpoint", state.step, path=str(path))
+    return None
+
+
+def interrupted(run: Run, state: LoopState) -> None:
+    """Stopped by SIGTERM or SIGINT: a checkpoint at this step (unless there is one), no final
+    validation and no model directory (the run is not finished)."""
+    env, step = run.env, state.step
+    if state.saved_at != step:
+        every = run.opts.save_every_steps
+        checkpoint(run, state, on_interval=bool(every) and step % every == 0)
+    if env.is_main:
+        run.log.write("interrupted", step, signal=state.interrupted)
+        run.log.close()
+    if run.bar is not None:
+        run.bar.close()
+    env.say(f"interrupted at step {step} by {state.interrupted}; the checkpoint is in {run.run_dir / 'checkpoints'}: "
+            "continue with --resume")
