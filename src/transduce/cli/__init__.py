@@ -32,13 +32,15 @@ subcommands:
   translate   translate a file or stdin line for line: beam 4, alpha 0.6, input + 50 (6.1)
   evaluate    score translations: sacreBLEU + chrF, the paper's tokenized compound-split BLEU,
               and Multi30k's lowercased tokenized BLEU
+  serve       serve a model over HTTP: a JSON API, requests batched dynamically
+  export      a model as a CTranslate2 or Hugging Face MarianMT directory (and MarianMT back)
   synthetic   train a small model on a copy/reverse task and report greedy exact match:
               a one- to two-minute end-to-end check that masks, shifting and decoding fit together
 
 Run `transduce SUBCOMMAND --help` for the options of each.
 """
 
-SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "synthetic")
+SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "serve", "export", "synthetic")
 """In the order of `transduce --help`; each is the module `transduce.cli.NAME`."""
 
 
