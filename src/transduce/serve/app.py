@@ -157,7 +157,7 @@ def request_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
     Sentence = Annotated[str, StringConstraints(max_length=limits.max_chars)]
 
     class TranslateRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", strict=True)  # "4" is not a beam size
         sentences: list[Sentence] = Field(max_length=limits.max_sentences,
                                           description="sentences to translate, one translation each (empty -> empty)")
         beam: int = Field(defaults.beam, ge=1, le=limits.max_beam, description="beam size (6.1: 4)")
