@@ -71,6 +71,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help=f"sentences per model batch at most (default {DEFAULT_BATCH_SIZE})")
     g.add_argument("--max-wait-ms", type=float, default=10.0,
                    help="how long the first request of a batch waits for others (default 10 ms)")
+    g.add_argument("--no-batching", action="store_true",
+                   help="decode each request on its own, as it comes (to measure what batching gains)")
     d = Limits()
     g = parser.add_argument_group("limits")
     g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help=f"(default {d.max_body_bytes})")
@@ -147,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
         uv.should_exit = True
 
     app = create_app(engine_loader(args, limits), limits=limits,
-                     defaults=Search(args.beam, args.alpha, args.max_len_offset), max_batch_tokens=args.batch_tokens,
-                     max_wait=args.max_wait_ms / 1000, on_load_error=stop)
+                     defaults=Search(args.beam, args.alpha, args.max_len_offset),
+                     max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
+                     max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop)
     uv = server(app, host=args.host, port=args.port, log_level=args.log_level)
     print(f"{PROG}: http://{args.host}:{args.port} (loading {args.model_path}; GET /health says when it is ready)", flush=True)
     uv.run()
