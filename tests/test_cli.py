@@ -57,6 +57,8 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
         "evaluate": (["--hyp", missing, "--ref", missing], "give --tgt LANG"),
         "synthetic": (["--max-steps", "0", "--save", str(tmp / "a_file" / "model")], "Not a directory"),  # an OSError
         "attention": ([str(tmp / "nope"), "a sentence", "--json", str(tmp / "a.json")], "no such directory"),
+        "serve": ([str(tmp / "nope")], "no such directory"),
+        "export": (["ct2", str(tmp / "nope"), "-o", str(tmp / "out")], "no such directory"),
     }[command]
 
 

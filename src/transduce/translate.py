@@ -146,15 +146,28 @@ def translate_stream(
     # has set them already (the undo undoes only what `apply` did).
     undo_speedups = kernels.apply(model)
     try:
-        it = iter(lines)
-        first_line = 1
-        while chunk := list(islice(it, chunk_lines)):
-            ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
-            yield from _translate_chunk(search, ids, batch_tokens, batch_size, advance)
-            first_line += len(chunk)
+        yield from stream_lines(search, src_vocab, lines, limit=limit, chunk_lines=chunk_lines, batch_tokens=batch_tokens,
+                                batch_size=batch_size, source_name=source_name, warn=warn, advance=advance)
     finally:
         undo_speedups()
         model.train(was_training)
+
+
+def stream_lines(search: Callable[[list[list[int]]], list[list[Candidate]]], src_vocab: Vocab, lines: Iterable[str], *,
+                 limit: int, chunk_lines: int, batch_tokens: int, batch_size: int, source_name: str = "input",
+                 warn: Callable[[str], None] | None = None,
+                 advance: Callable[[int], None] | None = None) -> Iterator[list[Candidate]]:
+    """What translating a stream is, whatever the engine: `chunk_lines` lines at a time, their
+    subword ids with EOS (cut to `limit` with a warning naming SOURCE:LINE), batches of similar
+    length, `search(sources)` on each batch (a list of candidate lists, one per source), and the
+    candidates yielded in input order (one empty candidate for an empty line). `translate_stream`
+    runs transduce's own search through it; `transduce.export.ct2` runs CTranslate2's."""
+    it = iter(lines)
+    first_line = 1
+    while chunk := list(islice(it, chunk_lines)):
+        ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
+        yield from _translate_chunk(search, ids, batch_tokens, batch_size, advance)
+        first_line += len(chunk)
 
 
 def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str, first_line: int,

@@ -33,6 +33,8 @@ subcommands:
   evaluate    score translations: sacreBLEU + chrF, the paper's tokenized compound-split BLEU,
               and Multi30k's lowercased tokenized BLEU; parses: EVALB F1 (COLLINS.prm)
   parse       parse English sentences into constituency trees, line for line (6.3)
+  serve       serve a model over HTTP: a JSON API, requests batched dynamically
+  export      a model as a CTranslate2 or Hugging Face MarianMT directory (and MarianMT back)
   synthetic   train a small model on a copy/reverse task and report greedy exact match:
               a one- to two-minute end-to-end check that masks, shifting and decoding fit together
   attention   show what the model attends to: the paper's figures (PNG), an offline HTML page,
@@ -41,7 +43,8 @@ subcommands:
 Run `transduce SUBCOMMAND --help` for the options of each.
 """
 
-SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "parse", "attention", "synthetic")
+SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "parse", "attention", "serve", "export",
+               "synthetic")
 """In the order of `transduce --help`; each is the module `transduce.cli.NAME`."""
 
 

@@ -78,6 +78,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--n-best", type=int, metavar="K",
                    help="write the K best hypotheses per line as TSV: LINE, RANK, SCORE, LOGPROB, TEXT")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no notes (warnings still shown)")
+    g = parser.add_argument_group("engine")
+    g.add_argument("--engine", choices=("torch", "ct2"), default="torch",
+                   help="torch (default): transduce's own decoding; ct2: MODEL is a directory written by "
+                        "`transduce export ct2`, decoded by CTranslate2 (pip install 'transduce[ct2]')")
+    g.add_argument("--ct2-compute-type", default="default", metavar="TYPE",
+                   help="ct2: CTranslate2's compute type (default: the exported one; int8, float32, ...)")
+    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper",
+                   help="ct2: rank the beam's hypotheses by the paper's ((5+|Y|)/6)^alpha (default) or by CTranslate2's "
+                        "|Y|^alpha (docs/export.md)")
     add_model_args(parser)
     add_decoding_args(parser)
 
@@ -112,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
             infile, name, interactive = open_text(args.input), str(args.input), False
         else:
             infile, name, interactive = sys.stdin.buffer, "<stdin>", sys.stdin.isatty()
-        loaded = load_from_args(args)
+        loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
         if not args.quiet:
             print(f"{PROG}: model {loaded.description}", file=sys.stderr)
             print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
@@ -125,11 +134,13 @@ def run(args: argparse.Namespace) -> int:
             write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
         if _to_file(args.input) and not args.quiet and sys.stderr.isatty():
             bar = tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
-        stream = translate.translate_stream(
-            loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
-            **{**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines},
-            n_best=args.n_best or 1, source_name=name, warn=warn, advance=bar.update if bar is not None else None,
-        )
+        options = dict(**{**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines},
+                       n_best=args.n_best or 1, source_name=name, warn=warn, advance=bar.update if bar is not None else None)
+        if args.engine == "ct2":
+            stream = loaded.translate_stream(iter_lines(infile, name), **options, length_penalty=args.ct2_length_penalty)
+        else:
+            stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
+                                                **options)
         _write(stream, args.n_best, write, flush if interactive else None)
         flush()
         if out is not None:
@@ -143,6 +154,18 @@ def run(args: argparse.Namespace) -> int:
         if infile is not None and infile is not sys.stdin.buffer:
             infile.close()
     return 0
+
+
+def _load_ct2(args: argparse.Namespace):
+    """--engine ct2: the exported CTranslate2 model (transduce.export.ct2)."""
+    from ..export.ct2 import load_ct2
+
+    for flag in ("checkpoint", "average", "vocab", "src_vocab", "tgt_vocab"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"--{flag.replace('_', '-')} does not apply to --engine ct2 (the directory holds one model "
+                             "and its vocabulary)")
+    args.bf16 = False
+    return load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
 
 
 def _write(stream: Iterable[list[Candidate]], n_best: int | None, write: Callable[[bytes], None],

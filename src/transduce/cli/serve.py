@@ -1,0 +1,160 @@
+"""`transduce serve`: a trained model behind an HTTP JSON API, requests batched dynamically.
+
+    transduce serve runs/m30k                                   # http://127.0.0.1:8000
+    transduce serve runs/m30k --host 0.0.0.0 --port 9000 --max-wait-ms 20
+    transduce serve m30k-ct2 --engine ct2                       # an exported CTranslate2 model
+    curl -s localhost:8000/translate -H 'content-type: application/json' \\
+         -d '{"sentences": ["A man is riding a bike."], "beam": 4, "scores": true}'
+
+MODEL is what `transduce translate` takes (a run directory: the average of its last checkpoints;
+a model directory), or with --engine ct2 a directory written by `transduce export ct2`.
+
+Endpoints: POST /translate (sentences, with optional beam, alpha, max_len_offset, n_best, greedy,
+scores), GET /health (200 once the model is loaded, 503 before), GET /info (the model, the
+defaults, the limits), GET /openapi.json and /docs (the API, generated from its schemas; the
+/docs page loads its script from a CDN, /openapi.json needs nothing).
+
+Dynamic batching: requests that arrive within --max-wait-ms of each other (and fit in
+--batch-tokens source tokens) are decoded together by the one decoding thread, sorted by length;
+each caller gets its own translations, in its order. The translations equal `transduce translate`'s
+for the same sentences and settings.
+
+Limits: a body over --max-body-bytes is refused with 413; more sentences than --max-sentences,
+a sentence over --max-chars characters or --max-tokens subword tokens, a beam over --max-beam or
+a max_len_offset over --max-len-offset-limit with 422; all as JSON naming the limit. With
+--max-queue requests waiting, more get 429 and a Retry-After header. Invalid JSON or UTF-8 is a
+400. Needs `pip install 'transduce[serve]'` (FastAPI, uvicorn).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import TransduceError
+from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from .common import add_model_args
+
+HELP = "serve a model over HTTP (JSON API, dynamic batching)"
+DESCRIPTION = __doc__
+PROG = "transduce serve"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    from ..serve.app import Limits
+
+    parser.add_argument("model_path", type=Path, metavar="MODEL",
+                        help="a run directory or model directory (with --engine ct2: an exported CTranslate2 directory)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--engine", choices=("torch", "ct2"), default="torch",
+                        help="torch (default): transduce's own decoding; ct2: a model exported with `transduce export ct2`")
+    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                        help="uvicorn's log level (default info: one line per request)")
+    add_model_args(parser)
+    g = parser.add_argument_group("search defaults (a request may override them)")
+    g.add_argument("--beam", type=int, default=DEFAULT_BEAM, help=f"beam size (default {DEFAULT_BEAM})")
+    g.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA})")
+    g.add_argument("--max-len-offset", type=int, default=DEFAULT_MAX_LEN_OFFSET,
+                   help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
+    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                   help="torch engine: as for `transduce translate` (default auto)")
+    g.add_argument("--ct2-compute-type", default="default", metavar="TYPE",
+                   help="ct2 engine: CTranslate2's compute type (default: the exported one; int8, float32, ...)")
+    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper",
+                   help="ct2 engine: rank the beam's hypotheses by the paper's ((5+|Y|)/6)^alpha (default) or by "
+                        "CTranslate2's |Y|^alpha")
+    g = parser.add_argument_group("batching")
+    g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
+                   help=f"source tokens decoded together at most, padded (default {DEFAULT_BATCH_TOKENS})")
+    g.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
+                   help=f"sentences per model batch at most (default {DEFAULT_BATCH_SIZE})")
+    g.add_argument("--max-wait-ms", type=float, default=10.0,
+                   help="how long the first request of a batch waits for others (default 10 ms)")
+    g.add_argument("--no-batching", action="store_true",
+                   help="decode each request on its own, as it comes (to measure what batching gains)")
+    d = Limits()
+    g = parser.add_argument_group("limits")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help=f"(default {d.max_body_bytes})")
+    g.add_argument("--max-sentences", type=int, default=d.max_sentences, help=f"per request (default {d.max_sentences})")
+    g.add_argument("--max-chars", type=int, default=d.max_chars, help=f"characters per sentence (default {d.max_chars})")
+    g.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"subword tokens per sentence (default {d.max_tokens})")
+    g.add_argument("--max-queue", type=int, default=d.max_queue, help=f"requests waiting at most (default {d.max_queue})")
+    g.add_argument("--max-beam", type=int, default=d.max_beam, help=f"largest beam a request may ask for (default {d.max_beam})")
+    g.add_argument("--max-len-offset-limit", type=int, default=d.max_len_offset,
+                   help=f"largest max_len_offset a request may ask for (default {d.max_len_offset})")
+
+
+def limits_from_args(args: argparse.Namespace):
+    from ..serve.app import Limits
+
+    limits = Limits(args.max_body_bytes, args.max_sentences, args.max_chars, args.max_tokens, args.max_queue,
+                    args.max_beam, args.max_len_offset_limit)
+    for name, value in vars(limits).items():
+        if value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("beam", "batch_tokens", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if not 1 <= args.beam <= limits.max_beam:
+        raise ValueError(f"--beam must be between 1 and --max-beam ({limits.max_beam})")
+    if not 0 <= args.max_len_offset <= limits.max_len_offset:
+        raise ValueError(f"--max-len-offset must be between 0 and --max-len-offset-limit ({limits.max_len_offset})")
+    if args.max_wait_ms < 0:
+        raise ValueError("--max-wait-ms must not be negative")
+    return limits
+
+
+def engine_loader(args: argparse.Namespace, limits):
+    """A function that loads the engine the flags choose (run on a thread once the server is up)."""
+    from ..serve.app import ct2_engine, torch_engine
+
+    def load():
+        if args.engine == "ct2":
+            from ..export.ct2 import load_ct2
+
+            model = load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
+            engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens,
+                                length_penalty=args.ct2_length_penalty)
+        else:
+            from .common import load_from_args
+
+            loaded = load_from_args(args)
+            engine = torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
+                                  max_tokens=limits.max_tokens, bf16=args.bf16)
+            print(f"{PROG}: {loaded.precision.line()}", flush=True)
+        print(f"{PROG}: model {engine.info['model']} loaded", flush=True)
+        return engine
+
+    return load
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..extras import require
+
+    require("fastapi", "transduce serve")
+    require("uvicorn", "transduce serve")
+    from ..serve.app import Search, create_app, server
+
+    limits = limits_from_args(args)
+    if not args.model_path.is_dir():
+        raise FileNotFoundError(f"{args.model_path}: no such directory")
+    if args.engine == "ct2":
+        require("ctranslate2", "--engine ct2")
+        from ..export.ct2 import is_ct2_dir
+
+        if not is_ct2_dir(args.model_path):
+            raise FileNotFoundError(f"{args.model_path}: not a directory written by `transduce export ct2`")
+    def stop(_error: BaseException) -> None:  # the model cannot be loaded: stop the server, report below
+        uv.should_exit = True
+
+    app = create_app(engine_loader(args, limits), limits=limits,
+                     defaults=Search(args.beam, args.alpha, args.max_len_offset),
+                     max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
+                     max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop)
+    uv = server(app, host=args.host, port=args.port, log_level=args.log_level)
+    print(f"{PROG}: http://{args.host}:{args.port} (loading {args.model_path}; GET /health says when it is ready)", flush=True)
+    uv.run()
+    if app.state["error"]:
+        raise TransduceError(app.state["error"])
+    return 0

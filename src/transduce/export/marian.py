@@ -1,0 +1,309 @@
+"""A transduce model as a Hugging Face MarianMT directory, and back.
+
+`export_marian` writes a directory that `transformers.MarianMTModel.from_pretrained` and
+`MarianTokenizer.from_pretrained` load offline; `import_marian` reads such a directory back into
+a transduce model (a round trip is bitwise identical).
+
+MarianMT is the paper's architecture as Hugging Face runs it: post-norm layers, embeddings times
+sqrt(d_model) (`scale_embedding`), fixed sinusoidal positions, one embedding matrix for source,
+target and output (`share_encoder_decoder_embeddings`, `tie_word_embeddings`), ReLU in the FFN.
+What differs, and how the export keeps the function exact:
+
+* **Positions: halves, not interleaved.** Marian's sinusoids put sin(pos / 10000^(2i/d)) in
+  dimension i and the cosines in dimension d/2 + i ([sin | cos]); the paper (3.5) interleaves
+  them (sin in 2i, cos in 2i + 1). Marian's table is computed, not stored, so the export permutes
+  the hidden dimension instead: dimension j of Marian's residual stream carries transduce's
+  dimension `perm[j]` (perm = 0, 2, 4, ..., 1, 3, 5, ...). Every weight that reads the residual
+  stream has its input columns permuted (embeddings, W^Q, W^K, W^V, W_1, the output projection),
+  every weight that writes to it has its output rows permuted (W^O, W_2 and their biases), and
+  the LayerNorms' gains and biases are permuted (LayerNorm commutes with a permutation). The
+  logits are unchanged, and so is every attention score (a permutation inside a dot product).
+  `tests/test_export_marian.py` shows that without this step the logits are wrong.
+* **Attention biases.** Marian's projections always have biases; the paper's have none
+  (`ModelConfig.attention_bias` False): they are written as zeros.
+* **The decoder's first token.** Marian starts decoding with PAD (`decoder_start_token_id` =
+  `pad_token_id`); transduce starts with BOS. The config says BOS (id 2), so `generate` and the
+  teacher-forced `labels` shift start as transduce does.
+* **LayerNorm epsilon.** Hugging Face's Marian layers use `nn.LayerNorm`'s 1e-5; transduce's is
+  1e-6 (tensor2tensor's). This cannot be folded into the weights; the logits differ by that
+  alone, ~1e-6 relative (measured by the tests), which is float tolerance.
+* **Length penalty.** `generate` ranks beams by log P / |Y|^alpha; the paper's is
+  ((5 + |Y|)/6)^alpha (see docs/export.md).
+
+The directory also holds transduce.json (the transduce config), so that `import_marian` restores
+exactly what was exported (epsilon, attention biases off); a Marian directory without it is read
+with Hugging Face's own settings (epsilon 1e-5, biases on), when its vocabulary numbers pieces as
+transduce's sentencepiece models do (PAD 0, UNK 1, BOS 2, EOS 3, every piece at its own id).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..config import Config, ModelConfig
+from ..data.vocab import BOS, EOS, PAD, UNK, Vocab
+from ..extras import require
+from ..model import Transformer
+
+INFO = "transduce.json"
+DEFAULT_MAX_POSITIONS = 1024
+"""Marian's `max_position_embeddings` (Hugging Face's default): sources and outputs up to 1024 tokens."""
+
+
+def hidden_permutation(d_model: int) -> torch.Tensor:
+    """perm with marian_vector = transduce_vector[perm]: transduce's interleaved dimensions
+    (sin 0, cos 1, sin 2, ...) in Marian's order (sin 0, 2, 4, ... | cos 1, 3, 5, ...)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def _check_exportable(c: ModelConfig) -> None:
+    if c.norm_first:
+        raise ValueError("MarianMT is post-norm (the paper's); this model is pre-norm (norm_first)")
+    if c.positional != "sinusoidal":
+        raise ValueError("MarianMT has fixed sinusoidal positions; this model's are learned")
+    if c.head_dim_k * c.n_heads != c.d_model or c.head_dim_v * c.n_heads != c.d_model:
+        raise ValueError("MarianMT needs d_k = d_v = d_model / h")
+    if c.pad_id != PAD:
+        raise ValueError(f"the model's pad_id is {c.pad_id}, not {PAD}")
+
+
+def marian_state_dict(model: Transformer, permute_hidden: bool = True) -> dict[str, torch.Tensor]:
+    """The transduce model's parameters under MarianMTModel's names, the hidden dimension
+    permuted (see the module docstring). `permute_hidden=False` leaves it in transduce's order:
+    only to show that the permutation is needed."""
+    c = model.config
+    _check_exportable(c)
+    d = c.d_model
+    perm = hidden_permutation(d) if permute_hidden else torch.arange(d)
+
+    def reads(w):  # weight whose input is the residual stream: permute its columns
+        return w.detach()[:, perm].clone()
+
+    def writes(w):  # weight or bias written into the residual stream: permute its rows
+        return w.detach()[perm].clone()
+
+    def zeros_or(b, n):
+        return torch.zeros(n) if b is None else b.detach().clone()
+
+    sd: dict[str, torch.Tensor] = {}
+
+    def attention(prefix, attn):
+        q, k, v = attn.in_proj.weight.split([d, d, d])
+        bias = attn.in_proj.bias.split([d, d, d]) if attn.in_proj.bias is not None else (None, None, None)
+        for name, w, b in zip("qkv", (q, k, v), bias):
+            sd[f"{prefix}.{name}_proj.weight"] = reads(w)
+            sd[f"{prefix}.{name}_proj.bias"] = zeros_or(b, d)
+        sd[f"{prefix}.out_proj.weight"] = writes(attn.out_proj.weight)
+        sd[f"{prefix}.out_proj.bias"] = writes(zeros_or(attn.out_proj.bias, d))
+
+    def norm(prefix, ln):
+        sd[f"{prefix}.weight"], sd[f"{prefix}.bias"] = writes(ln.weight), writes(ln.bias)
+
+    def ffn(prefix, ff):
+        sd[f"{prefix}.fc1.weight"], sd[f"{prefix}.fc1.bias"] = reads(ff.w_1.weight), ff.w_1.bias.detach().clone()
+        sd[f"{prefix}.fc2.weight"], sd[f"{prefix}.fc2.bias"] = writes(ff.w_2.weight), writes(ff.w_2.bias)
+
+    for i, layer in enumerate(model.encoder.layers):
+        p = f"model.encoder.layers.{i}"
+        attention(f"{p}.self_attn", layer.self_attn)
+        norm(f"{p}.self_attn_layer_norm", layer.norm1)
+        ffn(p, layer.feed_forward)
+        norm(f"{p}.final_layer_norm", layer.norm2)
+    for i, layer in enumerate(model.decoder.layers):
+        p = f"model.decoder.layers.{i}"
+        attention(f"{p}.self_attn", layer.self_attn)
+        norm(f"{p}.self_attn_layer_norm", layer.norm1)
+        attention(f"{p}.encoder_attn", layer.cross_attn)
+        norm(f"{p}.encoder_attn_layer_norm", layer.norm2)
+        ffn(p, layer.feed_forward)
+        norm(f"{p}.final_layer_norm", layer.norm3)
+    src_embed, tgt_embed = reads(model.encoder.embed.weight), reads(model.decoder.embed.weight)
+    if c.share_embeddings:
+        sd["model.shared.weight"] = src_embed
+    sd["model.encoder.embed_tokens.weight"] = src_embed
+    sd["model.decoder.embed_tokens.weight"] = tgt_embed
+    sd["lm_head.weight"] = tgt_embed if model.output_proj is None else reads(model.output_proj.weight)
+    sd["final_logits_bias"] = torch.zeros(1, c.target_vocab_size)
+    return sd
+
+
+def marian_config(c: ModelConfig, max_positions: int = DEFAULT_MAX_POSITIONS):
+    """The MarianConfig of a transduce ModelConfig."""
+    transformers = require("transformers", "exporting to Hugging Face")
+    return transformers.MarianConfig(
+        vocab_size=c.src_vocab_size,
+        decoder_vocab_size=c.target_vocab_size,
+        share_encoder_decoder_embeddings=c.share_embeddings,
+        tie_word_embeddings=c.share_embeddings or c.tie_output,
+        max_position_embeddings=max_positions,
+        d_model=c.d_model,
+        encoder_layers=c.n_layers, decoder_layers=c.n_layers,
+        encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
+        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
+        activation_function="relu",
+        scale_embedding=c.scale_embeddings,
+        dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=0.0,
+        pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, bos_token_id=BOS,
+        forced_eos_token_id=None,
+    )
+
+
+def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: Vocab, out: str | os.PathLike, *,
+                  max_positions: int = DEFAULT_MAX_POSITIONS, force: bool = False, permute_hidden: bool = True,
+                  description: str = "") -> Path:
+    """Write a MarianMT directory (weights, config, generation config, tokenizer files,
+    transduce.json), whole or not at all. Returns `out`."""
+    transformers = require("transformers", "exporting to Hugging Face")
+    out = Path(out)
+    if out.exists() and not force:
+        raise FileExistsError(f"{out}: exists (use --force to replace it)")
+    c = config.model
+    _check_exportable(c)
+    sd = marian_state_dict(model.float(), permute_hidden)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        hf = transformers.MarianMTModel(marian_config(c, max_positions))
+        missing, unexpected = hf.load_state_dict(sd, strict=False)
+        missing = [k for k in missing if not k.endswith("embed_positions.weight")]
+        if missing or unexpected:
+            raise ValueError(f"MarianMTModel's parameters do not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        hf.generation_config.decoder_start_token_id = BOS
+        hf.generation_config.bad_words_ids = [[PAD], [BOS]]  # never real output tokens (as transduce.decode)
+        hf.save_pretrained(tmp)
+        shared = src_vocab is tgt_vocab or src_vocab.path == tgt_vocab.path
+        shutil.copy(src_vocab.path, tmp / "source.spm")
+        shutil.copy(tgt_vocab.path, tmp / "target.spm")
+        src_map = {src_vocab.sp.id_to_piece(i): i for i in range(len(src_vocab))}
+        (tmp / "vocab.json").write_text(json.dumps(src_map, ensure_ascii=False, indent=1), encoding="utf-8")
+        if not shared:
+            tgt_map = {tgt_vocab.sp.id_to_piece(i): i for i in range(len(tgt_vocab))}
+            (tmp / "target_vocab.json").write_text(json.dumps(tgt_map, ensure_ascii=False, indent=1), encoding="utf-8")
+        tok_config = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": not shared, "model_max_length": max_positions,
+                      "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>"}
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
+        info = {"format": "transduce-marian", "version": 1, "shared_vocab": shared, "hidden_permuted": permute_hidden,
+                "exported_from": description, "config": config.to_dict()}
+        (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _config_from_marian(mc, train: dict | None = None) -> Config:
+    """A transduce Config for a Marian directory that has no transduce.json: Hugging Face's
+    settings (attention biases, LayerNorm epsilon 1e-5)."""
+    if mc.encoder_layers != mc.decoder_layers or mc.encoder_ffn_dim != mc.decoder_ffn_dim \
+            or mc.encoder_attention_heads != mc.decoder_attention_heads:
+        raise ValueError("transduce's encoder and decoder have the same N, d_ff and h; this Marian model's differ")
+    if mc.activation_function != "relu":
+        raise ValueError(f"transduce's FFN is ReLU (eq. 2); this Marian model uses {mc.activation_function}")
+    if mc.pad_token_id != PAD or mc.eos_token_id != EOS:
+        raise ValueError(f"transduce needs PAD {PAD} and EOS {EOS}; this Marian model has {mc.pad_token_id} and {mc.eos_token_id}")
+    shared = mc.share_encoder_decoder_embeddings
+    tgt = mc.decoder_vocab_size if mc.decoder_vocab_size is not None else mc.vocab_size
+    model = ModelConfig(src_vocab_size=mc.vocab_size, tgt_vocab_size=None if shared else tgt, n_layers=mc.encoder_layers,
+                        d_model=mc.d_model, d_ff=mc.encoder_ffn_dim, n_heads=mc.encoder_attention_heads,
+                        dropout=float(mc.dropout), attention_dropout=float(mc.attention_dropout), attention_bias=True,
+                        share_embeddings=shared, tie_output=bool(mc.tie_word_embeddings),
+                        scale_embeddings=bool(mc.scale_embedding), layer_norm_eps=1e-5, pad_id=PAD)
+    return Config(model=model)
+
+
+def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, Vocab]:
+    """Read a MarianMT directory (one `export_marian` wrote, or any whose vocabulary follows
+    transduce's layout) into a transduce model (eval mode), its config and vocabularies."""
+    transformers = require("transformers", "importing from Hugging Face")
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: not a Hugging Face model directory (no config.json)")
+    hf = transformers.MarianMTModel.from_pretrained(str(path), attn_implementation="eager")
+    mc = hf.config
+    info = json.loads((path / INFO).read_text(encoding="utf-8")) if (path / INFO).is_file() else None
+    config = Config.from_dict(info["config"]) if info else _config_from_marian(mc)
+    c = config.model
+    _check_exportable(c)
+    sv = Vocab(path / "source.spm")
+    tv = Vocab(path / "target.spm")
+    _check_vocab_layout(path / "vocab.json", sv)
+    if (path / "target_vocab.json").is_file():
+        _check_vocab_layout(path / "target_vocab.json", tv)
+    elif c.share_embeddings:
+        tv = sv
+    if float(hf.final_logits_bias.abs().max()) != 0.0:
+        raise ValueError(f"{path}: final_logits_bias is not zero (transduce's output projection has no bias)")
+    permuted = info.get("hidden_permuted", True) if info else True
+    sd = {k: v.detach() for k, v in hf.state_dict().items()}
+    d = c.d_model
+    inv = torch.argsort(hidden_permutation(d)) if permuted else torch.arange(d)
+
+    def reads(w):
+        return w[:, inv].contiguous()
+
+    def writes(w):
+        return w[inv].contiguous()
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def attention(dst, src):
+        w = torch.cat([reads(sd[f"{src}.{n}_proj.weight"]) for n in "qkv"])
+        tensors[f"{dst}.in_proj.weight"] = w
+        tensors[f"{dst}.out_proj.weight"] = writes(sd[f"{src}.out_proj.weight"])
+        biases = [sd[f"{src}.{n}_proj.bias"] for n in "qkv"] + [sd[f"{src}.out_proj.bias"]]
+        if c.attention_bias:
+            tensors[f"{dst}.in_proj.bias"] = torch.cat(biases[:3])
+            tensors[f"{dst}.out_proj.bias"] = writes(biases[3])
+        elif any(float(b.abs().max()) != 0.0 for b in biases):
+            raise ValueError(f"{path}: {src} has non-zero attention biases, but the model's config has none")
+
+    def norm(dst, src):
+        tensors[f"{dst}.weight"], tensors[f"{dst}.bias"] = writes(sd[f"{src}.weight"]), writes(sd[f"{src}.bias"])
+
+    def ffn(dst, src):
+        tensors[f"{dst}.w_1.weight"], tensors[f"{dst}.w_1.bias"] = reads(sd[f"{src}.fc1.weight"]), sd[f"{src}.fc1.bias"].clone()
+        tensors[f"{dst}.w_2.weight"], tensors[f"{dst}.w_2.bias"] = writes(sd[f"{src}.fc2.weight"]), writes(sd[f"{src}.fc2.bias"])
+
+    for i in range(c.n_layers):
+        p = f"model.encoder.layers.{i}"
+        attention(f"encoder.layers.{i}.self_attn", f"{p}.self_attn")
+        norm(f"encoder.layers.{i}.norm1", f"{p}.self_attn_layer_norm")
+        ffn(f"encoder.layers.{i}.feed_forward", p)
+        norm(f"encoder.layers.{i}.norm2", f"{p}.final_layer_norm")
+        p = f"model.decoder.layers.{i}"
+        attention(f"decoder.layers.{i}.self_attn", f"{p}.self_attn")
+        norm(f"decoder.layers.{i}.norm1", f"{p}.self_attn_layer_norm")
+        attention(f"decoder.layers.{i}.cross_attn", f"{p}.encoder_attn")
+        norm(f"decoder.layers.{i}.norm2", f"{p}.encoder_attn_layer_norm")
+        ffn(f"decoder.layers.{i}.feed_forward", p)
+        norm(f"decoder.layers.{i}.norm3", f"{p}.final_layer_norm")
+    tensors["encoder.embed.weight"] = reads(sd["model.encoder.embed_tokens.weight"])
+    tensors["decoder.embed.weight"] = reads(sd["model.decoder.embed_tokens.weight"])
+    if not (c.share_embeddings or c.tie_output):
+        tensors["output_proj.weight"] = reads(sd["lm_head.weight"])
+
+    model = Transformer(c)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model.eval(), config, sv, tv
+
+
+def _check_vocab_layout(vocab_json: Path, vocab: Vocab) -> None:
+    """Marian's vocab.json must number every piece as the sentencepiece model does (transduce
+    decodes ids with the sentencepiece model)."""
+    mapping = json.loads(vocab_json.read_text(encoding="utf-8"))
+    wrong = [p for p, i in mapping.items() if vocab.sp.piece_to_id(p) != i]
+    if wrong or len(mapping) != len(vocab):
+        raise ValueError(f"{vocab_json}: its ids are not the sentencepiece model's (e.g. {wrong[:1]}): "
+                         "not a vocabulary in transduce's layout")
+    for name, i in (("<pad>", PAD), ("<unk>", UNK), ("<s>", BOS), ("</s>", EOS)):
+        if mapping.get(name) != i:
+            raise ValueError(f"{vocab_json}: {name} is not id {i}")

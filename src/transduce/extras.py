@@ -1,0 +1,20 @@
+"""Optional dependencies: the commands that need one ask for it by its extra's name."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .errors import UsageError
+
+EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve"}
+"""Module -> the extra of pyproject.toml that installs it."""
+
+
+def require(module: str, purpose: str) -> ModuleType:
+    """Import `module`, or raise a one-line UsageError naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        extra = EXTRAS.get(module.split(".")[0], module)
+        raise UsageError(f"{purpose} needs {module.split('.')[0]}: pip install 'transduce[{extra}]'") from None

@@ -1,0 +1,184 @@
+"""Dynamic batching: requests that arrive together are decoded together, by one thread.
+
+Each request becomes a `Job` (its sentences, their search settings, its source tokens) queued in
+arrival order. The decoding thread takes the oldest job, waits until `max_wait` seconds after that
+job arrived or until the queued jobs with the same settings hold `max_batch_tokens` source tokens,
+then decodes the sentences of all those jobs in one call of `translate` (which sorts them by
+length and cuts them into batches of at most the token budget: `transduce.translate.translate_stream`
+or the CTranslate2 engine's), and hands each job its own results, in its own order. Jobs with other
+settings (another beam size, alpha, ...) wait for the next round, which starts with the oldest
+job, so none starves.
+
+A job can be cancelled (its client went away): if it has not started, it is dropped; if it is
+being decoded, its results are thrown away. The queue holds at most `max_queue` jobs waiting
+(`QueueFull` beyond); a failure of `translate` fails only the jobs of that round.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+
+class QueueFull(Exception):
+    """The queue holds `max_queue` jobs waiting: try again later."""
+
+
+@dataclass(eq=False)
+class Job:
+    sentences: list[str]
+    settings: Hashable
+    """Search settings; only jobs with equal settings are decoded together."""
+    tokens: int
+    """Source tokens of its sentences (each with EOS): what counts against the token budget."""
+    future: Future = field(default_factory=Future)
+    """Its result: one list of candidates per sentence, in order."""
+    arrived: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+
+@dataclass
+class Stats:
+    rounds: int = 0
+    """Calls of `translate`: each decodes the sentences of one or more jobs."""
+    jobs: int = 0
+    sentences: int = 0
+    cancelled: int = 0
+    failed_rounds: int = 0
+    round_sizes: list[int] = field(default_factory=list)
+    """Jobs per round, the last 1000 rounds."""
+
+
+class Batcher:
+    """One decoding thread over a queue of jobs (see the module docstring).
+
+    `translate(sentences, settings)` returns one result per sentence, in order; it runs on the
+    batcher's thread only, so the model is used by one thread.
+    """
+
+    def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = 4096,
+                 max_wait: float = 0.01, max_queue: int = 256):
+        if max_batch_tokens < 1 or max_wait < 0 or max_queue < 1:
+            raise ValueError("max_batch_tokens and max_queue must be positive, max_wait not negative")
+        self.translate = translate
+        self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait, max_queue
+        self.stats = Stats()
+        self._queue: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- the callers' side ------------------------------------------------------------------------
+
+    def start(self) -> "Batcher":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="transduce-batcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Finish the round under way, fail what is still queued, end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._cond:
+            while self._queue:
+                job = self._queue.popleft()
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError("the server is shutting down"))
+
+    def submit(self, sentences: list[str], settings: Hashable, tokens: int) -> Job:
+        """Queue a job; raises QueueFull when `max_queue` jobs are waiting."""
+        job = Job(list(sentences), settings, tokens)
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the server is shutting down")
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"{len(self._queue)} requests are waiting (the limit)")
+            self._queue.append(job)
+            self._cond.notify_all()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone: drop the job if it is still queued, else ignore its results."""
+        with self._cond:
+            job.cancelled = True
+            try:
+                self._queue.remove(job)
+            except ValueError:
+                pass
+            else:
+                self.stats.cancelled += 1
+        job.future.cancel()
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    # -- the decoding thread ----------------------------------------------------------------------
+
+    def _take_round(self) -> list[Job] | None:
+        """Wait for work, then take the oldest job and those with its settings that fit the budget."""
+        with self._cond:
+            while True:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return None
+                first = self._queue[0]
+                deadline = first.arrived + self.max_wait
+                while not self._stopping:
+                    same = sum(j.tokens for j in self._queue if j.settings == first.settings)
+                    left = deadline - time.monotonic()
+                    if same >= self.max_batch_tokens or left <= 0 or first not in self._queue:
+                        break
+                    self._cond.wait(left)
+                if self._stopping:
+                    return None
+                if not self._queue or self._queue[0] is not first:  # cancelled while waiting
+                    continue
+                taken, tokens = [], 0
+                for job in list(self._queue):
+                    if job.settings != first.settings:
+                        continue
+                    if taken and tokens + job.tokens > self.max_batch_tokens:
+                        break
+                    taken.append(job)
+                    tokens += job.tokens
+                for job in taken:
+                    self._queue.remove(job)
+                return taken
+
+    def _run(self) -> None:
+        while True:
+            jobs = self._take_round()
+            if jobs is None:
+                return
+            jobs = [j for j in jobs if not j.cancelled and j.future.set_running_or_notify_cancel()]
+            if not jobs:
+                continue
+            sentences = [s for j in jobs for s in j.sentences]
+            try:
+                results = list(self.translate(sentences, jobs[0].settings)) if sentences else []
+                if len(results) != len(sentences):
+                    raise RuntimeError(f"{len(results)} results for {len(sentences)} sentences")
+            except BaseException as e:  # noqa: BLE001 - the round's jobs fail, the thread goes on
+                self.stats.failed_rounds += 1
+                for j in jobs:
+                    j.future.set_exception(e)
+                continue
+            self.stats.rounds += 1
+            self.stats.jobs += len(jobs)
+            self.stats.sentences += len(sentences)
+            self.stats.round_sizes = (self.stats.round_sizes + [len(jobs)])[-1000:]
+            start = 0
+            for j in jobs:
+                j.future.set_result(results[start : start + len(j.sentences)])
+                start += len(j.sentences)

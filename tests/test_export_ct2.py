@@ -1,0 +1,166 @@
+"""`transduce export ct2`: the CTranslate2 model computes what transduce computes.
+
+On tiny random models (padding on both sides, shared and separate vocabularies, the paper's
+post-norm and the options: pre-norm, attention biases, learned positions, d_k != d_model / h):
+CTranslate2's float32 `score_batch` log-probabilities equal transduce's within float tolerance,
+greedy outputs are identical, and `translate --engine ct2` gives `translate`'s output. The
+position-table trap is shown (CTranslate2's own table is wrong for the paper's model); int8 is
+measured, not asserted exact."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("ctranslate2")
+
+from tiny_models import SRC_WORDS, make_model, padded_batch, sentences  # noqa: E402
+
+from transduce.cli import main  # noqa: E402
+from transduce.data.vocab import EOS  # noqa: E402
+from transduce.export.ct2 import build_spec, export_ct2, load_ct2, pieces  # noqa: E402
+from transduce.translate import load_translation_model, translate_stream  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+VARIANTS = {
+    "paper-shared": dict(shared=True, n_layers=3),
+    "separate-untied": dict(shared=False, n_layers=3, tie_output=False),
+    "prenorm-bias-learned-dk": dict(shared=False, n_layers=2, norm_first=True, attention_bias=True, positional="learned",
+                                    max_positions=64, d_k=4, d_v=4),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def exported(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    model_dir = make_model(root, **VARIANTS[request.param])
+    loaded = load_translation_model(model_dir)
+    out = export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, root / "ct2")
+    return loaded, load_ct2(out, threads=1), root
+
+
+def transduce_log_probs(loaded, src, tgt, tgt_ids):
+    with torch.no_grad():
+        lp = torch.log_softmax(loaded.model(src, tgt).float(), -1)
+    return [[lp[i, j, tok].item() for j, tok in enumerate(t + [EOS])] for i, t in enumerate(tgt_ids)]
+
+
+def ct2_log_probs(ct2, src_ids, tgt_ids):
+    sp, tp = pieces(ct2.src_vocab), pieces(ct2.tgt_vocab)
+    results = ct2.translator.score_batch([[sp[i] for i in s[:-1]] for s in src_ids], [[tp[i] for i in t] for t in tgt_ids])
+    return [r.log_probs for r in results]
+
+
+def test_score_batch_log_probs_equal_transduces(exported):
+    loaded, ct2, _ = exported
+    src, tgt, src_ids, tgt_ids = padded_batch(loaded.src_vocab, loaded.tgt_vocab)
+    assert (src == 0).any() and (tgt == 0).any()  # padding on both sides
+    ref, got = transduce_log_probs(loaded, src, tgt, tgt_ids), ct2_log_probs(ct2, src_ids, tgt_ids)
+    assert [len(r) for r in ref] == [len(g) for g in got]
+    worst = max(abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g))
+    assert worst < 2e-5, worst
+
+
+def test_greedy_outputs_identical(exported):
+    loaded, ct2, _ = exported
+    lines = sentences(SRC_WORDS, 40, seed=7) + ["", "a"]
+    ref = list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=6))
+    got = list(ct2.translate_stream(lines, greedy=True, max_len_offset=6))
+    assert [c[0].tokens for c in got] == [c[0].tokens for c in ref]
+    assert [c[0].text for c in got] == [c[0].text for c in ref]
+
+
+def test_ct2_own_position_table_is_not_the_papers(exported, tmp_path):
+    """The trap: without the explicit table CTranslate2 adds [sin | cos] halves, not 3.5's
+    interleaved sinusoids; the model still runs, and its log-probabilities are wrong."""
+    from ctranslate2.specs import model_spec
+
+    loaded, ct2, _ = exported
+    spec = build_spec(loaded.model, loaded.config, pieces(loaded.src_vocab), pieces(loaded.tgt_vocab))
+    if loaded.config.model.positional != "sinusoidal":  # learned (row E): the model's own tables, as they are
+        for stack, s in ((loaded.model.encoder, spec.encoder), (loaded.model.decoder, spec.decoder)):
+            assert torch.equal(torch.from_numpy(s.position_encodings.encodings), stack.positions.weight.detach())
+        return
+    spec.encoder.position_encodings.encodings = model_spec.OPTIONAL
+    spec.decoder.position_encodings.encodings = model_spec.OPTIONAL
+    spec.validate()
+    spec.optimize("float32")
+    (tmp_path / "own").mkdir()
+    spec.save(str(tmp_path / "own"))
+    import ctranslate2
+
+    wrong = ctranslate2.Translator(str(tmp_path / "own"), intra_threads=1)
+    src, tgt, src_ids, tgt_ids = padded_batch(loaded.src_vocab, loaded.tgt_vocab)
+    sp, tp = pieces(ct2.src_vocab), pieces(ct2.tgt_vocab)
+    got = [r.log_probs for r in wrong.score_batch([[sp[i] for i in s[:-1]] for s in src_ids],
+                                                   [[tp[i] for i in t] for t in tgt_ids])]
+    ref = transduce_log_probs(loaded, src, tgt, tgt_ids)
+    assert max(abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g)) > 0.05
+
+
+def test_int8_agreement_is_measured(exported, capsys):
+    """int8 weights: not exact. Measured here and printed (docs/RESULTS.md has the Multi30k figures);
+    asserted only to be close: mean |difference| of log-probabilities under 0.1."""
+    loaded, _, root = exported
+    out = export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, root / "ct2-int8",
+                     quantization="int8", force=True)
+    ct2 = load_ct2(out, threads=1)
+    src, tgt, src_ids, tgt_ids = padded_batch(loaded.src_vocab, loaded.tgt_vocab)
+    ref, got = transduce_log_probs(loaded, src, tgt, tgt_ids), ct2_log_probs(ct2, src_ids, tgt_ids)
+    diffs = [abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g)]
+    lines = sentences(SRC_WORDS, 40, seed=7)
+    a = [c[0].tokens for c in translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=6)]
+    b = [c[0].tokens for c in ct2.translate_stream(lines, greedy=True, max_len_offset=6)]
+    same = sum(x == y for x, y in zip(a, b)) / len(a)
+    with capsys.disabled():
+        print(f"\n[int8 {ct2.compute_type}] mean |d log p| {sum(diffs) / len(diffs):.4f}, max {max(diffs):.4f}, "
+              f"greedy outputs identical {same:.0%}")
+    assert sum(diffs) / len(diffs) < 0.1
+
+
+def test_translate_engine_ct2_equals_translate(exported, tmp_path, capsys):
+    loaded, ct2, root = exported
+    model_dir = root / "model"
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(sentences(SRC_WORDS, 12, seed=9) + ["", "two dogs"]) + "\n", encoding="utf-8")
+    outs = {}
+    for engine, path in (("torch", model_dir), ("ct2", root / "ct2")):
+        out = tmp_path / f"{engine}.txt"
+        assert main(["translate", str(path), "--engine", engine, "-i", str(src), "-o", str(out), "--greedy",
+                     "--max-len-offset", "5", "--quiet", "--precision", "fp32"]) == 0
+        outs[engine] = out.read_text(encoding="utf-8")
+    assert outs["ct2"] == outs["torch"] and outs["torch"].count("\n") == 14
+    # n-best TSV through CTranslate2's beam search, ranked by the paper's length penalty
+    out = tmp_path / "nbest.tsv"
+    assert main(["translate", str(root / "ct2"), "--engine", "ct2", "-i", str(src), "-o", str(out), "--beam", "3",
+                 "--n-best", "2", "--max-len-offset", "5", "--quiet"]) == 0
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    for line_no in {r[0] for r in rows if r[4]}:
+        scores = [float(r[2]) for r in rows if r[0] == line_no]
+        assert scores == sorted(scores, reverse=True)
+    capsys.readouterr()
+
+
+def test_paper_length_penalty_ranks_ct2s_hypotheses(exported):
+    """length_penalty="paper": every hypothesis' score is its log-probability over
+    ((5+|Y|)/6)^alpha (|Y| with EOS), best first; "ct2": over |Y|^alpha."""
+    _, ct2, _ = exported
+    lines = sentences(SRC_WORDS, 10, seed=11)
+    for mode, lp in (("paper", lambda n, a: ((5 + n) / 6) ** a), ("ct2", lambda n, a: n**a)):
+        for cands in ct2.translate_stream(lines, beam=4, n_best=4, alpha=0.8, max_len_offset=5, length_penalty=mode):
+            for c in cands:  # |Y| counts the EOS, unless the hypothesis stopped at the maximum length
+                n = len(c.tokens)
+                assert any(math.isclose(c.score, c.logprob / lp(m, 0.8), rel_tol=1e-5) for m in (n + 1, n) if m > 0)
+            assert [c.score for c in cands] == sorted((c.score for c in cands), reverse=True)
+
+
+def test_export_errors_are_one_line(tmp_path, capsys):
+    root = tmp_path / "m"
+    model_dir = make_model(root)
+    assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "a")]) == 0
+    assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "a")]) == 2
+    assert "exists (use --force" in capsys.readouterr().err
+    assert main(["translate", str(model_dir), "--engine", "ct2", "--quiet"]) == 2
+    assert "not a CTranslate2 model" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "m"]  # no temporary directory left
