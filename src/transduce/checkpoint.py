@@ -49,6 +49,7 @@ run directory given to an inference command means that average (`load_for_infere
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -96,6 +97,31 @@ def atomic_write_text(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | os.PathLike):
+    """A directory written whole or not at all (the exports, a model directory made from another
+    format): yields a hidden temporary directory beside `out`, which replaces `out` (an existing
+    one included) when the block ends without an error; on an error it is removed and `out` is
+    left as it was."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        fsync_dir(tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        fsync_dir(out.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fsync_dir(path: Path) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -103,19 +102,13 @@ def _quiet_transformers() -> None:
 
 
 def _from_marian(args: argparse.Namespace) -> int:
+    from ..checkpoint import atomic_dir
     from ..export.marian import import_marian
 
     _quiet_transformers()
     model, config, sv, tv = import_marian(args.model_path)
-    out = args.out.with_name(f".{args.out.name}.tmp-{os.getpid()}")  # renamed into place at the end
-    shutil.rmtree(out, ignore_errors=True)
-    try:
+    with atomic_dir(args.out) as out:  # renamed into place at the end
         _write_model_dir(model, config, sv, tv, out)
-        if args.out.exists():
-            shutil.rmtree(args.out)
-        os.replace(out, args.out)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
     print(f"wrote {args.out}: transduce model directory from {args.model_path}")
     return 0
 

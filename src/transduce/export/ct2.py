@@ -55,6 +55,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from ..checkpoint import atomic_dir
 from ..config import Config
 from ..data.vocab import BOS, EOS, PAD, SPECIAL_PIECES, Vocab
 from ..extras import require
@@ -215,9 +216,7 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
     out = Path(out)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: exists (use --force to replace it)")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_dir(out) as tmp:
         converter = TransduceConverter(model.float(), config, src_vocab, tgt_vocab, max_positions)
         converter.convert(str(tmp), quantization=quantization, force=True)
         shared = src_vocab.path == tgt_vocab.path or src_vocab is tgt_vocab
@@ -230,11 +229,6 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
         info = {"format": "transduce-ct2", "version": 1, "quantization": quantization, "max_positions": rows,
                 "vocab": {"shared": shared, "files": files}, "exported_from": description, "config": config.to_dict()}
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import atomic_dir
 from ..config import Config, ModelConfig
 from ..data.vocab import BOS, EOS, PAD, UNK, Vocab
 from ..extras import require
@@ -165,9 +166,7 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
     c = config.model
     _check_exportable(c)
     sd = marian_state_dict(model.float(), permute_hidden)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with atomic_dir(out) as tmp:
         hf = transformers.MarianMTModel(marian_config(c, max_positions))
         missing, unexpected = hf.load_state_dict(sd, strict=False)
         missing = [k for k in missing if not k.endswith("embed_positions.weight")]
@@ -190,11 +189,6 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
         info = {"format": "transduce-marian", "version": 1, "shared_vocab": shared, "hidden_permuted": permute_hidden,
                 "exported_from": description, "config": config.to_dict()}
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
