@@ -230,6 +230,88 @@ def _number(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
+def _add_error_handlers(app, limits: Limits) -> None:
+    """Every error as JSON: a field over a limit names the limit (422), bad JSON is 400, others as they come."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        for e in errors:
+            loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+            if e.get("type") == "json_invalid":
+                return _error(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            if e.get("type") in _TOO_BIG and loc:
+                name = "max_chars" if e.get("type") == "string_too_long" else _LIMIT_OF_FIELD.get(loc[0])
+                if name is not None:
+                    return _error(422, "limit_exceeded", f"{'.'.join(loc)}: {e.get('msg')}", limit=name,
+                                  value=getattr(limits, name), field=".".join(loc))
+        first = errors[0] if errors else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return _error(422, "invalid_request", f"{where or 'body'}: {first.get('msg', 'invalid request')}", field=where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        code = "invalid_json" if exc.status_code == 400 else ("not_found" if exc.status_code == 404 else "http_error")
+        message = "the body is not valid JSON in UTF-8" if exc.status_code == 400 else str(exc.detail)
+        return _error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+
+
+def _check_sentences(e: Engine, sentences: list[str], limits: Limits):
+    """(a JSON error or None, the request's tokens with EOS): each sentence valid Unicode and
+    within the token limit."""
+    tokens = 0
+    for i, s in enumerate(sentences):
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return _error(422, "invalid_request", f"sentences.{i}: not valid Unicode (a lone surrogate)",
+                          field=f"sentences.{i}"), 0
+        n = len(e.encode(s))
+        if n > limits.max_tokens:
+            return _error(422, "limit_exceeded", f"sentences.{i}: {n} subword tokens, more than {limits.max_tokens}",
+                          limit="max_tokens", value=limits.max_tokens, field=f"sentences.{i}"), 0
+        tokens += n + 1
+    return None, tokens
+
+
+def _response(req, results) -> dict:
+    """The JSON answer: per sentence its best text, with scores and the n-best when asked."""
+    out = []
+    for cands in results:
+        best = cands[0]
+        t = {"text": best.text}
+        if req.scores:
+            t["score"], t["logprob"] = _number(best.score), _number(best.logprob)
+        if req.n_best > 1:
+            t["n_best"] = [{"text": c.text, "score": _number(c.score), "logprob": _number(c.logprob)} for c in cands]
+        out.append(t)
+    return {"translations": out}
+
+
+def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_batch_tokens: int, max_wait: float) -> None:
+    """GET /health (is the model loaded?) and GET /info (the model, the defaults, the limits, the queue)."""
+
+    @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="is the model loaded?")
+    async def health():
+        from fastapi.responses import JSONResponse
+
+        if state["engine"] is not None:
+            return {"status": "ok"}
+        status = "failed: " + state["error"] if state["error"] else "loading"
+        return JSONResponse({"status": status}, status_code=503)
+
+    @app.get("/info", summary="the model, the engine, the search defaults and the limits")
+    async def info() -> dict:
+        e, b = state["engine"], state["batcher"]
+        return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(defaults),
+                "limits": asdict(limits), "batching": {"max_batch_tokens": max_batch_tokens, "max_wait_ms": max_wait * 1000},
+                "queue": b.queued if b is not None else 0,
+                "stats": {k: v for k, v in asdict(b.stats).items() if k != "round_sizes"} if b is not None else {}}
+
+
 def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None, defaults: Search | None = None,
                max_batch_tokens: int = DEFAULT_BATCH_TOKENS, max_wait: float = 0.01, poll_disconnect: float = 0.05,
                on_load_error: Callable[[BaseException], None] | None = None):
@@ -238,8 +320,6 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     on a thread at startup; /health says `loading` until it returns; if it fails, /health says so
     and `on_load_error(exception)` is called)."""
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     limits = limits or Limits()
     defaults = defaults or Search()
@@ -280,27 +360,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     if isinstance(engine, Engine):
         install(engine)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        for e in errors:
-            loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-            if e.get("type") == "json_invalid":
-                return _error(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
-            if e.get("type") in _TOO_BIG and loc:
-                name = "max_chars" if e.get("type") == "string_too_long" else _LIMIT_OF_FIELD.get(loc[0])
-                if name is not None:
-                    return _error(422, "limit_exceeded", f"{'.'.join(loc)}: {e.get('msg')}", limit=name,
-                                  value=getattr(limits, name), field=".".join(loc))
-        first = errors[0] if errors else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return _error(422, "invalid_request", f"{where or 'body'}: {first.get('msg', 'invalid request')}", field=where or None)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        code = "invalid_json" if exc.status_code == 400 else ("not_found" if exc.status_code == 404 else "http_error")
-        message = "the body is not valid JSON in UTF-8" if exc.status_code == 400 else str(exc.detail)
-        return _error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+    _add_error_handlers(app, limits)
 
     errors = {s: {"model": ErrorResponse} for s in (400, 413, 422, 429, 503)}
 
@@ -311,18 +371,9 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         if req.n_best > (1 if req.greedy else req.beam):
             return _error(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
                           f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
-        tokens = 0
-        for i, s in enumerate(req.sentences):
-            try:
-                s.encode("utf-8")
-            except UnicodeEncodeError:
-                return _error(422, "invalid_request", f"sentences.{i}: not valid Unicode (a lone surrogate)",
-                              field=f"sentences.{i}")
-            n = len(e.encode(s))
-            if n > limits.max_tokens:
-                return _error(422, "limit_exceeded", f"sentences.{i}: {n} subword tokens, more than {limits.max_tokens}",
-                              limit="max_tokens", value=limits.max_tokens, field=f"sentences.{i}")
-            tokens += n + 1
+        error, tokens = _check_sentences(e, req.sentences, limits)
+        if error is not None:
+            return error
         search = Search(req.beam, req.alpha, req.max_len_offset, req.n_best, req.greedy)
         try:
             job = batcher.submit(req.sentences, search, tokens)
@@ -338,39 +389,14 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
                 batcher.cancel(job)
                 future.cancel()
                 return _error(499, "disconnected", "the client went away")
-        results = future.result()
-        out = []
-        for cands in results:
-            best = cands[0]
-            t = {"text": best.text}
-            if req.scores:
-                t["score"], t["logprob"] = _number(best.score), _number(best.logprob)
-            if req.n_best > 1:
-                t["n_best"] = [{"text": c.text, "score": _number(c.score), "logprob": _number(c.logprob)} for c in cands]
-            out.append(t)
-        return {"translations": out}
+        return _response(req, future.result())
 
     # classes imported or made here, which the postponed annotations could not name
     translate.__annotations__.update(req=TranslateRequest, request=Request)
     app.post("/translate", response_model=TranslateResponse, responses=errors,
              summary="translate sentences (beam search, Section 6.1)")(translate)
 
-    @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="is the model loaded?")
-    async def health():
-        from fastapi.responses import JSONResponse
-
-        if state["engine"] is not None:
-            return {"status": "ok"}
-        status = "failed: " + state["error"] if state["error"] else "loading"
-        return JSONResponse({"status": status}, status_code=503)
-
-    @app.get("/info", summary="the model, the engine, the search defaults and the limits")
-    async def info() -> dict:
-        e, b = state["engine"], state["batcher"]
-        return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(defaults),
-                "limits": asdict(limits), "batching": {"max_batch_tokens": max_batch_tokens, "max_wait_ms": max_wait * 1000},
-                "queue": b.queued if b is not None else 0,
-                "stats": {k: v for k, v in asdict(b.stats).items() if k != "round_sizes"} if b is not None else {}}
+    _add_status_routes(app, state, defaults, limits, max_batch_tokens, max_wait)
 
     wrapped = _BodyLimit(app, limits.max_body_bytes)
     wrapped.fastapi, wrapped.state = app, state
