@@ -8,7 +8,7 @@
 #            in 6.3), target = Vinyals et al.'s linearized tree (a closed vocabulary of 59 symbols)
 #   train    preset `parse-cpu` (N=4, d_model=256, d_ff=1024, h=4, dropout 0.1 on sub-layers
 #            and attention weights, untied vocabularies), batches of 4096 tokens, warmup 1000,
-#            peak rate 1.1e-3, 4,000 updates (about 55 minutes on 2 cores in bf16), the rate
+#            peak rate 1.1e-3, 3,000 updates (about 45 minutes on 2 cores in bf16), the rate
 #            decaying linearly to 0 over the last 20% (COOLDOWN 0.2, not the paper's schedule);
 #            a checkpoint every SAVE_STEPS (250) updates
 #   average  the last K checkpoints, for each K in AVERAGE (default "5")
@@ -21,7 +21,7 @@
 #
 # Environment:
 #   RUN         run directory (default runs/wsj)
-#   STEPS       updates (default: the preset's, 4000 for parse-cpu)
+#   STEPS       updates (default: the preset's, 3000 for parse-cpu)
 #   MINUTES     an optional cap on training time (the model is then not the recipe's)
 #   PRECISION   auto (default), fp32 or bf16, for training and decoding
 #   THREADS     CPU threads (default: all cores)

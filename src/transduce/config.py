@@ -241,7 +241,7 @@ PRESETS: dict[str, Config] = {
     "parse-cpu": _variant(
         model=dict(n_layers=4, d_model=256, d_ff=1024, n_heads=4, dropout=0.1, attention_dropout=0.1,
                    share_embeddings=False, tie_output=False),
-        train=dict(max_tokens=4096, warmup_steps=1000, lr_scale=0.55, max_steps=4000, average_last=5),
+        train=dict(max_tokens=4096, warmup_steps=1000, lr_scale=0.55, max_steps=3000, average_last=5),
     ),
 }
 """Named presets. Table 3's `train steps` column is 100K for every row but big (300K)."""
