@@ -3,6 +3,8 @@
     python benchmarks/decode_speed.py --n-sentences 300            # a stable subset (minutes on 2 cores)
     python benchmarks/decode_speed.py                              # all 3003 sentences of newstest2014
     python benchmarks/decode_speed.py --precisions fp32 --batch-size 16 --threads 2 --json out.json
+    python benchmarks/decode_speed.py --presets small,base --systems transduce,ct2 \
+        --precisions fp32,bf16,int8 --n-sentences 128 --repeats 2   # against CTranslate2 (issue 21)
 
 What is measured
 ----------------
@@ -28,6 +30,21 @@ weights, in three precisions, the same for both systems:
   layers, 8 heads, FFN 2048, ReLU, post-norm, static sinusoidal positions, scale_embedding,
   shared and tied embeddings, vocabulary 37000), random init, `generate(num_beams=4, ...)`,
   timed the same way.
+
+* CTranslate2 (`--systems ct2`): the same transduce model (same seed, same weights), exported by
+  `transduce.export.ct2` (`TransduceConverter`, float32) into a temporary directory and loaded
+  with compute type float32 (precision fp32) or int8 (precision int8; int8 weights and products,
+  what CTranslate2 does on the CPU with `compute_type="int8"`), `intra_threads` = the torch
+  threads, one inter-op worker; tokens as CTranslate2's strings, `translate_batch(beam_size=4,
+  min_decoding_length=L, max_decoding_length=L)`: L decoder steps, as for the others (checked:
+  every hypothesis has L tokens). CTranslate2 has no bf16 on the CPU: no bf16 rows.
+* int8 (`--precisions int8`): transduce's `--precision int8` (`kernels.quantize_int8`: every
+  linear layer and the tied output projection in int8 through PyTorch's quantized kernels, the
+  rest fp32); CTranslate2 int8; no Hugging Face row.
+
+Sizes (`--presets`, default base): base as above; small = the `small` preset (N=3, d_model 256,
+d_ff 1024, h=4) with an 8000-token vocabulary (what `benchmarks/bench.py` and the Multi30k model
+use). The table's last column compares each row with CTranslate2's fastest row of its size.
 
 Equal work. The weights are random, so the outputs would be of arbitrary length; every
 hypothesis is therefore forced to the same length L, per batch: EOS is forbidden before L
@@ -142,11 +159,54 @@ class ForcedLength:
         return logits
 
 
-def build_transduce(seed: int) -> Transformer:
-    config = get_preset("base")
-    config.model.src_vocab_size = VOCAB
+SIZES = {"base": VOCAB, "small": 8000}
+"""Preset -> vocabulary size."""
+
+
+def build_transduce(seed: int, preset: str = "base") -> Transformer:
+    config = get_preset(preset)
+    config.model.src_vocab_size = SIZES[preset]
     torch.manual_seed(seed)
     return Transformer(config.model).eval()
+
+
+def marian_dims(preset: str) -> dict:
+    c = get_preset(preset).model
+    return dict(d_model=c.d_model, layers=c.n_layers, heads=c.n_heads, ffn=c.d_ff, vocab=SIZES[preset])
+
+
+def ct2_pieces(vocab: int) -> list[str]:
+    """A synthetic vocabulary for CTranslate2, which takes tokens as strings: the special pieces
+    at transduce's ids 0-3, then w4, w5, ..."""
+    from transduce.data.vocab import SPECIAL_PIECES
+
+    return [SPECIAL_PIECES[k] for k in ("pad", "unk", "bos", "eos")] + [f"w{i}" for i in range(4, vocab)]
+
+
+def build_ct2(model: Transformer, directory: Path, threads: int) -> dict:
+    """The transduce model exported to CTranslate2 (float32) and loaded per compute type:
+    {"fp32": Translator(float32), "int8": Translator(int8)}."""
+    import ctranslate2
+
+    from transduce.config import Config
+    from transduce.export.ct2 import TransduceConverter
+
+    vocab = ct2_pieces(model.config.src_vocab_size)
+    with torch.no_grad():
+        TransduceConverter(model, Config(model=model.config), vocab, vocab).convert(str(directory), quantization="float32",
+                                                                                      force=True)
+    return {p: ctranslate2.Translator(str(directory), device="cpu", compute_type=t, intra_threads=threads, inter_threads=1)
+            for p, t in (("fp32", "float32"), ("int8", "int8"))}
+
+
+def run_ct2(translator, tokens: list[list[str]], L: int) -> float:
+    t0 = time.perf_counter()
+    out = translator.translate_batch(tokens, beam_size=BEAM, length_penalty=ALPHA, min_decoding_length=L,
+                                     max_decoding_length=L, return_end_token=True, max_batch_size=0)
+    dt = time.perf_counter() - t0
+    lengths = {len(o.hypotheses[0]) for o in out}
+    assert lengths == {L}, f"CTranslate2 produced lengths {lengths}, expected {L}"
+    return dt
 
 
 def build_marian(seed: int, d_model: int = 512, layers: int = 6, heads: int = 8, ffn: int = 2048, vocab: int = VOCAB):
@@ -167,8 +227,15 @@ def build_marian(seed: int, d_model: int = 512, layers: int = 6, heads: int = 8,
     return model
 
 
-PRECISIONS = ("fp32", "bf16", "bf16-autocast")
-SYSTEMS = ("transduce", "transduce-nopack", "hf")
+PRECISIONS = ("fp32", "bf16", "bf16-autocast", "int8")
+SYSTEMS = ("transduce", "transduce-nopack", "hf", "ct2")
+
+
+def runs(system: str, precision: str) -> bool:
+    """Whether `system` has a row in `precision` (CTranslate2: fp32 and int8; HF: no int8)."""
+    if system == "ct2":
+        return precision in ("fp32", "int8")
+    return not (system == "hf" and precision == "int8")
 
 
 def autocast(precision: str):
@@ -180,6 +247,20 @@ def autocast(precision: str):
 def cast(model, precision: str):
     """The model's weights in the precision's dtype (bf16 for "bf16", fp32 otherwise)."""
     return model.to(torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
+    """The transduce model as `translate --precision P` runs it: weights cast (or for int8
+    quantized, `kernels.quantize_int8`), decoding steps' attention, and with `pack` the weights
+    left in fp32/bf16 pre-packed (`kernels.apply`). Undoes what an earlier precision did."""
+    kernels.dequantize_int8(model)
+    kernels.unpack_weights(model)
+    cast(model, precision)
+    if precision == "int8":
+        kernels.quantize_int8(model)
+    kernels.apply(model, pack=False)
+    if pack and precision != "int8" and not kernels.pack_weights(model):
+        print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)
 
 
 def run_transduce(forced: ForcedLength, src: torch.Tensor, L: int, precision: str) -> float:
@@ -231,9 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-sentences", type=int, default=3003, help="the first N sentences of newstest2014 (default all 3003)")
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
-    parser.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (bf16 weights), bf16-autocast (default fp32,bf16)")
+    parser.add_argument("--presets", default="base", help="comma-separated model sizes: small, base (default base)")
+    parser.add_argument("--precisions", default="fp32,bf16",
+                        help="comma-separated: fp32, bf16 (bf16 weights), bf16-autocast, int8 (default fp32,bf16)")
     parser.add_argument("--systems", default="transduce,hf",
-                        help="comma-separated: transduce, transduce-nopack (weights not pre-packed), hf (default transduce,hf)")
+                        help="comma-separated: transduce, transduce-nopack (weights not pre-packed), hf, ct2 "
+                             "(CTranslate2; pip install ctranslate2) (default transduce,hf)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run every batch R times per system (alternating) and keep the fastest: "
                              "steadier on a shared machine (default 1)")
@@ -258,10 +342,41 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [p for p in precisions if p not in PRECISIONS]:
         parser.error(f"unknown precision {bad[0]!r} (choose from {', '.join(PRECISIONS)})")
     systems = [s for s in args.systems.split(",") if s]
+    if bad := [s for s in systems if s not in SYSTEMS]:
+        parser.error(f"unknown system {bad[0]!r} (choose from {', '.join(SYSTEMS)})")
+    if "ct2" in systems and args.workers > 1:
+        parser.error("--systems ct2 does not combine with --workers > 1")
+    presets = [p for p in args.presets.split(",") if p]
+    if bad := [p for p in presets if p not in SIZES]:
+        parser.error(f"unknown preset {bad[0]!r} (choose from {', '.join(SIZES)})")
 
     path = fetch("wmt14-en-de", "newstest2014", "en", data_dir=args.data_dir)
     lines = list(read_lines(path))[: args.n_sentences]
-    srcs = [encode(line) for line in lines]
+    results = []
+    for preset in presets:
+        results += run_preset(preset, lines, path.name, args, threads, precisions, systems, parser)
+
+    name = {"transduce": "transduce", "transduce-nopack": "transduce nopack", "hf": "HF MarianMTModel", "ct2": "CTranslate2"}
+    print(f"\n{'size':<6} {'system':<18} {'precision':<13} {'time s':>8} {'sent/s':>8} {'tok/s':>9} {'vs HF':>7} {'vs CT2 best':>12}")
+    for r in results:
+        same = [x for x in results if x["preset"] == r["preset"]]
+        hf = next((x for x in same if x["system"] == "hf" and x["precision"] == r["precision"]), None)
+        ct2 = max((x for x in same if x["system"] == "ct2"), key=lambda x: x["sentences_per_s"], default=None)
+        r["speedup_vs_hf"] = r["sentences_per_s"] / hf["sentences_per_s"] if hf else None
+        r["speedup_vs_ct2_best"] = r["sentences_per_s"] / ct2["sentences_per_s"] if ct2 else None
+        fmt = lambda v: f"{v:.2f}x" if v is not None else "-"  # noqa: E731
+        print(f"{r['preset']:<6} {name[r['system']]:<18} {r['precision']:<13} {r['seconds']:>8.1f} {r['sentences_per_s']:>8.2f} "
+              f"{r['target_tokens_per_s']:>9.1f} {fmt(r['speedup_vs_hf']):>7} {fmt(r['speedup_vs_ct2_best']):>12}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "workers": args.workers,
+                                               "torch": torch.__version__, "results": results}, indent=2) + "\n")
+    return 0
+
+
+def run_preset(preset: str, lines: list[str], source: str, args, threads: int, precisions: list[str], systems: list[str],
+               parser) -> list[dict]:
+    """Every system in every precision on one model size; one result dict per row."""
+    srcs = [encode(line, SIZES[preset]) for line in lines]
     batches = make_batches(srcs, args.batch_size)
     n = len(srcs)
     try:
@@ -271,31 +386,43 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [i for i in profile_batches if not 0 <= i < len(batches)]:
         parser.error(f"--profile-batches: batch {bad[0]} does not exist (0..{len(batches) - 1})")
     tgt_tokens = sum(L * len(idx) for idx, L in batches)
-    print(f"{n} sentences of {path.name}: {sum(map(len, srcs)):,} source tokens (EOS included), "
+    print(f"{preset}: {n} sentences of {source}: {sum(map(len, srcs)):,} source tokens (EOS included), "
           f"{tgt_tokens:,} forced target tokens; {len(batches)} batches of <= {args.batch_size}; "
           f"beam {BEAM}; {threads} threads, {args.workers} worker(s); best of {args.repeats} per batch; torch {torch.__version__}; "
           f"{platform.processor() or platform.machine()}",
           flush=True)
 
-    if bad := [s for s in systems if s not in SYSTEMS]:
-        parser.error(f"unknown system {bad[0]!r} (choose from {', '.join(SYSTEMS)})")
     models, spares = {}, {}
     for system in ("transduce", "transduce-nopack"):
         if system in systems:
-            t = build_transduce(args.seed)
+            t = build_transduce(args.seed, preset)
             models[system] = ForcedLength(t)
             spares[system] = [ForcedLength(t) for _ in range(args.workers - 1)]  # one per extra worker
             print(f"{system}: {count_parameters(t):,} parameters", flush=True)
     if "hf" in systems:
         import transformers
 
-        m = build_marian(args.seed)
+        m = build_marian(args.seed, **marian_dims(preset))
         models["hf"] = m
         n_params = sum(p.numel() for p in m.parameters() if p.requires_grad)
         print(f"Hugging Face transformers {transformers.__version__} MarianMTModel: {n_params:,} trainable parameters, "
               f"attention: {m.config._attn_implementation}", flush=True)
+    tmp = None
+    if "ct2" in systems:
+        import tempfile
+
+        import ctranslate2
+
+        tmp = tempfile.TemporaryDirectory(prefix="decode-speed-ct2-")
+        models["ct2"] = build_ct2(build_transduce(args.seed, preset), Path(tmp.name) / "model", threads)
+        vocab = ct2_pieces(SIZES[preset])
+        tokens = [[vocab[i] for i in s[:-1]] for s in srcs]  # CTranslate2 appends EOS itself (add_source_eos)
+        print(f"CTranslate2 {ctranslate2.__version__}: the transduce model (seed {args.seed}) exported float32, run as "
+              f"float32 and int8 (its CPU: {ctranslate2.get_supported_compute_types('cpu')})", flush=True)
 
     def call(system: str, idx: list[int], L: int, precision: str, worker: int = 0) -> float:
+        if system == "ct2":
+            return run_ct2(models["ct2"][precision], [tokens[i] for i in idx], L)
         src, mask = pad_batch(srcs, idx)
         if system.startswith("transduce"):
             return run_transduce(models[system] if worker == 0 else spares[system][worker - 1], src, L, precision)
@@ -310,65 +437,55 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     for precision in precisions:
-        for system, m in models.items():
-            cast(m.model if system.startswith("transduce") else m, precision)
+        active = [s for s in models if runs(s, precision)]
+        for system in active:
             if system.startswith("transduce"):
-                kernels.unpack_weights(m.model)
-                kernels.apply(m.model, pack=False)  # decoding steps' attention, as translate runs them
-                if system == "transduce" and not kernels.pack_weights(m.model):
-                    print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)
+                prepare_transduce(models[system].model, precision, pack=system == "transduce")
+            elif system == "hf":
+                cast(models[system], precision)
         # Warm-up: one short batch per system (allocator, oneDNN kernels, lazy initialisation).
-        for system in models:
+        for system in active:
             call(system, batches[0][0][:4], batches[0][1], precision)
         if args.profile:
             chosen = [batches[i] for i in profile_batches]
             work = [(*pad_batch(srcs, idx), L) for idx, L in chosen]
             what = ", ".join(f"{len(idx)} sentences with L={L}" for idx, L in chosen)
-            for system in models:
+            for system in active:
                 print(f"\n--- profile: {system} {precision}, batches {profile_batches}: {what} ---")
                 if system.startswith("transduce"):
                     print(profile_transduce(models[system], work, precision))
-                else:
+                elif system == "hf":
                     print(profile_hf(models[system], work, precision))
-        times = {s: 0.0 for s in models}
+        times = {s: 0.0 for s in active}
         if args.workers > 1:
             groups = [batches[i : i + args.workers] for i in range(0, len(batches), args.workers)]
             for g, group in enumerate(groups):
-                for system in list(models) if g % 2 == 0 else list(models)[::-1]:  # alternate who goes first
+                for system in active if g % 2 == 0 else active[::-1]:  # alternate who goes first
                     times[system] += call_group(system, group, precision)
                 done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
-                print(f"\r{precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
+                print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
                       end="", file=sys.stderr, flush=True)
             batches_left = []
         else:
             batches_left = batches
         for b, (idx, L) in enumerate(batches_left):
-            best = {s: float("inf") for s in models}
+            best = {s: float("inf") for s in active}
             for r in range(args.repeats):
-                order = list(models) if (b + r) % 2 == 0 else list(models)[::-1]  # alternate who goes first
+                order = active if (b + r) % 2 == 0 else active[::-1]  # alternate who goes first
                 for system in order:
                     best[system] = min(best[system], call(system, idx, L, precision))
-            for system in models:
+            for system in active:
                 times[system] += best[system]
             done = sum(len(i) for i, _ in batches[: b + 1])
-            print(f"\r{precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
+            print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
                   end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         for system, t in times.items():
-            results.append({"system": system, "precision": precision, "seconds": t, "sentences": n,
+            results.append({"preset": preset, "system": system, "precision": precision, "seconds": t, "sentences": n,
                             "sentences_per_s": n / t, "target_tokens_per_s": tgt_tokens / t})
-
-    name = {"transduce": "transduce", "transduce-nopack": "transduce nopack", "hf": "HF MarianMTModel"}
-    print(f"\n{'system':<18} {'precision':<13} {'time s':>8} {'sent/s':>8} {'tok/s':>9} {'vs HF':>7}")
-    for r in results:
-        hf = next((x for x in results if x["system"] == "hf" and x["precision"] == r["precision"]), None)
-        speedup = f"{r['sentences_per_s'] / hf['sentences_per_s']:.2f}x" if hf else "-"
-        r["speedup_vs_hf"] = r["sentences_per_s"] / hf["sentences_per_s"] if hf else None
-        print(f"{name[r['system']]:<18} {r['precision']:<13} {r['seconds']:>8.1f} {r['sentences_per_s']:>8.2f} "
-              f"{r['target_tokens_per_s']:>9.1f} {speedup:>7}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "workers": args.workers, "results": results}, indent=2) + "\n")
-    return 0
+    if tmp is not None:
+        tmp.cleanup()
+    return results
 
 
 if __name__ == "__main__":

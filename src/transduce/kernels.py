@@ -13,6 +13,13 @@ it.
   `MultiHeadAttention.step_attention`.
 * `apply(model)`: both (what `transduce.translate` does); it returns the function that undoes
   exactly what it did. `apply(model, pack=False)`: the attention alone.
+* `quantize_int8(model)` (`--precision int8`): every linear layer, and by default the
+  pre-softmax projection, replaced by an `Int8Linear`: the weight quantized to int8 per output
+  channel, the activations quantized on the fly at every call, the products in int8 through
+  PyTorch's own quantized kernels (`torch.ops.quantized.linear_dynamic`; the oneDNN engine where
+  the CPU has VNNI or AMX, else fbgemm). Everything else (embeddings, LayerNorm, equation 1, the
+  search's log-softmax and scores) stays fp32. Not exact: measured in docs/RESULTS.md. It
+  composes with `apply`: the layers left in fp32 (the projection with `output=False`) are packed.
 * For training, `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws
   a quarter of the random numbers on the CPU (what the trainer and `transduce.synthetic` do: the
   random stream of a seeded run is BitDropout's).
@@ -23,6 +30,7 @@ Parameters keep their names (`state_dict` is unchanged) and stay shared: an opti
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -72,7 +80,7 @@ class PackedWeight:
     version counter: an optimizer step or `load_state_dict` retires it), and only without
     autograd, autocast, or a change of dtype or device (`usable`)."""
 
-    def __init__(self, source: Tensor, rows: slice | None = None):
+    def __init__(self, source: Tensor, rows: slice | None = None, bias: Tensor | None = None):
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
         w = source.detach() if rows is None else source.detach()[rows]
         self.dtype = w.dtype
@@ -98,6 +106,9 @@ class PackedLinear(nn.Module):
     pre-softmax projection (`layer` None) it refers to the embedding matrix without registering it
     a second time. The replaced layer's forward hooks do not run while it stands in."""
 
+    make = PackedWeight
+    """What stands for each weight block: `PackedWeight` (fp32/bf16, exact) or `Int8Weight`."""
+
     def __init__(self, layer: nn.Linear | None, weight: Tensor | None = None, blocks: tuple[slice, ...] = ()):
         super().__init__()
         self.original = (layer,)  # a tuple: not registered as a submodule
@@ -106,7 +117,7 @@ class PackedLinear(nn.Module):
         else:
             self.__dict__["weight"], self.bias = weight, None
         with torch.no_grad():
-            self.packed = {_key(r): PackedWeight(self.weight, r) for r in (None, *blocks)}
+            self.packed = {_key(r): self.make(self.weight, r, self.bias) for r in (None, *blocks)}
 
     def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:
         w, b = self.weight, self.bias
@@ -122,36 +133,53 @@ def _linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
 
 
 def is_packed(model: nn.Module) -> bool:
-    return any(isinstance(m, PackedLinear) for m in model.modules())
+    """Whether `pack_weights` has packed `model` (int8 layers do not count)."""
+    return any(type(m) is PackedLinear for m in model.modules())
+
+
+def _replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = True) -> int:
+    """Replace every `nn.Linear` of `model` (the layers not replaced already) by a `cls`, and with
+    `output` the tied pre-softmax projection too. Returns how many were replaced."""
+    n = 0
+    for parent, name, layer in _linear_layers(model):
+        if isinstance(layer, nn.Linear):
+            blocks = (parent.q_rows, parent.kv_rows) if isinstance(parent, MultiHeadAttention) and name == "in_proj" else ()
+            setattr(parent, name, cls(layer, blocks=blocks))
+            n += 1
+    for m in model.modules():
+        if output and isinstance(m, Transformer) and m.output_proj is None:
+            m.output_proj = cls(None, weight=m.decoder.embed.weight)
+            n += 1
+    return n
+
+
+def _restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
+    for parent, name, layer in _linear_layers(model):
+        if type(layer) is cls:
+            setattr(parent, name, layer.original[0])
 
 
 def pack_weights(model: nn.Module) -> bool:
     """Replace every linear layer of `model` and its tied pre-softmax projection by a
-    `PackedLinear`. Call it after loading and casting the weights. Returns False, changing
-    nothing, where it does not apply (`can_pack`) or the model is packed already. Costs one more
-    copy of the weights; `unpack_weights` frees it."""
+    `PackedLinear` (those not replaced already, e.g. by `quantize_int8`). Call it after loading
+    and casting the weights. Returns False, changing nothing, where it does not apply
+    (`can_pack`) or nothing is left to pack. Costs one more copy of the weights;
+    `unpack_weights` frees it."""
     p = next(model.parameters())
-    if not can_pack(p.dtype, p.device) or is_packed(model):
+    if not can_pack(p.dtype, p.device):
         return False
-    for parent, name, layer in _linear_layers(model):
-        blocks = (parent.q_rows, parent.kv_rows) if isinstance(parent, MultiHeadAttention) and name == "in_proj" else ()
-        setattr(parent, name, PackedLinear(layer, blocks=blocks))
-    for m in model.modules():
-        if isinstance(m, Transformer) and m.output_proj is None:
-            m.output_proj = PackedLinear(None, weight=m.decoder.embed.weight)
-    return True
+    return _replace_linears(model, PackedLinear) > 0
 
 
 def unpack_weights(model: nn.Module) -> None:
     """Put back the layers `pack_weights` replaced: every product goes through `F.linear` again."""
-    for parent, name, layer in _linear_layers(model):
-        if isinstance(layer, PackedLinear):
-            setattr(parent, name, layer.original[0])
+    _restore_linears(model, PackedLinear)
 
 
 def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
     """For CPU inference: every attention layer's decoding steps through `decode_attention`
-    (`MultiHeadAttention.step_attention`) and, with `pack`, the weights packed (`pack_weights`).
+    (`MultiHeadAttention.step_attention`) and, with `pack`, the weights packed (`pack_weights`;
+    on a model quantized by `quantize_int8`, the layers it left in fp32).
     Returns the function that undoes exactly this, leaving what the caller had set as it was."""
     cpu = next(model.parameters()).device.type == "cpu"
     unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
@@ -166,6 +194,88 @@ def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
             m.step_attention = None
 
     return undo
+
+
+# -- int8 decoding: weights per output channel, activations on the fly ---------------------------
+
+
+def int8_engine() -> str:
+    """PyTorch's quantized engine for `Int8Weight`: oneDNN where the CPU has VNNI or AMX (int8
+    dot products in hardware; on a Xeon with AMX a 128 x 512 x 2048 product ran ~7x fp32's
+    speed, fbgemm's ~3x), else fbgemm (x86 without VNNI), else whatever the build offers (qnnpack
+    on ARM)."""
+    engines = torch.backends.quantized.supported_engines
+    cpu = getattr(torch, "cpu", None)
+    vnni = any(bool(getattr(cpu, f, lambda: False)()) for f in ("_is_vnni_supported", "_is_amx_tile_supported"))
+    for engine, ok in (("onednn", vnni), ("fbgemm", True), ("qnnpack", True)):
+        if ok and engine in engines:
+            return engine
+    raise RuntimeError(f"this PyTorch has no quantized engine for int8 ({', '.join(engines) or 'none'})")
+
+
+class Int8Weight:
+    """W (out, in), or the block `rows` of it, for y = x W^T + b in int8: each output channel
+    (row) i quantized symmetrically, W_i ~ s_i q_i with s_i = max|W_i| / 127 and q_i in
+    [-127, 127]; at every call, PyTorch's dynamic quantized linear quantizes x (per tensor, u8 with
+    a zero point, from its min and max), multiplies in int8 with int32 sums, and rescales to fp32,
+    adding the bias in fp32. Usable, like `PackedWeight`, only while weight and bias are unchanged,
+    for fp32 input on the CPU without autograd or autocast."""
+
+    def __init__(self, source: Tensor, rows: slice | None = None, bias: Tensor | None = None):
+        self.source, self.version, self.ptr = source, source._version, source.data_ptr()
+        self.bias = bias
+        self.bias_version = None if bias is None else bias._version
+        w = (source.detach() if rows is None else source.detach()[rows]).float().contiguous()
+        b = None if bias is None else (bias.detach() if rows is None else bias.detach()[rows]).float().contiguous()
+        self.engine = int8_engine()
+        self.reduce_range = self.engine == "fbgemm"  # 7-bit activations: no int16 overflow without VNNI
+        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
+        previous = torch.backends.quantized.engine
+        torch.backends.quantized.engine = self.engine  # the engine packs; the call follows the pack
+        try:
+            with warnings.catch_warnings():  # torch 2.13 announces the qint8 tensor type's deprecation
+                warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+                q = torch.quantize_per_channel(w, scales, torch.zeros(w.size(0), dtype=torch.long), 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(q, b)
+        finally:
+            torch.backends.quantized.engine = previous
+
+    def usable(self, x: Tensor) -> bool:
+        return (not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu"
+                and self.source._version == self.version and self.source.data_ptr() == self.ptr
+                and (self.bias is None or self.bias._version == self.bias_version)
+                and not torch.is_autocast_enabled("cpu"))
+
+    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:  # the bias is in the pack
+        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+
+
+class Int8Linear(PackedLinear):
+    """A `PackedLinear` whose products run in int8 (`Int8Weight`); `F.linear` in fp32 where that
+    is not usable (training, autocast, changed weights)."""
+
+    make = Int8Weight
+
+
+def quantize_int8(model: nn.Module, output: bool = True) -> int:
+    """Replace every linear layer of `model` by an `Int8Linear` and, with `output`, the tied
+    pre-softmax projection too (an untied one is a linear layer: always). On the CPU, in fp32,
+    after loading; the parameters and `state_dict` are unchanged (the int8 copies come beside
+    them). Returns how many layers were quantized; `dequantize_int8` puts the layers back."""
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32:
+        raise ValueError(f"int8 decoding runs on the CPU from fp32 weights (this model: {p.dtype} on {p.device})")
+    unpack_weights(model)  # int8 replaces what would be packed
+    return _replace_linears(model, Int8Linear, output=output)
+
+
+def is_int8(model: nn.Module) -> bool:
+    return any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def dequantize_int8(model: nn.Module) -> None:
+    """Put back the layers `quantize_int8` replaced."""
+    _restore_linears(model, Int8Linear)
 
 
 # -- Training: dropout (5.4) from fewer random numbers -----------------------------------------

@@ -16,6 +16,10 @@ computes it natively and a product of the model's size is measured faster than i
   fp32, without a probe. Where the capability cannot be read (another architecture), the probe
   alone decides.
 
+`--precision int8` (decoding only, CPU only, never chosen by `auto`: it is not exact) quantizes
+the linear layers' weights to int8 per output channel and computes their products in int8
+(`transduce.kernels.quantize_int8`); the search's log-probabilities and scores stay fp32.
+
 An explicit `--precision bf16` is obeyed; on a CPU without native bf16 it comes with a warning
 that names the measured slowdown. Everything here takes the capability read and the probe as
 arguments, so that every branch can be tested on any machine.
@@ -34,6 +38,8 @@ import torch
 import torch.nn.functional as F
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+DECODING_PRECISIONS = ("auto", "fp32", "bf16", "int8")
+"""What `translate`, `evaluate` and `serve` offer: int8 is for decoding on the CPU only."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +162,11 @@ def choose_precision(
     """The precision to run in: `requested` itself (with a warning where bf16 is emulated), or
     for 'auto' the hardware's choice (see the module docstring). `capability` (a Capability or a
     function of the device) and `probe` (a function returning the bf16 speedup) are injectable."""
-    if requested not in PRECISIONS:
-        raise ValueError(f"unknown precision {requested!r} ({', '.join(PRECISIONS)})")
+    if requested not in PRECISIONS + ("int8",):
+        raise ValueError(f"unknown precision {requested!r} ({', '.join(PRECISIONS + ('int8',))})")
     device = torch.device(device)
+    if requested == "int8":
+        return int8_choice(device)
     if requested == "fp32":
         return Choice("fp32", "as asked")
     if requested == "fp16":
@@ -186,3 +194,16 @@ def choose_precision(
     if speedup >= BF16_MARGIN:
         return Choice("bf16", f"auto: {where}; {measured}")
     return Choice("fp32", f"auto: {where}; but {measured} (bf16 needs {BF16_MARGIN:g}x: fp32 is exact)")
+
+
+def int8_choice(device: torch.device | str = "cpu") -> Choice:
+    """`--precision int8`: where it runs and through which engine, or a ValueError off the CPU."""
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
+    from .kernels import int8_engine
+
+    cpu = getattr(torch, "cpu", None)
+    features = [f for f, name in (("AMX", "_is_amx_tile_supported"), ("VNNI", "_is_vnni_supported"))
+                if bool(getattr(cpu, name, lambda: False)())]
+    return Choice("int8", f"as asked; {cpu_name()}: linear layers in int8 through PyTorch's {int8_engine()} engine"
+                          f"{' (' + ', '.join(features) + ')' if features else ''}; the search in fp32")

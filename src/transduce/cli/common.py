@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..device import DEVICES, resolve_device
+from ..precision import DECODING_PRECISIONS
 from ..translate import (
     DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS,
     DEFAULT_MAX_LEN_OFFSET, LoadedModel, load_translation_model,
@@ -47,11 +48,7 @@ def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEF
     g.add_argument("--max-len-offset", type=int, default=max_len_offset,
                    help=f"maximum output length = input length + this ({default(max_len_offset)})")
     g.add_argument("--greedy", action="store_true", help="greedy decoding (the fast beam-1 path; ignores --beam, --alpha)")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                   help="auto (default): bf16 weights where the device computes bf16 natively and a product of "
-                        "the model's size is measured faster, else fp32 (the choice is printed); fp32; bf16 "
-                        "(warns where the CPU only emulates it). Log-probabilities and scores stay fp32")
-    g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
+    add_precision_args(g)
     g = parser.add_argument_group("batching")
     g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                    help=f"padded source tokens per batch at most (default {DEFAULT_BATCH_TOKENS})")
@@ -61,6 +58,18 @@ def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEF
                    help=f"longer input lines are truncated, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
     g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                    help=f"lines read and sorted by length at a time (default {DEFAULT_CHUNK_LINES})")
+
+
+def add_precision_args(g) -> None:
+    """--precision (and its short forms --bf16, --int8), for translate, evaluate and serve."""
+    g.add_argument("--precision", choices=DECODING_PRECISIONS, default="auto",
+                   help="auto (default): bf16 weights where the device computes bf16 natively and a product of "
+                        "the model's size is measured faster, else fp32 (the choice is printed); fp32; bf16 "
+                        "(warns where the CPU only emulates it); int8 (CPU only, not exact: every linear layer's "
+                        "weights int8 per output channel, activations quantized on the fly, products through "
+                        "PyTorch's quantized kernels; docs/speed.md). Log-probabilities and scores stay fp32")
+    g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
+    g.add_argument("--int8", action="store_const", const="int8", dest="precision", help="the same as --precision int8")
 
 
 def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
@@ -76,6 +85,8 @@ def check_decoding_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_len_offset < 0:
         raise ValueError("--max-len-offset must not be negative")
+    if args.precision == "int8" and resolve_device(args.device).type != "cpu":
+        raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
     if args.precision == "bf16":
         dev = resolve_device(args.device)
         if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -99,6 +110,10 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     args.bf16 = loaded.precision.precision == "bf16"
     if args.bf16:
         loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
+    elif loaded.precision.precision == "int8":
+        from ..kernels import quantize_int8
+
+        quantize_int8(loaded.model)  # once, here; translate_stream's kernels.apply keeps it
     return loaded
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..errors import TransduceError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .common import add_model_args
+from .common import add_model_args, add_precision_args
 
 HELP = "serve a model over HTTP (JSON API, dynamic batching)"
 DESCRIPTION = __doc__
@@ -57,8 +57,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA})")
     g.add_argument("--max-len-offset", type=int, default=DEFAULT_MAX_LEN_OFFSET,
                    help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
-    g.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
-                   help="torch engine: as for `transduce translate` (default auto)")
+    add_precision_args(g)
     g.add_argument("--ct2-compute-type", default="default", metavar="TYPE",
                    help="ct2 engine: CTranslate2's compute type (default: the exported one; int8, float32, ...)")
     g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper",
@@ -137,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.app import Search, create_app, server
 
     limits = limits_from_args(args)
+    if args.engine == "torch" and args.precision == "int8":
+        from ..device import resolve_device
+
+        if resolve_device(args.device).type != "cpu":
+            raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
     if not args.model_path.is_dir():
         raise FileNotFoundError(f"{args.model_path}: no such directory")
     if args.engine == "ct2":

@@ -187,10 +187,11 @@ def _converter_class():
         """CTranslate2's `Converter` for a transduce model in memory: `convert(output_dir,
         quantization=...)` validates, quantizes and writes the spec `build_spec` fills."""
 
-        def __init__(self, model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: Vocab,
+        def __init__(self, model: Transformer, config: Config, src_vocab: Vocab | list[str], tgt_vocab: Vocab | list[str],
                      max_positions: int | None = None):
+            """The vocabularies as `Vocab`s, or as their pieces in id order (benchmarks' synthetic ones)."""
             self.model, self.config, self.max_positions = model, config, max_positions
-            self.src_pieces, self.tgt_pieces = pieces(src_vocab), pieces(tgt_vocab)
+            self.src_pieces, self.tgt_pieces = (v if isinstance(v, list) else pieces(v) for v in (src_vocab, tgt_vocab))
 
         def _load(self):
             with torch.no_grad():

@@ -93,7 +93,8 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
         ))
 
     mc = loaded.config.model
-    info = {"engine": "torch", "model": loaded.description, "precision": "bf16" if bf16 else str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+    precision = getattr(loaded.precision, "precision", None) or ("bf16" if bf16 else str(next(loaded.model.parameters()).dtype).replace("torch.", ""))
+    info = {"engine": "torch", "model": loaded.description, "precision": precision,
             "config": asdict(mc), "vocab": {"src": str(loaded.src_vocab.path), "tgt": str(loaded.tgt_vocab.path),
                                             "src_size": len(loaded.src_vocab), "tgt_size": len(loaded.tgt_vocab)}}
     return Engine(translate, loaded.src_vocab.encode, info)
