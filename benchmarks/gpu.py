@@ -1,0 +1,336 @@
+"""The GPU path measured in one run: training throughput and MFU of `base` and `big`, and beam-4
+decoding against Hugging Face `generate` (issue 21). `scripts/gpu_check.sh` runs it after the
+CUDA tests; `--dry` runs every part tiny on the CPU, to check the plumbing before GPU minutes.
+
+    python benchmarks/gpu.py --out results/                 # on a CUDA machine (~10-15 minutes)
+    python benchmarks/gpu.py --out /tmp/dry --dry           # the same code, tiny, on the CPU
+
+No data set is read (the GPU machine may have none): batches are random token ids with realistic
+lengths (sentence lengths drawn from a log-normal around 27 tokens, about newstest2014's with a
+37k BPE, 3-120 tokens; the target 1.1x the source), sorted by length and cut into batches of
+about --max-tokens padded tokens per side (25,000 in 5.1), then shuffled, as the trainer does.
+
+Training (the trainer's own step: `transduce.train.step.train_step`, label smoothing 0.1, fused
+Adam, dropout as the preset says; the loss and the step exactly as `transduce train` runs them),
+for each preset and each setting:
+
+* bf16: autocast bf16, SDPA choosing its kernel (with a padding mask: memory-efficient attention;
+  the flash kernel takes no mask), the default of `transduce train` on a GPU;
+* bf16-math: the same with SDPA restricted to the math kernel (what the flash/efficient kernels gain);
+* fp16: autocast fp16 with a GradScaler (`--precision fp16`);
+* bf16-compile: bf16 with `torch.compile(model, dynamic=True)` (the compile time apart).
+
+Tokens/s = non-pad target tokens of the timed steps / their time (CUDA-synchronised). MFU = model
+FLOPs (counted from the padded shapes as `benchmarks/bench.py` counts them: every product 2mnk,
+training 3x the forward) per second / the GPU's dense bf16 peak: the nominal one where the GPU is
+known (H100/H200 SXM 989 TFLOP/s, A100 312) and the peak measured here (an 8192^3 bf16 product).
+
+Decoding: beam 4 on random weights with every hypothesis forced to the same length L (the
+method of `benchmarks/decode_speed.py`: L = the batch's longest source + 10), transduce's
+`beam_search` against `MarianMTModel.generate(num_beams=4)` of the same dimensions, in fp32 and
+bf16 weights, batches of --decode-batch sentences, the two systems alternating batch by batch.
+
+Output: --out/gpu.json (every figure) and --out/gpu.md (the tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import decode_speed  # noqa: E402
+from bench import forward_flops  # noqa: E402
+from transduce import kernels  # noqa: E402
+from transduce.config import Config, get_preset  # noqa: E402
+from transduce.model import Transformer  # noqa: E402
+from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step  # noqa: E402
+
+PAD, BOS, EOS = 0, 2, 3
+VOCAB = 37000
+NOMINAL_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+"""Dense bf16 tensor-core peaks (SXM parts; NVIDIA's data sheets, without sparsity)."""
+SETTINGS = ("bf16", "bf16-math", "fp16", "bf16-compile")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def nominal_peak(name: str) -> float | None:
+    return next((v for k, v in NOMINAL_BF16_PEAK.items() if k in name), None)
+
+
+def measured_peak(device: torch.device, n: int) -> float:
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    sync(device)
+    return 10 * 2 * n**3 / (time.perf_counter() - t0)
+
+
+# --- batches -------------------------------------------------------------------------------------
+
+
+def lengths(n: int, g: torch.Generator, mean: float = 27.0) -> list[int]:
+    x = torch.exp(torch.randn(n, generator=g) * 0.55 + math.log(mean) - 0.55**2 / 2)
+    return x.round().clamp(3, 120).long().tolist()
+
+
+def training_batches(max_tokens: int, n_batches: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(src (B, S), tgt (B, T + 1) with BOS) batches of about max_tokens padded tokens per side."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = [(s, max(2, round(s * 1.1))) for s in lengths(max(64, n_batches * max_tokens // 20), g)]
+    pairs.sort(key=lambda p: (p[1], p[0]))
+    batches, cur = [], []
+    for p in pairs:
+        if cur and (len(cur) + 1) * max(max(q[0] for q in cur + [p]), max(q[1] + 1 for q in cur + [p])) > max_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(p)
+    if cur:
+        batches.append(cur)
+    order = torch.randperm(len(batches), generator=g).tolist()[:n_batches]
+    out = []
+    for i in order:
+        b = batches[i]
+        S, T = max(p[0] for p in b), max(p[1] for p in b) + 1
+        src = torch.full((len(b), S), PAD)
+        tgt = torch.full((len(b), T), PAD)
+        for r, (s, t) in enumerate(b):
+            src[r, :s] = torch.randint(4, VOCAB, (s,), generator=g)
+            src[r, s - 1] = EOS
+            tgt[r, 0] = BOS
+            tgt[r, 1 : t + 1] = torch.randint(4, VOCAB, (t,), generator=g)
+            tgt[r, t] = EOS
+        out.append((src, tgt))
+    return out
+
+
+# --- training ------------------------------------------------------------------------------------
+
+
+def preset_config(preset: str, dry: bool) -> Config:
+    config = get_preset(preset)
+    config.model.src_vocab_size = VOCAB
+    if dry:  # the same code paths, tiny
+        config.model.n_layers, config.model.d_model, config.model.d_ff, config.model.n_heads = 1, 64, 128, 4
+    return config
+
+
+def dims(config: Config) -> dict:
+    c = config.model
+    return dict(d=c.d_model, f=c.d_ff, h=c.n_heads, N=c.n_layers, a=c.n_heads * c.head_dim_k,
+                c=c.n_heads * c.head_dim_v, V=VOCAB)
+
+
+def train_throughput(preset: str, setting: str, batches, device: torch.device, *, steps: int, warmup: int,
+                     dry: bool) -> dict:
+    config = preset_config(preset, dry)
+    torch.manual_seed(0)
+    model = Transformer(config.model).to(device).train()
+    opt = build_optimizer(model, config)
+    precision = "fp16" if setting == "fp16" else "bf16"
+    scaler = make_grad_scaler(device, precision)
+    compile_s = None
+    run_model = model
+    if setting == "bf16-compile":
+        run_model = torch.compile(model, dynamic=True, backend="eager" if dry else "inductor")
+    def kernel():  # a fresh context each step
+        if setting != "bf16-math":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.MATH])
+    dm = dims(config)
+    it = iter(batches * (1 + (warmup + steps) // len(batches)))
+
+    def step() -> tuple[int, int]:
+        src, tgt = next(it)
+        src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+        ntok = int((tgt_out != PAD).sum())
+        set_lr(opt, 1e-4)
+        with kernel():
+            train_step(run_model, opt, [{"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": ntok}],
+                       label_smoothing=0.1, precision=precision, scaler=scaler, pad_id=PAD)
+        return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
+
+    t0 = time.perf_counter()
+    step()
+    sync(device)
+    first = time.perf_counter() - t0
+    if setting == "bf16-compile":
+        compile_s = first
+    for _ in range(warmup - 1):
+        step()
+    sync(device)
+    tokens = flops = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        n, f = step()
+        tokens, flops = tokens + n, flops + f
+    sync(device)
+    dt = time.perf_counter() - t0
+    mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return {"preset": preset, "setting": setting, "tokens_per_s": tokens / dt, "flops_per_s": flops / dt,
+            "steps": steps, "seconds": dt, "first_step_s": first, "compile_s": compile_s, "max_memory_gib": mem,
+            "params": sum(p.numel() for p in model.parameters()), "batch_tokens": tokens / steps}
+
+
+# --- decoding ------------------------------------------------------------------------------------
+
+
+def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool) -> list[dict]:
+    config = preset_config("base", dry)
+    c = config.model
+    g = torch.Generator().manual_seed(1)
+    srcs = [torch.randint(4, VOCAB, (s - 1,), generator=g).tolist() + [EOS] for s in lengths(n, g)]
+    batches = decode_speed.make_batches(srcs, batch_size)
+    torch.manual_seed(0)
+    forced = decode_speed.ForcedLength(Transformer(c).eval().to(device))
+    marian = decode_speed.build_marian(0, d_model=c.d_model, layers=c.n_layers, heads=c.n_heads, ffn=c.d_ff,
+                                       vocab=VOCAB).to(device)
+    rows = []
+    for precision in ("fp32", "bf16"):
+        decode_speed.cast(forced.model, precision)
+        decode_speed.cast(marian, precision)
+        undo = kernels.apply(forced.model)  # a no-op on the GPU (CPU speed-ups only)
+        times = {"transduce": 0.0, "hf": 0.0}
+
+        def call(system: str, idx: list[int], L: int) -> float:
+            src, mask = decode_speed.pad_batch(srcs, idx)
+            src, mask = src.to(device), mask.to(device)
+            sync(device)
+            if system == "transduce":
+                dt = decode_speed.run_transduce(forced, src, L, "fp32")
+            else:
+                dt = decode_speed.run_hf(marian, src, mask, L, "fp32")
+            return dt
+
+        for system in times:  # warm-up
+            call(system, batches[0][0][:4], batches[0][1])
+        for b, (idx, L) in enumerate(batches):
+            for system in (("transduce", "hf") if b % 2 == 0 else ("hf", "transduce")):
+                times[system] += call(system, idx, L)
+        undo()
+        tokens = sum(L * len(idx) for idx, L in batches)
+        for system, t in times.items():
+            rows.append({"system": system, "precision": precision, "sentences": n, "seconds": t,
+                         "sentences_per_s": n / t, "target_tokens_per_s": tokens / t})
+        rows[-2]["speedup_vs_hf"] = rows[-1]["seconds"] / rows[-2]["seconds"]
+    return rows
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, type=Path, help="directory for gpu.json and gpu.md")
+    p.add_argument("--dry", action="store_true", help="tiny, on the CPU: checks that every part runs")
+    p.add_argument("--presets", default="base,big")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated: {', '.join(SETTINGS)}")
+    p.add_argument("--max-tokens", type=int, default=25000, help="padded tokens per batch and side (default 25000, 5.1)")
+    p.add_argument("--steps", type=int, default=20, help="timed training steps per setting (default 20)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    p.add_argument("--decode-sentences", type=int, default=1024)
+    p.add_argument("--decode-batch", type=int, default=128, help="sentences per decoding batch (default 128)")
+    args = p.parse_args(argv)
+    if args.dry:
+        args.max_tokens, args.steps, args.warmup = min(args.max_tokens, 400), 2, 2
+        args.decode_sentences, args.decode_batch = min(args.decode_sentences, 8), min(args.decode_batch, 4)
+    device = torch.device("cpu" if args.dry or not torch.cuda.is_available() else "cuda")
+    if device.type == "cpu" and not args.dry:
+        p.error("no CUDA device here: use --dry for the CPU check")
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    report: dict = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "args": {
+        k: str(v) for k, v in vars(args).items()}, "train": [], "decode": [], "errors": []}
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows only (decoding): TF32 tensor cores
+        report["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
+    report["bf16_peak_nominal"] = nominal_peak(name)
+    report["bf16_peak_measured"] = measured_peak(device, 512 if args.dry else 8192)
+    print(f"{name}: torch {torch.__version__}, bf16 peak measured {report['bf16_peak_measured'] / 1e12:.1f} TFLOP/s, "
+          f"nominal {report['bf16_peak_nominal'] and report['bf16_peak_nominal'] / 1e12} TFLOP/s", flush=True)
+
+    def save() -> None:
+        (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "gpu.md").write_text(markdown(report))
+
+    batches = training_batches(args.max_tokens, 40 if not args.dry else 4)
+    for preset in [x for x in args.presets.split(",") if x]:
+        for setting in [x for x in args.settings.split(",") if x]:
+            try:
+                r = train_throughput(preset, setting, batches, device, steps=args.steps, warmup=args.warmup, dry=args.dry)
+            except Exception as e:  # noqa: BLE001 - one failing setting must not cost the others
+                report["errors"].append({"part": f"train {preset} {setting}", "error": repr(e),
+                                         "traceback": traceback.format_exc()[-3000:]})
+                print(f"train {preset} {setting}: FAILED {e!r}", flush=True)
+                save()
+                continue
+            peak = report["bf16_peak_nominal"] or report["bf16_peak_measured"]
+            r["mfu_nominal"] = r["flops_per_s"] / peak
+            r["mfu_measured_peak"] = r["flops_per_s"] / report["bf16_peak_measured"]
+            report["train"].append(r)
+            print(f"train {preset:<5} {setting:<13} {r['tokens_per_s']:>10,.0f} tgt tok/s  MFU {100 * r['mfu_nominal']:5.1f}% "
+                  f"(of measured peak {100 * r['mfu_measured_peak']:5.1f}%)  {r['batch_tokens']:,.0f} tgt tok/step"
+                  + (f"  compile+first step {r['compile_s']:.0f} s" if r["compile_s"] else ""), flush=True)
+            save()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    try:
+        report["decode"] = decode_compare(device, args.decode_sentences, args.decode_batch, args.dry)
+        for r in report["decode"]:
+            print(f"decode base {r['precision']:<5} {r['system']:<10} {r['sentences_per_s']:>9.1f} sentences/s", flush=True)
+    except Exception as e:  # noqa: BLE001
+        report["errors"].append({"part": "decode", "error": repr(e), "traceback": traceback.format_exc()[-3000:]})
+        print(f"decode: FAILED {e!r}", flush=True)
+    save()
+    print(markdown(report))
+    return 1 if report["errors"] else 0
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# GPU figures: {report['device']} (torch {report['torch']}, CUDA {report['cuda']})", "",
+             f"bf16 peak: measured {report['bf16_peak_measured'] / 1e12:.1f} TFLOP/s (8192^3 product), nominal "
+             f"{(report['bf16_peak_nominal'] or 0) / 1e12:.0f} TFLOP/s", "",
+             "| preset | setting | target tokens/s | MFU (nominal peak) | MFU (measured peak) | tgt tokens/step | first step s | max GiB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["train"]:
+        lines.append(f"| {r['preset']} | {r['setting']} | {r['tokens_per_s']:,.0f} | {100 * r['mfu_nominal']:.1f}% | "
+                     f"{100 * r['mfu_measured_peak']:.1f}% | {r['batch_tokens']:,.0f} | {r['first_step_s']:.1f} | "
+                     f"{r['max_memory_gib'] if r['max_memory_gib'] is None else round(r['max_memory_gib'], 1)} |")
+    lines += ["", "| decoding (base, beam 4, forced lengths) | precision | sentences/s | target tokens/s | vs HF |",
+              "|---|---|---|---|---|"]
+    for r in report["decode"]:
+        sp = f"{r['speedup_vs_hf']:.2f}x" if "speedup_vs_hf" in r else "-"
+        lines.append(f"| {r['system']} | {r['precision']} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} | {sp} |")
+    if report["errors"]:
+        lines += ["", "Errors:", *[f"- {e['part']}: {e['error']}" for e in report["errors"]]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

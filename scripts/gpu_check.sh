@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU path in one command (issue 21), for a fresh CUDA machine with this repository copied
+# (PyTorch, transformers, sentencepiece, safetensors, pytest installed; no network needed; no
+# `pip install` of transduce: PYTHONPATH=src). About 15-20 minutes on an H100/H200.
+#
+#   scripts/gpu_check.sh "$OUT"          # on the GPU; every figure lands in $OUT
+#   scripts/gpu_check.sh --dry /tmp/dry  # the same steps, tiny, on the CPU (a minute or two)
+#
+# 1. correctness: tests/test_cuda.py (model vs CPU, cached decoding vs full recomputation, beam
+#    search vs CPU, training steps in fp32/bf16/fp16 lowering the loss, flash vs math attention)
+#    and tests/test_device.py's CUDA test, on the GPU              -> tests.log, tests.xml
+# 2. a short real training run (`transduce train`, bf16, the reverse task written as a prepared
+#    directory) whose loss must fall                               -> train_check.log, train.jsonl
+# 3. benchmarks/gpu.py: base and big training throughput and MFU (bf16, bf16 with the math
+#    attention kernel, fp16 with loss scaling, bf16 + torch.compile), beam-4 decoding against
+#    Hugging Face generate                                         -> gpu.json, gpu.md, gpu.log
+# Exit status: 0 when every part passed; the summary is in $OUT/summary.md.
+set -uo pipefail
+DRY=0
+if [ "${1:-}" = "--dry" ]; then DRY=1; shift; fi
+OUT=${1:-${OUT:-gpu-results}}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+status=()
+
+{ date -u; git rev-parse --short HEAD 2>/dev/null || true; nvidia-smi 2>/dev/null || echo "no nvidia-smi"
+  $PY -c "import torch, platform; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), platform.processor())"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+if [ $DRY = 1 ]; then
+  export TRANSDUCE_TEST_DEVICE=cpu DEVICE=cpu STEPS=150 DIM=32 DRYFLAG=--dry OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+else
+  export DEVICE=cuda STEPS=300 DIM=256 DRYFLAG=
+fi
+
+echo "== 1. tests on $DEVICE"
+$PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device.py --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
+status+=("tests: exit ${PIPESTATUS[0]}")
+
+echo "== 2. a short real training run on $DEVICE (bf16): its loss must fall"
+WORK=$(mktemp -d)
+train_check() {
+  $PY -c "import sys; sys.path.insert(0, 'tests'); from pathlib import Path; from train_data import make_data; \
+make_data(Path('$WORK/data'), n_train=20000, n_valid=100)" || return 1
+  $PY -m transduce train --data "$WORK/data" --run-dir "$WORK/run" --preset base --set model.n_layers=2 \
+    --set model.d_model=$DIM --set model.d_ff=$((4 * DIM)) --set model.n_heads=4 --set model.dropout=0.0 \
+    --device $DEVICE --precision bf16 --max-steps $STEPS --max-tokens 4000 --warmup 50 --log-every 10 \
+    --valid-every 0 --save-every-steps 0 --no-progress --no-tensorboard || return 1
+  cp "$WORK/run/logs/train.jsonl" "$OUT/train.jsonl"
+  $PY -c "
+import json, sys
+losses = [r['loss'] for r in map(json.loads, open('$OUT/train.jsonl')) if r.get('type') == 'train']
+first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+print(f'training loss: first logged {first:.3f}, last {last:.3f} ({len(losses)} records)')
+sys.exit(0 if last < 0.5 * first else 1)"
+}
+train_check 2>&1 | tee "$OUT/train_check.log"
+status+=("training run: exit ${PIPESTATUS[0]}")
+rm -rf "$WORK"
+
+echo "== 3. throughput, MFU and decoding"
+$PY benchmarks/gpu.py --out "$OUT" $DRYFLAG 2>&1 | tee "$OUT/gpu.log"
+status+=("benchmarks/gpu.py: exit ${PIPESTATUS[0]}")
+
+{ echo "# scripts/gpu_check.sh $([ $DRY = 1 ] && echo --dry)"; echo; for s in "${status[@]}"; do echo "- $s"; done
+  echo; tail -n 3 "$OUT/tests.log"; echo; grep "training loss" "$OUT/train_check.log"; echo; cat "$OUT/gpu.md" 2>/dev/null
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"
+case "${status[*]}" in *"exit 1"*|*"exit 2"*|*"exit 3"*|*"exit 4"*|*"exit 5"*) exit 1 ;; esac
