@@ -34,7 +34,7 @@ cat "$OUT/env.txt"
 if [ $DRY = 1 ]; then
   export TRANSDUCE_TEST_DEVICE=cpu DEVICE=cpu STEPS=150 DIM=32 DRYFLAG=--dry OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 else
-  export DEVICE=cuda STEPS=300 DIM=256 DRYFLAG=
+  export DEVICE=cuda STEPS=600 DIM=256 DRYFLAG=
 fi
 
 echo "== 1. tests on $DEVICE"
@@ -56,7 +56,7 @@ import json, sys
 losses = [r['loss'] for r in map(json.loads, open('$OUT/train.jsonl')) if r.get('type') == 'train']
 first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
 print(f'training loss: first logged {first:.3f}, last {last:.3f} ({len(losses)} records)')
-sys.exit(0 if last < 0.5 * first else 1)"
+sys.exit(0 if last < 0.75 * first else 1)  # a clear fall"
 }
 train_check 2>&1 | tee "$OUT/train_check.log"
 status+=("training run: exit ${PIPESTATUS[0]}")

@@ -1,0 +1,126 @@
+"""int8 decoding (`--precision int8`, `transduce.kernels.quantize_int8`): close to fp32, applied
+and undone from outside the model, composing with the CPU packing, and reachable from
+`translate`, `evaluate` and `serve`; the fp32 path stays exact."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from tiny_models import SRC_WORDS, make_model, sentences
+from transduce import kernels
+from transduce.cli import main
+from transduce.config import ModelConfig
+from transduce.model import Transformer
+from transduce.translate import load_translation_model, translate_lines
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+
+def model_and_batch(**knobs):
+    torch.manual_seed(0)
+    c = dict(src_vocab_size=60, n_layers=2, d_model=64, d_ff=128, n_heads=4, dropout=0.0)
+    c.update(knobs)
+    model = Transformer(ModelConfig(**c)).eval()
+    g = torch.Generator().manual_seed(1)
+    return model, torch.randint(4, 60, (4, 9), generator=g), torch.randint(4, 60, (4, 7), generator=g)
+
+
+def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
+    model, src, tgt = model_and_batch()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.inference_mode():
+        ref = model(src, tgt)
+        n = kernels.quantize_int8(model)
+        # every nn.Linear (encoder: [W^Q; W^K; W^V], W^O, the FFN's two; decoder: those and the
+        # cross-attention's two) and the tied pre-softmax projection
+        assert n == 2 * 4 + 2 * 6 + 1 and isinstance(model.output_proj, kernels.Int8Linear)
+        assert kernels.is_int8(model) and not kernels.is_packed(model)
+        q = model(src, tgt)
+        assert not torch.equal(q, ref)  # the int8 kernels ran
+        assert (q - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+        assert torch.allclose(q.log_softmax(-1).exp(), ref.log_softmax(-1).exp(), atol=0.01)
+        assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
+        kernels.dequantize_int8(model)
+        assert torch.equal(model(src, tgt), ref) and model.output_proj is None
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # parameters untouched
+
+
+def test_int8_composes_with_packing_and_trains_in_fp32():
+    model, src, tgt = model_and_batch()
+    with torch.inference_mode():
+        ref = model(src, tgt)
+    kernels.quantize_int8(model, output=False)
+    undo = kernels.apply(model)  # what translate_stream does: packs what int8 left in fp32
+    assert isinstance(model.output_proj, kernels.PackedLinear) == kernels.can_pack(torch.float32, "cpu")
+    assert not isinstance(model.output_proj, kernels.Int8Linear)
+    undo()
+    assert model.output_proj is None and kernels.is_int8(model)  # apply's undo leaves the int8 layers
+    # with autograd the layers compute in fp32 (F.linear): a training step sees the exact model
+    model.train()
+    out = model(src, tgt)
+    kernels.dequantize_int8(model)
+    assert torch.equal(out, model(src, tgt))
+
+
+def test_int8_refuses_what_it_cannot_run():
+    model, _, _ = model_and_batch()
+    with pytest.raises(ValueError, match="fp32 weights"):
+        kernels.quantize_int8(model.to(torch.bfloat16))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("int8"), d_model=64, d_ff=128)
+
+
+def test_translate_int8_is_close_to_fp32_and_fp32_stays_exact(model_dir, tmp_path, capsys):
+    lines = sentences(SRC_WORDS, 24, seed=5)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    flags = ["--beam", "3", "--max-len-offset", "6", "--threads", "1", "-i", str(src)]
+    assert main(["translate", str(model_dir), *flags, "-o", str(tmp_path / "int8.txt"), "--int8"]) == 0
+    assert "precision: int8 (as asked" in capsys.readouterr().err
+    assert main(["translate", str(model_dir), *flags, "-o", str(tmp_path / "fp32.txt"), "--precision", "fp32", "-q"]) == 0
+    int8 = (tmp_path / "int8.txt").read_text(encoding="utf-8").splitlines()
+    fp32 = (tmp_path / "fp32.txt").read_text(encoding="utf-8").splitlines()
+    assert len(int8) == len(fp32) == len(lines)
+    assert sum(a == b for a, b in zip(int8, fp32)) >= 0.75 * len(lines)
+    loaded = load_translation_model(model_dir)  # the fp32 path: what the library gives without any option
+    assert fp32 == translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=3, max_len_offset=6)
+
+
+def test_evaluate_int8_records_the_precision(model_dir, tmp_path):
+    lines = sentences(SRC_WORDS, 6, seed=7)
+    (tmp_path / "src.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "r.json"
+    assert main(["evaluate", str(model_dir), "--src-file", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"),
+                 "--tgt", "en", "--precision", "int8", "--beam", "2", "--max-len-offset", "4", "--threads", "1", "--quiet",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["decoding"]["precision"] == "int8"
+
+
+def test_serve_int8_engine(model_dir):
+    pytest.importorskip("fastapi")
+    from transduce.cli import serve as serve_cli
+    from transduce.serve.app import Search
+
+    p = argparse.ArgumentParser()
+    serve_cli.add_args(p)
+    args = p.parse_args([str(model_dir), "--int8", "--threads", "1"])
+    engine = serve_cli.engine_loader(args, serve_cli.limits_from_args(args))()
+    assert engine.info["precision"] == "int8"
+    out = engine.translate(["a man runs on the grass", ""], Search(beam=2, max_len_offset=3))
+    assert len(out) == 2 and out[1][0].text == ""
+
+
+def test_int8_off_the_cpu_is_a_one_line_error(model_dir, capsys):
+    from transduce.precision import choose_precision
+
+    with pytest.raises(ValueError, match="CPU only"):
+        choose_precision("int8", "cuda")
+    assert main(["translate", str(model_dir), "--int8", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error" in err
