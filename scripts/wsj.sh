@@ -5,9 +5,10 @@
 # and only the time differs:
 #   prepare  the Penn Treebank WSJ from the mirror (licensed: <data-dir>/ptb-wsj, never
 #            downloaded): 02-21 train, 22 dev, 23 test; source = the words (16K BPE pieces, as
-#            in 6.3), target = Vinyals et al.'s linearized tree (a closed vocabulary of 59 symbols)
+#            in 6.3), target = Vinyals et al.'s linearized tree with the part-of-speech tags kept
+#            (tensor2tensor's variant: 103 symbols; TAGS=0 for the paper's XX, 59 symbols)
 #   train    preset `parse-cpu` (N=4, d_model=256, d_ff=1024, h=4, dropout 0.1 on sub-layers
-#            and attention weights, untied vocabularies), batches of 4096 tokens, warmup 1000,
+#            and attention weights, untied vocabularies, pre-norm), batches of 4096 tokens, warmup 1000,
 #            peak rate 1.1e-3, 3,000 updates (about 45 minutes on 2 cores in bf16), the rate
 #            decaying linearly to 0 over the last 20% (COOLDOWN 0.2, not the paper's schedule);
 #            a checkpoint every SAVE_STEPS (250) updates
@@ -21,6 +22,9 @@
 #
 # Environment:
 #   RUN         run directory (default runs/wsj)
+#   TAGS        1 (default): the target keeps the POS tags (the model tags as it parses: each tag
+#               needs its word, which teaches the encoder-decoder attention to align within the
+#               hour); 0: XX, as Vinyals et al. and the paper
 #   STEPS       updates (default: the preset's, 3000 for parse-cpu)
 #   MINUTES     an optional cap on training time (the model is then not the recipe's)
 #   PRECISION   auto (default), fp32 or bf16, for training and decoding
@@ -56,7 +60,8 @@ COMMON=(--precision "$PRECISION" --threads "$THREADS" --max-len-offset "${MAX_LE
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
-    transduce prepare --dataset ptb-wsj --out "$RUN/data"
+    if [ "${TAGS:-1}" = 1 ]; then tags=(--keep-tags); else tags=(); fi
+    transduce prepare --dataset ptb-wsj ${tags[@]+"${tags[@]}"} --out "$RUN/data"
   fi
   transduce train --data "$RUN/data" --run-dir "$RUN" --resume --preset "$PRESET" \
     ${SETS[@]+"${SETS[@]/#/--set=}"} ${OPTIONAL[@]+"${OPTIONAL[@]}"} --precision "$PRECISION" --threads "$THREADS" \
