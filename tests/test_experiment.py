@@ -4,8 +4,11 @@ FLOPs column against the tested formula; the dry run's commands against the run 
 the one-line errors."""
 
 import json
+import os
 import shlex
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +21,7 @@ from transduce.cli import build_parser, main
 from transduce.cli import train as train_cli
 from transduce.cli.fields import from_args
 from transduce.data.batching import ParallelDataset, read_metadata
-from transduce.experiments import Machine, Recipe, plan
+from transduce.experiments import Machine, Recipe, plan, submit_slurm
 from transduce.experiments.plan import scaled_sets, train_setup
 from transduce.train.trainer import TrainOptions
 
@@ -164,3 +167,23 @@ def test_scaling_keeps_the_ratios_between_rows():
     steps = {v.name: v.max_steps for v in plan(["base", "big", "D3"], Recipe(updates=1000))}
     assert steps == {"base": 1000, "big": 3000, "D3": 1000}
     assert Recipe(updates=7200).save_every == 100  # 6.1's every 10 minutes of a 12-hour run
+
+
+def test_slurm_jobs_run_the_train_commands_then_the_experiment_measures_them(data, tmp_path, capsys, monkeypatch):
+    """--slurm submits each variant's `transduce train` command through submitit (its local
+    executor here: the same job, run as a subprocess); the experiment then measures the run."""
+    import submitit  # the `slurm` extra (in `test`)
+
+    src = str(Path(__file__).resolve().parents[1] / "src")  # the job's `transduce` imports this checkout
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    out = tmp_path / "exp"
+    recipe = Recipe(updates=2, max_tokens=256, warmup=2, save_every=2, scale=0.03125, depth_scale=0.1667)
+    machine = Machine(device="cpu", precision="fp32", threads=1, progress=False)
+    jobs = submit_slurm(data, out, ["C6"], recipe, machine, partition=None, minutes=5, cluster="local")
+    assert isinstance(jobs["C6"], submitit.Job)
+    jobs["C6"].result()  # waits; raises if the command failed
+    assert (out / "runs" / "C6" / "model").is_dir()
+    assert main(["experiment", "--data", str(data), "--out", str(out), "--variants", "C6", *RECIPE[:1], "2",
+                 *RECIPE[2:], *MACHINE]) == 0
+    assert "1 rows: C6 measured" in capsys.readouterr().out

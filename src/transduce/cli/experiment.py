@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         jobs = experiments.submit_slurm(args.data, args.out, names, recipe, machine, partition=args.slurm_partition,
                                         minutes=args.slurm_minutes, cpus_per_task=args.slurm_cpus)
         for name, job in jobs.items():
-            print(f"{name}: Slurm job {job}")
+            print(f"{name}: Slurm job {job.job_id}")
         print(f"{len(jobs)} jobs submitted (logs in {args.out / 'slurm'}); when they are done, run the same command "
               "without --slurm to measure the runs and write the table")
         return 0

@@ -51,7 +51,7 @@ __all__ = ["TABLE3", "Machine", "Recipe", "Variant", "Report", "prepare", "dry_r
 class Report:
     rows: list[dict] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)
-    """Variant -> 'skipped', 'trained', 'resumed' or 'interrupted'."""
+    """Variant -> 'skipped', 'measured', 'trained', 'resumed' or 'interrupted' (`run.Outcome`)."""
     written: list[Path] = field(default_factory=list)
     interrupted: bool = False
 
@@ -100,7 +100,8 @@ def submit_slurm(data_dir: Path, out: Path, names: list[str], recipe: Recipe, ma
                  partition: str | None, minutes: int, cpus_per_task: int | None = None, cluster: str | None = None) -> dict:
     """Submit each variant not yet trained as one Slurm job running its `transduce train` command
     (torchrun for --nproc > 1), through submitit's AutoExecutor (logs in OUT/slurm). Returns
-    {variant: job id}. Run `transduce experiment` again, without --slurm, to measure them."""
+    {variant: submitit job} (`.job_id`, `.result()`). Run `transduce experiment` again, without
+    --slurm, to measure them."""
     submitit = require("submitit", "--slurm")
     _, variants = prepare(data_dir, out, names, recipe, machine)
     open_experiment(out, data_dir, recipe)
@@ -116,5 +117,5 @@ def submit_slurm(data_dir: Path, out: Path, names: list[str], recipe: Recipe, ma
             continue
         executor.update_parameters(name=f"transduce-{v.name}", **params)
         job = executor.submit(submitit.helpers.CommandFunction(train_command(v, recipe, data_dir, out, machine)))
-        jobs[v.name] = job.job_id
+        jobs[v.name] = job
     return jobs

@@ -151,7 +151,8 @@ class Outcome:
     row: dict | None
     """The measured row; None when training was interrupted (a signal): resume by running again."""
     what: str
-    """'skipped' (done before), 'trained', 'resumed' or 'interrupted'."""
+    """'skipped' (trained and measured before), 'measured' (trained before), 'trained', 'resumed' or
+    'interrupted'."""
 
 
 def run_variant(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, machine: Machine, meta: dict,
@@ -164,7 +165,7 @@ def run_variant(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, mac
         row = json.loads(row_path.read_text(encoding="utf-8"))
         if row.get("made_with") == made_with(variant, recipe, average) and trained(run_dir, variant.max_steps):
             return Outcome(row, "skipped")
-    what = "skipped"
+    what = "measured"  # trained before (by a Slurm job, a printed command, an earlier call), measured now
     if not trained(run_dir, variant.max_steps):
         latest = latest_checkpoint(run_dir)
         what = "resumed" if latest is not None else "trained"
