@@ -34,7 +34,8 @@ pre-softmax layer, scaled by sqrt(d_model); random init):
 Precisions: fp32, and bf16 = torch.autocast("cpu", torch.bfloat16) with fp32 weights and Adam
 (mixed precision training, the same for every system).
 
-FLOPs and MFU. Model FLOPs per step are counted from the padded batch shapes: every matrix product
+FLOPs and MFU. Model FLOPs per step are counted from the padded batch shapes (`transduce.flops`,
+the one formula, which `transduce experiment` uses too): every matrix product
 counts 2*m*n*k; a training step is 3x the forward pass (backward = 2x forward). Forward, with
 source length S, target length T, batch B, d = d_model, f = d_ff, a = h*d_k, c = h*d_v, N layers,
 vocabulary V:
@@ -74,6 +75,7 @@ from transduce import kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
+from transduce.flops import dims as model_dims, forward_flops, matmul_peak  # noqa: E402,F401  (the one formula)
 from transduce.model import Transformer, sinusoidal_positions  # noqa: E402
 from transduce.train.loss import label_smoothed_nll  # noqa: E402
 from transduce.train.step import attention_kernel_for  # noqa: E402
@@ -121,8 +123,8 @@ def make_batches(vocab: int, max_tokens: int, data_dir: str | None) -> list[tupl
 
 def dims(preset: str) -> dict:
     c = get_preset(preset).model
-    return dict(d=c.d_model, f=c.d_ff, h=c.n_heads, N=c.n_layers, a=c.n_heads * c.head_dim_k,
-                c=c.n_heads * c.head_dim_v, V=VOCAB[preset])
+    c.src_vocab_size = VOCAB[preset]
+    return model_dims(c)
 
 
 def build_transduce(preset: str) -> nn.Module:
@@ -171,42 +173,6 @@ def forward_logits(system: str, model: nn.Module, src: torch.Tensor, tgt_in: tor
         return model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt_in,
                      decoder_attention_mask=(tgt_in != PAD).long(), use_cache=False).logits
     return model(src, tgt_in)
-
-
-# --- FLOPs -----------------------------------------------------------------------------------------
-
-
-def forward_flops(dm: dict, B: int, S: int, T: int) -> int:
-    """Model FLOPs of one forward pass on a padded (B, S) source and (B, T) target (see the
-    module docstring)."""
-    d, f, a, c, N, V = dm["d"], dm["f"], dm["a"], dm["c"], dm["N"], dm["V"]
-    enc = B * S * N * 2 * (d * (2 * a + c) + c * d + 2 * d * f) + B * N * 2 * (S * S * a + S * S * c)
-    dec = (B * T * N * 2 * (d * (2 * a + c) + c * d + d * a + c * d + 2 * d * f) + B * S * N * 2 * d * (a + c)
-           + B * N * 2 * (T * T * a + T * T * c + T * S * a + T * S * c))
-    return enc + dec + B * T * 2 * d * V
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
-    """Best FLOP/s of an n^3 matrix product in `dtype`: `torch.mm`, or oneDNN with the second
-    matrix pre-packed (`torch.ops.mkldnn._linear_pointwise`, what `kernels.pack_weights`
-    uses) where this torch has it. On a Zen 4 the latter is the faster (fp32 ~220 against
-    ~185 GFLOP/s through MKL): the peak must be the best the machine does, or MFU overstates."""
-    from transduce.kernels import can_pack
-
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    products = [lambda: torch.mm(a, b)]
-    if can_pack(dtype, "cpu"):
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous())
-        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
-    best = 0.0
-    with torch.inference_mode():
-        for product in products:
-            product()
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                product()
-                best = max(best, 2 * n**3 / (time.perf_counter() - t0))
-    return best
 
 
 # --- training throughput ---------------------------------------------------------------------------

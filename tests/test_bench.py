@@ -1,4 +1,5 @@
-"""The benchmark's FLOPs formula (benchmarks/bench.py), checked against PyTorch's own count."""
+"""The FLOPs formula (transduce.flops, which benchmarks/bench.py and transduce experiment use), checked
+against PyTorch's own count."""
 
 import importlib.util
 import sys
@@ -9,6 +10,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from transduce import flops
 from transduce.config import ModelConfig
 from transduce.model import Transformer
 
@@ -37,3 +39,5 @@ def test_forward_flops_match_torch_flop_counter(bench, d_k, d_v):
         model(src, tgt)
     dm = dict(d=16, f=24, h=2, N=2, a=2 * d_k, c=2 * d_v, V=40)
     assert bench.forward_flops(dm, B, S, T) == counter.get_total_flops()
+    assert flops.dims(c) == dm  # the sizes read from the config
+    assert bench.forward_flops is flops.forward_flops  # one formula: the bench imports the library's

@@ -35,7 +35,7 @@ def test_console_help_lists_subcommands():
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     out = subprocess.run([sys.executable, "-m", "transduce", "--help"], capture_output=True, text=True, check=True,
                          env=env).stdout
-    for cmd in ("info", "prepare", "train", "average", "translate", "evaluate", "synthetic"):
+    for cmd in ("info", "prepare", "train", "average", "translate", "evaluate", "synthetic", "experiment"):
         assert cmd in out
 
 
@@ -59,6 +59,7 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
         "attention": ([str(tmp / "nope"), "a sentence", "--json", str(tmp / "a.json")], "no such directory"),
         "serve": ([str(tmp / "nope")], "no such directory"),
         "export": (["ct2", str(tmp / "nope"), "-o", str(tmp / "out")], "no such directory"),
+        "experiment": (["--data", str(tmp / "nope"), "--out", str(tmp / "out"), "--updates", "1"], "no such file"),
     }[command]
 
 

@@ -7,7 +7,7 @@ from types import ModuleType
 
 from .errors import UsageError
 
-EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve"}
+EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve", "submitit": "slurm"}
 """Module -> the extra of pyproject.toml that installs it."""
 
 

@@ -39,12 +39,14 @@ subcommands:
               a one- to two-minute end-to-end check that masks, shifting and decoding fit together
   attention   show what the model attends to: the paper's figures (PNG), an offline HTML page,
               the masks applied, JSON
+  experiment  Table 3's variants and Table 2's cost as one rerunnable experiment: each variant a
+              `transduce train` run, then dev perplexity, dev BLEU, FLOPs, MFU; a table and a plot
 
 Run `transduce SUBCOMMAND --help` for the options of each.
 """
 
 SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "parse", "attention", "serve", "export",
-               "synthetic")
+               "synthetic", "experiment")
 """In the order of `transduce --help`; each is the module `transduce.cli.NAME`."""
 
 

@@ -1,0 +1,198 @@
+"""What an experiment runs: the rows of Table 3 as variants, the recipe they share, the scale, and
+each variant's `transduce train` command.
+
+A variant is a named preset of `transduce.config.PRESETS` (Table 3's rows are presets already:
+`base`, `table3-A1` ... `table3-E`, `big`), made smaller by the scale, trained by the recipe.
+Everything it becomes is expressed as flags of `transduce train` (`train_command`), so that the
+command printed by `--dry-run` and the run done here (`train_setup`) are the same training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import PRESETS, Config
+from ..errors import UsageError
+from ..train.trainer import TrainOptions, config_for_data
+
+TABLE3 = ("base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
+          "D1", "D2", "D3", "D4", "E", "big")
+"""Table 3's rows, top to bottom: the default list of variants."""
+
+PAPER_STEPS = PRESETS["base"].train.max_steps
+"""Table 3's "train steps" of every row but big: 100K (big: 300K, Section 5.2)."""
+
+
+def preset_of(name: str) -> str:
+    """The preset of a variant name: `base`, `big`, a Table 3 row (`A1` or `table3-A1`), or any
+    other preset. A one-line UsageError for an unknown name."""
+    for candidate in (name, f"table3-{name}"):
+        if candidate in PRESETS:
+            return candidate
+    rows = ", ".join(TABLE3)
+    raise UsageError(f"unknown variant {name!r}: Table 3's rows are {rows} (or a preset: transduce info --all)")
+
+
+def row_name(preset: str) -> str:
+    """`table3-A1` -> `A1`; other presets keep their name."""
+    return preset.removeprefix("table3-")
+
+
+@dataclass
+class Recipe:
+    """What every variant shares: the regime, in updates (never minutes: every machine trains the
+    same models, only the time differs), and the scale. Defaults are the paper's (5.1-5.3)."""
+
+    updates: int
+    """Optimizer steps of the base row (the paper: 100K); a row the paper trained longer trains
+    longer in the same ratio (big: 3x, 300K in 5.2)."""
+    max_tokens: int = 25000
+    """Source and target tokens per update, each side (5.1: ~25000)."""
+    warmup: int = 4000
+    """warmup_steps of equation 3 (5.3)."""
+    lr_scale: float = 1.0
+    """A factor on equation 3 (1.0 is the paper)."""
+    cooldown: float = 0.0
+    """Not in the paper: the rate decays linearly to 0 over this last fraction of the steps."""
+    save_every: int = 0
+    """Updates between checkpoints. The paper wrote one every 10 minutes of a 12-hour base run
+    (6.1): 0 means the same share, updates // 72 (at least 1)."""
+    seed: int = 1
+    scale: float = 1.0
+    """Widths (d_model, d_ff, d_k, d_v) times this; 1.0 is the paper's scale."""
+    depth_scale: float | None = None
+    """Layers (N) times this, rounded half up, at least 1; None: the same as `scale`."""
+
+    def __post_init__(self) -> None:
+        if self.updates < 1 or self.max_tokens < 1 or self.warmup < 1 or self.save_every < 0:
+            raise UsageError("need --updates, --max-tokens and --warmup of at least 1, --save-every >= 0")
+        if not 0 < self.scale <= 1 or not 0 <= self.cooldown < 1 or self.lr_scale <= 0:
+            raise UsageError("need 0 < --scale <= 1, 0 <= --cooldown < 1 and --lr-scale > 0")
+        self.depth_scale = self.scale if self.depth_scale is None else self.depth_scale
+        if not 0 < self.depth_scale <= 1:
+            raise UsageError("need 0 < --depth-scale <= 1")
+        self.save_every = self.save_every or max(1, self.updates // 72)
+
+    @property
+    def reduced(self) -> bool:
+        return self.scale != 1 or self.depth_scale != 1
+
+    def scale_note(self) -> str:
+        """One line saying the scale: whether these are the paper's sizes."""
+        if not self.reduced:
+            return "the paper's scale (Table 3's sizes)"
+        return (f"REDUCED SCALE, not the paper's: every width (d_model, d_ff, d_k, d_v) x {self.scale:g} and every "
+                f"depth (N) x {self.depth_scale:g}, rounded; heads, dropout and label smoothing as in Table 3")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Machine:
+    """Where and how the runs train (not part of the recipe: a run may continue elsewhere)."""
+
+    device: str = "auto"
+    precision: str = "auto"
+    threads: int | None = None
+    update_freq: int = 1
+    nproc: int = 1
+    """Processes per run (torchrun --nproc_per_node; for --dry-run and Slurm)."""
+    progress: bool = True
+
+
+@dataclass
+class Variant:
+    """One row: a preset, made smaller by `sets` (flags `--set`), trained for `max_steps`."""
+
+    name: str
+    preset: str
+    max_steps: int
+    sets: list[str] = field(default_factory=list)
+
+    def run_dir(self, out: Path) -> Path:
+        return Path(out) / "runs" / self.name
+
+
+def scaled_sets(preset: str, scale: float, depth_scale: float) -> list[str]:
+    """`--set` overrides that make `preset` smaller: d_model, d_ff, d_k and d_v times `scale`
+    (d_model rounded to an even number, the others to at least 1), N times `depth_scale`
+    (rounded half up, at least 1); heads, dropout, label smoothing and positions unchanged. The
+    ratios between Table 3's rows stay (A1's h=1, d_k=512 against base's h=8, d_k=64, ...)."""
+    if scale == 1 and depth_scale == 1:
+        return []
+    m = PRESETS[preset].model
+
+    def width(x: int) -> int:
+        return max(1, int(x * scale + 0.5))
+
+    return [f"model.n_layers={max(1, int(m.n_layers * depth_scale + 0.5))}",
+            f"model.d_model={max(2, 2 * int(m.d_model * scale / 2 + 0.5))}", f"model.d_ff={width(m.d_ff)}",
+            f"model.d_k={width(m.head_dim_k)}", f"model.d_v={width(m.head_dim_v)}"]
+
+
+def plan(names: list[str], recipe: Recipe) -> list[Variant]:
+    """The variants `names` (Table 3's rows by default), in order, each once."""
+    variants: list[Variant] = []
+    for name in dict.fromkeys(names or TABLE3):
+        preset = preset_of(name)
+        steps = max(1, recipe.updates * PRESETS[preset].train.max_steps // PAPER_STEPS)
+        variants.append(Variant(row_name(preset), preset, steps, scaled_sets(preset, recipe.scale, recipe.depth_scale)))
+    return variants
+
+
+# --- the run of a variant: a `transduce train` command, and the same run in this process ----------
+
+
+def keep_last(variant: Variant) -> int:
+    """Checkpoints kept: the ones averaged (6.1: 5, big 20) and one more, for a last checkpoint
+    written off the interval (which averaging leaves out)."""
+    return PRESETS[variant.preset].train.average_last + 1
+
+
+def valid_every(variant: Variant) -> int:
+    """Validation loss ten times a run (a curve in logs/train.jsonl)."""
+    return max(1, variant.max_steps // 10)
+
+
+def train_command(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, machine: Machine) -> list[str]:
+    """The `transduce train` command line of a variant (a torchrun line for several processes)."""
+    head = (["transduce"] if machine.nproc == 1 else
+            ["torchrun", f"--nproc_per_node={machine.nproc}", "-m", "transduce"])
+    cmd = head + ["train", "--data", str(data_dir), "--run-dir", str(variant.run_dir(out)), "--resume",
+                  "--preset", variant.preset]
+    for s in variant.sets + [f"train.max_tokens={recipe.max_tokens}"]:
+        cmd += ["--set", s]
+    cmd += ["--max-steps", str(variant.max_steps), "--warmup", str(recipe.warmup), "--lr-scale", f"{recipe.lr_scale:g}",
+            "--cooldown", f"{recipe.cooldown:g}", "--seed", str(recipe.seed),
+            "--save-every-steps", str(recipe.save_every), "--save-every-minutes", "0",
+            "--keep-last", str(keep_last(variant)), "--valid-every", str(valid_every(variant)),
+            "--device", machine.device, "--precision", machine.precision]
+    if machine.update_freq != 1:
+        cmd += ["--update-freq", str(machine.update_freq)]
+    if machine.threads:
+        cmd += ["--threads", str(machine.threads)]
+    return cmd
+
+
+def show(cmd: list[str]) -> str:
+    return shlex.join(cmd)
+
+
+def train_setup(variant: Variant, recipe: Recipe, meta: dict, machine: Machine) -> tuple[Config, TrainOptions]:
+    """The Config and TrainOptions `train_command` gives `transduce train` (`cli.train.resolve_config`
+    and its flags), for the run done in this process."""
+    config = config_for_data(variant.preset, variant.sets + [f"train.max_tokens={recipe.max_tokens}"], meta)
+    t = config.train
+    t.max_steps, t.warmup_steps, t.lr_scale, t.checkpoint_minutes = (
+        variant.max_steps, recipe.warmup, recipe.lr_scale, 0.0)
+    options = TrainOptions(
+        update_freq=machine.update_freq, cooldown=recipe.cooldown, precision=machine.precision, seed=recipe.seed,
+        valid_every=valid_every(variant), save_every_steps=recipe.save_every, save_every_minutes=0.0,
+        keep_last=keep_last(variant), resume=True, threads=machine.threads, device=machine.device,
+        progress=machine.progress,
+    )
+    return config, options

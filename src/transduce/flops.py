@@ -1,0 +1,81 @@
+"""Model FLOPs, counted from shapes (Table 2's "Training Cost (FLOPs)"), and the peak they are
+compared with (model-FLOPs utilisation, MFU).
+
+Table 2 estimated its training cost "by multiplying the training time, the number of GPUs used,
+and an estimate of the sustained single-precision floating-point capacity of each GPU". Here the
+cost is counted instead, from the padded batch shapes the run trained on: every matrix product
+counts 2*m*n*k; a training step is 3x the forward pass (backward = 2x forward). Forward, with
+source length S, target length T, batch B, d = d_model, f = d_ff, a = h*d_k, c = h*d_v, N layers,
+target vocabulary V:
+
+    encoder  B*S*N*2*(d*(2a + c) + c*d + 2*d*f) + B*N*2*(S*S*a + S*S*c)
+    decoder  B*T*N*2*(d*(2a + c) + c*d + d*a + c*d + 2*d*f) + B*S*N*2*d*(a + c)
+             + B*N*2*(T*T*a + T*T*c + T*S*a + T*S*c)
+    output   B*T*2*d*V
+
+(attention counted in full, causal masking not discounted; checked against PyTorch's
+`FlopCounterMode` in tests/test_bench.py). One formula for the benchmark (benchmarks/bench.py)
+and for the experiments (`transduce.experiment`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .config import ModelConfig
+
+
+def dims(config: ModelConfig) -> dict:
+    """The sizes `forward_flops` reads, from a model config: d, f, h, N, a = h*d_k, c = h*d_v, V."""
+    return dict(d=config.d_model, f=config.d_ff, h=config.n_heads, N=config.n_layers,
+                a=config.n_heads * config.head_dim_k, c=config.n_heads * config.head_dim_v,
+                V=config.target_vocab_size)
+
+
+def forward_flops(dm: dict, B: int, S: int, T: int) -> int:
+    """Model FLOPs of one forward pass on a padded (B, S) source and (B, T) target (see the
+    module docstring); `dm` as `dims` makes it."""
+    d, f, a, c, N, V = dm["d"], dm["f"], dm["a"], dm["c"], dm["N"], dm["V"]
+    enc = B * S * N * 2 * (d * (2 * a + c) + c * d + 2 * d * f) + B * N * 2 * (S * S * a + S * S * c)
+    dec = (B * T * N * 2 * (d * (2 * a + c) + c * d + d * a + c * d + 2 * d * f) + B * S * N * 2 * d * (a + c)
+           + B * N * 2 * (T * T * a + T * T * c + T * S * a + T * S * c))
+    return enc + dec + B * T * 2 * d * V
+
+
+def training_flops(dm: dict, B: int, S: int, T: int) -> int:
+    """Model FLOPs of one training micro-batch: forward and backward, 3x the forward pass."""
+    return 3 * forward_flops(dm, B, S, T)
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """Best FLOP/s of an n^3 matrix product in `dtype` on `device`, measured: `torch.mm`, and on
+    the CPU also oneDNN with the second matrix pre-packed (`torch.ops.mkldnn._linear_pointwise`,
+    what `kernels.pack_weights` uses) where this torch has it. On a Zen 4 the latter is the faster
+    (fp32 ~220 against ~185 GFLOP/s through MKL): the peak must be the best the machine does, or
+    MFU overstates."""
+    from .kernels import can_pack
+
+    device = torch.device(device)
+    a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+    products = [lambda: torch.mm(a, b)]
+    if device.type == "cpu" and can_pack(dtype, "cpu"):
+        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous())
+        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    best = 0.0
+    with torch.inference_mode():
+        for product in products:
+            product()
+            for _ in range(repeats):
+                sync()
+                t0 = time.perf_counter()
+                product()
+                sync()
+                best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return best
