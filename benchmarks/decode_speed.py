@@ -35,7 +35,7 @@ weights, in three precisions, the same for both systems:
   `transduce.export.ct2` (`TransduceConverter`, float32) into a temporary directory and loaded
   with compute type float32 (precision fp32) or int8 (precision int8; int8 weights and products,
   what CTranslate2 does on the CPU with `compute_type="int8"`), `intra_threads` = the torch
-  threads, one inter-op worker; tokens as CTranslate2's strings, `translate_batch(beam_size=4,
+  threads, one inter-op worker (W with `--workers W`); tokens as CTranslate2's strings, `translate_batch(beam_size=4,
   min_decoding_length=L, max_decoding_length=L)`: L decoder steps, as for the others (checked:
   every hypothesis has L tokens). CTranslate2 has no bf16 on the CPU: no bf16 rows.
 * int8 (`--precisions int8`): transduce's `--precision int8` (`kernels.quantize_int8`: every
@@ -66,9 +66,12 @@ give roughly 10-20% more tokens per sentence.
 Output: a table of system, precision, sentences/s, target tokens/s (sum of L over sentences,
 EOS included) and the speedup of transduce over Hugging Face in the same precision. The
 target (issue): >= 2x Hugging Face's sentences/s in the same precision.
-`--workers W` runs W batches at a time, each in its own Python thread with threads / W torch
-threads (what Marian and CTranslate2 call CPU workers or inter-op threads), for both systems
-alike: each system takes the same group of W batches in turn, and the group's wall time counts.
+`--workers W` runs W batches at a time (what Marian and CTranslate2 call CPU workers or inter-op
+threads), for every system alike, with threads / W threads each: transduce and Hugging Face in W
+processes forked after the model is prepared (`transduce translate --workers W`'s way,
+`transduce.translate.Workers`), CTranslate2 with `inter_threads=W, intra_threads=threads/W`
+and the W batches submitted at once (`asynchronous=True`). Each system takes the same group of
+W batches in turn, and the group's wall time counts.
 
 `--profile` runs torch.profiler over one batch (the middle one; `--profile-batches 5,25,45`
 picks others, summed) of each system and prints where the time goes.
@@ -85,7 +88,6 @@ import re
 import sys
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -183,9 +185,10 @@ def ct2_pieces(vocab: int) -> list[str]:
     return [SPECIAL_PIECES[k] for k in ("pad", "unk", "bos", "eos")] + [f"w{i}" for i in range(4, vocab)]
 
 
-def build_ct2(model: Transformer, directory: Path, threads: int) -> dict:
+def build_ct2(model: Transformer, directory: Path, threads: int, workers: int = 1) -> dict:
     """The transduce model exported to CTranslate2 (float32) and loaded per compute type:
-    {"fp32": Translator(float32), "int8": Translator(int8)}."""
+    {"fp32": Translator(float32), "int8": Translator(int8)}, `workers` inter-op workers with
+    threads / workers intra-op threads each."""
     import ctranslate2
 
     from transduce.config import Config
@@ -195,18 +198,43 @@ def build_ct2(model: Transformer, directory: Path, threads: int) -> dict:
     with torch.no_grad():
         TransduceConverter(model, Config(model=model.config), vocab, vocab).convert(str(directory), quantization="float32",
                                                                                       force=True)
-    return {p: ctranslate2.Translator(str(directory), device="cpu", compute_type=t, intra_threads=threads, inter_threads=1)
+    return {p: ctranslate2.Translator(str(directory), device="cpu", compute_type=t, intra_threads=threads // workers,
+                                      inter_threads=workers)
             for p, t in (("fp32", "float32"), ("int8", "int8"))}
 
 
 def run_ct2(translator, tokens: list[list[str]], L: int) -> float:
+    return run_ct2_group(translator, [(tokens, L)])
+
+
+def run_ct2_group(translator, group: list[tuple[list[list[str]], int]]) -> float:
+    """Wall time of CTranslate2 decoding the batches of `group` ((tokens, L) each), all submitted
+    at once: with inter_threads > 1 its workers take them in parallel."""
     t0 = time.perf_counter()
-    out = translator.translate_batch(tokens, beam_size=BEAM, length_penalty=ALPHA, min_decoding_length=L,
-                                     max_decoding_length=L, return_end_token=True, max_batch_size=0)
+    pending = [translator.translate_batch(tokens, beam_size=BEAM, length_penalty=ALPHA, min_decoding_length=L,
+                                          max_decoding_length=L, return_end_token=True, max_batch_size=0,
+                                          asynchronous=True) for tokens, L in group]
+    outs = [[r.result() for r in batch] for batch in pending]
     dt = time.perf_counter() - t0
-    lengths = {len(o.hypotheses[0]) for o in out}
-    assert lengths == {L}, f"CTranslate2 produced lengths {lengths}, expected {L}"
+    for out, (_, L) in zip(outs, group):
+        lengths = {len(o.hypotheses[0]) for o in out}
+        assert lengths == {L}, f"CTranslate2 produced lengths {lengths}, expected {L}"
     return dt
+
+
+_POOL_CALL = None
+"""What a forked worker of `--workers` runs (the parent's `call`, inherited at the fork)."""
+
+
+def _pool_start(threads: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+
+
+def _pool_call(job: tuple) -> float:
+    return _POOL_CALL(*job)
 
 
 def build_marian(seed: int, d_model: int = 512, layers: int = 6, heads: int = 8, ffn: int = 2048, vocab: int = VOCAB):
@@ -322,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run every batch R times per system (alternating) and keep the fastest: "
                              "steadier on a shared machine (default 1)")
     parser.add_argument("--workers", type=int, default=1,
-                        help="batches decoded at once, each in its own thread with threads/workers torch threads, "
-                             "for both systems alike (default 1)")
+                        help="batches decoded at once, each with threads/workers threads: transduce and HF in "
+                             "forked processes, CTranslate2 with inter_threads=workers; "
+                             "for every system alike (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     parser.add_argument("--profile", action="store_true", help="profile one batch of each system and precision, print the top ops")
@@ -335,8 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     if not 1 <= args.workers <= threads:
         parser.error(f"--workers must be between 1 and the threads ({threads}), not {args.workers}")
-    if args.workers > 1 and (args.profile or args.repeats > 1):
-        parser.error("--workers > 1 does not combine with --profile or --repeats")
+    if args.workers > 1 and args.profile:
+        parser.error("--workers > 1 does not combine with --profile")
     torch.set_num_threads(threads // args.workers)
     precisions = [p for p in args.precisions.split(",") if p]
     if bad := [p for p in precisions if p not in PRECISIONS]:
@@ -344,8 +373,6 @@ def main(argv: list[str] | None = None) -> int:
     systems = [s for s in args.systems.split(",") if s]
     if bad := [s for s in systems if s not in SYSTEMS]:
         parser.error(f"unknown system {bad[0]!r} (choose from {', '.join(SYSTEMS)})")
-    if "ct2" in systems and args.workers > 1:
-        parser.error("--systems ct2 does not combine with --workers > 1")
     presets = [p for p in args.presets.split(",") if p]
     if bad := [p for p in presets if p not in SIZES]:
         parser.error(f"unknown preset {bad[0]!r} (choose from {', '.join(SIZES)})")
@@ -392,12 +419,11 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
           f"{platform.processor() or platform.machine()}",
           flush=True)
 
-    models, spares = {}, {}
+    models = {}
     for system in ("transduce", "transduce-nopack"):
         if system in systems:
             t = build_transduce(args.seed, preset)
             models[system] = ForcedLength(t)
-            spares[system] = [ForcedLength(t) for _ in range(args.workers - 1)]  # one per extra worker
             print(f"{system}: {count_parameters(t):,} parameters", flush=True)
     if "hf" in systems:
         import transformers
@@ -414,25 +440,27 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
         import ctranslate2
 
         tmp = tempfile.TemporaryDirectory(prefix="decode-speed-ct2-")
-        models["ct2"] = build_ct2(build_transduce(args.seed, preset), Path(tmp.name) / "model", threads)
+        models["ct2"] = build_ct2(build_transduce(args.seed, preset), Path(tmp.name) / "model", threads, args.workers)
         vocab = ct2_pieces(SIZES[preset])
         tokens = [[vocab[i] for i in s[:-1]] for s in srcs]  # CTranslate2 appends EOS itself (add_source_eos)
         print(f"CTranslate2 {ctranslate2.__version__}: the transduce model (seed {args.seed}) exported float32, run as "
               f"float32 and int8 (its CPU: {ctranslate2.get_supported_compute_types('cpu')})", flush=True)
 
-    def call(system: str, idx: list[int], L: int, precision: str, worker: int = 0) -> float:
+    def call(system: str, idx: list[int], L: int, precision: str) -> float:
         if system == "ct2":
             return run_ct2(models["ct2"][precision], [tokens[i] for i in idx], L)
         src, mask = pad_batch(srcs, idx)
         if system.startswith("transduce"):
-            return run_transduce(models[system] if worker == 0 else spares[system][worker - 1], src, L, precision)
+            return run_transduce(models[system], src, L, precision)
         return run_hf(models[system], src, mask, L, precision)
 
-    def call_group(system: str, group: list[tuple[list[int], int]], precision: str) -> float:
-        """Wall time of decoding `group`'s batches at once, one thread each (--workers)."""
+    def call_group(system: str, group: list[tuple[list[int], int]], precision: str, pool) -> float:
+        """Wall time of decoding `group`'s batches at once (--workers): CTranslate2's workers, or
+        the forked processes of `pool`."""
+        if system == "ct2":
+            return run_ct2_group(models["ct2"][precision], [([tokens[i] for i in idx], L) for idx, L in group])
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(len(group)) as pool:
-            list(pool.map(lambda wb: call(system, *wb[1], precision, worker=wb[0]), enumerate(group)))
+        pool.map(_pool_call, [(system, idx, L, precision) for idx, L in group], chunksize=1)
         return time.perf_counter() - t0
 
     results = []
@@ -458,13 +486,24 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
                     print(profile_hf(models[system], work, precision))
         times = {s: 0.0 for s in active}
         if args.workers > 1:
+            import multiprocessing
+
+            global _POOL_CALL
+            _POOL_CALL = call  # the forked workers inherit the prepared models
+            pool = multiprocessing.get_context("fork").Pool(args.workers, _pool_start, (threads // args.workers,))
             groups = [batches[i : i + args.workers] for i in range(0, len(batches), args.workers)]
             for g, group in enumerate(groups):
-                for system in active if g % 2 == 0 else active[::-1]:  # alternate who goes first
-                    times[system] += call_group(system, group, precision)
+                best = {s: float("inf") for s in active}
+                for r in range(args.repeats):
+                    for system in active if (g + r) % 2 == 0 else active[::-1]:  # alternate who goes first
+                        best[system] = min(best[system], call_group(system, group, precision, pool))
+                for system in active:
+                    times[system] += best[system]
                 done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
                 print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
                       end="", file=sys.stderr, flush=True)
+            pool.terminate()
+            pool.join()
             batches_left = []
         else:
             batches_left = batches

@@ -14,7 +14,8 @@
 #            a checkpoint every SAVE_STEPS (250) updates
 #   average  the last K checkpoints, for each K in AVERAGE (default "5")
 #   choose   K and the length penalty alpha for beam 21 on section 22 (EVALB F1, gold tags put
-#            back): alpha among 0.0, 0.3 (the paper's), 0.6, 1.0
+#            back): alpha among 0.3 (the paper's), 0.6, 1.0, 1.5, with the constrained search
+#            that the last line below reports (CONSTRAINED=0: the paper's unconstrained search)
 #   evaluate section 23 with EVALB (COLLINS.prm), gold tags put back (the publication
 #            convention): greedy; beam 21 with alpha 0.3 (the paper's settings, input + 300);
 #            beam 21 with the chosen alpha; the same with constrained decoding (only well-formed
@@ -29,9 +30,12 @@
 #   MINUTES     an optional cap on training time (the model is then not the recipe's)
 #   PRECISION   auto (default), fp32 or bf16, for training and decoding
 #   THREADS     CPU threads (default: all cores)
+#   WORKERS     decoding workers: batches decoded at once, the threads divided among them
+#               (default: THREADS, one thread each: the parser is small; docs/speed.md)
+#   CONSTRAINED 1 (default): alpha chosen on section 22 with constrained decoding; 0: without
 #   SAVE_STEPS  a checkpoint every N updates (default 250)
 #   AVERAGE     the numbers of last checkpoints to average, chosen among on section 22 ("5")
-#   ALPHAS      the length penalties tried on section 22 ("0.0 0.3 0.6 1.0")
+#   ALPHAS      the length penalties tried on section 22 ("0.3 0.6 1.0 1.5")
 #   COOLDOWN    train --cooldown (default 0.2; 0 is the paper's schedule)
 #   SEED        train --seed (default 1)
 #   PRESET      default parse-cpu (parse-wsj is the paper's model, for a GPU)
@@ -48,7 +52,7 @@ PRECISION=${PRECISION:-auto}
 COOLDOWN=${COOLDOWN:-0.2}
 SAVE_STEPS=${SAVE_STEPS:-250}
 AVERAGE=${AVERAGE:-5}
-ALPHAS=${ALPHAS:-0.0 0.3 0.6 1.0}
+ALPHAS=${ALPHAS:-0.3 0.6 1.0 1.5}
 PRESET=${PRESET:-parse-cpu}
 SEED=${SEED:-1}
 read -r -a SETS <<< "${SETS:-}"
@@ -56,7 +60,9 @@ OPTIONAL=()
 if [ -n "${STEPS:-}" ]; then OPTIONAL+=(--max-steps "$STEPS"); fi
 if [ -n "${MINUTES:-}" ]; then OPTIONAL+=(--max-minutes "$MINUTES"); fi
 BEAM=${BEAM:-21}
-COMMON=(--precision "$PRECISION" --threads "$THREADS" --max-len-offset "${MAX_LEN_OFFSET:-300}" --quiet)
+WORKERS=${WORKERS:-$THREADS}
+if [ "${CONSTRAINED:-1}" = 1 ]; then CHOOSE=(--constrained); ALPHA_DIR=$RUN/alpha-constrained; else CHOOSE=(); ALPHA_DIR=$RUN/alpha; fi
+COMMON=(--precision "$PRECISION" --threads "$THREADS" --workers "$WORKERS" --max-len-offset "${MAX_LEN_OFFSET:-300}" --quiet)
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
@@ -85,17 +91,17 @@ PY
 fi
 
 # The number of averaged checkpoints and alpha for beam 21 (BEAM), chosen together on section 22, never on 23.
-mkdir -p "$RUN/alpha"
+mkdir -p "$ALPHA_DIR"
 n=$(find "$RUN/checkpoints" -maxdepth 1 -name 'step_*' -type d | wc -l)
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
 for k in $AVERAGE; do
   transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
   for a in $ALPHAS; do
-    [ -f "$RUN/alpha/22.avg$k.alpha$a.json" ] || transduce evaluate "$RUN/avg_last$k" --dataset ptb-wsj --split 22 \
-      --beam "$BEAM" --alpha "$a" "${COMMON[@]}" --json "$RUN/alpha/22.avg$k.alpha$a.json" > /dev/null
+    [ -f "$ALPHA_DIR/22.avg$k.alpha$a.json" ] || transduce evaluate "$RUN/avg_last$k" --dataset ptb-wsj --split 22 \
+      --beam "$BEAM" --alpha "$a" ${CHOOSE[@]+"${CHOOSE[@]}"} "${COMMON[@]}" --json "$ALPHA_DIR/22.avg$k.alpha$a.json" > /dev/null
   done
 done
-read -r K ALPHA < <(python - "$RUN/alpha" $AVERAGE <<'PY'
+read -r K ALPHA < <(python - "$ALPHA_DIR" $AVERAGE <<'PY'
 import json, sys
 from pathlib import Path
 scores = {}
@@ -110,7 +116,7 @@ k, a = max(scores, key=lambda ka: (scores[ka], -ka[0], -abs(ka[1] - 0.3)))
 print(k, a)
 PY
 )
-[ -n "${ALPHA:-}" ] || { echo "wsj.sh: no section 22 scores in $RUN/alpha" >&2; exit 1; }
+[ -n "${ALPHA:-}" ] || { echo "wsj.sh: no section 22 scores in $ALPHA_DIR" >&2; exit 1; }
 if [ "$K" = 1 ]; then what="the last checkpoint"; else what="the average of the last $K checkpoints"; fi
 echo "chosen on section 22: $what, beam $BEAM, alpha $ALPHA"
 

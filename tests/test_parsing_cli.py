@@ -120,6 +120,10 @@ def test_constrained_search_gives_well_formed_trees(parser_run, tmp_path):
         assert p.tree.leaves() == words
     assert all(is_well_formed(p.symbols, len(w)) and p.repairs.total == 0 for p, w in zip(tight, sentences))
     assert list(read_lines(root / "test.trees"))  # (the file is intact)
+    # Two forked workers (the constraint inherited by each): the same trees.
+    two = list(parse_stream(m.model, m.src_vocab, m.tgt_vocab, sentences, beam=3, max_len_offset=20, constrained=True,
+                            batch_size=3, workers=2))
+    assert [p.symbols for p in two] == [p.symbols for p in tight]
 
 
 def test_not_a_parsing_model_is_a_one_line_error(tmp_path, capsys):

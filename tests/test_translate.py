@@ -166,6 +166,46 @@ def test_batch_equals_each_line_alone(loaded):
     assert small[-1] == ""
 
 
+def test_workers_give_the_same_output_in_the_same_order(loaded):
+    """Two forked workers decode two batches at once: the same candidates, in input order, over
+    several chunks with empty lines; greedy too; and an error in a worker reaches the caller."""
+    rng = random.Random(3)
+    lines = [sentence(rng, rng.randint(1, 14)) if i % 7 else "" for i in range(23)]
+    for kw in (dict(beam=3, alpha=0.6, max_len_offset=6, n_best=2), dict(greedy=True, max_len_offset=6)):
+        kw.update(batch_size=3, chunk_lines=10)
+        one = list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, **kw))
+        two = list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, workers=2, **kw))
+        assert [[c.tokens for c in cs] for cs in two] == [[c.tokens for c in cs] for cs in one]
+        assert [[c.text for c in cs] for cs in two] == [[c.text for c in cs] for cs in one]
+        if not kw.get("greedy"):
+            assert [c[0].score for c in two] == pytest.approx([c[0].score for c in one], abs=1e-5)
+    assert loaded.model.training is False
+    with pytest.raises(ValueError, match="workers"):
+        list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, workers=0))
+
+
+def test_cli_workers_write_the_same_file(model_dir, tmp_path, capsys):
+    rng = random.Random(4)
+    src = write(tmp_path / "in.txt", [sentence(rng, rng.randint(1, 10)) for _ in range(9)] + [""])
+    outs = []
+    for w in ("1", "2"):
+        out = tmp_path / f"out{w}.txt"
+        assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), "--batch-size", "2",
+                     "--workers", w, *FAST]) == 0
+        outs.append(out.read_text(encoding="utf-8"))
+    assert outs[0] == outs[1] and outs[0].count("\n") == 10
+    # auto (the default) on two threads and a small model: two workers, said so, the same file.
+    out = tmp_path / "auto.txt"
+    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), "--batch-size", "2",
+                 "--threads", "2", *[f for f in FAST if f != "--quiet"]]) == 0
+    assert "workers: 2 x 1 thread(s) (auto: CPU, d_model 32 <= 512: one worker per thread)" in capsys.readouterr().err
+    assert out.read_text(encoding="utf-8") == outs[0]
+    with pytest.raises(SystemExit) as stop:
+        main(["translate", str(model_dir), "--workers", "none", *FAST])
+    assert stop.value.code == 2
+    assert "--workers: expected auto or a positive number" in capsys.readouterr().err
+
+
 def test_greedy_and_bf16_run(loaded):
     lines = ["a man runs", "", "the dog sits"]
     assert len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=4)) == 3

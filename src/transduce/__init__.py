@@ -1,8 +1,17 @@
 from __future__ import annotations
 """transduce: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as real software."""
 
-from .config import Config, ModelConfig, TrainConfig, get_preset, PRESETS
-from .model import Transformer
+import os as _os
+
+# oneDNN (PyTorch's CPU kernels for bf16 and int8) compiles a kernel per product shape and keeps
+# 1024 of them; batches of varying length give more shapes than that, and training then spends a
+# fifth of its time compiling the same kernels again (parse-cpu in bf16 on AMX: 5,649 against
+# 6,815 target tokens/s by update 400; docs/RESULTS.md). A larger cache, unless the user set one;
+# read by oneDNN at its first product, so set before any.
+_os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
+
+from .config import Config, ModelConfig, TrainConfig, get_preset, PRESETS  # noqa: E402
+from .model import Transformer  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Config", "ModelConfig", "TrainConfig", "get_preset", "PRESETS", "Transformer", "__version__"]

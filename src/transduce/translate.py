@@ -117,6 +117,7 @@ def translate_stream(
     warn: Callable[[str], None] | None = None,
     advance: Callable[[int], None] | None = None,
     constraint=None,
+    workers: int = 1,
 ) -> Iterator[list[Candidate]]:
     """Translate `lines` (any iterable, consumed `chunk_lines` at a time); yield, for every
     line in order, its `n_best` best candidates (best first; one empty candidate for an empty
@@ -129,6 +130,10 @@ def translate_stream(
     weights, `bf16=True` runs the forward passes under bf16 autocast. The search's
     log-probabilities and scores are fp32 either way. `constraint` restricts the beam search
     (`transduce.decode.beam_search`; e.g. parsing's well-formed trees); not with `greedy`.
+
+    `workers` > 1 (CPU, Linux): that many batches are decoded at once, each in its own process
+    forked from this one (the model shared copy-on-write) with PyTorch's threads divided among
+    them (`Workers`); the output is the same, in the same order.
     """
     if greedy and constraint is not None:
         raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
@@ -136,8 +141,10 @@ def translate_stream(
         raise ValueError("greedy decoding gives one hypothesis per line: n_best must be 1")
     if not greedy and not 1 <= n_best <= beam:
         raise ValueError(f"n_best must be between 1 and the beam size ({beam}), not {n_best}")
-    if beam < 1 or batch_tokens < 1 or batch_size < 1 or chunk_lines < 1:
-        raise ValueError("beam, batch_tokens, batch_size and chunk_lines must be positive")
+    if beam < 1 or batch_tokens < 1 or batch_size < 1 or chunk_lines < 1 or workers < 1:
+        raise ValueError("beam, batch_tokens, batch_size, chunk_lines and workers must be positive")
+    if workers > 1 and next(model.parameters()).device.type != "cpu":
+        raise ValueError("workers are for the CPU: on a GPU, decode with one process (workers=1)")
     limit = input_token_limit(model.config, max_input_tokens, max_len_offset)
     search = _Search(model, tgt_vocab, greedy, beam, alpha, max_len_offset, n_best, bf16, constraint)
     was_training = model.training
@@ -145,28 +152,107 @@ def translate_stream(
     # CPU: weights pre-packed and decoding steps' attention for the duration, unless the caller
     # has set them already (the undo undoes only what `apply` did).
     undo_speedups = kernels.apply(model)
+    pool = None
     try:
+        if workers > 1:
+            pool = Workers(search, workers)  # after kernels.apply: the children inherit packed weights
         yield from stream_lines(search, src_vocab, lines, limit=limit, chunk_lines=chunk_lines, batch_tokens=batch_tokens,
-                                batch_size=batch_size, source_name=source_name, warn=warn, advance=advance)
+                                batch_size=batch_size, source_name=source_name, warn=warn, advance=advance,
+                                map_batches=pool.map if pool is not None else None)
     finally:
+        if pool is not None:
+            pool.close()
         undo_speedups()
         model.train(was_training)
+
+
+_WORKER_SEARCH: Callable[[list[list[int]]], list[list[Candidate]]] | None = None
+"""The search a forked worker runs (set in the parent just before forking; inherited)."""
+
+
+def _worker_start(threads: int) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the pool
+    torch.set_num_threads(threads)
+
+
+def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
+    assert _WORKER_SEARCH is not None
+    return _WORKER_SEARCH(sources)
+
+
+WORKERS_MAX_D_MODEL = 512
+"""`choose_workers`'s bound: up to this width, one worker per CPU thread decodes faster than
+one process using every thread for its products (docs/speed.md: measured on 2 cores, small and
+base sizes); above it (big, 1024) one process, not measured."""
+
+
+def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
+    """How many CPU workers decode (`translate_stream`'s `workers`), and why, in words:
+    `requested` as given, or for "auto" one per thread on the CPU for models up to
+    `WORKERS_MAX_D_MODEL` wide, else 1."""
+    if requested != "auto":
+        return int(requested), "as asked"
+    if device.type != "cpu":
+        return 1, "auto: one process on a GPU"
+    if threads < 2:
+        return 1, "auto: one CPU thread"
+    if d_model > WORKERS_MAX_D_MODEL:
+        return 1, f"auto: d_model {d_model} > {WORKERS_MAX_D_MODEL}: one process, its products on all {threads} threads"
+    return threads, f"auto: CPU, d_model {d_model} <= {WORKERS_MAX_D_MODEL}: one worker per thread"
+
+
+class Workers:
+    """CPU workers (what Marian and CTranslate2 call inter-op workers): `n` processes forked
+    from this one, each with PyTorch's threads divided among them (`threads` in all, default
+    this process's), each running `search` on whole batches. Separate processes rather than
+    threads, because a decoding step's many small operations hold Python's lock between
+    products: two threads in one process saved 5%. The model is shared copy-on-write, not
+    copied. `map(batches)` yields the results in the order of `batches`."""
+
+    def __init__(self, search: Callable[[list[list[int]]], list[list[Candidate]]], n: int, threads: int | None = None):
+        import multiprocessing
+
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise ValueError("workers need processes forked from this one (Linux): use one worker here")
+        global _WORKER_SEARCH
+        threads = threads or torch.get_num_threads()
+        _WORKER_SEARCH = search  # kept while the pool lives: a worker that dies is forked again
+        try:
+            self._pool = multiprocessing.get_context("fork").Pool(n, _worker_start, (max(1, threads // n),))
+        except BaseException:
+            _WORKER_SEARCH = None
+            raise
+
+    def map(self, batches: Iterable[list[list[int]]]) -> Iterator[list[list[Candidate]]]:
+        return self._pool.imap(_worker_search, batches)
+
+    def close(self) -> None:
+        global _WORKER_SEARCH
+        self._pool.terminate()
+        self._pool.join()
+        _WORKER_SEARCH = None
 
 
 def stream_lines(search: Callable[[list[list[int]]], list[list[Candidate]]], src_vocab: Vocab, lines: Iterable[str], *,
                  limit: int, chunk_lines: int, batch_tokens: int, batch_size: int, source_name: str = "input",
                  warn: Callable[[str], None] | None = None,
-                 advance: Callable[[int], None] | None = None) -> Iterator[list[Candidate]]:
+                 advance: Callable[[int], None] | None = None,
+                 map_batches: Callable[[Iterable[list[list[int]]]], Iterable[list[list[Candidate]]]] | None = None,
+                 ) -> Iterator[list[Candidate]]:
     """What translating a stream is, whatever the engine: `chunk_lines` lines at a time, their
     subword ids with EOS (cut to `limit` with a warning naming SOURCE:LINE), batches of similar
     length, `search(sources)` on each batch (a list of candidate lists, one per source), and the
     candidates yielded in input order (one empty candidate for an empty line). `translate_stream`
-    runs transduce's own search through it; `transduce.export.ct2` runs CTranslate2's."""
+    runs transduce's own search through it; `transduce.export.ct2` runs CTranslate2's.
+    `map_batches(batches)`, if given, runs the search on a chunk's batches instead (in order;
+    e.g. `Workers.map`)."""
     it = iter(lines)
     first_line = 1
     while chunk := list(islice(it, chunk_lines)):
         ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
-        yield from _translate_chunk(search, ids, batch_tokens, batch_size, advance)
+        yield from _translate_chunk(search, ids, batch_tokens, batch_size, advance, map_batches)
         first_line += len(chunk)
 
 
@@ -187,16 +273,19 @@ def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str
 
 
 def _translate_chunk(search: _Search, ids: list[list[int]], batch_tokens: int, batch_size: int,
-                     advance: Callable[[int], None] | None) -> Iterator[list[Candidate]]:
+                     advance: Callable[[int], None] | None, map_batches=None) -> Iterator[list[Candidate]]:
     """The candidates of each line of a chunk, in input order: empty lines at once, the others
-    in batches of similar length (`transduce.data.batching.batch_for_decoding`)."""
+    in batches of similar length (`transduce.data.batching.batch_for_decoding`), through
+    `map_batches` if given (else one after another)."""
     results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
     work = [i for i, toks in enumerate(ids) if toks]
     if advance is not None and len(work) < len(ids):
         advance(len(ids) - len(work))
-    for batch in batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size):
-        rows = [work[j] for j in batch.tolist()]
-        for i, c in zip(rows, search([ids[i] for i in rows])):
+    batches = [[work[j] for j in batch.tolist()] for batch in
+               batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)]
+    sources = ([ids[i] for i in rows] for rows in batches)
+    for rows, cands in zip(batches, map_batches(sources) if map_batches is not None else map(search, sources)):
+        for i, c in zip(rows, cands):
             results[i] = c
         if advance is not None:
             advance(len(rows))
@@ -258,6 +347,7 @@ def translate_lines(
     progress: bool = False,
     source_name: str = "input",
     chunk_lines: int = DEFAULT_CHUNK_LINES,
+    workers: int = 1,
 ) -> list[str]:
     """Translate sentences; returns one translation per input line, in order (the best
     hypothesis; "" for an empty line). Same decoding as `transduce translate` (see
@@ -278,6 +368,7 @@ def translate_lines(
                 model, src_vocab, tgt_vocab, lines, beam=beam, alpha=alpha, max_len_offset=max_len_offset,
                 greedy=greedy, batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_input_tokens,
                 bf16=bf16, chunk_lines=chunk_lines, source_name=source_name, warn=warn, advance=bar.update if bar is not None else None,
+                workers=workers,
             )
         ]
     finally:
@@ -304,6 +395,8 @@ class LoadedModel:
     """The `transduce.precision.Choice` it runs in (set by `transduce.cli.common.load_from_args`)."""
     metadata: dict | None = None
     """The data.json found beside the model (what it was trained on: e.g. "task": "parsing"), if any."""
+    workers_line: str = ""
+    """How many CPU workers decode, and why (set by `load_from_args`)."""
 
 
 def _find_metadata(dirs: Sequence[Path]) -> dict | None:

@@ -13,7 +13,7 @@ from ..device import DEVICES, resolve_device
 from ..precision import DECODING_PRECISIONS
 from ..translate import (
     DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS,
-    DEFAULT_MAX_LEN_OFFSET, LoadedModel, load_translation_model,
+    DEFAULT_MAX_LEN_OFFSET, WORKERS_MAX_D_MODEL, LoadedModel, choose_workers, load_translation_model,
 )
 
 
@@ -58,6 +58,22 @@ def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEF
                    help=f"longer input lines are truncated, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
     g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
                    help=f"lines read and sorted by length at a time (default {DEFAULT_CHUNK_LINES})")
+    g.add_argument("--workers", type=_workers, default="auto", metavar="W",
+                   help="CPU: decode W batches at once, in W processes forked from this one, the threads divided "
+                        f"among them; auto (default): one per thread for models up to d_model {WORKERS_MAX_D_MODEL} "
+                        "read from a file, else 1 (the choice is printed; docs/speed.md)")
+
+
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive number, not {value!r}")
+    return n
 
 
 def add_precision_args(g) -> None:
@@ -85,6 +101,8 @@ def check_decoding_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_len_offset < 0:
         raise ValueError("--max-len-offset must not be negative")
+    if args.workers != "auto" and args.workers > 1 and resolve_device(args.device).type != "cpu":
+        raise ValueError("--workers is for the CPU: on a GPU, decode with one process")
     if args.precision == "int8" and resolve_device(args.device).type != "cpu":
         raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
     if args.precision == "bf16":
@@ -107,6 +125,10 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     mc = loaded.config.model
     loaded.precision = choose_precision(args.precision, next(loaded.model.parameters()).device,
                                         d_model=mc.d_model, d_ff=mc.d_ff)
+    if getattr(args, "workers", None) is not None:  # translate, evaluate, parse
+        args.workers, why = choose_workers(args.workers, next(loaded.model.parameters()).device, torch.get_num_threads(),
+                                           mc.d_model)
+        loaded.workers_line = f"workers: {args.workers} x {max(1, torch.get_num_threads() // args.workers)} thread(s) ({why})"
     args.bf16 = loaded.precision.precision == "bf16"
     if args.bf16:
         loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
@@ -121,4 +143,4 @@ def decoding_options(args: argparse.Namespace) -> dict:
     """The keyword arguments of `translate_stream` / `translate_lines` that the flags set."""
     return dict(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset, greedy=args.greedy,
                 batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
-                bf16=args.bf16, chunk_lines=args.chunk_lines)
+                bf16=args.bf16, chunk_lines=args.chunk_lines, workers=args.workers)

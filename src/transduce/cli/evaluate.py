@@ -119,8 +119,8 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     if len(srcs) != n_refs:
         raise DataError(f"{len(srcs)} lines, but the reference {ref_path} has {n_refs}", src_path)
     loaded = load_from_args(args)
-    print(f"{PROG}: translating {len(srcs):,} sentences with {loaded.description}; {loaded.precision.line()}",
-          file=sys.stderr)
+    print(f"{PROG}: translating {len(srcs):,} sentences with {loaded.description}; {loaded.precision.line()}; "
+          f"{loaded.workers_line}", file=sys.stderr)
     if loaded.precision.warning:
         tqdm.write(f"{PROG}: warning: {loaded.precision.warning}", file=sys.stderr)
     hyps = translate_lines(
@@ -131,7 +131,7 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     report["model"] = loaded.description
     report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
                           "max_len_offset": args.max_len_offset, "bf16": args.bf16,
-                          "precision": loaded.precision.precision}
+                          "precision": loaded.precision.precision, "workers": args.workers}
     if args.save_hyp:
         out = AtomicOutput(args.save_hyp)
         try:
@@ -227,8 +227,8 @@ def run_parsing(args: argparse.Namespace) -> int:
         loaded = load_from_args(args)
         if not parsing.is_parsing_model(loaded.metadata):
             raise DataError("not a parsing model (its data.json does not say task: parsing)", args.model_path)
-        print(f"{PROG}: parsing {len(gold):,} sentences with {loaded.description}; {loaded.precision.line()}",
-              file=sys.stderr)
+        print(f"{PROG}: parsing {len(gold):,} sentences with {loaded.description}; {loaded.precision.line()}; "
+              f"{loaded.workers_line}", file=sys.stderr)
         scores, parses = parsing.evaluate_parser(
             loaded, gold, progress=not args.quiet and sys.stderr.isatty(), source_name=str(ref_path),
             warn=lambda m: tqdm.write(f"{PROG}: warning: {m}", file=sys.stderr), constrained=args.constrained,
@@ -237,7 +237,7 @@ def run_parsing(args: argparse.Namespace) -> int:
         report["model"] = loaded.description
         report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
                               "max_len_offset": args.max_len_offset, "constrained": args.constrained,
-                              "precision": loaded.precision.precision}
+                              "precision": loaded.precision.precision, "workers": args.workers}
         if args.save_hyp:
             from ..translate import AtomicOutput
 

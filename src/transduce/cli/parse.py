@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         tags = parsing.predicts_tags(loaded.metadata)
         if not args.quiet:
             print(f"{PROG}: model {loaded.description}; {loaded.precision.line()}", file=sys.stderr)
+            if not interactive:
+                print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
             if not tags:
                 print(f"{PROG}: note: this model was trained on XX sequences (the paper's): its trees carry no "
                       "part-of-speech tags (XX); no tagger is run. Prepare with --keep-tags to train one that "
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
         sentences = (line.split() if args.tokenized else ptb_tokenize(line) for line in iter_lines(infile, name))
-        options = {**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines}
+        options = {**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines,
+                   "workers": 1 if interactive else args.workers}
         total, repaired, n = Repairs(), 0, 0
         for n, p in enumerate(parsing.parse_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sentences,
                                                    tags=tags, constrained=args.constrained, warn=warn,

@@ -125,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"{PROG}: model {loaded.description}", file=sys.stderr)
             print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
+            if args.engine != "ct2" and not interactive:
+                print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
         if loaded.precision.warning:
             warn(loaded.precision.warning)
         if _to_file(args.output):
@@ -134,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
             write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
         if _to_file(args.input) and not args.quiet and sys.stderr.isatty():
             bar = tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
-        options = dict(**{**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines},
+        options = dict(**{**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines,
+                          "workers": 1 if interactive else args.workers},
                        n_best=args.n_best or 1, source_name=name, warn=warn, advance=bar.update if bar is not None else None)
         if args.engine == "ct2":
             stream = loaded.translate_stream(iter_lines(infile, name), **options, length_penalty=args.ct2_length_penalty)
@@ -165,6 +168,8 @@ def _load_ct2(args: argparse.Namespace):
             raise ValueError(f"--{flag.replace('_', '-')} does not apply to --engine ct2 (the directory holds one model "
                              "and its vocabulary)")
     args.bf16 = False
+    if args.workers == "auto":
+        args.workers = 1  # CTranslate2 decodes in its own worker
     return load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
 
 

@@ -339,6 +339,7 @@ def translate_stream(
     warn: Callable[[str], None] | None = None,
     advance: Callable[[int], None] | None = None,
     bf16: bool = False,
+    workers: int = 1,
 ) -> Iterator[list[Candidate]]:
     """`transduce.translate.translate_stream` with CTranslate2 as the engine: the same input
     handling (empty lines, truncation with a warning, chunks sorted by length and cut into
@@ -349,6 +350,9 @@ def translate_stream(
         raise ValueError("greedy decoding gives one hypothesis per line: n_best must be 1")
     if not greedy and not 1 <= n_best <= beam:
         raise ValueError(f"n_best must be between 1 and the beam size ({beam}), not {n_best}")
+    if workers != 1:
+        raise ValueError("--workers is for transduce's engine; CTranslate2 decodes in one worker with --threads "
+                         "intra-op threads")
     if length_penalty not in ("paper", "ct2"):
         raise ValueError(f"length_penalty must be 'paper' or 'ct2', not {length_penalty!r}")
     limit = ct2_input_limit(model, max_input_tokens, max_len_offset)
