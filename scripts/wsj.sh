@@ -8,8 +8,8 @@
 #            in 6.3), target = Vinyals et al.'s linearized tree with the part-of-speech tags kept
 #            (tensor2tensor's variant: 103 symbols; TAGS=0 for the paper's XX, 59 symbols)
 #   train    preset `parse-cpu` (N=4, d_model=256, d_ff=1024, h=4, dropout 0.1 on sub-layers
-#            and attention weights, untied vocabularies, pre-norm), batches of 4096 tokens, warmup 1000,
-#            peak rate 1.1e-3, 5,000 updates (about 52 minutes on 2 Intel AMX cores in bf16), the rate
+#            and attention weights, untied vocabularies, pre-norm), batches of 4096 tokens, warmup 600,
+#            peak rate 2.04e-3, 5,500 updates (about 57 minutes on 2 Intel AMX cores in bf16), the rate
 #            decaying linearly to 0 over the last 20% (COOLDOWN 0.2, not the paper's schedule);
 #            a checkpoint every SAVE_STEPS (250) updates
 #   average  the last K checkpoints, for each K in AVERAGE (default "5")
@@ -26,7 +26,7 @@
 #   TAGS        1 (default): the target keeps the POS tags (the model tags as it parses: each tag
 #               needs its word, which teaches the encoder-decoder attention to align within the
 #               hour); 0: XX, as Vinyals et al. and the paper
-#   STEPS       updates (default: the preset's, 5000 for parse-cpu)
+#   STEPS       updates (default: the preset's, 5500 for parse-cpu)
 #   MINUTES     an optional cap on training time (the model is then not the recipe's)
 #   PRECISION   auto (default), fp32 or bf16, for training and decoding
 #   THREADS     CPU threads (default: all cores)
