@@ -33,16 +33,23 @@ def toy_tree(rng) -> str:
     return f"(TOP (S {_np(rng)} {vp} (. .)))"
 
 
+def toy_treebank(root, sizes=(400, 20, 30), *flags: str):
+    """Toy train/valid/test trees in `root`, prepared into root/data (`flags`: more for prepare)."""
+    rng = random.Random(0)
+    for name, n in zip(("train", "valid", "test"), sizes):
+        (root / f"{name}.trees").write_text("".join(toy_tree(rng) + "\n" for _ in range(n)))
+    data = root / "data"
+    assert main(["prepare", "--train-trees", str(root / "train.trees"), "--valid-trees", str(root / "valid.trees"),
+                 "--test-trees", str(root / "test.trees"), *flags, "--vocab-size", "90", "--out", str(data),
+                 "--no-progress"]) == 0
+    return data
+
+
 @pytest.fixture(scope="module")
 def parser_run(tmp_path_factory):
     """A toy treebank prepared and a tiny parser trained on it (about 10 s)."""
     root = tmp_path_factory.mktemp("parsing")
-    rng = random.Random(0)
-    for name, n in (("train", 400), ("valid", 20), ("test", 30)):
-        (root / f"{name}.trees").write_text("".join(toy_tree(rng) + "\n" for _ in range(n)))
-    data, run = root / "data", root / "run"
-    assert main(["prepare", "--train-trees", str(root / "train.trees"), "--valid-trees", str(root / "valid.trees"),
-                 "--test-trees", str(root / "test.trees"), "--vocab-size", "90", "--out", str(data), "--no-progress"]) == 0
+    data, run = toy_treebank(root), root / "run"
     meta = json.loads((data / "data.json").read_text())
     assert meta["task"] == "parsing" and meta["vocab"]["tgt_type"] == "sentencepiece-word"
     assert meta["splits"]["test"]["trees_file"] == str(root / "test.trees")

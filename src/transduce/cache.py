@@ -73,6 +73,9 @@ class DecoderCache:
     """Consecutive rows that read the same source (the beam size in beam search). The
     encoder-decoder keys/values and `src_mask` have one row per source, the self-attention
     keys/values one per row."""
+    word_count: Tensor | None = None
+    """(B,) words emitted so far by each row: the decoder's state for `ModelConfig.word_positions`
+    (not in the paper); None otherwise. Reordered at once with the rows."""
     pending: Tensor | None = None
     """A reorder not yet applied to the self-attention keys/values: row i of the batch continues
     their row `pending[i]`. The next step hands it to every layer (`begin_step`), whose
@@ -109,6 +112,8 @@ class DecoderCache:
         self._select_rows(index)
 
     def _select_rows(self, index: Tensor) -> None:
+        if self.word_count is not None:
+            self.word_count = self.word_count.index_select(0, index)
         if self.length == 0:  # nothing cached on the target side yet
             return
         self.pending = index if self.pending is None else self.pending.index_select(0, index)

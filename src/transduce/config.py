@@ -64,6 +64,12 @@ class ModelConfig:
     norm_first: bool = False
     """False: the paper's post-norm, LayerNorm(x + Dropout(Sublayer(x))) (3.1).
     True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), a deviation offered as an option."""
+    word_positions: bool = False
+    """Not in the paper (an option for parsing, docs/parsing.md): add to both sides' inputs a
+    learned vector for the index of the word a position is at, one table for both sides: on the
+    source, the word each subword belongs to; on the target, the words emitted so far (the leaves
+    of a linearized tree), i.e. the word the next leaf stands for. Which symbols start or are
+    words is stored with the model (`WordPositions`). False: the paper."""
     layer_norm_eps: float = 1e-6
     """LayerNorm epsilon (not stated in the paper; tensor2tensor's value)."""
     pad_id: int = PAD

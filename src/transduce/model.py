@@ -19,6 +19,9 @@ Read it next to the paper:
 * 5.4   dropout (`nn.Dropout`, P_drop) on every sub-layer output before the residual add, and on
         the sums of the embeddings and the positional encodings.
 
+Not in the paper, an option (`ModelConfig.word_positions`, off by default): `WordPositions`, a
+learned vector for the index of the word each position is at, added beside 3.5's positions.
+
 The mask convention
 -------------------
 Every mask in transduce is a **boolean tensor, True = may attend**, broadcastable to the
@@ -289,6 +292,46 @@ class LearnedPositions(nn.Module):
         return self.weight[offset : offset + length]
 
 
+class WordPositions(nn.Module):
+    """Not in the paper (`ModelConfig.word_positions`): a learned vector per word index, added to
+    the inputs of both stacks, so that a decoder position can find the source word it is at by
+    matching one vector instead of counting (parsing: the i-th leaf of the tree is the i-th word).
+
+    On the source, the index of the word a subword belongs to (a word starts at a piece marked
+    `src_word_start`); on the target, the number of word symbols (`tgt_is_word`: leaves of a
+    linearized tree) up to and including the input position: the index of the word the next
+    leaf stands for. The two tables of symbols are buffers saved with the weights; the training
+    sets them from the vocabularies (`set_symbols`). Indices past the table use its last row."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(c.max_positions, c.d_model))
+        nn.init.normal_(self.weight, mean=0.0, std=1.0)  # the scale of sqrt(d_model) * embeddings
+        self.register_buffer("src_word_start", torch.zeros(c.src_vocab_size, dtype=torch.bool))
+        self.register_buffer("tgt_is_word", torch.zeros(c.target_vocab_size, dtype=torch.bool))
+
+    def set_symbols(self, src_word_start: Tensor, tgt_is_word: Tensor) -> None:
+        if src_word_start.shape != self.src_word_start.shape or tgt_is_word.shape != self.tgt_is_word.shape:
+            raise ValueError("word position tables must have one entry per vocabulary symbol")
+        self.src_word_start.copy_(src_word_start)
+        self.tgt_is_word.copy_(tgt_is_word)
+
+    def _rows(self, index: Tensor) -> Tensor:
+        return F.embedding(index.clamp(0, self.weight.size(0) - 1), self.weight)
+
+    def source(self, src: Tensor) -> Tensor:
+        """(B, S) -> (B, S, d_model): the vector of each subword's word (0 for the first word)."""
+        return self._rows(self.src_word_start[src].long().cumsum(1) - 1)
+
+    def target(self, tgt: Tensor, before: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(B, T) decoder inputs -> ((B, T, d_model), (B,) words so far after the last input);
+        `before`: words emitted before this chunk (incremental decoding), None for 0."""
+        count = self.tgt_is_word[tgt].long().cumsum(1)
+        if before is not None:
+            count = count + before[:, None]
+        return self._rows(count), count[:, -1]
+
+
 # -- 3.1 Encoder and decoder stacks ------------------------------------------------------------
 
 
@@ -368,9 +411,9 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
     """Embeddings + positions (with dropout, 5.4), then N encoder layers (3.1)."""
 
-    def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module):
+    def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module, words: WordPositions | None = None):
         super().__init__()
-        self.embed, self.positions = embed, positions
+        self.embed, self.positions, self.words = embed, positions, words
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
         # Pre-norm leaves the last residual sum un-normalised; post-norm needs no final norm.
@@ -378,6 +421,8 @@ class Encoder(nn.Module):
 
     def forward(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
         x = self.embed(src) + self.positions(src.size(1))  # (B, S, d_model)
+        if self.words is not None:  # not in the paper: ModelConfig.word_positions
+            x = x + self.words.source(src)
         x = self.dropout(x)
         all_weights = []
         for layer in self.layers:
@@ -391,9 +436,9 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Embeddings + positions (with dropout, 5.4), then N decoder layers (3.1)."""
 
-    def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module):
+    def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module, words: WordPositions | None = None):
         super().__init__()
-        self.embed, self.positions = embed, positions
+        self.embed, self.positions, self.words = embed, positions, words
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
@@ -402,6 +447,11 @@ class Decoder(nn.Module):
                 cache: DecoderCache | None = None, need_weights: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = cache.length if cache is not None else 0
         x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
+        if self.words is not None:  # not in the paper: ModelConfig.word_positions
+            w, count = self.words.target(tgt, cache.word_count if cache is not None else None)
+            x = x + w
+            if cache is not None:
+                cache.word_count = count
         x = self.dropout(x)
         self_w, cross_w = [], []
         layer_caches = cache.begin_step() if cache is not None else [None] * len(self.layers)
@@ -435,8 +485,9 @@ class Transformer(nn.Module):
             src_pos = tgt_pos = SinusoidalPositions(c.d_model, c.max_positions)
         else:
             src_pos, tgt_pos = LearnedPositions(c.d_model, c.max_positions), LearnedPositions(c.d_model, c.max_positions)
-        self.encoder = Encoder(c, src_embed, src_pos)
-        self.decoder = Decoder(c, tgt_embed, tgt_pos)
+        self.word_positions = WordPositions(c) if c.word_positions else None  # not in the paper
+        self.encoder = Encoder(c, src_embed, src_pos, self.word_positions)
+        self.decoder = Decoder(c, tgt_embed, tgt_pos, self.word_positions)
         if c.share_embeddings or c.tie_output:
             self.output_proj = None  # logits = x @ E^T with the target embedding matrix E
         else:

@@ -150,6 +150,12 @@ class Vocab:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
+    def word_starts(self) -> "torch.Tensor":
+        """(V,) bool: which pieces begin a word (sentencepiece marks them with "▁")."""
+        import torch
+
+        return torch.tensor([self.sp.id_to_piece(i).startswith("▁") for i in range(len(self))])
+
     @property
     def pad(self) -> int:
         return PAD

@@ -48,6 +48,11 @@ class ConstraintState:
                                self.labels[keep], self.sizes[keep])
 
 
+def leaf_symbols(tgt_vocab, tags: bool) -> Tensor:
+    """(V,) bool: the target symbols that stand for a word (`XX`, or a tag with `tags`)."""
+    return TreeConstraint(tgt_vocab, tags=tags).kind == LEAF
+
+
 class TreeConstraint:
     """What `beam_search(constraint=...)` asks: `start`, `allowed`, `advance` (see the module
     docstring). `src_vocab` tells where words start; `tgt_vocab` which symbols are brackets."""
@@ -77,8 +82,7 @@ class TreeConstraint:
 
     def word_starts(self, src_vocab) -> Tensor:
         if self._word_start is None:
-            self._word_start = torch.tensor(
-                [src_vocab.sp.id_to_piece(i).startswith("▁") for i in range(len(src_vocab))])
+            self._word_start = src_vocab.word_starts()
         return self._word_start
 
     def start(self, src: Tensor, k: int) -> ConstraintState:

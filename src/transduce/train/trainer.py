@@ -79,7 +79,7 @@ from torch import Tensor, nn
 from .. import kernels
 from ..checkpoint import RunLock, prepare_run_dir, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
-from ..data.batching import ParallelDataset, read_metadata
+from ..data.batching import ParallelDataset, load_vocabs, read_metadata
 from ..data.vocab import BOS, PAD
 from ..device import DEVICES
 from ..errors import DataError, UsageError
@@ -271,6 +271,19 @@ def config_for_data(preset: str, overrides: list[str], meta: dict) -> Config:
     return config
 
 
+def word_symbols(data_dir: Path, meta: dict) -> tuple[Tensor, Tensor]:
+    """For `ModelConfig.word_positions` (not in the paper): the source pieces that begin a word,
+    and the target symbols that are words: a tree's leaves for parsing data (`prepare` of a
+    treebank), else the pieces that begin a word."""
+    src_vocab, tgt_vocab = load_vocabs(data_dir)
+    if meta.get("task") == "parsing":
+        from ..parsing.constrain import leaf_symbols
+        from ..parsing.parse import predicts_tags
+
+        return src_vocab.word_starts(), leaf_symbols(tgt_vocab, predicts_tags(meta))
+    return src_vocab.word_starts(), tgt_vocab.word_starts()
+
+
 def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
     """Padded tokens per micro-batch per rank; records the total per step in config.train."""
     if opts.update_freq < 1:
@@ -407,7 +420,10 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
 
     # Model, optimizer (5.3), precision.
     torch.manual_seed(opts.seed)
-    model = Transformer(config.model).to(env.device)
+    model = Transformer(config.model)
+    if model.word_positions is not None:  # not in the paper: which symbols are words, from the vocabularies
+        model.word_positions.set_symbols(*word_symbols(data_dir, meta))
+    model = model.to(env.device)
     kernels.fast_dropout(model)  # 5.4's dropout from fewer random numbers on the CPU
     optimizer = build_optimizer(model, config)
     scaler = make_grad_scaler(env.device, precision)
