@@ -66,8 +66,8 @@ PARSING = {
     "parse-wsj": {"n_layers": 4, "d_model": 1024, "dropout": 0.2, "attention_dropout": 0.2, "share_embeddings": False,
                   "tie_output": False, "max_tokens": 32768, "warmup_steps": 16000, "lr_scale": 0.5},
     "parse-cpu": {"n_layers": 4, "d_model": 256, "d_ff": 1024, "n_heads": 4, "attention_dropout": 0.1,
-                  "share_embeddings": False, "tie_output": False, "norm_first": True, "max_tokens": 4096,
-                  "warmup_steps": 600, "lr_scale": 0.8, "max_steps": 5500},
+                  "share_embeddings": False, "tie_output": False, "norm_first": True, "word_positions": True,
+                  "max_tokens": 4096, "warmup_steps": 600, "lr_scale": 0.8, "max_steps": 5500},
 }
 
 
