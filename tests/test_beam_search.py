@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decode import _top_log_probs, _topk, beam_search, greedy_decode, length_penalty
+from transduce.decode import _best_extensions, beam_search, greedy_decode, length_penalty
 from transduce.model import Transformer
 
 PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
@@ -184,56 +184,82 @@ def test_n_best_bounds():
         beam_search(tiny_model(), torch.tensor([[5, EOS]]), beam_size=2, n_best=3)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_top_log_probs_equal_log_softmax_then_topk(dtype):
-    """The search's per-row candidates: log-softmax over all V in fp32, PAD/BOS then banned
-    (not renormalised), the n best; over several chunks of rows, with a large V (block top-k)."""
-    torch.manual_seed(0)
-    logits = (torch.randn(37, 3000) * 4).to(dtype)
+def _reference_extensions(logits, alive_lp, n, banned=(0, 2), eos_id=3, allowed=None, only_eos=None):
+    """Every extension scored, then a full topk: what `_best_extensions` must equal."""
+    b, r = alive_lp.shape
     lp = logits.float().log_softmax(-1)
-    expected_eos = lp[:, 3].clone()
-    lp[:, [0, 2]] = float("-inf")
-    expected, _ = lp.topk(8, dim=-1)
-    values, tokens, eos_lp = _top_log_probs(logits.clone(), 8, [0, 2], 3)
+    if allowed is not None:
+        lp = lp.masked_fill(~allowed, float("-inf"))
+    if only_eos is not None:
+        rows = only_eos.repeat_interleave(r)
+        keep = lp[rows, eos_id].clone()
+        lp[rows] = float("-inf")
+        lp[rows, eos_id] = keep
+    lp[:, list(banned)] = float("-inf")
+    return (lp.view(b, r, -1) + alive_lp[:, :, None]).view(b, -1)
+
+
+def _check_extensions(logits, alive_lp, n, **kw):
+    scores = _reference_extensions(logits, alive_lp, n, **{k: v for k, v in kw.items() if k != "chunk_elements"})
+    values, hyp, token = _best_extensions(logits, alive_lp, n, [0, 2], 3, **kw)
+    V = logits.size(-1)
     assert values.dtype == torch.float32
-    torch.testing.assert_close(values, expected, rtol=0, atol=2e-5)
-    torch.testing.assert_close(eos_lp, expected_eos, rtol=0, atol=2e-5)
-    torch.testing.assert_close(lp.gather(1, tokens), values, rtol=0, atol=2e-5)  # tokens carry those values
-    assert not bool(((tokens == 0) | (tokens == 2)).any())
+    assert torch.equal(values, scores.topk(n, dim=-1).values)  # exact in the scores
+    assert torch.equal(scores.gather(1, hyp * V + token), values)  # the (hypothesis, token) pairs carry them
+    pairs = (hyp * V + token).tolist()
+    finite = torch.isfinite(values).tolist()
+    assert all(len({p for p, f in zip(row, fin) if f}) == sum(fin) for row, fin in zip(pairs, finite))  # no pair twice
+    assert not bool(((token == 0) | (token == 2))[torch.isfinite(values)].any())  # PAD and BOS never
 
 
-# -- block top-k at vocabulary sizes that are not multiples of the block (64) -----------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_best_extensions_equal_log_softmax_then_topk(dtype):
+    """The search's candidates: log-softmax over all V in fp32, PAD/BOS then banned (not
+    renormalised), plus each hypothesis's log-probability, the n best per sentence; in one chunk
+    and in several, with a large V (block ranking) and a small one."""
+    torch.manual_seed(0)
+    for V in (3000, 37):
+        logits = (torch.randn(12 * 4, V) * 4).to(dtype)
+        alive = -torch.rand(12, 4) * 3
+        for chunk in (1 << 20, 2 * 4 * V):  # one chunk; chunks of two sentences
+            _check_extensions(logits, alive, 8, chunk_elements=chunk)
+        _check_extensions(logits[:12], alive[:, :1], 8)  # step 0: one hypothesis per sentence
+
+
+# -- block ranking at vocabulary sizes that are not multiples of the block (64) -----------------
 
 # 37000 (the paper's) and 8001 leave a short last block; 257 / 513 / 1025 / 2049 are just above
 # the size where the block path starts (4n blocks, n = 1, 2, 4, 8); 2111 leaves 63; 4096 is a
-# multiple of 64 (control); 2047 takes the plain topk path for n = 8.
+# multiple of 64 (control); 2047 takes the plain topk path for n = 8 with one hypothesis.
 TOPK_VOCABS = [37000, 8001, 257, 513, 1025, 2049, 2111, 4096, 2047]
-
-
-def _check_topk(x, n):
-    values, idx = _topk(x, n)
-    assert torch.equal(values, x.topk(n, dim=-1).values)  # exact in the values
-    assert torch.equal(x.gather(1, idx), values)  # the columns carry those values
-    assert all(len(set(r)) == n for r in idx.tolist())  # n distinct columns per row
 
 
 @pytest.mark.parametrize("V", TOPK_VOCABS)
 @pytest.mark.parametrize("n", [1, 2, 4, 8])
-def test_topk_exact_and_distinct(V, n):
+@pytest.mark.parametrize("r", [1, 4])
+def test_best_extensions_exact_and_distinct(V, n, r):
     g = torch.Generator().manual_seed(V * 10 + n)
-    x = torch.randn(6, V, generator=g)
-    _check_topk(x, n)  # random rows
+    b = 3
+    x = torch.randn(b * r, V, generator=g)
+    alive = -torch.rand(b, r, generator=g) * 2
+    _check_extensions(x, alive, n)  # random rows
     top = x.amax(-1, keepdim=True)
     last = x.clone()
     last[:, V - 1] = top[:, 0] + 1.0  # the best is the last column
-    _check_topk(last, n)
+    _check_extensions(last, alive, n)
     tail = x.clone()  # the top several values all in the last (possibly short) block
     width = min(V - (V // 64) * 64 or 64, n + 2)
     tail[:, V - width :] = top + torch.arange(width, 0, -1, dtype=x.dtype)
-    _check_topk(tail, n)
-    with_inf = last.clone()  # -inf columns (banned tokens) do not bring columns back twice
-    with_inf[:, : V // 2] = float("-inf")
-    _check_topk(with_inf, n)
+    _check_extensions(tail, alive, n)
+    allowed = torch.ones_like(x, dtype=torch.bool)  # forbidden tokens (a constraint) do not come back
+    allowed[:, : V // 2] = False
+    _check_extensions(last, alive, n, allowed=allowed)
+    if r > 1:
+        dead = alive.clone()
+        dead[:, 1:] = float("-inf")  # one live hypothesis per sentence: the others' extensions never win
+        _check_extensions(x, dead, n)
+    only_eos = torch.tensor([True] + [False] * (b - 1))
+    _check_extensions(x, alive, n, only_eos=only_eos)  # at the maximum length only EOS may follow
 
 
 class LastTokenBestModel:

@@ -16,7 +16,7 @@ needs_packing = pytest.mark.skipif(not can_pack(torch.float32, "cpu"), reason="n
 def _count_packed_calls(monkeypatch):
     calls = []
     original = PackedWeight.__call__
-    monkeypatch.setattr(PackedWeight, "__call__", lambda self, x, b: calls.append(1) or original(self, x, b))
+    monkeypatch.setattr(PackedWeight, "__call__", lambda self, x, b, *a: calls.append(1) or original(self, x, b, *a))
     return calls
 
 
@@ -161,6 +161,32 @@ def test_packing_keeps_the_parameters_and_unpacking_restores_the_layers(tied):
     kernels.unpack_weights(model)
     assert not kernels.is_packed(model) and (model.output_proj is None) == tied
     assert all(m is layers[name] for name, m in model.named_modules())
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_feed_forward_fuses_the_relu_bit_for_bit(dtype):
+    """Equation 2 with max(0, .) inside the first packed product: the same bits as the layer's
+    own max(0, x W_1 + b_1) W_2 + b_2 through the same packed products; unpacked, the original."""
+    if dtype == torch.bfloat16 and not can_pack(dtype, "cpu"):
+        pytest.skip("no oneDNN bf16 on this CPU")
+    from transduce.kernels import PackedFeedForward
+    from transduce.model import PositionwiseFeedForward
+
+    torch.manual_seed(0)
+    ffn = PositionwiseFeedForward(32, 64).to(dtype)
+    holder = torch.nn.Sequential(ffn)
+    x = torch.randn(5, 3, 32, dtype=dtype)
+    assert kernels.pack_weights(holder) and isinstance(holder[0], PackedFeedForward)
+    with torch.no_grad():
+        fused = holder(x)
+        w_1, w_2 = holder[0].w_1, holder[0].w_2
+        separate = w_2(torch.relu(w_1(x)))
+    assert torch.equal(fused, separate)
+    kernels.unpack_weights(holder)
+    assert holder[0] is ffn and type(ffn.w_1) is torch.nn.Linear
+    with torch.no_grad():
+        torch.testing.assert_close(ffn(x), fused, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
 def test_packed_attention_without_biases():

@@ -65,44 +65,69 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _top_log_probs(logits: Tensor, n: int, banned: list[int], eos_id: int, chunk: int = 16,
-                   allowed: Tensor | None = None):
-    """Per row of logits (rows, V): the n best log-probabilities (fp32, log-softmax over all V;
-    `banned` tokens then excluded without renormalising) with their tokens, and EOS's
-    log-probability. Rows go `chunk` at a time, so that the fp32 log-probabilities of a chunk
-    stay in cache instead of a (rows, V) fp32 copy making a round trip through memory.
-    `allowed` (rows, V) bool: a constraint's choice; the others are excluded too (EOS included)."""
-    top_lp, top_token, eos_lp = [], [], []
-    masks = allowed.split(chunk) if allowed is not None else [None] * len(logits.split(chunk))
-    for part, mask in zip(logits.split(chunk), masks):
-        lprobs = torch.log_softmax(part, dim=-1, dtype=torch.float32)
-        if mask is not None:
-            lprobs.masked_fill_(~mask, float("-inf"))
-        eos_lp.append(lprobs[:, eos_id])
-        lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens
-        values, tokens = _topk(lprobs, n)
-        top_lp.append(values)
-        top_token.append(tokens)
-    return torch.cat(top_lp), torch.cat(top_token), torch.cat(eos_lp)
+def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int], eos_id: int,
+                     allowed: Tensor | None = None, only_eos: Tensor | None = None, block: int = 64,
+                     chunk_elements: int = 1 << 20) -> tuple[Tensor, Tensor, Tensor]:
+    """The n best one-token extensions of each sentence's live hypotheses, by log-probability.
 
+    logits (b * r, V): the next-token logits of r hypotheses for each of b sentences (consecutive
+    rows); alive_lp (b, r): their log-probabilities so far. A hypothesis extended by token v
+    scores alive_lp + log_softmax(logits)[v], the log-softmax over all V in fp32; PAD and BOS
+    (`banned`) are then excluded without renormalising, as are the tokens `allowed` (b * r, V)
+    bool forbids (a constraint's choice, EOS included), and for the sentences where `only_eos`
+    (b,) is set, every token but EOS (the maximum length). Returns, per sentence, the n best
+    scores (b, n), best first, the hypothesis each extends (b, n) and its token (b, n).
 
-def _topk(x: Tensor, n: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """`x.topk(n, dim=-1)` for (rows, V), about 2x faster for a large V: the n largest values lie
-    in the n full blocks (of `block` columns) with the largest maxima, or in the short tail when V
-    is not a multiple of `block`, so only those columns are searched. Exact in the values, with n
-    distinct columns per row; among equal values the columns chosen may differ from `topk`'s."""
-    rows, V = x.shape
+    Exact in the scores without ranking all r * V extensions: the n best lie in the n blocks (of
+    `block` tokens of one hypothesis) whose best score, the block's maximum plus alive_lp, are
+    the n highest, or in the short tail of V columns past the last full block; only those are
+    ranked (ties may pick other tokens of equal score than a full `topk` would). Sentences go a
+    chunk of about `chunk_elements` log-probabilities at a time (4 MB of fp32), so that with a
+    large vocabulary each chunk's log-probabilities are still in cache when they are ranked; a
+    small vocabulary takes all at once (fewer, larger operations).
+    """
+    b, r = alive_lp.shape
+    V = logits.size(-1)
+    per = max(1, chunk_elements // (r * V))  # sentences per chunk
+    if b > per:
+        parts = [_best_extensions(logits[i * r:(i + per) * r], alive_lp[i:i + per], n, banned, eos_id,
+                                  None if allowed is None else allowed[i * r:(i + per) * r],
+                                  None if only_eos is None else only_eos[i:i + per], block, chunk_elements)
+                 for i in range(0, b, per)]
+        return tuple(torch.cat(p) for p in zip(*parts))
+    lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (b * r, V)
+    if allowed is not None:
+        lprobs.masked_fill_(~allowed, float("-inf"))
+    if only_eos is not None and bool(only_eos.any()):
+        rows = only_eos.repeat_interleave(r)
+        eos_lp = lprobs[rows, eos_id]
+        lprobs[rows] = float("-inf")
+        lprobs[rows, eos_id] = eos_lp
+    lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens
     nb = V // block
-    if nb < 4 * n:
-        return x.topk(n, dim=-1)
+    if nb * r < 4 * n:  # a small vocabulary: rank every extension
+        scores = (lprobs.view(b, r, V) + alive_lp[:, :, None]).view(b, r * V)
+        if r * V < n:  # fewer extensions than asked for: the rest score -inf
+            scores = torch.nn.functional.pad(scores, (0, n - r * V), value=float("-inf"))
+        values, i = scores.topk(n, dim=-1)
+        i = i.clamp_max(r * V - 1)
+        return values, i // V, i % V
     full = nb * block
-    block_max = x[:, :full].view(rows, nb, block).amax(-1)
-    best_blocks = block_max.topk(n, dim=-1).indices  # (rows, n)
-    cols = (best_blocks[:, :, None] * block + torch.arange(block, device=x.device)).view(rows, -1)
-    if full < V:  # the tail (< block columns) is always a candidate: no column appears twice
-        cols = torch.cat([cols, torch.arange(full, V, device=x.device).expand(rows, -1)], 1)
-    values, i = x.gather(1, cols).topk(n, dim=-1)
-    return values, cols.gather(1, i)
+    blocks = lprobs[:, :full].view(b * r, nb, block)
+    best = (blocks.amax(-1).view(b, r, nb) + alive_lp[:, :, None]).view(b, r * nb).topk(n, dim=-1).indices  # (b, n)
+    beam, col = best // nb, best % nb
+    alive = alive_lp.gather(1, beam)  # (b, n)
+    cand = (blocks[torch.arange(b, device=beam.device)[:, None] * r + beam, col] + alive[:, :, None]).view(b, n * block)
+    tail = V - full
+    if tail:  # the columns past the last full block: always candidates (no column twice)
+        cand = torch.cat([cand, (lprobs[:, full:].view(b, r, tail) + alive_lp[:, :, None]).view(b, r * tail)], 1)
+    values, i = cand.topk(n, dim=-1)
+    in_blocks = i < n * block
+    which = (i // block).clamp_max(n - 1)
+    t = (i - n * block).clamp_min(0)  # position among the tail columns
+    hyp = torch.where(in_blocks, beam.gather(1, which), t // max(tail, 1))
+    token = torch.where(in_blocks, col.gather(1, which) * block + i % block, full + t % max(tail, 1))
+    return values, hyp, token
 
 
 @dataclass
@@ -271,32 +296,23 @@ def _extensions(model, beams: Beams, t: int) -> tuple[Tensor, Tensor, Tensor]:
     if t == 0:  # the k beams of a sentence are still one hypothesis: decode it once
         logits = model.decode_step(beams.alive_seq[:, 0, -1:], beams.cache)[:, -1]  # (B, V)
         beams.cache.repeat_rows(k)  # B -> B*k rows; the source side stays one row per sentence
+        alive_lp = beams.alive_lp[:, :1]
     else:
         logits = model.decode_step(beams.alive_seq[:, :, -1].reshape(b * k, 1), beams.cache)[:, -1]  # (b*k, V)
+        alive_lp = beams.alive_lp
     allowed = None
     if beams.constraint is not None:
         allowed = beams.constraint.allowed(beams.cstate)  # (b, k, V)
         allowed = allowed[:, 0] if t == 0 else allowed.reshape(b * k, -1)
-    # The best 2k extensions of a sentence are among the 2k best tokens of each of its beams:
-    # only those are ranked (exact; a top-k over k*V would cost more).
-    n = min(2 * k, logits.size(-1))
-    top_lp, top_token, eos_lp = _top_log_probs(logits, n, beams.banned, beams.eos_id, allowed=allowed)  # (rows, n), (rows, n), (rows,)
     at_max = t + 1 >= beams.max_lens[active]  # (b,): only EOS may follow
-    if at_max.any():
-        rows_at_max = at_max if t == 0 else at_max.repeat_interleave(k)
-        only_eos = torch.full_like(top_lp, float("-inf"))
-        only_eos[:, 0] = eos_lp
-        top_lp = torch.where(rows_at_max[:, None], only_eos, top_lp)
-        top_token = torch.where(rows_at_max[:, None], torch.full_like(top_token, beams.eos_id), top_token)
-    if t == 0:
-        top_lp, top_token = top_lp.repeat_interleave(k, dim=0), top_token.repeat_interleave(k, dim=0)
-    cand = (beams.alive_lp[:, :, None] + top_lp.view(b, k, n)).view(b, k * n)  # (b, k*n)
-    cand_lp, cand_idx = cand.topk(min(2 * k, k * n), dim=-1)  # (b, 2k)
-    return cand_lp, cand_idx // n, top_token.view(b, k * n).gather(1, cand_idx)
+    n = min(2 * k, k * logits.size(-1))
+    return _best_extensions(logits, alive_lp, n, beams.banned, beams.eos_id, allowed=allowed, only_eos=at_max)
 
 
 def _add_finished(beams: Beams, t: int, alpha: float, cand_lp: Tensor, cand_seq: Tensor, is_eos: Tensor) -> None:
     """Merge the extensions ending in EOS into the k best finished hypotheses so far."""
+    if not bool(is_eos.any()):  # none ended: nothing to merge (most steps)
+        return
     active, T = beams.active, beams.max_len
     lp_t = length_penalty(float(t + 1), alpha)
     new_score = torch.where(is_eos, cand_lp / lp_t, torch.full_like(cand_lp, float("-inf")))

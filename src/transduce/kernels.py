@@ -37,27 +37,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .model import MultiHeadAttention, Transformer
+from .model import MultiHeadAttention, PositionwiseFeedForward, Transformer
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
     """Equation 1 (3.2.1) for the few queries of one decoding step (3.1: the decoder is
-    auto-regressive), written as plain matrix products: softmax((K Q^T)^T / sqrt(d_k)) V, the
-    softmax in fp32.
+    auto-regressive), written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the softmax
+    (and the scaling before it) in fp32.
 
     Same shapes and mask convention as `transduce.model.attention_reference`; no dropout. On the
     CPU several times faster than `scaled_dot_product_attention` for 1-8 queries (see
-    docs/RESULTS.md); K Q^T rather than Q K^T because it reads the keys in their stored layout,
-    which bf16 matmuls need to be fast.
+    docs/RESULTS.md). One query (self-attention): K q^T, which reads the keys in their stored
+    layout (what bf16 products need to be fast) and is, in memory, the row q K^T. Several
+    (the beams of a sentence folded into encoder-decoder attention): Q K^T, so that the softmax
+    runs along contiguous rows.
     """
     B, h, Tq, d = q.shape
     Tk = k.size(2)
     # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
     k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
-    scores = torch.bmm(k3, q3.transpose(1, 2)).view(B, h, Tk, Tq).transpose(-2, -1) * d**-0.5  # (B, h, Tq, Tk)
+    scores = torch.bmm(k3, q3.transpose(1, 2)) if Tq == 1 else torch.bmm(q3, k3.transpose(1, 2))
+    scores = scores.view(B, h, Tq, Tk).to(torch.float32).mul_(d**-0.5)  # a fresh tensor: in place is safe
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.float().softmax(dim=-1).to(v.dtype).reshape(B * h, Tq, Tk)
+        scores.masked_fill_(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1).to(v.dtype).view(B * h, Tq, Tk)
     return torch.bmm(weights, v3).view(B, h, Tq, -1)
 
 
@@ -91,8 +94,10 @@ class PackedWeight:
                 and self.source._version == self.version and self.source.data_ptr() == self.ptr
                 and not torch.is_autocast_enabled("cpu"))
 
-    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
+    def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
+        """x W^T + b; `activation` "relu": max(0, x W^T + b), applied by oneDNN as it writes the
+        product (bit for bit the same as a separate ReLU)."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, activation, [], "")
 
 
 def _key(rows: slice | None):
@@ -126,6 +131,30 @@ class PackedLinear(nn.Module):
         packed = self.packed.get(_key(rows))
         return packed(x, b) if packed is not None and packed.usable(x) else F.linear(x, w, b)
 
+    def relu(self, x: Tensor) -> Tensor:
+        """max(0, x W^T + b), the ReLU inside the packed product where it is usable."""
+        packed = self.packed[None]
+        if packed.usable(x):
+            return packed(x, self.bias, "relu")
+        return F.relu(F.linear(x, self.weight, self.bias))
+
+
+class PackedFeedForward(nn.Module):
+    """Stands in for a `PositionwiseFeedForward`: equation 2, max(0, x W_1 + b_1) W_2 + b_2, with
+    the max(0, .) computed by the first packed product as it writes its output, instead of by a
+    separate pass over the (rows, d_ff) activations (bit for bit the same; in bf16, where a
+    separate ReLU is slow on the CPU, about a third of the first product's time; see
+    docs/RESULTS.md). Holds the same `w_1` and `w_2` (`PackedLinear`s): `state_dict` is
+    unchanged."""
+
+    def __init__(self, ffn: nn.Module):
+        super().__init__()
+        self.original = (ffn,)  # a tuple: not registered as a submodule
+        self.w_1, self.w_2 = ffn.w_1, ffn.w_2
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w_2(self.w_1.relu(x))
+
 
 def _linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
@@ -154,9 +183,20 @@ def _replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = T
 
 
 def _restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
+    for parent, name, child in [(p, n, c) for p in model.modules() for n, c in p.named_children()]:
+        if type(child) is PackedFeedForward and type(child.w_1) is cls:
+            setattr(parent, name, child.original[0])
     for parent, name, layer in _linear_layers(model):
         if type(layer) is cls:
             setattr(parent, name, layer.original[0])
+
+
+def _fuse_relu(model: nn.Module) -> None:
+    """Every `PositionwiseFeedForward` whose W_1 is packed (fp32/bf16) becomes a
+    `PackedFeedForward`."""
+    for parent, name, child in [(p, n, c) for p in model.modules() for n, c in p.named_children()]:
+        if isinstance(child, PositionwiseFeedForward) and type(child.w_1) is PackedLinear:
+            setattr(parent, name, PackedFeedForward(child))
 
 
 def pack_weights(model: nn.Module) -> bool:
@@ -168,7 +208,9 @@ def pack_weights(model: nn.Module) -> bool:
     p = next(model.parameters())
     if not can_pack(p.dtype, p.device):
         return False
-    return _replace_linears(model, PackedLinear) > 0
+    packed = _replace_linears(model, PackedLinear) > 0
+    _fuse_relu(model)
+    return packed
 
 
 def unpack_weights(model: nn.Module) -> None:
