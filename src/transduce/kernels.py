@@ -47,16 +47,19 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
 
     Same shapes and mask convention as `transduce.model.attention_reference`; no dropout. On the
     CPU several times faster than `scaled_dot_product_attention` for 1-8 queries (see
-    docs/RESULTS.md). One query (self-attention): K q^T, which reads the keys in their stored
-    layout (what bf16 products need to be fast) and is, in memory, the row q K^T. Several
-    (the beams of a sentence folded into encoder-decoder attention): Q K^T, so that the softmax
-    runs along contiguous rows.
+    docs/RESULTS.md). The scores as Q K^T, so that the softmax runs along contiguous rows; for
+    one query in bf16 (self-attention) as K q^T instead, which reads the keys in their stored
+    layout (what bf16 products need to be fast; in fp32 it is the slower one) and is, in memory,
+    the same row q K^T.
     """
     B, h, Tq, d = q.shape
     Tk = k.size(2)
     # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
     k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
-    scores = torch.bmm(k3, q3.transpose(1, 2)) if Tq == 1 else torch.bmm(q3, k3.transpose(1, 2))
+    if Tq == 1 and k.dtype == torch.bfloat16:
+        scores = torch.bmm(k3, q3.transpose(1, 2))
+    else:
+        scores = torch.bmm(q3, k3.transpose(1, 2))
     scores = scores.view(B, h, Tq, Tk).to(torch.float32).mul_(d**-0.5)  # a fresh tensor: in place is safe
     if mask is not None:
         scores.masked_fill_(~mask, float("-inf"))
