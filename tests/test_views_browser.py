@@ -4,14 +4,13 @@ offers L layers, h heads and the three attention types; hovering a query token s
 that token's row, with the values embedded in the page; changing the layer or the type changes
 what is drawn; the masks view draws the masks applied to the padded batch; a screenshot is saved.
 
-Chromium: Debian's `chromium` package (/usr/bin/chromium; `.ci/run` installs it when missing), or
-$TRANSDUCE_CHROMIUM, or a browser `python -m playwright install chromium` downloaded. Without one
-the test fails (it is never skipped): the page is a deliverable, and CI must see it work.
+Chromium: Debian's `chromium` package (/usr/bin/chromium; `bash scripts/test.sh`, the README's test
+command, installs it when missing), or $TRANSDUCE_CHROMIUM, or a browser `python -m playwright
+install chromium` downloaded (tests/browser.py). Without one the test fails (it is never skipped):
+the page is a deliverable, and CI must see it work.
 """
 
 import json
-import os
-import shutil
 import time
 
 import pytest
@@ -19,19 +18,11 @@ import pytest
 from transduce.cli import main
 from transduce.views.figures import MASK_COLORS
 
+from browser import launch, sync_playwright
 from views_data import N_HEADS, N_LAYERS, make_model_dir
 
 SOURCES = ["a dog runs on the grass with a red ball", "two children play"]
 TARGETS = ["two children play with a dog on the grass", "a dog"]
-
-
-def chromium_executable() -> str | None:
-    """Debian's chromium or $TRANSDUCE_CHROMIUM; None: Playwright's own download, if any."""
-    for candidate in (os.environ.get("TRANSDUCE_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                      shutil.which("chromium-browser")):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +38,8 @@ def page_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.fail("the browser test needs Playwright: pip install -e '.[test]'")
     with sync_playwright() as p:
-        try:
-            b = p.chromium.launch(executable_path=chromium_executable())
-        except Exception as e:  # noqa: BLE001 - say what to install, in one line
-            pytest.fail(f"no Chromium to run the page in ({str(e).splitlines()[0]}): apt-get install chromium "
-                        "(.ci/run does), or python -m playwright install chromium")
+        b = launch(p)
         yield b
         b.close()
 
