@@ -7,7 +7,8 @@ from types import ModuleType
 
 from .errors import UsageError
 
-EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve", "submitit": "slurm"}
+EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
+          "submitit": "slurm"}
 """Module -> the extra of pyproject.toml that installs it."""
 
 

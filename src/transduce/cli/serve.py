@@ -7,12 +7,21 @@
          -d '{"sentences": ["A man is riding a bike."], "beam": 4, "scores": true}'
 
 MODEL is what `transduce translate` takes (a run directory: the average of its last checkpoints;
-a model directory), or with --engine ct2 a directory written by `transduce export ct2`.
+a model directory), or with --engine ct2 a directory written by `transduce export ct2`. A parsing
+model (trained on a treebank, Section 6.3) is served as `transduce parse` runs it: sentences
+tokenized the Penn Treebank way, each output with its tree, beam 21, alpha 0.3, input + 300.
 
-Endpoints: POST /translate (sentences, with optional beam, alpha, max_len_offset, n_best, greedy,
-scores), GET /health (200 once the model is loaded, 503 before), GET /info (the model, the
-defaults, the limits), GET /openapi.json and /docs (the API, generated from its schemas; the
-/docs page loads its script from a CDN, /openapi.json needs nothing).
+Endpoints:
+  GET  /             a page to try the model in a browser (offline: nothing is loaded but this
+                     server): type or paste sentences, see the translations, their n-best and
+                     scores; click one to see what the model attends to (`transduce attention`'s
+                     view of that sentence and that translation) and, for a parser, the tree
+  POST /translate    sentences, with optional beam, alpha, max_len_offset, n_best, greedy, scores
+  POST /attention    the attention weights of one sentence and a translation (JSON, or the page)
+  GET  /health       200 once the model is loaded; 503 while loading and while shutting down
+  GET  /info         the model, the defaults, the limits
+  GET  /metrics      Prometheus's text format: requests, latency, batch sizes, queue depth, tokens/s
+  GET  /openapi.json the API, generated from its schemas
 
 Dynamic batching: requests that arrive within --max-wait-ms of each other (and fit in
 --batch-tokens source tokens) are decoded together by the one decoding thread, sorted by length;
@@ -23,7 +32,20 @@ Limits: a body over --max-body-bytes is refused with 413; more sentences than --
 a sentence over --max-chars characters or --max-tokens subword tokens, a beam over --max-beam or
 a max_len_offset over --max-len-offset-limit with 422; all as JSON naming the limit. With
 --max-queue requests waiting, more get 429 and a Retry-After header. Invalid JSON or UTF-8 is a
-400. Needs `pip install 'transduce[serve]'` (FastAPI, uvicorn).
+400. A decoding that fails answers its callers 500 (JSON naming the exception) and the server
+goes on serving.
+
+API key: with --api-key KEY (or $TRANSDUCE_API_KEY, which `ps` does not show), /translate and
+/attention require `Authorization: Bearer KEY` or `X-API-Key: KEY` (else 401); the page asks for it.
+
+Shutting down (SIGTERM, as orchestrators send on a deploy; or Ctrl-C): the server stops accepting
+connections, /health says 503, the requests in flight are finished for at most --graceful-timeout
+seconds; those still unfinished then get 503 JSON (shutting_down) and the process ends, so that a
+stuck decode cannot hold a deploy. Give the orchestrator a grace period longer than this.
+
+Logs (stderr): one line per request, "id=ID METHOD PATH STATUS SECONDS", with the request's
+X-Request-ID (or a new id; the response carries it), and what failed. Needs `pip install
+'transduce[serve]'` (FastAPI, uvicorn, prometheus-client).
 """
 
 from __future__ import annotations
@@ -31,7 +53,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..errors import TransduceError
+import json
+import os
+
+from ..errors import TransduceError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 from .common import add_model_args, add_precision_args
 
@@ -50,13 +75,20 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=("torch", "ct2"), default="torch",
                         help="torch (default): transduce's own decoding; ct2: a model exported with `transduce export ct2`")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
-                        help="uvicorn's log level (default info: one line per request)")
+                        help="log level (default info: one line per request, with its id)")
+    parser.add_argument("--api-key", default=os.environ.get("TRANSDUCE_API_KEY") or None, metavar="KEY",
+                        help="require this key on /translate and /attention (Authorization: Bearer KEY, or X-API-Key); "
+                             "default: $TRANSDUCE_API_KEY, else none")
+    parser.add_argument("--graceful-timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="on SIGTERM or Ctrl-C, finish the requests in flight for at most this long, then answer "
+                             "the rest 503 and exit (default 30)")
     add_model_args(parser)
     g = parser.add_argument_group("search defaults (a request may override them)")
-    g.add_argument("--beam", type=int, default=DEFAULT_BEAM, help=f"beam size (default {DEFAULT_BEAM})")
-    g.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA})")
-    g.add_argument("--max-len-offset", type=int, default=DEFAULT_MAX_LEN_OFFSET,
-                   help=f"maximum output length = input length + this (default {DEFAULT_MAX_LEN_OFFSET})")
+    g.add_argument("--beam", type=int, help=f"beam size (default {DEFAULT_BEAM}; a parsing model: {PARSING[0]})")
+    g.add_argument("--alpha", type=float,
+                   help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA}; a parsing model: {PARSING[1]})")
+    g.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default "
+                   f"{DEFAULT_MAX_LEN_OFFSET}; a parsing model: {PARSING[2]})")
     add_precision_args(g)
     g.add_argument("--ct2-compute-type", default="default", metavar="TYPE",
                    help="ct2 engine: CTranslate2's compute type (default: the exported one; int8, float32, ...)")
@@ -79,9 +111,43 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-chars", type=int, default=d.max_chars, help=f"characters per sentence (default {d.max_chars})")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"subword tokens per sentence (default {d.max_tokens})")
     g.add_argument("--max-queue", type=int, default=d.max_queue, help=f"requests waiting at most (default {d.max_queue})")
-    g.add_argument("--max-beam", type=int, default=d.max_beam, help=f"largest beam a request may ask for (default {d.max_beam})")
-    g.add_argument("--max-len-offset-limit", type=int, default=d.max_len_offset,
-                   help=f"largest max_len_offset a request may ask for (default {d.max_len_offset})")
+    g.add_argument("--max-beam", type=int, help=f"largest beam a request may ask for (default {d.max_beam}, "
+                   "or the default beam if larger)")
+    g.add_argument("--max-len-offset-limit", type=int, help=f"largest max_len_offset a request may ask for (default "
+                   f"{d.max_len_offset}, or the default max_len_offset if larger)")
+
+
+PARSING = (21, 0.3, 300)
+"""A parsing model's search (Section 6.3: beam 21, alpha 0.3, input + 300), as `transduce parse`'s."""
+
+
+def model_task(path: Path) -> str:
+    """"parsing" when the data.json the model is loaded with says so (looked for where the loader
+    looks: a run directory, a model directory, or the run above RUN/checkpoints/step_*)."""
+    for d in (path, path.parent, path.parent.parent):
+        if (d / "data.json").is_file():
+            try:
+                return json.loads((d / "data.json").read_text(encoding="utf-8")).get("task") or "translation"
+            except (OSError, ValueError, AttributeError):
+                return "translation"
+    return "translation"
+
+
+def resolve_defaults(args: argparse.Namespace) -> None:
+    """Search defaults not given: the paper's for the model's task (6.1, or 6.3 for a parser); the
+    limits on beam and max_len_offset at least as large as them."""
+    from ..serve.app import Limits
+
+    parsing = args.engine == "torch" and model_task(args.model_path) == "parsing"
+    beam, alpha, offset = PARSING if parsing else (DEFAULT_BEAM, DEFAULT_ALPHA, DEFAULT_MAX_LEN_OFFSET)
+    args.beam = beam if args.beam is None else args.beam
+    args.alpha = alpha if args.alpha is None else args.alpha
+    args.max_len_offset = offset if args.max_len_offset is None else args.max_len_offset
+    d = Limits()
+    if args.max_beam is None:
+        args.max_beam = max(d.max_beam, args.beam)
+    if args.max_len_offset_limit is None:
+        args.max_len_offset_limit = max(d.max_len_offset, args.max_len_offset)
 
 
 def limits_from_args(args: argparse.Namespace):
@@ -101,6 +167,8 @@ def limits_from_args(args: argparse.Namespace):
         raise ValueError(f"--max-len-offset must be between 0 and --max-len-offset-limit ({limits.max_len_offset})")
     if args.max_wait_ms < 0:
         raise ValueError("--max-wait-ms must not be negative")
+    if not args.graceful_timeout >= 0:
+        raise ValueError("--graceful-timeout must not be negative")
     return limits
 
 
@@ -133,8 +201,12 @@ def run(args: argparse.Namespace) -> int:
 
     require("fastapi", "transduce serve")
     require("uvicorn", "transduce serve")
+    require("prometheus_client", "transduce serve")
     from ..serve.app import Search, create_app, server
 
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError("--api-key is empty")
+    resolve_defaults(args)
     limits = limits_from_args(args)
     if args.engine == "torch" and args.precision == "int8":
         from ..device import resolve_device
@@ -155,9 +227,12 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine_loader(args, limits), limits=limits,
                      defaults=Search(args.beam, args.alpha, args.max_len_offset),
                      max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
-                     max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop)
-    uv = server(app, host=args.host, port=args.port, log_level=args.log_level)
-    print(f"{PROG}: http://{args.host}:{args.port} (loading {args.model_path}; GET /health says when it is ready)", flush=True)
+                     max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop,
+                     api_key=args.api_key)
+    uv = server(app, host=args.host, port=args.port, log_level=args.log_level, graceful_timeout=args.graceful_timeout)
+    print(f"{PROG}: http://{args.host}:{args.port} (loading {args.model_path}; GET /health says when it is ready; "
+          f"the demo page is at /)" + ("; an API key is required on /translate and /attention" if args.api_key else ""),
+          flush=True)
     uv.run()
     if app.state["error"]:
         raise TransduceError(app.state["error"])

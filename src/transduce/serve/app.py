@@ -4,9 +4,15 @@
                        "n_best": 1, "greedy": false, "scores": false}
                       -> {"translations": [{"text": ..., "score": ..., "logprob": ...,
                                             "n_best": [{"text", "score", "logprob"}, ...]}]}
-    GET  /health      200 {"status": "ok"} once the model is loaded, 503 {"status": "loading"} before
+                      (a parsing model: each with its "tree", as `transduce parse` prints it)
+    POST /attention   {"source": ..., "target": ... or null, search settings, "weights": true,
+                       "page": false} -> the attention weights of that sentence and translation
+                      (`transduce attention`'s JSON), the page that draws them, the tree's SVG
+    GET  /            the demo page (serve.demo): translate, the n-best, the attention, the tree
+    GET  /health      200 {"status": "ok"} once the model is loaded, 503 before and while shutting down
     GET  /info        the model, its vocabulary, the engine, the search defaults and every limit
-    GET  /openapi.json, /docs   generated from the request and response schemas
+    GET  /metrics     Prometheus's text format (serve.ops)
+    GET  /openapi.json   generated from the request and response schemas
 
 Translations equal `transduce translate`'s for the same sentences and settings: the same
 `translate_stream` (or CTranslate2 engine) decodes them, with the same token budget.
@@ -14,107 +20,45 @@ Translations equal `transduce translate`'s for the same sentences and settings: 
 Every error is JSON, {"error": CODE, "message": ..., and for a limit "limit": NAME, "value": N}:
 
     400 invalid_json        the body is not JSON (or not UTF-8)
+    401 unauthorized        an API key is set and the request does not carry it
     413 limit_exceeded      max_body_bytes (checked before the body is parsed)
     422 limit_exceeded      max_sentences, max_chars, max_tokens, max_beam, max_len_offset
     422 invalid_request     anything else the schema refuses (a missing field, a wrong type, ...)
     429 queue_full          max_queue requests are waiting; Retry-After says when to try again
+    500 decoding_failed     decoding failed (the exception is named); the server goes on serving
+    501 not_supported       attention weights from an engine that has none (CTranslate2)
     503 loading             the model is not loaded yet; Retry-After
+    503 shutting_down       SIGTERM came: new work is refused, and work still unfinished when the
+                            grace period (--graceful-timeout) ends is answered so
 
 A client that disconnects before its answer has its job dropped from the queue (or its results
-discarded): the other requests and the decoding thread go on.
+discarded): the other requests and the decoding thread go on. Shutting down (SIGTERM, Ctrl-C):
+the server stops accepting connections, finishes the requests it has for at most the grace
+period, answers the rest 503 and ends; a decode stuck past it is left to its daemon thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .batcher import Batcher, QueueFull
+from ..translate import DEFAULT_BATCH_TOKENS
+from .batcher import Batcher, QueueFull, ShuttingDown
+from .common import LIMIT_OF_FIELD, Limits, check_sentences, error, note, number, search_fields, shutting_down, wait_for_job
+from .engines import Engine, Search, ct2_engine, torch_engine  # noqa: F401 - the API's names, as before
 
+log = logging.getLogger("transduce.serve")
 
-@dataclass
-class Limits:
-    """What one request may ask for."""
-
-    max_body_bytes: int = 1 << 20
-    max_sentences: int = 64
-    """Sentences per request."""
-    max_chars: int = 2000
-    """Characters per sentence."""
-    max_tokens: int = 256
-    """Subword tokens per sentence (EOS not counted)."""
-    max_queue: int = 256
-    """Requests waiting to be decoded; more are answered 429."""
-    max_beam: int = 16
-    max_len_offset: int = 256
-    """The largest max_len_offset a request may ask for."""
-
-
-@dataclass(frozen=True)
-class Search:
-    """A request's search settings (hashable: jobs with equal settings share a round)."""
-
-    beam: int = DEFAULT_BEAM
-    alpha: float = DEFAULT_ALPHA
-    max_len_offset: int = DEFAULT_MAX_LEN_OFFSET
-    n_best: int = 1
-    greedy: bool = False
-
-
-@dataclass
-class Engine:
-    """What the server decodes with: `translate(sentences, search)` -> candidates per sentence
-    (called on the decoding thread only), `encode(sentence)` -> source token ids (for the limits),
-    and what /info shows."""
-
-    translate: Callable[[list[str], Search], list]
-    encode: Callable[[str], list[int]]
-    info: dict
-
-
-def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_tokens: int = Limits.max_tokens, bf16: bool = False) -> Engine:
-    """An engine over a `transduce.translate.LoadedModel`: `translate_stream`, exactly as
-    `transduce translate` runs it."""
-    from ..translate import translate_stream
-
-    def translate(sentences: list[str], s: Search) -> list:
-        return list(translate_stream(
-            loaded.model, loaded.src_vocab, loaded.tgt_vocab, sentences, beam=s.beam, alpha=s.alpha,
-            max_len_offset=s.max_len_offset, n_best=s.n_best, greedy=s.greedy, batch_tokens=batch_tokens,
-            batch_size=batch_size, max_input_tokens=max_tokens, bf16=bf16, chunk_lines=max(1, len(sentences)),
-        ))
-
-    mc = loaded.config.model
-    precision = getattr(loaded.precision, "precision", None) or ("bf16" if bf16 else str(next(loaded.model.parameters()).dtype).replace("torch.", ""))
-    info = {"engine": "torch", "model": loaded.description, "precision": precision,
-            "config": asdict(mc), "vocab": {"src": str(loaded.src_vocab.path), "tgt": str(loaded.tgt_vocab.path),
-                                            "src_size": len(loaded.src_vocab), "tgt_size": len(loaded.tgt_vocab)}}
-    return Engine(translate, loaded.src_vocab.encode, info)
-
-
-def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
-               max_tokens: int = Limits.max_tokens, length_penalty: str = "paper") -> Engine:
-    """An engine over a `transduce.export.ct2.CT2Model`."""
-
-    def translate(sentences: list[str], s: Search) -> list:
-        return list(model.translate_stream(
-            sentences, beam=s.beam, alpha=s.alpha, max_len_offset=s.max_len_offset, n_best=s.n_best, greedy=s.greedy,
-            batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_tokens,
-            chunk_lines=max(1, len(sentences)), length_penalty=length_penalty,
-        ))
-
-    info = {"engine": "ct2", "model": model.description, "precision": model.compute_type, "length_penalty": length_penalty,
-            "config": asdict(model.config.model), "vocab": {"src": str(model.src_vocab.path), "tgt": str(model.tgt_vocab.path),
-                                                           "src_size": len(model.src_vocab), "tgt_size": len(model.tgt_vocab)}}
-    return Engine(translate, model.src_vocab.encode, info)
+DEFAULT_GRACEFUL_TIMEOUT = 30.0
+"""Seconds a shutdown waits for the requests in flight (Kubernetes' default grace is 30 s too)."""
 
 
 # -- schemas -------------------------------------------------------------------------------------
@@ -124,12 +68,15 @@ class Hypothesis(BaseModel):
     text: str
     score: float | None = Field(None, description="log P(Y|X) / ((5+|Y|)/6)^alpha; null for greedy")
     logprob: float | None = Field(None, description="log P(Y|X), EOS included; null for greedy")
+    tree: str | None = Field(None, description="a parsing model: the tree of this output over the sentence's Penn "
+                                               "Treebank tokens, repaired as `transduce parse` does")
 
 
 class Translation(BaseModel):
     text: str = Field(description="the best translation")
     score: float | None = Field(None, description="its score, if `scores` was asked for (null for greedy)")
     logprob: float | None = Field(None, description="its log-probability, if `scores` was asked for")
+    tree: str | None = Field(None, description="a parsing model: its tree, bracketed on one line (`transduce parse`)")
     n_best: list[Hypothesis] | None = Field(None, description="the n_best best hypotheses, best first, if n_best > 1")
 
 
@@ -138,15 +85,17 @@ class TranslateResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    error: str = Field(description="invalid_json, invalid_request, limit_exceeded, queue_full or loading")
+    error: str = Field(description="invalid_json, unauthorized, invalid_request, limit_exceeded, queue_full, "
+                                   "decoding_failed, not_supported, loading or shutting_down")
     message: str
     limit: str | None = Field(None, description="the limit exceeded (see /info)")
     value: int | None = Field(None, description="the limit's value")
     field: str | None = Field(None, description="where in the request")
+    exception: str | None = Field(None, description="decoding_failed: the exception's type")
 
 
 class Health(BaseModel):
-    status: str = Field(description="ok, or loading (with status 503)")
+    status: str = Field(description="ok; or, with status 503, loading, shutting down or failed: WHY")
 
 
 def request_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
@@ -156,25 +105,16 @@ def request_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
     from pydantic import StringConstraints
 
     Sentence = Annotated[str, StringConstraints(max_length=limits.max_chars)]
-
-    class TranslateRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True)  # "4" is not a beam size
-        sentences: list[Sentence] = Field(max_length=limits.max_sentences,
-                                          description="sentences to translate, one translation each (empty -> empty)")
-        beam: int = Field(defaults.beam, ge=1, le=limits.max_beam, description="beam size (6.1: 4)")
-        alpha: float = Field(defaults.alpha, ge=0.0, le=10.0, allow_inf_nan=False,
-                             description="length penalty ((5+|Y|)/6)^alpha (6.1: 0.6)")
-        max_len_offset: int = Field(defaults.max_len_offset, ge=0, le=limits.max_len_offset,
-                                    description="maximum output length = input length + this (6.1: 50)")
-        n_best: int = Field(1, ge=1, le=limits.max_beam, description="hypotheses per sentence (at most beam)")
-        greedy: bool = Field(False, description="greedy decoding (beam and alpha ignored)")
-        scores: bool = Field(False, description="return scores and log-probabilities")
-
-    return TranslateRequest
+    return create_model(
+        "TranslateRequest", __config__=ConfigDict(extra="forbid", strict=True),  # strict: "4" is not a beam size
+        sentences=(list[Sentence], Field(max_length=limits.max_sentences,
+                                         description="sentences to translate, one translation each (empty -> empty)")),
+        **search_fields(limits, defaults),
+        n_best=(int, Field(1, ge=1, le=limits.max_beam, description="hypotheses per sentence (at most beam)")),
+        scores=(bool, Field(False, description="return scores and log-probabilities")),
+    )
 
 
-# Pydantic error types that mean "over a limit", and the limit each names, by the field.
-_LIMIT_OF_FIELD = {"sentences": "max_sentences", "beam": "max_beam", "max_len_offset": "max_len_offset", "n_best": "max_beam"}
 _TOO_BIG = {"too_long", "string_too_long", "less_than_equal"}
 
 
@@ -220,16 +160,6 @@ class _BodyLimit:
         await send({"type": "http.response.body", "body": content})
 
 
-def _error(status: int, error: str, message: str, headers: dict | None = None, **extra):
-    from fastapi.responses import JSONResponse
-
-    body = {"error": error, "message": message, **{k: v for k, v in extra.items() if v is not None}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
-def _number(x: float) -> float | None:
-    return None if x is None or not math.isfinite(x) else x
-
 
 def _add_error_handlers(app, limits: Limits) -> None:
     """Every error as JSON: a field over a limit names the limit (422), bad JSON is 400, others as they come."""
@@ -243,62 +173,56 @@ def _add_error_handlers(app, limits: Limits) -> None:
         for e in errors:
             loc = [str(x) for x in e.get("loc", ()) if x != "body"]
             if e.get("type") == "json_invalid":
-                return _error(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+                return error(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
             if e.get("type") in _TOO_BIG and loc:
-                name = "max_chars" if e.get("type") == "string_too_long" else _LIMIT_OF_FIELD.get(loc[0])
+                name = "max_chars" if e.get("type") == "string_too_long" else LIMIT_OF_FIELD.get(loc[0])
                 if name is not None:
-                    return _error(422, "limit_exceeded", f"{'.'.join(loc)}: {e.get('msg')}", limit=name,
+                    return error(422, "limit_exceeded", f"{'.'.join(loc)}: {e.get('msg')}", limit=name,
                                   value=getattr(limits, name), field=".".join(loc))
         first = errors[0] if errors else {}
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return _error(422, "invalid_request", f"{where or 'body'}: {first.get('msg', 'invalid request')}", field=where or None)
+        return error(422, "invalid_request", f"{where or 'body'}: {first.get('msg', 'invalid request')}", field=where or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        code = "invalid_json" if exc.status_code == 400 else ("not_found" if exc.status_code == 404 else "http_error")
+        code = {400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = "the body is not valid JSON in UTF-8" if exc.status_code == 400 else str(exc.detail)
-        return _error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+        return error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
 
-def _check_sentences(e: Engine, sentences: list[str], limits: Limits):
-    """(a JSON error or None, the request's tokens with EOS): each sentence valid Unicode and
-    within the token limit."""
-    tokens = 0
-    for i, s in enumerate(sentences):
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            return _error(422, "invalid_request", f"sentences.{i}: not valid Unicode (a lone surrogate)",
-                          field=f"sentences.{i}"), 0
-        n = len(e.encode(s))
-        if n > limits.max_tokens:
-            return _error(422, "limit_exceeded", f"sentences.{i}: {n} subword tokens, more than {limits.max_tokens}",
-                          limit="max_tokens", value=limits.max_tokens, field=f"sentences.{i}"), 0
-        tokens += n + 1
-    return None, tokens
-
-
-def _response(req, results) -> dict:
-    """The JSON answer: per sentence its best text, with scores and the n-best when asked."""
+def _response(req, results, sources: list[str], tree=None) -> dict:
+    """The JSON answer: per sentence its best text, with scores and the n-best when asked (and a
+    parsing model's trees)."""
     out = []
-    for cands in results:
+    for source, cands in zip(sources, results):
         best = cands[0]
         t = {"text": best.text}
         if req.scores:
-            t["score"], t["logprob"] = _number(best.score), _number(best.logprob)
+            t["score"], t["logprob"] = number(best.score), number(best.logprob)
+        if tree is not None:
+            t["tree"] = _tree_text(tree(source, best.text))
         if req.n_best > 1:
-            t["n_best"] = [{"text": c.text, "score": _number(c.score), "logprob": _number(c.logprob)} for c in cands]
+            t["n_best"] = [{"text": c.text, "score": number(c.score), "logprob": number(c.logprob),
+                            **({"tree": _tree_text(tree(source, c.text))} if tree is not None else {})} for c in cands]
         out.append(t)
     return {"translations": out}
 
 
-def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_batch_tokens: int, max_wait: float) -> None:
-    """GET /health (is the model loaded?) and GET /info (the model, the defaults, the limits, the queue)."""
+def _tree_text(tree) -> str:
+    return "" if tree is None else str(tree)
+
+
+def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_batch_tokens: int, max_wait: float,
+                       metrics, api_key: bool) -> None:
+    """GET /health (is the model loaded?), GET /info (the model, the defaults, the limits, the
+    queue) and GET /metrics (Prometheus)."""
+    from fastapi import Response
+    from fastapi.responses import JSONResponse
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="is the model loaded?")
     async def health():
-        from fastapi.responses import JSONResponse
-
+        if state["draining"]:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         if state["engine"] is not None:
             return {"status": "ok"}
         status = "failed: " + state["error"] if state["error"] else "loading"
@@ -309,27 +233,39 @@ def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_b
         e, b = state["engine"], state["batcher"]
         return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(defaults),
                 "limits": asdict(limits), "batching": {"max_batch_tokens": max_batch_tokens, "max_wait_ms": max_wait * 1000},
-                "queue": b.queued if b is not None else 0,
+                "api_key_required": api_key, "queue": b.queued if b is not None else 0,
                 "stats": {k: v for k, v in asdict(b.stats).items() if k != "round_sizes"} if b is not None else {}}
+
+    @app.get("/metrics", response_class=Response, summary="metrics in Prometheus's text format",
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    async def prometheus():
+        content, media_type = metrics.exposition()
+        return Response(content, media_type=media_type)
 
 
 def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None, defaults: Search | None = None,
                max_batch_tokens: int = DEFAULT_BATCH_TOKENS, max_wait: float = 0.01, poll_disconnect: float = 0.05,
-               on_load_error: Callable[[BaseException], None] | None = None):
-    """The ASGI app (the FastAPI app inside the body-size limit; `.fastapi` is the FastAPI app,
-    `.state["batcher"]` the batcher). `engine`: an Engine, or a function that loads one (called
-    on a thread at startup; /health says `loading` until it returns; if it fails, /health says so
-    and `on_load_error(exception)` is called)."""
+               on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None):
+    """The ASGI app (the FastAPI app inside the request log and the body-size limit; `.fastapi` is
+    the FastAPI app, `.state["batcher"]` the batcher, `.metrics` its metrics, `.begin_drain(grace)`
+    what a shutdown calls). `engine`: an Engine, or a function that loads one (called on a thread at
+    startup; /health says `loading` until it returns; if it fails, /health says so and
+    `on_load_error(exception)` is called). `api_key`: required on /translate and /attention."""
     from fastapi import FastAPI, Request
+
+    from .demo import add_demo_routes
+    from .ops import Metrics, RequestLog, api_key_dependency
 
     limits = limits or Limits()
     defaults = defaults or Search()
     TranslateRequest = request_schema(limits, defaults)
-    state: dict[str, Any] = {"engine": None, "batcher": None, "error": None}
+    state: dict[str, Any] = {"engine": None, "batcher": None, "error": None, "draining": False, "expired": False,
+                             "grace": None, "deadline": None}
+    metrics = Metrics(lambda: state["batcher"].queued if state["batcher"] is not None else 0)
 
     def install(e: Engine) -> None:
         batcher = Batcher(lambda sentences, s: e.translate(sentences, s), max_batch_tokens=max_batch_tokens,
-                          max_wait=max_wait, max_queue=limits.max_queue).start()
+                          max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round).start()
         state["batcher"], state["engine"] = batcher, e
 
     def load() -> None:
@@ -348,7 +284,9 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
             threading.Thread(target=load, name="transduce-load", daemon=True).start()
         yield
         if state["batcher"] is not None:
-            state["batcher"].stop()
+            # a drain whose grace is over leaves a stuck round to its daemon thread
+            left = 10.0 if state["deadline"] is None else max(0.5, state["deadline"] - time.monotonic())
+            state["batcher"].stop(timeout=0.5 if state["expired"] else left)
 
     app = FastAPI(title="transduce", version="1",
                   description="Translation with a Transformer of 'Attention Is All You Need' (Vaswani et al., 2017): "
@@ -362,45 +300,63 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         install(engine)
 
     _add_error_handlers(app, limits)
-
-    errors = {s: {"model": ErrorResponse} for s in (400, 413, 422, 429, 503)}
+    auth = [api_key_dependency(api_key)] if api_key else []
+    statuses = (400, 401, 413, 422, 429, 500, 503) if api_key else (400, 413, 422, 429, 500, 503)
+    errors = {s: {"model": ErrorResponse} for s in statuses}
 
     async def translate(req, request: Request):
         e, batcher = state["engine"], state["batcher"]
         if e is None:
-            return _error(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
+            return error(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
+        if state["draining"]:
+            return shutting_down(state)
         if req.n_best > (1 if req.greedy else req.beam):
-            return _error(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
-                          f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
-        error, tokens = _check_sentences(e, req.sentences, limits)
-        if error is not None:
-            return error
+            return error(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
+                         f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
+        problem, tokens = check_sentences(e.encode, req.sentences, limits)
+        if problem is not None:
+            return problem
+        request.scope.setdefault("state", {})["log_sentences"] = f"sentences={len(req.sentences)} tokens={tokens}"
         search = Search(req.beam, req.alpha, req.max_len_offset, req.n_best, req.greedy)
         try:
             job = batcher.submit(req.sentences, search, tokens)
         except QueueFull as exc:
-            return _error(429, "queue_full", str(exc), headers={"Retry-After": str(_retry_after(batcher))},
-                          limit="max_queue", value=limits.max_queue)
-        future = asyncio.wrap_future(job.future)
-        while True:
-            done, _ = await asyncio.wait({future}, timeout=poll_disconnect)
-            if done:
-                break
-            if await request.is_disconnected():
-                batcher.cancel(job)
-                future.cancel()
-                return _error(499, "disconnected", "the client went away")
-        return _response(req, future.result())
+            return error(429, "queue_full", str(exc), headers={"Retry-After": str(_retry_after(batcher))},
+                         limit="max_queue", value=limits.max_queue)
+        except ShuttingDown:
+            return shutting_down(state)
+        results, problem = await wait_for_job(job, batcher, state, request, poll_disconnect)
+        if problem is not None:
+            return problem
+        return _response(req, results, req.sentences, e.tree)
 
     # classes imported or made here, which the postponed annotations could not name
     translate.__annotations__.update(req=TranslateRequest, request=Request)
-    app.post("/translate", response_model=TranslateResponse, responses=errors,
+    app.post("/translate", response_model=TranslateResponse, responses=errors, dependencies=auth,
              summary="translate sentences (beam search, Section 6.1)")(translate)
 
-    _add_status_routes(app, state, defaults, limits, max_batch_tokens, max_wait)
+    add_demo_routes(app, state, limits, defaults, auth=auth, errors=errors, poll=poll_disconnect)
+    _add_status_routes(app, state, defaults, limits, max_batch_tokens, max_wait, metrics, bool(api_key))
 
-    wrapped = _BodyLimit(app, limits.max_body_bytes)
-    wrapped.fastapi, wrapped.state = app, state
+    def begin_drain(grace: float) -> None:
+        """A shutdown began (on the event loop): refuse new work, and once `grace` seconds have
+        passed answer what is still waiting or decoding 503."""
+        if state["draining"]:
+            return
+        state.update(draining=True, grace=grace, deadline=time.monotonic() + grace)
+        b = state["batcher"]
+        log.info("shutting down: finishing the requests in flight (%d queued) for at most %g s", b.queued if b else 0, grace)
+
+        def expire() -> None:
+            state["expired"] = True
+            failed = b.fail_queued(ShuttingDown("the grace period is over")) if b is not None else 0
+            log.warning("the grace period (%g s) is over: unfinished requests are answered 503 (%d were queued)",
+                        grace, failed)
+
+        asyncio.get_running_loop().call_later(grace, expire)
+
+    wrapped = RequestLog(_BodyLimit(app, limits.max_body_bytes), metrics)
+    wrapped.fastapi, wrapped.state, wrapped.metrics, wrapped.begin_drain = app, state, metrics, begin_drain
     return wrapped
 
 
@@ -409,10 +365,33 @@ def _retry_after(batcher: Batcher) -> int:
     return max(1, math.ceil(batcher.queued * batcher.max_wait))
 
 
-def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"):
-    """A uvicorn server for the app: `.run()` blocks until Ctrl-C / SIGTERM or until
-    `.should_exit` is set."""
+def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+           graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT):
+    """A uvicorn server for the app (its own request log instead of uvicorn's access log): `.run()`
+    blocks until Ctrl-C / SIGTERM or until `.should_exit` is set. A shutdown stops accepting
+    connections, gives the requests in flight `graceful_timeout` seconds (`app.begin_drain`), then
+    they are answered 503 and the server ends (uvicorn cancels what is left 5 s later still)."""
     import uvicorn
 
-    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10))
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            app.begin_drain(graceful_timeout)
+            await super().shutdown(sockets)
+
+    _log_requests(log_level)
+    return Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                 timeout_graceful_shutdown=graceful_timeout + 5))
+
+
+def _log_requests(level: str) -> None:
+    """The server's own lines (the request log, shutting down, failures) on stderr, timestamped."""
+    logger = logging.getLogger("transduce.serve")
+    logger.setLevel(level.upper())
+    if not any(getattr(h, "transduce", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        handler.transduce = True
+        logger.addHandler(handler)
+        logger.propagate = False
+
 

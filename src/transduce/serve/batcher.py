@@ -11,11 +11,19 @@ job, so none starves.
 
 A job can be cancelled (its client went away): if it has not started, it is dropped; if it is
 being decoded, its results are thrown away. The queue holds at most `max_queue` jobs waiting
-(`QueueFull` beyond); a failure of `translate` fails only the jobs of that round.
+(`QueueFull` beyond). A failure of `translate` (or of anything else in a round) fails only the
+jobs of that round, with that exception, and the thread goes on; should the thread itself end,
+every queued job fails and later submissions are refused, so that no caller waits forever.
+
+`call(fn)` runs a function on the decoding thread, in its turn, as a round of its own: other work
+on the model (the attention weights of `serve.demo`) never runs beside a decoding round.
+`fail_queued(exception)` fails the jobs still waiting (a shutdown whose grace period is over);
+`on_round(jobs, seconds, results, error)` is told of every round (the server's metrics).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -24,8 +32,15 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 
+log = logging.getLogger("transduce.serve")
+
+
 class QueueFull(Exception):
     """The queue holds `max_queue` jobs waiting: try again later."""
+
+
+class ShuttingDown(RuntimeError):
+    """The server is shutting down: the job was not (or will not be) decoded."""
 
 
 @dataclass(eq=False)
@@ -39,6 +54,8 @@ class Job:
     """Its result: one list of candidates per sentence, in order."""
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    call: Callable[[], object] | None = None
+    """A function to run on the decoding thread instead of decoding (`Batcher.call`)."""
 
 
 @dataclass
@@ -61,15 +78,17 @@ class Batcher:
     """
 
     def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = 4096,
-                 max_wait: float = 0.01, max_queue: int = 256):
+                 max_wait: float = 0.01, max_queue: int = 256,
+                 on_round: Callable[[list[Job], float, Sequence | None, BaseException | None], None] | None = None):
         if max_batch_tokens < 1 or max_wait < 0 or max_queue < 1:
             raise ValueError("max_batch_tokens and max_queue must be positive, max_wait not negative")
-        self.translate = translate
+        self.translate, self.on_round = translate, on_round
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait, max_queue
         self.stats = Stats()
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._stopping = False
+        self._ended: str | None = None  # why the decoding thread ended, if it did
         self._thread: threading.Thread | None = None
 
     # -- the callers' side ------------------------------------------------------------------------
@@ -81,24 +100,41 @@ class Batcher:
         return self
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """Finish the round under way, fail what is still queued, end the thread."""
+        """Finish the round under way (waiting for it at most `timeout` seconds: a round that is
+        stuck is left to its daemon thread), fail what is still queued, end the thread."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+        self.fail_queued(ShuttingDown("the server is shutting down"))
+
+    def fail_queued(self, error: BaseException) -> int:
+        """Fail every job still waiting with `error`; returns how many."""
         with self._cond:
-            while self._queue:
-                job = self._queue.popleft()
-                if not job.future.done():
-                    job.future.set_exception(RuntimeError("the server is shutting down"))
+            jobs = list(self._queue)
+            self._queue.clear()
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(error)
+        return len(jobs)
 
     def submit(self, sentences: list[str], settings: Hashable, tokens: int) -> Job:
-        """Queue a job; raises QueueFull when `max_queue` jobs are waiting."""
-        job = Job(list(sentences), settings, tokens)
+        """Queue a job; raises QueueFull when `max_queue` jobs are waiting, ShuttingDown once
+        stopped, RuntimeError if the decoding thread has ended."""
+        return self._put(Job(list(sentences), settings, tokens))
+
+    def call(self, fn: Callable[[], object], tokens: int = 0) -> Job:
+        """Queue `fn` to run on the decoding thread in its turn (a round of its own); its future
+        holds what it returns, or its exception."""
+        return self._put(Job([], object(), tokens, call=fn))
+
+    def _put(self, job: Job) -> Job:
         with self._cond:
             if self._stopping:
-                raise RuntimeError("the server is shutting down")
+                raise ShuttingDown("the server is shutting down")
+            if self._ended is not None:
+                raise RuntimeError(f"the decoding thread has ended ({self._ended})")
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(f"{len(self._queue)} requests are waiting (the limit)")
             self._queue.append(job)
@@ -133,6 +169,9 @@ class Batcher:
                 if self._stopping:
                     return None
                 first = self._queue[0]
+                if first.call is not None:
+                    self._queue.popleft()
+                    return [first]
                 deadline = first.arrived + self.max_wait
                 while not self._stopping:
                     same = sum(j.tokens for j in self._queue if j.settings == first.settings)
@@ -157,28 +196,65 @@ class Batcher:
                 return taken
 
     def _run(self) -> None:
-        while True:
-            jobs = self._take_round()
-            if jobs is None:
-                return
-            jobs = [j for j in jobs if not j.cancelled and j.future.set_running_or_notify_cancel()]
-            if not jobs:
-                continue
-            sentences = [s for j in jobs for s in j.sentences]
-            try:
+        try:
+            while True:
+                jobs = self._take_round()
+                if jobs is None:
+                    return
+                try:
+                    self._round(jobs)
+                except BaseException as e:  # noqa: BLE001 - a fault outside `translate`: fail the round's jobs
+                    for j in jobs:
+                        if not j.future.done():
+                            j.future.set_exception(e)
+                    if not isinstance(e, Exception):
+                        raise
+                    log.exception("a decoding round failed")
+        except BaseException as e:  # noqa: BLE001 - never leave a caller waiting on a dead thread
+            self._ended = f"{type(e).__name__}: {e}"
+            log.critical("the decoding thread ended: %s", self._ended, exc_info=e)
+            self.fail_queued(RuntimeError(f"the decoding thread ended ({self._ended})"))
+            raise
+
+    def _round(self, jobs: list[Job]) -> None:
+        """Decode one round (or run one call) and hand each job its results, or the round's error."""
+        jobs = [j for j in jobs if not j.cancelled and j.future.set_running_or_notify_cancel()]
+        if not jobs:
+            return
+        sentences = [s for j in jobs for s in j.sentences]
+        started = time.perf_counter()
+        results: Sequence | None = None
+        error: BaseException | None = None
+        try:
+            if jobs[0].call is not None:
+                value = jobs[0].call()
+            else:
                 results = list(self.translate(sentences, jobs[0].settings)) if sentences else []
                 if len(results) != len(sentences):
                     raise RuntimeError(f"{len(results)} results for {len(sentences)} sentences")
-            except BaseException as e:  # noqa: BLE001 - the round's jobs fail, the thread goes on
-                self.stats.failed_rounds += 1
-                for j in jobs:
-                    j.future.set_exception(e)
-                continue
-            self.stats.rounds += 1
-            self.stats.jobs += len(jobs)
-            self.stats.sentences += len(sentences)
-            self.stats.round_sizes = (self.stats.round_sizes + [len(jobs)])[-1000:]
-            start = 0
+        except BaseException as e:  # noqa: BLE001 - the round's jobs fail, the thread goes on
+            error = e
+        seconds = time.perf_counter() - started
+        if self.on_round is not None and jobs[0].call is None:
+            try:
+                self.on_round(jobs, seconds, results, error)
+            except Exception:  # noqa: BLE001 - a metric must not fail a round
+                log.exception("on_round failed")
+        if error is not None:
+            self.stats.failed_rounds += 1
+            log.error("decoding failed for %d request(s), %d sentence(s): %s: %s", len(jobs), len(sentences),
+                      type(error).__name__, error, exc_info=error)
             for j in jobs:
-                j.future.set_result(results[start : start + len(j.sentences)])
-                start += len(j.sentences)
+                j.future.set_exception(error)
+            return
+        if jobs[0].call is not None:
+            jobs[0].future.set_result(value)
+            return
+        self.stats.rounds += 1
+        self.stats.jobs += len(jobs)
+        self.stats.sentences += len(sentences)
+        self.stats.round_sizes = (self.stats.round_sizes + [len(jobs)])[-1000:]
+        start = 0
+        for j in jobs:
+            j.future.set_result(results[start : start + len(j.sentences)])
+            start += len(j.sentences)

@@ -1,0 +1,123 @@
+"""What the server's endpoints share: the limits, JSON errors, the token check of sentences, and
+waiting for a job of the decoding thread (with the client's disconnect, a decoding failure and the
+end of a shutdown's grace period each answered as JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+from .batcher import ShuttingDown
+from .engines import DEFAULT_MAX_TOKENS, RequestError
+
+
+@dataclass
+class Limits:
+    """What one request may ask for."""
+
+    max_body_bytes: int = 1 << 20
+    max_sentences: int = 64
+    """Sentences per request."""
+    max_chars: int = 2000
+    """Characters per sentence."""
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    """Subword tokens per sentence (EOS not counted)."""
+    max_queue: int = 256
+    """Requests waiting to be decoded; more are answered 429."""
+    max_beam: int = 16
+    max_len_offset: int = 256
+    """The largest max_len_offset a request may ask for."""
+
+
+def error(status: int, code: str, message: str, headers: dict | None = None, **extra):
+    """A JSON error response: {"error": CODE, "message": ..., and any `extra` that is not None}."""
+    from fastapi.responses import JSONResponse
+
+    body = {"error": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def number(x: float | None) -> float | None:
+    """A score for JSON: NaN and infinities (greedy's, an empty output's) as null."""
+    return None if x is None or not math.isfinite(x) else x
+
+
+def check_sentences(encode, sentences: list[str], limits: Limits, field: str = "sentences"):
+    """(a JSON error or None, the tokens of the sentences with EOS): each sentence valid Unicode and
+    within the token limit (`encode`: sentence -> token ids)."""
+    tokens = 0
+    for i, s in enumerate(sentences):
+        where = f"{field}.{i}" if len(sentences) > 1 or field == "sentences" else field
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return error(422, "invalid_request", f"{where}: not valid Unicode (a lone surrogate)", field=where), 0
+        n = len(encode(s))
+        if n > limits.max_tokens:
+            return error(422, "limit_exceeded", f"{where}: {n} subword tokens, more than {limits.max_tokens}",
+                         limit="max_tokens", value=limits.max_tokens, field=where), 0
+        tokens += n + 1
+    return None, tokens
+
+
+def note(request, text: str) -> None:
+    """Something for the request's log line (`serve.ops.RequestLog`)."""
+    request.scope.setdefault("state", {})["log_note"] = text
+
+
+async def wait_for_job(job, batcher, state: dict, request, poll: float):
+    """(the job's result, None) or (None, a JSON error response): 499 when the client goes away
+    (its job is dropped), 503 shutting_down when the shutdown's grace period is over (or the job
+    was never decoded because of it), 422 for a `RequestError`, 500 decoding_failed naming the
+    exception for any other failure of the decoding thread."""
+    future = asyncio.wrap_future(job.future)
+    while True:
+        done, _ = await asyncio.wait({future}, timeout=poll)
+        if done:
+            break
+        if state["expired"]:
+            batcher.cancel(job)
+            future.cancel()
+            return None, shutting_down(state)
+        if await request.is_disconnected():
+            batcher.cancel(job)
+            future.cancel()
+            note(request, "the client went away")
+            return None, error(499, "disconnected", "the client went away")
+    try:
+        return future.result(), None
+    except ShuttingDown:
+        return None, shutting_down(state)
+    except RequestError as e:
+        return None, error(422, "invalid_request", str(e))
+    except Exception as e:  # noqa: BLE001 - the decoding thread's failure, named, as JSON
+        message = f"decoding failed: {type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
+        note(request, message)
+        return None, error(500, "decoding_failed", message, exception=type(e).__name__)
+
+
+def shutting_down(state: dict):
+    grace = state.get("grace")
+    why = f"its grace period ({grace:g} s) is over" if state["expired"] and grace is not None else "it takes no new work"
+    return error(503, "shutting_down", f"the server is shutting down and {why}: send the request again (to another "
+                 "instance)", headers={"Retry-After": "1", "Connection": "close"})
+
+
+def search_fields(limits: Limits, defaults) -> dict:
+    """The search settings a request may give, as pydantic fields (name -> (type, Field)), with the
+    limits in them so that the OpenAPI document states them."""
+    from pydantic import Field
+
+    return {
+        "beam": (int, Field(defaults.beam, ge=1, le=limits.max_beam, description="beam size (6.1: 4)")),
+        "alpha": (float, Field(defaults.alpha, ge=0.0, le=10.0, allow_inf_nan=False,
+                               description="length penalty ((5+|Y|)/6)^alpha (6.1: 0.6)")),
+        "max_len_offset": (int, Field(defaults.max_len_offset, ge=0, le=limits.max_len_offset,
+                                      description="maximum output length = input length + this (6.1: 50)")),
+        "greedy": (bool, Field(False, description="greedy decoding (beam and alpha ignored)")),
+    }
+
+
+LIMIT_OF_FIELD = {"sentences": "max_sentences", "beam": "max_beam", "max_len_offset": "max_len_offset", "n_best": "max_beam"}
+"""Pydantic errors over a limit, by the field: the limit each names (a string too long: max_chars)."""

@@ -1,0 +1,124 @@
+"""The demo a person can look at: GET / is one page (demo.html beside this module, styles and
+script inline, nothing loaded from anywhere but the server itself: its Content-Security-Policy
+says so) to type or paste sentences, see each translation with its n-best and their scores, and
+click one to see what the model attends to: the page of `transduce attention`
+(`transduce.views.page`) for that sentence and that translation, and for a parsing model the
+tree as SVG (`transduce.parsing.svg`).
+
+POST /attention is the API under it:
+
+    {"source": "A dog runs .", "target": "Ein Hund rennt ." or null, "beam": 4, "alpha": 0.6,
+     "max_len_offset": 50, "greedy": false, "weights": true, "page": false}
+    -> {"attention": {... `transduce attention --json`'s format, transduce-attention/1 ...},
+        "page": "<!DOCTYPE html>..." or null, "tree": "(TOP ...)" or null, "svg": "<svg ...>" or null}
+
+The target is teacher-forced through the model (`transduce.views.weights.attention_data`, as
+`transduce attention --target` does); without one, the model's own translation with the search
+settings given is. Sentences are cut to 64 subword tokens per side (the views' cap; the JSON
+notes it). It runs on the decoding thread, in its turn (`Batcher.call`), under the same limits,
+queue and API key as /translate.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from .batcher import QueueFull, ShuttingDown
+from .common import Limits, check_sentences, error, search_fields, shutting_down, wait_for_job
+from .engines import Search
+
+CSP = ("default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+       "img-src data:; frame-src 'self'; base-uri 'none'; form-action 'none'")
+"""The page's Content-Security-Policy: nothing but the server's own origin, no external script,
+style, image or frame (the attention view is an iframe written from the page itself)."""
+
+
+class AttentionResponse(BaseModel):
+    attention: dict[str, Any] | None = Field(None, description="the weights (`transduce attention --json`'s format, "
+                                             "transduce-attention/1), if `weights`")
+    page: str | None = Field(None, description="the self-contained page that draws them, if `page`")
+    tree: str | None = Field(None, description="a parsing model: the tree of the target, bracketed")
+    svg: str | None = Field(None, description="a parsing model: that tree as an SVG picture")
+
+
+def attention_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
+    from typing import Annotated
+
+    from pydantic import StringConstraints
+
+    Sentence = Annotated[str, StringConstraints(max_length=limits.max_chars)]
+    return create_model(
+        "AttentionRequest", __config__=ConfigDict(extra="forbid", strict=True),
+        source=(Sentence, Field(description="one source sentence")),
+        target=(Sentence | None, Field(None, description="its translation, teacher-forced; null: the model's own")),
+        **search_fields(limits, defaults),
+        weights=(bool, Field(True, description="return the weights as JSON")),
+        page=(bool, Field(False, description="return the page that draws them (`transduce attention --html`)")),
+    )
+
+
+def page_html() -> str:
+    return resources.files(__package__).joinpath("demo.html").read_text(encoding="utf-8")
+
+
+def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth: list, errors: dict, poll: float) -> None:
+    """GET / (the page) and POST /attention."""
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse
+
+    AttentionRequest = attention_schema(limits, defaults)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def demo():
+        return HTMLResponse(page_html(), headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                                                  "Cache-Control": "no-store"})
+
+    async def attention(req, request: Request):
+        e, batcher = state["engine"], state["batcher"]
+        if e is None:
+            return error(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
+        if state["draining"]:
+            return shutting_down(state)
+        if e.attention is None:
+            return error(501, "not_supported", f"the {e.info.get('engine')} engine gives no attention weights: serve "
+                         "the PyTorch model (transduce serve MODEL, without --engine ct2)")
+        if not req.source.strip():
+            return error(422, "invalid_request", "source: an empty sentence has no attention to show", field="source")
+        if not (req.weights or req.page):
+            return error(422, "invalid_request", "ask for the weights, the page or both", field="weights")
+        problem, tokens = check_sentences(e.encode, [req.source], limits, field="source")
+        if problem is None and req.target is not None:
+            problem, _ = check_sentences(e.encode_target, [req.target], limits, field="target")
+        if problem is not None:
+            return problem
+        search = Search(req.beam, req.alpha, req.max_len_offset, 1, req.greedy)
+        try:
+            job = batcher.call(lambda: e.attention(req.source, req.target, search), tokens)
+        except QueueFull as exc:
+            return error(429, "queue_full", str(exc), headers={"Retry-After": "1"}, limit="max_queue",
+                         value=limits.max_queue)
+        except ShuttingDown:
+            return shutting_down(state)
+        data, problem = await wait_for_job(job, batcher, state, request, poll)
+        if problem is not None:
+            return problem
+        out: dict[str, Any] = {"attention": data if req.weights else None, "page": None, "tree": None, "svg": None}
+        if req.page:
+            from ..views.page import render_page
+
+            out["page"] = render_page(data, title=req.source[:80])
+        if e.tree is not None:
+            from ..parsing.svg import tree_svg
+
+            tree = e.tree(req.source, data["sentences"][0]["target_text"])
+            if tree is not None:
+                out["tree"], out["svg"] = str(tree), tree_svg(tree, title=" ".join(tree.leaves()))
+        return out
+
+    attention.__annotations__.update(req=AttentionRequest, request=Request)
+    app.post("/attention", response_model=AttentionResponse, dependencies=auth,
+             responses={**errors, 501: errors[400]},
+             summary="the attention weights of one sentence and its translation (transduce attention)")(attention)

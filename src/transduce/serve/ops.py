@@ -1,0 +1,166 @@
+"""Watching the server: its metrics (Prometheus, through the maintained client library), one log
+line per request with its id, and the optional API key.
+
+Metrics (GET /metrics, Prometheus's text format), each app with a registry of its own:
+
+    transduce_requests_total{endpoint,status}        requests answered
+    transduce_request_duration_seconds{endpoint}     latency, a histogram
+    transduce_requests_in_flight                     requests being answered
+    transduce_queue_depth                            requests waiting for the decoding thread
+    transduce_batch_sentences, transduce_batch_requests
+                                                     sentences / requests decoded together per round
+    transduce_source_tokens_total, transduce_output_tokens_total
+                                                     tokens decoded (sources with EOS; the best
+                                                     output of each sentence with EOS)
+    transduce_decode_seconds_total                   time the decoding thread spent decoding
+    transduce_output_tokens_per_second               output tokens per second of decoding over the
+                                                     rounds of the last minute (0 when idle)
+    transduce_decode_failures_total                  rounds that failed (their callers got 500)
+
+`rate(transduce_output_tokens_total[1m])` is the throughput; the gauge is the decoding speed.
+
+The request log: one line per request, "id=ID METHOD PATH STATUS SECONDS" and what the endpoint
+noted (sentences, a failure), on the logger "transduce.serve.requests". The id is the request's
+X-Request-ID header when it is a sane one (1 to 128 letters, digits and ._:-), else a new one;
+the response carries it in X-Request-ID.
+
+The API key, when set: required on /translate and /attention, as `Authorization: Bearer KEY` or
+`X-API-Key: KEY` (compared in constant time); without it, 401 JSON.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+from collections import deque
+
+ENDPOINTS = ("/", "/translate", "/attention", "/health", "/info", "/metrics", "/openapi.json")
+"""Paths counted by name in the metrics; any other is counted as "other"."""
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+SPEED_WINDOW = 60.0
+"""Seconds of rounds the tokens/s gauge is computed over."""
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+request_log = logging.getLogger("transduce.serve.requests")
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of their own (see the module docstring)."""
+
+    def __init__(self, queue_depth):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("transduce_requests", "HTTP requests answered, by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.latency = Histogram("transduce_request_duration_seconds", "Time to answer a request, by endpoint",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.in_flight = Gauge("transduce_requests_in_flight", "Requests being answered", registry=r)
+        Gauge("transduce_queue_depth", "Requests waiting for the decoding thread", registry=r).set_function(queue_depth)
+        self.batch_sentences = Histogram("transduce_batch_sentences", "Sentences decoded together in one round of "
+                                         "the decoding thread", buckets=BATCH_BUCKETS, registry=r)
+        self.batch_requests = Histogram("transduce_batch_requests", "Requests decoded together in one round",
+                                        buckets=BATCH_BUCKETS, registry=r)
+        self.source_tokens = Counter("transduce_source_tokens", "Source subword tokens decoded, EOS included", registry=r)
+        self.output_tokens = Counter("transduce_output_tokens", "Output tokens of the best hypothesis of each "
+                                     "sentence decoded, EOS included", registry=r)
+        self.decode_seconds = Counter("transduce_decode_seconds", "Seconds the decoding thread spent decoding", registry=r)
+        self.failures = Counter("transduce_decode_failures", "Decoding rounds that failed", registry=r)
+        self._recent: deque[tuple[float, int, float]] = deque()  # (ended, output tokens, seconds)
+        Gauge("transduce_output_tokens_per_second", f"Output tokens per second of decoding, over the rounds of the "
+              f"last {SPEED_WINDOW:g} s (0 when idle)", registry=r).set_function(self._speed)
+
+    def round(self, jobs, seconds: float, results, error) -> None:
+        """A round of the decoding thread (`Batcher(on_round=...)`)."""
+        self.decode_seconds.inc(seconds)
+        if error is not None:
+            self.failures.inc()
+            return
+        out = sum(len(cands[0].tokens) + 1 for cands in results if cands)
+        self.batch_sentences.observe(len(results))
+        self.batch_requests.observe(len(jobs))
+        self.source_tokens.inc(sum(j.tokens for j in jobs))
+        self.output_tokens.inc(out)
+        now = time.monotonic()
+        self._recent.append((now, out, seconds))
+        while self._recent and self._recent[0][0] < now - SPEED_WINDOW:
+            self._recent.popleft()
+
+    def _speed(self) -> float:
+        now = time.monotonic()
+        recent = [(n, s) for t, n, s in list(self._recent) if t >= now - SPEED_WINDOW]
+        seconds = sum(s for _, s in recent)
+        return sum(n for n, _ in recent) / seconds if seconds > 0 else 0.0
+
+    def exposition(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class RequestLog:
+    """ASGI middleware, outermost: gives each request its id (echoed in X-Request-ID), counts it in
+    the metrics and writes its one log line when it is answered."""
+
+    def __init__(self, app, metrics: Metrics | None):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope.get("headers", [])).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        status = [500]
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(message)
+
+        path = scope.get("path", "")
+        endpoint = path if path in ENDPOINTS else "other"
+        started = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            seconds = time.perf_counter() - started
+            if self.metrics is not None:
+                self.metrics.in_flight.dec()
+                self.metrics.requests.labels(endpoint, str(status[0])).inc()
+                self.metrics.latency.labels(endpoint).observe(seconds)
+            client = scope.get("client") or ("-", 0)
+            extra = " ".join(x for x in (state.get("log_sentences"), state.get("log_note")) if x)
+            request_log.info("id=%s %s %s %d %.3fs client=%s%s", rid, scope.get("method", "-"), path, status[0],
+                             seconds, client[0], f" {extra}" if extra else "")
+
+
+def api_key_dependency(key: str):
+    """A FastAPI dependency requiring `key` (as a bearer token or X-API-Key): both schemes appear in
+    the OpenAPI document."""
+    from fastapi import Depends, HTTPException
+    from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+
+    bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer KEY (--api-key, $TRANSDUCE_API_KEY)")
+    header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key (--api-key, $TRANSDUCE_API_KEY)")
+    expected = key.encode()
+
+    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
+                    given: str | None = Depends(header)) -> None:
+        for candidate in (credentials.credentials if credentials else None, given):
+            if candidate is not None and hmac.compare_digest(candidate.encode(), expected):
+                return
+        raise HTTPException(401, "an API key is required: send Authorization: Bearer KEY or X-API-Key: KEY",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+    return Depends(check)
