@@ -3,7 +3,6 @@ errors as JSON and never a 500, disconnects, loading, the server's output equal 
 `transduce translate`'s, and a property-based test of the API against its own OpenAPI document
 (schemathesis, positive and negative cases)."""
 
-import contextlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ import torch
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from serving import live, until  # noqa: E402
 from tiny_models import SRC_WORDS, make_model, sentences  # noqa: E402
 
 from transduce.cli import main  # noqa: E402
@@ -60,26 +60,6 @@ def recording(model_dir):
     model.load_state_dict(loaded.model.state_dict())
     loaded.model = model.eval()
     return loaded
-
-
-@contextlib.contextmanager
-def live(app):
-    """The app served by uvicorn on a free loopback port, in a thread: yields its base URL."""
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 def post(url, body, **kw):
@@ -305,13 +285,6 @@ def test_queue_full_is_429_with_retry_after_and_a_disconnect_leaves_the_others_a
     for name, text in (("held", "a man runs"), ("waiting", "the dog")):
         assert answers[name].json()["translations"][0]["text"] == translate_lines(
             loaded.model, loaded.src_vocab, loaded.tgt_vocab, [text], beam=2, max_len_offset=3)[0]
-
-
-def until(condition, timeout: float = 10.0) -> None:
-    deadline = time.time() + timeout
-    while not condition():
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def _open_request(url, body) -> socket.socket:

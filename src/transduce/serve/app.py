@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..translate import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, QueueFull, ShuttingDown
-from .common import LIMIT_OF_FIELD, Limits, check_sentences, error, note, number, search_fields, shutting_down, wait_for_job
+from .common import LIMIT_OF_FIELD, Limits, check_sentences, error, number, search_fields, shutting_down, wait_for_job
 from .engines import Engine, Search, ct2_engine, torch_engine  # noqa: F401 - the API's names, as before
 
 log = logging.getLogger("transduce.serve")
@@ -325,6 +325,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
                          limit="max_queue", value=limits.max_queue)
         except ShuttingDown:
             return shutting_down(state)
+        except RuntimeError as exc:  # the decoding thread has ended: say so, never wait
+            return error(500, "decoding_failed", str(exc))
         results, problem = await wait_for_job(job, batcher, state, request, poll_disconnect)
         if problem is not None:
             return problem

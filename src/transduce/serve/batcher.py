@@ -206,7 +206,7 @@ class Batcher:
                 except BaseException as e:  # noqa: BLE001 - a fault outside `translate`: fail the round's jobs
                     for j in jobs:
                         if not j.future.done():
-                            j.future.set_exception(e)
+                            j.future.set_exception(_plain(e))
                     if not isinstance(e, Exception):
                         raise
                     log.exception("a decoding round failed")
@@ -214,7 +214,6 @@ class Batcher:
             self._ended = f"{type(e).__name__}: {e}"
             log.critical("the decoding thread ended: %s", self._ended, exc_info=e)
             self.fail_queued(RuntimeError(f"the decoding thread ended ({self._ended})"))
-            raise
 
     def _round(self, jobs: list[Job]) -> None:
         """Decode one round (or run one call) and hand each job its results, or the round's error."""
@@ -245,7 +244,7 @@ class Batcher:
             log.error("decoding failed for %d request(s), %d sentence(s): %s: %s", len(jobs), len(sentences),
                       type(error).__name__, error, exc_info=error)
             for j in jobs:
-                j.future.set_exception(error)
+                j.future.set_exception(_plain(error))
             return
         if jobs[0].call is not None:
             jobs[0].future.set_result(value)
@@ -258,3 +257,9 @@ class Batcher:
         for j in jobs:
             j.future.set_result(results[start : start + len(j.sentences)])
             start += len(j.sentences)
+
+
+def _plain(e: BaseException) -> Exception:
+    """What a caller's future holds: an Exception (a KeyboardInterrupt or SystemExit raised in the
+    decoding thread becomes a RuntimeError naming it, never re-raised in the server's event loop)."""
+    return e if isinstance(e, Exception) else RuntimeError(f"{type(e).__name__} in the decoding thread: {e}")

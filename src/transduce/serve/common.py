@@ -43,10 +43,11 @@ def number(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-def check_sentences(encode, sentences: list[str], limits: Limits, field: str = "sentences"):
+def check_sentences(encode, sentences: list[str], limits: Limits, field: str = "sentences", extra: int = 0):
     """(a JSON error or None, the tokens of the sentences with EOS): each sentence valid Unicode and
-    within the token limit (`encode`: sentence -> token ids)."""
+    within the token limit, max_tokens (+ `extra`) (`encode`: sentence -> token ids)."""
     tokens = 0
+    most = limits.max_tokens + extra
     for i, s in enumerate(sentences):
         where = f"{field}.{i}" if len(sentences) > 1 or field == "sentences" else field
         try:
@@ -54,8 +55,9 @@ def check_sentences(encode, sentences: list[str], limits: Limits, field: str = "
         except UnicodeEncodeError:
             return error(422, "invalid_request", f"{where}: not valid Unicode (a lone surrogate)", field=where), 0
         n = len(encode(s))
-        if n > limits.max_tokens:
-            return error(422, "limit_exceeded", f"{where}: {n} subword tokens, more than {limits.max_tokens}",
+        if n > most:
+            how = f" (max_tokens + max_len_offset: the longest output the server gives)" if extra else ""
+            return error(422, "limit_exceeded", f"{where}: {n} subword tokens, more than {most}{how}",
                          limit="max_tokens", value=limits.max_tokens, field=where), 0
         tokens += n + 1
     return None, tokens

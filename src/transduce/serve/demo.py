@@ -14,8 +14,9 @@ POST /attention is the API under it:
 
 The target is teacher-forced through the model (`transduce.views.weights.attention_data`, as
 `transduce attention --target` does); without one, the model's own translation with the search
-settings given is. Sentences are cut to 64 subword tokens per side (the views' cap; the JSON
-notes it). It runs on the decoding thread, in its turn (`Batcher.call`), under the same limits,
+settings given is. A target may be as long as an output of the server (max_tokens +
+max_len_offset subword tokens). Sentences are cut to 64 subword tokens per side (the views' cap;
+the JSON and the page note it). It runs on the decoding thread, in its turn (`Batcher.call`), under the same limits,
 queue and API key as /translate.
 """
 
@@ -53,7 +54,8 @@ def attention_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
     return create_model(
         "AttentionRequest", __config__=ConfigDict(extra="forbid", strict=True),
         source=(Sentence, Field(description="one source sentence")),
-        target=(Sentence | None, Field(None, description="its translation, teacher-forced; null: the model's own")),
+        # as long as an output of the server may be: max_tokens + max_len_offset tokens (checked), any characters
+        target=(str | None, Field(None, description="its translation, teacher-forced; null: the model's own")),
         **search_fields(limits, defaults),
         weights=(bool, Field(True, description="return the weights as JSON")),
         page=(bool, Field(False, description="return the page that draws them (`transduce attention --html`)")),
@@ -91,7 +93,7 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
             return error(422, "invalid_request", "ask for the weights, the page or both", field="weights")
         problem, tokens = check_sentences(e.encode, [req.source], limits, field="source")
         if problem is None and req.target is not None:
-            problem, _ = check_sentences(e.encode_target, [req.target], limits, field="target")
+            problem, _ = check_sentences(e.encode_target, [req.target], limits, field="target", extra=limits.max_len_offset)
         if problem is not None:
             return problem
         search = Search(req.beam, req.alpha, req.max_len_offset, 1, req.greedy)
@@ -102,6 +104,8 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
                          value=limits.max_queue)
         except ShuttingDown:
             return shutting_down(state)
+        except RuntimeError as exc:  # the decoding thread has ended: say so, never wait
+            return error(500, "decoding_failed", str(exc))
         data, problem = await wait_for_job(job, batcher, state, request, poll)
         if problem is not None:
             return problem
