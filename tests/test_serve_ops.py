@@ -394,3 +394,14 @@ def test_the_command_takes_its_api_key_from_the_environment(model_dir):
     assert "an API key is required" in out and "from-env" not in out + err  # never printed
     assert [line for line in err.splitlines() if "id=env-1 " in line and "POST /translate 200" in line]
     assert json.loads(denied.text)["error"] == "unauthorized"
+
+
+def test_the_command_names_the_extra_when_the_metrics_library_is_missing(model_dir, monkeypatch, capsys):
+    import sys
+
+    from transduce.cli import main
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    assert main(["serve", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "prometheus_client" in err and "pip install 'transduce[serve]'" in err, err
