@@ -187,3 +187,23 @@ def test_slurm_jobs_run_the_train_commands_then_the_experiment_measures_them(dat
     assert main(["experiment", "--data", str(data), "--out", str(out), "--variants", "C6", *RECIPE[:1], "2",
                  *RECIPE[2:], *MACHINE]) == 0
     assert "1 rows: C6 measured" in capsys.readouterr().out
+
+
+def test_each_rows_direction_against_base_is_set_beside_the_papers():
+    from transduce.experiments.plan import TABLE3
+    from transduce.experiments.table import PAPER, directions, directions_markdown
+    assert set(PAPER) == set(TABLE3)
+    rows = [{"variant": "base", "dev_ppl": 10.0, "dev_bleu": 30.0},
+            {"variant": "A1", "dev_ppl": 11.0, "dev_bleu": 29.0},   # worse, as the paper's A1
+            {"variant": "C7", "dev_ppl": 10.1, "dev_bleu": 30.2},   # within noise: the paper's C7 is better
+            {"variant": "A3", "dev_ppl": 9.0, "dev_bleu": 30.1}]    # paper's A3: -0.2% PPL, same BLEU
+    d = {x["variant"]: x for x in directions(rows)}
+    assert set(d) == {"A1", "C7", "A3"}
+    assert (d["A1"]["paper_ppl_dir"], d["A1"]["here_ppl_dir"], d["A1"]["ppl_holds"]) == ("worse", "worse", True)
+    assert d["A1"]["bleu_holds"] and abs(d["A1"]["here_dbleu"] + 1.0) < 1e-9
+    assert (d["C7"]["paper_ppl_dir"], d["C7"]["here_ppl_dir"], d["C7"]["ppl_holds"]) == ("better", "=", False)
+    assert (d["A3"]["paper_ppl_dir"], d["A3"]["here_ppl_dir"]) == ("=", "better")
+    assert d["A3"]["paper_bleu_dir"] == "=" and d["A3"]["here_bleu_dir"] == "="
+    text = "\n".join(directions_markdown(rows))
+    assert "holds here for 1 of 3 rows in perplexity" in text and "| A1 | 5.29 | 24.9 |" in text
+    assert directions([r for r in rows if r["variant"] != "base"]) == []

@@ -20,6 +20,72 @@ COLUMNS = ("variant", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_
 """The CSV's columns, in order (the JSON has the same keys)."""
 
 
+PAPER = {  # Table 3 of the paper: PPL (dev), BLEU (dev), params x10^6 (newstest2013, English-German)
+    "base": (4.92, 25.8, 65), "A1": (5.29, 24.9, None), "A2": (5.00, 25.5, None), "A3": (4.91, 25.8, None),
+    "A4": (5.01, 25.4, None), "B1": (5.16, 25.1, 58), "B2": (5.01, 25.4, 60), "C1": (6.11, 23.7, 36),
+    "C2": (5.19, 25.3, 50), "C3": (4.88, 25.5, 80), "C4": (5.75, 24.5, 28), "C5": (4.66, 26.0, 168),
+    "C6": (5.12, 25.4, 53), "C7": (4.75, 26.2, 90), "D1": (5.77, 24.6, None), "D2": (4.95, 25.5, None),
+    "D3": (4.67, 25.3, None), "D4": (5.47, 25.7, None), "E": (4.92, 25.7, None), "big": (4.33, 26.4, 213),
+}
+"""The paper's Table 3, to set each row's direction against base beside ours."""
+
+SAME = {"paper": (0.01, 0.15), "here": (0.02, 0.5)}
+"""What counts as no change against base: (relative perplexity, BLEU points). The paper's figures
+are printed to 0.01 PPL and 0.1 BLEU; ours are one seed at a reduced scale, whose noise is larger."""
+
+
+def _direction(d: float, same: float, lower_is_better: bool) -> str:
+    if abs(d) <= same:
+        return "="
+    return "better" if (d < 0) == lower_is_better else "worse"
+
+
+def directions(rows: list[dict]) -> list[dict]:
+    """For every row but base: the paper's and our change against base, in perplexity and BLEU,
+    and whether the direction holds (`=` is a change within `SAME`)."""
+    base = next((r for r in rows if r["variant"] == "base"), None)
+    if base is None:
+        return []
+    out = []
+    for r in rows:
+        v = r["variant"]
+        if v == "base" or v not in PAPER:
+            continue
+        (pp, pb, _), (bp, bb, _) = PAPER[v], PAPER["base"]
+        d = {"variant": v, "paper_ppl": pp, "paper_bleu": pb,
+             "paper_dppl": pp / bp - 1, "paper_dbleu": pb - bb,
+             "here_dppl": r["dev_ppl"] / base["dev_ppl"] - 1, "here_dbleu": r["dev_bleu"] - base["dev_bleu"]}
+        for who in ("paper", "here"):
+            d[f"{who}_ppl_dir"] = _direction(d[f"{who}_dppl"], SAME[who][0], True)
+            d[f"{who}_bleu_dir"] = _direction(d[f"{who}_dbleu"], SAME[who][1], False)
+        d["ppl_holds"] = d["paper_ppl_dir"] == d["here_ppl_dir"]
+        d["bleu_holds"] = d["paper_bleu_dir"] == d["here_bleu_dir"]
+        out.append(d)
+    return out
+
+
+def directions_markdown(rows: list[dict]) -> list[str]:
+    ds = directions(rows)
+    if not ds:
+        return []
+    lines = ["", "## Against the paper: each row's change against base, there and here", "",
+             f"Direction: better / worse / `=` (within {100 * SAME['paper'][0]:g}% PPL and {SAME['paper'][1]:g} BLEU "
+             f"for the paper, {100 * SAME['here'][0]:g}% and {SAME['here'][1]:g} here: one seed at a reduced scale).", "",
+             "| | paper PPL | paper BLEU | paper: PPL vs base | here: PPL vs base | holds | paper: BLEU vs base "
+             "| here: BLEU vs base | holds |", "|---|---|---|---|---|---|---|---|---|"]
+    for d in ds:
+        lines.append(
+            f"| {d['variant']} | {d['paper_ppl']:.2f} | {d['paper_bleu']:.1f} "
+            f"| {100 * d['paper_dppl']:+.1f}% {d['paper_ppl_dir']} | {100 * d['here_dppl']:+.1f}% {d['here_ppl_dir']} "
+            f"| {'yes' if d['ppl_holds'] else '**no**'} "
+            f"| {d['paper_dbleu']:+.1f} {d['paper_bleu_dir']} | {d['here_dbleu']:+.1f} {d['here_bleu_dir']} "
+            f"| {'yes' if d['bleu_holds'] else '**no**'} |")
+    held = sum(d["ppl_holds"] for d in ds), sum(d["bleu_holds"] for d in ds)
+    lines += ["", f"The paper's direction holds here for {held[0]} of {len(ds)} rows in perplexity and {held[1]} "
+              f"of {len(ds)} in BLEU."]
+    return lines
+
+
 def _duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f} s"
@@ -65,6 +131,7 @@ def markdown(rows: list[dict], recipe: Recipe, data_dir: Path, planned: int, ave
         "|" + "---|" * len(head),
     ]
     lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    lines += directions_markdown(rows)
     return "\n".join(lines) + "\n"
 
 
@@ -115,7 +182,8 @@ def write_table(out: Path, rows: list[dict], recipe: Recipe, data_dir: Path, pla
     the paths written."""
     written = []
     summary = {"scale": recipe.scale_note(), "reduced_scale": recipe.reduced, "recipe": recipe.to_dict(),
-               "data_dir": str(data_dir), "decoding": DECODING, "checkpoint_average": average, "rows": rows}
+               "data_dir": str(data_dir), "decoding": DECODING, "checkpoint_average": average, "rows": rows,
+               "against_paper": directions(rows)}
     for name, text in (("table.md", markdown(rows, recipe, data_dir, planned, average)), ("table.csv", to_csv(rows)),
                        ("table.json", json.dumps(summary, indent=2) + "\n")):
         atomic_write_text(out / name, text)
