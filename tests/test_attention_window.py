@@ -157,3 +157,59 @@ def test_exports_refuse_a_window_in_one_line(tmp_path, capsys, fmt):
     err = capsys.readouterr().err
     assert err.startswith("transduce export: error: ") and err.count("\n") == 1 and "attention_window" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_attention_views_show_the_window(tmp_path):
+    """`transduce attention` on a windowed model: zero weight outside the window, the JSON's masks
+    and the figures mark those cells as blocked by the window, and the page draws them so."""
+    from test_views_browser import chromium_executable
+    from transduce.translate import load_translation_model
+    from transduce.views import figures
+    from transduce.views.weights import compute_attention, to_json
+
+    r = 2
+    model_dir = make_model(tmp_path / "m", attention_window=r)
+    loaded = load_translation_model(model_dir)
+    v = loaded.src_vocab
+    sources = [v.encode("a dog runs on the grass with a red ball"), v.encode("two children play")]
+    targets = [v.encode("two children play with a dog on the grass"), v.encode("a dog")]
+    data = to_json(compute_attention(loaded.model, sources, targets), v, v)
+    assert data["attention_window"] == r
+    blocked = 0
+    for kind in ("encoder", "decoder_self"):
+        for s, sentence in enumerate(data["sentences"]):
+            w = torch.tensor(sentence["attention"][kind])  # (L, h, q, k), real tokens
+            mask = torch.tensor(data["batch"]["masks"][kind][s])
+            cats, q_pad = figures.mask_categories(data, s, kind)
+            for i in range(w.size(2)):
+                for j in range(w.size(3)):
+                    if abs(i - j) > r:
+                        assert (w[:, :, i, j] == 0).all() and mask[i, j] == 0
+                        assert cats[i][j] in ("window", "causal")
+                        blocked += cats[i][j] == "window"
+    assert blocked > 50
+    assert all(c != "window" for row in figures.mask_categories(data, 0, "decoder_cross")[0] for c in row)
+    hatched = figures.heatmap_figure(data, kind="encoder", layer=0, sentence=0)
+    assert hatched != figures.heatmap_figure({**data, "attention_window": None}, kind="encoder", layer=0, sentence=0)
+    assert figures.masks_figure(data, sentences=[1]).startswith(b"\x89PNG")
+
+    html = tmp_path / "a.html"
+    args = ["attention", str(model_dir), "a dog runs on the grass with a red ball", "--target", "two children play",
+            "--html", str(html)]
+    assert main(args) == 0
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_executable())
+        try:
+            page = b.new_page()
+            page.goto(html.as_uri())
+            page.select_option("#view-kind", value="heatmap")
+            outside = page.eval_on_selector_all("#view svg.heatmap[data-h='0'] rect.cell[data-outside]",
+                                                "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, +r.dataset.w])")
+            assert outside and all(abs(i - j) > r and w == 0 for i, j, w in outside)
+            page.select_option("#view-kind", value="masks")
+            cats = page.eval_on_selector_all("#masks rect.mask", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, r.dataset.cat])")
+            assert {(i, j) for i, j, c in cats if c == "window"} == {(i, j) for i, j, c in cats if abs(i - j) > r}
+            assert "outside the window (r = 2)" in page.inner_text("#view")
+        finally:
+            b.close()
