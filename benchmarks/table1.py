@@ -26,7 +26,8 @@ What is measured, per layer type and n (d = 512, r = 64, k = 3 unless the option
   (`mkldnn_rnn_layer`: 2 T B 4h (d + h) forward, twice that backward; checked against the count of
   torch's step-by-step LSTM by tests/test_table1_bench.py). Element-wise work is not counted.
 * wall time, forward and backward (the backward of a random gradient of the output), each the
-  median of several repeats after a warm-up (fewer repeats where a point takes long).
+  fastest of several repeats after a warm-up (fewer repeats where a point takes long; the
+  medians are in the JSON): the fastest, because other work on the machine only adds time.
 * peak memory: the process's peak resident set (VmHWM, /proc/self/status) above its resident
   set before the forward, the peak reset before each point (/proc/self/clear_refs, "5"), with
   glibc's mmap threshold fixed at 64 KiB so that tensor memory goes back to the system when
@@ -210,9 +211,9 @@ def count_flops(layer: nn.Module, x: Tensor) -> tuple[int, int]:
 # -- time and memory ------------------------------------------------------------------------------
 
 
-def time_point(layer: nn.Module, x: Tensor, budget_s: float, max_repeats: int) -> tuple[float, float, int]:
-    """Median forward and backward seconds, after one warm-up; repeats until `budget_s` is spent
-    (at least 2, at most max_repeats)."""
+def time_point(layer: nn.Module, x: Tensor, budget_s: float, max_repeats: int) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of each repeat, after one warm-up; repeats until `budget_s`
+    is spent (at least 2, at most max_repeats)."""
     g = torch.randn_like(layer(x).detach())
     layer(x).backward(g)  # warm-up
     fwd, bwd, started = [], [], time.perf_counter()
@@ -225,7 +226,7 @@ def time_point(layer: nn.Module, x: Tensor, budget_s: float, max_repeats: int) -
         fwd.append(t1 - t0)
         bwd.append(t2 - t1)
         x.grad = None
-    return statistics.median(fwd), statistics.median(bwd), len(fwd)
+    return fwd, bwd
 
 
 def _status_kib(field: str) -> int:
@@ -308,17 +309,25 @@ def path_layers(kind: str, n: int, d: int, r: int, k: int, max_layers: int, back
     `backwards`), by the gradient; with the traced chain of dependent products of that stack."""
     torch.manual_seed(0)
     x = torch.randn(1, n, d, dtype=torch.float64, requires_grad=True)
-    layers, h, outs = [], x, []
-    for depth in range(1, max_layers + 1):
-        dil = k ** (depth - 1) if kind == "dilated convolution" else 1
-        layer = make_layer(kind, d, heads=2, r=r, k=k, dilation=dil).double()
-        layers.append(layer)
-        h = layer(h)
-        (grad,) = torch.autograd.grad(h[0, 0 if backwards else n - 1].sum(), x, retain_graph=True)
-        if grad[0, n - 1 if backwards else 0].abs().max() > 0:
-            stack = nn.Sequential(*layers)
-            return {"layers": depth, "products_on_path": product_depth(stack, x.detach())}
-    return {"layers": None, "products_on_path": None}  # not reached (causal, or beyond max_layers)
+    layers = [make_layer(kind, d, heads=2, r=r, k=k, dilation=k ** i if kind == "dilated convolution" else 1).double()
+              for i in range(max_layers)]
+
+    def reaches(depth: int) -> bool:
+        h = x
+        for layer in layers[:depth]:
+            h = layer(h)
+        (grad,) = torch.autograd.grad(h[0, 0 if backwards else n - 1].sum(), x)
+        return bool(grad[0, n - 1 if backwards else 0].abs().max() > 0)
+
+    lo, hi = 0, 1  # reaching is monotone in the depth: double, then bisect
+    while not reaches(hi):
+        if hi == max_layers:
+            return {"layers": None, "products_on_path": None}  # not reached (causal, or beyond max_layers)
+        lo, hi = hi, min(2 * hi, max_layers)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
+    return {"layers": hi, "products_on_path": product_depth(nn.Sequential(*layers[:hi]), x.detach())}
 
 
 # -- fits, tables, figure --------------------------------------------------------------------------
@@ -376,8 +385,13 @@ def summarize(result: dict) -> dict:
     att = {p["n"]: p["time_fwd"] + p["time_bwd"] for p in result["points"].get("self-attention", [])}
     for other in ("recurrent", "convolution", "separable", "restricted (banded)"):
         o = {p["n"]: p["time_fwd"] + p["time_bwd"] for p in result["points"].get(other, [])}
-        passed = [n for n in sorted(set(att) & set(o)) if att[n] > o[n]]
-        cross[other] = passed[0] if passed else None
+        both = sorted(set(att) & set(o))
+        first = None  # the smallest n from which attention is slower at every larger n measured
+        for n in reversed(both):
+            if att[n] <= o[n]:
+                break
+            first = n
+        cross[other] = first
     return {"fits": out, "attention_slower_from_n": cross}
 
 
@@ -417,8 +431,8 @@ def markdown(result: dict) -> str:
     for kind, pts in result["points"].items():
         by = {p["n"]: (p["time_fwd"] + p["time_bwd"]) * 1e3 for p in pts}
         lines.append(f"| {kind} | " + " | ".join(f"{by[n]:.2f}" if n in by else "–" for n in ns) + " |")
-    lines += ["", "Attention's time passes the other layer's from n = "
-              + ", ".join(f"{k}: {fmt(v)}" for k, v in s["attention_slower_from_n"].items()) + " (first measured n)."]
+    lines += ["", "Self-attention (forward + backward) is slower than the other layer at every measured n from n = "
+              + ", ".join(f"{k}: {fmt(v)}" for k, v in s["attention_slower_from_n"].items()) + " ('–': not at the largest n measured together)."]
     if result["stopped"]:
         lines += ["", "Stopped: " + "; ".join(f"{k} after n = {v['n']} ({v['why']})" for k, v in result["stopped"].items())]
     return "\n".join(lines) + "\n"
@@ -483,9 +497,11 @@ def run(args) -> dict:
                             F.scaled_dot_product_attention(q, k, v, attn_mask=None if layer.window is None else
                                                            window_mask(n, window=layer.window))
             x.grad = None
-            t_fwd, t_bwd, reps = time_point(layer, x, args.budget, args.repeats)
+            fwd, bwd = time_point(layer, x, args.budget, args.repeats)
+            t_fwd, t_bwd = min(fwd), min(bwd)  # the fastest repeat: the usual defence against interference
             pts.append({"n": n, "flops_fwd": flops_fwd, "flops_bwd": flops_bwd, "flops_attention_fwd": att.get_total_flops(),
-                        "time_fwd": t_fwd, "time_bwd": t_bwd, "repeats": reps})
+                        "time_fwd": t_fwd, "time_bwd": t_bwd, "median_fwd": statistics.median(fwd),
+                        "median_bwd": statistics.median(bwd), "repeats": len(fwd)})
             bar.update()
             total = t_fwd + t_bwd
             predicted = total * 4.0  # the next n is twice this one: at most quadratic
