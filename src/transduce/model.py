@@ -36,6 +36,9 @@ positions", 3.2.3) mask:
     src_mask  (B, 1, 1, S)  = padding_mask(src, pad)                  encoder self-attn, cross-attn
     tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
 
+With `ModelConfig.attention_window` r (Table 1's restricted self-attention), `Encoder` and
+`Decoder` narrow their self-attention masks to |i - j| <= r (`within_window`); cross-attn stays full.
+
 PyTorch's `nn.Transformer` takes six masks and three `*_is_causal` flags, with the opposite
 polarity (a bool mask is True where attention is NOT allowed): what to pass it for transduce's
 masks, and back, is the table "The mask convention" in docs/paper_map.md, every row checked
