@@ -53,7 +53,8 @@ def test_every_deviation_defaults_to_the_papers_choice():
     rows = _deviation_rows()
     assert len(rows) >= 10
     for deviation, options, default in rows:
-        expected = json.loads(default.strip("`").replace("True", "true").replace("False", "false"))
+        expected = json.loads(default.strip("`").replace("True", "true").replace("False", "false")
+                              .replace("None", "null"))
         for name in re.findall(r"`(transduce(?:\.\w+)+)`", options):
             owner, field = name.rsplit(".", 1)
             cls = resolve(owner)

@@ -70,6 +70,12 @@ class ModelConfig:
     source, the word each subword belongs to; on the target, the words emitted so far (the leaves
     of a linearized tree), i.e. the word the next leaf stands for. Which symbols start or are
     words is stored with the model (`WordPositions`). False: the paper."""
+    attention_window: int | None = None
+    """r of restricted self-attention (Section 4, Table 1's fourth row): each position attends
+    only to the positions within r of it (|i - j| <= r; in the decoder, itself and the r before
+    it), in the encoder's and the decoder's self-attention; encoder-decoder attention stays full.
+    The paper's "neighborhood of size r centered around the respective output position" read as
+    r on each side. None: full self-attention, the paper's models."""
     layer_norm_eps: float = 1e-6
     """LayerNorm epsilon (not stated in the paper; tensor2tensor's value)."""
     pad_id: int = PAD
@@ -103,6 +109,10 @@ class ModelConfig:
         for name in ("n_layers", "d_model", "d_ff", "n_heads", "head_dim_k", "head_dim_v"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.attention_window is not None and (isinstance(self.attention_window, bool)
+                                                  or not isinstance(self.attention_window, int)
+                                                  or self.attention_window < 0):
+            raise ValueError(f"attention_window must be a whole number >= 0 or None, not {self.attention_window!r}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError("dropout rates must be in [0, 1)")
 

@@ -19,6 +19,9 @@ Read it next to the paper:
 * 5.4   dropout (`nn.Dropout`, P_drop) on every sub-layer output before the residual add, and on
         the sums of the embeddings and the positional encodings.
 
+Section 4 (Table 1), an option (`ModelConfig.attention_window`, off by default): restricted
+self-attention, `window_mask`, applied by `Encoder` and `Decoder` to their self-attention masks.
+
 Not in the paper, an option (`ModelConfig.word_positions`, off by default): `WordPositions`, a
 learned vector for the index of the word each position is at, added beside 3.5's positions.
 
@@ -32,6 +35,9 @@ positions", 3.2.3) mask:
 
     src_mask  (B, 1, 1, S)  = padding_mask(src, pad)                  encoder self-attn, cross-attn
     tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
+
+With `ModelConfig.attention_window` r (Table 1's restricted self-attention), `Encoder` and
+`Decoder` narrow their self-attention masks to |i - j| <= r (`within_window`); cross-attn stays full.
 
 PyTorch's `nn.Transformer` takes six masks and three `*_is_causal` flags, with the opposite
 polarity (a bool mask is True where attention is NOT allowed): what to pass it for transduce's
@@ -76,6 +82,32 @@ def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | Non
     q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]
     return (k_pos <= q_pos)[None, None]
+
+
+def window_mask(q_len: int, k_len: int | None = None, window: int = 0, device: torch.device | None = None) -> Tensor:
+    """(1, 1, q_len, k_len): query i may attend key j iff |i + (k_len - q_len) - j| <= window.
+
+    Restricted self-attention (Section 4, Table 1's fourth row; `ModelConfig.attention_window`,
+    off by default): each position attends to the positions within `window` of it; with the causal
+    mask, to itself and the `window` positions before it. Offsets as in `causal_mask`."""
+    k_len = q_len if k_len is None else k_len
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    return ((q_pos - k_pos).abs() <= window)[None, None]
+
+
+def within_window(mask: Tensor | None, window: int | None, q_len: int, k_len: int,
+                  device: torch.device | None = None) -> Tensor | None:
+    """A self-attention mask restricted to `window_mask` (unchanged where `window` is None, the
+    paper). A query whose window holds no key `mask` allows (only a padding query, whose output
+    is ignored) keeps its row of `mask`, so that no row of the scores is empty."""
+    if window is None:
+        return mask
+    band = window_mask(q_len, k_len, window, device)
+    if mask is None:
+        return band
+    restricted = mask & band
+    return restricted | (mask & ~restricted.any(-1, keepdim=True))
 
 
 def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Tensor | None]:
@@ -418,15 +450,17 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
         # Pre-norm leaves the last residual sum un-normalised; post-norm needs no final norm.
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
+        self.window = c.attention_window  # Table 1's restricted self-attention; None: the paper
 
     def forward(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
+        self_mask = within_window(src_mask, self.window, src.size(1), src.size(1), src.device)
         x = self.embed(src) + self.positions(src.size(1))  # (B, S, d_model)
         if self.words is not None:  # not in the paper: ModelConfig.word_positions
             x = x + self.words.source(src)
         x = self.dropout(x)
         all_weights = []
         for layer in self.layers:
-            x, w = layer(x, src_mask, need_weights)
+            x, w = layer(x, self_mask, need_weights)
             all_weights.append(w)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -442,10 +476,13 @@ class Decoder(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
         self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
+        self.window = c.attention_window  # Table 1's restricted self-attention; None: the paper
 
     def forward(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor, tgt_mask: Tensor | None,
                 cache: DecoderCache | None = None, need_weights: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = cache.length if cache is not None else 0
+        # with a window, the cached keys too: the step at position t sees keys max(0, t - r) .. t
+        tgt_mask = within_window(tgt_mask, self.window, tgt.size(1), start + tgt.size(1), tgt.device)
         x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
         if self.words is not None:  # not in the paper: ModelConfig.word_positions
             w, count = self.words.target(tgt, cache.word_count if cache is not None else None)
@@ -536,6 +573,7 @@ class Transformer(nn.Module):
         cache.length + n); returns their logits (B, n, V) and advances the cache."""
         n = tgt.size(1)
         # One new position attends to every cached one: no mask. Several: causal with offset.
+        # (The decoder restricts either to ModelConfig.attention_window where one is set.)
         tgt_mask = None if n == 1 else causal_mask(n, cache.length + n, device=tgt.device)
         x, _, _ = self.decoder(tgt, None, cache.src_mask, tgt_mask, cache=cache)
         return self.logits(x)

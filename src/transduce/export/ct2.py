@@ -146,6 +146,9 @@ def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pi
     if c.word_positions:
         raise ValueError("CTranslate2 has no word positions (model.word_positions, not in the paper): "
                          "decode this model with transduce")
+    if c.attention_window is not None:
+        raise ValueError(f"CTranslate2 has no restricted self-attention (model.attention_window {c.attention_window}, "
+                         "Table 1): decode this model with transduce")
     if c.head_dim_k != c.head_dim_v:
         raise ValueError(f"CTranslate2 needs d_k == d_v (this model: d_k {c.head_dim_k}, d_v {c.head_dim_v})")
     if max_positions is None:

@@ -65,6 +65,9 @@ def hidden_permutation(d_model: int) -> torch.Tensor:
 def _check_exportable(c: ModelConfig) -> None:
     if c.word_positions:
         raise ValueError("MarianMT has no word positions (model.word_positions, not in the paper)")
+    if c.attention_window is not None:
+        raise ValueError(f"MarianMT has no restricted self-attention (model.attention_window {c.attention_window}, "
+                         "Table 1): decode this model with transduce")
     if c.norm_first:
         raise ValueError("MarianMT is post-norm (the paper's); this model is pre-norm (norm_first)")
     if c.positional != "sinusoidal":

@@ -7,8 +7,9 @@
   above the other with the text turned upright, as the paper prints them.
 * `heatmap_figure`: one query x key grid per head.
 * `masks_figure`: the masks applied to the batch, per sentence and attention type: which
-  positions may attend where, what padding blocks, what the causal mask blocks, and which query
-  rows are padding (computed, then ignored).
+  positions may attend where, what padding blocks, what the causal mask blocks, what a restricted
+  self-attention window blocks (`attention_window`, Table 1), and which query rows are padding
+  (computed, then ignored).
 
 Layers and heads are numbered from 1, as in the paper. Each token is its own position, so a
 repeated token appears twice. The PNG bytes are the same for the same input: the Agg renderer,
@@ -27,7 +28,7 @@ HEAD_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
                "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
 """One colour per head (head 1 first); more heads than colours reuse them."""
 
-MASK_COLORS = {"allowed": "#2b6cb0", "padding": "#d0d0d0", "causal": "#fbd38d", "both": "#a0a0a0"}
+MASK_COLORS = {"allowed": "#2b6cb0", "padding": "#d0d0d0", "causal": "#fbd38d", "both": "#a0a0a0", "window": "#606060"}
 STYLE = {"font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 9, "figure.titlesize": 10}
 
 
@@ -176,17 +177,32 @@ def heatmap_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", laye
             ax.set_xticks(range(len(k_tok)), k_tok, rotation=90)
             ax.set_yticks(range(len(q_tok)), q_tok)
             ax.tick_params(length=0)
+            for i in range(len(q_tok)):  # restricted self-attention: the cells the window masks, hatched grey
+                for j in range(len(k_tok)):
+                    if outside_window(data, kind, i, j):
+                        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d0d0d0", hatch="////",
+                                               edgecolor="#808080", linewidth=0))
             if query is not None:
                 ax.add_patch(Rectangle((-0.5, query - 0.5), len(k_tok), 1, fill=False, edgecolor="#d62728", linewidth=1.2))
         fig.colorbar(im, ax=fig.axes, shrink=0.6, label="weight")
-        fig.suptitle(_title(data, kind, layer, heads, None, q_tok) + "  (rows: queries, columns: keys)", fontsize=8)
+        window = data.get("attention_window")
+        note = f"; hatched: outside the window r = {window}" if window is not None and kind != "decoder_cross" else ""
+        fig.suptitle(_title(data, kind, layer, heads, None, q_tok) + f"  (rows: queries, columns: keys{note})", fontsize=8)
         return _png(fig)
+
+
+def outside_window(data: dict, kind: str, i: int, j: int) -> bool:
+    """Whether restricted self-attention (Table 1; `attention_window` r) blocks query i from key j."""
+    r = data.get("attention_window")
+    return r is not None and kind != "decoder_cross" and abs(i - j) > r
 
 
 def mask_categories(data: dict, sentence: int, kind: str) -> tuple[list[list[str]], list[bool]]:
     """For one sentence of the padded batch: each (query, key) cell of the mask applied, as
-    "allowed", "padding" (blocked: the key is padding), "causal" (blocked: a later position) or
-    "both"; and which query rows are padding (computed, then ignored by the loss and the search)."""
+    "allowed", "padding" (blocked: the key is padding), "causal" (blocked: a later position),
+    "both", or "window" (blocked: more than r positions away, restricted self-attention,
+    `attention_window`); and which query rows are padding (computed, then ignored by the loss and
+    the search)."""
     b = data["batch"]
     src_pad = [p == "<pad>" for p in b["source"][sentence]]
     tgt_pad = [p == "<pad>" for p in b["target"][sentence]]
@@ -203,7 +219,9 @@ def mask_categories(data: dict, sentence: int, kind: str) -> tuple[list[list[str
                     raise AssertionError("a mask that allows padding or a later position")  # never: make_masks
                 out.append("allowed")
             else:
-                out.append("both" if k_pad[j] and causal else "padding" if k_pad[j] else "causal" if causal else "other")
+                outside = outside_window(data, kind, i, j)
+                out.append("both" if k_pad[j] and causal else "padding" if k_pad[j] else "causal" if causal
+                           else "window" if outside else "other")
         cats.append(out)
     return cats, q_pad
 
@@ -219,7 +237,7 @@ def masks_figure(data: dict, sentences: list[int] | None = None) -> bytes:
 
     b = data["batch"]
     sentences = list(range(len(b["source"]))) if sentences is None else sentences
-    order = ["allowed", "padding", "causal", "both", "other"]
+    order = ["allowed", "padding", "causal", "both", "window", "other"]
     cmap = ListedColormap([MASK_COLORS.get(c, "#000000") for c in order])
     S, T = len(b["source"][0]), len(b["target"][0])
     cell = 0.2
@@ -259,5 +277,8 @@ def masks_figure(data: dict, sentences: list[int] | None = None) -> bytes:
                   Patch(facecolor=MASK_COLORS["causal"], label="blocked: later position (causal)"),
                   Patch(facecolor=MASK_COLORS["both"], label="blocked: both"),
                   Patch(facecolor="white", edgecolor="#555555", hatch="////", label="query is padding: computed, ignored")]
-        fig.legend(handles=legend, loc="upper center", ncol=5, frameon=False, bbox_to_anchor=(0.5, 0.995))
+        if data.get("attention_window") is not None:
+            legend.insert(4, Patch(facecolor=MASK_COLORS["window"],
+                                   label=f"blocked: outside the window (r = {data['attention_window']})"))
+        fig.legend(handles=legend, loc="upper center", ncol=len(legend), frameon=False, bbox_to_anchor=(0.5, 0.995))
         return _png(fig)

@@ -14,7 +14,9 @@ encoder); the decoder inputs are BOS followed by the target's ids: decoder posit
 `target[i]` and predicts `predicts[i]` (the next target token, EOS at the end).
 
 `to_json` gives, per sentence, the weights cut to its real tokens (layer x head x query x key,
-rounded to `DECIMALS`), the token labels, and the batch's masks broadcast to (query, key).
+rounded to `DECIMALS`), the token labels, and the batch's masks broadcast to (query, key); for a
+model with restricted self-attention (`ModelConfig.attention_window` r, Table 1) the
+self-attention masks include the window and `attention_window` says r.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ..data.vocab import BOS, EOS, PAD
-from ..model import make_masks
+from ..model import make_masks, within_window
 
 TYPES = ("encoder", "decoder_self", "decoder_cross")
 """The three uses of attention (3.2.3), as named in the JSON and by `forward(return_attention=True)`."""
@@ -65,6 +67,8 @@ class AttentionBatch:
     tgt_lengths: list[int]
     notes: list[list[str]] = field(default_factory=list)
     """Per sentence, what the user should know (e.g. a cut to the token cap)."""
+    attention_window: int | None = None
+    """The model's restricted self-attention window r (`ModelConfig.attention_window`), None: full."""
 
     @property
     def n_layers(self) -> int:
@@ -107,14 +111,15 @@ def compute_attention(model, sources: list[list[int]], targets: list[list[int]])
         model.train(was_training)
     src_mask, tgt_mask = make_masks(src, tgt, pad)  # (B, 1, 1, S), (B, 1, T, T): what forward built
     B, S, T = src.size(0), src.size(1), tgt.size(1)
+    r = model.config.attention_window  # Table 1's restricted self-attention (None: the paper's full)
     masks = {
-        "encoder": src_mask[:, 0].expand(B, S, S),
-        "decoder_self": tgt_mask[:, 0].expand(B, T, T),
+        "encoder": within_window(src_mask, r, S, S)[:, 0].expand(B, S, S),
+        "decoder_self": within_window(tgt_mask, r, T, T)[:, 0].expand(B, T, T),
         "decoder_cross": src_mask[:, 0].expand(B, T, S),
     }
     weights = {kind: [w.float().cpu() for w in attention[kind]] for kind in TYPES}
     return AttentionBatch(src, tgt, weights, masks, [len(s) + 1 for s in sources], [len(t) + 1 for t in targets],
-                          [[] for _ in sources])
+                          [[] for _ in sources], r)
 
 
 def _rounded(t: Tensor):
@@ -159,6 +164,7 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
         "types": list(TYPES),
         "type_names": TYPE_NAMES,
         "decimals": DECIMALS,
+        "attention_window": batch.attention_window,
         "layout": "attention[type][layer][head][query][key], layers and heads from 0 (the page and the "
                   "figures number them from 1); source = subword pieces + </s>; target = decoder inputs "
                   "(<s> + target), position i predicting predicts[i]",
