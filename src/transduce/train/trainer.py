@@ -273,7 +273,9 @@ def _announce(run: Run, stream: BatchStream, step: int, log_extra: dict) -> None
         run.log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(env.device),
                       precision=run.precision, max_tokens_per_batch=run.max_tokens, update_freq=opts.update_freq,
                       batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
-                      config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
+                      restart=env.restart, config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
+    if env.restart:  # torchrun --max-restarts: the workers were started again after a failure
+        env.say(f"torchrun restart {env.restart}: " + (f"resuming at step {step}" if step else "starting afresh (no checkpoint)"))
     env.say(f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {env.device} ({run.precision}), "
             f"step {step} -> {config.train.max_steps}, {run.max_tokens} tokens x {opts.update_freq} micro-batches x "
             f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")
