@@ -75,7 +75,8 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from transduce.model import MultiHeadAttention, window_mask
+from transduce.model import MultiHeadAttention
+from transduce.restricted import window_mask
 
 KINDS = ["self-attention", "restricted (masked)", "restricted (banded)", "recurrent", "convolution", "separable"]
 PAPER = {  # Table 1: complexity per layer, sequential operations, maximum path length

@@ -13,7 +13,8 @@ from transduce.cli import main
 from transduce.config import Config, ModelConfig, apply_overrides, get_preset
 from transduce.data.vocab import BOS, EOS, PAD
 from transduce.decode import beam_search, greedy_decode
-from transduce.model import Transformer, window_mask, within_window
+from transduce.model import Transformer
+from transduce.restricted import window_mask, within_window
 
 from tiny_models import make_model
 
@@ -162,7 +163,7 @@ def test_exports_refuse_a_window_in_one_line(tmp_path, capsys, fmt):
 def test_the_attention_views_show_the_window(tmp_path):
     """`transduce attention` on a windowed model: zero weight outside the window, the JSON's masks
     and the figures mark those cells as blocked by the window, and the page draws them so."""
-    from test_views_browser import chromium_executable
+    from browser import launch, sync_playwright
     from transduce.translate import load_translation_model
     from transduce.views import figures
     from transduce.views.weights import compute_attention, to_json
@@ -197,9 +198,8 @@ def test_the_attention_views_show_the_window(tmp_path):
     args = ["attention", str(model_dir), "a dog runs on the grass with a red ball", "--target", "two children play",
             "--html", str(html)]
     assert main(args) == 0
-    from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium_executable())
+        b = launch(p)
         try:
             page = b.new_page()
             page.goto(html.as_uri())

@@ -14,7 +14,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from transduce.model import MultiHeadAttention, window_mask
+from transduce.model import MultiHeadAttention
+from transduce.restricted import window_mask
 
 TABLE1 = Path(__file__).resolve().parents[1] / "benchmarks" / "table1.py"
 

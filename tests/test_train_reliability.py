@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from train_data import make_data
 from transduce import checkpoint as checkpointing
+from transduce.checkpoint import run_dir  # where save_checkpoint writes its tensors
 from transduce.checkpoint import (
     DamagedCheckpoint, RunLock, RunLocked, latest_checkpoint, list_checkpoints, load_for_inference,
 )
@@ -175,7 +176,7 @@ def test_a_second_trainer_is_refused_while_the_first_holds_the_run(data, tmp_pat
 def test_a_failed_checkpoint_write_stops_cleanly_and_resumes_exactly(full, data, tmp_path, monkeypatch):
     _, full_params = full
     run = tmp_path / "run"
-    real = checkpointing._save_tensors
+    real = run_dir.save_tensors
     calls = {"n": 0}
 
     def disk_fills_at_the_second_checkpoint(tensors, path):
@@ -184,7 +185,7 @@ def test_a_failed_checkpoint_write_stops_cleanly_and_resumes_exactly(full, data,
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         real(tensors, path)
 
-    monkeypatch.setattr(checkpointing, "_save_tensors", disk_fills_at_the_second_checkpoint)
+    monkeypatch.setattr(run_dir, "save_tensors", disk_fills_at_the_second_checkpoint)
     with pytest.raises(TrainingStopped, match="step 4 could not be written .*No space left on device.*"
                                               "step_0000002 and `latest` are intact.*2 steps lost"):
         train(tiny_config(9), data, run, options())
@@ -192,7 +193,7 @@ def test_a_failed_checkpoint_write_stops_cleanly_and_resumes_exactly(full, data,
     assert not list((run / "checkpoints").glob(".tmp-*"))  # the half-written one is gone
     assert records(run)[-1]["type"] == "checkpoint_failed"
 
-    monkeypatch.setattr(checkpointing, "_save_tensors", real)  # space freed
+    monkeypatch.setattr(run_dir, "save_tensors", real)  # space freed
     result = train(tiny_config(9), data, run, options(resume=True))
     assert_identical(params(result.model), full_params)
 

@@ -11,6 +11,7 @@ from transduce.checkpoint import load_model
 from transduce.config import Config, ModelConfig, TrainConfig
 from transduce.model import Transformer
 from transduce import checkpoint as checkpointing
+from transduce.checkpoint import run_dir  # where save_checkpoint writes its tensors
 from transduce.checkpoint import (
     TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
 )
@@ -120,7 +121,7 @@ def test_failed_write_leaves_previous_latest_loadable(tmp_path, monkeypatch):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    real_save = checkpointing._save_tensors
+    real_save = run_dir.save_tensors
 
     def fail_on_rng(tensors, path):  # the weights and Adam's state are written, then the disk fills up
         if path.name == checkpointing.RNG:
@@ -128,7 +129,7 @@ def test_failed_write_leaves_previous_latest_loadable(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         real_save(tensors, path)
 
-    monkeypatch.setattr(checkpointing, "_save_tensors", fail_on_rng)
+    monkeypatch.setattr(run_dir, "save_tensors", fail_on_rng)
     with pytest.raises(OSError):
         save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=2), rng)
     monkeypatch.undo()

@@ -9,21 +9,17 @@ Read it next to the paper:
 * 3.2.2 `MultiHeadAttention`: h heads with their own d_k and d_v, concatenated and projected
         by W^O; the fast path is `torch.nn.functional.scaled_dot_product_attention`.
         `StackedLinear` holds [W^Q; W^K; W^V].
-* 3.2.3 the three uses of attention: encoder self-attention, masked decoder self-attention,
-        encoder-decoder attention.
+* 3.2.3 its three uses: encoder self-attention, masked decoder self-attention, encoder-decoder.
 * 3.3   `PositionwiseFeedForward`: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (eq. 2).
 * 3.4   `Embeddings`: learned embeddings multiplied by sqrt(d_model); one matrix shared by the
         source embedding, the target embedding and the pre-softmax projection.
 * 3.5   `sinusoidal_positions`: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
         PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); `LearnedPositions` for Table 3 row E.
-* 5.4   dropout (`nn.Dropout`, P_drop) on every sub-layer output before the residual add, and on
-        the sums of the embeddings and the positional encodings.
+* 5.4   dropout (P_drop) on every sub-layer output before the residual add, and on the sums
+        of the embeddings and the positional encodings.
 
-Section 4 (Table 1), an option (`ModelConfig.attention_window`, off by default): restricted
-self-attention, `window_mask`, applied by `Encoder` and `Decoder` to their self-attention masks.
-
-Not in the paper, an option (`ModelConfig.word_positions`, off by default): `WordPositions`, a
-learned vector for the index of the word each position is at, added beside 3.5's positions.
+Not in the paper, an option off by default (`ModelConfig.word_positions`): the parser's word
+positions, `transduce.word_positions.WordPositions`, added beside 3.5's positions.
 
 The mask convention
 -------------------
@@ -36,20 +32,16 @@ positions", 3.2.3) mask:
     src_mask  (B, 1, 1, S)  = padding_mask(src, pad)                  encoder self-attn, cross-attn
     tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
 
-With `ModelConfig.attention_window` r (Table 1's restricted self-attention), `Encoder` and
-`Decoder` narrow their self-attention masks to |i - j| <= r (`within_window`); cross-attn stays full.
+With `ModelConfig.attention_window` r (Section 4's restricted self-attention, off by default,
+`transduce.restricted`), `Encoder` and `Decoder` narrow their self-attention masks to |i - j| <= r.
 
-PyTorch's `nn.Transformer` takes six masks and three `*_is_causal` flags, with the opposite
-polarity (a bool mask is True where attention is NOT allowed): what to pass it for transduce's
-masks, and back, is the table "The mask convention" in docs/paper_map.md, every row checked
-numerically against nn.MultiheadAttention / nn.Transformer* by tests/test_masks.py.
+PyTorch's `nn.Transformer` uses the opposite polarity (True = may NOT attend); the conversion
+both ways is "The mask convention" in docs/paper_map.md and docs/masks.md, checked numerically
+by tests/test_masks.py. Query positions that are padding are never masked: their outputs are
+computed and ignored (the loss skips them), so every row of the scores has an allowed key.
 
-Query positions that are padding are never masked: their outputs are computed and ignored
-(the loss skips them), which keeps every row of the scores with at least one allowed key.
-
-CPU speed-ups (weights pre-packed for oneDNN and a faster attention for decoding steps; a
-dropout that draws fewer random numbers for training) are not here: `transduce.kernels` applies
-them to a built model from the outside.
+CPU speed-ups (pre-packed weights, a faster decoding-step attention, a cheaper dropout) are not
+here: `transduce.kernels` applies them to a built model from the outside.
 """
 
 from __future__ import annotations
@@ -62,6 +54,8 @@ from torch import Tensor, nn
 
 from .cache import DecoderCache, LayerCache
 from .config import ModelConfig
+from .restricted import within_window
+from .word_positions import WordPositions
 
 # -- Masks: the one place they are built (boolean, True = may attend). -------------------------
 
@@ -72,42 +66,13 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
 
 
 def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | None = None) -> Tensor:
-    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len).
-
-    With k_len == q_len this is the decoder's "prevent positions from attending to subsequent
-    positions" (3.2.3); with k_len > q_len the queries are the last q_len positions of k_len
-    (incremental decoding with a cache of k_len - q_len earlier positions).
-    """
+    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len): 3.2.3's "prevent
+    positions from attending to subsequent positions"; with k_len > q_len the queries are the last
+    q_len of k_len positions (incremental decoding with a cache of k_len - q_len earlier ones)."""
     k_len = q_len if k_len is None else k_len
     q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]
     return (k_pos <= q_pos)[None, None]
-
-
-def window_mask(q_len: int, k_len: int | None = None, window: int = 0, device: torch.device | None = None) -> Tensor:
-    """(1, 1, q_len, k_len): query i may attend key j iff |i + (k_len - q_len) - j| <= window.
-
-    Restricted self-attention (Section 4, Table 1's fourth row; `ModelConfig.attention_window`,
-    off by default): each position attends to the positions within `window` of it; with the causal
-    mask, to itself and the `window` positions before it. Offsets as in `causal_mask`."""
-    k_len = q_len if k_len is None else k_len
-    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-    k_pos = torch.arange(k_len, device=device)[None, :]
-    return ((q_pos - k_pos).abs() <= window)[None, None]
-
-
-def within_window(mask: Tensor | None, window: int | None, q_len: int, k_len: int,
-                  device: torch.device | None = None) -> Tensor | None:
-    """A self-attention mask restricted to `window_mask` (unchanged where `window` is None, the
-    paper). A query whose window holds no key `mask` allows (only a padding query, whose output
-    is ignored) keeps its row of `mask`, so that no row of the scores is empty."""
-    if window is None:
-        return mask
-    band = window_mask(q_len, k_len, window, device)
-    if mask is None:
-        return band
-    restricted = mask & band
-    return restricted | (mask & ~restricted.any(-1, keepdim=True))
 
 
 def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Tensor | None]:
@@ -160,10 +125,8 @@ class MultiHeadAttention(nn.Module):
     encoder output (views of the same parameter, no copy). d_k and d_v are independent of
     d_model / h (Table 3 rows A and B).
 
-    `step_attention`: how the queries of a decoding step attend (equation 1 all the same); None,
-    the default, is `scaled_dot_product_attention` like every other call. `transduce.kernels`
-    sets a faster one for the CPU.
-    """
+    `step_attention`: how a decoding step's queries attend (equation 1 all the same); None, the
+    default, is `scaled_dot_product_attention`; `transduce.kernels` sets a faster one for the CPU."""
 
     step_attention = None
 
@@ -206,16 +169,11 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False,
                incremental: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Equation 1 on every head, then Concat and W^O. Returns (B, Tq, d_model) and, if asked,
-        the weights (B, h, Tq, Tk).
-
-        `incremental`: q holds the positions of one decoding step (attended with
-        `step_attention` where set). Where k, v and mask have fewer rows than q, q's rows come in
-        groups of q.size(0) // k.size(0) consecutive rows that share one row of them (the beams
-        of a sentence in encoder-decoder attention, `DecoderCache.rows_per_source`); each group's
-        queries are folded into one row's query dimension, so keys and values are never repeated
-        per beam.
-        """
+        """Equation 1 on every head, then Concat and W^O: (B, Tq, d_model) and, if asked, the weights
+        (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`step_attention`).
+        Where k, v and mask have fewer rows than q, q's rows come in groups of q.size(0) // k.size(0)
+        that share one of theirs (a sentence's beams in encoder-decoder attention,
+        `DecoderCache.rows_per_source`), folded into one row's queries: keys are never repeated."""
         R, h, n, _ = q.shape
         group = R // k.size(0)
         if group > 1:  # (R, h, n, d) -> (R / group, h, group * n, d)
@@ -322,46 +280,6 @@ class LearnedPositions(nn.Module):
             raise ValueError(f"sequence of {offset + length} positions exceeds the learned position table "
                              f"({self.weight.size(0)}); raise model.max_positions")
         return self.weight[offset : offset + length]
-
-
-class WordPositions(nn.Module):
-    """Not in the paper (`ModelConfig.word_positions`): a learned vector per word index, added to
-    the inputs of both stacks, so that a decoder position can find the source word it is at by
-    matching one vector instead of counting (parsing: the i-th leaf of the tree is the i-th word).
-
-    On the source, the index of the word a subword belongs to (a word starts at a piece marked
-    `src_word_start`); on the target, the number of word symbols (`tgt_is_word`: leaves of a
-    linearized tree) up to and including the input position: the index of the word the next
-    leaf stands for. The two tables of symbols are buffers saved with the weights; the training
-    sets them from the vocabularies (`set_symbols`). Indices past the table use its last row."""
-
-    def __init__(self, c: ModelConfig):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(c.max_positions, c.d_model))
-        nn.init.normal_(self.weight, mean=0.0, std=1.0)  # the scale of sqrt(d_model) * embeddings
-        self.register_buffer("src_word_start", torch.zeros(c.src_vocab_size, dtype=torch.bool))
-        self.register_buffer("tgt_is_word", torch.zeros(c.target_vocab_size, dtype=torch.bool))
-
-    def set_symbols(self, src_word_start: Tensor, tgt_is_word: Tensor) -> None:
-        if src_word_start.shape != self.src_word_start.shape or tgt_is_word.shape != self.tgt_is_word.shape:
-            raise ValueError("word position tables must have one entry per vocabulary symbol")
-        self.src_word_start.copy_(src_word_start)
-        self.tgt_is_word.copy_(tgt_is_word)
-
-    def _rows(self, index: Tensor) -> Tensor:
-        return F.embedding(index.clamp(0, self.weight.size(0) - 1), self.weight)
-
-    def source(self, src: Tensor) -> Tensor:
-        """(B, S) -> (B, S, d_model): the vector of each subword's word (0 for the first word)."""
-        return self._rows(self.src_word_start[src].long().cumsum(1) - 1)
-
-    def target(self, tgt: Tensor, before: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(B, T) decoder inputs -> ((B, T, d_model), (B,) words so far after the last input);
-        `before`: words emitted before this chunk (incremental decoding), None for 0."""
-        count = self.tgt_is_word[tgt].long().cumsum(1)
-        if before is not None:
-            count = count + before[:, None]
-        return self._rows(count), count[:, -1]
 
 
 # -- 3.1 Encoder and decoder stacks ------------------------------------------------------------
@@ -485,10 +403,7 @@ class Decoder(nn.Module):
         tgt_mask = within_window(tgt_mask, self.window, tgt.size(1), start + tgt.size(1), tgt.device)
         x = self.embed(tgt) + self.positions(tgt.size(1), offset=start)  # (B, T, d_model)
         if self.words is not None:  # not in the paper: ModelConfig.word_positions
-            w, count = self.words.target(tgt, cache.word_count if cache is not None else None)
-            x = x + w
-            if cache is not None:
-                cache.word_count = count
+            x = x + self.words.decoder_input(tgt, cache)
         x = self.dropout(x)
         self_w, cross_w = [], []
         layer_caches = cache.begin_step() if cache is not None else [None] * len(self.layers)

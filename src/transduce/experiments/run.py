@@ -32,8 +32,9 @@ from ..errors import DataError, UsageError
 from ..flops import dims, matmul_peak, training_flops
 from ..model import count_parameters
 from ..precision import choose_precision
+from ..train.state import BatchStream
 from ..train.step import evaluate as validation_loss
-from ..train.trainer import BatchStream, train
+from ..train.trainer import train
 from ..translate import AtomicOutput, load_translation_model, translate_lines
 from .plan import Machine, Recipe, Variant, train_setup
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -31,9 +30,7 @@ from ..checkpoint import (
 )
 from ..errors import TrainingStopped, UsageError
 from .distributed import DistEnv, agree, gather_rng_states, restore_rng_states, seed_dropout
-
-if TYPE_CHECKING:
-    from .trainer import LoopState, Run
+from .state import LoopState, Run
 
 
 def take_lock(lock: RunLock, env: DistEnv) -> None:

@@ -54,7 +54,8 @@ so an interrupted and resumed run ends with the same parameters as an uninterrup
 Where the code is: `train` runs the phases in order: set up (threads, precision, batching, the
 data, the model, Adam), restore (a fresh start or exact resume), the loop (one optimizer step,
 the decisions to stop, logging, validation, checkpoints; its state is one `LoopState`), finish
-(the final validation, checkpoint and model directory). One optimizer step, the precision and
+(the final validation, checkpoint and model directory). What the phases share (the options, the
+batch stream, the log, `Run` and `LoopState`) is in `transduce.train.state`. One optimizer step, the precision and
 the validation loss are in `transduce.train.step`; the process group, the collectives and the
 RNG states in `transduce.train.distributed`; restore, checkpoints, skipped steps, interruptions
 and the run directory's lock in `transduce.train.recovery`.
@@ -64,15 +65,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -81,166 +80,14 @@ from ..checkpoint import RunLock, prepare_run_dir, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, load_vocabs, read_metadata
 from ..data.vocab import BOS, PAD
-from ..device import DEVICES
-from ..errors import DataError, UsageError
+from ..errors import UsageError
 from ..model import Transformer, count_parameters
-from ..precision import PRECISIONS
 from . import recovery
 from .distributed import DistEnv, agree, all_reduce_, any_rank, set_threads, setup_distributed
 from .schedule import cooldown_factor, noam_lr
 from .signals import StopSignals
+from .state import BatchStream, LoopState, Run, RunLog, TrainOptions
 from .step import build_optimizer, evaluate, make_grad_scaler, resolve_precision, set_lr, to_device, train_step
-
-
-# --- options --------------------------------------------------------------------------------------
-
-
-@dataclass
-class TrainOptions:
-    """How to run the training (the regime itself, Section 5, is `Config.train`).
-
-    Every field is a flag of `transduce train` (`--max-tokens` for max_tokens; a boolean that
-    is on by default is turned off by `--no-NAME`), declared here once: the flag's help (and
-    metavar, choices) is the field's metadata (`transduce.cli.fields`)."""
-
-    max_tokens: int | None = field(default=None, metadata={"metavar": "N", "help": (
-        "padded tokens per micro-batch per process, each side (default: train.max_tokens, "
-        "25000 in the paper, divided by processes x update-freq)")})
-    update_freq: int = field(default=1, metadata={"metavar": "K", "help": (
-        "micro-batches accumulated per optimizer step; e.g. 8 on one device emulates the paper's 8 GPUs")})
-    max_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
-        "a cap: stop after M minutes of wall-clock time (this session), saying so when it binds "
-        "before --max-steps (the model is then not the recipe's)")})
-    """Validation and checkpoints on the way count; the final validation and checkpoint follow."""
-    clip_norm: float = field(default=0.0, metadata={"metavar": "X", "help": "clip the gradient norm (0 = off, the paper)"})
-    cooldown: float = field(default=0.0, metadata={"metavar": "F", "help": (
-        "not in the paper: decay the rate linearly to 0 over the last fraction F of "
-        "--max-steps; 0 = equation 3 alone (default)")})
-    """A fraction of max_steps, never of the clock: the schedule is the same on a fast and a slow machine."""
-    precision: str = field(default="auto", metadata={"choices": PRECISIONS, "help": (
-        "auto (default): bf16 where the device computes it natively and a product of the "
-        "model's size is measured faster, else fp32 (the choice and its reason are printed); "
-        "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
-        "fp16 autocast + GradScaler (CUDA only)")})
-    seed: int = 1
-    valid_every: int = field(default=1000, metadata={"metavar": "N", "help": (
-        "validation loss and perplexity every N steps (0: at the end only; default %(default)s)")})
-    save_every_steps: int = field(default=0, metadata={"metavar": "N", "help": "checkpoint every N steps (0 = off)"})
-    save_every_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
-        "checkpoint every M minutes (default: train.checkpoint_minutes, 10 as in the paper; 0 = off)")})
-    keep_last: int | None = field(default=None, metadata={"metavar": "K", "help": (
-        "checkpoints to keep (default: train.average_last, 5 base / 20 big; 0 = all)")})
-    resume: bool = field(default=False, metadata={"help": (
-        "continue from RUN_DIR's latest checkpoint, exactly (starts afresh if there is none)")})
-    threads: int | None = field(default=None, metadata={"metavar": "N", "help": (
-        "CPU threads per process (default: cores / local processes)")})
-    device: str = field(default="auto", metadata={"metavar": "NAME", "help": (
-        f"{DEVICES} (default: auto, CUDA if available; cuda: each process its local rank's GPU)")})
-    compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
-    progress: bool = field(default=True, metadata={"help": (
-        "no progress bar (there is none when stderr is not a terminal)")})
-    log_every: int = field(default=100, metadata={"metavar": "N", "help": "log every N steps (default %(default)s)"})
-    """Also, with several processes, the interval at which the time-based decisions
-    (max_minutes, save_every_minutes) are made."""
-    tensorboard: bool = field(default=True, metadata={"help": "no TensorBoard event files"})
-    max_nonfinite: int = field(default=5, metadata={"metavar": "N", "help": (
-        "stop, with a checkpoint of the weights from before them, after N steps in a row whose loss "
-        "or gradient norm is not finite (each is skipped: no update; default %(default)s)")})
-
-
-@dataclass
-class TrainResult:
-    model: Transformer
-    """The trained model (the plain module, on its device)."""
-    step: int
-    valid: dict | None
-    """The last validation: loss, nll, ppl per target token."""
-    run_dir: Path
-    target_tokens_per_s: float
-    interrupted: str | None = None
-    """The signal that stopped the run (after its checkpoint), e.g. "SIGTERM"; None if it ran to the end."""
-
-
-# --- batches (5.1) --------------------------------------------------------------------------------
-
-
-class BatchStream:
-    """This rank's training micro-batches, epoch after epoch, as lists of pair indices.
-
-    Epoch e's batches are `dataset.batches(max_tokens, seed=seed, epoch=e, num_shards=world,
-    shard_id=rank)`: shuffled length-sorted batches, the same list on every rank, rank r taking
-    every world-th one (equal counts on every rank). The position (epoch, index of the next
-    batch) is all a checkpoint needs to continue the same order.
-    """
-
-    def __init__(self, dataset: ParallelDataset, max_tokens: int, *, seed: int, num_shards: int = 1,
-                 shard_id: int = 0, epoch: int = 0, position: int = 0):
-        self.dataset, self.max_tokens, self.seed = dataset, max_tokens, seed
-        self.num_shards, self.shard_id = num_shards, shard_id
-        self.epoch, self.position = epoch, position
-        self._batches = self._load(epoch)
-
-    def _load(self, epoch: int) -> list[np.ndarray]:
-        batches = self.dataset.batches(self.max_tokens, seed=self.seed, epoch=epoch, shuffle=True,
-                                       num_shards=self.num_shards, shard_id=self.shard_id)
-        if not batches:
-            raise DataError("the training split is empty")
-        return batches
-
-    def __len__(self) -> int:
-        """Micro-batches per epoch (for this rank)."""
-        return len(self._batches)
-
-    def next(self) -> np.ndarray:
-        if self.position >= len(self._batches):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._batches = self._load(self.epoch)
-        batch = self._batches[self.position]
-        self.position += 1
-        return batch
-
-
-# --- logging --------------------------------------------------------------------------------------
-
-
-class RunLog:
-    """logs/train.jsonl (always) and TensorBoard scalars (if tensorboard is installed).
-    Only rank 0 creates one."""
-
-    def __init__(self, log_dir: Path, tensorboard: bool = True):
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(log_dir / "train.jsonl", "a", encoding="utf-8")
-        self.tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is optional
-                pass
-            else:
-                self.tb = SummaryWriter(str(log_dir))
-
-    def write(self, kind: str, step: int, **values) -> None:
-        record = {"type": kind, "step": step, "time": round(time.time(), 3), **values}
-        if self.file is not None:
-            try:
-                self.file.write(json.dumps(record) + "\n")
-                self.file.flush()
-            except OSError as e:  # a full disk: the log stops, training does not
-                print(f"warning: {self.file.name}: {e.strerror or e}; the log stops here", file=sys.stderr)
-                self.file = None
-        if self.tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.tb.add_scalar(f"{kind}/{k}", v, step)
-
-    def close(self) -> None:
-        if self.file is not None:
-            try:
-                self.file.close()
-            except OSError:
-                pass
-        if self.tb is not None:
-            self.tb.close()
 
 
 # --- run directory and configuration --------------------------------------------------------------
@@ -295,6 +142,19 @@ def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
     return per_batch
 
 
+@dataclass
+class TrainResult:
+    model: Transformer
+    """The trained model (the plain module, on its device)."""
+    step: int
+    valid: dict | None
+    """The last validation: loss, nll, ppl per target token."""
+    run_dir: Path
+    target_tokens_per_s: float
+    interrupted: str | None = None
+    """The signal that stopped the run (after its checkpoint), e.g. "SIGTERM"; None if it ran to the end."""
+
+
 # --- the loop: set up, restore, the steps, finish -------------------------------------------------
 
 
@@ -327,81 +187,6 @@ def train(
     finally:
         lock.release()
         env.close()
-
-
-@dataclass
-class Run:
-    """What a run fixes before its first step (`_set_up`, then `_open`); every phase reads it."""
-
-    config: Config
-    opts: TrainOptions
-    env: DistEnv
-    data_dir: Path
-    run_dir: Path
-    precision: str
-    max_tokens: int
-    """Padded tokens per micro-batch per rank (`resolve_batching`)."""
-    save_minutes: float
-    keep_last: int
-    smooth_exclude: tuple[int, ...]
-    meta: dict
-    train_set: ParallelDataset
-    valid_set: ParallelDataset | None
-    model: Transformer
-    """The plain module: what is validated and saved."""
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler | None
-    train_model: nn.Module | None = None
-    """The module that trains: `model`, optionally compiled, wrapped in DDP for several processes."""
-    log: RunLog | None = None
-    """Rank 0's log (None on the other ranks)."""
-    bar: object = None
-    """Rank 0's progress bar, when stderr is a terminal."""
-    signals: StopSignals | None = None
-    """SIGTERM / SIGINT: a request to stop after the current step (`transduce.train.signals`)."""
-
-
-@dataclass
-class LoopState:
-    """What the loop changes, step after step (`_step`), and what `_finish` reports."""
-
-    step: int
-    stream: BatchStream
-    lr: float
-    """The rate of the latest step (before the first, equation 3 at the current step)."""
-    progress: float
-    """The share of the step budget used (for --cooldown): it follows the steps, never the clock."""
-    stop: bool
-    train_seconds: float
-    """Training time of the earlier sessions (from the checkpoint)."""
-    tokens_seen: int
-    """Target tokens trained on, earlier sessions included."""
-    saved_at: int
-    """The step of the newest checkpoint of this run (-1: none)."""
-    first_step: int
-    """The step this session started at."""
-    start: float
-    """The clocks (time.perf_counter): this session's start, the last checkpoint, the last log."""
-    last_save: float
-    last_log: float
-    interval_sums: Tensor
-    """[smoothed loss, nll] summed over this rank's tokens since the last log (on the device)."""
-    interval_tokens: int = 0
-    grad_norm: Tensor | None = None
-    """The gradient norm of the latest step that measured it, since the last log."""
-    step_seconds: float = 0.0
-    """Time in training steps in this session (no validation, no checkpoints)."""
-    session_tokens: int = 0
-    valid: dict | None = None
-    validated_at: int = -1
-    capped_at: int | None = None
-    """The step at which --max-minutes stopped the run short of max_steps."""
-    interrupted: str | None = None
-    """The signal that stopped the run (SIGTERM, SIGINT), agreed by every rank."""
-    skipped_in_a_row: int = 0
-    """Steps in a row not taken for a non-finite loss or gradient (`train_step`)."""
-    skipped: int = 0
-    """Steps not taken in this session (non-finite values, fp16 overflows)."""
 
 
 # Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler.
@@ -488,7 +273,9 @@ def _announce(run: Run, stream: BatchStream, step: int, log_extra: dict) -> None
         run.log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(env.device),
                       precision=run.precision, max_tokens_per_batch=run.max_tokens, update_freq=opts.update_freq,
                       batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
-                      config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
+                      restart=env.restart, config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
+    if env.restart:  # torchrun --max-restarts: the workers were started again after a failure
+        env.say(f"torchrun restart {env.restart}: " + (f"resuming at step {step}" if step else "starting afresh (no checkpoint)"))
     env.say(f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {env.device} ({run.precision}), "
             f"step {step} -> {config.train.max_steps}, {run.max_tokens} tokens x {opts.update_freq} micro-batches x "
             f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from ..data.vocab import BOS, EOS, PAD
-from ..model import make_masks, within_window
+from ..model import make_masks
+from ..restricted import within_window
 
 TYPES = ("encoder", "decoder_self", "decoder_cross")
 """The three uses of attention (3.2.3), as named in the JSON and by `forward(return_attention=True)`."""

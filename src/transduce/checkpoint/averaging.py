@@ -1,0 +1,154 @@
+"""Section 6.1's checkpoint averaging, and what the MODEL argument of the inference commands
+names: a model directory, or a run directory standing for the average of its last checkpoints
+(or one of them)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ..config import Config
+from ..model import Transformer
+from .files import CHECKPOINTS, CONFIG, WEIGHTS, verify
+from .model_dir import guarded, is_model_dir, load_config, load_model, model_from_tensors
+from .run_dir import checkpoint_name, latest_checkpoint, list_checkpoints, on_interval
+
+
+# --- averaging (6.1) ------------------------------------------------------------------------------
+
+
+def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
+    """The newest `k` complete checkpoints of a run written at its checkpoint interval, oldest
+    first (6.1: "the last 5 checkpoints, which were written at 10-minute intervals"). A
+    checkpoint forced off the interval (the end of a run that did not end on it) is left out,
+    unless the run has no other."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise FileNotFoundError(f"{Path(run_dir) / CHECKPOINTS}: no checkpoints")
+    if k < 1:
+        raise ValueError("--last must be at least 1")
+    regular = [(s, p) for s, p in found if on_interval(p)]
+    found = regular or found
+    if len(found) < k:
+        raise ValueError(f"asked for the last {k} checkpoints but {run_dir} has {len(found)} "
+                         f"({', '.join(p.name for _, p in found)}); use --last {len(found)} or keep more (--keep-last)")
+    return [p for _, p in found[-k:]]
+
+
+def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch.Tensor], Config]:
+    """The elementwise mean of the weights of the model directories `paths` (same architecture),
+    read straight from their model.safetensors (no model is built): taken tensor by tensor in
+    float64 and rounded once to the tensors' dtype; a tied embedding is stored, and averaged,
+    once. Returns (tensors under the file's own names, the config of the last checkpoint)."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    config = None
+    for path in paths:
+        c = load_config(path)
+        if config is not None and c.model != config.model:
+            raise ValueError(f"{path}: a different model architecture than {paths[0]}")
+        config = c
+        verify(path, (WEIGHTS, CONFIG))
+        tensors = load_file(str(Path(path) / WEIGHTS))
+        if total and tensors.keys() != total.keys():
+            raise ValueError(f"{path}: other tensors than {paths[0]}")
+        for name, t in tensors.items():
+            if name not in total:
+                total[name], dtypes[name] = t.double(), t.dtype
+            else:
+                if t.shape != total[name].shape:
+                    raise ValueError(f"{path}: {name} has shape {tuple(t.shape)}, not {tuple(total[name].shape)}")
+                total[name] += t.double()
+    assert config is not None
+    return {name: (s / len(paths)).to(dtypes[name]) for name, s in total.items()}, config
+
+
+def default_average(run_dir: Path) -> int | None:
+    """For a run directory with checkpoints: how many of the last to average by default, the run's
+    own train.average_last (6.1: 5 for base, 20 for big), or all it has if fewer. None when
+    it has no checkpoints."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    regular = [p for _, p in found if on_interval(p)] or [p for _, p in found]
+    k = guarded(load_config, found[-1][1]).train.average_last
+    return max(1, min(k, len(regular)))
+
+
+# --- the MODEL argument of the inference commands ------------------------------------------------
+
+
+def resolve_checkpoint(run_dir: Path, name: str) -> Path:
+    """A checkpoint given as a path, a name under RUN_DIR/checkpoints, a step number, `latest`
+    or `model`."""
+    as_path = Path(name)
+    if is_model_dir(as_path):
+        return as_path
+    if name == "latest":
+        found = latest_checkpoint(run_dir)
+        if found is None:
+            raise FileNotFoundError(f"{run_dir / CHECKPOINTS}: no checkpoints")
+        return found
+    candidates = [run_dir / name, run_dir / CHECKPOINTS / name]
+    if name.isdigit():
+        candidates.append(run_dir / CHECKPOINTS / checkpoint_name(int(name)))
+    for c in candidates:
+        if is_model_dir(c):
+            return c
+    raise FileNotFoundError(f"{name}: no such checkpoint (a model directory, a name under {run_dir / CHECKPOINTS}, "
+                            "a step number, 'latest' or 'model')")
+
+
+@dataclass
+class Resolved:
+    """What a MODEL argument stands for, loaded."""
+
+    model: Transformer
+    """In eval mode, on the device asked for."""
+    config: Config
+    description: str
+    """For the user: a model directory's path, or 'average of the last 5 checkpoints (...)'."""
+    search_dirs: list[Path]
+    """Where files that belong with the model (data.json, the vocabulary) are looked for."""
+
+
+def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
+                       device: str | torch.device = "cpu") -> Resolved:
+    """The model a MODEL argument names: a model directory itself; or, for a run directory, the
+    average of its last `average` checkpoints (by default its train.average_last, as every result
+    of the paper, 6.1), or one `checkpoint` (`resolve_checkpoint`), or its model/ when it has no
+    checkpoints. Raises FileNotFoundError or ValueError with a one-line message."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
+    if checkpoint is not None and average is not None:
+        raise ValueError("give --checkpoint or --average, not both")
+    if average is None and checkpoint is None and not is_model_dir(path):
+        average = default_average(path)
+    if average is not None:
+        if average < 1:
+            raise ValueError("--average must be at least 1")
+        paths = last_checkpoints(path, average)
+        tensors, config = guarded(average_checkpoints, paths)
+        model = model_from_tensors(tensors, config, paths[-1]).to(device).eval()
+        what = f"average of the last {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) of {path}"
+        return Resolved(model, config, what, [path])
+    if checkpoint is not None:
+        model_dir = resolve_checkpoint(path, checkpoint)
+    elif is_model_dir(path):
+        model_dir = path
+    elif is_model_dir(path / "model"):
+        model_dir = path / "model"
+    else:
+        raise FileNotFoundError(f"{path}: neither a model directory (model.safetensors + config.json) "
+                                "nor a run directory with a model/ or checkpoints/")
+    model, config = guarded(load_model, model_dir, device=device)
+    # A run directory holds data.json; a checkpoint's is two levels up (RUN_DIR/checkpoints/step_*).
+    return Resolved(model, config, str(model_dir),
+                    list(dict.fromkeys([path, model_dir, model_dir.parent, model_dir.parent.parent])))

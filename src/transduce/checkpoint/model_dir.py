@@ -1,0 +1,100 @@
+"""Model directories (model.safetensors + config.json + checksums.json): saving and loading,
+for training and inference alike."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model as _st_load_model
+from safetensors.torch import save_file
+from safetensors.torch import save_model as _st_save_model
+
+from ..config import Config
+from ..model import Transformer
+from .files import CHECKSUMS, CONFIG, WEIGHTS, atomic_write_text, digests, readable, verify
+
+
+def is_model_dir(path: Path) -> bool:
+    return (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
+
+
+def save_model(model: torch.nn.Module, config: Config, directory: str | os.PathLike) -> Path:
+    """Save weights (safetensors) and config (JSON) into `directory`; returns it."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model = getattr(model, "module", model)  # unwrap DDP
+    model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
+    tmp = directory / (WEIGHTS + ".tmp")
+    _st_save_model(model, str(tmp), metadata={"format": "pt", "transduce": "1"})
+    _finish_model_dir(directory, tmp, config)
+    return directory
+
+
+def _finish_model_dir(directory: Path, weights_tmp: Path, config: Config) -> None:
+    """Move the written weights into place, write config.json, then checksums.json (last)."""
+    with open(weights_tmp, "rb") as f:
+        os.fsync(f.fileno())
+    readable(weights_tmp)
+    (directory / CHECKSUMS).unlink(missing_ok=True)  # never a stale one beside new files
+    os.replace(weights_tmp, directory / WEIGHTS)
+    atomic_write_text(directory / CONFIG, config.to_json() + "\n")
+    atomic_write_text(directory / CHECKSUMS, json.dumps(digests(directory, (WEIGHTS, CONFIG)), indent=2) + "\n")
+
+
+def save_tensors_as_model(tensors: dict[str, torch.Tensor], config: Config, directory: str | os.PathLike) -> Path:
+    """Write `tensors` (named as in model.safetensors, e.g. an average) as a model directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (WEIGHTS + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt", "transduce": "1"})
+    _finish_model_dir(directory, tmp, config)
+    return directory
+
+
+def load_config(directory: str | os.PathLike) -> Config:
+    path = Path(directory) / CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (is {directory} a transduce model directory?)")
+    return Config.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Transformer, Config]:
+    """Build the model from `config.json` and load `model.safetensors` into it (strictly: every
+    tensor must be present with its shape). Returns (model in eval mode, config)."""
+    directory = Path(directory)
+    config = load_config(directory)
+    model = Transformer(config.model)
+    weights = directory / WEIGHTS
+    if not weights.is_file():
+        raise FileNotFoundError(f"{weights}: no such file")
+    verify(directory, (WEIGHTS, CONFIG))
+    _st_load_model(model, str(weights), strict=True, device=str(device))
+    return model.to(device).eval(), config
+
+
+def model_from_tensors(tensors: dict[str, torch.Tensor], config: Config, where) -> Transformer:
+    """A Transformer holding `tensors` (named as in model.safetensors, where a tied embedding
+    is stored once under one of its names); every parameter must be covered."""
+    model = Transformer(config.model)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    state = model.state_dict()
+    loaded = {state[k].data_ptr() for k in tensors if k in state}
+    missing = [k for k in missing if state[k].data_ptr() not in loaded]  # not an alias of a loaded tensor
+    if missing or unexpected:
+        raise ValueError(f"{where}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model
+
+
+def guarded(load, *args, **kwargs):
+    """Loading errors (a damaged or mismatched safetensors file, a bad config.json) as a
+    one-line ValueError naming the first argument (the path)."""
+    try:
+        return load(*args, **kwargs)
+    except (FileNotFoundError, ValueError):  # DamagedCheckpoint included
+        raise
+    except Exception as e:  # safetensors' SafetensorError, torch's RuntimeError on shape mismatch, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{args[0]}: cannot load the model ({first})") from None

@@ -1,0 +1,342 @@
+"""A training run's directory: its layout (`prepare_run_dir`), training checkpoints (written
+whole or not at all, found, loaded), and the one-writer lock (`RunLock`). The layout is drawn in
+`transduce.checkpoint`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import load_model as _st_load_model
+
+from ..config import Config
+from ..errors import TrainingStopped
+from .files import (
+    CHECKPOINTS, CHECKSUMS, CONFIG, DAMAGED, FORMAT, LATEST, LOCK, OPTIMIZER, RNG, STATE, WEIGHTS,
+    DamagedCheckpoint, as_os_error, atomic_write_text, digests, fsync_dir, save_tensors, verify,
+)
+from .model_dir import save_model
+
+_NAME = re.compile(r"^step_(\d+)$")
+
+
+# --- run directories ------------------------------------------------------------------------------
+
+
+def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -> None:
+    """Create the run directory: config.json, data.json (with the data directory's absolute
+    path) and copies of the vocabulary files."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.json", config.to_json() + "\n")
+    atomic_write_text(run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n")
+    for name in sorted(set(meta["vocab"]["files"].values())):
+        for f in (data_dir / name, (data_dir / name).with_suffix(".vocab")):
+            if f.is_file() and not (run_dir / f.name).is_file():
+                shutil.copy2(f, run_dir / f.name)
+
+
+# --- training checkpoints -------------------------------------------------------------------------
+
+
+@dataclass
+class TrainingState:
+    """The scalars of a checkpoint (trainer_state.json)."""
+
+    step: int
+    """Optimizer steps taken."""
+    epoch: int = 0
+    """Epoch of the next micro-batch."""
+    position: int = 0
+    """Index of the next micro-batch in this epoch's list of (per-rank) batches."""
+    world_size: int = 1
+    max_tokens: int = 0
+    """Padded tokens per micro-batch per rank (the batching parameter)."""
+    update_freq: int = 1
+    seed: int = 0
+    lr: float = 0.0
+    """The learning rate of the last step taken."""
+    train_seconds: float = 0.0
+    """Training wall-clock time so far, over all sessions of the run."""
+    target_tokens: int = 0
+    """Non-pad target tokens trained on so far (all ranks), as of the last log line."""
+    scaler: dict | None = None
+    """torch.amp.GradScaler state (fp16), None otherwise."""
+    schedule: dict = field(default_factory=dict)
+    """The learning-rate schedule (equation 3): d_model, warmup_steps, scale."""
+    optimizer: dict = field(default_factory=dict)
+    """Adam's hyperparameters (for the record; the trainer rebuilds them from the config)."""
+    on_interval: bool = True
+    """Written at the checkpoint interval (6.1: "written at 10-minute intervals"); False for a
+    checkpoint forced off the interval (the end of a run or a stop by --max-minutes), which
+    "the last K" of averaging leaves out so that the averaged checkpoints stay evenly spaced."""
+    files: dict = field(default_factory=dict)
+    """{file name: {"sha256", "bytes"}} of every other file of the checkpoint (`verify`)."""
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, **self.__dict__}, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainingState":
+        d = json.loads(text)
+        if d.pop("format", None) != FORMAT:
+            raise ValueError("unknown trainer_state.json format")
+        return cls(**d)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step in a checkpoint's name (`step_0001000` or `step_0001000.damaged`: 1000)."""
+    return int(Path(path).name.split(".")[0].split("_")[1])
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The complete checkpoints of a run as (step, directory), oldest first. A directory
+    counts as complete when it has its name's form and its trainer_state.json (the last file
+    written before the rename); temporary directories are skipped."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _NAME.match(p.name)
+        if m and p.is_dir() and (p / STATE).is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def on_interval(path: str | os.PathLike) -> bool:
+    """Whether a checkpoint was written at the run's interval (older checkpoints: True)."""
+    try:
+        return bool(json.loads((Path(path) / STATE).read_text(encoding="utf-8")).get("on_interval", True))
+    except (OSError, ValueError):
+        return True
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint `latest` points to; if that pointer is missing or broken (a crash between
+    the rename and the pointer write, or a deleted directory), the newest complete one."""
+    root = Path(run_dir) / CHECKPOINTS
+    pointer = root / LATEST
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        if _NAME.match(name) and (root / name / STATE).is_file():
+            return root / name
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def _param_names(model: torch.nn.Module) -> dict[int, str]:
+    """id(parameter) -> its first name (a shared parameter, e.g. the tied embedding, once)."""
+    names: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        names.setdefault(id(p), name)
+    return names
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Flatten the optimizer's per-parameter state into {"<state>/<parameter name>": tensor}
+    (e.g. "exp_avg_sq/decoder.layers.0.feed_forward.w_2.weight"), on the CPU."""
+    names = _param_names(model)
+    out = {}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if not torch.is_tensor(value):
+                    value = torch.tensor(value)
+                out[f"{key}/{names[id(p)]}"] = value.detach().to("cpu", copy=True).contiguous()
+    return out
+
+
+def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Inverse of `optimizer_tensors`: restore the per-parameter state, keeping the optimizer's
+    current hyperparameters (they come from the config)."""
+    names = _param_names(model)
+    by_name: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        state_key, _, pname = key.partition("/")
+        by_name.setdefault(pname, {})[state_key] = value
+    sd = optimizer.state_dict()
+    state = {}
+    index = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            saved = by_name.pop(names[id(p)], None)
+            if saved is not None:
+                state[index] = saved
+            index += 1
+    if by_name:
+        raise ValueError(f"optimizer state for unknown parameters: {sorted(by_name)[:3]} ...")
+    sd["state"] = state
+    optimizer.load_state_dict(sd)  # moves each tensor to its parameter's device (step stays fp32)
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    model: torch.nn.Module,
+    config: Config,
+    optimizer: torch.optim.Optimizer,
+    state: TrainingState,
+    rng: dict[str, torch.Tensor],
+    keep_last: int = 0,
+) -> Path:
+    """Write checkpoint `step_{state.step}` atomically, point `latest` at it, then delete all
+    but the newest `keep_last` checkpoints (0 keeps all). Returns its directory.
+
+    `model` is the plain module (not the DDP/compiled wrapper); `rng` maps names such as
+    "cpu/rank0" to RNG state tensors (see `transduce.train.distributed.gather_rng_states`).
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    name = checkpoint_name(state.step)
+    final = root / name
+    tmp = root / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        save_model(model, config, tmp)  # model.safetensors + config.json: a model directory
+        save_tensors(optimizer_tensors(optimizer, model), tmp / OPTIMIZER)
+        save_tensors({k: v.to("cpu").contiguous() for k, v in rng.items()}, tmp / RNG)
+        files = {**json.loads((tmp / CHECKSUMS).read_text(encoding="utf-8")), **digests(tmp, (CHECKSUMS, OPTIMIZER, RNG))}
+        state = dataclasses.replace(state, files=files)
+        atomic_write_text(tmp / STATE, state.to_json() + "\n")  # last: marks the directory complete
+        fsync_dir(tmp)
+        if final.exists():  # the same step saved again (e.g. a resumed run that ends at once)
+            old = root / f".old-{name}-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        fsync_dir(root)
+    except SafetensorError as e:  # safetensors' own error for a failed write (a full disk)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise as_os_error(e, tmp) from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(root / LATEST, name + "\n")
+    fsync_dir(root)
+    for p in root.glob(".tmp-*"):  # left by earlier crashes
+        shutil.rmtree(p, ignore_errors=True)
+    if keep_last > 0:
+        for _, old in list_checkpoints(run_dir)[:-keep_last]:
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    state: TrainingState
+    rng: dict[str, torch.Tensor]
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    device: str | torch.device = "cpu",
+) -> LoadedCheckpoint:
+    """Load a checkpoint directory's weights into `model` (strictly), its state into
+    `optimizer` (if given); return its TrainingState and RNG tensors."""
+    path = Path(path)
+    for f in (WEIGHTS, CONFIG, STATE):
+        if not (path / f).is_file():
+            raise FileNotFoundError(f"{path / f}: no such file (not a complete checkpoint)")
+    try:
+        state = TrainingState.from_json((path / STATE).read_text(encoding="utf-8"))
+    except (ValueError, TypeError):
+        raise DamagedCheckpoint(f"{path / STATE}: damaged (not a readable training state)") from None
+    verify(path)
+    try:
+        _st_load_model(model, str(path / WEIGHTS), strict=True, device=str(device))
+        if optimizer is not None:
+            # Read on the CPU: load_state_dict moves each tensor where its parameter's policy wants
+            # it (Adam keeps a non-fused `step` on the CPU).
+            load_optimizer_tensors(optimizer, model, load_file(str(path / OPTIMIZER)))
+        rng = load_file(str(path / RNG)) if (path / RNG).is_file() else {}
+    except (OSError, ValueError):
+        raise
+    except Exception as e:  # a checkpoint from before checksums, damaged: safetensors' own error
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DamagedCheckpoint(f"{path}: damaged ({first})") from None
+    return LoadedCheckpoint(path, state, rng)
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to `step_N.damaged` (kept for inspection, no longer listed)."""
+    target = path.with_name(path.name + DAMAGED)
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{DAMAGED}.{n}")
+    os.replace(path, target)
+    return target
+
+
+# --- one writer per run directory -----------------------------------------------------------------
+
+
+class RunLock:
+    """An exclusive `flock` on RUN_DIR/.lock for as long as a trainer runs: the kernel releases
+    it when the process ends, however it ends (kill -9 included), so a stale lock never blocks.
+    The file says who holds it (pid, host, since when), for the error a second trainer gets.
+    Where `fcntl` does not exist (Windows) there is no lock."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / LOCK
+        self._fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise RunLocked(f"{self.path.parent} is being written by another trainer ({self.holder()}); "
+                            "wait for it to end, stop it, or use another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode() + b"\n")
+        self._fd = fd
+        return self
+
+    def holder(self) -> str:
+        try:
+            who = json.loads(self.path.read_text(encoding="utf-8"))
+            return f"process {who['pid']} on {who['host']}, since {who['since']}"
+        except (OSError, ValueError, KeyError):
+            return "a process that has not yet said who it is"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class RunLocked(TrainingStopped):
+    """A second trainer on a run directory that one is already writing."""
