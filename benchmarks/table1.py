@@ -432,8 +432,9 @@ def markdown(result: dict) -> str:
     for kind, pts in result["points"].items():
         by = {p["n"]: (p["time_fwd"] + p["time_bwd"]) * 1e3 for p in pts}
         lines.append(f"| {kind} | " + " | ".join(f"{by[n]:.2f}" if n in by else "–" for n in ns) + " |")
-    lines += ["", "Self-attention (forward + backward) is slower than the other layer at every measured n from n = "
-              + ", ".join(f"{k}: {fmt(v)}" for k, v in s["attention_slower_from_n"].items()) + " ('–': not at the largest n measured together)."]
+    lines += ["", "The smallest n from which self-attention (forward + backward) is slower than each other layer type "
+              "at every larger n measured: " + "; ".join(f"{k} from n = {fmt(v)}" for k, v in s["attention_slower_from_n"].items())
+              + " ('–': not even at the largest n measured for both)."]
     if result["stopped"]:
         lines += ["", "Stopped: " + "; ".join(f"{k} after n = {v['n']} ({v['why']})" for k, v in result["stopped"].items())]
     return "\n".join(lines) + "\n"
