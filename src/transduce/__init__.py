@@ -6,7 +6,7 @@ import os as _os
 # oneDNN (PyTorch's CPU kernels for bf16 and int8) compiles a kernel per product shape and keeps
 # 1024 of them; batches of varying length give more shapes than that, and training then spends a
 # fifth of its time compiling the same kernels again (parse-cpu in bf16 on AMX: 5,649 against
-# 6,815 target tokens/s by update 400; docs/RESULTS.md). A larger cache, unless the user set one;
+# 6,815 target tokens/s by update 400; docs/history/RESULTS-log-2026-11.md). A larger cache, unless the user set one;
 # read by oneDNN at its first product, so set before any.
 _os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
 

@@ -45,7 +45,7 @@ class LayerCache:
     _spare: list = field(default_factory=lambda: [None, None])
     """Flat memory for the next step's keys and values: the memory of the step before, reused
     (allocating fresh megabytes every step costs page faults that exceed the copy itself; see
-    docs/RESULTS.md)."""
+    docs/history/RESULTS-log-2026-11.md)."""
     pending: Tensor | None = None
     """The reorder this layer's next `append` applies (handed over by `DecoderCache.begin_step`)."""
 
@@ -133,7 +133,7 @@ def _extend(
     one contiguous tensor, a view of `spare` (flat) when it is large enough: one copy of the cache
     per step. Returns the tensor and the flat buffer it is a view of (None where autograd may
     still need the memory). (index_select writes straight into the prefix of the result: faster
-    than selecting first and copying after; see docs/RESULTS.md.)"""
+    than selecting first and copying after; see docs/history/RESULTS-log-2026-11.md.)"""
     tracked = torch.is_grad_enabled() and (new.requires_grad or (cached is not None and cached.requires_grad))
     if cached is None:  # a copy (never a view of `new`: its memory becomes a spare later)
         out = new.clone(memory_format=torch.contiguous_format)

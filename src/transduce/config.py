@@ -219,7 +219,7 @@ PRESETS: dict[str, Config] = {
     # Not in the paper: the main job's recipe for Multi30k (scripts/multi30k.sh), `small` trained
     # by updates: batches of 2048 tokens, warmup 600 and scale 0.4 (equation 3 peaks at 1.0e-3),
     # 5,200 updates, the last 5 checkpoints averaged. Chosen on the validation split over earlier
-    # sessions as a 45-minute budget (5,133 updates on a 2-core Zen 4: docs/RESULTS.md), now
+    # sessions as a 45-minute budget (5,133 updates on a 2-core Zen 4: docs/history/RESULTS-log-2026-11.md), now
     # fixed in updates so that every machine trains the same model.
     "multi30k": _variant(
         model=dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4),
@@ -230,7 +230,7 @@ PRESETS: dict[str, Config] = {
     # 0.3, peak learning rate 0.005 after 2000 warmup updates, 4096-token batches, 8k updates, the
     # last 10 checkpoints averaged). Equation 3 peaks at d_model^-0.5 * warmup^-0.5 * lr_scale,
     # so lr_scale = 0.005 * sqrt(128 * 2000) = 2.53 gives their 0.005. Tried as the main job in
-    # session 9: validation perplexity stalled near 16 and test BLEU was 12.9 (docs/RESULTS.md).
+    # session 9: validation perplexity stalled near 16 and test BLEU was 12.9 (docs/history/RESULTS-log-2026-11.md).
     "tiny": _variant(
         model=dict(n_layers=4, d_model=128, d_ff=256, n_heads=4, dropout=0.3),
         train=dict(max_tokens=4096, warmup_steps=2000, lr_scale=2.53, max_steps=8000, average_last=10),
@@ -257,11 +257,11 @@ PRESETS: dict[str, Config] = {
     # takes the higher rate), dropout 0.1 on sub-layers and on attention weights (parse-wsj's
     # 0.2 is for many more epochs), and pre-norm (3.1's post-norm is the option's default): in
     # this regime the post-norm encoder collapsed (the same output at every position; the model
-    # became a language model of trees, F1 12), the pre-norm one did not (docs/RESULTS.md,
+    # became a language model of trees, F1 12), the pre-norm one did not (docs/history/RESULTS-log-2026-11.md,
     # "Parsing: why the first run failed"), and word positions (`word_positions`, not in the
     # paper: the decoder sees which word it is at instead of counting leaves; section 22 greedy
     # F1 76.6 after 1,000 updates, where the same recipe without them had 22.0, and 71.2 after
-    # 5,500; docs/RESULTS.md, "Parsing: word positions"). scripts/wsj.sh also prepares the data
+    # 5,500; docs/history/RESULTS-log-2026-11.md, "Parsing: word positions"). scripts/wsj.sh also prepares the data
     # with the part-of-speech tags kept in the target (tensor2tensor's variant, `prepare --keep-tags`).
     "parse-cpu": _variant(
         model=dict(n_layers=4, d_model=256, d_ff=1024, n_heads=4, dropout=0.1, attention_dropout=0.1,
