@@ -197,13 +197,13 @@ def choose_precision(
 
 
 def int8_choice(device: torch.device | str = "cpu") -> Choice:
-    """`--precision int8`: where it runs and through which engine, or a ValueError off the CPU."""
+    """`--precision int8`: where it runs and how, or a ValueError off the CPU (or without oneDNN's
+    int8 kernels)."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
-    from .kernels import int8_engine
+    from .kernels import can_int8, int8_saturates
 
-    cpu = getattr(torch, "cpu", None)
-    features = [f for f, name in (("AMX", "_is_amx_tile_supported"), ("VNNI", "_is_vnni_supported"))
-                if bool(getattr(cpu, name, lambda: False)())]
-    return Choice("int8", f"as asked; {cpu_name()}: linear layers in int8 through PyTorch's {int8_engine()} engine"
-                          f"{' (' + ', '.join(features) + ')' if features else ''}; the search in fp32")
+    if not can_int8():
+        raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")
+    bits = "7-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates() else "8-bit activations"
+    return Choice("int8", f"as asked; {cpu_name()}: linear layers in int8 through oneDNN ({bits}); the search in fp32")
