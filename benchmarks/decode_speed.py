@@ -39,8 +39,8 @@ weights, in three precisions, the same for both systems:
   min_decoding_length=L, max_decoding_length=L)`: L decoder steps, as for the others (checked:
   every hypothesis has L tokens). CTranslate2 has no bf16 on the CPU: no bf16 rows.
 * int8 (`--precisions int8`): transduce's `--precision int8` (`kernels.quantize_int8`: every
-  linear layer and the tied output projection in int8 through PyTorch's quantized kernels, the
-  rest fp32); CTranslate2 int8; no Hugging Face row.
+  linear layer and the tied output projection in int8 through oneDNN's int8 linear, the rest
+  in bf16 where the CPU computes it natively, else fp32); CTranslate2 int8; no Hugging Face row.
 
 Sizes (`--presets`, default base): base as above; small = the `small` preset (N=3, d_model 256,
 d_ff 1024, h=4) with an 8000-token vocabulary (what `benchmarks/bench.py` and the Multi30k model
@@ -101,6 +101,7 @@ from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
 from transduce.decode import beam_search  # noqa: E402
 from transduce.model import Transformer, count_parameters  # noqa: E402
+from transduce.precision import int8_choice  # noqa: E402
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 VOCAB = 37000
@@ -279,12 +280,15 @@ def cast(model, precision: str):
 
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
     """The transduce model as `translate --precision P` runs it: weights cast (or for int8
-    quantized, `kernels.quantize_int8`), decoding steps' attention, and with `pack` the weights
+    quantized, `kernels.quantize_int8`, over bf16 weights where the CPU computes bf16 natively,
+    as `precision.int8_choice` says), decoding steps' attention, and with `pack` the weights
     left in fp32/bf16 pre-packed (`kernels.apply`). Undoes what an earlier precision did."""
     kernels.dequantize_int8(model)
     kernels.unpack_weights(model)
     cast(model, precision)
     if precision == "int8":
+        if int8_choice().base == "bf16":
+            model.to(torch.bfloat16)
         kernels.quantize_int8(model)
     kernels.apply(model, pack=False)
     if pack and precision != "int8" and not kernels.pack_weights(model):

@@ -160,3 +160,13 @@ def test_int8_off_the_cpu_is_a_one_line_error(model_dir, capsys):
     assert main(["translate", str(model_dir), "--int8", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error" in err
+
+
+def test_translate_auto_int8_says_what_it_chose_and_why(model_dir, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("a man runs on the grass\n", encoding="utf-8")
+    assert main(["translate", str(model_dir), "--precision", "auto-int8", "--beam", "2", "--threads", "1", "-i", str(src),
+                 "-o", str(tmp_path / "out.txt")]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if "precision:" in x)
+    assert "auto-int8:" in line and "fp32's speed times" in line
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1

@@ -266,8 +266,9 @@ def int8_saturates() -> bool:
     return y.item() != 255 * 127 * 64
 
 
-_OFFSETS = tuple(torch.tensor(z + 0.5) for z in range(256))
-"""The zero point + 0.5 of `quantize_activations`, as 0-d tensors made once."""
+_OFFSETS = tuple(torch.tensor([z + 0.5]) for z in range(256))
+"""The zero point + 0.5 of `quantize_activations`, made once; of shape (1,), not 0-d, so that the
+sum with bf16 activations is computed and stored in fp32 (no separate conversion pass)."""
 
 
 def quantize_activations(x: Tensor, levels: int = 254) -> tuple[Tensor, float, int]:
@@ -280,7 +281,7 @@ def quantize_activations(x: Tensor, levels: int = 254) -> tuple[Tensor, float, i
     lo, hi = min(lo.item(), 0.0), max(hi.item(), 0.0)
     scale = (hi - lo) / levels or 1.0
     zero = round(-lo / scale)
-    q = torch.add(_OFFSETS[zero], x.float() if x.dtype != torch.float32 else x, alpha=1.0 / scale)  # >= 0: truncation rounds
+    q = torch.add(_OFFSETS[zero], x, alpha=1.0 / scale)  # fp32, >= 0: truncation to int16 rounds
     return q.to(torch.int16).to(torch.uint8), scale, zero
 
 

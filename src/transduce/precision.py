@@ -38,8 +38,9 @@ import torch
 import torch.nn.functional as F
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DECODING_PRECISIONS = ("auto", "fp32", "bf16", "int8")
-"""What `translate`, `evaluate` and `serve` offer: int8 is for decoding on the CPU only."""
+DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")
+"""What `translate`, `evaluate` and `serve` offer: int8 is for decoding on the CPU only, and
+`auto` chooses between the exact-enough fp32 and bf16, `auto-int8` among fp32, bf16 and int8."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class Choice:
     precision: str
     reason: str
     warning: str | None = None
+    base: str = "fp32"
+    """int8: the dtype of everything the int8 products leave as is (embeddings, LayerNorm,
+    attention, the cache): bf16 where the CPU computes it natively, else fp32."""
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""
@@ -196,14 +200,120 @@ def choose_precision(
     return Choice("fp32", f"auto: {where}; but {measured} (bf16 needs {BF16_MARGIN:g}x: fp32 is exact)")
 
 
-def int8_choice(device: torch.device | str = "cpu") -> Choice:
+def int8_choice(device: torch.device | str = "cpu", capability: Capability | None = None, why: str = "as asked") -> Choice:
     """`--precision int8`: where it runs and how, or a ValueError off the CPU (or without oneDNN's
-    int8 kernels)."""
+    int8 kernels). Everything but the products in bf16 where the CPU computes bf16 natively
+    (measured faster than int8 over fp32: docs/speed.md), else fp32."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
     from .kernels import can_int8, int8_saturates
 
     if not can_int8():
         raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")
+    cap = read_capability("cpu") if capability is None else capability
+    base = "bf16" if cap.native_bf16 else "fp32"
     bits = "7-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates() else "8-bit activations"
-    return Choice("int8", f"as asked; {cpu_name()}: linear layers in int8 through oneDNN ({bits}); the search in fp32")
+    return Choice("int8", f"{why}; {cap.name}: linear layers in int8 through oneDNN ({bits}), the rest in {base}"
+                          f"{' (' + cap.detail + ')' if base == 'bf16' else ''}; the search in fp32", base=base)
+
+
+INT8_MARGIN = 1.1
+"""The measured speed-up over the better float type for which `auto-int8` takes int8."""
+
+
+def probe_decoding(d_model: int = 512, d_ff: int = 2048, vocab: int = 37000, rows: int = 128,
+                   precisions: tuple[str, ...] = ("fp32", "bf16", "int8"), int8_base: str = "fp32",
+                   budget_s: float = 0.4) -> dict[str, float]:
+    """Seconds per decoding step's products, per precision: one decoder layer's (the stacked
+    [W^Q; W^K; W^V], W^O, cross-attention's query and output, the FFN's two with its ReLU) and
+    the pre-softmax projection over `vocab` (at most 16,384 of it: the ratios hold, the probe
+    stays short), for `rows` hypotheses (32 sentences x beam 4), as `translate` runs them
+    (`transduce.kernels`: pre-packed fp32/bf16, or int8 over `int8_base`). The fastest of the
+    rounds (alternating precisions) within about `budget_s`: on a busy machine the minimum is
+    the steadier statistic. Weights from a private generator: the global RNG is untouched."""
+    from .kernels import Int8Weight, PackedWeight, can_pack
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3 * d_model, d_model), (d_model, d_model), (d_model, d_model), (d_model, d_model),
+              (d_ff, d_model), (d_model, d_ff), (min(vocab, 16384), d_model)]
+    weights = [torch.rand(shape, generator=g).sub_(0.5).mul_(shape[1] ** -0.5) for shape in shapes]
+    x32 = torch.randn(rows, d_model, generator=g)
+    steps: dict[str, Callable[[], None]] = {}
+    for p in precisions:
+        dtype = torch.bfloat16 if p == "bf16" or (p == "int8" and int8_base == "bf16") else torch.float32
+        if p == "int8":
+            packed = [Int8Weight(w.to(dtype)) for w in weights]
+        elif can_pack(dtype, "cpu"):
+            packed = [PackedWeight(w.to(dtype)) for w in weights]
+        else:
+            packed = [lambda x, b, act="none", w=w.to(dtype): F.linear(x, w) if act == "none" else F.linear(x, w).relu()
+                      for w in weights]
+        x = x32.to(dtype)
+
+        def step(packed=packed, x=x) -> None:
+            for w in packed[:4]:
+                w(x, None)
+            packed[5](packed[4](x, None, "relu"), None)
+            packed[6](x, None)
+
+        steps[p] = step
+    times: dict[str, list[float]] = {p: [] for p in precisions}
+    with torch.inference_mode():
+        for step in steps.values():
+            step()  # warm up (oneDNN primitive creation)
+        deadline = time.perf_counter() + budget_s
+        while min(map(len, times.values())) < 3 or (time.perf_counter() < deadline and len(times[precisions[0]]) < 20):
+            for p, step in steps.items():
+                t0 = time.perf_counter()
+                step()
+                times[p].append(time.perf_counter() - t0)
+    return {p: min(v) for p, v in times.items()}
+
+
+def choose_decoding_precision(
+    requested: str,
+    device: torch.device | str = "cpu",
+    *,
+    d_model: int = 512,
+    d_ff: int = 2048,
+    vocab: int = 37000,
+    capability: Capability | Callable[[torch.device], Capability] | None = None,
+    probe: Callable[..., dict[str, float]] | None = None,
+) -> Choice:
+    """The precision `translate`, `evaluate` and `serve` decode in. fp32, bf16, int8 as asked
+    (`choose_precision`, `int8_choice`). `auto` on the CPU: fp32 or bf16, and `auto-int8` also
+    int8, by a timed probe of a decoding step's products at the model's sizes (`probe_decoding`,
+    well under a second): bf16 where it runs at least `BF16_MARGIN` times fp32's speed, int8 where
+    it runs at least `INT8_MARGIN` times the better float type's. On a CPU without native bf16
+    (x86 without AVX512_BF16 or AMX) bf16 is not even probed: it is emulated there, some hundred
+    times slower. On a GPU, `choose_precision`'s auto (int8 is CPU only)."""
+    if requested not in DECODING_PRECISIONS:
+        raise ValueError(f"unknown decoding precision {requested!r} ({', '.join(DECODING_PRECISIONS)})")
+    device = torch.device(device)
+    capability = read_capability if capability is None else capability
+    if requested == "int8":
+        return int8_choice(device, capability(device) if callable(capability) else capability)
+    if requested in ("fp32", "bf16") or device.type != "cpu":
+        return choose_precision("auto" if requested == "auto-int8" else requested, device, d_model=d_model, d_ff=d_ff,
+                                capability=capability)
+    cap = capability(device) if callable(capability) else capability
+    from .kernels import can_int8
+
+    candidates = ["fp32"] + (["bf16"] if cap.native_bf16 is not False else [])
+    if requested == "auto-int8" and can_int8():
+        candidates.append("int8")
+    probe = probe_decoding if probe is None else probe
+    base = "bf16" if cap.native_bf16 else "fp32"
+    t = probe(d_model=d_model, d_ff=d_ff, vocab=vocab, precisions=tuple(candidates), int8_base=base)
+    speed = {p: t["fp32"] / max(t[p], 1e-12) for p in candidates}
+    best = "bf16" if speed.get("bf16", 0.0) >= BF16_MARGIN else "fp32"
+    if "int8" in speed and speed["int8"] >= INT8_MARGIN * speed[best]:
+        best = "int8"
+    measured = ", ".join(f"{p} {speed[p]:.2f}x" for p in candidates[1:])
+    why = (f"auto{'-int8' if requested == 'auto-int8' else ''}: {cap.name}: {cap.detail}; a decoding step's products "
+           f"(d_model {d_model}, d_ff {d_ff}, vocab {vocab:,}) ran at fp32's speed times: {measured or 'fp32 only'}"
+           f" (bf16 needs {BF16_MARGIN:g}x{f', int8 {INT8_MARGIN:g}x the better float' if 'int8' in speed else ''}"
+           f"{'; bf16 not probed: emulated here' if cap.native_bf16 is False else ''})")
+    if best == "int8":
+        return int8_choice(device, cap, why)
+    return Choice(best, why)
