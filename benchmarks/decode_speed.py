@@ -73,6 +73,10 @@ processes forked after the model is prepared (`transduce translate --workers W`'
 and the W batches submitted at once (`asynchronous=True`). Each system takes the same group of
 W batches in turn, and the group's wall time counts.
 
+The output starts with the machine (`benchmarks/machine.py`): the CPU, its ISA features, the
+environment variables that hold libraries to a lower ISA, and the ISA oneDNN, ATen and
+CTranslate2 each report they run.
+
 `--profile` runs torch.profiler over one batch (the middle one; `--profile-batches 5,25,45`
 picks others, summed) of each system and prints where the time goes.
 """
@@ -95,6 +99,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from machine import describe  # noqa: E402
 from transduce import kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
@@ -381,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [p for p in presets if p not in SIZES]:
         parser.error(f"unknown preset {bad[0]!r} (choose from {', '.join(SIZES)})")
 
+    machine = describe(ct2="ct2" in systems)  # which machine and kernels: a table is read for this one only
+    print("\n".join(machine), flush=True)
     path = fetch("wmt14-en-de", "newstest2014", "en", data_dir=args.data_dir)
     lines = list(read_lines(path))[: args.n_sentences]
     results = []
@@ -399,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['preset']:<6} {name[r['system']]:<18} {r['precision']:<13} {r['seconds']:>8.1f} {r['sentences_per_s']:>8.2f} "
               f"{r['target_tokens_per_s']:>9.1f} {fmt(r['speedup_vs_hf']):>7} {fmt(r['speedup_vs_ct2_best']):>12}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "workers": args.workers,
+        Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine, "threads": threads, "workers": args.workers,
                                                "torch": torch.__version__, "results": results}, indent=2) + "\n")
     return 0
 

@@ -28,6 +28,7 @@ arguments, so that every branch can be tested on any machine.
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -90,6 +91,11 @@ def _arm_features() -> set[str]:
     return set()
 
 
+ONEDNN_ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"}
+"""Values of oneDNN's `ONEDNN_MAX_CPU_ISA` that leave it without bf16 products: a CPU with AVX512_BF16
+or AMX held to one of these (e.g. to imitate an AVX2-only machine) computes bf16 as an AVX2 one."""
+
+
 def read_capability(device: torch.device | str = "cpu") -> Capability:
     """The bf16 capability of `device`, as PyTorch (and on ARM, the kernel) reports it."""
     device = torch.device(device)
@@ -103,6 +109,10 @@ def read_capability(device: torch.device | str = "cpu") -> Capability:
         cpu = getattr(torch, "cpu", None)
         amx = bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)())
         avx512_bf16 = bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+        held = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+        if (amx or avx512_bf16) and held.upper() in ONEDNN_ISAS_WITHOUT_BF16:
+            return Capability("cpu", name, False, f"ONEDNN_MAX_CPU_ISA={held} holds oneDNN to an ISA without bf16 "
+                                                  f"instructions (the CPU has {'AMX' if amx else 'avx512_bf16'})")
         if amx or avx512_bf16:
             return Capability("cpu", name, True, " and ".join(f for f, on in (("AMX", amx), ("avx512_bf16", avx512_bf16)) if on))
         isa = torch.backends.cpu.get_cpu_capability()
