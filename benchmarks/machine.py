@@ -28,7 +28,7 @@ FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_ti
 """The /proc/cpuinfo flags that decide CPU decoding speed (bf16 and int8 products)."""
 
 OVERRIDES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA", "CT2_USE_MKL",
-             "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+             "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 """Environment variables that change which kernels run."""
 
 _ONEDNN_PROBE = ("import torch; w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4)); "
