@@ -9,16 +9,21 @@ computes it natively and a product of the model's size is measured faster than i
 * CUDA: bf16 where the GPU supports it (`torch.cuda.is_bf16_supported()`, compute capability
   8.0 and newer), else fp32. fp16 is never chosen silently (it needs loss scaling).
 * CPU: native bf16 means AMX (Sapphire Rapids and newer) or AVX512_BF16 (Cooper Lake, Zen 4
-  and newer) on x86-64, as PyTorch reports them, or the BF16 extension on ARM (/proc/cpuinfo).
-  Where the CPU has it, a short timed probe (`probe_bf16_speedup`: the FFN's two products at
-  the model's d_model and d_ff, fp32 against bf16 autocast, ~0.1-0.5 s) decides, because for
-  small widths the casts can cost more than the faster products save. Where the CPU lacks it,
-  fp32, without a probe. Where the capability cannot be read (another architecture), the probe
+  and newer) on x86-64, as PyTorch reports them (and oneDNN not held below them by
+  `ONEDNN_MAX_CPU_ISA`), or the BF16 extension on ARM (/proc/cpuinfo). Where the CPU lacks it,
+  fp32, without a probe. Where it has it, a short timed probe decides, because for small widths
+  the casts can cost more than the faster products save: for training (`choose_precision`,
+  `probe_bf16_speedup`) the FFN's two products at the model's d_model and d_ff, fp32 against
+  bf16 autocast, ~0.1-0.5 s; for decoding (`choose_decoding_precision`, `probe_decoding`) one
+  decoder layer's products and the output projection for 128 hypotheses, as `translate` runs
+  them (~0.4-1.5 s). Where the capability cannot be read (another architecture), the probe
   alone decides.
 
-`--precision int8` (decoding only, CPU only, never chosen by `auto`: it is not exact) quantizes
-the linear layers' weights to int8 per output channel and computes their products in int8
-(`transduce.kernels.quantize_int8`); the search's log-probabilities and scores stay fp32.
+`--precision int8` (decoding only, CPU only; not exact, so plain `auto` never takes it, and
+`--precision auto-int8` lets the decoding probe consider it) quantizes the linear layers' weights
+to int8 per output channel and computes their products in int8 (`transduce.kernels.quantize_int8`),
+the rest in bf16 where the CPU has it natively, else fp32; the search's log-probabilities and
+scores stay fp32.
 
 An explicit `--precision bf16` is obeyed; on a CPU without native bf16 it comes with a warning
 that names the measured slowdown. Everything here takes the capability read and the probe as
