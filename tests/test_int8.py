@@ -170,3 +170,18 @@ def test_translate_auto_int8_says_what_it_chose_and_why(model_dir, tmp_path, cap
     line = next(x for x in capsys.readouterr().err.splitlines() if "precision:" in x)
     assert "auto-int8:" in line and "fp32's speed times" in line
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_int8_uses_no_deprecated_quantized_tensors():
+    """The maintained path: plain int8/uint8 tensors into oneDNN's qlinear, no torch.qint8 (whose
+    creation functions torch 2.13 announces as deprecated) and no warning to silence."""
+    import warnings
+
+    model, src, tgt = model_and_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernels.quantize_int8(model)
+        with torch.inference_mode():
+            model(src, tgt)
+    weights = [w for m in model.modules() if isinstance(m, kernels.Int8Linear) for w in m.packed.values()]
+    assert weights and all(not w.weight.is_quantized and w.weight.dtype == torch.int8 for w in weights)
