@@ -39,8 +39,8 @@ weights, in three precisions, the same for both systems:
   min_decoding_length=L, max_decoding_length=L)`: L decoder steps, as for the others (checked:
   every hypothesis has L tokens). CTranslate2 has no bf16 on the CPU: no bf16 rows.
 * int8 (`--precisions int8`): transduce's `--precision int8` (`kernels.quantize_int8`: every
-  linear layer and the tied output projection in int8 through PyTorch's quantized kernels, the
-  rest fp32); CTranslate2 int8; no Hugging Face row.
+  linear layer and the tied output projection in int8 through oneDNN's int8 linear, the rest
+  in bf16 where the CPU computes it natively, else fp32); CTranslate2 int8; no Hugging Face row.
 
 Sizes (`--presets`, default base): base as above; small = the `small` preset (N=3, d_model 256,
 d_ff 1024, h=4) with an 8000-token vocabulary (what `benchmarks/bench.py` and the Multi30k model
@@ -73,6 +73,10 @@ processes forked after the model is prepared (`transduce translate --workers W`'
 and the W batches submitted at once (`asynchronous=True`). Each system takes the same group of
 W batches in turn, and the group's wall time counts.
 
+The output starts with the machine (`benchmarks/machine.py`): the CPU, its ISA features, the
+environment variables that hold libraries to a lower ISA, and the ISA oneDNN, ATen and
+CTranslate2 each report they run.
+
 `--profile` runs torch.profiler over one batch (the middle one; `--profile-batches 5,25,45`
 picks others, summed) of each system and prints where the time goes.
 """
@@ -95,12 +99,14 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from machine import describe  # noqa: E402
 from transduce import kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
 from transduce.decode import beam_search  # noqa: E402
 from transduce.model import Transformer, count_parameters  # noqa: E402
+from transduce.precision import int8_choice  # noqa: E402
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 VOCAB = 37000
@@ -279,12 +285,15 @@ def cast(model, precision: str):
 
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
     """The transduce model as `translate --precision P` runs it: weights cast (or for int8
-    quantized, `kernels.quantize_int8`), decoding steps' attention, and with `pack` the weights
+    quantized, `kernels.quantize_int8`, over bf16 weights where the CPU computes bf16 natively,
+    as `precision.int8_choice` says), decoding steps' attention, and with `pack` the weights
     left in fp32/bf16 pre-packed (`kernels.apply`). Undoes what an earlier precision did."""
     kernels.dequantize_int8(model)
     kernels.unpack_weights(model)
     cast(model, precision)
     if precision == "int8":
+        if int8_choice().base == "bf16":
+            model.to(torch.bfloat16)
         kernels.quantize_int8(model)
     kernels.apply(model, pack=False)
     if pack and precision != "int8" and not kernels.pack_weights(model):
@@ -377,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [p for p in presets if p not in SIZES]:
         parser.error(f"unknown preset {bad[0]!r} (choose from {', '.join(SIZES)})")
 
+    machine = describe(ct2="ct2" in systems)  # which machine and kernels: a table is read for this one only
+    print("\n".join(machine), flush=True)
     path = fetch("wmt14-en-de", "newstest2014", "en", data_dir=args.data_dir)
     lines = list(read_lines(path))[: args.n_sentences]
     results = []
@@ -395,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['preset']:<6} {name[r['system']]:<18} {r['precision']:<13} {r['seconds']:>8.1f} {r['sentences_per_s']:>8.2f} "
               f"{r['target_tokens_per_s']:>9.1f} {fmt(r['speedup_vs_hf']):>7} {fmt(r['speedup_vs_ct2_best']):>12}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "workers": args.workers,
+        Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine, "threads": threads, "workers": args.workers,
                                                "torch": torch.__version__, "results": results}, indent=2) + "\n")
     return 0
 

@@ -66,8 +66,44 @@ def test_int8_composes_with_packing_and_trains_in_fp32():
 
 def test_int8_refuses_what_it_cannot_run():
     model, _, _ = model_and_batch()
-    with pytest.raises(ValueError, match="fp32 weights"):
-        kernels.quantize_int8(model.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="fp32 or bf16 weights"):
+        kernels.quantize_int8(model.to(torch.float16))
+
+
+def test_int8_over_bf16_weights_takes_and_gives_bf16():
+    model, src, tgt = model_and_batch()
+    model.to(torch.bfloat16)
+    with torch.inference_mode():
+        ref = model(src, tgt).float()
+        kernels.quantize_int8(model)
+        assert any(isinstance(m, kernels.PackedFeedForward) for m in model.modules())  # the ReLU in the int8 product
+        q = model(src, tgt)
+        assert q.dtype == torch.bfloat16 and not torch.equal(q.float(), ref)
+        assert (q.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+        assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
+        kernels.dequantize_int8(model)
+        assert torch.equal(model(src, tgt).float(), ref)
+
+
+@pytest.mark.parametrize("levels", [254, 126])
+def test_activations_are_quantized_within_half_a_step(levels):
+    g = torch.Generator().manual_seed(0)
+    for x in (torch.randn(7, 33, generator=g) * 3, torch.rand(5, 64, generator=g) + 0.5, -torch.rand(3, 8, generator=g),
+              torch.zeros(2, 4), torch.randn(4, 16, generator=g).bfloat16()):
+        q, scale, zero = kernels.quantize_activations(x, levels)
+        assert q.dtype == torch.uint8 and q.shape == x.shape and 0 <= zero <= levels
+        assert int(q.max()) <= levels + 1  # 7-bit activations stay below 128
+        back = (q.float() - zero) * scale
+        assert (back - x.float()).abs().max().item() <= scale / 2 * 1.001 + 1e-7
+
+
+def test_int8_saturation_test_matches_the_oneDNN_isa():
+    import os
+
+    assert isinstance(kernels.int8_saturates(), bool)
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    if isa in ("AVX2", "AVX512_CORE", "SSE41"):  # no VNNI allowed: pairs add in int16
+        assert kernels.int8_saturates()
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +160,28 @@ def test_int8_off_the_cpu_is_a_one_line_error(model_dir, capsys):
     assert main(["translate", str(model_dir), "--int8", "--device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "error" in err
+
+
+def test_translate_auto_int8_says_what_it_chose_and_why(model_dir, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("a man runs on the grass\n", encoding="utf-8")
+    assert main(["translate", str(model_dir), "--precision", "auto-int8", "--beam", "2", "--threads", "1", "-i", str(src),
+                 "-o", str(tmp_path / "out.txt")]) == 0
+    line = next(x for x in capsys.readouterr().err.splitlines() if "precision:" in x)
+    assert "auto-int8:" in line and "fp32's speed times" in line
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
+
+
+def test_int8_uses_no_deprecated_quantized_tensors():
+    """The maintained path: plain int8/uint8 tensors into oneDNN's qlinear, no torch.qint8 (whose
+    creation functions torch 2.13 announces as deprecated) and no warning to silence."""
+    import warnings
+
+    model, src, tgt = model_and_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernels.quantize_int8(model)
+        with torch.inference_mode():
+            model(src, tgt)
+    weights = [w for m in model.modules() if isinstance(m, kernels.Int8Linear) for w in m.packed.values()]
+    assert weights and all(not w.weight.is_quantized and w.weight.dtype == torch.int8 for w in weights)

@@ -104,3 +104,73 @@ def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path
     assert "precision: fp32 (auto: AMD EPYC (Zen 3): AVX2 only" in out and "warning" not in out
     start = json.loads((tmp_path / "auto" / "logs" / "train.jsonl").read_text().splitlines()[0])
     assert start["precision"] == "fp32" and start["options"]["precision"] == "auto"
+
+
+# -- decoding: `--precision auto` and `auto-int8` (`choose_decoding_precision`) -----------------
+
+
+def timings(calls, **seconds):
+    def probe(**kwargs):
+        calls.append(kwargs)
+        return {p: seconds[p] for p in kwargs["precisions"]}
+    return probe
+
+
+def test_decoding_auto_takes_bf16_only_where_measured_and_never_int8():
+    from transduce.precision import choose_decoding_precision
+
+    calls = []
+    c = choose_decoding_precision("auto", "cpu", d_model=256, d_ff=1024, vocab=8000, capability=AMX,
+                                  probe=timings(calls, fp32=1.0, bf16=0.5, int8=0.1))
+    assert c.precision == "bf16" and "bf16 2.00x" in c.line() and "vocab 8,000" in c.line()
+    assert calls[0]["precisions"] == ("fp32", "bf16")  # int8 is not a candidate of plain auto
+    slow = choose_decoding_precision("auto", "cpu", capability=AMX, probe=timings([], fp32=1.0, bf16=0.9))
+    assert slow.precision == "fp32" and "bf16 1.11x" in slow.line()
+
+
+def test_decoding_auto_int8_takes_int8_at_its_margin_over_the_better_float():
+    from transduce.kernels import can_int8
+    from transduce.precision import INT8_MARGIN, choose_decoding_precision
+
+    if not can_int8():
+        pytest.skip("no oneDNN int8 kernels here: int8 is never a candidate (checked below)")
+    c = choose_decoding_precision("auto-int8", "cpu", capability=AMX, probe=timings([], fp32=1.0, bf16=0.5, int8=0.3))
+    assert c.precision == "int8" and c.base == "bf16" and "int8 3.33x" in c.line() and "auto-int8" in c.line()
+    near = choose_decoding_precision("auto-int8", "cpu", capability=AMX,
+                                     probe=timings([], fp32=1.0, bf16=0.5, int8=0.5 / (INT8_MARGIN - 0.05)))
+    assert near.precision == "bf16"
+
+
+def test_decoding_auto_never_probes_bf16_where_it_is_emulated():
+    from transduce.kernels import can_int8
+    from transduce.precision import choose_decoding_precision
+
+    calls = []
+    c = choose_decoding_precision("auto", "cpu", capability=ZEN3, probe=timings(calls, fp32=1.0, bf16=0.001))
+    assert c.precision == "fp32" and "bf16 not probed" in c.line() and calls[0]["precisions"] == ("fp32",)
+    calls = []
+    c = choose_decoding_precision("auto-int8", "cpu", capability=ZEN3, probe=timings(calls, fp32=1.0, bf16=0.001, int8=0.5))
+    if can_int8():
+        assert calls[0]["precisions"] == ("fp32", "int8") and c.precision == "int8" and c.base == "fp32"
+
+
+def test_decoding_probe_measures_every_precision_asked_for():
+    from transduce.kernels import can_int8
+    from transduce.precision import probe_decoding
+
+    asked = ("fp32", "bf16") + (("int8",) if can_int8() else ())
+    state = torch.random.get_rng_state()
+    t = probe_decoding(d_model=32, d_ff=64, vocab=100, rows=8, precisions=asked, budget_s=0.05)
+    assert set(t) == set(asked) and all(v > 0 for v in t.values())
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_decoding_explicit_and_gpu_choices():
+    from transduce.precision import choose_decoding_precision
+
+    assert choose_decoding_precision("fp32", capability=AMX).precision == "fp32"
+    assert choose_decoding_precision("auto-int8", "cuda", capability=H100).precision == "bf16"
+    with pytest.raises(ValueError, match="CPU only"):
+        choose_decoding_precision("int8", "cuda", capability=H100)
+    with pytest.raises(ValueError, match="unknown decoding precision"):
+        choose_decoding_precision("fp16", capability=AMX)

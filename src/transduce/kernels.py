@@ -16,10 +16,11 @@ it.
 * `quantize_int8(model)` (`--precision int8`): every linear layer, and by default the
   pre-softmax projection, replaced by an `Int8Linear`: the weight quantized to int8 per output
   channel, the activations quantized on the fly at every call, the products in int8 through
-  PyTorch's own quantized kernels (`torch.ops.quantized.linear_dynamic`; the oneDNN engine where
-  the CPU has VNNI or AMX, else fbgemm). Everything else (embeddings, LayerNorm, equation 1, the
-  search's log-softmax and scores) stays fp32. Not exact: measured in docs/RESULTS.md. It
-  composes with `apply`: the layers left in fp32 (the projection with `output=False`) are packed.
+  PyTorch's oneDNN int8 linear (`torch.ops.onednn.qlinear_pointwise`, what Inductor's x86
+  quantization runs), the FFN's ReLU inside the first. Everything else (embeddings, LayerNorm,
+  equation 1, the cache) stays in the weights' dtype (fp32, or bf16 where that is faster), the
+  search's log-softmax and scores in fp32. Not exact: measured in docs/RESULTS.md. It composes
+  with `apply`: the layers left in fp32 (the projection with `output=False`) are packed.
 * For training, `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws
   a quarter of the random numbers on the CPU (what the trainer and `transduce.synthetic` do: the
   random stream of a seeded run is BitDropout's).
@@ -30,7 +31,8 @@ Parameters keep their names (`state_dict` is unchanged) and stay shared: an opti
 
 from __future__ import annotations
 
-import warnings
+import functools
+import platform
 from typing import Callable
 
 import torch
@@ -195,10 +197,10 @@ def _restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
 
 
 def _fuse_relu(model: nn.Module) -> None:
-    """Every `PositionwiseFeedForward` whose W_1 is packed (fp32/bf16) becomes a
+    """Every `PositionwiseFeedForward` whose W_1 is packed (fp32/bf16) or int8 becomes a
     `PackedFeedForward`."""
     for parent, name, child in [(p, n, c) for p in model.modules() for n, c in p.named_children()]:
-        if isinstance(child, PositionwiseFeedForward) and type(child.w_1) is PackedLinear:
+        if isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear):
             setattr(parent, name, PackedFeedForward(child))
 
 
@@ -244,74 +246,105 @@ def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
 # -- int8 decoding: weights per output channel, activations on the fly ---------------------------
 
 
-def int8_engine() -> str:
-    """PyTorch's quantized engine for `Int8Weight`: oneDNN where the CPU has VNNI or AMX (int8
-    dot products in hardware; on a Xeon with AMX a 128 x 512 x 2048 product ran ~7x fp32's
-    speed, fbgemm's ~3x), else fbgemm (x86 without VNNI), else whatever the build offers (qnnpack
-    on ARM)."""
-    engines = torch.backends.quantized.supported_engines
-    cpu = getattr(torch, "cpu", None)
-    vnni = any(bool(getattr(cpu, f, lambda: False)()) for f in ("_is_vnni_supported", "_is_amx_tile_supported"))
-    for engine, ok in (("onednn", vnni), ("fbgemm", True), ("qnnpack", True)):
-        if ok and engine in engines:
-            return engine
-    raise RuntimeError(f"this PyTorch has no quantized engine for int8 ({', '.join(engines) or 'none'})")
+def can_int8() -> bool:
+    """Whether `quantize_int8` applies: PyTorch's oneDNN int8 linear (`torch.ops.onednn.qlinear_*`,
+    the kernels Inductor's x86 quantization lowers to) on an x86-64 CPU."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+            and platform.machine().lower() in ("x86_64", "amd64"))
+
+
+@functools.cache
+def int8_saturates() -> bool:
+    """Whether oneDNN's int8 products here add u8 x s8 pairs in int16 with saturation (x86 without
+    VNNI or AMX, e.g. AVX2 only, or with ONEDNN_MAX_CPU_ISA holding it to such an ISA): then the
+    activations are quantized to 7 bits (as PyTorch's fbgemm engine does there: `reduce_range`),
+    so that no pair overflows. A feature test, not a guess from the CPU's name: one product whose
+    pairs overflow int16 with 8-bit activations (255 * 127 * 2 > 32767)."""
+    qw = torch.ops.onednn.qlinear_prepack(torch.full((1, 64), 127, dtype=torch.int8), None)
+    y = torch.ops.onednn.qlinear_pointwise(torch.full((1, 64), 255, dtype=torch.uint8), 1.0, 0, qw, torch.ones(1),
+                                           torch.zeros(1, dtype=torch.long), None, 1.0, 0, torch.float32, "none", [], "")
+    return y.item() != 255 * 127 * 64
+
+
+_OFFSETS = tuple(torch.tensor([z + 0.5]) for z in range(256))
+"""The zero point + 0.5 of `quantize_activations`, made once; of shape (1,), not 0-d, so that the
+sum with bf16 activations is computed and stored in fp32 (no separate conversion pass)."""
+
+
+def quantize_activations(x: Tensor, levels: int = 254) -> tuple[Tensor, float, int]:
+    """x (any float dtype) as u8 per tensor, asymmetric: q = round(x / s) + z, s = (max - min) /
+    `levels` over the tensor's range widened to include 0, z = round(-min / s); returns (q, s, z).
+    `levels` 254 (not 255: x / s + z + 0.5 then never reaches 256, so no clamp is needed); 126 for
+    7-bit activations. Through int16 because PyTorch's float -> uint8 conversion is not vectorised
+    (several times slower than float -> int16 -> uint8 on the CPU)."""
+    lo, hi = torch.aminmax(x)
+    lo, hi = min(lo.item(), 0.0), max(hi.item(), 0.0)
+    scale = (hi - lo) / levels or 1.0
+    zero = round(-lo / scale)
+    q = torch.add(_OFFSETS[zero], x, alpha=1.0 / scale)  # fp32, >= 0: truncation to int16 rounds
+    return q.to(torch.int16).to(torch.uint8), scale, zero
 
 
 class Int8Weight:
     """W (out, in), or the block `rows` of it, for y = x W^T + b in int8: each output channel
     (row) i quantized symmetrically, W_i ~ s_i q_i with s_i = max|W_i| / 127 and q_i in
-    [-127, 127]; at every call, PyTorch's dynamic quantized linear quantizes x (per tensor, u8 with
-    a zero point, from its min and max), multiplies in int8 with int32 sums, and rescales to fp32,
-    adding the bias in fp32. Usable, like `PackedWeight`, only while weight and bias are unchanged,
-    for fp32 input on the CPU without autograd or autocast."""
+    [-127, 127], packed by oneDNN (`torch.ops.onednn.qlinear_prepack`); at every call the
+    activations are quantized per tensor (`quantize_activations`; 7 bits where `int8_saturates`),
+    multiplied in int8 with int32 sums, rescaled and the bias added by oneDNN
+    (`torch.ops.onednn.qlinear_pointwise`), the output in x's dtype (fp32, or bf16 for a model
+    in bf16). Usable, like `PackedWeight`, only while weight and bias are unchanged, for input in
+    the model's dtype on the CPU without autograd or autocast."""
 
     def __init__(self, source: Tensor, rows: slice | None = None, bias: Tensor | None = None):
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
         self.bias = bias
         self.bias_version = None if bias is None else bias._version
-        w = (source.detach() if rows is None else source.detach()[rows]).float().contiguous()
-        b = None if bias is None else (bias.detach() if rows is None else bias.detach()[rows]).float().contiguous()
-        self.engine = int8_engine()
-        self.reduce_range = self.engine == "fbgemm"  # 7-bit activations: no int16 overflow without VNNI
-        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127).double()
-        previous = torch.backends.quantized.engine
-        torch.backends.quantized.engine = self.engine  # the engine packs; the call follows the pack
-        try:
-            with warnings.catch_warnings():  # torch 2.13 announces the qint8 tensor type's deprecation
-                warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-                q = torch.quantize_per_channel(w, scales, torch.zeros(w.size(0), dtype=torch.long), 0, torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(q, b)
-        finally:
-            torch.backends.quantized.engine = previous
+        self.dtype = source.dtype
+        w = (source.detach() if rows is None else source.detach()[rows]).float()
+        self.scales = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+        q = torch.round(w / self.scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        self.weight = torch.ops.onednn.qlinear_prepack(q, None)
+        self.zeros = torch.zeros(w.size(0), dtype=torch.long)
+        self.levels = 126 if int8_saturates() else 254
 
     def usable(self, x: Tensor) -> bool:
-        return (not torch.is_grad_enabled() and x.dtype == torch.float32 and x.device.type == "cpu"
+        return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
                 and self.source._version == self.version and self.source.data_ptr() == self.ptr
                 and (self.bias is None or self.bias._version == self.bias_version)
-                and not torch.is_autocast_enabled("cpu"))
+                and not torch.is_autocast_enabled("cpu") and x.numel() > 0)
 
-    def __call__(self, x: Tensor, bias: Tensor | None) -> Tensor:  # the bias is in the pack
-        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+    def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
+        """x W^T + b (`activation` "relu": max(0, x W^T + b), applied by oneDNN as it writes)."""
+        q, scale, zero = quantize_activations(x, self.levels)
+        return torch.ops.onednn.qlinear_pointwise(q, scale, zero, self.weight, self.scales, self.zeros, bias,
+                                                  1.0, 0, x.dtype, activation, [], "")
 
 
 class Int8Linear(PackedLinear):
-    """A `PackedLinear` whose products run in int8 (`Int8Weight`); `F.linear` in fp32 where that
-    is not usable (training, autocast, changed weights)."""
+    """A `PackedLinear` whose products run in int8 (`Int8Weight`); `F.linear` in the weights'
+    dtype where that is not usable (training, autocast, changed weights)."""
 
     make = Int8Weight
 
 
 def quantize_int8(model: nn.Module, output: bool = True) -> int:
-    """Replace every linear layer of `model` by an `Int8Linear` and, with `output`, the tied
-    pre-softmax projection too (an untied one is a linear layer: always). On the CPU, in fp32,
-    after loading; the parameters and `state_dict` are unchanged (the int8 copies come beside
-    them). Returns how many layers were quantized; `dequantize_int8` puts the layers back."""
+    """Replace every linear layer of `model` by an `Int8Linear` (and the FFN by a
+    `PackedFeedForward`: the ReLU in the int8 product) and, with `output`, the tied pre-softmax
+    projection too (an untied one is a linear layer: always). On the CPU, after loading, with the
+    weights in fp32 or bf16: the int8 products then take and give that dtype, and everything else
+    (embeddings, LayerNorm, equation 1, the cache) stays in it. The parameters and `state_dict`
+    are unchanged (the int8 copies come beside them). Returns how many layers were quantized;
+    `dequantize_int8` puts the layers back."""
     p = next(model.parameters())
-    if p.device.type != "cpu" or p.dtype != torch.float32:
-        raise ValueError(f"int8 decoding runs on the CPU from fp32 weights (this model: {p.dtype} on {p.device})")
+    if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})")
+    if not can_int8():
+        raise ValueError(f"int8 decoding needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()}, "
+                         f"torch {torch.__version__})")
     unpack_weights(model)  # int8 replaces what would be packed
-    return _replace_linears(model, Int8Linear, output=output)
+    n = _replace_linears(model, Int8Linear, output=output)
+    _fuse_relu(model)
+    return n
 
 
 def is_int8(model: nn.Module) -> bool:

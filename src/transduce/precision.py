@@ -9,16 +9,21 @@ computes it natively and a product of the model's size is measured faster than i
 * CUDA: bf16 where the GPU supports it (`torch.cuda.is_bf16_supported()`, compute capability
   8.0 and newer), else fp32. fp16 is never chosen silently (it needs loss scaling).
 * CPU: native bf16 means AMX (Sapphire Rapids and newer) or AVX512_BF16 (Cooper Lake, Zen 4
-  and newer) on x86-64, as PyTorch reports them, or the BF16 extension on ARM (/proc/cpuinfo).
-  Where the CPU has it, a short timed probe (`probe_bf16_speedup`: the FFN's two products at
-  the model's d_model and d_ff, fp32 against bf16 autocast, ~0.1-0.5 s) decides, because for
-  small widths the casts can cost more than the faster products save. Where the CPU lacks it,
-  fp32, without a probe. Where the capability cannot be read (another architecture), the probe
+  and newer) on x86-64, as PyTorch reports them (and oneDNN not held below them by
+  `ONEDNN_MAX_CPU_ISA`), or the BF16 extension on ARM (/proc/cpuinfo). Where the CPU lacks it,
+  fp32, without a probe. Where it has it, a short timed probe decides, because for small widths
+  the casts can cost more than the faster products save: for training (`choose_precision`,
+  `probe_bf16_speedup`) the FFN's two products at the model's d_model and d_ff, fp32 against
+  bf16 autocast, ~0.1-0.5 s; for decoding (`choose_decoding_precision`, `probe_decoding`) one
+  decoder layer's products and the output projection for 128 hypotheses, as `translate` runs
+  them (~0.4-1.5 s). Where the capability cannot be read (another architecture), the probe
   alone decides.
 
-`--precision int8` (decoding only, CPU only, never chosen by `auto`: it is not exact) quantizes
-the linear layers' weights to int8 per output channel and computes their products in int8
-(`transduce.kernels.quantize_int8`); the search's log-probabilities and scores stay fp32.
+`--precision int8` (decoding only, CPU only; not exact, so plain `auto` never takes it, and
+`--precision auto-int8` lets the decoding probe consider it) quantizes the linear layers' weights
+to int8 per output channel and computes their products in int8 (`transduce.kernels.quantize_int8`),
+the rest in bf16 where the CPU has it natively, else fp32; the search's log-probabilities and
+scores stay fp32.
 
 An explicit `--precision bf16` is obeyed; on a CPU without native bf16 it comes with a warning
 that names the measured slowdown. Everything here takes the capability read and the probe as
@@ -28,6 +33,7 @@ arguments, so that every branch can be tested on any machine.
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -38,8 +44,9 @@ import torch
 import torch.nn.functional as F
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DECODING_PRECISIONS = ("auto", "fp32", "bf16", "int8")
-"""What `translate`, `evaluate` and `serve` offer: int8 is for decoding on the CPU only."""
+DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")
+"""What `translate`, `evaluate` and `serve` offer: int8 is for decoding on the CPU only, and
+`auto` chooses between the exact-enough fp32 and bf16, `auto-int8` among fp32, bf16 and int8."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,9 @@ class Choice:
     precision: str
     reason: str
     warning: str | None = None
+    base: str = "fp32"
+    """int8: the dtype of everything the int8 products leave as is (embeddings, LayerNorm,
+    attention, the cache): bf16 where the CPU computes it natively, else fp32."""
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""
@@ -86,6 +96,11 @@ def _arm_features() -> set[str]:
     return set()
 
 
+ONEDNN_ISAS_WITHOUT_BF16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX512_CORE", "AVX512_CORE_VNNI"}
+"""Values of oneDNN's `ONEDNN_MAX_CPU_ISA` that leave it without bf16 products: a CPU with AVX512_BF16
+or AMX held to one of these (e.g. to imitate an AVX2-only machine) computes bf16 as an AVX2 one."""
+
+
 def read_capability(device: torch.device | str = "cpu") -> Capability:
     """The bf16 capability of `device`, as PyTorch (and on ARM, the kernel) reports it."""
     device = torch.device(device)
@@ -99,6 +114,10 @@ def read_capability(device: torch.device | str = "cpu") -> Capability:
         cpu = getattr(torch, "cpu", None)
         amx = bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)())
         avx512_bf16 = bool(getattr(cpu, "_is_avx512_bf16_supported", lambda: False)())
+        held = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+        if (amx or avx512_bf16) and held.upper() in ONEDNN_ISAS_WITHOUT_BF16:
+            return Capability("cpu", name, False, f"ONEDNN_MAX_CPU_ISA={held} holds oneDNN to an ISA without bf16 "
+                                                  f"instructions (the CPU has {'AMX' if amx else 'avx512_bf16'})")
         if amx or avx512_bf16:
             return Capability("cpu", name, True, " and ".join(f for f, on in (("AMX", amx), ("avx512_bf16", avx512_bf16)) if on))
         isa = torch.backends.cpu.get_cpu_capability()
@@ -196,14 +215,120 @@ def choose_precision(
     return Choice("fp32", f"auto: {where}; but {measured} (bf16 needs {BF16_MARGIN:g}x: fp32 is exact)")
 
 
-def int8_choice(device: torch.device | str = "cpu") -> Choice:
-    """`--precision int8`: where it runs and through which engine, or a ValueError off the CPU."""
+def int8_choice(device: torch.device | str = "cpu", capability: Capability | None = None, why: str = "as asked") -> Choice:
+    """`--precision int8`: where it runs and how, or a ValueError off the CPU (or without oneDNN's
+    int8 kernels). Everything but the products in bf16 where the CPU computes bf16 natively
+    (measured faster than int8 over fp32: docs/speed.md), else fp32."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
-    from .kernels import int8_engine
+    from .kernels import can_int8, int8_saturates
 
-    cpu = getattr(torch, "cpu", None)
-    features = [f for f, name in (("AMX", "_is_amx_tile_supported"), ("VNNI", "_is_vnni_supported"))
-                if bool(getattr(cpu, name, lambda: False)())]
-    return Choice("int8", f"as asked; {cpu_name()}: linear layers in int8 through PyTorch's {int8_engine()} engine"
-                          f"{' (' + ', '.join(features) + ')' if features else ''}; the search in fp32")
+    if not can_int8():
+        raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")
+    cap = read_capability("cpu") if capability is None else capability
+    base = "bf16" if cap.native_bf16 else "fp32"
+    bits = "7-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates() else "8-bit activations"
+    return Choice("int8", f"{why}; {cap.name}: linear layers in int8 through oneDNN ({bits}), the rest in {base}"
+                          f"{' (' + cap.detail + ')' if base == 'bf16' else ''}; the search in fp32", base=base)
+
+
+INT8_MARGIN = 1.1
+"""The measured speed-up over the better float type for which `auto-int8` takes int8."""
+
+
+def probe_decoding(d_model: int = 512, d_ff: int = 2048, vocab: int = 37000, rows: int = 128,
+                   precisions: tuple[str, ...] = ("fp32", "bf16", "int8"), int8_base: str = "fp32",
+                   budget_s: float = 0.4) -> dict[str, float]:
+    """Seconds per decoding step's products, per precision: one decoder layer's (the stacked
+    [W^Q; W^K; W^V], W^O, cross-attention's query and output, the FFN's two with its ReLU) and
+    the pre-softmax projection over `vocab` (at most 16,384 of it: the ratios hold, the probe
+    stays short), for `rows` hypotheses (32 sentences x beam 4), as `translate` runs them
+    (`transduce.kernels`: pre-packed fp32/bf16, or int8 over `int8_base`). The fastest of the
+    rounds (alternating precisions) within about `budget_s`: on a busy machine the minimum is
+    the steadier statistic. Weights from a private generator: the global RNG is untouched."""
+    from .kernels import Int8Weight, PackedWeight, can_pack
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(3 * d_model, d_model), (d_model, d_model), (d_model, d_model), (d_model, d_model),
+              (d_ff, d_model), (d_model, d_ff), (min(vocab, 16384), d_model)]
+    weights = [torch.rand(shape, generator=g).sub_(0.5).mul_(shape[1] ** -0.5) for shape in shapes]
+    x32 = torch.randn(rows, d_model, generator=g)
+    steps: dict[str, Callable[[], None]] = {}
+    for p in precisions:
+        dtype = torch.bfloat16 if p == "bf16" or (p == "int8" and int8_base == "bf16") else torch.float32
+        if p == "int8":
+            packed = [Int8Weight(w.to(dtype)) for w in weights]
+        elif can_pack(dtype, "cpu"):
+            packed = [PackedWeight(w.to(dtype)) for w in weights]
+        else:
+            packed = [lambda x, b, act="none", w=w.to(dtype): F.linear(x, w) if act == "none" else F.linear(x, w).relu()
+                      for w in weights]
+        x = x32.to(dtype)
+
+        def step(packed=packed, x=x) -> None:
+            for w in packed[:4]:
+                w(x, None)
+            packed[5](packed[4](x, None, "relu"), None)
+            packed[6](x, None)
+
+        steps[p] = step
+    times: dict[str, list[float]] = {p: [] for p in precisions}
+    with torch.inference_mode():
+        for step in steps.values():
+            step()  # warm up (oneDNN primitive creation)
+        deadline = time.perf_counter() + budget_s
+        while min(map(len, times.values())) < 3 or (time.perf_counter() < deadline and len(times[precisions[0]]) < 20):
+            for p, step in steps.items():
+                t0 = time.perf_counter()
+                step()
+                times[p].append(time.perf_counter() - t0)
+    return {p: min(v) for p, v in times.items()}
+
+
+def choose_decoding_precision(
+    requested: str,
+    device: torch.device | str = "cpu",
+    *,
+    d_model: int = 512,
+    d_ff: int = 2048,
+    vocab: int = 37000,
+    capability: Capability | Callable[[torch.device], Capability] | None = None,
+    probe: Callable[..., dict[str, float]] | None = None,
+) -> Choice:
+    """The precision `translate`, `evaluate` and `serve` decode in. fp32, bf16, int8 as asked
+    (`choose_precision`, `int8_choice`). `auto` on the CPU: fp32 or bf16, and `auto-int8` also
+    int8, by a timed probe of a decoding step's products at the model's sizes (`probe_decoding`,
+    well under a second): bf16 where it runs at least `BF16_MARGIN` times fp32's speed, int8 where
+    it runs at least `INT8_MARGIN` times the better float type's. On a CPU without native bf16
+    (x86 without AVX512_BF16 or AMX) bf16 is not even probed: it is emulated there, some hundred
+    times slower. On a GPU, `choose_precision`'s auto (int8 is CPU only)."""
+    if requested not in DECODING_PRECISIONS:
+        raise ValueError(f"unknown decoding precision {requested!r} ({', '.join(DECODING_PRECISIONS)})")
+    device = torch.device(device)
+    capability = read_capability if capability is None else capability
+    if requested == "int8":
+        return int8_choice(device, capability(device) if callable(capability) else capability)
+    if requested in ("fp32", "bf16") or device.type != "cpu":
+        return choose_precision("auto" if requested == "auto-int8" else requested, device, d_model=d_model, d_ff=d_ff,
+                                capability=capability)
+    cap = capability(device) if callable(capability) else capability
+    from .kernels import can_int8
+
+    candidates = ["fp32"] + (["bf16"] if cap.native_bf16 is not False else [])
+    if requested == "auto-int8" and can_int8():
+        candidates.append("int8")
+    probe = probe_decoding if probe is None else probe
+    base = "bf16" if cap.native_bf16 else "fp32"
+    t = probe(d_model=d_model, d_ff=d_ff, vocab=vocab, precisions=tuple(candidates), int8_base=base)
+    speed = {p: t["fp32"] / max(t[p], 1e-12) for p in candidates}
+    best = "bf16" if speed.get("bf16", 0.0) >= BF16_MARGIN else "fp32"
+    if "int8" in speed and speed["int8"] >= INT8_MARGIN * speed[best]:
+        best = "int8"
+    measured = ", ".join(f"{p} {speed[p]:.2f}x" for p in candidates[1:])
+    why = (f"auto{'-int8' if requested == 'auto-int8' else ''}: {cap.name}: {cap.detail}; a decoding step's products "
+           f"(d_model {d_model}, d_ff {d_ff}, vocab {vocab:,}) ran at fp32's speed times: {measured or 'fp32 only'}"
+           f" (bf16 needs {BF16_MARGIN:g}x{f', int8 {INT8_MARGIN:g}x the better float' if 'int8' in speed else ''}"
+           f"{'; bf16 not probed: emulated here' if cap.native_bf16 is False else ''})")
+    if best == "int8":
+        return int8_choice(device, cap, why)
+    return Choice(best, why)

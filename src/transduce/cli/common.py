@@ -79,11 +79,14 @@ def _workers(value: str) -> int | str:
 def add_precision_args(g) -> None:
     """--precision (and its short forms --bf16, --int8), for translate, evaluate and serve."""
     g.add_argument("--precision", choices=DECODING_PRECISIONS, default="auto",
-                   help="auto (default): bf16 weights where the device computes bf16 natively and a product of "
-                        "the model's size is measured faster, else fp32 (the choice is printed); fp32; bf16 "
+                   help="auto (default): fp32 or bf16 weights, whichever a short timed probe of a decoding step's "
+                        "products at the model's sizes finds faster (bf16 needs 1.25x; never probed, never chosen "
+                        "where the CPU only emulates bf16); the choice and the measured ratios are printed. "
+                        "auto-int8: the same, int8 also a candidate (taken at 1.1x the better float). fp32; bf16 "
                         "(warns where the CPU only emulates it); int8 (CPU only, not exact: every linear layer's "
                         "weights int8 per output channel, activations quantized on the fly, products through "
-                        "PyTorch's quantized kernels; docs/speed.md). Log-probabilities and scores stay fp32")
+                        "oneDNN's int8 kernels, the rest in bf16 where the CPU has it natively, else fp32; "
+                        "docs/speed.md). Log-probabilities and scores stay fp32")
     g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
     g.add_argument("--int8", action="store_const", const="int8", dest="precision", help="the same as --precision int8")
 
@@ -120,11 +123,11 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
         args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
         src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device),
     )
-    from ..precision import choose_precision
+    from ..precision import choose_decoding_precision
 
     mc = loaded.config.model
-    loaded.precision = choose_precision(args.precision, next(loaded.model.parameters()).device,
-                                        d_model=mc.d_model, d_ff=mc.d_ff)
+    loaded.precision = choose_decoding_precision(args.precision, next(loaded.model.parameters()).device,
+                                                 d_model=mc.d_model, d_ff=mc.d_ff, vocab=mc.target_vocab_size)
     if getattr(args, "workers", None) is not None:  # translate, evaluate, parse
         args.workers, why = choose_workers(args.workers, next(loaded.model.parameters()).device, torch.get_num_threads(),
                                            mc.d_model)
@@ -135,6 +138,8 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     elif loaded.precision.precision == "int8":
         from ..kernels import quantize_int8
 
+        if loaded.precision.base == "bf16":
+            loaded.model.to(torch.bfloat16)  # what int8 leaves as is runs in bf16
         quantize_int8(loaded.model)  # once, here; translate_stream's kernels.apply keeps it
     return loaded
 

@@ -1,0 +1,124 @@
+"""What machine a benchmark table was measured on: the CPU, its ISA features, the environment
+variables that hold libraries to a lower ISA, and the ISA each library actually runs.
+
+A CPU timing table is only readable with this: the same command gives other ratios on a CPU with
+AMX, with AVX512_BF16 only, or AVX2 only (and `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
+CT2_FORCE_CPU_ISA=AVX2` imitates the last on a newer one). `describe()` returns the lines;
+`benchmarks/decode_speed.py` prints them at the top of its output and stores them in its JSON.
+
+Each library's effective ISA is what it reports itself, not inferred from the CPU:
+
+* oneDNN inside PyTorch (fp32/bf16 packed products, int8): the `isa:` line oneDNN prints with
+  `ONEDNN_VERBOSE=1` when it first runs a primitive (in a subprocess with this environment);
+* PyTorch's ATen kernels (softmax, copies, element-wise): `torch.backends.cpu.get_cpu_capability()`;
+* CTranslate2: the ISA of its own kernels and its GEMM backends (its `CT2_VERBOSE=1` log when a
+  model loads) and the ISA of its bundled oneDNN (`ONEDNN_VERBOSE=1`), in a subprocess that
+  loads a tiny model exported here; `ctranslate2.get_supported_compute_types("cpu")`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+"""The /proc/cpuinfo flags that decide CPU decoding speed (bf16 and int8 products)."""
+
+OVERRIDES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA", "CT2_USE_MKL",
+             "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+"""Environment variables that change which kernels run."""
+
+_ONEDNN_PROBE = ("import torch; w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4)); "
+                 "torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), w, None, 'none', [], '')")
+
+_CT2_PROBE = """
+import sys, torch
+sys.path.insert(0, {src!r})
+from transduce.config import Config, ModelConfig
+from transduce.export.ct2 import SPECIAL_PIECES, TransduceConverter
+from transduce.model import Transformer
+import ctranslate2
+model = Transformer(ModelConfig(src_vocab_size=16, n_layers=1, d_model=16, d_ff=32, n_heads=2)).eval()
+vocab = [SPECIAL_PIECES[k] for k in ("pad", "unk", "bos", "eos")] + [f"w{{i}}" for i in range(4, 16)]
+with torch.no_grad():
+    TransduceConverter(model, Config(model=model.config), vocab, vocab).convert({out!r}, quantization="float32", force=True)
+t = ctranslate2.Translator({out!r}, device="cpu", compute_type="int8")
+t.translate_batch([["w5", "w6"]], max_decoding_length=2)
+print("compute types:", sorted(ctranslate2.get_supported_compute_types("cpu")), flush=True)
+"""
+
+
+def cpu_flags() -> tuple[str, list[str]]:
+    """The CPU's model name and which of `FEATURES` it has (/proc/cpuinfo)."""
+    name, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and name == "unknown CPU":
+                name = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    return name, [f for f in FEATURES if f in flags]
+
+
+def _run(code: str, env: dict) -> str:
+    try:
+        p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        return p.stdout + p.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(failed: {e})"
+
+
+def onednn_isa() -> str:
+    """PyTorch's oneDNN: its version and the ISA it runs here, as it reports them."""
+    out = _run(_ONEDNN_PROBE, {**os.environ, "ONEDNN_VERBOSE": "1"})
+    lines = out.splitlines()
+    version = next((l.split("oneDNN", 1)[1].split("(")[0].strip() for l in lines if "info,oneDNN v" in l), "?")
+    isa = next((l.split("isa:", 1)[1].strip() for l in lines if ",isa:" in l), "unknown (no verbose line)")
+    return f"{version}, ISA {isa}"
+
+
+def ct2_isa() -> str:
+    """CTranslate2's own ISA, GEMM backends, bundled oneDNN's ISA and compute types, as it reports them."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    with tempfile.TemporaryDirectory(prefix="machine-ct2-") as tmp:
+        out = _run(_CT2_PROBE.format(src=src, out=str(Path(tmp) / "m")),
+                   {**os.environ, "CT2_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1"})
+    lines = out.splitlines()
+    own = next((l.split("Selected ISA:", 1)[1].strip() for l in lines if "Selected ISA:" in l), "?")
+    gemm = "; ".join(l.split("- ", 1)[1].strip() for l in lines if "backend:" in l)
+    dnnl = next((l.split("isa:", 1)[1].strip() for l in lines if ",isa:" in l), "?")
+    types = next((l.split(":", 1)[1].strip() for l in lines if l.startswith("compute types:")), "?")
+    if own == "?" and types == "?":
+        return "not available (" + (lines[-1] if lines else "no output") + ")"
+    return f"kernels {own}; {gemm}; its oneDNN: {dnnl}; compute types {types}"
+
+
+def describe(ct2: bool = False) -> list[str]:
+    """The lines that say which machine and which kernels a table was measured on."""
+    import torch
+
+    name, flags = cpu_flags()
+    env = [f"{k}={os.environ[k]}" for k in OVERRIDES if k in os.environ]
+    lines = [f"CPU: {name}; {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable",
+             f"ISA features (/proc/cpuinfo): {' '.join(flags) or 'none of ' + ', '.join(FEATURES)}",
+             f"environment: {' '.join(env) or 'no ISA or thread overrides'}",
+             f"PyTorch {torch.__version__}: ATen CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+             f"oneDNN {onednn_isa()}"]
+    if ct2:
+        try:
+            import ctranslate2
+
+            lines.append(f"CTranslate2 {ctranslate2.__version__}: {ct2_isa()}")
+        except ImportError:
+            lines.append("CTranslate2: not installed")
+    return lines
+
+
+if __name__ == "__main__":
+    print("\n".join(describe(ct2=True)))
