@@ -146,6 +146,7 @@ def test_serve_int8_engine(model_dir):
     p = argparse.ArgumentParser()
     serve_cli.add_args(p)
     args = p.parse_args([str(model_dir), "--int8", "--threads", "1"])
+    serve_cli.resolve_defaults(args)
     engine = serve_cli.engine_loader(args, serve_cli.limits_from_args(args))()
     assert engine.info["precision"] == "int8"
     out = engine.translate(["a man runs on the grass", ""], Search(beam=2, max_len_offset=3))

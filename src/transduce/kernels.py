@@ -1,7 +1,7 @@
 """CPU speed-ups, applied to a built `transduce.model.Transformer` from the outside.
 
 None of this is in the paper: the same products, the same equation 1 and the same dropout,
-computed faster on the CPU (measured in docs/RESULTS.md). `transduce.model` works without any of
+computed faster on the CPU (measured in docs/history/RESULTS-log-2026-11.md). `transduce.model` works without any of
 it.
 
 * `pack_weights(model)` replaces every linear layer (`nn.Linear`, the stacked [W^Q; W^K; W^V] of
@@ -19,7 +19,7 @@ it.
   PyTorch's oneDNN int8 linear (`torch.ops.onednn.qlinear_pointwise`, what Inductor's x86
   quantization runs), the FFN's ReLU inside the first. Everything else (embeddings, LayerNorm,
   equation 1, the cache) stays in the weights' dtype (fp32, or bf16 where that is faster), the
-  search's log-softmax and scores in fp32. Not exact: measured in docs/RESULTS.md. It composes
+  search's log-softmax and scores in fp32. Not exact: measured in docs/history/RESULTS-log-2026-11.md. It composes
   with `apply`: the layers left in fp32 (the projection with `output=False`) are packed.
 * For training, `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws
   a quarter of the random numbers on the CPU (what the trainer and `transduce.synthetic` do: the
@@ -49,7 +49,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
 
     Same shapes and mask convention as `transduce.model.attention_reference`; no dropout. On the
     CPU several times faster than `scaled_dot_product_attention` for 1-8 queries (see
-    docs/RESULTS.md). The scores as Q K^T, so that the softmax runs along contiguous rows; for
+    docs/history/RESULTS-log-2026-11.md). The scores as Q K^T, so that the softmax runs along contiguous rows; for
     one query in bf16 (self-attention) as K q^T instead, which reads the keys in their stored
     layout (what bf16 products need to be fast; in fp32 it is the slower one) and is, in memory,
     the same row q K^T.
@@ -149,7 +149,7 @@ class PackedFeedForward(nn.Module):
     the max(0, .) computed by the first packed product as it writes its output, instead of by a
     separate pass over the (rows, d_ff) activations (bit for bit the same; in bf16, where a
     separate ReLU is slow on the CPU, about a third of the first product's time; see
-    docs/RESULTS.md). Holds the same `w_1` and `w_2` (`PackedLinear`s): `state_dict` is
+    docs/history/RESULTS-log-2026-11.md). Holds the same `w_1` and `w_2` (`PackedLinear`s): `state_dict` is
     unchanged."""
 
     def __init__(self, ffn: nn.Module):
@@ -365,7 +365,7 @@ class BitDropout(nn.Module):
 
     On the CPU the mask comes from 15 random bits per element, four elements per 64-bit draw of
     the default generator (`random_`), instead of `bernoulli_`'s one draw per element: a quarter
-    of the random numbers, for faster training steps (see docs/RESULTS.md). p is thereby rounded
+    of the random numbers, for faster training steps (see docs/history/RESULTS-log-2026-11.md). p is thereby rounded
     to a multiple of 2^-15 (0.1 becomes 0.1000061). Elsewhere (CUDA) `torch.nn.functional.dropout`,
     as `nn.Dropout`. It draws another random stream than `nn.Dropout`: a seeded run repeats bit
     for bit only with the same choice.
