@@ -51,8 +51,9 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..translate import DEFAULT_BATCH_TOKENS
-from .batcher import Batcher, QueueFull, ShuttingDown
-from .common import LIMIT_OF_FIELD, Limits, check_sentences, error, number, search_fields, shutting_down, wait_for_job
+from .batcher import Batcher, ShuttingDown
+from .common import (LIMIT_OF_FIELD, Limits, check_sentences, enqueue, error, number, search_fields,
+                     unavailable, wait_for_job)
 from .engines import Engine, Search, ct2_engine, torch_engine  # noqa: F401 - the API's names, as before
 
 log = logging.getLogger("transduce.serve")
@@ -306,10 +307,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
 
     async def translate(req, request: Request):
         e, batcher = state["engine"], state["batcher"]
-        if e is None:
-            return error(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
-        if state["draining"]:
-            return shutting_down(state)
+        if (problem := unavailable(state)) is not None:
+            return problem
         if req.n_best > (1 if req.greedy else req.beam):
             return error(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
                          f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
@@ -318,15 +317,10 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
             return problem
         request.scope.setdefault("state", {})["log_sentences"] = f"sentences={len(req.sentences)} tokens={tokens}"
         search = Search(req.beam, req.alpha, req.max_len_offset, req.n_best, req.greedy)
-        try:
-            job = batcher.submit(req.sentences, search, tokens)
-        except QueueFull as exc:
-            return error(429, "queue_full", str(exc), headers={"Retry-After": str(_retry_after(batcher))},
-                         limit="max_queue", value=limits.max_queue)
-        except ShuttingDown:
-            return shutting_down(state)
-        except RuntimeError as exc:  # the decoding thread has ended: say so, never wait
-            return error(500, "decoding_failed", str(exc))
+        job, problem = enqueue(lambda: batcher.submit(req.sentences, search, tokens), state, limits,
+                               _retry_after(batcher))
+        if problem is not None:
+            return problem
         results, problem = await wait_for_job(job, batcher, state, request, poll_disconnect)
         if problem is not None:
             return problem

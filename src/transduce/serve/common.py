@@ -8,7 +8,7 @@ import asyncio
 import math
 from dataclasses import dataclass
 
-from .batcher import ShuttingDown
+from .batcher import QueueFull, ShuttingDown
 from .engines import DEFAULT_MAX_TOKENS, RequestError
 
 
@@ -56,7 +56,7 @@ def check_sentences(encode, sentences: list[str], limits: Limits, field: str = "
             return error(422, "invalid_request", f"{where}: not valid Unicode (a lone surrogate)", field=where), 0
         n = len(encode(s))
         if n > most:
-            how = f" (max_tokens + max_len_offset: the longest output the server gives)" if extra else ""
+            how = " (max_tokens + max_len_offset: the longest output the server gives)" if extra else ""
             return error(422, "limit_exceeded", f"{where}: {n} subword tokens, more than {most}{how}",
                          limit="max_tokens", value=limits.max_tokens, field=where), 0
         tokens += n + 1
@@ -104,6 +104,27 @@ def shutting_down(state: dict):
     why = f"its grace period ({grace:g} s) is over" if state["expired"] and grace is not None else "it takes no new work"
     return error(503, "shutting_down", f"the server is shutting down and {why}: send the request again (to another "
                  "instance)", headers={"Retry-After": "1", "Connection": "close"})
+
+
+def unavailable(state: dict):
+    """503 while the model loads or the server shuts down; None when requests are taken."""
+    if state["engine"] is None:
+        return error(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
+    return shutting_down(state) if state["draining"] else None
+
+
+def enqueue(submit, state: dict, limits: Limits, retry_after: int):
+    """(job, None) from `submit()`, or (None, the JSON error): 429 with a full queue, 503 while
+    shutting down, 500 once the decoding thread has ended (say so, never wait)."""
+    try:
+        return submit(), None
+    except QueueFull as exc:
+        return None, error(429, "queue_full", str(exc), headers={"Retry-After": str(retry_after)},
+                           limit="max_queue", value=limits.max_queue)
+    except ShuttingDown:
+        return None, shutting_down(state)
+    except RuntimeError as exc:
+        return None, error(500, "decoding_failed", str(exc))
 
 
 def search_fields(limits: Limits, defaults) -> dict:

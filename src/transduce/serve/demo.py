@@ -27,8 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .batcher import QueueFull, ShuttingDown
-from .common import Limits, check_sentences, error, search_fields, shutting_down, wait_for_job
+from .common import Limits, check_sentences, enqueue, error, search_fields, unavailable, wait_for_job
 from .engines import Search
 
 CSP = ("default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -80,10 +79,8 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
 
     async def attention(req, request: Request):
         e, batcher = state["engine"], state["batcher"]
-        if e is None:
-            return error(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
-        if state["draining"]:
-            return shutting_down(state)
+        if (problem := unavailable(state)) is not None:
+            return problem
         if e.attention is None:
             return error(501, "not_supported", f"the {e.info.get('engine')} engine gives no attention weights: serve "
                          "the PyTorch model (transduce serve MODEL, without --engine ct2)")
@@ -97,15 +94,10 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
         if problem is not None:
             return problem
         search = Search(req.beam, req.alpha, req.max_len_offset, 1, req.greedy)
-        try:
-            job = batcher.call(lambda: e.attention(req.source, req.target, search), tokens)
-        except QueueFull as exc:
-            return error(429, "queue_full", str(exc), headers={"Retry-After": "1"}, limit="max_queue",
-                         value=limits.max_queue)
-        except ShuttingDown:
-            return shutting_down(state)
-        except RuntimeError as exc:  # the decoding thread has ended: say so, never wait
-            return error(500, "decoding_failed", str(exc))
+        job, problem = enqueue(lambda: batcher.call(lambda: e.attention(req.source, req.target, search), tokens),
+                               state, limits, 1)
+        if problem is not None:
+            return problem
         data, problem = await wait_for_job(job, batcher, state, request, poll)
         if problem is not None:
             return problem
