@@ -286,15 +286,17 @@ def cast(model, precision: str):
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
     """The transduce model as `translate --precision P` runs it: weights cast (or for int8
     quantized, `kernels.quantize_int8`, over bf16 weights where the CPU computes bf16 natively,
-    as `precision.int8_choice` says), decoding steps' attention, and with `pack` the weights
+    each product in int8 where measured faster, as `precision.int8_choice` says), decoding steps' attention, and with `pack` the weights
     left in fp32/bf16 pre-packed (`kernels.apply`). Undoes what an earlier precision did."""
     kernels.dequantize_int8(model)
     kernels.unpack_weights(model)
     cast(model, precision)
-    if precision == "int8":
-        if int8_choice().base == "bf16":
+    if precision == "int8":  # as `translate --precision int8` chooses, with each worker's threads
+        choice = int8_choice(shapes=kernels.int8_shapes(model))
+        print(f"transduce {choice.line()}", flush=True)
+        if choice.base == "bf16":
             model.to(torch.bfloat16)
-        kernels.quantize_int8(model)
+        kernels.quantize_int8(model, only=choice.int8_shapes)
     kernels.apply(model, pack=False)
     if pack and precision != "int8" and not kernels.pack_weights(model):
         print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)

@@ -47,6 +47,32 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # parameters untouched
 
 
+def test_int8_only_some_shapes_keeps_the_others_exact_in_the_float_type():
+    """`only`: the weight blocks of the listed (out, in) shapes in int8, the others packed in the
+    float type (bit for bit the packed float model's products); `int8_shapes` lists them all."""
+    model, src, tgt = model_and_batch()
+    shapes = kernels.int8_shapes(model)
+    # [W^Q; W^K; W^V] (192x64), its query (64x64) and key/value (128x64) blocks, W^O and the
+    # cross-attention's query (64x64), the FFN's (128x64, 64x128), the tied projection (V x 64)
+    assert set(shapes) == {(192, 64), (64, 64), (128, 64), (64, 128), (model.config.target_vocab_size, 64)}
+    with torch.inference_mode():
+        kernels.pack_weights(model)
+        packed = model(src, tgt)
+        kernels.unpack_weights(model)
+        kernels.quantize_int8(model, only=frozenset())  # nothing in int8: the packed float products
+        assert kernels.is_int8(model) and torch.equal(model(src, tgt), packed)
+        assert not any(isinstance(w, kernels.Int8Weight) for m in model.modules() if isinstance(m, kernels.Int8Linear)
+                       for w in m.packed.values())
+        kernels.dequantize_int8(model)
+        vocab = (model.config.target_vocab_size, 64)
+        kernels.quantize_int8(model, only={vocab})  # the projection alone in int8
+        kinds = {type(w).__name__ for m in model.modules() if isinstance(m, kernels.Int8Linear) and m is not model.output_proj
+                 for w in m.packed.values()}
+        assert kinds == {"PackedWeight"} and isinstance(model.output_proj.packed[None], kernels.Int8Weight)
+        q = model(src, tgt)
+        assert not torch.equal(q, packed) and (q - packed).abs().max().item() < 0.05 * packed.abs().max().item()
+
+
 def test_int8_composes_with_packing_and_trains_in_fp32():
     model, src, tgt = model_and_batch()
     with torch.inference_mode():

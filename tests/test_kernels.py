@@ -76,6 +76,18 @@ def test_decode_attention_is_equation_1(masked):
     torch.testing.assert_close(decode_attention(q, k, v, mask), attention_reference(q, k, v, mask)[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("keys_first", [False, True])
+def test_decode_attention_one_bf16_query_either_way_is_equation_1(monkeypatch, keys_first):
+    """One bf16 query: K q^T (AMX) or q K^T (elsewhere), both equation 1."""
+    from transduce import kernels
+
+    monkeypatch.setattr(kernels, "_keys_first", lambda: keys_first)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 6)
+    got = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16()).float()
+    torch.testing.assert_close(got, attention_reference(q, k, v, None)[0], rtol=0.05, atol=0.03)
+
+
 # -- weights pre-packed for CPU inference ----------------------------------------------------
 
 

@@ -174,3 +174,44 @@ def test_decoding_explicit_and_gpu_choices():
         choose_decoding_precision("int8", "cuda", capability=H100)
     with pytest.raises(ValueError, match="unknown decoding precision"):
         choose_decoding_precision("fp16", capability=AMX)
+
+
+# -- int8: each product in int8 only where measured faster (`int8_layers`) -----------------------
+
+
+def test_int8_layers_takes_the_shapes_measured_faster_at_the_margin(monkeypatch):
+    from transduce.precision import INT8_LAYER_MARGIN, int8_choice, int8_layers
+    from transduce.kernels import can_int8
+
+    monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
+    shapes = [(768, 256), (256, 256), (8000, 256), (256, 1024)]
+    seen = []
+
+    def probe(shapes, base):
+        seen.append((tuple(shapes), base))
+        return {(768, 256): (1.25, 1.0), (256, 256): (0.7, 1.0), (8000, 256): (1.6, 1.0),
+                (256, 1024): (INT8_LAYER_MARGIN - 0.01, 1.0)}
+
+    only, phrase = int8_layers(shapes, "bf16", probe)
+    assert only == {(768, 256), (8000, 256)} and seen == [(tuple(shapes), "bf16")]
+    assert "256->768 1.25x" in phrase and "kept in bf16: 256->256 0.70x, 1024->256 1.04x" in phrase
+    # every shape faster: None (every layer), as quantize_int8's default
+    assert int8_layers([(768, 256)], "fp32", probe)[0] is None
+    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "all")  # reproducible bits: no measurement
+    seen.clear()
+    assert int8_layers(shapes, "bf16", probe) == (None, "every linear layer in int8 (TRANSDUCE_INT8_LAYERS=all)")
+    assert seen == []
+    monkeypatch.delenv("TRANSDUCE_INT8_LAYERS")
+    if can_int8():
+        c = int8_choice("cpu", AMX, shapes=shapes, probe=probe)
+        assert c.int8_shapes == {(768, 256), (8000, 256)} and "kept in bf16" in c.line()
+
+
+def test_probe_int8_measures_every_shape_in_both_types():
+    from transduce.kernels import can_int8
+    from transduce.precision import probe_int8
+
+    if not can_int8():
+        pytest.skip("no oneDNN int8 kernels here")
+    t = probe_int8([(96, 32), (20000, 32)], rows=8, base="fp32", budget_s=0.01)
+    assert set(t) == {(96, 32), (20000, 32)} and all(a > 0 and b > 0 for a, b in t.values())

@@ -50,15 +50,15 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     Same shapes and mask convention as `transduce.model.attention_reference`; no dropout. On the
     CPU several times faster than `scaled_dot_product_attention` for 1-8 queries (see
     docs/history/RESULTS-log-2026-11.md). The scores as Q K^T, so that the softmax runs along contiguous rows; for
-    one query in bf16 (self-attention) as K q^T instead, which reads the keys in their stored
-    layout (what bf16 products need to be fast; in fp32 it is the slower one) and is, in memory,
-    the same row q K^T.
+    one query in bf16 (self-attention) on a CPU with AMX as K q^T instead, which reads the keys in
+    their stored layout (what AMX's bf16 products need to be fast; in fp32, and in bf16 without
+    AMX, it is the slower one: `_keys_first`) and is, in memory, the same row q K^T.
     """
     B, h, Tq, d = q.shape
     Tk = k.size(2)
     # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
     k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
-    if Tq == 1 and k.dtype == torch.bfloat16:
+    if Tq == 1 and k.dtype == torch.bfloat16 and _keys_first():
         scores = torch.bmm(k3, q3.transpose(1, 2))
     else:
         scores = torch.bmm(q3, k3.transpose(1, 2))
@@ -67,6 +67,16 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
         scores.masked_fill_(~mask, float("-inf"))
     weights = scores.softmax(dim=-1).to(v.dtype).view(B * h, Tq, Tk)
     return torch.bmm(weights, v3).view(B, h, Tq, -1)
+
+
+@functools.cache
+def _keys_first() -> bool:
+    """Whether one bf16 query's scores are computed as K q^T (AMX: Sapphire Rapids and newer)
+    rather than q K^T. Measured, 128 hypotheses x h heads over 40 cached positions, d_k 64: on a
+    Xeon with AMX K q^T was the faster (docs/history/RESULTS-log-2026-11.md, session 15); on a
+    Zen 4 (avx512_bf16, no AMX) q K^T took 190 us against K q^T's 317 (2 threads; 182 against
+    312 on one), so the choice follows the CPU's AMX, read as PyTorch reports it."""
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
@@ -171,18 +181,19 @@ def is_packed(model: nn.Module) -> bool:
     return any(type(m) is PackedLinear for m in model.modules())
 
 
-def _replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = True) -> int:
-    """Replace every `nn.Linear` of `model` (the layers not replaced already) by a `cls`, and with
-    `output` the tied pre-softmax projection too. Returns how many were replaced."""
+def _replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = True, **options) -> int:
+    """Replace every `nn.Linear` of `model` (the layers not replaced already) by a `cls` (made with
+    `options`), and with `output` the tied pre-softmax projection too. Returns how many were
+    replaced."""
     n = 0
     for parent, name, layer in _linear_layers(model):
         if isinstance(layer, nn.Linear):
             blocks = (parent.q_rows, parent.kv_rows) if isinstance(parent, MultiHeadAttention) and name == "in_proj" else ()
-            setattr(parent, name, cls(layer, blocks=blocks))
+            setattr(parent, name, cls(layer, blocks=blocks, **options))
             n += 1
     for m in model.modules():
         if output and isinstance(m, Transformer) and m.output_proj is None:
-            m.output_proj = cls(None, weight=m.decoder.embed.weight)
+            m.output_proj = cls(None, weight=m.decoder.embed.weight, **options)
             n += 1
     return n
 
@@ -320,21 +331,55 @@ class Int8Weight:
                                                   1.0, 0, x.dtype, activation, [], "")
 
 
+def block_shape(source: Tensor, rows: slice | None) -> tuple[int, int]:
+    """(out, in) of the weight block `rows` of `source` (all of it for None)."""
+    return (source.size(0) if rows is None else len(range(*rows.indices(source.size(0)))), source.size(1))
+
+
 class Int8Linear(PackedLinear):
     """A `PackedLinear` whose products run in int8 (`Int8Weight`); `F.linear` in the weights'
-    dtype where that is not usable (training, autocast, changed weights)."""
+    dtype where that is not usable (training, autocast, changed weights). With `only` (a set of
+    (out, in) shapes), only the weight blocks of those shapes are in int8; the others are packed
+    in the weights' own dtype (`PackedWeight`, exact): where a product is too small for int8 to
+    pay for quantizing its input, it stays in the float type (`transduce.precision.probe_int8`)."""
 
-    make = Int8Weight
+    def __init__(self, layer: nn.Linear | None, weight: Tensor | None = None, blocks: tuple[slice, ...] = (),
+                 only: frozenset | None = None):
+        self.__dict__["only"] = only  # read by `make` during PackedLinear's __init__
+        super().__init__(layer, weight=weight, blocks=blocks)
+
+    def make(self, source: Tensor, rows: slice | None, bias: Tensor | None):
+        if self.only is None or block_shape(source, rows) in self.only:
+            return Int8Weight(source, rows, bias)
+        return PackedWeight(source, rows, bias)
 
 
-def quantize_int8(model: nn.Module, output: bool = True) -> int:
+def int8_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """The distinct (out, in) shapes of the weight blocks `quantize_int8` would put in int8: the
+    linear layers, the blocks of the stacked [W^Q; W^K; W^V] that cross-attention uses, and the
+    tied pre-softmax projection."""
+    shapes: dict[tuple[int, int], None] = {}
+    for parent, name, layer in _linear_layers(model):
+        w = layer.weight
+        blocks = (parent.q_rows, parent.kv_rows) if isinstance(parent, MultiHeadAttention) and name == "in_proj" else ()
+        for rows in (None, *blocks):
+            shapes[block_shape(w, rows)] = None
+    for m in model.modules():
+        if isinstance(m, Transformer) and m.output_proj is None:
+            shapes[tuple(m.decoder.embed.weight.shape)] = None
+    return list(shapes)
+
+
+def quantize_int8(model: nn.Module, output: bool = True, only: frozenset | set | None = None) -> int:
     """Replace every linear layer of `model` by an `Int8Linear` (and the FFN by a
     `PackedFeedForward`: the ReLU in the int8 product) and, with `output`, the tied pre-softmax
     projection too (an untied one is a linear layer: always). On the CPU, after loading, with the
     weights in fp32 or bf16: the int8 products then take and give that dtype, and everything else
     (embeddings, LayerNorm, equation 1, the cache) stays in it. The parameters and `state_dict`
-    are unchanged (the int8 copies come beside them). Returns how many layers were quantized;
-    `dequantize_int8` puts the layers back."""
+    are unchanged (the int8 copies come beside them). `only`: the (out, in) weight shapes to put
+    in int8 (`int8_shapes` lists them; `transduce.precision.probe_int8` measures which pay); the
+    blocks of other shapes are packed in the weights' dtype instead. Returns how many layers were
+    replaced; `dequantize_int8` puts the layers back."""
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})")
@@ -342,7 +387,7 @@ def quantize_int8(model: nn.Module, output: bool = True) -> int:
         raise ValueError(f"int8 decoding needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()}, "
                          f"torch {torch.__version__})")
     unpack_weights(model)  # int8 replaces what would be packed
-    n = _replace_linears(model, Int8Linear, output=output)
+    n = _replace_linears(model, Int8Linear, output=output, only=None if only is None else frozenset(only))
     _fuse_relu(model)
     return n
 

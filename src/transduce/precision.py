@@ -73,6 +73,9 @@ class Choice:
     base: str = "fp32"
     """int8: the dtype of everything the int8 products leave as is (embeddings, LayerNorm,
     attention, the cache): bf16 where the CPU computes it natively, else fp32."""
+    int8_shapes: frozenset | None = None
+    """int8: the (out, in) weight shapes whose products run in int8 (measured faster there than in
+    `base`: `probe_int8`); the others stay in `base`. None: every linear layer."""
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""
@@ -215,10 +218,70 @@ def choose_precision(
     return Choice("fp32", f"auto: {where}; but {measured} (bf16 needs {BF16_MARGIN:g}x: fp32 is exact)")
 
 
-def int8_choice(device: torch.device | str = "cpu", capability: Capability | None = None, why: str = "as asked") -> Choice:
+INT8_LAYER_MARGIN = 1.05
+"""How much faster than the float type a product's int8 (its input's quantization included) must
+be measured for `int8_choice` to put that shape in int8: near parity the exact float product is
+kept, and a choice that a noisy probe could flip is less likely."""
+
+
+def probe_int8(shapes: list[tuple[int, int]], rows: int = 128, base: str = "bf16",
+               budget_s: float = 0.3) -> dict[tuple[int, int], tuple[float, float]]:
+    """Seconds per product for each (out, in) weight shape at `rows` input rows (32 sentences x
+    beam 4), as `translate` runs it: packed in `base` (fp32 or bf16) and in int8 with its input
+    quantized on the fly (`transduce.kernels.Int8Weight`). Returns {shape: (base s, int8 s)}, the
+    fastest of alternating rounds within about `budget_s` (the output projection counted at most
+    16,384 rows of the vocabulary, scaled: the ratio holds and the probe stays short). With the
+    threads PyTorch has now: call it with those the decoding will use."""
+    from .kernels import Int8Weight, PackedWeight, can_pack
+
+    dtype = torch.bfloat16 if base == "bf16" else torch.float32
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, max(i for _, i in shapes), generator=g).to(dtype)
+    calls: dict[tuple[int, int], list] = {}
+    for out, inp in shapes:
+        w = torch.rand((min(out, 16384), inp), generator=g).sub_(0.5).mul_(inp ** -0.5).to(dtype)
+        xs = x[:, :inp].contiguous()
+        float_call = (lambda w=PackedWeight(w), xs=xs: w(xs, None)) if can_pack(dtype, "cpu") else (lambda w=w, xs=xs: F.linear(xs, w))
+        int8_call = lambda w=Int8Weight(w), xs=xs: w(xs, None)  # noqa: E731
+        calls[(out, inp)] = [float_call, int8_call, out / min(out, 16384)]
+    times = {shape: ([], []) for shape in calls}
+    with torch.inference_mode():
+        for f, q, _ in calls.values():
+            f(), q()  # warm up (oneDNN primitive creation)
+        deadline = time.perf_counter() + budget_s
+        rounds = 0
+        while rounds < 3 or (time.perf_counter() < deadline and rounds < 20):
+            for shape, (f, q, _) in calls.items():
+                for i, call in enumerate((f, q)):
+                    t0 = time.perf_counter()
+                    call()
+                    times[shape][i].append(time.perf_counter() - t0)
+            rounds += 1
+    return {shape: (min(t[0]) * calls[shape][2], min(t[1]) * calls[shape][2]) for shape, t in times.items()}
+
+
+def int8_layers(shapes: list[tuple[int, int]], base: str, probe: Callable[..., dict] | None = None) -> tuple[frozenset | None, str]:
+    """The weight shapes to put in int8 and a phrase saying why: those whose int8 product ran at
+    least `INT8_LAYER_MARGIN` times faster than in `base` (`probe_int8`). TRANSDUCE_INT8_LAYERS=all
+    puts every one in int8 without measuring (reproducible bits on any machine)."""
+    if os.environ.get("TRANSDUCE_INT8_LAYERS", "").lower() == "all" or not shapes:
+        return None, "every linear layer in int8 (TRANSDUCE_INT8_LAYERS=all)" if shapes else "every linear layer in int8"
+    t = (probe_int8 if probe is None else probe)(shapes, base=base)
+    chosen = frozenset(s for s in shapes if t[s][0] >= INT8_LAYER_MARGIN * t[s][1])
+    def name(s):
+        return f"{s[1]}->{s[0]} {t[s][0] / t[s][1]:.2f}x"
+    kept = [name(s) for s in shapes if s not in chosen]
+    phrase = (f"products in int8 where measured >= {INT8_LAYER_MARGIN:g}x {base} (int8 over {base}: "
+              f"{', '.join(name(s) for s in shapes if s in chosen) or 'none'}; kept in {base}: {', '.join(kept) or 'none'})")
+    return (None if len(chosen) == len(shapes) else chosen), phrase
+
+
+def int8_choice(device: torch.device | str = "cpu", capability: Capability | None = None, why: str = "as asked",
+                shapes: list[tuple[int, int]] | None = None, probe: Callable[..., dict] | None = None) -> Choice:
     """`--precision int8`: where it runs and how, or a ValueError off the CPU (or without oneDNN's
     int8 kernels). Everything but the products in bf16 where the CPU computes bf16 natively
-    (measured faster than int8 over fp32: docs/speed.md), else fp32."""
+    (measured faster than int8 over fp32: docs/speed.md), else fp32. With the model's weight
+    `shapes`, each shape's product in int8 only where measured faster (`int8_layers`)."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
     from .kernels import can_int8, int8_saturates
@@ -228,8 +291,10 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     cap = read_capability("cpu") if capability is None else capability
     base = "bf16" if cap.native_bf16 else "fp32"
     bits = "7-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates() else "8-bit activations"
-    return Choice("int8", f"{why}; {cap.name}: linear layers in int8 through oneDNN ({bits}), the rest in {base}"
-                          f"{' (' + cap.detail + ')' if base == 'bf16' else ''}; the search in fp32", base=base)
+    only, layers = (None, "linear layers in int8") if shapes is None else int8_layers(shapes, base, probe)
+    return Choice("int8", f"{why}; {cap.name}: {layers} through oneDNN ({bits}), the rest in {base}"
+                          f"{' (' + cap.detail + ')' if base == 'bf16' else ''}; the search in fp32", base=base,
+                  int8_shapes=only)
 
 
 INT8_MARGIN = 1.1
@@ -294,6 +359,8 @@ def choose_decoding_precision(
     vocab: int = 37000,
     capability: Capability | Callable[[torch.device], Capability] | None = None,
     probe: Callable[..., dict[str, float]] | None = None,
+    shapes: list[tuple[int, int]] | None = None,
+    int8_probe: Callable[..., dict] | None = None,
 ) -> Choice:
     """The precision `translate`, `evaluate` and `serve` decode in. fp32, bf16, int8 as asked
     (`choose_precision`, `int8_choice`). `auto` on the CPU: fp32 or bf16, and `auto-int8` also
@@ -301,13 +368,16 @@ def choose_decoding_precision(
     well under a second): bf16 where it runs at least `BF16_MARGIN` times fp32's speed, int8 where
     it runs at least `INT8_MARGIN` times the better float type's. On a CPU without native bf16
     (x86 without AVX512_BF16 or AMX) bf16 is not even probed: it is emulated there, some hundred
-    times slower. On a GPU, `choose_precision`'s auto (int8 is CPU only)."""
+    times slower. On a GPU, `choose_precision`'s auto (int8 is CPU only). When int8 is chosen and
+    the model's weight `shapes` are given (`transduce.kernels.int8_shapes`), each product is put in
+    int8 only where that is measured faster (`int8_layers`, with `int8_probe`)."""
     if requested not in DECODING_PRECISIONS:
         raise ValueError(f"unknown decoding precision {requested!r} ({', '.join(DECODING_PRECISIONS)})")
     device = torch.device(device)
     capability = read_capability if capability is None else capability
     if requested == "int8":
-        return int8_choice(device, capability(device) if callable(capability) else capability)
+        return int8_choice(device, capability(device) if callable(capability) else capability, shapes=shapes,
+                           probe=int8_probe)
     if requested in ("fp32", "bf16") or device.type != "cpu":
         return choose_precision("auto" if requested == "auto-int8" else requested, device, d_model=d_model, d_ff=d_ff,
                                 capability=capability)
@@ -330,5 +400,5 @@ def choose_decoding_precision(
            f" (bf16 needs {BF16_MARGIN:g}x{f', int8 {INT8_MARGIN:g}x the better float' if 'int8' in speed else ''}"
            f"{'; bf16 not probed: emulated here' if cap.native_bf16 is False else ''})")
     if best == "int8":
-        return int8_choice(device, cap, why)
+        return int8_choice(device, cap, why, shapes=shapes, probe=int8_probe)
     return Choice(best, why)

@@ -123,15 +123,22 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
         args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
         src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device),
     )
+    from ..kernels import int8_shapes
     from ..precision import choose_decoding_precision
 
     mc = loaded.config.model
-    loaded.precision = choose_decoding_precision(args.precision, next(loaded.model.parameters()).device,
-                                                 d_model=mc.d_model, d_ff=mc.d_ff, vocab=mc.target_vocab_size)
+    threads = torch.get_num_threads()
     if getattr(args, "workers", None) is not None:  # translate, evaluate, parse
-        args.workers, why = choose_workers(args.workers, next(loaded.model.parameters()).device, torch.get_num_threads(),
-                                           mc.d_model)
-        loaded.workers_line = f"workers: {args.workers} x {max(1, torch.get_num_threads() // args.workers)} thread(s) ({why})"
+        args.workers, why = choose_workers(args.workers, next(loaded.model.parameters()).device, threads, mc.d_model)
+        loaded.workers_line = f"workers: {args.workers} x {max(1, threads // args.workers)} thread(s) ({why})"
+    # measured with the threads each worker will decode with (what is fastest changes with them)
+    torch.set_num_threads(max(1, threads // (args.workers if getattr(args, "workers", None) else 1)))
+    try:
+        loaded.precision = choose_decoding_precision(args.precision, next(loaded.model.parameters()).device,
+                                                     d_model=mc.d_model, d_ff=mc.d_ff, vocab=mc.target_vocab_size,
+                                                     shapes=int8_shapes(loaded.model))
+    finally:
+        torch.set_num_threads(threads)
     args.bf16 = loaded.precision.precision == "bf16"
     if args.bf16:
         loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
@@ -140,7 +147,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
         if loaded.precision.base == "bf16":
             loaded.model.to(torch.bfloat16)  # what int8 leaves as is runs in bf16
-        quantize_int8(loaded.model)  # once, here; translate_stream's kernels.apply keeps it
+        quantize_int8(loaded.model, only=loaded.precision.int8_shapes)  # once, here; kernels.apply keeps it
     return loaded
 
 
