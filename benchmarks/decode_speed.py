@@ -54,9 +54,14 @@ max_new_tokens=L, forced_eos_token_id=EOS`. Both run exactly L decoder steps on 
 rows, and the benchmark checks that every output has length L. L = the longest source in the
 batch (tokens, EOS included) + 10, at most the shortest + 50 (transduce's maximum output
 length). Sentences are sorted by source length and cut into batches of --batch-size
-sentences; both systems get the same batches. The two systems alternate batch by batch, so
-that a machine shared with other jobs slows both alike; with --repeats R each batch runs R
-times per system and the fastest run counts (the usual defence against interference).
+sentences; both systems get the same batches. Each system runs in a process of its own (a
+fresh interpreter), one pass over the batches per round, --repeats R rounds with the systems'
+order reversed every other round, so that a machine whose speed drifts slows all alike; each
+batch counts its fastest round (the usual defence against interference). Not one process for
+all: CTranslate2 brings its own OpenMP runtime, and with both loaded in one process transduce's
+two-thread decoding ran at 0.62x its own speed (base bf16, Zen 4, 2026-11-25: 7.22 against 11.37
+sentences/s; its int8 probe then saw int8 slower than bf16). `--same-process` measures the old
+way, the systems alternating batch by batch in this process.
 
 Source ids: the weights are random, so ids only need realistic lengths: each sentence is split
 into words and punctuation (regex \\w+|[^\\w\\s], about what Moses gives) and each piece is mapped
@@ -370,6 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-batches", metavar="I,J,...",
                         help="with --profile: the batches to profile (0-based, sorted by length; default the middle one)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--same-process", action="store_true",
+                        help="measure every system in this one process, alternating batch by batch (the default "
+                             "runs each system in a process of its own: two OpenMP runtimes in one process slow "
+                             "each other's threads)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one system's process of a run
     args = parser.parse_args(argv)
 
     threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
@@ -388,13 +398,20 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [p for p in presets if p not in SIZES]:
         parser.error(f"unknown preset {bad[0]!r} (choose from {', '.join(SIZES)})")
 
-    machine = describe(ct2="ct2" in systems)  # which machine and kernels: a table is read for this one only
-    print("\n".join(machine), flush=True)
+    machine = [] if args.child else describe(ct2="ct2" in systems)  # a table is read for this machine only
+    if machine:
+        print("\n".join(machine), flush=True)
     path = fetch("wmt14-en-de", "newstest2014", "en", data_dir=args.data_dir)
     lines = list(read_lines(path))[: args.n_sentences]
     results = []
     for preset in presets:
-        results += run_preset(preset, lines, path.name, args, threads, precisions, systems, parser)
+        if args.same_process or args.child or len(systems) == 1:
+            results += run_preset(preset, lines, path.name, args, threads, precisions, systems, parser)
+        else:
+            results += run_isolated(preset, args, threads, systems)
+    if args.child:
+        Path(args.json).write_text(json.dumps({"results": results}) + "\n")
+        return 0
 
     name = {"transduce": "transduce", "transduce-nopack": "transduce nopack", "hf": "HF MarianMTModel", "ct2": "CTranslate2"}
     print(f"\n{'size':<6} {'system':<18} {'precision':<13} {'time s':>8} {'sent/s':>8} {'tok/s':>9} {'vs HF':>7} {'vs CT2 best':>12}")
@@ -411,6 +428,41 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine, "threads": threads, "workers": args.workers,
                                                "torch": torch.__version__, "results": results}, indent=2) + "\n")
     return 0
+
+
+def run_isolated(preset: str, args, threads: int, systems: list[str]) -> list[dict]:
+    """Every system in a process of its own (a fresh interpreter: CTranslate2 is never loaded in
+    transduce's process, nor the other way round), `--repeats` rounds of one pass each, the
+    systems' order reversed every other round so that a machine whose speed drifts slows all
+    alike; each batch counts its fastest round, as in one process."""
+    import subprocess
+    import tempfile
+
+    runs_: dict[tuple[str, str], list[dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="decode-speed-") as tmp:
+        for r in range(args.repeats):
+            for system in systems if r % 2 == 0 else systems[::-1]:
+                out = Path(tmp) / f"{system}-{r}.json"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--json", str(out), "--presets", preset,
+                       "--systems", system, "--precisions", args.precisions, "--n-sentences", str(args.n_sentences),
+                       "--batch-size", str(args.batch_size), "--threads", str(threads), "--workers", str(args.workers),
+                       "--repeats", "1", "--seed", str(args.seed)]
+                if args.data_dir:
+                    cmd += ["--data-dir", args.data_dir]
+                if args.profile and r == 0:
+                    cmd += ["--profile"] + (["--profile-batches", args.profile_batches] if args.profile_batches else [])
+                print(f"{preset}: {system} in a process of its own, round {r + 1} of {args.repeats}", flush=True)
+                subprocess.run(cmd, check=True)
+                for row in json.loads(out.read_text())["results"]:
+                    runs_.setdefault((row["system"], row["precision"]), []).append(row)
+    results = []
+    for (system, precision), rows in runs_.items():
+        best = [min(times) for times in zip(*(row["batch_seconds"] for row in rows))]
+        t, n, tokens = sum(best), rows[0]["sentences"], rows[0]["target_tokens"]
+        results.append({"preset": preset, "system": system, "precision": precision, "seconds": t, "sentences": n,
+                        "sentences_per_s": n / t, "target_tokens_per_s": tokens / t, "target_tokens": tokens,
+                        "batch_seconds": best})
+    return results
 
 
 def run_preset(preset: str, lines: list[str], source: str, args, threads: int, precisions: list[str], systems: list[str],
@@ -498,6 +550,7 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
                 elif system == "hf":
                     print(profile_hf(models[system], work, precision))
         times = {s: 0.0 for s in active}
+        per_batch: dict[str, list[float]] = {s: [] for s in active}  # best time of each batch (or group)
         if args.workers > 1:
             import multiprocessing
 
@@ -512,6 +565,7 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
                         best[system] = min(best[system], call_group(system, group, precision, pool))
                 for system in active:
                     times[system] += best[system]
+                    per_batch[system].append(best[system])
                 done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
                 print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
                       end="", file=sys.stderr, flush=True)
@@ -528,13 +582,15 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
                     best[system] = min(best[system], call(system, idx, L, precision))
             for system in active:
                 times[system] += best[system]
+                per_batch[system].append(best[system])
             done = sum(len(i) for i, _ in batches[: b + 1])
             print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
                   end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
         for system, t in times.items():
             results.append({"preset": preset, "system": system, "precision": precision, "seconds": t, "sentences": n,
-                            "sentences_per_s": n / t, "target_tokens_per_s": tgt_tokens / t})
+                            "sentences_per_s": n / t, "target_tokens_per_s": tgt_tokens / t,
+                            "target_tokens": tgt_tokens, "batch_seconds": per_batch[system]})
     if tmp is not None:
         tmp.cleanup()
     return results
