@@ -88,6 +88,13 @@ def test_two_variants_end_to_end_then_skipped_resumed_and_another_recipe_refused
         assert len((run_dir / "dev.hyp").read_text().splitlines()) == 12
     before = {name: weights(out / "runs" / name) for name in rows}
 
+    # Another list of variants into the same OUT (as two lists run side by side): its table has
+    # the rows the other call measured too.
+    assert experiment(data, out, variants="C6") == 0
+    assert "1 rows: C6 skipped" in capsys.readouterr().out
+    both = json.loads((out / "table.json").read_text())["rows"]
+    assert [r["variant"] for r in both] == ["base", "C6"] and "2 of 2 rows done" in (out / "table.md").read_text()
+
     # Again: both done, skipped, nothing retrained.
     mtime = (out / "runs" / "base" / "model" / "model.safetensors").stat().st_mtime_ns
     assert experiment(data, out) == 0

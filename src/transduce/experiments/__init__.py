@@ -41,7 +41,7 @@ from typing import Callable
 
 from ..extras import require
 from .plan import TABLE3, Machine, Recipe, Variant, plan, show, train_command, train_setup
-from .run import check_data, check_run_dir, open_experiment, run_variant, trained
+from .run import check_data, check_run_dir, open_experiment, rows_measured_beside, run_variant, trained
 from .table import write_table
 
 __all__ = ["TABLE3", "Machine", "Recipe", "Variant", "Report", "prepare", "dry_run", "run_experiment", "submit_slurm"]
@@ -92,7 +92,11 @@ def run_experiment(data_dir: Path, out: Path, names: list[str], recipe: Recipe, 
         report.rows.append(outcome.row)
         if outcome.what == "skipped":
             say(f"{v.name}: done before, skipped")
-        report.written = write_table(out, report.rows, recipe, data_dir, len(variants), average)
+        # with the rows that another list of variants, run side by side into OUT, has measured
+        beside = rows_measured_beside(out, [v.name for v in variants], recipe, average)
+        order = {name: i for i, name in enumerate(TABLE3)}
+        rows = sorted(report.rows + beside, key=lambda r: (order.get(r["variant"], len(order)), r["variant"]))
+        report.written = write_table(out, rows, recipe, data_dir, len(variants) + len(beside), average)
     return report
 
 

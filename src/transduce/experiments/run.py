@@ -147,6 +147,25 @@ def made_with(variant: Variant, recipe: Recipe, average: bool) -> dict:
             "sets": variant.sets, "steps": variant.max_steps}
 
 
+def rows_measured_beside(out: Path, names: list[str], recipe: Recipe, average: bool) -> list[dict]:
+    """The rows in OUT that other calls measured under the same recipe, decoding and averaging
+    (another list of variants run side by side into the same OUT), except `names`; in Table 3's
+    order. An unreadable or other-recipe row.json is left out."""
+    rows = []
+    for path in sorted((out / "runs").glob(f"*/{ROW}")):
+        if path.parent.name in names:
+            continue
+        try:
+            row = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        made = row.get("made_with") if isinstance(row, dict) else None
+        if isinstance(made, dict) and (made.get("recipe"), made.get("decoding"), made.get("average")) \
+                == (recipe.to_dict(), DECODING, average) and row.get("variant") == path.parent.name:
+            rows.append(row)
+    return rows
+
+
 @dataclass
 class Outcome:
     row: dict | None
