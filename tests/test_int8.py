@@ -12,7 +12,7 @@ from tiny_models import SRC_WORDS, make_model, sentences
 from transduce import kernels
 from transduce.cli import main
 from transduce.config import ModelConfig
-from transduce.model import Transformer
+from transduce.model import Transformer, padding_mask
 from transduce.translate import load_translation_model, translate_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -96,19 +96,23 @@ def test_int8_refuses_what_it_cannot_run():
         kernels.quantize_int8(model.to(torch.float16))
 
 
-def test_int8_over_bf16_weights_takes_and_gives_bf16():
+def test_int8_over_bf16_weights_takes_and_gives_bf16_with_fp32_logits():
     model, src, tgt = model_and_batch()
     model.to(torch.bfloat16)
     with torch.inference_mode():
         ref = model(src, tgt).float()
         kernels.quantize_int8(model)
         assert any(isinstance(m, kernels.PackedFeedForward) for m in model.modules())  # the ReLU in the int8 product
+        hidden = model.decoder(tgt, model.encode(src), padding_mask(src, model.config.pad_id), None)[0]
+        assert hidden.dtype == torch.bfloat16  # the layers take and give bf16
         q = model(src, tgt)
-        assert q.dtype == torch.bfloat16 and not torch.equal(q.float(), ref)
+        assert q.dtype == torch.float32 and not torch.equal(q, ref)  # the pre-softmax projection: fp32 logits
         assert (q.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
         assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
         kernels.dequantize_int8(model)
         assert torch.equal(model(src, tgt).float(), ref)
+        kernels.quantize_int8(model, output=False)  # the projection left in bf16: bf16 logits
+        assert model(src, tgt).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("levels", [254, 126])
