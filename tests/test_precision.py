@@ -176,14 +176,28 @@ def test_decoding_explicit_and_gpu_choices():
         choose_decoding_precision("fp16", capability=AMX)
 
 
-# -- int8: each product in int8 only where measured faster (`int8_layers`) -----------------------
+# -- int8: every layer, or each product in int8 only where measured faster (`int8_layers`) --------
 
 
-def test_int8_layers_takes_the_shapes_measured_faster_at_the_margin(monkeypatch):
+def test_int8_layers_every_layer_by_default_without_measuring(monkeypatch):
+    from transduce.precision import int8_layers
+
+    seen = []
+    monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
+    shapes = [(768, 256), (256, 256)]
+    assert int8_layers(shapes, "bf16", lambda *a, **k: seen.append(a)) == (None, "every linear layer in int8")
+    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "ALL ")
+    assert int8_layers(shapes, "bf16", lambda *a, **k: seen.append(a))[0] is None and seen == []
+    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "some")
+    with pytest.raises(ValueError, match="TRANSDUCE_INT8_LAYERS='some': use 'all'.*or 'measured'"):
+        int8_layers(shapes, "bf16")
+
+
+def test_int8_layers_measured_takes_the_shapes_measured_faster_at_the_margin(monkeypatch):
     from transduce.precision import INT8_LAYER_MARGIN, int8_choice, int8_layers
     from transduce.kernels import can_int8
 
-    monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
+    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "measured")
     shapes = [(768, 256), (256, 256), (8000, 256), (256, 1024)]
     seen = []
 
@@ -197,11 +211,6 @@ def test_int8_layers_takes_the_shapes_measured_faster_at_the_margin(monkeypatch)
     assert "256->768 1.25x" in phrase and "kept in bf16: 256->256 0.70x, 1024->256 1.04x" in phrase
     # every shape faster: None (every layer), as quantize_int8's default
     assert int8_layers([(768, 256)], "fp32", probe)[0] is None
-    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "all")  # reproducible bits: no measurement
-    seen.clear()
-    assert int8_layers(shapes, "bf16", probe) == (None, "every linear layer in int8 (TRANSDUCE_INT8_LAYERS=all)")
-    assert seen == []
-    monkeypatch.delenv("TRANSDUCE_INT8_LAYERS")
     if can_int8():
         c = int8_choice("cpu", AMX, shapes=shapes, probe=probe)
         assert c.int8_shapes == {(768, 256), (8000, 256)} and "kept in bf16" in c.line()

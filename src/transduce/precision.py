@@ -260,12 +260,25 @@ def probe_int8(shapes: list[tuple[int, int]], rows: int = 128, base: str = "bf16
     return {shape: (min(t[0]) * calls[shape][2], min(t[1]) * calls[shape][2]) for shape, t in times.items()}
 
 
+INT8_LAYERS_ENV = "TRANSDUCE_INT8_LAYERS"
+"""Which linear layers `--precision int8` puts in int8: "all" (the default: every one, the same
+bits on every run of a CPU) or "measured" (only the weight shapes `probe_int8` measures at least
+`INT8_LAYER_MARGIN` faster in int8 than in the float type)."""
+
+
 def int8_layers(shapes: list[tuple[int, int]], base: str, probe: Callable[..., dict] | None = None) -> tuple[frozenset | None, str]:
-    """The weight shapes to put in int8 and a phrase saying why: those whose int8 product ran at
-    least `INT8_LAYER_MARGIN` times faster than in `base` (`probe_int8`). TRANSDUCE_INT8_LAYERS=all
-    puts every one in int8 without measuring (reproducible bits on any machine)."""
-    if os.environ.get("TRANSDUCE_INT8_LAYERS", "").lower() == "all" or not shapes:
-        return None, "every linear layer in int8 (TRANSDUCE_INT8_LAYERS=all)" if shapes else "every linear layer in int8"
+    """The weight shapes to put in int8 (None: all) and a phrase saying why. By default every
+    linear layer: measured end to end, every layer in int8 decoded as fast as or faster than the
+    measured choice below, gave the same BLEU on the main job's model, and gives the same output
+    on every run, where a measurement near the margin flips with the machine's load
+    (docs/speed.md). TRANSDUCE_INT8_LAYERS=measured: the shapes whose int8 product ran at least
+    `INT8_LAYER_MARGIN` times faster than in `base` (`probe_int8`)."""
+    mode = os.environ.get(INT8_LAYERS_ENV, "all").strip().lower() or "all"
+    if mode not in ("all", "measured"):
+        raise ValueError(f"{INT8_LAYERS_ENV}={os.environ[INT8_LAYERS_ENV]!r}: use 'all' (every linear layer in int8, "
+                         "the default) or 'measured' (only the shapes measured faster in int8)")
+    if mode == "all" or not shapes:
+        return None, "every linear layer in int8"
     t = (probe_int8 if probe is None else probe)(shapes, base=base)
     chosen = frozenset(s for s in shapes if t[s][0] >= INT8_LAYER_MARGIN * t[s][1])
     def name(s):
