@@ -291,7 +291,7 @@ def cast(model, precision: str):
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
     """The transduce model as `translate --precision P` runs it: weights cast (or for int8
     quantized, `kernels.quantize_int8`, over bf16 weights where the CPU computes bf16 natively,
-    each product in int8 where measured faster, as `precision.int8_choice` says), decoding steps' attention, and with `pack` the weights
+    the layers `precision.int8_choice` says: every one by default), decoding steps' attention, and with `pack` the weights
     left in fp32/bf16 pre-packed (`kernels.apply`). Undoes what an earlier precision did."""
     kernels.dequantize_int8(model)
     kernels.unpack_weights(model)
