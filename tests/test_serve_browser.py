@@ -58,7 +58,11 @@ def open_page(browser, url):
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
     page.goto(url + "/")
-    page.wait_for_function("!document.getElementById('model').textContent.includes('loading')")
+    # a locator's wait, not wait_for_function: the page's CSP forbids eval, which a string predicate
+    # needs as soon as it must be polled (a slow load then failed the test)
+    from playwright.sync_api import expect  # (imported here, as browser.py imports Playwright: lazily)
+
+    expect(page.locator("#model")).not_to_contain_text("loading")
     return page, requests, problems
 
 
