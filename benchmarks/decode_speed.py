@@ -38,9 +38,11 @@ weights, in three precisions, the same for both systems:
   threads, one inter-op worker (W with `--workers W`); tokens as CTranslate2's strings, `translate_batch(beam_size=4,
   min_decoding_length=L, max_decoding_length=L)`: L decoder steps, as for the others (checked:
   every hypothesis has L tokens). CTranslate2 has no bf16 on the CPU: no bf16 rows.
-* int8 (`--precisions int8`): transduce's `--precision int8` (`kernels.quantize_int8`: every
-  linear layer and the tied output projection in int8 through oneDNN's int8 linear, the rest
-  in bf16 where the CPU computes it natively, else fp32); CTranslate2 int8; no Hugging Face row.
+* int8 (`--precisions int8`): transduce's `--precision int8` (`kernels.quantize_int8`: the
+  decoder's linear layers and the tied output projection in int8 through oneDNN's int8 linear, the
+  source side, computed once per sentence, and the rest in bf16 where the CPU computes it
+  natively, else fp32; `TRANSDUCE_INT8_LAYERS=all` for the source side in int8 too); CTranslate2
+  int8 (every layer); no Hugging Face row.
 
 Sizes (`--presets`, default base): base as above; small = the `small` preset (N=3, d_model 256,
 d_ff 1024, h=4) with an 8000-token vocabulary (what `benchmarks/bench.py` and the Multi30k model
@@ -291,7 +293,7 @@ def cast(model, precision: str):
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
     """The transduce model as `translate --precision P` runs it: weights cast (or for int8
     quantized, `kernels.quantize_int8`, over bf16 weights where the CPU computes bf16 natively,
-    the layers `precision.int8_choice` says: every one by default), decoding steps' attention, and with `pack` the weights
+    the layers `precision.int8_choice` says: the decoder's by default), decoding steps' attention, and with `pack` the weights
     left in fp32/bf16 pre-packed (`kernels.apply`). Undoes what an earlier precision did."""
     kernels.dequantize_int8(model)
     kernels.unpack_weights(model)
@@ -301,9 +303,9 @@ def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> 
         print(f"transduce {choice.line()}", flush=True)
         if choice.base == "bf16":
             model.to(torch.bfloat16)
-        kernels.quantize_int8(model, only=choice.int8_shapes)
+        kernels.quantize_int8(model, only=choice.int8_shapes, source=choice.int8_source)
     kernels.apply(model, pack=False)
-    if pack and precision != "int8" and not kernels.pack_weights(model):
+    if pack and not kernels.pack_weights(model) and precision != "int8":  # int8: the float layers left, if any
         print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)
 
 

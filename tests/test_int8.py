@@ -31,12 +31,20 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
     model, src, tgt = model_and_batch()
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.inference_mode():
-        ref = model(src, tgt)
+        ref, memory = model(src, tgt), model.encode(src)
         n = kernels.quantize_int8(model)
-        # every nn.Linear (encoder: [W^Q; W^K; W^V], W^O, the FFN's two; decoder: those and the
-        # cross-attention's two) and the tied pre-softmax projection
-        assert n == 2 * 4 + 2 * 6 + 1 and isinstance(model.output_proj, kernels.Int8Linear)
+        # the decoder's nn.Linear layers ([W^Q; W^K; W^V], W^O, the FFN's two, the cross-attention's
+        # two) and the tied pre-softmax projection; the source side stays in the float type
+        assert n == 2 * 6 + 1 and isinstance(model.output_proj, kernels.Int8Linear)
         assert kernels.is_int8(model) and not kernels.is_packed(model)
+        assert not any(isinstance(m, kernels.Int8Linear) for m in model.encoder.modules())
+        assert torch.equal(model.encode(src), memory)  # the encoder untouched
+        for layer in model.decoder.layers:  # encoder-decoder attention's keys/values: packed floats
+            blocks = layer.cross_attn.in_proj.packed
+            assert isinstance(blocks[(layer.cross_attn.kv_rows.start, layer.cross_attn.kv_rows.stop, None)],
+                              kernels.PackedWeight)
+            assert isinstance(blocks[(layer.cross_attn.q_rows.start, layer.cross_attn.q_rows.stop, None)],
+                              kernels.Int8Weight)
         q = model(src, tgt)
         assert not torch.equal(q, ref)  # the int8 kernels ran
         assert (q - ref).abs().max().item() < 0.05 * ref.abs().max().item()
@@ -44,6 +52,13 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
         assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
         kernels.dequantize_int8(model)
         assert torch.equal(model(src, tgt), ref) and model.output_proj is None
+        # source=True: every nn.Linear (encoder: [W^Q; W^K; W^V], W^O, the FFN's two) in int8 too
+        assert kernels.quantize_int8(model, source=True) == 2 * 4 + 2 * 6 + 1
+        assert not torch.equal(model.encode(src), memory)
+        q_all = model(src, tgt)
+        assert (q_all - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+        kernels.dequantize_int8(model)
+        assert torch.equal(model(src, tgt), ref)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # parameters untouched
 
 
@@ -214,5 +229,6 @@ def test_int8_uses_no_deprecated_quantized_tensors():
         kernels.quantize_int8(model)
         with torch.inference_mode():
             model(src, tgt)
-    weights = [w for m in model.modules() if isinstance(m, kernels.Int8Linear) for w in m.packed.values()]
+    weights = [w for m in model.modules() if isinstance(m, kernels.Int8Linear) for w in m.packed.values()
+               if isinstance(w, kernels.Int8Weight)]  # (cross-attention's key/value block: a packed float)
     assert weights and all(not w.weight.is_quantized and w.weight.dtype == torch.int8 for w in weights)

@@ -179,17 +179,24 @@ def test_decoding_explicit_and_gpu_choices():
 # -- int8: every layer, or each product in int8 only where measured faster (`int8_layers`) --------
 
 
-def test_int8_layers_every_layer_by_default_without_measuring(monkeypatch):
-    from transduce.precision import int8_layers
+def test_int8_layers_the_decoders_by_default_without_measuring(monkeypatch):
+    from transduce.kernels import can_int8
+    from transduce.precision import int8_choice, int8_layers
 
     seen = []
     monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
     shapes = [(768, 256), (256, 256)]
+    only, phrase = int8_layers(shapes, "bf16", lambda *a, **k: seen.append(a))
+    assert only is None and phrase == "the decoder's linear layers and the output projection in int8 (the source side in bf16)"
+    if can_int8():
+        assert not int8_choice("cpu", AMX, shapes=shapes).int8_source
+    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "ALL ")  # the source side too
     assert int8_layers(shapes, "bf16", lambda *a, **k: seen.append(a)) == (None, "every linear layer in int8")
-    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "ALL ")
-    assert int8_layers(shapes, "bf16", lambda *a, **k: seen.append(a))[0] is None and seen == []
+    assert seen == []
+    if can_int8():
+        assert int8_choice("cpu", AMX, shapes=shapes).int8_source
     monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "some")
-    with pytest.raises(ValueError, match="TRANSDUCE_INT8_LAYERS='some': use 'all'.*or 'measured'"):
+    with pytest.raises(ValueError, match="TRANSDUCE_INT8_LAYERS='some': use 'decoder'.*'all'.*or 'measured'"):
         int8_layers(shapes, "bf16")
 
 

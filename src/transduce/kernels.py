@@ -374,21 +374,30 @@ def int8_shapes(model: nn.Module) -> list[tuple[int, int]]:
     return list(shapes)
 
 
-def quantize_int8(model: nn.Module, output: bool = True, only: frozenset | set | None = None) -> int:
-    """Replace every linear layer of `model` by an `Int8Linear` (and the FFN by a
-    `PackedFeedForward`: the ReLU in the int8 product) and, with `output`, the tied pre-softmax
-    projection too (an untied one is a linear layer: always). On the CPU, after loading, with the
-    weights in fp32 or bf16: the int8 products then take and give that dtype, and everything else
-    (embeddings, LayerNorm, equation 1, the cache) stays in it. The parameters and `state_dict`
-    are unchanged (the int8 copies come beside them). `only`: the (out, in) weight shapes to put
-    in int8 (`int8_shapes` lists them; `transduce.precision.probe_int8` measures which pay); the
-    blocks of other shapes are packed in the weights' dtype instead. The pre-softmax projection,
-    where it is in int8, writes its logits in fp32 whatever the model's dtype: oneDNN rescales the
-    int32 sums in fp32 anyway, the search's log-softmax reads fp32, and bf16 logits (8 bits of
-    mantissa: steps of 1/16 at a logit of 10) moved beam search's choices as much as a quantized
-    layer does (Multi30k val, the main job's model, every layer in int8: 889 of 1,014 outputs
-    the same as fp32's against 877 with bf16 logits; the speed the same). Returns how many layers
-    were replaced; `dequantize_int8` puts the layers back."""
+def quantize_int8(model: nn.Module, output: bool = True, only: frozenset | set | None = None,
+                  source: bool = False) -> int:
+    """Replace the linear layers of `model` by `Int8Linear`s (and the FFN by a `PackedFeedForward`:
+    the ReLU in the int8 product) and, with `output`, the tied pre-softmax projection too (an
+    untied one is a linear layer: always). On the CPU, after loading, with the weights in fp32 or
+    bf16: the int8 products then take and give that dtype, and everything else (embeddings,
+    LayerNorm, equation 1, the cache) stays in it. The parameters and `state_dict` are unchanged
+    (the int8 copies come beside them).
+
+    Which layers: by default those of every decoding step, the decoder's and the pre-softmax
+    projection; the source side, computed once per sentence (the encoder, and the keys and values
+    of encoder-decoder attention, `MultiHeadAttention.project_kv`), stays in the float type, where
+    `kernels.apply` packs it. It costs little (one pass over the source against one per output
+    token) and takes a third of int8's error away: main job's model, Multi30k val, mean KL to fp32
+    per target token 0.00055 against 0.00087 with the source side in int8 too (`source=True`);
+    docs/RESULTS.md, "int8 quality". `only`: the (out, in) weight shapes to put in int8
+    (`int8_shapes` lists them; `transduce.precision.probe_int8` measures which pay); the blocks of
+    other shapes are packed in the weights' dtype instead. The pre-softmax projection, where it is
+    in int8, writes its logits in fp32 whatever the model's dtype: oneDNN rescales the int32 sums
+    in fp32 anyway, the search's log-softmax reads fp32, and bf16 logits (8 bits of mantissa:
+    steps of 1/16 at a logit of 10) moved beam search's choices as much as a quantized layer does
+    (Multi30k val, the main job's model, every layer in int8: 889 of 1,014 outputs the same as
+    fp32's against 877 with bf16 logits; the speed the same). Returns how many layers were
+    replaced; `dequantize_int8` puts the layers back."""
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})")
@@ -396,7 +405,24 @@ def quantize_int8(model: nn.Module, output: bool = True, only: frozenset | set |
         raise ValueError(f"int8 decoding needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()}, "
                          f"torch {torch.__version__})")
     unpack_weights(model)  # int8 replaces what would be packed
-    n = _replace_linears(model, Int8Linear, output=output, only=None if only is None else frozenset(only))
+    options = dict(only=None if only is None else frozenset(only))
+    models = [m for m in model.modules() if isinstance(m, Transformer)]
+    if source or not models:
+        n = _replace_linears(model, Int8Linear, output=output, **options)
+    else:  # the decoder, then the pre-softmax projection (tied: the embedding matrix; untied: its own layer)
+        n = sum(_replace_linears(m.decoder, Int8Linear, output=False, **options) for m in models)
+        for m in models:
+            if isinstance(m.output_proj, nn.Linear):
+                m.output_proj, n = Int8Linear(m.output_proj, **options), n + 1
+            elif output and m.output_proj is None:
+                m.output_proj, n = Int8Linear(None, weight=m.decoder.embed.weight, **options), n + 1
+            for layer in m.decoder.layers:  # encoder-decoder attention's keys and values: once per source
+                attn, key = layer.cross_attn, _key(layer.cross_attn.kv_rows)
+                if isinstance(attn.in_proj, Int8Linear) and isinstance(attn.in_proj.packed.get(key), Int8Weight):
+                    if can_pack(p.dtype, p.device):
+                        attn.in_proj.packed[key] = PackedWeight(attn.in_proj.weight, attn.kv_rows, attn.in_proj.bias)
+                    else:  # F.linear
+                        del attn.in_proj.packed[key]
     _fuse_relu(model)
     for m in model.modules():  # fp32 logits (see above)
         if isinstance(m, Transformer) and isinstance(m.output_proj, Int8Linear):

@@ -76,6 +76,9 @@ class Choice:
     int8_shapes: frozenset | None = None
     """int8: the (out, in) weight shapes whose products run in int8 (measured faster there than in
     `base`: `probe_int8`); the others stay in `base`. None: every linear layer."""
+    int8_source: bool = False
+    """int8: whether the source side (the encoder, encoder-decoder attention's keys and values) is
+    in int8 too (`transduce.kernels.quantize_int8`'s `source`)."""
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""
@@ -261,30 +264,42 @@ def probe_int8(shapes: list[tuple[int, int]], rows: int = 128, base: str = "bf16
 
 
 INT8_LAYERS_ENV = "TRANSDUCE_INT8_LAYERS"
-"""Which linear layers `--precision int8` puts in int8: "all" (the default: every one, the same
-bits on every run of a CPU) or "measured" (only the weight shapes `probe_int8` measures at least
-`INT8_LAYER_MARGIN` faster in int8 than in the float type)."""
+"""Which linear layers `--precision int8` puts in int8: "decoder" (the default: every layer of a
+decoding step, the decoder's and the pre-softmax projection; the source side, computed once per
+sentence, stays in the float type), "all" (the source side too), or "measured" (the decoding
+step's, only the weight shapes `probe_int8` measures at least `INT8_LAYER_MARGIN` faster in int8
+than in the float type)."""
+INT8_LAYERS = ("decoder", "all", "measured")
+
+
+def int8_mode() -> str:
+    """TRANSDUCE_INT8_LAYERS, checked (a ValueError with one line for anything else)."""
+    mode = os.environ.get(INT8_LAYERS_ENV, "").strip().lower() or "decoder"
+    if mode not in INT8_LAYERS:
+        raise ValueError(f"{INT8_LAYERS_ENV}={os.environ[INT8_LAYERS_ENV]!r}: use 'decoder' (the decoding step's linear "
+                         "layers in int8, the default), 'all' (the source side too) or 'measured' (only the shapes "
+                         "measured faster in int8)")
+    return mode
 
 
 def int8_layers(shapes: list[tuple[int, int]], base: str, probe: Callable[..., dict] | None = None) -> tuple[frozenset | None, str]:
-    """The weight shapes to put in int8 (None: all) and a phrase saying why. By default every
-    linear layer: measured end to end, every layer in int8 decoded as fast as or faster than the
-    measured choice below, gave the same BLEU on the main job's model, and gives the same output
-    on every run, where a measurement near the margin flips with the machine's load
-    (docs/speed.md). TRANSDUCE_INT8_LAYERS=measured: the shapes whose int8 product ran at least
+    """The weight shapes to put in int8 (None: all) and a phrase saying which layers. By default
+    the decoding step's every linear layer, without measuring: end to end as fast as or faster
+    than the measured choice below, as close to fp32, and the same output on every run, where a
+    measurement near the margin flips with the machine's load (docs/speed.md).
+    TRANSDUCE_INT8_LAYERS=measured: the shapes whose int8 product ran at least
     `INT8_LAYER_MARGIN` times faster than in `base` (`probe_int8`)."""
-    mode = os.environ.get(INT8_LAYERS_ENV, "all").strip().lower() or "all"
-    if mode not in ("all", "measured"):
-        raise ValueError(f"{INT8_LAYERS_ENV}={os.environ[INT8_LAYERS_ENV]!r}: use 'all' (every linear layer in int8, "
-                         "the default) or 'measured' (only the shapes measured faster in int8)")
-    if mode == "all" or not shapes:
+    mode = int8_mode()
+    if mode == "all":
         return None, "every linear layer in int8"
+    if mode == "decoder" or not shapes:
+        return None, f"the decoder's linear layers and the output projection in int8 (the source side in {base})"
     t = (probe_int8 if probe is None else probe)(shapes, base=base)
     chosen = frozenset(s for s in shapes if t[s][0] >= INT8_LAYER_MARGIN * t[s][1])
     def name(s):
         return f"{s[1]}->{s[0]} {t[s][0] / t[s][1]:.2f}x"
     kept = [name(s) for s in shapes if s not in chosen]
-    phrase = (f"products in int8 where measured >= {INT8_LAYER_MARGIN:g}x {base} (int8 over {base}: "
+    phrase = (f"the decoder's products in int8 where measured >= {INT8_LAYER_MARGIN:g}x {base} (int8 over {base}: "
               f"{', '.join(name(s) for s in shapes if s in chosen) or 'none'}; kept in {base}: {', '.join(kept) or 'none'})")
     return (None if len(chosen) == len(shapes) else chosen), phrase
 
@@ -307,7 +322,7 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     only, layers = (None, "linear layers in int8") if shapes is None else int8_layers(shapes, base, probe)
     return Choice("int8", f"{why}; {cap.name}: {layers} through oneDNN ({bits}), the rest in {base}"
                           f"{' (' + cap.detail + ')' if base == 'bf16' else ''}; the search in fp32", base=base,
-                  int8_shapes=only)
+                  int8_shapes=only, int8_source=int8_mode() == "all")
 
 
 INT8_MARGIN = 1.1
