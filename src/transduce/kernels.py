@@ -13,14 +13,16 @@ it.
   `MultiHeadAttention.step_attention`.
 * `apply(model)`: both (what `transduce.translate` does); it returns the function that undoes
   exactly what it did. `apply(model, pack=False)`: the attention alone.
-* `quantize_int8(model)` (`--precision int8`): every linear layer, and by default the
-  pre-softmax projection, replaced by an `Int8Linear`: the weight quantized to int8 per output
+* `quantize_int8(model)` (`--precision int8`): every linear layer of a decoding step (the
+  decoder's; the source side with `source=True`), and by default the pre-softmax projection
+  (its logits in fp32), replaced by an `Int8Linear`: the weight quantized to int8 per output
   channel, the activations quantized on the fly at every call, the products in int8 through
   PyTorch's oneDNN int8 linear (`torch.ops.onednn.qlinear_pointwise`, what Inductor's x86
   quantization runs), the FFN's ReLU inside the first. Everything else (embeddings, LayerNorm,
   equation 1, the cache) stays in the weights' dtype (fp32, or bf16 where that is faster), the
-  search's log-softmax and scores in fp32. Not exact: measured in docs/history/RESULTS-log-2026-11.md. It composes
-  with `apply`: the layers left in fp32 (the projection with `output=False`) are packed.
+  search's log-softmax and scores in fp32. Not exact: measured in docs/RESULTS.md ("int8 quality"). It
+  composes with `apply`: the layers left in the float type (the encoder; the projection with
+  `output=False`) are packed.
 * For training, `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws
   a quarter of the random numbers on the CPU (what the trainer and `transduce.synthetic` do: the
   random stream of a seeded run is BitDropout's).

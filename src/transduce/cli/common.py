@@ -83,10 +83,10 @@ def add_precision_args(g) -> None:
                         "products at the model's sizes finds faster (bf16 needs 1.25x; never probed, never chosen "
                         "where the CPU only emulates bf16); the choice and the measured ratios are printed. "
                         "auto-int8: the same, int8 also a candidate (taken at 1.1x the better float). fp32; bf16 "
-                        "(warns where the CPU only emulates it); int8 (CPU only, not exact: every linear layer's "
+                        "(warns where the CPU only emulates it); int8 (CPU only, not exact: the decoder's linear layers' "
                         "weights int8 per output channel, activations quantized on the fly, products through "
-                        "oneDNN's int8 kernels, the rest in bf16 where the CPU has it natively, else fp32; "
-                        "docs/speed.md). Log-probabilities and scores stay fp32")
+                        "oneDNN's int8 kernels, the source side and the rest in bf16 where the CPU has it "
+                        "natively, else fp32; docs/speed.md). Log-probabilities and scores stay fp32")
     g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
     g.add_argument("--int8", action="store_const", const="int8", dest="precision", help="the same as --precision int8")
 
