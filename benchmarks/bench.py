@@ -263,6 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch.compile transduce's model (dynamic shapes); the first step's time is reported apart")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops for one training step of each")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
+    p.add_argument("--freed-memory", choices=("keep", "return"), default="keep",
+                   help="keep: glibc keeps freed memory for reuse, as transduce's CPU trainer sets it "
+                        "(kernels.keep_freed_memory), for every system of the run; return: glibc's default "
+                        "(large blocks mapped afresh and returned when freed) (default keep)")
     p.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -279,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"transduce bench: commit {git_commit()}, torch {torch.__version__}, {threads} threads, "
           f"{platform.processor() or platform.machine()}", flush=True)
+    if args.freed_memory == "keep" and kernels.keep_freed_memory():  # process-wide: every system alike
+        print("allocator: freed memory kept for reuse, as transduce's CPU trainer does (kernels.keep_freed_memory), "
+              "for every system measured", flush=True)
     peaks = {pr: matmul_peak(torch.bfloat16 if pr == "bf16" else torch.float32) for pr in precisions}
     for pr, v in peaks.items():
         print(f"matmul peak ({pr}, 2048^3, best of torch.mm and oneDNN packed): {v / 1e9:.1f} GFLOP/s", flush=True)

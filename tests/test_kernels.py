@@ -223,3 +223,18 @@ def test_apply_and_undo_leave_what_the_caller_set():
     undo = kernels.apply(model)
     undo()
     assert all(m.step_attention is decode_attention for m in attns) and not kernels.is_packed(model)
+
+
+def test_keep_freed_memory_takes_on_glibc_and_tensors_still_work():
+    """The trainer's allocator setting (`kernels.keep_freed_memory`): on glibc it takes; large
+    tensors allocated, freed and allocated again afterwards hold what is written to them."""
+    import platform
+
+    took = kernels.keep_freed_memory()
+    assert isinstance(took, bool)
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert took
+    for _ in range(3):
+        x = torch.full((9_000_000,), 2.0)  # 36 MB: mapped afresh by glibc's default
+        assert float(x.sum()) == 18_000_000.0
+        del x
