@@ -77,8 +77,14 @@ target (issue): >= 2x Hugging Face's sentences/s in the same precision.
 threads), for every system alike, with threads / W threads each: transduce and Hugging Face in W
 processes forked after the model is prepared (`transduce translate --workers W`'s way,
 `transduce.translate.Workers`), CTranslate2 with `inter_threads=W, intra_threads=threads/W`
-and the W batches submitted at once (`asynchronous=True`). Each system takes the same group of
-W batches in turn, and the group's wall time counts.
+and the batches submitted at once (`asynchronous=True`, its workers taking them from one queue).
+How the batches reach the workers (`--schedule`): stream (the default) gives each system, in
+every round, all batches, longest first, and each worker takes the next when it is free (as
+`translate --workers` and CTranslate2's queue do); the pass's wall time counts, the fastest
+round. groups (the way before 2026-11-26) times W consecutive batches at a time, each group its
+fastest round; a group lasts as long as its slowest batch, so with few batches of unequal
+lengths a core idles (base, 64 sentences in 2 batches: one group of a short and a long batch)
+and W > 1 looked slower than it decodes a longer input.
 
 The output starts with the machine (`benchmarks/machine.py`): the CPU, its ISA features, the
 environment variables that hold libraries to a lower ISA, and the ISA oneDNN, ATen and
@@ -371,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="batches decoded at once, each with threads/workers threads: transduce and HF in "
                              "forked processes, CTranslate2 with inter_threads=workers; "
                              "for every system alike (default 1)")
+    parser.add_argument("--schedule", choices=("stream", "groups"), default="stream",
+                        help="with --workers > 1: stream (default): each round passes every batch, longest first, to "
+                             "workers that each take the next one when free (translate --workers' pool, CTranslate2's "
+                             "queue), and the pass's wall time counts; groups: W consecutive batches at a time, each "
+                             "group's wall time (its slowest batch) counts, which leaves cores idle when the lengths differ")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     parser.add_argument("--profile", action="store_true", help="profile one batch of each system and precision, print the top ops")
@@ -448,7 +459,7 @@ def run_isolated(preset: str, args, threads: int, systems: list[str]) -> list[di
                 cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--json", str(out), "--presets", preset,
                        "--systems", system, "--precisions", args.precisions, "--n-sentences", str(args.n_sentences),
                        "--batch-size", str(args.batch_size), "--threads", str(threads), "--workers", str(args.workers),
-                       "--repeats", "1", "--seed", str(args.seed)]
+                       "--schedule", args.schedule, "--repeats", "1", "--seed", str(args.seed)]
                 if args.data_dir:
                     cmd += ["--data-dir", args.data_dir]
                 if args.profile and r == 0:
@@ -482,7 +493,9 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
     tgt_tokens = sum(L * len(idx) for idx, L in batches)
     print(f"{preset}: {n} sentences of {source}: {sum(map(len, srcs)):,} source tokens (EOS included), "
           f"{tgt_tokens:,} forced target tokens; {len(batches)} batches of <= {args.batch_size}; "
-          f"beam {BEAM}; {threads} threads, {args.workers} worker(s); best of {args.repeats} per batch; torch {torch.__version__}; "
+          f"beam {BEAM}; {threads} threads, {args.workers} worker(s)"
+          f"{f' ({args.schedule})' if args.workers > 1 else ''}; best of {args.repeats} "
+          f"{'per pass' if args.workers > 1 and args.schedule == 'stream' else 'per batch'}; torch {torch.__version__}; "
           f"{platform.processor() or platform.machine()}",
           flush=True)
 
@@ -527,7 +540,8 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
         if system == "ct2":
             return run_ct2_group(models["ct2"][precision], [([tokens[i] for i in idx], L) for idx, L in group])
         t0 = time.perf_counter()
-        pool.map(_pool_call, [(system, idx, L, precision) for idx, L in group], chunksize=1)
+        for _ in pool.imap_unordered(_pool_call, [(system, idx, L, precision) for idx, L in group], chunksize=1):
+            pass
         return time.perf_counter() - t0
 
     results = []
@@ -559,18 +573,31 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
             global _POOL_CALL
             _POOL_CALL = call  # the forked workers inherit the prepared models
             pool = multiprocessing.get_context("fork").Pool(args.workers, _pool_start, (threads // args.workers,))
-            groups = [batches[i : i + args.workers] for i in range(0, len(batches), args.workers)]
-            for g, group in enumerate(groups):
+            if args.schedule == "stream":
+                # All batches, longest first, to W workers that each take the next one when free
+                # (`translate --workers`' pool; CTranslate2's queue): the pass's wall time, best of the rounds.
+                stream = sorted(batches, key=lambda b: -b[1] * len(b[0]))
                 best = {s: float("inf") for s in active}
                 for r in range(args.repeats):
-                    for system in active if (g + r) % 2 == 0 else active[::-1]:  # alternate who goes first
-                        best[system] = min(best[system], call_group(system, group, precision, pool))
+                    for system in active if r % 2 == 0 else active[::-1]:
+                        best[system] = min(best[system], call_group(system, stream, precision, pool))
+                    print(f"\r{preset} {precision}: round {r + 1}/{args.repeats} " + " ".join(
+                        f"{s} {t:.1f}s" for s, t in best.items()), end="", file=sys.stderr, flush=True)
                 for system in active:
-                    times[system] += best[system]
-                    per_batch[system].append(best[system])
-                done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
-                print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
-                      end="", file=sys.stderr, flush=True)
+                    times[system], per_batch[system] = best[system], [best[system]]
+            else:  # groups: W consecutive batches at a time, the group's wall time (the slowest batch) counts
+                groups = [batches[i : i + args.workers] for i in range(0, len(batches), args.workers)]
+                for g, group in enumerate(groups):
+                    best = {s: float("inf") for s in active}
+                    for r in range(args.repeats):
+                        for system in active if (g + r) % 2 == 0 else active[::-1]:  # alternate who goes first
+                            best[system] = min(best[system], call_group(system, group, precision, pool))
+                    for system in active:
+                        times[system] += best[system]
+                        per_batch[system].append(best[system])
+                    done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
+                    print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
+                          end="", file=sys.stderr, flush=True)
             pool.terminate()
             pool.join()
             batches_left = []
