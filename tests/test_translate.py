@@ -5,6 +5,7 @@ vocabulary trained here."""
 import gzip
 import io
 import json
+import os
 import random
 import shutil
 import sys
@@ -16,7 +17,7 @@ from transduce.checkpoint import save_model
 from transduce.config import Config, ModelConfig
 from transduce.data.vocab import Vocab, train_vocab
 from transduce.cli import main
-from transduce.translate import load_translation_model, translate_lines, translate_stream
+from transduce.translate import Workers, load_translation_model, translate_lines, translate_stream
 
 WORDS = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "grass", "red", "blue", "ball", "with",
          "two", "children", "play", "near", "water", "street", "looks"]
@@ -182,6 +183,25 @@ def test_workers_give_the_same_output_in_the_same_order(loaded):
     assert loaded.model.training is False
     with pytest.raises(ValueError, match="workers"):
         list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, workers=0))
+
+
+def _pid_of_search(sources):
+    return [[(os.getpid(), len(s))] for s in sources]
+
+
+def test_workers_leave_fewer_batches_than_workers_to_this_process():
+    """A chunk of fewer batches than workers is decoded here, with every thread (a worker would
+    idle and the other decode on its share of the threads); enough batches go to the workers."""
+    pool = Workers(_pid_of_search, 2, threads=2)
+    try:
+        one = list(pool.map([[[5, 6, 3]]]))
+        assert one == [[[(os.getpid(), 3)]]]
+        many = list(pool.map([[[5] * n] for n in range(1, 9)]))
+        assert [r[0][0][1] for r in many] == list(range(1, 9))  # in order
+        assert {r[0][0][0] for r in many} - {os.getpid()}  # decoded by the workers
+        assert os.getpid() not in {r[0][0][0] for r in many}
+    finally:
+        pool.close()
 
 
 def test_cli_workers_write_the_same_file(model_dir, tmp_path, capsys):
