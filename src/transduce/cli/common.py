@@ -61,7 +61,8 @@ def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEF
     g.add_argument("--workers", type=_workers, default="auto", metavar="W",
                    help="CPU: decode W batches at once, in W processes forked from this one, the threads divided "
                         f"among them; auto (default): one per thread for models up to d_model {WORKERS_MAX_D_MODEL} "
-                        "read from a file, else 1 (the choice is printed; docs/speed.md)")
+                        "read from a file, else 1 (the choice is printed; docs/speed.md); fewer batches than "
+                        "workers (a short input) are decoded in this process with every thread")
 
 
 def _workers(value: str) -> int | str:
