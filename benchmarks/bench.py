@@ -23,8 +23,9 @@ in the same order.
 
 Systems (all post-norm, sinusoidal positions, embeddings shared between encoder, decoder and the
 pre-softmax layer, scaled by sqrt(d_model); random init):
-* transduce: `transduce.model.Transformer` of the preset (attention through SDPA; the trainer's
-  kernel choice: the math kernel for bf16 on the CPU; the trainer's dropout, `kernels.fast_dropout`).
+* transduce: `transduce.model.Transformer` of the preset as the CPU trainer runs it: attention
+  through SDPA in fp32, in bf16 through `kernels.autocast_attention` (`kernels.fast_attention`);
+  the trainer's dropout, `kernels.fast_dropout`.
 * hf: Hugging Face `MarianMTModel` of the same dimensions (`decode_speed.build_marian`), SDPA
   attention, dropout 0.1 (attention/activation dropout 0, as in transduce).
 * torch: `torch.nn.Transformer` (batch_first, the same dimensions and dropout) with shared scaled
@@ -181,6 +182,8 @@ def forward_logits(system: str, model: nn.Module, src: torch.Tensor, tgt_in: tor
 def train_throughput(system: str, preset: str, precision: str, batches, *, steps: int, warmup: int,
                      repeats: int, compile: bool = False, profile: bool = False) -> dict:
     model = build(system, preset).train()
+    if system == "transduce" and precision == "bf16":
+        kernels.fast_attention(model)  # as the CPU trainer does in bf16
     compile_s = None
     if compile and system == "transduce":
         model = torch.compile(model, dynamic=True)

@@ -238,3 +238,57 @@ def test_keep_freed_memory_takes_on_glibc_and_tensors_still_work():
         x = torch.full((9_000_000,), 2.0)  # 36 MB: mapped afresh by glibc's default
         assert float(x.sum()) == 18_000_000.0
         del x
+
+
+# -- equation 1 for bf16 training on the CPU -----------------------------------------------------
+
+
+def test_autocast_attention_is_equation_1_in_fp32():
+    """Outside autocast, in fp32: equation 1, with SDPA's mask convention (True = may attend)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 6)
+    mask = causal_mask(7, 7) & make_masks(padded_batch([7, 5, 6]), None, PAD)[0]
+    for m in (None, mask):
+        torch.testing.assert_close(kernels.autocast_attention(q, k, v, m), attention_reference(q, k, v, m)[0],
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(kernels.autocast_attention(q, k, v, m),
+                                   F.scaled_dot_product_attention(q, k, v, attn_mask=m), rtol=1e-5, atol=1e-6)
+
+
+def test_fast_attention_trains_like_the_math_kernel_under_bf16_autocast():
+    """A bf16 training step through `autocast_attention`: the loss and every gradient as with
+    PyTorch's math kernel (fp32 throughout) up to bf16 rounding; decoding steps keep theirs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    config = tiny_config(dropout=0.0)
+    ref, fast = Transformer(config), Transformer(config)
+    fast.load_state_dict(ref.state_dict())
+    assert kernels.fast_attention(fast) == sum(isinstance(m, MultiHeadAttention) for m in fast.modules()) > 0
+    assert all(m.step_attention is None for m in fast.modules() if isinstance(m, MultiHeadAttention))
+    src, tgt = padded_batch([7, 5, 6]), padded_batch([6, 7, 4])
+    losses = []
+    for model in (ref, fast):
+        with torch.autocast("cpu", dtype=torch.bfloat16), sdpa_kernel([SDPBackend.MATH]):
+            logits = model(src, tgt)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), ignore_index=PAD)
+        loss.backward()
+        losses.append(loss)
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-2, atol=1e-2)
+    for (name, a), b in zip(ref.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=0.05, atol=0.02 * a.grad.abs().max().item(), msg=name)
+
+
+def test_the_cpu_trainer_sets_fast_attention_for_bf16_only(tmp_path):
+    from transduce.config import Config, ModelConfig, TrainConfig
+    from transduce.train.trainer import TrainOptions, train
+    from train_data import VOCAB, make_data
+
+    data = make_data(tmp_path / "data")
+    config = Config(model=ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2),
+                    train=TrainConfig(warmup_steps=2, max_steps=2))
+    for precision, expected in (("bf16", kernels.autocast_attention), ("fp32", None)):
+        opts = TrainOptions(max_tokens=48, threads=1, progress=False, tensorboard=False, save_every_minutes=0,
+                            keep_last=0, precision=precision)
+        model = train(config, data, tmp_path / precision, opts).model
+        assert all(m.sequence_attention is expected for m in model.modules() if isinstance(m, MultiHeadAttention))

@@ -26,6 +26,10 @@ it.
 * For training, `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws
   a quarter of the random numbers on the CPU (what the trainer and `transduce.synthetic` do: the
   random stream of a seeded run is BitDropout's).
+* For bf16 training on the CPU, `fast_attention(model)` sets `autocast_attention` as every
+  attention layer's `MultiHeadAttention.sequence_attention`: equation 1 with the scores and the
+  softmax in fp32 and the second product in bf16, in place of PyTorch's math kernel, which upcasts
+  both products to fp32 (what the trainer does).
 
 Parameters keep their names (`state_dict` is unchanged) and stay shared: an optimizer step or
 `load_state_dict` on a packed model retires the stale copies, which are then ignored.
@@ -476,6 +480,41 @@ class BitDropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                       dropout_p: float = 0.0) -> Tensor:
+    """Equation 1 (3.2.1), softmax(Q K^T / sqrt(d_k)) V, for training under bf16 autocast on the
+    CPU: Q K^T in fp32 (from q and k as they are, bf16 out of their projections: the scores the
+    math kernel computes, up to the order of the sums), the scaling, mask and softmax in fp32, then
+    the weights rounded to V's dtype for the second product, in bf16 like every other product under
+    autocast. Same arguments and mask convention as `scaled_dot_product_attention` (bool, True =
+    may attend); dropout on the weights as it applies it. In fp32 it is equation 1 in fp32.
+
+    Why: PyTorch's flash kernel's backward in bf16 is several times slower than its math kernel
+    on the CPU (`transduce.train.step.attention_kernel_for`), and the math kernel upcasts q, k and
+    v and computes both products and their gradients in fp32; this keeps the fp32 scores and runs
+    the second product in bf16. Training steps, Zen 4, 2 threads, bf16: small 3,946 against 3,701
+    target tokens/s, base 584 against 558 (medians; docs/RESULTS.md)."""
+    with torch.autocast(q.device.type, enabled=False):
+        scores = torch.matmul(q.float(), k.float().transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, dropout_p)
+    return torch.matmul(weights.to(v.dtype), v)
+
+
+def fast_attention(model: nn.Module) -> int:
+    """Every `MultiHeadAttention` of `model` computes equation 1 outside decoding steps through
+    `autocast_attention` (`MultiHeadAttention.sequence_attention`; decoding steps keep theirs). For
+    bf16 training on the CPU (what the trainer and `benchmarks/bench.py` do); call it once, on the
+    model that trains. Returns how many layers it set."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    for m in layers:
+        m.sequence_attention = autocast_attention
+    return len(layers)
 
 
 def keep_freed_memory() -> bool:

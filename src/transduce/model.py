@@ -126,9 +126,12 @@ class MultiHeadAttention(nn.Module):
     d_model / h (Table 3 rows A and B).
 
     `step_attention`: how a decoding step's queries attend (equation 1 all the same); None, the
-    default, is `scaled_dot_product_attention`; `transduce.kernels` sets a faster one for the CPU."""
+    default, is `scaled_dot_product_attention`; `transduce.kernels` sets a faster one for the CPU.
+    `sequence_attention`: the same for every other call (training, the encoder); None is
+    `scaled_dot_product_attention`; the CPU trainer sets one for bf16 (`kernels.fast_attention`)."""
 
     step_attention = None
+    sequence_attention = None
 
     def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0,
                  bias: bool = False):
@@ -184,7 +187,7 @@ class MultiHeadAttention(nn.Module):
         elif incremental and self.step_attention is not None:
             out, weights = self.step_attention(q, k, v, mask), None
         else:
-            out, weights = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p), None
+            out, weights = (self.sequence_attention or F.scaled_dot_product_attention)(q, k, v, attn_mask=mask, dropout_p=p), None
         if group > 1:  # unfold: (R / group, h, group * n, .) -> (R, h, n, .)
             out = out.view(R // group, h, group, n, -1).transpose(1, 2).reshape(R, h, n, -1)
             if weights is not None:

@@ -210,6 +210,8 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
         model.word_positions.set_symbols(*word_symbols(data_dir, meta))
     model = model.to(env.device)
     kernels.fast_dropout(model)  # 5.4's dropout from fewer random numbers on the CPU
+    if env.device.type == "cpu" and precision == "bf16":
+        kernels.fast_attention(model)  # equation 1 with fp32 scores and a bf16 second product
     if env.device.type == "cpu":
         kernels.keep_freed_memory()  # no page faults on the large tensors every step allocates afresh
     optimizer = build_optimizer(model, config)
