@@ -179,6 +179,11 @@ def forward_logits(system: str, model: nn.Module, src: torch.Tensor, tgt_in: tor
 # --- training throughput ---------------------------------------------------------------------------
 
 
+PRODUCT_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
+               "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+"""What `--profile` counts as products: with the rest of a step free, a step costs at least these."""
+
+
 def train_throughput(system: str, preset: str, precision: str, batches, *, steps: int, warmup: int,
                      repeats: int, compile: bool = False, profile: bool = False) -> dict:
     model = build(system, preset).train()
@@ -223,7 +228,11 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
         print(f"--- profile: one training step, {system} {preset} {precision} ---")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20), flush=True)
+        events = prof.key_averages()
+        print(events.table(sort_by="self_cpu_time_total", row_limit=20))
+        share = sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / sum(e.self_cpu_time_total for e in events)
+        print(f"matrix products and attention kernels: {100 * share:.0f}% of the step's operator time (the bound on "
+              f"what speeding up everything else can gain: {1 / share:.2f}x)", flush=True)
     rates, flops_rates, per_token = [], [], []
     for _ in range(repeats):
         tokens = flops = 0

@@ -494,8 +494,9 @@ def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
     Why: PyTorch's flash kernel's backward in bf16 is several times slower than its math kernel
     on the CPU (`transduce.train.step.attention_kernel_for`), and the math kernel upcasts q, k and
     v and computes both products and their gradients in fp32; this keeps the fp32 scores and runs
-    the second product in bf16. Training steps, Zen 4, 2 threads, bf16: small 3,946 against 3,701
-    target tokens/s, base 584 against 558 (medians; docs/RESULTS.md)."""
+    the second product in bf16. Training steps, Zen 4, 2 threads, bf16 (`benchmarks/bench.py`, this
+    against the math kernel, alternating, medians of 3): small 3,986 against 3,858 target tokens/s,
+    base 559 against 533 (docs/RESULTS.md)."""
     with torch.autocast(q.device.type, enabled=False):
         scores = torch.matmul(q.float(), k.float().transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
     if attn_mask is not None:
