@@ -125,13 +125,11 @@ class MultiHeadAttention(nn.Module):
     encoder output (views of the same parameter, no copy). d_k and d_v are independent of
     d_model / h (Table 3 rows A and B).
 
-    `step_attention`: how a decoding step's queries attend (equation 1 all the same); None, the
-    default, is `scaled_dot_product_attention`; `transduce.kernels` sets a faster one for the CPU.
-    `sequence_attention`: the same for every other call (training, the encoder); None is
-    `scaled_dot_product_attention`; the CPU trainer sets one for bf16 (`kernels.fast_attention`)."""
+    `step_attention` / `sequence_attention`: how a decoding step's queries / all others attend
+    (equation 1 all the same); None, the default, is `scaled_dot_product_attention`;
+    `transduce.kernels` sets faster ones for the CPU (decoding; bf16 training)."""
 
-    step_attention = None
-    sequence_attention = None
+    step_attention = sequence_attention = None
 
     def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0,
                  bias: bool = False):
