@@ -141,3 +141,17 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
     config, _ = resolve_config(parser.parse_args(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"),
                                                   "--warmup", "3", "--save-every-minutes", "0", "--lr-scale", "2"]))
     assert (config.train.warmup_steps, config.train.checkpoint_minutes, config.train.lr_scale) == (3, 0.0, 2.0)
+
+
+def test_every_command_but_the_extras_own_runs_without_the_optional_packages(tmp_path):
+    """The first GPU machine had no pydantic: `transduce train` died building its parser, because
+    `serve`'s options imported the HTTP app. The parser must build with every extra missing, and
+    `train --help` must work."""
+    extras = ["pydantic", "fastapi", "uvicorn", "prometheus_client", "ctranslate2", "transformers", "matplotlib",
+              "playwright", "tensorboard"]
+    code = ("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in extras)
+            + "from transduce.cli import main\nsys.exit(main(['train', '--help']))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert out.returncode == 0, out.stderr
+    assert "--max-minutes" in out.stdout

@@ -66,7 +66,7 @@ PROG = "transduce serve"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    from ..serve.app import Limits
+    from ..serve.common import Limits
 
     parser.add_argument("model_path", type=Path, metavar="MODEL",
                         help="a run directory or model directory (with --engine ct2: an exported CTranslate2 directory)")
@@ -136,7 +136,7 @@ def model_task(path: Path) -> str:
 def resolve_defaults(args: argparse.Namespace) -> None:
     """Search defaults not given: the paper's for the model's task (6.1, or 6.3 for a parser); the
     limits on beam and max_len_offset at least as large as them."""
-    from ..serve.app import Limits
+    from ..serve.common import Limits
 
     parsing = args.engine == "torch" and model_task(args.model_path) == "parsing"
     beam, alpha, offset = PARSING if parsing else (DEFAULT_BEAM, DEFAULT_ALPHA, DEFAULT_MAX_LEN_OFFSET)
@@ -151,7 +151,7 @@ def resolve_defaults(args: argparse.Namespace) -> None:
 
 
 def limits_from_args(args: argparse.Namespace):
-    from ..serve.app import Limits
+    from ..serve.common import Limits
 
     limits = Limits(args.max_body_bytes, args.max_sentences, args.max_chars, args.max_tokens, args.max_queue,
                     args.max_beam, args.max_len_offset_limit)
