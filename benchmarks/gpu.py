@@ -14,8 +14,11 @@ Training (the trainer's own step: `transduce.train.step.train_step`, label smoot
 Adam, dropout as the preset says; the loss and the step exactly as `transduce train` runs them),
 for each preset and each setting:
 
-* bf16: autocast bf16, SDPA choosing its kernel (with a padding mask: memory-efficient attention;
-  the flash kernel takes no mask), the default of `transduce train` on a GPU;
+* bf16: autocast bf16, SDPA choosing among flash, memory-efficient and math (with a padding mask:
+  memory-efficient; the flash kernel takes no mask), the default of `transduce train` on a GPU
+  (`transduce.device.setup_cuda` leaves cuDNN's attention out);
+* bf16-torch-default: the same with every SDPA backend allowed, in PyTorch's own order (cuDNN
+  first on Hopper in torch 2.11: a new execution graph for every new shape);
 * bf16-math: the same with SDPA restricted to the math kernel (what the flash/efficient kernels gain);
 * fp16: autocast fp16 with a GradScaler (`--precision fp16`);
 * bf16-compile: bf16 with `torch.compile(model, dynamic=True)` (the compile time apart).
@@ -24,6 +27,16 @@ Tokens/s = non-pad target tokens of the timed steps / their time (CUDA-synchroni
 FLOPs (counted from the padded shapes as `benchmarks/bench.py` counts them: every product 2mnk,
 training 3x the forward) per second / the GPU's dense bf16 peak: the nominal one where the GPU is
 known (H100/H200 SXM 989 TFLOP/s, A100 312) and the peak measured here (an 8192^3 bf16 product).
+
+Peers (issue 31), in the same run on the same GPU, batches and loss: Hugging Face's `MarianMTModel`
+(`hf`) and `nn.Transformer` with the paper's embeddings (`torch`, `benchmarks/bench.py`'s), built to
+the preset's shapes, autocast bf16 with their default attention, fused Adam. The ratio column is
+transduce's tokens/s over the best peer's.
+
+Table 2's cost column, projected: for each preset, the measured bf16 step scaled to the paper's
+25,000 target tokens per step (model FLOPs per step from `transduce.flops`, the same formula as MFU),
+the time of 100K (base) or 300K (big) such steps on this one GPU, and on 8 of them with perfect data
+parallelism (the step split 8 ways, communication free): a projection, not a measurement.
 
 Decoding: beam 4 on random weights with every hypothesis forced to the same length L (the
 method of `benchmarks/decode_speed.py`: L = the batch's longest source + 10), transduce's
@@ -62,7 +75,7 @@ PAD, BOS, EOS = 0, 2, 3
 VOCAB = 37000
 NOMINAL_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 """Dense bf16 tensor-core peaks (SXM parts; NVIDIA's data sheets, without sparsity)."""
-SETTINGS = ("bf16", "bf16-math", "fp16", "bf16-compile")
+SETTINGS = ("bf16", "bf16-torch-default", "bf16-math", "fp16", "bf16-compile")
 
 
 def sync(device: torch.device) -> None:
@@ -142,6 +155,19 @@ def dims(config: Config) -> dict:
                 c=c.n_heads * c.head_dim_v, V=VOCAB)
 
 
+def attention_kernels(which: str):
+    """SDPA's allowed backends: "ours" (what `transduce.device.setup_cuda` set for the process),
+    "all" (every backend, in PyTorch's own order) or "math"."""
+    if which == "ours":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if which == "math":
+        return sdpa_kernel([SDPBackend.MATH])
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
+
+
 def train_throughput(preset: str, setting: str, batches, device: torch.device, *, steps: int, warmup: int,
                      dry: bool) -> dict:
     config = preset_config(preset, dry)
@@ -155,11 +181,7 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
     if setting == "bf16-compile":
         run_model = torch.compile(model, dynamic=True, backend="eager" if dry else "inductor")
     def kernel():  # a fresh context each step
-        if setting != "bf16-math":
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.MATH])
+        return attention_kernels({"bf16-math": "math", "bf16-torch-default": "all"}.get(setting, "ours"))
     dm = dims(config)
     it = iter(batches * (1 + (warmup + steps) // len(batches)))
 
@@ -196,6 +218,83 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
     return {"preset": preset, "setting": setting, "tokens_per_s": tokens / dt, "flops_per_s": flops / dt,
             "steps": steps, "seconds": dt, "first_step_s": first, "compile_s": compile_s, "max_memory_gib": mem,
             "params": sum(p.numel() for p in model.parameters()), "batch_tokens": tokens / steps}
+
+
+def peer_throughput(preset: str, system: str, batches, device: torch.device, *, steps: int, warmup: int,
+                    dry: bool, kernels_: str = "all") -> dict:
+    """A peer's training step on the same batches: autocast bf16, label smoothing 0.1 through the
+    same loss function, fused Adam; the peer's own attention (SDPA in both), with every backend
+    allowed in PyTorch's order (`kernels_="all"`: as the peer ships) or as transduce sets it ("ours")."""
+    import bench
+    from transduce.train.loss import label_smoothed_nll
+
+    config = preset_config(preset, dry)
+    dm = dims(config)
+    torch.manual_seed(0)
+    if system == "hf":
+        model = decode_speed.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=VOCAB)
+    else:
+        model = bench.TorchTransformer(dm)
+    model = model.to(device).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                           fused=device.type in ("cuda", "cpu"))
+    it = iter(batches * (1 + (warmup + steps) // len(batches)))
+
+    def step() -> tuple[int, int]:
+        src, tgt = next(it)
+        src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+        ntok = int((tgt_out != PAD).sum())
+        with torch.autocast(device.type, dtype=torch.bfloat16), attention_kernels(kernels_):
+            logits = bench.forward_logits(system, model, src, tgt_in)
+        loss, _ = label_smoothed_nll(logits.float(), tgt_out, 0.1, PAD)
+        (loss / ntok).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
+
+    t0 = time.perf_counter()
+    step()
+    sync(device)
+    first = time.perf_counter() - t0
+    for _ in range(warmup - 1):
+        step()
+    sync(device)
+    tokens = flops = 0
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        n, f = step()
+        tokens, flops = tokens + n, flops + f
+    sync(device)
+    dt = time.perf_counter() - t0
+    mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    name = f"{system} bf16" + ("" if kernels_ == "all" else " no-cuDNN")
+    return {"preset": preset, "setting": name, "system": system, "tokens_per_s": tokens / dt,
+            "flops_per_s": flops / dt, "steps": steps, "seconds": dt, "first_step_s": first, "compile_s": None,
+            "max_memory_gib": mem, "params": sum(p.numel() for p in model.parameters()), "batch_tokens": tokens / steps}
+
+
+PAPER_TABLE2 = {"base": (100_000, 12 * 3600, 3.3e18), "big": (300_000, 3.5 * 86400, 2.3e19)}
+"""Steps (5.2), training time on 8 P100s (5.2) and Table 2's training cost, FLOPs."""
+
+
+def table2_projection(report: dict) -> list[dict]:
+    """Table 2's cost column from the measured bf16 steps (see the module docstring)."""
+    rows = []
+    for preset, (steps, paper_s, paper_flops) in PAPER_TABLE2.items():
+        cands = [r for r in report["train"] if r["preset"] == preset and r["setting"] in ("bf16", "bf16-compile")]
+        if not cands:
+            continue
+        r = max(cands, key=lambda r: r["tokens_per_s"])
+        step_s = 25_000 / r["tokens_per_s"]
+        flops_per_step = r["flops_per_s"] / r["tokens_per_s"] * 25_000
+        rows.append({"preset": preset, "setting": r["setting"], "steps": steps, "step_s_one_gpu": step_s,
+                     "flops_per_step": flops_per_step, "total_flops": flops_per_step * steps,
+                     "hours_one_gpu": steps * step_s / 3600, "hours_8_gpus": steps * step_s / 8 / 3600,
+                     "paper_hours_8_p100": paper_s / 3600, "paper_flops": paper_flops})
+    return rows
 
 
 # --- decoding ------------------------------------------------------------------------------------
@@ -251,10 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry", action="store_true", help="tiny, on the CPU: checks that every part runs")
     p.add_argument("--presets", default="base,big")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated: {', '.join(SETTINGS)}")
+    p.add_argument("--peers", default="hf,torch", help="training peers, comma-separated: hf, torch (default both)")
     p.add_argument("--max-tokens", type=int, default=25000, help="padded tokens per batch and side (default 25000, 5.1)")
     p.add_argument("--steps", type=int, default=20, help="timed training steps per setting (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
-    p.add_argument("--decode-sentences", type=int, default=1024)
+    p.add_argument("--decode-sentences", type=int, default=1024, help="sentences decoded per system (0: no decoding)")
     p.add_argument("--decode-batch", type=int, default=128, help="sentences per decoding batch (default 128)")
     args = p.parse_args(argv)
     if args.dry:
@@ -268,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "args": {
         k: str(v) for k, v in vars(args).items()}, "train": [], "decode": [], "errors": []}
     if device.type == "cuda":
+        from transduce.device import setup_cuda
+
+        setup_cuda()  # as every transduce command does on a GPU
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows only (decoding): TF32 tensor cores
         report["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
     report["bf16_peak_nominal"] = nominal_peak(name)
@@ -280,33 +383,53 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "gpu.md").write_text(markdown(report))
 
     batches = training_batches(args.max_tokens, 40 if not args.dry else 4)
-    for preset in [x for x in args.presets.split(",") if x]:
-        for setting in [x for x in args.settings.split(",") if x]:
-            try:
+    presets = [x for x in args.presets.split(",") if x]
+    settings = [x for x in args.settings.split(",") if x]
+    # (preset, transduce setting or peer): eager ones first, then decoding, compiling last (the slowest
+    # part, and the one a lease cut short can spare).
+    jobs = [(pr, ("transduce", st, "ours")) for pr in presets for st in settings if "compile" not in st]
+    jobs += [(pr, (sy, f"{sy} bf16", k)) for pr in presets for sy in args.peers.split(",") if sy for k in ("all", "ours")]
+
+    def train_job(preset: str, system: str, setting: str, kernels_: str) -> None:
+        try:
+            if system == "transduce":
                 r = train_throughput(preset, setting, batches, device, steps=args.steps, warmup=args.warmup, dry=args.dry)
-            except Exception as e:  # noqa: BLE001 - one failing setting must not cost the others
-                report["errors"].append({"part": f"train {preset} {setting}", "error": repr(e),
-                                         "traceback": traceback.format_exc()[-3000:]})
-                print(f"train {preset} {setting}: FAILED {e!r}", flush=True)
-                save()
-                continue
-            peak = report["bf16_peak_nominal"] or report["bf16_peak_measured"]
-            r["mfu_nominal"] = r["flops_per_s"] / peak
-            r["mfu_measured_peak"] = r["flops_per_s"] / report["bf16_peak_measured"]
-            report["train"].append(r)
-            print(f"train {preset:<5} {setting:<13} {r['tokens_per_s']:>10,.0f} tgt tok/s  MFU {100 * r['mfu_nominal']:5.1f}% "
-                  f"(of measured peak {100 * r['mfu_measured_peak']:5.1f}%)  {r['batch_tokens']:,.0f} tgt tok/step"
-                  + (f"  compile+first step {r['compile_s']:.0f} s" if r["compile_s"] else ""), flush=True)
+            else:
+                r = peer_throughput(preset, system, batches, device, steps=args.steps, warmup=args.warmup,
+                                    dry=args.dry, kernels_=kernels_)
+        except Exception as e:  # noqa: BLE001 - one failing setting must not cost the others
+            report["errors"].append({"part": f"train {preset} {setting}", "error": repr(e),
+                                     "traceback": traceback.format_exc()[-3000:]})
+            print(f"train {preset} {setting}: FAILED {e!r}", flush=True)
             save()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            return
+        peak = report["bf16_peak_nominal"] or report["bf16_peak_measured"]
+        r["mfu_nominal"] = r["flops_per_s"] / peak
+        r["mfu_measured_peak"] = r["flops_per_s"] / report["bf16_peak_measured"]
+        r["system"] = system
+        report["train"].append(r)
+        print(f"train {preset:<5} {r['setting']:<22} {r['tokens_per_s']:>10,.0f} tgt tok/s  MFU {100 * r['mfu_nominal']:5.1f}% "
+              f"(of measured peak {100 * r['mfu_measured_peak']:5.1f}%)  {r['batch_tokens']:,.0f} tgt tok/step"
+              + (f"  compile+first step {r['compile_s']:.0f} s" if r["compile_s"] else ""), flush=True)
+        report["table2"] = table2_projection(report)
+        save()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    for preset, (system, setting, kernels_) in jobs:
+        train_job(preset, system, setting, kernels_)
     try:
-        report["decode"] = decode_compare(device, args.decode_sentences, args.decode_batch, args.dry)
+        if args.decode_sentences > 0:
+            report["decode"] = decode_compare(device, args.decode_sentences, args.decode_batch, args.dry)
         for r in report["decode"]:
             print(f"decode base {r['precision']:<5} {r['system']:<10} {r['sentences_per_s']:>9.1f} sentences/s", flush=True)
     except Exception as e:  # noqa: BLE001
         report["errors"].append({"part": "decode", "error": repr(e), "traceback": traceback.format_exc()[-3000:]})
         print(f"decode: FAILED {e!r}", flush=True)
+    save()
+    for preset in presets:
+        for setting in [st for st in settings if "compile" in st]:
+            train_job(preset, "transduce", setting, "ours")
     save()
     print(markdown(report))
     return 1 if report["errors"] else 0
@@ -316,12 +439,23 @@ def markdown(report: dict) -> str:
     lines = [f"# GPU figures: {report['device']} (torch {report['torch']}, CUDA {report['cuda']})", "",
              f"bf16 peak: measured {report['bf16_peak_measured'] / 1e12:.1f} TFLOP/s (8192^3 product), nominal "
              f"{(report['bf16_peak_nominal'] or 0) / 1e12:.0f} TFLOP/s", "",
-             "| preset | setting | target tokens/s | MFU (nominal peak) | MFU (measured peak) | tgt tokens/step | first step s | max GiB |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| preset | setting | target tokens/s | vs best peer | MFU (nominal peak) | MFU (measured peak) | tgt tokens/step | first step s | max GiB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in report["train"]:
-        lines.append(f"| {r['preset']} | {r['setting']} | {r['tokens_per_s']:,.0f} | {100 * r['mfu_nominal']:.1f}% | "
+        peers = [q["tokens_per_s"] for q in report["train"] if q["preset"] == r["preset"] and q.get("system", "transduce") != "transduce"]
+        ratio = f"{r['tokens_per_s'] / max(peers):.2f}x" if peers and r.get("system", "transduce") == "transduce" else "-"
+        lines.append(f"| {r['preset']} | {r['setting']} | {r['tokens_per_s']:,.0f} | {ratio} | {100 * r['mfu_nominal']:.1f}% | "
                      f"{100 * r['mfu_measured_peak']:.1f}% | {r['batch_tokens']:,.0f} | {r['first_step_s']:.1f} | "
                      f"{r['max_memory_gib'] if r['max_memory_gib'] is None else round(r['max_memory_gib'], 1)} |")
+    if report.get("table2"):
+        lines += ["", "Table 2's training cost, projected from the measured bf16 step at 25,000 target tokens per step "
+                  "(8 GPUs: perfect data parallelism assumed):", "",
+                  "| preset | setting | s/step, 1 GPU | FLOPs/step | steps | total FLOPs | hours, 1 GPU | hours, 8 GPUs | paper: 8 P100s | paper FLOPs |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for t in report["table2"]:
+            lines.append(f"| {t['preset']} | {t['setting']} | {t['step_s_one_gpu']:.3f} | {t['flops_per_step']:.2e} | {t['steps']:,} | "
+                         f"{t['total_flops']:.2e} | {t['hours_one_gpu']:.1f} | {t['hours_8_gpus']:.2f} | "
+                         f"{t['paper_hours_8_p100']:.0f} h | {t['paper_flops']:.1e} |")
     lines += ["", "| decoding (base, beam 4, forced lengths) | precision | sentences/s | target tokens/s | vs HF |",
               "|---|---|---|---|---|"]
     for r in report["decode"]:

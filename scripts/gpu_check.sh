@@ -14,6 +14,7 @@
 # 3. benchmarks/gpu.py: base and big training throughput and MFU (bf16, bf16 with the math
 #    attention kernel, fp16 with loss scaling, bf16 + torch.compile), beam-4 decoding against
 #    Hugging Face generate                                         -> gpu.json, gpu.md, gpu.log
+# GPU_ARGS: more arguments for benchmarks/gpu.py (e.g. "--decode-batch 64"); SKIP_TESTS=1 leaves part 1 out.
 # Exit status: 0 when every part passed; the summary is in $OUT/summary.md.
 set -uo pipefail
 DRY=0
@@ -38,6 +39,7 @@ else
 fi
 
 echo "== 1. tests on $DEVICE"
+[ "${SKIP_TESTS:-0}" = 1 ] && echo "(skipped: SKIP_TESTS=1)" > "$OUT/tests.log" || \
 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device.py --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 status+=("tests: exit ${PIPESTATUS[0]}")
 
@@ -63,7 +65,7 @@ status+=("training run: exit ${PIPESTATUS[0]}")
 rm -rf "$WORK"
 
 echo "== 3. throughput, MFU and decoding"
-$PY benchmarks/gpu.py --out "$OUT" $DRYFLAG 2>&1 | tee "$OUT/gpu.log"
+$PY benchmarks/gpu.py --out "$OUT" $DRYFLAG ${GPU_ARGS:-} 2>&1 | tee "$OUT/gpu.log"
 status+=("benchmarks/gpu.py: exit ${PIPESTATUS[0]}")
 
 { echo "# scripts/gpu_check.sh $([ $DRY = 1 ] && echo --dry)"; echo; for s in "${status[@]}"; do echo "- $s"; done

@@ -35,3 +35,17 @@ def test_cuda_is_the_local_ranks_gpu_and_cuda_n_is_gpu_n():
     assert resolve_device(f"cuda:{n - 1}", local_rank=0) == torch.device("cuda", n - 1)
     with pytest.raises(UsageError, match="no cuda"):
         resolve_device(f"cuda:{n}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_device_leaves_cudnn_attention_out():
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    resolve_device("cuda")
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+
+
+def test_the_cpu_leaves_the_attention_backends_alone():
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    resolve_device("cpu")
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before

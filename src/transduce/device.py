@@ -17,7 +17,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     * "cuda": the local rank's GPU (cuda:0 for a single process); "cuda:N": GPU N.
 
     A one-line `UsageError` if CUDA is asked for but absent (or has no GPU N), or the name is
-    none of these."""
+    none of these. A CUDA device is first set up by `setup_cuda`."""
     key = str(name).strip().lower()
     if key == "auto":
         key = "cuda" if torch.cuda.is_available() else "cpu"
@@ -31,4 +31,17 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     device = torch.device("cuda", int(index) if colon else local_rank)
     if device.index >= torch.cuda.device_count():
         raise UsageError(f"--device {name}: there is no {device} ({torch.cuda.device_count()} GPUs visible)")
+    setup_cuda()
     return device
+
+
+def setup_cuda() -> None:
+    """The process-wide CUDA settings of every command (not in the paper; speed only):
+
+    * cuDNN's attention is left out of `scaled_dot_product_attention`'s choices (flash,
+      memory-efficient and math remain). PyTorch 2.11 puts cuDNN first on Hopper, and cuDNN
+      builds an execution graph for every new shape, hundreds of milliseconds each; batches of
+      sentences come in hundreds of shapes and every decoding step is a new one. Measured on an
+      H200 (benchmarks/gpu.py, docs/RESULTS.md): training base in bf16 ran several times slower
+      with cuDNN first than with the memory-efficient kernel."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
