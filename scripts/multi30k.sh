@@ -69,7 +69,8 @@ fi
 # validation split (sacreBLEU), never on test.
 # A short run (STEPS=500) has fewer checkpoints than K: it averages all it has.
 mkdir -p "$RUN/alpha"
-n=$(find "$RUN/checkpoints" -maxdepth 1 -name 'step_*' -type d | wc -l)
+n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
+print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
 for k in $AVERAGE; do
   transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"

@@ -92,7 +92,8 @@ fi
 
 # The number of averaged checkpoints and alpha for beam 21 (BEAM), chosen together on section 22, never on 23.
 mkdir -p "$ALPHA_DIR"
-n=$(find "$RUN/checkpoints" -maxdepth 1 -name 'step_*' -type d | wc -l)
+n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
+print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
 for k in $AVERAGE; do
   transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
