@@ -41,7 +41,8 @@ def attention_kernel_for(device: torch.device, precision: str):
     flash-attention backward is several times slower than the plain ("math") kernel, which
     computes attention in fp32 (measured with torch 2.13, 186 x 22 tokens, 4 heads of 64:
     backward 53 ms flash vs 12 ms math; 50 vs 26 ms at 100 tokens), so training uses the math
-    kernel there; elsewhere PyTorch chooses. The backward kernel is the one the forward chose.
+    kernel there; elsewhere PyTorch chooses (on CUDA among flash, memory-efficient and math:
+    `transduce.device.setup_cuda` leaves cuDNN out). The backward kernel is the one the forward chose.
     (The CPU trainer's bf16 model does not reach SDPA: `transduce.kernels.fast_attention`.)"""
     if device.type == "cpu" and precision == "bf16":
         from torch.nn.attention import SDPBackend, sdpa_kernel
