@@ -176,7 +176,6 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
     opt = build_optimizer(model, config)
     precision = "fp16" if setting == "fp16" else "bf16"
     scaler = make_grad_scaler(device, precision)
-    compile_s = None
     run_model = model
     if setting == "bf16-compile":
         run_model = torch.compile(model, dynamic=True, backend="eager" if dry else "inductor")
@@ -196,12 +195,19 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
                        label_smoothing=0.1, precision=precision, scaler=scaler, pad_id=PAD)
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
 
+    r = timed_steps(step, device, steps=steps, warmup=warmup)
+    return {"preset": preset, "setting": setting, **r,
+            "compile_s": r["first_step_s"] if setting == "bf16-compile" else None,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def timed_steps(step, device: torch.device, *, steps: int, warmup: int) -> dict:
+    """`warmup` untimed calls of `step` (the first timed alone: compiling, with torch.compile), then
+    `steps` timed ones, CUDA-synchronised; `step` returns (target tokens, model FLOPs)."""
     t0 = time.perf_counter()
     step()
     sync(device)
     first = time.perf_counter() - t0
-    if setting == "bf16-compile":
-        compile_s = first
     for _ in range(warmup - 1):
         step()
     sync(device)
@@ -215,9 +221,8 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    return {"preset": preset, "setting": setting, "tokens_per_s": tokens / dt, "flops_per_s": flops / dt,
-            "steps": steps, "seconds": dt, "first_step_s": first, "compile_s": compile_s, "max_memory_gib": mem,
-            "params": sum(p.numel() for p in model.parameters()), "batch_tokens": tokens / steps}
+    return {"tokens_per_s": tokens / dt, "flops_per_s": flops / dt, "steps": steps, "seconds": dt,
+            "first_step_s": first, "max_memory_gib": mem, "batch_tokens": tokens / steps}
 
 
 def peer_throughput(preset: str, system: str, batches, device: torch.device, *, steps: int, warmup: int,
@@ -253,27 +258,9 @@ def peer_throughput(preset: str, system: str, batches, device: torch.device, *, 
         opt.zero_grad(set_to_none=True)
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
 
-    t0 = time.perf_counter()
-    step()
-    sync(device)
-    first = time.perf_counter() - t0
-    for _ in range(warmup - 1):
-        step()
-    sync(device)
-    tokens = flops = 0
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        n, f = step()
-        tokens, flops = tokens + n, flops + f
-    sync(device)
-    dt = time.perf_counter() - t0
-    mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     name = f"{system} bf16" + ("" if kernels_ == "all" else " no-cuDNN")
-    return {"preset": preset, "setting": name, "system": system, "tokens_per_s": tokens / dt,
-            "flops_per_s": flops / dt, "steps": steps, "seconds": dt, "first_step_s": first, "compile_s": None,
-            "max_memory_gib": mem, "params": sum(p.numel() for p in model.parameters()), "batch_tokens": tokens / steps}
+    return {"preset": preset, "setting": name, "system": system, **timed_steps(step, device, steps=steps, warmup=warmup),
+            "compile_s": None, "params": sum(p.numel() for p in model.parameters())}
 
 
 PAPER_TABLE2 = {"base": (100_000, 12 * 3600, 3.3e18), "big": (300_000, 3.5 * 86400, 2.3e19)}
