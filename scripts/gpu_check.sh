@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU path in one command (issue 21), for a fresh CUDA machine with this repository copied
-# (PyTorch, transformers, sentencepiece, safetensors, pytest installed; no network needed; no
+# (PyTorch, transformers, sentencepiece, safetensors, sacrebleu, sacremoses, tqdm, pytest installed: the H200 image here lacks sacremoses, carried as a wheel; no network needed; no
 # `pip install` of transduce: PYTHONPATH=src). About 8 minutes on an H200 (2026-11-26: the tests 24 s, the training run under a minute, gpu.py ~6.5 min, half of it compiling).
 #
 #   scripts/gpu_check.sh "$OUT"          # on the GPU; every figure lands in $OUT
