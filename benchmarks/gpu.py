@@ -23,6 +23,10 @@ for each preset and each setting:
 * fp16: autocast fp16 with a GradScaler (`--precision fp16`);
 * bf16-compile: bf16 with `torch.compile(model, dynamic=True)` (the compile time apart).
 
+`--profile` also writes torch.profiler's top operators (by GPU time on CUDA, with the share of the
+wall time the GPU was busy) for one step of each eager bf16 setting and peer and for one decoding
+batch of each system and precision: --out/profile_*.txt, what to read when MFU is low.
+
 Tokens/s = non-pad target tokens of the timed steps / their time (CUDA-synchronised). MFU = model
 FLOPs (counted from the padded shapes as `benchmarks/bench.py` counts them: every product 2mnk,
 training 3x the forward) per second / the GPU's dense bf16 peak: the nominal one where the GPU is
@@ -169,7 +173,7 @@ def attention_kernels(which: str):
 
 
 def train_throughput(preset: str, setting: str, batches, device: torch.device, *, steps: int, warmup: int,
-                     dry: bool) -> dict:
+                     dry: bool, profile_to: Path | None = None) -> dict:
     config = preset_config(preset, dry)
     torch.manual_seed(0)
     model = Transformer(config.model).to(device).train()
@@ -196,9 +200,39 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
 
     r = timed_steps(step, device, steps=steps, warmup=warmup)
+    if profile_to is not None:
+        profile_to.write_text(f"# one training step: transduce {preset} {setting}\n" + profile_table(step, device))
     return {"preset": preset, "setting": setting, **r,
             "compile_s": r["first_step_s"] if setting == "bf16-compile" else None,
             "params": sum(p.numel() for p in model.parameters())}
+
+
+def profile_table(fn, device: torch.device, rows: int = 30) -> str:
+    """torch.profiler's top operators of one call of `fn`, by device time on CUDA (self CPU time
+    on the CPU), with the share of the call's wall time the GPU was busy: where the time goes when
+    MFU is low (launch-bound steps, elementwise kernels, host synchronisations)."""
+    try:
+        return _profile_table(fn, device, rows)
+    except Exception as e:  # noqa: BLE001 - a profile must never cost the figure measured before it
+        return f"profiling failed: {e!r}\n{traceback.format_exc()[-2000:]}"
+
+
+def _profile_table(fn, device: torch.device, rows: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    busy = sum(getattr(e, key, 0) for e in events) / 1e6
+    head = (f"wall {wall * 1e3:.1f} ms (profiled); {'GPU busy' if device.type == 'cuda' else 'operator time'} "
+            f"{busy * 1e3:.1f} ms ({100 * busy / wall:.0f}%); {sum(e.count for e in events)} operator calls\n")
+    return head + events.table(sort_by=key, row_limit=rows)
 
 
 def timed_steps(step, device: torch.device, *, steps: int, warmup: int) -> dict:
@@ -226,7 +260,7 @@ def timed_steps(step, device: torch.device, *, steps: int, warmup: int) -> dict:
 
 
 def peer_throughput(preset: str, system: str, batches, device: torch.device, *, steps: int, warmup: int,
-                    dry: bool, kernels_: str = "all") -> dict:
+                    dry: bool, kernels_: str = "all", profile_to: Path | None = None) -> dict:
     """A peer's training step on the same batches: autocast bf16, label smoothing 0.1 through the
     same loss function, fused Adam; the peer's own attention (SDPA in both), with every backend
     allowed in PyTorch's order (`kernels_="all"`: as the peer ships) or as transduce sets it ("ours")."""
@@ -259,7 +293,10 @@ def peer_throughput(preset: str, system: str, batches, device: torch.device, *, 
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
 
     name = f"{system} bf16" + ("" if kernels_ == "all" else " no-cuDNN")
-    return {"preset": preset, "setting": name, "system": system, **timed_steps(step, device, steps=steps, warmup=warmup),
+    r = timed_steps(step, device, steps=steps, warmup=warmup)
+    if profile_to is not None:
+        profile_to.write_text(f"# one training step: {name}, {preset}\n" + profile_table(step, device))
+    return {"preset": preset, "setting": name, "system": system, **r,
             "compile_s": None, "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -287,7 +324,7 @@ def table2_projection(report: dict) -> list[dict]:
 # --- decoding ------------------------------------------------------------------------------------
 
 
-def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool) -> list[dict]:
+def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, profile_to: Path | None = None) -> list[dict]:
     config = preset_config("base", dry)
     c = config.model
     g = torch.Generator().manual_seed(1)
@@ -316,6 +353,11 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool) -> 
 
         for system in times:  # warm-up
             call(system, batches[0][0][:4], batches[0][1])
+        if profile_to is not None:  # one full batch of each system, before the timed ones
+            for system in times:
+                f = profile_to / f"profile_decode_{system}_{precision}.txt"
+                f.write_text(f"# one decoding batch ({len(batches[0][0])} sentences, {batches[0][1]} steps): {system} "
+                             f"{precision}\n" + profile_table(lambda: call(system, batches[0][0], batches[0][1]), device))
         for b, (idx, L) in enumerate(batches):
             for system in (("transduce", "hf") if b % 2 == 0 else ("hf", "transduce")):
                 times[system] += call(system, idx, L)
@@ -341,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=25000, help="padded tokens per batch and side (default 25000, 5.1)")
     p.add_argument("--steps", type=int, default=20, help="timed training steps per setting (default 20)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first (default 5)")
+    p.add_argument("--profile", action="store_true",
+                   help="also write torch.profiler's top operators (GPU time on CUDA) of one step of each eager bf16 "
+                        "training setting and peer, and of one decoding batch per system and precision, to "
+                        "--out/profile_*.txt")
     p.add_argument("--decode-sentences", type=int, default=1024, help="sentences decoded per system (0: no decoding)")
     p.add_argument("--decode-batch", type=int, default=128, help="sentences per decoding batch (default 128)")
     args = p.parse_args(argv)
@@ -379,11 +425,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def train_job(preset: str, system: str, setting: str, kernels_: str) -> None:
         try:
+            prof = None
+            if args.profile and setting in ("bf16", f"{system} bf16") and kernels_ == "ours":
+                prof = args.out / f"profile_train_{preset}_{system}.txt"
             if system == "transduce":
-                r = train_throughput(preset, setting, batches, device, steps=args.steps, warmup=args.warmup, dry=args.dry)
+                r = train_throughput(preset, setting, batches, device, steps=args.steps, warmup=args.warmup, dry=args.dry,
+                                     profile_to=prof)
             else:
                 r = peer_throughput(preset, system, batches, device, steps=args.steps, warmup=args.warmup,
-                                    dry=args.dry, kernels_=kernels_)
+                                    dry=args.dry, kernels_=kernels_, profile_to=prof)
         except Exception as e:  # noqa: BLE001 - one failing setting must not cost the others
             report["errors"].append({"part": f"train {preset} {setting}", "error": repr(e),
                                      "traceback": traceback.format_exc()[-3000:]})
@@ -407,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         train_job(preset, system, setting, kernels_)
     try:
         if args.decode_sentences > 0:
-            report["decode"] = decode_compare(device, args.decode_sentences, args.decode_batch, args.dry)
+            report["decode"] = decode_compare(device, args.decode_sentences, args.decode_batch, args.dry,
+                                              profile_to=args.out if args.profile else None)
         for r in report["decode"]:
             print(f"decode base {r['precision']:<5} {r['system']:<10} {r['sentences_per_s']:>9.1f} sentences/s", flush=True)
     except Exception as e:  # noqa: BLE001

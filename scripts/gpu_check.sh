@@ -67,6 +67,10 @@ rm -rf "$WORK"
 echo "== 3. throughput, MFU and decoding"
 $PY benchmarks/gpu.py --out "$OUT" $DRYFLAG ${GPU_ARGS:-} 2>&1 | tee "$OUT/gpu.log"
 status+=("benchmarks/gpu.py: exit ${PIPESTATUS[0]}")
+# --profile (in GPU_ARGS) writes one table per setting: one archive travels better than a dozen files
+if ls "$OUT"/profile_*.txt >/dev/null 2>&1; then
+  tar -czf "$OUT/profiles.tgz" -C "$OUT" $(cd "$OUT" && ls profile_*.txt) && rm -f "$OUT"/profile_*.txt
+fi
 
 { echo "# scripts/gpu_check.sh $([ $DRY = 1 ] && echo --dry)"; echo; for s in "${status[@]}"; do echo "- $s"; done
   echo; tail -n 3 "$OUT/tests.log"; echo; grep "training loss" "$OUT/train_check.log"; echo; cat "$OUT/gpu.md" 2>/dev/null
