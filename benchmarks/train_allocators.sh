@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/train_allocators.sh OUT [ROUNDS] [PRECISION] [PRESET]      # defaults: 3 bf16 base
 #   ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 bash benchmarks/train_allocators.sh OUT 3 fp32
+#   STEPS=8 bash benchmarks/train_allocators.sh OUT 3 bf16 small   # longer rounds: the small model's 2 steps last ~1.3 s
 #
 # transduce's CPU trainer sets glibc to keep freed memory for reuse (kernels.keep_freed_memory);
 # Hugging Face leaves glibc's default, which maps every large block afresh and returns it when
@@ -21,7 +22,7 @@ mkdir -p "$OUT"
 for r in $(seq 1 "$ROUNDS"); do
   for run in transduce:keep hf:return hf:keep transduce:return; do
     system=${run%%:*} memory=${run##*:}
-    python benchmarks/bench.py --presets "$PRESET" --precisions "$PRECISION" --systems "$system" --steps 2 \
+    python benchmarks/bench.py --presets "$PRESET" --precisions "$PRECISION" --systems "$system" --steps "${STEPS:-2}" \
       --repeats 2 --warmup 1 --decode-sentences 0 --threads "${THREADS:-2}" --freed-memory "$memory" \
       --json "$OUT/$system-$memory-$r.json" > "$OUT/$system-$memory-$r.log" 2>&1 \
       || { echo "bench.py failed: see $OUT/$system-$memory-$r.log" >&2; exit 1; }

@@ -48,6 +48,18 @@ def test_bit_dropout_zeroes_p_of_the_elements_and_scales_the_rest():
         BitDropout(1.0)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 2**-15])
+def test_bit_dropout_keeps_exactly_the_elements_whose_15_bits_reach_the_threshold(p):
+    # the mask is computed by a shift, not a comparison (faster in bf16): the same elements
+    x = torch.randn(3, 7, 11, dtype=torch.bfloat16)  # 231 elements: not a multiple of 4
+    torch.manual_seed(5)
+    y = BitDropout(p).train()(x)
+    torch.manual_seed(5)
+    bits = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_()
+    keep = (bits.view(torch.int16)[: x.numel()].view(x.shape) & 0x7FFF) >= round(p * 32768)
+    assert torch.equal(y, x * keep.to(x.dtype).mul_(1.0 / (1.0 - p)))
+
+
 def test_fast_dropout_swaps_every_dropout_and_nothing_else():
     """Training's dropout, swapped in from the outside: same p, same mode, same parameters."""
     torch.manual_seed(0)
