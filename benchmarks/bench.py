@@ -48,6 +48,10 @@ vocabulary V:
 token, the achieved FLOP/s, and the model-FLOPs utilisation against a matmul peak measured in the
 same run and dtype (the best of several 2048^3 products: `torch.mm`, and oneDNN with a pre-packed
 operand, which is ~20% faster in fp32 on a Zen 4).
+
+The output starts with the machine (`benchmarks/machine.py`, as in `decode_speed.py`): the CPU, its
+ISA features, the environment variables that hold libraries to an ISA, and the ISA PyTorch and
+oneDNN run (also in `--json`, under `machine`), so that a table is never read for another machine.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decode_speed  # noqa: E402
+from machine import describe  # noqa: E402
 from transduce import kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
@@ -295,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"transduce bench: commit {git_commit()}, torch {torch.__version__}, {threads} threads, "
           f"{platform.processor() or platform.machine()}", flush=True)
+    machine = describe()  # the CPU, its ISA features and each library's: a table is read for this machine only
+    print("\n".join(machine), flush=True)
     if args.freed_memory == "keep" and kernels.keep_freed_memory():  # process-wide: every system alike
         print("allocator: freed memory kept for reuse, as transduce's CPU trainer does (kernels.keep_freed_memory), "
               "for every system measured", flush=True)
@@ -337,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['kind']:<7}{r['preset']:<7}{r['precision']:<10}{NAMES[r['system']]:<18}"
               f"{r[key]:>12,.1f} {unit:<9}{sp:>8}{mfu:>7}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "threads": threads, "commit": git_commit(),
+        Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine, "threads": threads, "commit": git_commit(),
                                                "matmul_peak_flops": peaks, "results": results}, indent=2) + "\n")
     return 0
 
