@@ -415,6 +415,9 @@ def choose_decoding_precision(
     candidates = ["fp32"] + (["bf16"] if cap.native_bf16 is not False else [])
     if requested == "auto-int8" and can_int8():
         candidates.append("int8")
+    if candidates == ["fp32"]:  # nothing to measure: say why, without a probe's figures
+        return Choice("fp32", f"auto: {cap.name}: {cap.detail}; bf16 is emulated here, so not probed"
+                              f"{' (auto-int8 or int8 would consider int8)' if can_int8() else ''}")
     probe = probe_decoding if probe is None else probe
     base = "bf16" if cap.native_bf16 else "fp32"
     t = probe(d_model=d_model, d_ff=d_ff, vocab=vocab, precisions=tuple(candidates), int8_base=base)
@@ -424,7 +427,7 @@ def choose_decoding_precision(
         best = "int8"
     measured = ", ".join(f"{p} {speed[p]:.2f}x" for p in candidates[1:])
     why = (f"auto{'-int8' if requested == 'auto-int8' else ''}: {cap.name}: {cap.detail}; a decoding step's products "
-           f"(d_model {d_model}, d_ff {d_ff}, vocab {vocab:,}) ran at fp32's speed times: {measured or 'fp32 only'}"
+           f"(d_model {d_model}, d_ff {d_ff}, vocab {vocab:,}) ran at fp32's speed times: {measured}"
            f" (bf16 needs {BF16_MARGIN:g}x{f', int8 {INT8_MARGIN:g}x the better float' if 'int8' in speed else ''}"
            f"{'; bf16 not probed: emulated here' if cap.native_bf16 is False else ''})")
     if best == "int8":
