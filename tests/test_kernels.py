@@ -304,3 +304,72 @@ def test_the_cpu_trainer_sets_fast_attention_for_bf16_only(tmp_path):
                             keep_last=0, precision=precision)
         model = train(config, data, tmp_path / precision, opts).model
         assert all(m.sequence_attention is expected for m in model.modules() if isinstance(m, MultiHeadAttention))
+
+
+# -- fast_fp32_products (fp32 training on the CPU) --------------------------------------------
+
+
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="PyTorch without oneDNN")
+
+
+@needs_onednn
+def test_onednn_linear_gives_fp32_linear_and_its_gradients():
+    """`_OneDNNLinear`: the product, the input's, weight's and bias's gradients of `F.linear`, in
+    fp32 (another summation order: close, not equal), for 2-D and 3-D inputs, with and without bias."""
+    torch.manual_seed(0)
+    for shape, with_bias in (((37, 24), True), ((3, 5, 24), False)):
+        x = torch.randn(*shape, requires_grad=True)
+        w = torch.randn(40, 24, requires_grad=True)
+        b = torch.randn(40, requires_grad=True) if with_bias else None
+        g = torch.randn(*shape[:-1], 40)
+        ref = F.linear(x, w, b)
+        ref_grads = torch.autograd.grad(ref, [x, w] + ([b] if with_bias else []), g)
+        out = kernels._OneDNNLinear.apply(x, w, b)
+        grads = torch.autograd.grad(out, [x, w] + ([b] if with_bias else []), g)
+        assert out.dtype == torch.float32 and out.shape == ref.shape
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for a, r in zip(grads, ref_grads):
+            torch.testing.assert_close(a, r, rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_fast_fp32_products_trains_the_same_model_and_leaves_bf16_alone():
+    """The model's forward goes through oneDNN's linear (every linear layer, the tied projection
+    too), its loss and gradients match the default's in fp32; under bf16 autocast nothing changes;
+    `undo` restores the default. The parameters and state_dict are untouched."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config()).eval()
+    src, tgt = torch.randint(4, 30, (3, 7)), torch.randint(4, 30, (3, 6))
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss = model(src, tgt).square().mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = loss_and_grads()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_bf16 = model(src, tgt)
+    calls = []
+    original = kernels._OneDNNLinear.apply
+    undo = kernels.fast_fp32_products(model)
+    try:
+        kernels._OneDNNLinear.apply = lambda *a: calls.append(a[1].shape) or original(*a)
+        loss, grads = loss_and_grads()
+        n_linear = len(calls)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(model(src, tgt), ref_bf16)
+        assert len(calls) == n_linear  # nothing through oneDNN's fp32 linear under autocast
+    finally:
+        del kernels._OneDNNLinear.apply  # Function's own apply again
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert n_linear >= len(linears) + 1  # every linear layer (cross-attention's twice), and the projection
+    assert tuple(model.decoder.embed.weight.shape) in calls  # the shared embedding matrix's projection
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    undo()
+    assert "forward" not in model.__dict__
+    again, _ = loss_and_grads()
+    assert torch.equal(again, ref_loss)  # the default path again, bit for bit

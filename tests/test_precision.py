@@ -232,3 +232,66 @@ def test_probe_int8_measures_every_shape_in_both_types():
         pytest.skip("no oneDNN int8 kernels here")
     t = probe_int8([(96, 32), (20000, 32)], rows=8, base="fp32", budget_s=0.01)
     assert set(t) == {(96, 32), (20000, 32)} and all(a > 0 and b > 0 for a, b in t.values())
+
+
+# -- fp32 training's products on the CPU (`choose_fp32_products`) -------------------------------
+
+
+def test_fp32_products_auto_takes_onednn_at_its_margin_and_obeys_explicit_choices():
+    calls = []
+    use, why = precision.choose_fp32_products("auto", "cpu", d_model=256, d_ff=1024, probe=probe_returning(1.3, calls))
+    if not torch.backends.mkldnn.is_available():
+        assert not use and not calls and "no oneDNN" in why
+        return
+    assert use and calls == [{"d_model": 256, "d_ff": 1024}]
+    assert why == ("fp32 products: oneDNN's linear (auto: the FFN's products and input gradients ran 1.30x "
+                   "PyTorch's default speed through oneDNN's linear)")
+    use, why = precision.choose_fp32_products("auto", "cpu", probe=probe_returning(1.05, []))
+    assert not use and why.startswith("fp32 products: PyTorch's default (auto:") and "oneDNN needs 1.1x" in why
+    never = probe_returning(9.0, calls := [])
+    assert precision.choose_fp32_products("onednn", "cpu", probe=never) == (True, "fp32 products: oneDNN's linear (as asked)")
+    assert precision.choose_fp32_products("default", "cpu", probe=never) == (False, "fp32 products: PyTorch's default (as asked)")
+    assert precision.choose_fp32_products("auto", "meta", probe=never)[0] is False  # not a CPU: the default
+    assert calls == []
+    with pytest.raises(ValueError):
+        precision.choose_fp32_products("mkl", "cpu")
+
+
+def test_fp32_products_probe_measures_this_machine():
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("PyTorch without oneDNN")
+    assert precision.probe_onednn_fp32(d_model=32, d_ff=64, rows=64, budget_s=0.02) > 0
+
+
+def test_fp32_training_says_how_it_computes_its_products(tmp_path, monkeypatch, capsys):
+    """`transduce train` in fp32 on the CPU prints the choice; `--fp32-products` forces it, and the
+    run trains either way."""
+    from transduce import kernels
+    from transduce.cli import main
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("PyTorch without oneDNN")
+    monkeypatch.setattr(precision, "probe_onednn_fp32", lambda **kw: 1.5)
+    applied = []
+    real = kernels.fast_fp32_products
+    monkeypatch.setattr(kernels, "fast_fp32_products", lambda model: applied.append(model) or real(model))
+    data = make_data(tmp_path / "data")
+    common = ["--data", str(data), "--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16",
+              "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--threads", "1", "--no-progress",
+              "--no-tensorboard", "--max-tokens", "64", "--max-steps", "2", "--valid-every", "0",
+              "--save-every-minutes", "0", "--precision", "fp32"]
+    assert main(["train", "--run-dir", str(tmp_path / "auto"), *common]) == 0
+    out = capsys.readouterr().out
+    assert "fp32 products: oneDNN's linear (auto: the FFN's products and input gradients ran 1.50x" in out
+    assert len(applied) == 1
+    # resumed, it keeps its first choice even where the probe would now decide otherwise (exact resume)
+    monkeypatch.setattr(precision, "probe_onednn_fp32", lambda **kw: 1.0)
+    more = [a if a != "2" else "3" for a in common]  # --max-steps 3
+    assert main(["train", "--run-dir", str(tmp_path / "auto"), "--resume", *more]) == 0
+    assert "fp32 products: oneDNN's linear (as the run started)" in capsys.readouterr().out and len(applied) == 2
+    starts = [json.loads(line) for line in (tmp_path / "auto" / "logs" / "train.jsonl").read_text().splitlines()]
+    assert [r["fp32_products"] for r in starts if r["type"] == "start"] == ["onednn", "onednn"]
+    assert main(["train", "--run-dir", str(tmp_path / "default"), "--fp32-products", "default", *common]) == 0
+    assert "fp32 products: PyTorch's default (as asked)" in capsys.readouterr().out and len(applied) == 2
+    start = json.loads((tmp_path / "default" / "logs" / "train.jsonl").read_text().splitlines()[0])
+    assert start["options"]["fp32_products"] == "default"
