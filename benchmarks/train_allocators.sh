@@ -35,7 +35,7 @@ out, rounds = sys.argv[1], int(sys.argv[2])
 
 def train(system, memory, r):
     rows = json.load(open(f"{out}/{system}-{memory}-{r}.json"))
-    rows = rows if isinstance(rows, list) else next(v for v in rows.values() if isinstance(v, list))
+    rows = rows if isinstance(rows, list) else rows["results"]
     return next(x for x in rows if x.get("kind") == "train")
 
 for name, a, b in (("as shipped", "keep", "return"), ("both keep", "keep", "keep"), ("both return", "return", "return")):
