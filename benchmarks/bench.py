@@ -25,8 +25,7 @@ Systems (all post-norm, sinusoidal positions, embeddings shared between encoder,
 pre-softmax layer, scaled by sqrt(d_model); random init):
 * transduce: `transduce.model.Transformer` of the preset as the CPU trainer runs it: attention
   through SDPA in fp32, in bf16 through `kernels.autocast_attention` (`kernels.fast_attention`);
-  the trainer's dropout, `kernels.fast_dropout`; in fp32 the linear layers through oneDNN's fp32
-  linear where the trainer's probe takes it (`kernels.fast_fp32_products`; `--fp32-products`).
+  the trainer's dropout, `kernels.fast_dropout`.
 * hf: Hugging Face `MarianMTModel` of the same dimensions (`decode_speed.build_marian`), SDPA
   attention, dropout 0.1 (attention/activation dropout 0, as in transduce).
 * torch: `torch.nn.Transformer` (batch_first, the same dimensions and dropout) with shared scaled
@@ -84,7 +83,6 @@ from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
 from transduce.flops import dims as model_dims, forward_flops, matmul_peak  # noqa: E402,F401  (the one formula)
 from transduce.model import Transformer, sinusoidal_positions  # noqa: E402
-from transduce.precision import FP32_PRODUCTS, choose_fp32_products  # noqa: E402
 from transduce.train.loss import label_smoothed_nll  # noqa: E402
 from transduce.train.step import attention_kernel_for  # noqa: E402
 
@@ -192,16 +190,10 @@ PRODUCT_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwis
 
 
 def train_throughput(system: str, preset: str, precision: str, batches, *, steps: int, warmup: int,
-                     repeats: int, compile: bool = False, profile: bool = False, fp32_products: str = "auto") -> dict:
+                     repeats: int, compile: bool = False, profile: bool = False) -> dict:
     model = build(system, preset).train()
     if system == "transduce" and precision == "bf16":
         kernels.fast_attention(model)  # as the CPU trainer does in bf16
-    if system == "transduce" and precision == "fp32" and not compile:  # as the CPU trainer does in fp32
-        d = dims(preset)
-        use, why = choose_fp32_products(fp32_products, "cpu", d_model=d["d"], d_ff=d["f"])
-        print(f"transduce {preset}: {why}", flush=True)
-        if use:
-            kernels.fast_fp32_products(model)
     compile_s = None
     if compile and system == "transduce":
         model = torch.compile(model, dynamic=True)
@@ -292,9 +284,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep: glibc keeps freed memory for reuse, as transduce's CPU trainer sets it "
                         "(kernels.keep_freed_memory), for every system of the run; return: glibc's default "
                         "(large blocks mapped afresh and returned when freed) (default keep)")
-    p.add_argument("--fp32-products", choices=FP32_PRODUCTS, default="auto",
-                   help="transduce in fp32: its linear layers through oneDNN's fp32 linear or PyTorch's default, "
-                        "as `transduce train --fp32-products` (default auto: the trainer's probe decides)")
     p.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -326,8 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         for precision in precisions:
             for system in systems:
                 r = train_throughput(system, preset, precision, batches, steps=args.steps, warmup=args.warmup,
-                                     repeats=args.repeats, compile=args.compile, profile=args.profile,
-                                     fp32_products=args.fp32_products)
+                                     repeats=args.repeats, compile=args.compile, profile=args.profile)
                 r.update(kind="train", system=system, preset=preset, precision=precision,
                          mfu=r["flops_per_s"] / peaks[precision])
                 results.append(r)

@@ -26,9 +26,6 @@ it.
 * For training, `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws
   a quarter of the random numbers on the CPU (what the trainer and `transduce.synthetic` do: the
   random stream of a seeded run is BitDropout's).
-* For fp32 training on the CPU, `fast_fp32_products(model)` computes the linear layers' forward
-  products and their inputs' gradients through oneDNN's fp32 linear (where the trainer measures
-  it faster than PyTorch's default: `transduce.precision.choose_fp32_products`).
 * For bf16 training on the CPU, `fast_attention(model)` sets `autocast_attention` as every
   attention layer's `MultiHeadAttention.sequence_attention`: equation 1 with the scores and the
   softmax in fp32 and the second product in bf16, in place of PyTorch's math kernel, which upcasts
@@ -47,7 +44,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from .model import MultiHeadAttention, PositionwiseFeedForward, Transformer
 
@@ -550,75 +546,6 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
-
-
-def onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x W^T + b through oneDNN's fp32 linear (`torch.ops.mkldnn._linear_pointwise`), the weight
-    in its plain layout (it changes at every optimizer step)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
-
-class _OneDNNLinear(torch.autograd.Function):
-    """`F.linear` in fp32 with the forward product and the input's gradient through oneDNN's linear;
-    the weight's gradient by `mm` (PyTorch's default), where oneDNN was measured slower."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
-        return onednn_linear(x, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        x, weight = ctx.saved_tensors
-        g = grad.reshape(-1, grad.size(-1))
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = onednn_linear(g, weight.t().contiguous()).view(x.shape)
-        if ctx.needs_input_grad[1]:
-            gw = g.t().mm(x.reshape(-1, x.size(-1)))
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g.sum(0)
-        return gx, gw, gb
-
-
-class _OneDNNProducts(TorchFunctionMode):
-    """Inside it, every fp32 `F.linear` on the CPU outside autocast goes through `_OneDNNLinear`."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear and not torch.is_autocast_enabled("cpu"):
-            x, weight = args[0], args[1]
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and weight.is_contiguous()
-                    and (bias is None or bias.dtype == torch.float32)):
-                return _OneDNNLinear.apply(x, weight, bias)
-        return func(*args, **kwargs)
-
-
-def fast_fp32_products(model: nn.Module) -> Callable[[], None]:
-    """For fp32 training on the CPU: `model`'s forward computes every linear layer (the stacked
-    W^Q, W^K, W^V, W^O, the FFN, the pre-softmax projection) and the gradient of its input through
-    oneDNN's fp32 linear, the weights' gradients as before. The same fp32 arithmetic in another
-    summation order (not bit for bit PyTorch's default): on AMD CPUs with AVX-512, where PyTorch's
-    default (MKL) runs its AVX2 code, a small fp32 step ran 1.07x and a base one 1.15x faster (docs/
-    speed.md, "CPU training"); the trainer takes it where `precision.choose_fp32_products`
-    measures it faster. Call it on the model that trains (not a compiled one); returns the
-    function that undoes it."""
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def forward_through_onednn(*args, **kwargs):
-        with _OneDNNProducts():
-            return forward(*args, **kwargs)
-
-    model.forward = forward_through_onednn
-
-    def undo() -> None:
-        if model.__dict__.get("forward") is forward_through_onednn:
-            del model.forward
-
-    return undo
 
 
 def fast_dropout(model: nn.Module) -> int:

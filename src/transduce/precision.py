@@ -142,26 +142,6 @@ timed probe is noisy on a busy machine, and a choice that flips between two runs
 (a toy model near 1x) would give two different outputs."""
 
 
-def _time_ratio(first: Callable[[], None], second: Callable[[], None], budget_s: float,
-                give_up_s: float | None = None) -> float:
-    """The median time of `first` over the median time of `second` (> 1: `second` is faster),
-    alternating rounds within about `budget_s` seconds (at least 3 rounds each, at most 15), after
-    one warm-up call of each (kernel selection, oneDNN primitive creation). A round of `second`
-    slower than `give_up_s` ends it at once (emulated and very slow: one round says enough)."""
-    first(), second()
-    times: tuple[list[float], list[float]] = ([], [])
-    deadline = time.perf_counter() + budget_s
-    while len(times[1]) < 3 or (time.perf_counter() < deadline and len(times[1]) < 15):
-        for run, out in ((first, times[0]), (second, times[1])):
-            t0 = time.perf_counter()
-            run()
-            out.append(time.perf_counter() - t0)
-        if give_up_s is not None and times[1][-1] > give_up_s:
-            break
-    a, b = (sorted(v)[len(v) // 2] for v in times)
-    return a / max(b, 1e-12)
-
-
 def probe_bf16_speedup(d_model: int = 512, d_ff: int = 2048, rows: int = 2048, device: torch.device | str = "cpu",
                        budget_s: float = 0.5) -> float:
     """fp32 time / bf16-autocast time of the FFN's two products (rows x d_model -> d_ff -> d_model,
@@ -178,7 +158,21 @@ def probe_bf16_speedup(d_model: int = 512, d_ff: int = 2048, rows: int = 2048, d
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    return _time_ratio(lambda: run(False), lambda: run(True), budget_s, give_up_s=10 * budget_s)
+    def timed(bf16: bool) -> float:
+        t0 = time.perf_counter()
+        run(bf16)
+        return time.perf_counter() - t0
+
+    run(False), run(True)  # warm up both (kernel selection, oneDNN primitive creation)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    deadline = time.perf_counter() + budget_s
+    while len(times[True]) < 3 or (time.perf_counter() < deadline and len(times[True]) < 15):
+        for bf16 in (False, True):
+            times[bf16].append(timed(bf16))
+        if times[True][-1] > 10 * budget_s:  # emulated and very slow: one round says enough
+            break
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    return med[False] / max(med[True], 1e-12)
 
 
 def choose_precision(
@@ -225,65 +219,6 @@ def choose_precision(
     if speedup >= BF16_MARGIN:
         return Choice("bf16", f"auto: {where}; {measured}")
     return Choice("fp32", f"auto: {where}; but {measured} (bf16 needs {BF16_MARGIN:g}x: fp32 is exact)")
-
-
-FP32_PRODUCTS = ("auto", "onednn", "default")
-"""How fp32 training computes its linear layers on the CPU (`transduce train --fp32-products`)."""
-
-ONEDNN_FP32_MARGIN = 1.1
-"""How much faster than PyTorch's default oneDNN's fp32 linear must be measured for `auto` to
-train through it (`choose_fp32_products`): both are exact fp32, so the margin only guards
-against a noisy probe."""
-
-
-def probe_onednn_fp32(d_model: int = 512, d_ff: int = 2048, rows: int = 2048, budget_s: float = 0.3) -> float:
-    """PyTorch's default time / oneDNN's for the fp32 products that `kernels.fast_fp32_products`
-    moves: the FFN's two forward products (rows x d_model -> d_ff -> d_model) and their inputs'
-    gradients (the transposed weight copied as the backward does), the median of a few rounds.
-    > 1: oneDNN is faster. PyTorch's default is MKL's sgemm where PyTorch is built with it, which
-    on AMD CPUs runs its AVX2 code while oneDNN uses AVX-512 (docs/speed.md, "CPU training")."""
-    from .kernels import onednn_linear
-
-    x, h = torch.full((rows, d_model), 0.5), torch.full((rows, d_ff), 0.5)
-    w1, w2 = torch.full((d_ff, d_model), 0.01), torch.full((d_model, d_ff), 0.01)
-
-    def default() -> None:
-        with torch.no_grad():
-            F.linear(x, w1), F.linear(h, w2), h.mm(w1), x.mm(w2)
-
-    def onednn() -> None:
-        with torch.no_grad():
-            onednn_linear(x, w1), onednn_linear(h, w2)
-            onednn_linear(h, w1.t().contiguous()), onednn_linear(x, w2.t().contiguous())
-
-    return _time_ratio(default, onednn, budget_s)
-
-
-def choose_fp32_products(requested: str, device: torch.device | str = "cpu", *, d_model: int = 512,
-                         d_ff: int = 2048, probe: Callable[..., float] | None = None,
-                         why_forced: str = "as asked") -> tuple[bool, str]:
-    """Whether fp32 training on `device` computes its linear layers through oneDNN's fp32 linear
-    (`transduce.kernels.fast_fp32_products`), and one line that says why. 'auto' measures it
-    (`probe_onednn_fp32`, ~0.3 s) and takes oneDNN at `ONEDNN_FP32_MARGIN` or more; 'onednn' and
-    'default' are obeyed (the line says `why_forced`). Only on the CPU (elsewhere the default), and only where PyTorch has oneDNN."""
-    if requested not in FP32_PRODUCTS:
-        raise ValueError(f"unknown fp32 products {requested!r} ({', '.join(FP32_PRODUCTS)})")
-    device = torch.device(device)
-    if device.type != "cpu" or requested == "default":
-        return False, "fp32 products: PyTorch's default" + (f" ({why_forced})" if requested == "default" else "")
-    if not torch.backends.mkldnn.is_available():
-        return False, "fp32 products: PyTorch's default (this PyTorch has no oneDNN)"
-    if requested == "onednn":
-        return True, f"fp32 products: oneDNN's linear ({why_forced})"
-    probe = probe_onednn_fp32 if probe is None else probe
-    try:
-        speedup = probe(d_model=d_model, d_ff=d_ff)
-    except RuntimeError as e:  # an op this build lacks
-        return False, f"fp32 products: PyTorch's default (oneDNN's linear failed: {str(e).splitlines()[0]})"
-    measured = f"the FFN's products and input gradients ran {speedup:.2f}x PyTorch's default speed through oneDNN's linear"
-    if speedup >= ONEDNN_FP32_MARGIN:
-        return True, f"fp32 products: oneDNN's linear (auto: {measured})"
-    return False, f"fp32 products: PyTorch's default (auto: {measured}; oneDNN needs {ONEDNN_FP32_MARGIN:g}x)"
 
 
 INT8_LAYER_MARGIN = 1.05

@@ -40,7 +40,7 @@ CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, metavar, hel
 
 GROUPS = {  # the sections of --help: TrainOptions fields and CONFIG_FLAGS, in this order
     "batching (5.1) and hardware (5.2)":
-        ("max_tokens", "update_freq", "max_steps", "max_minutes", "device", "precision", "fp32_products", "threads", "compile"),
+        ("max_tokens", "update_freq", "max_steps", "max_minutes", "device", "precision", "threads", "compile"),
     "optimizer (5.3) and regularization (5.4)": ("warmup", "lr_scale", "label_smoothing", "cooldown", "clip_norm", "seed"),
     "validation, checkpoints (6.1), logs":
         ("valid_every", "save_every_steps", "save_every_minutes", "keep_last", "log_every", "tensorboard", "progress"),

@@ -32,7 +32,7 @@ from ..errors import DataError, UsageError
 from ..flops import dims, matmul_peak, training_flops
 from ..model import count_parameters
 from ..precision import choose_precision
-from ..train.state import BatchStream, RunLog
+from ..train.state import BatchStream
 from ..train.step import evaluate as validation_loss
 from ..train.trainer import train
 from ..translate import AtomicOutput, load_translation_model, translate_lines
@@ -103,8 +103,13 @@ def config_differences(have: Config, want: Config) -> list[str]:
 
 def first_start(run_dir: Path) -> dict | None:
     """The first "start" record of a run's log (its options), if any."""
-    starts = RunLog.starts(run_dir)
-    return starts[0] if starts else None
+    log = run_dir / "logs" / "train.jsonl"
+    if log.is_file():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if record.get("type") == "start":
+                return record
+    return None
 
 
 def check_run_dir(variant: Variant, config: Config, recipe: Recipe, out: Path) -> None:
@@ -282,7 +287,9 @@ def cost(config: Config, run_dir: Path, data_dir: Path, peak_flops: float | None
     and checkpoints included), device, precision, and MFU against `peak_flops` per process
     (stated) or the matmul peak measured here."""
     flops, state = counted_flops(config, run_dir, data_dir)
-    starts = RunLog.starts(run_dir)
+    log = run_dir / "logs" / "train.jsonl"
+    starts = [r for r in map(json.loads, filter(str.strip, log.read_text(encoding="utf-8").splitlines()))
+              if r.get("type") == "start"] if log.is_file() else []
     last = starts[-1] if starts else {}
     device, precision = last.get("device", "?"), last.get("precision", "?")
     precisions = sorted({r.get("precision", "?") for r in starts})

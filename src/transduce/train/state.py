@@ -21,7 +21,7 @@ from ..data.batching import ParallelDataset
 from ..device import DEVICES
 from ..errors import DataError
 from ..model import Transformer
-from ..precision import FP32_PRODUCTS, PRECISIONS
+from ..precision import PRECISIONS
 from .distributed import DistEnv
 from .signals import StopSignals
 
@@ -56,10 +56,6 @@ class TrainOptions:
         "model's size is measured faster, else fp32 (the choice and its reason are printed); "
         "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
         "fp16 autocast + GradScaler (CUDA only)")})
-    fp32_products: str = field(default="auto", metadata={"choices": FP32_PRODUCTS, "help": (
-        "fp32 on the CPU: the linear layers' products and input gradients through oneDNN's fp32 linear "
-        "or PyTorch's default (MKL); auto (default): oneDNN where a product of the model's size is "
-        "measured 1.1x faster (the choice is printed). Both exact fp32")})
     seed: int = 1
     valid_every: int = field(default=1000, metadata={"metavar": "N", "help": (
         "validation loss and perplexity every N steps (0: at the end only; default %(default)s)")})
@@ -158,22 +154,6 @@ class RunLog:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
                     self.tb.add_scalar(f"{kind}/{k}", v, step)
 
-    @staticmethod
-    def starts(run_dir: Path) -> list[dict]:
-        """The "start" records of the run in `run_dir` (one per session), oldest first; a line cut
-        short (a full disk, a killed process) is skipped."""
-        path = Path(run_dir) / "logs" / "train.jsonl"
-        records = []
-        if path.is_file():
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and record.get("type") == "start":
-                    records.append(record)
-        return records
-
     def close(self) -> None:
         if self.file is not None:
             try:
@@ -209,9 +189,6 @@ class Run:
     """The plain module: what is validated and saved."""
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
-    fp32_products: str | None = None
-    """fp32 on the CPU: 'onednn' or 'default', how the linear layers compute
-    (`transduce.precision.choose_fp32_products`; a resumed run keeps its first choice); else None."""
     train_model: nn.Module | None = None
     """The module that trains: `model`, optionally compiled, wrapped in DDP for several processes."""
     log: RunLog | None = None

@@ -82,7 +82,6 @@ from ..data.batching import ParallelDataset, load_vocabs, read_metadata
 from ..data.vocab import BOS, PAD
 from ..errors import UsageError
 from ..model import Transformer, count_parameters
-from ..precision import choose_fp32_products
 from . import recovery
 from .distributed import DistEnv, agree, all_reduce_, any_rank, set_threads, setup_distributed
 from .schedule import cooldown_factor, noam_lr
@@ -213,41 +212,18 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
     kernels.fast_dropout(model)  # 5.4's dropout from fewer random numbers on the CPU
     if env.device.type == "cpu" and precision == "bf16":
         kernels.fast_attention(model)  # equation 1 with fp32 scores and a bf16 second product
-    fp32_products = None
-    if env.device.type == "cpu" and precision == "fp32" and not opts.compile:
-        fp32_products = _fp32_products(run_dir, opts, env, config)
-        if fp32_products == "onednn":
-            kernels.fast_fp32_products(model)  # the same fp32 products, faster where MKL lags oneDNN
     if env.device.type == "cpu":
         kernels.keep_freed_memory()  # no page faults on the large tensors every step allocates afresh
     optimizer = build_optimizer(model, config)
     scaler = make_grad_scaler(env.device, precision)
     return Run(
         config=config, opts=opts, env=env, data_dir=data_dir, run_dir=run_dir, precision=precision,
-        max_tokens=max_tokens, fp32_products=fp32_products,
+        max_tokens=max_tokens,
         save_minutes=t.checkpoint_minutes if opts.save_every_minutes is None else opts.save_every_minutes,
         keep_last=t.average_last if opts.keep_last is None else opts.keep_last,
         smooth_exclude=() if t.smooth_all_classes else (PAD, BOS),  # 5.4: no mass on what is never emitted
         meta=meta, train_set=train_set, valid_set=valid_set, model=model, optimizer=optimizer, scaler=scaler,
     )
-
-
-def _fp32_products(run_dir: Path, opts: TrainOptions, env: DistEnv, config: Config) -> str:
-    """How fp32 training on the CPU computes its linear layers, 'onednn' or 'default', said on one
-    line: `--fp32-products`, where 'auto' measures (`choose_fp32_products`) except when resuming a
-    run whose log records its choice: a resumed run keeps it, so that resuming stays exact to the
-    bit. Rank 0 decides; every rank follows."""
-    requested, why_kept = opts.fp32_products, "as asked"
-    if opts.resume and requested == "auto":
-        earlier = next((r["fp32_products"] for r in RunLog.starts(run_dir)
-                        if r.get("fp32_products") in ("onednn", "default")), None)
-        if earlier is not None:
-            requested, why_kept = earlier, "as the run started"
-    use, why = choose_fp32_products(requested, env.device, d_model=config.model.d_model, d_ff=config.model.d_ff,
-                                    why_forced=why_kept)
-    [use] = agree(env, [use])
-    env.say(why)
-    return "onednn" if use else "default"
 
 
 def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
@@ -299,7 +275,7 @@ def _announce(run: Run, stream: BatchStream, step: int, log_extra: dict) -> None
                 + ("tied (model.tie_output)" if config.model.tie_output else "separate too (model.tie_output=false)"))
     if run.log is not None:
         run.log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(env.device),
-                      precision=run.precision, fp32_products=run.fp32_products, max_tokens_per_batch=run.max_tokens, update_freq=opts.update_freq,
+                      precision=run.precision, max_tokens_per_batch=run.max_tokens, update_freq=opts.update_freq,
                       batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
                       restart=env.restart, config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
     if env.restart:  # torchrun --max-restarts: the workers were started again after a failure
