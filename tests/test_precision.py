@@ -106,6 +106,46 @@ def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path
     assert start["precision"] == "fp32" and start["options"]["precision"] == "auto"
 
 
+def test_resuming_keeps_the_runs_precision_instead_of_measuring_again(tmp_path, monkeypatch, capsys):
+    """A run that chose bf16 resumes in bf16 though the probe would now say fp32 (a probe's noise
+    must not change a run's precision midway); where this CPU only emulates bf16, `auto` chooses
+    again and says so; an explicit precision is obeyed, with a note."""
+    from transduce.cli import main
+
+    calls = []
+    monkeypatch.setattr(precision, "read_capability", lambda device: AMX)
+    monkeypatch.setattr(precision, "probe_bf16_speedup", probe_returning(2.0, calls))
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    common = ["--run-dir", str(run), "--threads", "1", "--no-progress", "--no-tensorboard", "--valid-every", "0",
+              "--save-every-minutes", "0", "--save-every-steps", "1"]
+    first = ["--data", str(data), "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
+             "--set", "model.n_heads=2", "--max-tokens", "64", "--max-steps", "1"]
+    assert main(["train", *first, *common]) == 0
+    assert "precision: bf16 (auto: Intel Xeon" in capsys.readouterr().out and len(calls) == 1
+
+    def state(step):
+        return json.loads((run / "checkpoints" / f"step_{step:07d}" / "trainer_state.json").read_text())
+
+    assert state(1)["precision"] == "bf16"
+    monkeypatch.setattr(precision, "probe_bf16_speedup", probe_returning(0.5, calls))  # would now choose fp32
+    assert main(["train", "--resume", "--max-steps", "2", *common]) == 0
+    out = capsys.readouterr().out
+    assert "precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001; kept on resuming" in out
+    assert len(calls) == 1 and state(2)["precision"] == "bf16"
+
+    monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)  # the run moved to a CPU without bf16
+    assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
+    out = capsys.readouterr().out
+    assert "note: this run trained in bf16 until step_0000002, which cpu here does not compute natively: choosing again" in out
+    assert "precision: fp32 (auto: AMD EPYC (Zen 3)" in out and state(3)["precision"] == "fp32"
+
+    assert main(["train", "--resume", "--max-steps", "4", "--precision", "bf16", *common]) == 0
+    out = capsys.readouterr().out
+    assert "note: this run trained in fp32 until step_0000003; it continues in bf16, as asked" in out
+    assert state(4)["precision"] == "bf16"
+
+
 # -- decoding: `--precision auto` and `auto-int8` (`choose_decoding_precision`) -----------------
 
 

@@ -33,7 +33,7 @@ def config() -> Config:
 
 
 OPTIONS = dict(max_tokens=40, threads=1, progress=False, tensorboard=False, valid_every=0,
-               save_every_minutes=0, log_every=1, seed=5)
+               save_every_minutes=0, log_every=1, seed=5, precision="fp32")  # not auto's timed probe: compared runs
 
 WORKER = """
 import os, sys

@@ -69,7 +69,7 @@ from .model_dir import (  # noqa: F401
 from .run_dir import (  # noqa: F401
     LoadedCheckpoint, RunLock, RunLocked, TrainingState, checkpoint_name, checkpoint_step,
     latest_checkpoint, list_checkpoints, load_checkpoint, load_optimizer_tensors, on_interval,
-    optimizer_tensors, prepare_run_dir, save_checkpoint, set_aside,
+    optimizer_tensors, prepare_run_dir, recorded_precision, save_checkpoint, set_aside,
 )
 from .averaging import (  # noqa: F401
     Resolved, average_checkpoints, default_average, last_checkpoints, load_for_inference,

@@ -81,6 +81,9 @@ class TrainingState:
     "the last K" of averaging leaves out so that the averaged checkpoints stay evenly spaced."""
     files: dict = field(default_factory=dict)
     """{file name: {"sha256", "bytes"}} of every other file of the checkpoint (`verify`)."""
+    precision: str = ""
+    """The precision the run trained in (fp32, bf16, fp16), which `--precision auto` keeps when
+    the run resumes; "" in checkpoints written before it was recorded."""
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, **self.__dict__}, indent=2)
@@ -123,6 +126,20 @@ def on_interval(path: str | os.PathLike) -> bool:
         return bool(json.loads((Path(path) / STATE).read_text(encoding="utf-8")).get("on_interval", True))
     except (OSError, ValueError):
         return True
+
+
+def recorded_precision(run_dir: str | os.PathLike) -> tuple[str, Path] | None:
+    """The precision the run's newest checkpoint that records one trained in, and that
+    checkpoint (`latest` first, then newest first); None if none records it."""
+    latest = latest_checkpoint(run_dir)
+    for path in ([latest] if latest else []) + [p for _, p in reversed(list_checkpoints(run_dir)) if p != latest]:
+        try:
+            precision = json.loads((path / STATE).read_text(encoding="utf-8")).get("precision")
+        except (OSError, ValueError, AttributeError):  # unreadable: damaged, as `restore` will say
+            continue
+        if precision:
+            return str(precision), path
+    return None
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:

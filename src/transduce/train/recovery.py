@@ -170,7 +170,7 @@ def write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -
         schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
                   "cooldown": opts.cooldown},
         optimizer={k: v for k, v in run.optimizer.param_groups[0].items() if k != "params"},
-        on_interval=on_interval,
+        on_interval=on_interval, precision=run.precision,
     )
     try:
         path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, run.keep_last)

@@ -53,7 +53,8 @@ class TrainOptions:
     """A fraction of max_steps, never of the clock: the schedule is the same on a fast and a slow machine."""
     precision: str = field(default="auto", metadata={"choices": PRECISIONS, "help": (
         "auto (default): bf16 where the device computes it natively and a product of the "
-        "model's size is measured faster, else fp32 (the choice and its reason are printed); "
+        "model's size is measured faster, else fp32 (the choice and its reason are printed; with "
+        "--resume, the run's own precision, not measured again); "
         "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
         "fp16 autocast + GradScaler (CUDA only)")})
     seed: int = 1

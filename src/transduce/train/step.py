@@ -8,6 +8,7 @@ fp16 autocast), Adam (5.3) and its learning rate, batches on the device.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import NamedTuple
 import math
 
@@ -19,7 +20,8 @@ from ..config import Config, ModelConfig
 from ..data.batching import ParallelDataset
 from ..data.vocab import BOS, PAD
 from ..errors import UsageError
-from ..precision import PRECISIONS, choose_precision
+from .. import precision as hardware
+from ..precision import PRECISIONS, Choice, choose_precision
 from .distributed import DistEnv, all_reduce_
 from .loss import label_smoothed_nll
 
@@ -51,23 +53,54 @@ def attention_kernel_for(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
-def resolve_precision(env: DistEnv, requested: str, model: ModelConfig) -> str:
+def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
+                      recorded: tuple[str, Path] | None = None) -> str:
     """The precision this run trains in: `requested`, or for 'auto' the hardware's choice
     (`transduce.precision.choose_precision`), said on one line. Rank 0 decides; every rank
-    follows, so that a probe's timing noise cannot split a job between two precisions."""
+    follows, so that a probe's timing noise cannot split a job between two precisions.
+
+    Resuming (`recorded`: the precision the run's checkpoint trained in, and that checkpoint),
+    'auto' keeps the run's precision without probing again, so that a probe's noise cannot change
+    it midway either (a resumed run then ends bitwise as if never stopped), unless this device
+    cannot compute it natively (bf16 where the CPU emulates it, fp16 off CUDA): then it chooses
+    again and says so. An explicit precision is obeyed, with a note where it differs."""
     if requested not in PRECISIONS:
         raise UsageError(f"unknown precision {requested!r} ({', '.join(PRECISIONS)})")
     check_precision(env.device, requested)
-    choice = choose_precision(requested, env.device, d_model=model.d_model, d_ff=model.d_ff)
+    note = None
+    choice = None
+    if recorded is not None and recorded[0] in PRECISIONS:
+        kept, where = recorded
+        if requested == "auto" and _computes_natively(env.device, kept):
+            choice = Choice(kept, f"auto: this run's precision, recorded in its checkpoint {where.name}; "
+                                  "kept on resuming, not measured again")
+        elif requested == "auto":
+            note = (f"note: this run trained in {kept} until {where.name}, which {env.device.type} here does not "
+                    "compute natively: choosing again")
+        elif requested != kept:
+            note = f"note: this run trained in {kept} until {where.name}; it continues in {requested}, as asked"
+    if choice is None:
+        choice = choose_precision(requested, env.device, d_model=model.d_model, d_ff=model.d_ff)
     precision = choice.precision
     if env.distributed:
         code = torch.tensor([float(PRECISIONS.index(precision)) if env.is_main else 0.0], device=env.device)
         precision = PRECISIONS[int(all_reduce_(code, env, dist.ReduceOp.MAX).item())]
+    if note:
+        env.say(note)
     env.say(choice.line())
     if choice.warning:
         env.say(f"warning: {choice.warning}")
     check_precision(env.device, precision)
     return precision
+
+
+def _computes_natively(device: torch.device, precision: str) -> bool:
+    """Whether `device` computes `precision` in hardware (the capability only: no timing)."""
+    if precision == "fp32":
+        return True
+    if precision == "fp16":
+        return device.type == "cuda"
+    return hardware.read_capability(device).native_bf16 is not False  # looked up now: patchable
 
 
 def check_precision(device: torch.device, precision: str) -> None:

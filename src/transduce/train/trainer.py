@@ -76,7 +76,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import kernels
-from ..checkpoint import RunLock, prepare_run_dir, save_model
+from ..checkpoint import RunLock, prepare_run_dir, recorded_precision, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, load_vocabs, read_metadata
 from ..data.vocab import BOS, PAD
@@ -194,7 +194,8 @@ def train(
 
 def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, env: DistEnv) -> Run:
     set_threads(env, opts.threads)
-    precision = resolve_precision(env, opts.precision, config.model)
+    precision = resolve_precision(env, opts.precision, config.model,
+                                  recorded=recorded_precision(run_dir) if opts.resume else None)
     t = config.train
     max_tokens = resolve_batching(opts, config, env)
 
