@@ -72,11 +72,18 @@ mkdir -p "$RUN/alpha"
 n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
 print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
+# One decoding precision for every score: `auto` is resolved by the first evaluation's probe, then kept.
+DECODING=$PRECISION
 for k in $AVERAGE; do
   transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
   for a in 0.6 0.8 1.0 1.2 1.5; do
     transduce evaluate "$RUN/avg_last$k" --dataset multi30k --src en --tgt de --split val --beam 4 \
-      --alpha "$a" --precision "$PRECISION" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null
+      --alpha "$a" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null
+    if [ "$DECODING" = auto ]; then
+      DECODING=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" \
+        "$RUN/alpha/val.avg$k.alpha$a.json")
+      echo "decoding in $DECODING (--precision auto, chosen by the first evaluation's measurement; kept for every other)"
+    fi
   done
 done
 read -r K ALPHA < <(python - "$RUN/alpha" $AVERAGE <<'PY'
@@ -106,7 +113,7 @@ for search in "${searches[@]}"; do
     *) flags=(--beam 4 --alpha "$ALPHA") ;;
   esac
   transduce evaluate "$RUN/avg_last$K" --dataset multi30k --src en --tgt de --split test_2016_flickr \
-    "${flags[@]}" --precision "$PRECISION" --threads "$THREADS" --quiet --json "$RUN/test_2016_flickr.$search.json" \
+    "${flags[@]}" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/test_2016_flickr.$search.json" \
     --save-hyp "$RUN/test_2016_flickr.$search.de" > /dev/null
 done
 for search in "${searches[@]}"; do

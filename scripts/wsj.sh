@@ -63,6 +63,14 @@ BEAM=${BEAM:-21}
 WORKERS=${WORKERS:-$THREADS}
 if [ "${CONSTRAINED:-1}" = 1 ]; then CHOOSE=(--constrained); ALPHA_DIR=$RUN/alpha-constrained; else CHOOSE=(); ALPHA_DIR=$RUN/alpha; fi
 COMMON=(--precision "$PRECISION" --threads "$THREADS" --workers "$WORKERS" --max-len-offset "${MAX_LEN_OFFSET:-300}" --quiet)
+# One decoding precision for every score: `auto` is resolved by the first evaluation's probe (or
+# read from an evaluation already in RUN), then kept for every other.
+keep_precision() {  # FILE: an evaluation's --json
+  if [ "${COMMON[1]}" = auto ] && [ -f "$1" ]; then
+    COMMON[1]=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" "$1")
+    echo "decoding in ${COMMON[1]} (--precision auto, as chosen by the measurement of $1; kept for every other)"
+  fi
+}
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
@@ -82,6 +90,7 @@ if [ "${CURVE:-0}" = 1 ]; then
     step=$(basename "$ckpt")
     [ -f "$RUN/curve/$step.json" ] || transduce evaluate "$RUN" --checkpoint "$step" --dataset ptb-wsj --split 22 \
       --greedy "${COMMON[@]}" --json "$RUN/curve/$step.json" > /dev/null
+    keep_precision "$RUN/curve/$step.json"
     python - "$RUN/curve/$step.json" "$step" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["scores"]["evalb_gold_tags"]["all"]
@@ -100,6 +109,7 @@ for k in $AVERAGE; do
   for a in $ALPHAS; do
     [ -f "$ALPHA_DIR/22.avg$k.alpha$a.json" ] || transduce evaluate "$RUN/avg_last$k" --dataset ptb-wsj --split 22 \
       --beam "$BEAM" --alpha "$a" ${CHOOSE[@]+"${CHOOSE[@]}"} "${COMMON[@]}" --json "$ALPHA_DIR/22.avg$k.alpha$a.json" > /dev/null
+    keep_precision "$ALPHA_DIR/22.avg$k.alpha$a.json"
   done
 done
 read -r K ALPHA < <(python - "$ALPHA_DIR" $AVERAGE <<'PY'
