@@ -8,14 +8,19 @@ layer, in fp32 and bf16.
 Prints per shape the best of 3 timings of each path and the total for one decoding step (six
 layers: self-attention QKV and W^O, encoder-decoder Q and W^O, FFN; plus the output layer).
 """
-import sys
+import argparse
 import time
 
 import torch
 
-torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("threads", nargs="?", type=int, default=2, help="PyTorch threads (default 2)")
+parser.add_argument("rows", nargs="?", type=int, default=128, metavar="M",
+                    help="rows of each product (default 128: 32 sentences x beam 4)")
+args = parser.parse_args()
+torch.set_num_threads(args.threads)
 torch.manual_seed(0)
-M = int(sys.argv[2]) if len(sys.argv) > 2 else 128
+M = args.rows
 shapes = [(512, 1536), (512, 512), (512, 2048), (2048, 512), (512, 37000)]  # (in, out)
 
 
