@@ -137,7 +137,7 @@ def test_resuming_keeps_the_runs_precision_instead_of_measuring_again(tmp_path, 
     monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)  # the run moved to a CPU without bf16
     assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
     out = capsys.readouterr().out
-    assert "note: this run trained in bf16 until step_0000002, which cpu here does not compute natively: choosing again" in out
+    assert "note: this run trained in bf16 until step_0000002, which this CPU does not compute natively: choosing again" in out
     assert "precision: fp32 (auto: AMD EPYC (Zen 3)" in out and state(3)["precision"] == "fp32"
 
     assert main(["train", "--resume", "--max-steps", "4", "--precision", "bf16", *common]) == 0

@@ -75,8 +75,8 @@ def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
             choice = Choice(kept, f"auto: this run's precision, recorded in its checkpoint {where.name}; "
                                   "kept on resuming, not measured again")
         elif requested == "auto":
-            note = (f"note: this run trained in {kept} until {where.name}, which {env.device.type} here does not "
-                    "compute natively: choosing again")
+            note = (f"note: this run trained in {kept} until {where.name}, which this {'GPU' if env.device.type == 'cuda' else 'CPU'} "
+                    "does not compute natively: choosing again")
         elif requested != kept:
             note = f"note: this run trained in {kept} until {where.name}; it continues in {requested}, as asked"
     if choice is None:
