@@ -122,7 +122,8 @@ def test_resuming_keeps_the_runs_precision_instead_of_measuring_again(tmp_path, 
     first = ["--data", str(data), "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
              "--set", "model.n_heads=2", "--max-tokens", "64", "--max-steps", "1"]
     assert main(["train", *first, *common]) == 0
-    assert "precision: bf16 (auto: Intel Xeon" in capsys.readouterr().out and len(calls) == 1
+    out = capsys.readouterr().out
+    assert "precision: bf16 (auto: Intel Xeon" in out and len(calls) == 1 and "in this session" not in out
 
     def state(step):
         return json.loads((run / "checkpoints" / f"step_{step:07d}" / "trainer_state.json").read_text())
@@ -132,6 +133,7 @@ def test_resuming_keeps_the_runs_precision_instead_of_measuring_again(tmp_path, 
     assert main(["train", "--resume", "--max-steps", "2", *common]) == 0
     out = capsys.readouterr().out
     assert "precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001; kept on resuming" in out
+    assert "s of training steps in this session (from step 1; the run's training time over all sessions" in out
     assert len(calls) == 1 and state(2)["precision"] == "bf16"
 
     monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)  # the run moved to a CPU without bf16

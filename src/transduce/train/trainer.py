@@ -435,8 +435,11 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
         run.log.close()
     if run.bar is not None:
         run.bar.close()
+    session = "" if state.first_step == 0 else (
+        f" in this session (from step {state.first_step}; the run's training time over all sessions, validation "
+        f"and checkpoints included: {(state.train_seconds + time.perf_counter() - state.start) / 60:.1f} min)")
     env.say(f"done at step {step}: {tokens_per_s:,.0f} target tokens/s over {state.step_seconds:.1f} s of training "
-            f"steps; final model in {run.run_dir / 'model'}")
+            f"steps{session}; final model in {run.run_dir / 'model'}")
     return TrainResult(run.model, step, state.valid, run.run_dir, tokens_per_s)
 
 
