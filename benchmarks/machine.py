@@ -3,7 +3,8 @@ variables that hold libraries to a lower ISA, and the ISA each library actually 
 
 A CPU timing table is only readable with this: the same command gives other ratios on a CPU with
 AMX, with AVX512_BF16 only, or AVX2 only (and `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
-CT2_FORCE_CPU_ISA=AVX2` imitates the last on a newer one). `describe()` returns the lines;
+CT2_FORCE_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` imitates the
+last on a newer one). `describe()` returns the lines;
 `benchmarks/decode_speed.py` prints them at the top of its output and stores them in its JSON.
 
 Each library's effective ISA is what it reports itself, not inferred from the CPU:
@@ -11,9 +12,17 @@ Each library's effective ISA is what it reports itself, not inferred from the CP
 * oneDNN inside PyTorch (fp32/bf16 packed products, int8): the `isa:` line oneDNN prints with
   `ONEDNN_VERBOSE=1` when it first runs a primitive (in a subprocess with this environment);
 * PyTorch's ATen kernels (softmax, copies, element-wise): `torch.backends.cpu.get_cpu_capability()`;
+* MKL inside PyTorch (fp32 products outside oneDNN: `torch.mm`, attention's batched products):
+  the code path oneMKL names in its first `MKL_VERBOSE=1` line (held down by
+  `MKL_ENABLE_INSTRUCTIONS`, which the oneDNN and ATen variables do not reach);
 * CTranslate2: the ISA of its own kernels and its GEMM backends (its `CT2_VERBOSE=1` log when a
-  model loads) and the ISA of its bundled oneDNN (`ONEDNN_VERBOSE=1`), in a subprocess that
-  loads a tiny model exported here; `ctranslate2.get_supported_compute_types("cpu")`.
+  model loads), the ISA of its bundled oneDNN (`ONEDNN_VERBOSE=1`) and of its bundled MKL
+  (`MKL_VERBOSE=1`; its GEMM backend on Intel CPUs), in a subprocess that loads a tiny model
+  exported here; `ctranslate2.get_supported_compute_types("cpu")`.
+
+So the AVX2 imitation on an Intel CPU needs `MKL_ENABLE_INSTRUCTIONS=AVX2` as well: there both
+PyTorch's and CTranslate2's MKL otherwise run AVX-512 and AMX (seen on a Xeon with AMX,
+2026-11-26). On AMD CPUs MKL takes its AVX2 path whatever is set.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_ti
 """The /proc/cpuinfo flags that decide CPU decoding speed (bf16 and int8 products)."""
 
 OVERRIDES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA", "CT2_USE_MKL",
-             "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+             "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 """Environment variables that change which kernels run."""
 
 _ONEDNN_PROBE = ("import torch; w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4)); "
@@ -83,20 +92,40 @@ def onednn_isa() -> str:
     return f"{version}, ISA {isa}"
 
 
+_MKL_PROBE = "import torch; a = torch.ones(64, 64); torch.mm(a, a)"
+
+
+def mkl_isa_from(lines: list[str]) -> str:
+    """oneMKL's version and code path from its first `MKL_VERBOSE` line, e.g. "oneMKL 2024.0
+    Update 2, ISA Advanced Vector Extensions 2 (AVX2) enabled processors"; "not called" if none."""
+    line = next((l for l in lines if l.startswith("MKL_VERBOSE") and " architecture " in l), None)
+    if line is None:
+        return "not called"
+    version = line.split("MKL_VERBOSE", 1)[1].split(" Product build")[0].strip()
+    isa = line.split(" architecture ", 1)[1].rsplit(", Lnx", 1)[0].replace("Intel(R) ", "").strip()
+    return f"{version}, ISA {isa}"
+
+
+def mkl_isa() -> str:
+    """PyTorch's MKL: its version and the code path it runs here, as it reports it."""
+    return mkl_isa_from(_run(_MKL_PROBE, {**os.environ, "MKL_VERBOSE": "1"}).splitlines())
+
+
 def ct2_isa() -> str:
     """CTranslate2's own ISA, GEMM backends, bundled oneDNN's ISA and compute types, as it reports them."""
     src = str(Path(__file__).resolve().parents[1] / "src")
     with tempfile.TemporaryDirectory(prefix="machine-ct2-") as tmp:
         out = _run(_CT2_PROBE.format(src=src, out=str(Path(tmp) / "m")),
-                   {**os.environ, "CT2_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1"})
+                   {**os.environ, "CT2_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1",
+                    "MKL_VERBOSE": "1"})
     lines = out.splitlines()
     own = next((l.split("Selected ISA:", 1)[1].strip() for l in lines if "Selected ISA:" in l), "?")
     gemm = "; ".join(l.split("- ", 1)[1].strip() for l in lines if "backend:" in l)
-    dnnl = next((l.split("isa:", 1)[1].strip() for l in lines if ",isa:" in l), "?")
+    dnnl = next((l.split("isa:", 1)[1].strip() for l in lines if ",isa:" in l), "not called")
     types = next((l.split(":", 1)[1].strip() for l in lines if l.startswith("compute types:")), "?")
     if own == "?" and types == "?":
         return "not available (" + (lines[-1] if lines else "no output") + ")"
-    return f"kernels {own}; {gemm}; its oneDNN: {dnnl}; compute types {types}"
+    return f"kernels {own}; {gemm}; its oneDNN: {dnnl}; its MKL: {mkl_isa_from(lines)}; compute types {types}"
 
 
 def describe(ct2: bool = False) -> list[str]:
@@ -109,7 +138,7 @@ def describe(ct2: bool = False) -> list[str]:
              f"ISA features (/proc/cpuinfo): {' '.join(flags) or 'none of ' + ', '.join(FEATURES)}",
              f"environment: {' '.join(env) or 'no ISA or thread overrides'}",
              f"PyTorch {torch.__version__}: ATen CPU capability {torch.backends.cpu.get_cpu_capability()}; "
-             f"oneDNN {onednn_isa()}"]
+             f"oneDNN {onednn_isa()}; MKL {mkl_isa()}"]
     if ct2:
         try:
             import ctranslate2
