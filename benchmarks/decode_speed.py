@@ -309,7 +309,7 @@ def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> 
         print(f"transduce {choice.line()}", flush=True)
         if choice.base == "bf16":
             model.to(torch.bfloat16)
-        kernels.quantize_int8(model, only=choice.int8_shapes, source=choice.int8_source)
+        kernels.quantize_int8(model, **choice.int8_options())
     kernels.apply(model, pack=False)
     if pack and not kernels.pack_weights(model) and precision != "int8":  # int8: the float layers left, if any
         print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             choice = int8_choice()
             if choice.base == "bf16":
                 model.to(torch.bfloat16)
-            kernels.quantize_int8(model, only=choice.int8_shapes, source=choice.int8_source)
+            kernels.quantize_int8(model, **choice.int8_options())
             kernels.pack_weights(model)  # the layers left in the float type, as `translate` packs them
             what = choice.reason
         kernels.Int8Weight.__call__ = per_row_call if p == "int8-per-row" else original_call

@@ -88,6 +88,27 @@ def test_int8_only_some_shapes_keeps_the_others_exact_in_the_float_type():
         assert not torch.equal(q, packed) and (q - packed).abs().max().item() < 0.05 * packed.abs().max().item()
 
 
+def test_int8_projection_alone_leaves_the_decoder_to_packing():
+    """`decoder=False` (`TRANSDUCE_INT8_LAYERS=output`, the default with AMX): the tied pre-softmax
+    projection alone in int8; the decoder's layers stay float layers, which packing then takes."""
+    model, src, tgt = model_and_batch()
+    with torch.inference_mode():
+        kernels.pack_weights(model)
+        packed = model(src, tgt)
+        kernels.unpack_weights(model)
+        assert kernels.quantize_int8(model, decoder=False) == 1
+        assert isinstance(model.output_proj, kernels.Int8Linear)
+        assert not any(isinstance(m, kernels.Int8Linear) for m in model.decoder.modules())
+        assert kernels.pack_weights(model)  # the float layers left
+        assert isinstance(model.decoder.layers[0].self_attn.in_proj, kernels.PackedLinear)
+        q = model(src, tgt)
+        assert not torch.equal(q, packed) and (q - packed).abs().max().item() < 0.05 * packed.abs().max().item()
+        assert (q.argmax(-1) == packed.argmax(-1)).float().mean().item() >= 0.9
+        kernels.unpack_weights(model)
+        kernels.dequantize_int8(model)
+        assert model.output_proj is None and not kernels.is_int8(model)
+
+
 def test_int8_composes_with_packing_and_trains_in_fp32():
     model, src, tgt = model_and_batch()
     with torch.inference_mode():

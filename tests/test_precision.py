@@ -205,7 +205,29 @@ def test_decoding_probe_measures_every_precision_asked_for():
     state = torch.random.get_rng_state()
     t = probe_decoding(d_model=32, d_ff=64, vocab=100, rows=8, precisions=asked, budget_s=0.05)
     assert set(t) == set(asked) and all(v > 0 for v in t.values())
+    # int8 as the AMX default runs it: the projection alone in int8
+    t = probe_decoding(d_model=32, d_ff=64, vocab=100, rows=8, precisions=asked, budget_s=0.05, int8_decoder=False)
+    assert set(t) == set(asked) and all(v > 0 for v in t.values())
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_auto_int8_probes_int8_as_the_int8_mode_runs_it(monkeypatch):
+    from transduce.kernels import can_int8
+    from transduce.precision import choose_decoding_precision
+
+    if not can_int8():
+        pytest.skip("no oneDNN int8 kernels here: auto-int8 does not probe int8")
+    calls = []
+
+    def probe(**kwargs):
+        calls.append(kwargs)
+        return {"fp32": 1.0, "bf16": 0.5, "int8": 0.4}
+
+    monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
+    for amx, decoder in ((True, False), (False, True)):
+        monkeypatch.setattr("transduce.precision.amx_products", lambda amx=amx: amx)
+        choose_decoding_precision("auto-int8", "cpu", capability=AMX, probe=probe)
+        assert calls[-1]["int8_decoder"] is decoder
 
 
 def test_decoding_explicit_and_gpu_choices():
@@ -228,19 +250,66 @@ def test_int8_layers_the_decoders_by_default_without_measuring(monkeypatch):
 
     seen = []
     monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
+    monkeypatch.setattr("transduce.precision.amx_products", lambda: False)  # a CPU without AMX
     shapes = [(768, 256), (256, 256)]
     only, phrase = int8_layers(shapes, "bf16", lambda *a, **k: seen.append(a))
     assert only is None and phrase == "the decoder's linear layers and the output projection in int8 (the source side in bf16)"
     if can_int8():
-        assert not int8_choice("cpu", AMX, shapes=shapes).int8_source
+        c = int8_choice("cpu", AMX, shapes=shapes)
+        assert not c.int8_source and c.int8_decoder
     monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "ALL ")  # the source side too
     assert int8_layers(shapes, "bf16", lambda *a, **k: seen.append(a)) == (None, "every linear layer in int8")
     assert seen == []
     if can_int8():
         assert int8_choice("cpu", AMX, shapes=shapes).int8_source
     monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "some")
-    with pytest.raises(ValueError, match="TRANSDUCE_INT8_LAYERS='some': use 'decoder'.*'all'.*or 'measured'"):
+    with pytest.raises(ValueError, match="TRANSDUCE_INT8_LAYERS='some': use 'decoder'.*'output'.*'all'.*or 'measured'"):
         int8_layers(shapes, "bf16")
+
+
+def test_int8_with_amx_puts_the_output_projection_alone_in_int8_unless_told(monkeypatch):
+    """With AMX, bf16 products of the decoder's sizes beat int8 ones with their quantization
+    (docs/speed.md): the default there is the vocabulary-sized projection alone in int8."""
+    from transduce.kernels import can_int8
+    from transduce.precision import int8_choice, int8_layers, int8_mode
+
+    monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
+    monkeypatch.setattr("transduce.precision.amx_products", lambda: True)
+    shapes = [(768, 256), (8000, 256)]
+    assert int8_mode() == "output"
+    only, phrase = int8_layers(shapes, "bf16", lambda *a, **k: pytest.fail("not measured"))
+    assert only is None and phrase == "the output projection in int8"
+    if can_int8():
+        c = int8_choice("cpu", AMX, shapes=shapes)
+        assert not c.int8_decoder and not c.int8_source and c.int8_options()["decoder"] is False
+        assert "the output projection in int8 through oneDNN" in c.line()
+        assert ("the decoder's other linear layers included (AMX: at their sizes bf16 products are faster than int8 "
+                "ones with their quantization); the search in fp32)") in c.line()
+    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "decoder")  # told: every layer of the decoding step
+    assert int8_mode() == "decoder"
+    if can_int8():
+        assert int8_choice("cpu", AMX, shapes=shapes).int8_decoder
+    monkeypatch.setattr("transduce.precision.amx_products", lambda: False)
+    monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "output")  # asked for without AMX: says so
+    if can_int8():
+        assert "the decoder's other linear layers included (TRANSDUCE_INT8_LAYERS=output)" in int8_choice(
+            "cpu", AMX, shapes=shapes).line()
+
+
+def test_amx_products_follow_the_cpu_and_onednns_isa_limit(monkeypatch):
+    import torch
+
+    from transduce.precision import amx_products
+
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    for held, expected in (("", True), ("AVX512_CORE_AMX", True), ("all", True), ("AVX2", False),
+                           ("AVX512_CORE_BF16", False), ("AVX10_1_512", False)):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
+        assert amx_products() is expected, held
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert amx_products() is False
 
 
 def test_int8_layers_measured_takes_the_shapes_measured_faster_at_the_margin(monkeypatch):

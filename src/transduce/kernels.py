@@ -381,7 +381,7 @@ def int8_shapes(model: nn.Module) -> list[tuple[int, int]]:
 
 
 def quantize_int8(model: nn.Module, output: bool = True, only: frozenset | set | None = None,
-                  source: bool = False) -> int:
+                  source: bool = False, decoder: bool = True) -> int:
     """Replace the linear layers of `model` by `Int8Linear`s (and the FFN by a `PackedFeedForward`:
     the ReLU in the int8 product) and, with `output`, the tied pre-softmax projection too (an
     untied one is a linear layer: always). On the CPU, after loading, with the weights in fp32 or
@@ -397,7 +397,10 @@ def quantize_int8(model: nn.Module, output: bool = True, only: frozenset | set |
     per target token 0.00055 against 0.00087 with the source side in int8 too (`source=True`);
     docs/RESULTS.md, "int8 quality". `only`: the (out, in) weight shapes to put in int8
     (`int8_shapes` lists them; `transduce.precision.probe_int8` measures which pay); the blocks of
-    other shapes are packed in the weights' dtype instead. The pre-softmax projection, where it is
+    other shapes are packed in the weights' dtype instead. `decoder=False`: the pre-softmax
+    projection alone in int8, the decoder's layers left in the float type (with AMX, where bf16
+    products beat int8 ones with their quantization at every size but the vocabulary's:
+    `transduce.precision.int8_mode`). The pre-softmax projection, where it is
     in int8, writes its logits in fp32 whatever the model's dtype: oneDNN rescales the int32 sums
     in fp32 anyway, the search's log-softmax reads fp32, and bf16 logits (8 bits of mantissa:
     steps of 1/16 at a logit of 10) moved beam search's choices as much as a quantized layer does
@@ -416,7 +419,7 @@ def quantize_int8(model: nn.Module, output: bool = True, only: frozenset | set |
     if source or not models:
         n = _replace_linears(model, Int8Linear, output=output, **options)
     else:  # the decoder, then the pre-softmax projection (tied: the embedding matrix; untied: its own layer)
-        n = sum(_replace_linears(m.decoder, Int8Linear, output=False, **options) for m in models)
+        n = sum(_replace_linears(m.decoder, Int8Linear, output=False, **options) for m in models) if decoder else 0
         for m in models:
             if isinstance(m.output_proj, nn.Linear):
                 m.output_proj, n = Int8Linear(m.output_proj, **options), n + 1

@@ -79,6 +79,13 @@ class Choice:
     int8_source: bool = False
     """int8: whether the source side (the encoder, encoder-decoder attention's keys and values) is
     in int8 too (`transduce.kernels.quantize_int8`'s `source`)."""
+    int8_decoder: bool = True
+    """int8: whether the decoder's linear layers are in int8 (False: the pre-softmax projection
+    alone; `int8_mode` "output")."""
+
+    def int8_options(self) -> dict:
+        """The keyword arguments of `transduce.kernels.quantize_int8` that this choice sets."""
+        return dict(only=self.int8_shapes, source=self.int8_source, decoder=self.int8_decoder)
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""
@@ -264,21 +271,41 @@ def probe_int8(shapes: list[tuple[int, int]], rows: int = 128, base: str = "bf16
 
 
 INT8_LAYERS_ENV = "TRANSDUCE_INT8_LAYERS"
-"""Which linear layers `--precision int8` puts in int8: "decoder" (the default: every layer of a
-decoding step, the decoder's and the pre-softmax projection; the source side, computed once per
-sentence, stays in the float type), "all" (the source side too), or "measured" (the decoding
-step's, only the weight shapes `probe_int8` measures at least `INT8_LAYER_MARGIN` faster in int8
-than in the float type)."""
-INT8_LAYERS = ("decoder", "all", "measured")
+"""Which linear layers `--precision int8` puts in int8: "decoder" (every layer of a decoding step,
+the decoder's and the pre-softmax projection; the source side, computed once per sentence, stays in
+the float type), "output" (the pre-softmax projection alone), "all" (the source side too), or
+"measured" (the decoding step's, only the weight shapes `probe_int8` measures at least
+`INT8_LAYER_MARGIN` faster in int8 than in the float type). Unset: "output" where oneDNN computes
+bf16 products on AMX (`amx_products`), else "decoder" (docs/speed.md)."""
+INT8_LAYERS = ("decoder", "output", "all", "measured")
+
+ONEDNN_AMX_ISAS = {"", "ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX",
+                   "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"}
+"""Values of `ONEDNN_MAX_CPU_ISA` (unset included) that leave oneDNN its AMX kernels."""
+
+
+def amx_products() -> bool:
+    """Whether oneDNN multiplies on AMX tiles here: the CPU has AMX (as PyTorch reports it) and
+    `ONEDNN_MAX_CPU_ISA` does not hold oneDNN below it."""
+    cpu = getattr(torch, "cpu", None)
+    if not bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()):
+        return False
+    held = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return held.strip().upper() in ONEDNN_AMX_ISAS
 
 
 def int8_mode() -> str:
-    """TRANSDUCE_INT8_LAYERS, checked (a ValueError with one line for anything else)."""
-    mode = os.environ.get(INT8_LAYERS_ENV, "").strip().lower() or "decoder"
+    """TRANSDUCE_INT8_LAYERS, checked (a ValueError with one line for anything else); unset, the
+    default for this CPU: "output" with AMX, where bf16 products of the decoder's sizes beat int8
+    ones with their quantization and only the vocabulary-sized projection gains (Xeon with AMX,
+    small and base: docs/speed.md), else "decoder"."""
+    mode = os.environ.get(INT8_LAYERS_ENV, "").strip().lower()
+    if not mode:
+        return "output" if amx_products() else "decoder"
     if mode not in INT8_LAYERS:
         raise ValueError(f"{INT8_LAYERS_ENV}={os.environ[INT8_LAYERS_ENV]!r}: use 'decoder' (the decoding step's linear "
-                         "layers in int8, the default), 'all' (the source side too) or 'measured' (only the shapes "
-                         "measured faster in int8)")
+                         "layers in int8), 'output' (the output projection alone), 'all' (the source side too) or "
+                         "'measured' (only the shapes measured faster in int8); unset: 'output' with AMX, else 'decoder'")
     return mode
 
 
@@ -292,6 +319,8 @@ def int8_layers(shapes: list[tuple[int, int]], base: str, probe: Callable[..., d
     mode = int8_mode()
     if mode == "all":
         return None, "every linear layer in int8"
+    if mode == "output":
+        return None, "the output projection in int8"
     if mode == "decoder" or not shapes:
         return None, f"the decoder's linear layers and the output projection in int8 (the source side in {base})"
     t = (probe_int8 if probe is None else probe)(shapes, base=base)
@@ -320,23 +349,34 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     base = "bf16" if cap.native_bf16 else "fp32"
     bits = "7-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates() else "8-bit activations"
     only, layers = (None, "linear layers in int8") if shapes is None else int8_layers(shapes, base, probe)
-    return Choice("int8", f"{why}; {cap.name}: {layers} through oneDNN ({bits}), the rest in {base}"
-                          f"{' (' + cap.detail + ')' if base == 'bf16' else ''}; the search in fp32", base=base,
-                  int8_shapes=only, int8_source=int8_mode() == "all")
+    mode = int8_mode()
+    rest = f"the rest in {base}{' (' + cap.detail + ')' if base == 'bf16' else ''}"
+    if mode == "output":
+        told = bool(os.environ.get(INT8_LAYERS_ENV, "").strip())
+        rest += (", the decoder's other linear layers included (" + (f"{INT8_LAYERS_ENV}=output" if told else
+                 f"AMX: at their sizes {base} products are faster than int8 ones with their quantization") + ")")
+    return Choice("int8", f"{why}; {cap.name}: {layers} through oneDNN ({bits}), {rest}; the search in fp32", base=base,
+                  int8_shapes=only, int8_source=mode == "all", int8_decoder=mode != "output")
 
 
 INT8_MARGIN = 1.1
 """The measured speed-up over the better float type for which `auto-int8` takes int8."""
 
 
+def _plain(w: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """A product with `w` through F.linear, called like a packed weight: (x, bias, act)."""
+    return lambda x, b, act="none": F.linear(x, w) if act == "none" else F.linear(x, w).relu()
+
+
 def probe_decoding(d_model: int = 512, d_ff: int = 2048, vocab: int = 37000, rows: int = 128,
                    precisions: tuple[str, ...] = ("fp32", "bf16", "int8"), int8_base: str = "fp32",
-                   budget_s: float = 0.4) -> dict[str, float]:
+                   budget_s: float = 0.4, int8_decoder: bool = True) -> dict[str, float]:
     """Seconds per decoding step's products, per precision: one decoder layer's (the stacked
     [W^Q; W^K; W^V], W^O, cross-attention's query and output, the FFN's two with its ReLU) and
     the pre-softmax projection over `vocab` (at most 16,384 of it: the ratios hold, the probe
     stays short), for `rows` hypotheses (32 sentences x beam 4), as `translate` runs them
-    (`transduce.kernels`: pre-packed fp32/bf16, or int8 over `int8_base`). The fastest of the
+    (`transduce.kernels`: pre-packed fp32/bf16, or int8 over `int8_base`; with `int8_decoder`
+    False, as `int8_mode` "output" runs it, int8 for the projection alone). The fastest of the
     rounds (alternating precisions) within about `budget_s`: on a busy machine the minimum is
     the steadier statistic. Weights from a private generator: the global RNG is untouched."""
     from .kernels import Int8Weight, PackedWeight, can_pack
@@ -350,12 +390,13 @@ def probe_decoding(d_model: int = 512, d_ff: int = 2048, vocab: int = 37000, row
     for p in precisions:
         dtype = torch.bfloat16 if p == "bf16" or (p == "int8" and int8_base == "bf16") else torch.float32
         if p == "int8":
-            packed = [Int8Weight(w.to(dtype)) for w in weights]
+            packed = [Int8Weight(w.to(dtype)) if int8_decoder or i == len(weights) - 1
+                      else PackedWeight(w.to(dtype)) if can_pack(dtype, "cpu") else _plain(w.to(dtype))
+                      for i, w in enumerate(weights)]
         elif can_pack(dtype, "cpu"):
             packed = [PackedWeight(w.to(dtype)) for w in weights]
         else:
-            packed = [lambda x, b, act="none", w=w.to(dtype): F.linear(x, w) if act == "none" else F.linear(x, w).relu()
-                      for w in weights]
+            packed = [_plain(w.to(dtype)) for w in weights]
         x = x32.to(dtype)
 
         def step(packed=packed, x=x) -> None:
@@ -420,7 +461,8 @@ def choose_decoding_precision(
                               f"{' (auto-int8 or int8 would consider int8)' if can_int8() else ''}")
     probe = probe_decoding if probe is None else probe
     base = "bf16" if cap.native_bf16 else "fp32"
-    t = probe(d_model=d_model, d_ff=d_ff, vocab=vocab, precisions=tuple(candidates), int8_base=base)
+    kw = dict(int8_decoder=int8_mode() != "output") if "int8" in candidates else {}
+    t = probe(d_model=d_model, d_ff=d_ff, vocab=vocab, precisions=tuple(candidates), int8_base=base, **kw)
     speed = {p: t["fp32"] / max(t[p], 1e-12) for p in candidates}
     best = "bf16" if speed.get("bf16", 0.0) >= BF16_MARGIN else "fp32"
     if "int8" in speed and speed["int8"] >= INT8_MARGIN * speed[best]:

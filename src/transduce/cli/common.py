@@ -148,8 +148,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
         if loaded.precision.base == "bf16":
             loaded.model.to(torch.bfloat16)  # what int8 leaves as is runs in bf16
-        quantize_int8(loaded.model, only=loaded.precision.int8_shapes,  # once, here; kernels.apply keeps it
-                      source=loaded.precision.int8_source)
+        quantize_int8(loaded.model, **loaded.precision.int8_options())  # once, here; kernels.apply keeps it
     return loaded
 
 
