@@ -172,6 +172,36 @@ def test_int8_saturation_test_matches_the_oneDNN_isa():
         assert kernels.int8_saturates()
 
 
+_WORST_CASE = """
+import torch
+from transduce import kernels
+assert kernels.int8_saturates(), "held to AVX2, oneDNN should add u8 x s8 pairs in int16"
+# every pair at its largest: activations at the top of their range, weights at +-max of their row
+x = torch.full((4, 256), 3.0)
+x[:, 0] = 0.0  # the range includes 0: the zero point is 0, 3.0 quantizes to 254
+w = torch.ones(8, 256) * 0.5
+w[1::2] *= -1
+out = kernels.Int8Weight(w)(x, None)
+exact = x @ w.T
+assert torch.allclose(out, exact, rtol=1e-2), (out[:, :2], exact[:, :2])
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not kernels.can_int8(), reason="no oneDNN int8 kernels here")
+def test_int8_products_do_not_saturate_where_pairs_add_in_int16(tmp_path):
+    """Held to AVX2 (no VNNI), oneDNN adds u8 x s8 pairs in int16 with saturation: with 8-bit
+    activations the weights take 7 bits (+-63), so the largest pair sum, 254 * 63 * 2, still fits;
+    8-bit weights there would clip this product to a fraction of its value."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-c", _WORST_CASE], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("ok"), p.stdout + p.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return make_model(tmp_path_factory.mktemp("int8"), d_model=64, d_ff=128)

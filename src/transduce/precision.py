@@ -347,7 +347,8 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
         raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")
     cap = read_capability("cpu") if capability is None else capability
     base = "bf16" if cap.native_bf16 else "fp32"
-    bits = "7-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates() else "8-bit activations"
+    bits = ("7-bit weights, 8-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates()
+            else "8-bit activations")
     only, layers = (None, "linear layers in int8") if shapes is None else int8_layers(shapes, base, probe)
     mode = int8_mode()
     rest = f"the rest in {base}{' (' + cap.detail + ')' if base == 'bf16' else ''}"
