@@ -87,7 +87,9 @@ def add_precision_args(g) -> None:
                         "(warns where the CPU only emulates it); int8 (CPU only, not exact: the decoder's linear layers' "
                         "weights int8 per output channel, activations quantized on the fly, products through "
                         "oneDNN's int8 kernels, the source side and the rest in bf16 where the CPU has it "
-                        "natively, else fp32; docs/speed.md). Log-probabilities and scores stay fp32")
+                        "natively, else fp32; on a CPU with AMX the output projection alone, where bf16 beats "
+                        "int8 at the decoder's sizes; TRANSDUCE_INT8_LAYERS=decoder|output|all chooses; "
+                        "docs/speed.md). Log-probabilities and scores stay fp32")
     g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
     g.add_argument("--int8", action="store_const", const="int8", dest="precision", help="the same as --precision int8")
 
