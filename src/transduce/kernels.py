@@ -59,8 +59,16 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     one query in bf16 (self-attention) on a CPU with AMX as K q^T instead, which reads the keys in
     their stored layout (what AMX's bf16 products need to be fast; in fp32, and in bf16 without
     AMX, it is the slower one: `_keys_first`) and is, in memory, the same row q K^T.
+
+    Except one query per row with no mask (self-attention over the cache) on one thread, as every
+    `--workers` process decodes: there PyTorch's fused kernel (`scaled_dot_product_attention`,
+    what the model itself calls) beats these products, which pay per matrix of the B * h tiny
+    ones and per short softmax row; with two threads in one process the products were as fast or
+    faster. Measured in docs/speed.md ("One query on one thread").
     """
     B, h, Tq, d = q.shape
+    if Tq == 1 and mask is None and torch.get_num_threads() == 1:
+        return F.scaled_dot_product_attention(q, k, v)  # one thread, self-attention: the fused kernel
     Tk = k.size(2)
     # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
     k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
@@ -152,6 +160,10 @@ class PackedLinear(nn.Module):
         packed = self.packed.get(_key(rows))
         return packed(x, b) if packed is not None and packed.usable(x) else F.linear(x, w, b)
 
+    def packed_for(self, rows: slice | None = None):
+        """What stands for the block `rows` (`make`'s product), or None where `forward` runs F.linear."""
+        return self.packed.get(_key(rows))
+
     def relu(self, x: Tensor) -> Tensor:
         """max(0, x W^T + b), the ReLU inside the packed product where it is usable."""
         packed = self.packed[None]
@@ -211,6 +223,14 @@ def _restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
     for parent, name, layer in _linear_layers(model):
         if type(layer) is cls:
             setattr(parent, name, layer.original[0])
+    _refresh_step(model)
+
+
+def _refresh_step(model: nn.Module) -> None:
+    """A `fast_step.FastStep` installed on the model is rebuilt on the layers it has now."""
+    from . import fast_step
+
+    fast_step.refresh(model)
 
 
 def _fuse_relu(model: nn.Module) -> None:
@@ -219,6 +239,7 @@ def _fuse_relu(model: nn.Module) -> None:
     for parent, name, child in [(p, n, c) for p in model.modules() for n, c in p.named_children()]:
         if isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear):
             setattr(parent, name, PackedFeedForward(child))
+    _refresh_step(model)
 
 
 def pack_weights(model: nn.Module) -> bool:
@@ -242,16 +263,23 @@ def unpack_weights(model: nn.Module) -> None:
 
 def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
     """For CPU inference: every attention layer's decoding steps through `decode_attention`
-    (`MultiHeadAttention.step_attention`) and, with `pack`, the weights packed (`pack_weights`;
-    on a model quantized by `quantize_int8`, the layers it left in fp32).
+    (`MultiHeadAttention.step_attention`), with `pack` the weights packed (`pack_weights`; on a
+    model quantized by `quantize_int8`, the layers it left in fp32), and the decoding step as one
+    function (`transduce.fast_step.FastStep`, the same operations without the module layers).
     Returns the function that undoes exactly this, leaving what the caller had set as it was."""
     cpu = next(model.parameters()).device.type == "cpu"
     unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
     for m in unset:
         m.step_attention = decode_attention
     packed_here = pack and pack_weights(model)
+    from . import fast_step
+
+    stepped = (cpu and isinstance(model, Transformer) and not isinstance(model.__dict__.get("decode_step"), fast_step.FastStep)
+               and fast_step.install(model))
 
     def undo() -> None:
+        if stepped:
+            fast_step.uninstall(model)
         if packed_here:
             unpack_weights(model)
         for m in unset:

@@ -1,0 +1,169 @@
+"""One decoding step without the module layers around it: `Transformer.decode_step` for one new
+position per row, as one flat function. Not in the paper, and not a different computation.
+
+A decoding step of beam search runs a few hundred small PyTorch operations for 128 hypotheses
+(32 sentences x beam 4), and on two CPU cores the Python around them (nn.Module calls, the
+packed layers' per-call checks, the attention's folding and unfolding, dropout that does nothing
+in eval mode) cost as much as a third of the small model's step: the same step with d_model 16,
+where the products are free, still took 4.3 ms against 10.5 at d_model 256 (Xeon with AMX, one
+thread, 2026-11-27). `FastStep` runs the same operations in the same order on the same weights
+(the oneDNN-packed or int8 copies of `transduce.kernels`), so its logits are bit for bit the
+model's (tests/test_fast_step.py), with the checks made once per step instead of once per
+product and nothing else in between.
+
+What it covers is what every decoding step of the paper's model is: one new position per row
+(Section 3.1's auto-regressive decoder: masked self-attention over the cache, encoder-decoder
+attention, the FFN, each in its residual and LayerNorm, post- or pre-norm), then the pre-softmax
+projection (3.4). Anything else goes to the model's own `decode_step`, unchanged: several
+positions at once, training mode, autograd, autocast, a packed weight that has gone stale (an
+optimizer step, `load_state_dict`), a dtype the packed weights are not in, and the options that
+are not in the paper and change the step (`attention_window`, `word_positions`).
+
+`kernels.apply(model)` sets it as the model's `decode_step` (an attribute of the instance, so
+`decode.py`, `translate`, `serve` and `parse` pick it up with no change) and its undo removes it;
+`transduce.model` knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .cache import DecoderCache
+from .model import Transformer
+
+
+def _linear(layer, rows: slice | None = None):
+    """(fn, checks): fn(x, activation) = x W[rows]^T + b[rows], the operation `layer` itself runs
+    for input in the dtype its packed copies are in (`transduce.kernels.PackedLinear.forward`), and
+    the packed copy it relies on (None for a plain `nn.Linear`)."""
+    w, b = layer.weight, layer.bias
+    if rows is not None:
+        w, b = w[rows], None if b is None else b[rows]
+    packed = layer.packed_for(rows) if hasattr(layer, "packed_for") else None  # a `kernels.PackedLinear`
+    if packed is None:
+        def plain(x: Tensor, activation: str = "none") -> Tensor:
+            y = F.linear(x, w, b)
+            return F.relu(y) if activation == "relu" else y
+        return plain, None
+    return (lambda x, activation="none": packed(x, b, activation)), packed
+
+
+class FastStep:
+    """`model.decode_step` as one function (see the module's doc). Build it after the weights are
+    packed or quantized (`kernels.apply` does); it then checks, once per step, that what it was
+    built on still holds, and otherwise calls the model's own step."""
+
+    def __init__(self, model: Transformer):
+        self.model = model
+        dec = model.decoder
+        self.embed, self.scale, self.positions = dec.embed.weight, dec.embed.scale, dec.positions
+        self.norm_first, self.final_norm = model.config.norm_first, dec.final_norm
+        self.checks: list = []  # the packed copies relied on: usable only while unchanged
+        self.layers = []
+        for layer in dec.layers:
+            sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.feed_forward
+            # W_1 with its ReLU: inside a packed product (`kernels.PackedFeedForward`), else after it
+            w_1 = self._add(_linear(ffn.w_1))
+            norms = tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in (layer.norm1, layer.norm2, layer.norm3))
+            self.layers.append((
+                self._add(_linear(sa.in_proj)), self._add(_linear(sa.out_proj)),
+                self._add(_linear(ca.in_proj, ca.q_rows)), self._add(_linear(ca.out_proj)),
+                w_1, self._add(_linear(ffn.w_2)), norms,
+                sa.step_attention, ca.step_attention, sa.n_heads, sa.d_k, sa.d_v,
+            ))
+        if model.output_proj is None:  # tied to the embedding matrix, unpacked (`Transformer.logits`)
+            weight = dec.embed.weight
+            self.logits = lambda x: F.linear(x, weight)
+        else:
+            self.logits = self._add(_linear(model.output_proj))
+        dtypes = {c.dtype for c in self.checks}
+        self.dtype = dtypes.pop() if len(dtypes) == 1 else (None if not dtypes else "mixed")
+        self._versions = [(c.source, c.version, c.ptr, getattr(c, "bias", None), getattr(c, "bias_version", None))
+                          for c in self.checks]
+
+    def _add(self, made):
+        fn, packed = made
+        if packed is not None:
+            self.checks.append(packed)
+        return fn
+
+    @staticmethod
+    def covers(model: Transformer) -> bool:
+        """Whether the model's options leave its decoding step the one `FastStep` runs."""
+        c = model.config
+        return (c.attention_window is None and model.word_positions is None and model.decoder.words is None
+                and all(l.self_attn.step_attention is not None and l.cross_attn.step_attention is not None
+                        for l in model.decoder.layers))
+
+    def usable(self, tgt: Tensor) -> bool:
+        """Whether this step computes what the model's would: one position, eval mode, no autograd
+        or autocast, activations in the packed weights' dtype, every packed copy current."""
+        if tgt.size(1) != 1 or tgt.numel() == 0 or self.model.training or torch.is_grad_enabled():
+            return False
+        if torch.is_autocast_enabled(tgt.device.type):
+            return False
+        if self.dtype is not None and self.embed.dtype != self.dtype:
+            return False
+        for source, version, ptr, bias, bias_version in self._versions:
+            if source._version != version or source.data_ptr() != ptr:
+                return False
+            if bias is not None and bias._version != bias_version:
+                return False
+        return True
+
+    def __call__(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
+        if not self.usable(tgt):
+            return Transformer.decode_step(self.model, tgt, cache)
+        pre = self.norm_first
+        x = F.embedding(tgt, self.embed) * self.scale + self.positions(1, offset=cache.length)  # (R, 1, d_model)
+        R = x.size(0)
+        for (qkv, w_o, q_c, w_oc, w_1, w_2, (n1, n2, n3), self_att, cross_att, h, d_k, d_v), lc in zip(
+                self.layers, cache.begin_step()):
+            # masked self-attention over the cache (3.2.3)
+            q, k, v = qkv(F.layer_norm(x, *n1) if pre else x).split([h * d_k, h * d_k, h * d_v], -1)
+            k, v = lc.append(k.view(R, 1, h, d_k).transpose(1, 2), v.view(R, 1, h, d_v).transpose(1, 2))
+            a = self_att(q.view(R, 1, h, d_k).transpose(1, 2), k, v, None).transpose(1, 2).reshape(R, 1, h * d_v)
+            x = x + w_o(a) if pre else F.layer_norm(x + w_o(a), *n1)
+            # encoder-decoder attention: the g beams of a source folded into one row's queries
+            q = q_c(F.layer_norm(x, *n2) if pre else x).view(R, 1, h, d_k).transpose(1, 2)
+            g = R // lc.cross_k.size(0)
+            if g > 1:
+                q = q.view(R // g, g, h, 1, d_k).transpose(1, 2).reshape(R // g, h, g, d_k)
+            a = cross_att(q, lc.cross_k, lc.cross_v, cache.src_mask)
+            if g > 1:
+                a = a.view(R // g, h, g, 1, d_v).transpose(1, 2).reshape(R, h, 1, d_v)
+            a = w_oc(a.transpose(1, 2).reshape(R, 1, h * d_v))
+            x = x + a if pre else F.layer_norm(x + a, *n2)
+            # the position-wise FFN (equation 2)
+            f = w_2(w_1(F.layer_norm(x, *n3) if pre else x, "relu"))
+            x = x + f if pre else F.layer_norm(x + f, *n3)
+        cache.length += 1
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return self.logits(x)
+
+
+def install(model: Transformer) -> bool:
+    """Set a `FastStep` as `model.decode_step` where it covers the model (returns whether it did);
+    `uninstall` takes it away."""
+    if not FastStep.covers(model):
+        return False
+    model.decode_step = FastStep(model)
+    return True
+
+
+def uninstall(model: Transformer) -> None:
+    if isinstance(model.__dict__.get("decode_step"), FastStep):
+        del model.__dict__["decode_step"]
+
+
+def refresh(model) -> None:
+    """Rebuild the `FastStep` of every model inside `model` that has one: after its layers were
+    packed, unpacked, quantized or put back (`transduce.kernels` calls this), so that it never runs
+    on layers the model no longer has."""
+    for m in model.modules():
+        if isinstance(m, Transformer) and isinstance(m.__dict__.get("decode_step"), FastStep):
+            uninstall(m)
+            install(m)

@@ -1,0 +1,176 @@
+"""`transduce.fast_step.FastStep`: the decoder's step without its module layers computes bit for
+bit what `Transformer.decode_step` computes, on every weight path `kernels` sets up, and hands
+every case it does not cover to the model's own step."""
+
+import pytest
+import torch
+
+from transduce import fast_step, kernels
+from transduce.decode import _best_extensions, beam_search, greedy_decode
+from transduce.fast_step import FastStep
+from transduce.model import Transformer, padding_mask
+
+from test_model import padded_batch, tiny_config
+
+needs_packing = pytest.mark.skipif(not kernels.can_pack(torch.float32, "cpu"), reason="no oneDNN in this torch build")
+
+
+def _model(dtype=torch.float32, **kw):
+    torch.manual_seed(0)
+    return Transformer(tiny_config(src_vocab_size=60, **kw)).eval().to(dtype)
+
+
+def _steps(model, src, step, n=6):
+    """The logits of n cached decoding steps of every source through `step`, feeding back the
+    argmax, with a reorder of the rows in between (what beam search does to the cache)."""
+    with torch.inference_mode():
+        mask = padding_mask(src, model.config.pad_id)
+        cache = model.init_cache(model.encode(src, mask), mask)
+        tokens, out = torch.full((src.size(0), 1), 2), []
+        for t in range(n):
+            logits = step(tokens, cache)
+            out.append(logits)
+            tokens = logits[:, -1].argmax(-1, keepdim=True)
+            if t == 2:  # rows swap places, as hypotheses do between steps
+                order = torch.arange(src.size(0)).flip(0)
+                cache.reorder(order)
+                tokens = tokens[order]
+        return out
+
+
+def _same_as_the_model(model, src):
+    installed = model.__dict__.pop("decode_step", None)
+    fast = FastStep(model)
+    plain = _steps(model, src, lambda t, c: Transformer.decode_step(model, t, c))
+    lean = _steps(model, src, fast)
+    assert all(torch.equal(a, b) for a, b in zip(plain, lean))
+    model.decode_step = fast
+    with torch.inference_mode():
+        got = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
+        greedy = greedy_decode(model, src, max_len_offset=6)
+    del model.decode_step
+    with torch.inference_mode():
+        want = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
+        assert greedy == greedy_decode(model, src, max_len_offset=6)
+    assert [[(h.tokens, h.score) for h in hs] for hs in got] == [[(h.tokens, h.score) for h in hs] for hs in want]
+    if installed is not None:
+        model.decode_step = installed
+
+
+@needs_packing
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_step_is_the_models_step_bit_for_bit(dtype, tied, norm_first):
+    if dtype == torch.bfloat16 and not kernels.can_pack(dtype, "cpu"):
+        pytest.skip("no oneDNN bf16 on this CPU")
+    kw = {} if tied else dict(tie_output=False, share_embeddings=False)
+    model = _model(dtype, norm_first=norm_first, attention_bias=not tied, **kw)
+    src = padded_batch([7, 3, 5], vocab=60, seed=1)
+    for pack in (False, True):  # plain F.linear layers, then oneDNN-packed ones
+        undo = kernels.apply(model, pack=pack)
+        assert isinstance(model.decode_step, FastStep)
+        _same_as_the_model(model, src)
+        undo()
+        assert "decode_step" not in model.__dict__
+
+
+@pytest.mark.skipif(not kernels.can_int8(), reason="no oneDNN int8 here")
+@pytest.mark.parametrize("decoder", [True, False])  # every decoder layer in int8; the projection alone (AMX)
+def test_fast_step_runs_the_int8_products_as_the_model_does(decoder):
+    model = _model()
+    src = padded_batch([7, 3, 5, 6], vocab=60, seed=2)
+    undo = kernels.apply(model)
+    kernels.quantize_int8(model, decoder=decoder)  # after apply: the step is rebuilt on the int8 layers
+    step = model.decode_step
+    assert isinstance(step, FastStep) and sum(isinstance(c, kernels.Int8Weight) for c in step.checks) == (
+        2 * 6 + 1 if decoder else 1)
+    _same_as_the_model(model, src)
+    kernels.pack_weights(model)  # the layers int8 left (translate's order: quantize, then apply)
+    assert len(model.decode_step.checks) == 2 * 6 + 1
+    _same_as_the_model(model, src)
+    kernels.dequantize_int8(model)
+    assert not any(isinstance(c, kernels.Int8Weight) for c in model.decode_step.checks)
+    undo()
+
+
+@needs_packing
+def test_fast_step_hands_what_it_does_not_cover_to_the_model(monkeypatch):
+    """Autograd, autocast, training mode, several positions at once, a stale packed weight: the
+    model's own step, so the results are the model's (here: F.linear for the changed weight)."""
+    model = _model()
+    src = padded_batch([5, 4], vocab=60, seed=3)
+    kernels.apply(model)
+    fast = model.decode_step
+    calls = []
+    original = Transformer.decode_step
+    monkeypatch.setattr(Transformer, "decode_step", lambda self, t, c: calls.append(t.size(1)) or original(self, t, c))
+    mask = padding_mask(src, 0)
+    with torch.no_grad():
+        cache = model.init_cache(model.encode(src, mask), mask)
+    tokens = torch.full((2, 1), 2)
+    with torch.inference_mode():
+        fast(tokens, cache)
+    assert calls == []  # covered: no call to the model's step
+    fast(tokens, cache)  # autograd on
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fast(tokens, cache)
+    with torch.inference_mode():
+        fast(torch.full((2, 3), 2), cache)  # three positions at once
+        model.train()
+        fast(tokens, cache)
+        model.eval()
+    assert calls == [1, 1, 3, 1]
+    calls.clear()
+    with torch.no_grad():
+        model.decoder.layers[1].feed_forward.w_2.weight.mul_(2.0)  # the packed copy is stale now
+    assert not fast.usable(tokens)
+    plain = _steps(model, src, lambda t, c: original(model, t, c))
+    lean = _steps(model, src, fast)
+    assert calls and all(torch.equal(a, b) for a, b in zip(plain, lean))
+
+
+def test_apply_installs_the_step_only_where_it_covers_the_model():
+    for kw in (dict(attention_window=2), dict(word_positions=True, share_embeddings=False, tie_output=False)):
+        model = _model(**kw)
+        undo = kernels.apply(model)
+        assert "decode_step" not in model.__dict__
+        undo()
+    model = _model()
+    undo = kernels.apply(model)
+    again = kernels.apply(model)  # applied twice: one step, and the inner undo leaves it
+    step = model.decode_step
+    again()
+    assert model.decode_step is step
+    undo()
+    assert "decode_step" not in model.__dict__ and not fast_step.FastStep.covers(_model(attention_window=2))
+
+
+def test_one_query_on_one_thread_is_equation_1():
+    """`decode_attention` hands one unmasked query per row on one thread to PyTorch's fused
+    kernel: still equation 1."""
+    from transduce.kernels import decode_attention
+    from transduce.model import attention_reference
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(6, 4, 1, 16), torch.randn(6, 4, 9, 16), torch.randn(6, 4, 9, 16)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            torch.testing.assert_close(decode_attention(q, k, v), attention_reference(q, k, v, None)[0], rtol=1e-5, atol=1e-6)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_consumed_logits_give_the_same_extensions(dtype):
+    """`consume=True` overwrites fp32 logits by their log-probabilities: the same candidates."""
+    torch.manual_seed(0)
+    logits = (torch.randn(8 * 4, 3000) * 4).to(dtype)
+    alive = -torch.rand(8, 4) * 3
+    want = _best_extensions(logits.clone(), alive, 8, [0, 2], 3)
+    given = logits.clone()
+    got = _best_extensions(given, alive, 8, [0, 2], 3, consume=True, chunk_elements=2 * 4 * 3000)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(given, logits) == (dtype != torch.float32)  # bf16 logits are left as they were
