@@ -66,7 +66,7 @@ class FastStep:
             sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.feed_forward
             # W_1 with its ReLU: inside a packed product (`kernels.PackedFeedForward`), else after it
             w_1 = self._add(_linear(ffn.w_1))
-            norms = tuple((n.normalized_shape, n.weight, n.bias, n.eps) for n in (layer.norm1, layer.norm2, layer.norm3))
+            norms = tuple((n.normalized_shape, n.weight, n.bias, n.eps, True) for n in (layer.norm1, layer.norm2, layer.norm3))
             self.layers.append((
                 self._add(_linear(sa.in_proj)), self._add(_linear(sa.out_proj)),
                 self._add(_linear(ca.in_proj, ca.q_rows)), self._add(_linear(ca.out_proj)),
@@ -117,28 +117,26 @@ class FastStep:
         if not self.usable(tgt):
             return Transformer.decode_step(self.model, tgt, cache)
         pre = self.norm_first
-        x = F.embedding(tgt, self.embed) * self.scale + self.positions(1, offset=cache.length)  # (R, 1, d_model)
+        norm = torch.layer_norm  # F.layer_norm's own call, without its Python wrapper
+        x = torch.embedding(self.embed, tgt) * self.scale + self.positions(1, offset=cache.length)  # (R, 1, d_model)
         R = x.size(0)
         for (qkv, w_o, q_c, w_oc, w_1, w_2, (n1, n2, n3), self_att, cross_att, h, d_k, d_v), lc in zip(
                 self.layers, cache.begin_step()):
             # masked self-attention over the cache (3.2.3)
-            q, k, v = qkv(F.layer_norm(x, *n1) if pre else x).split([h * d_k, h * d_k, h * d_v], -1)
+            q, k, v = qkv(norm(x, *n1) if pre else x).split([h * d_k, h * d_k, h * d_v], -1)
             k, v = lc.append(k.view(R, 1, h, d_k).transpose(1, 2), v.view(R, 1, h, d_v).transpose(1, 2))
             a = self_att(q.view(R, 1, h, d_k).transpose(1, 2), k, v, None).transpose(1, 2).reshape(R, 1, h * d_v)
-            x = x + w_o(a) if pre else F.layer_norm(x + w_o(a), *n1)
-            # encoder-decoder attention: the g beams of a source folded into one row's queries
-            q = q_c(F.layer_norm(x, *n2) if pre else x).view(R, 1, h, d_k).transpose(1, 2)
+            x = x + w_o(a) if pre else norm(x + w_o(a), *n1)
+            # encoder-decoder attention: the g beams of a source folded into one row's queries,
+            # (R / g, h, g, d_k), and unfolded as the heads are concatenated (views; one copy each)
             g = R // lc.cross_k.size(0)
-            if g > 1:
-                q = q.view(R // g, g, h, 1, d_k).transpose(1, 2).reshape(R // g, h, g, d_k)
+            q = q_c(norm(x, *n2) if pre else x).view(R // g, g, h, d_k).transpose(1, 2)
             a = cross_att(q, lc.cross_k, lc.cross_v, cache.src_mask)
-            if g > 1:
-                a = a.view(R // g, h, g, 1, d_v).transpose(1, 2).reshape(R, h, 1, d_v)
             a = w_oc(a.transpose(1, 2).reshape(R, 1, h * d_v))
-            x = x + a if pre else F.layer_norm(x + a, *n2)
+            x = x + a if pre else norm(x + a, *n2)
             # the position-wise FFN (equation 2)
-            f = w_2(w_1(F.layer_norm(x, *n3) if pre else x, "relu"))
-            x = x + f if pre else F.layer_norm(x + f, *n3)
+            f = w_2(w_1(norm(x, *n3) if pre else x, "relu"))
+            x = x + f if pre else norm(x + f, *n3)
         cache.length += 1
         if self.final_norm is not None:
             x = self.final_norm(x)
