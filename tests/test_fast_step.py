@@ -174,3 +174,18 @@ def test_consumed_logits_give_the_same_extensions(dtype):
     got = _best_extensions(given, alive, 8, [0, 2], 3, consume=True, chunk_elements=2 * 4 * 3000)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(given, logits) == (dtype != torch.float32)  # bf16 logits are left as they were
+
+
+def test_the_step_benchmark_finds_the_models_hypotheses():
+    """benchmarks/step_variants.py runs its three variants and finds FastStep's hypotheses and
+    scores equal to the model's step's (one thread, the fused attention in play)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "step_variants.py"
+    out = subprocess.run([sys.executable, str(script), "--preset", "small", "--precision", "fp32", "--passes", "1"],
+                         check=True, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "FastStep gives the model's hypotheses and scores: True" in out.stdout
+    assert out.stdout.count("ms a step") == 3

@@ -50,25 +50,29 @@ from .model import MultiHeadAttention, PositionwiseFeedForward, Transformer
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
     """Equation 1 (3.2.1) for the few queries of one decoding step (3.1: the decoder is
-    auto-regressive), written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the softmax
-    (and the scaling before it) in fp32.
+    auto-regressive): `product_attention`, except one query per row with no mask (self-attention
+    over the cache) on one thread, as every `--workers` process decodes. There PyTorch's fused
+    kernel (`scaled_dot_product_attention`, what the model itself calls) beats the products,
+    which pay per matrix of the B * h tiny ones and per short softmax row; with two threads in one
+    process the products were as fast or faster. Measured in docs/speed.md ("One query on one
+    thread")."""
+    if q.size(2) == 1 and mask is None and torch.get_num_threads() == 1:
+        return F.scaled_dot_product_attention(q, k, v)
+    return product_attention(q, k, v, mask)
+
+
+def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Equation 1 written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the softmax (and
+    the scaling before it) in fp32.
 
     Same shapes and mask convention as `transduce.model.attention_reference`; no dropout. On the
-    CPU several times faster than `scaled_dot_product_attention` for 1-8 queries (see
-    docs/history/RESULTS-log-2026-11.md). The scores as Q K^T, so that the softmax runs along contiguous rows; for
+    CPU several times faster than `scaled_dot_product_attention` for 1-8 queries on older PyTorch
+    (docs/history/RESULTS-log-2026-11.md). The scores as Q K^T, so that the softmax runs along contiguous rows; for
     one query in bf16 (self-attention) on a CPU with AMX as K q^T instead, which reads the keys in
     their stored layout (what AMX's bf16 products need to be fast; in fp32, and in bf16 without
     AMX, it is the slower one: `_keys_first`) and is, in memory, the same row q K^T.
-
-    Except one query per row with no mask (self-attention over the cache) on one thread, as every
-    `--workers` process decodes: there PyTorch's fused kernel (`scaled_dot_product_attention`,
-    what the model itself calls) beats these products, which pay per matrix of the B * h tiny
-    ones and per short softmax row; with two threads in one process the products were as fast or
-    faster. Measured in docs/speed.md ("One query on one thread").
     """
     B, h, Tq, d = q.shape
-    if Tq == 1 and mask is None and torch.get_num_threads() == 1:
-        return F.scaled_dot_product_attention(q, k, v)  # one thread, self-attention: the fused kernel
     Tk = k.size(2)
     # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
     k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
