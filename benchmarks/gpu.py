@@ -70,7 +70,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decode_speed  # noqa: E402
 from bench import forward_flops  # noqa: E402
-from transduce import kernels  # noqa: E402
+from transduce import decode, kernels  # noqa: E402
 from transduce.config import Config, get_preset  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step  # noqa: E402
@@ -324,6 +324,48 @@ def table2_projection(report: dict) -> list[dict]:
 # --- decoding ------------------------------------------------------------------------------------
 
 
+def _sdpa_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """A decoding step's attention as the model computes it where no `step_attention` is set."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+@contextlib.contextmanager
+def decode_variant(model: Transformer, variant: str):
+    """transduce's search as it ships (`transduce`), or one of two variants measured against it
+    (2026-11-27; neither is the default on a GPU until a lease has measured it):
+
+    * `transduce-chunked`: the log-probabilities ranked 7 sentences at a time (base, beam 4), as
+      on the CPU and as on the GPU before 2026-11-27 (`decode.search_chunk_elements`): what not
+      chunking on the GPU gains;
+    * `transduce-flat`: the decoding step as one function (`transduce.fast_step.FastStep`, which
+      `kernels.apply` installs on the CPU only), its attention `scaled_dot_product_attention` as
+      the model's own: fewer Python layers between the GPU's kernel launches."""
+    from transduce import fast_step
+    from transduce.model import MultiHeadAttention
+
+    undo = []
+    if variant == "transduce-chunked":
+        best = decode._best_extensions
+        decode._best_extensions = lambda *a, **kw: best(*a, **{**kw, "chunk_elements": decode.CPU_CHUNK_ELEMENTS})
+        undo.append(lambda: setattr(decode, "_best_extensions", best))
+    elif variant == "transduce-flat" and not isinstance(model.__dict__.get("decode_step"), fast_step.FastStep):
+        unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None]
+        for m in unset:
+            m.step_attention = _sdpa_step
+        installed = fast_step.install(model)
+        undo.append(lambda: [setattr(m, "step_attention", None) for m in unset])
+        if installed:
+            undo.append(lambda: fast_step.uninstall(model))
+    try:
+        yield
+    finally:
+        for u in reversed(undo):
+            u()
+
+
+DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-flat", "hf")
+
+
 def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, profile_to: Path | None = None) -> list[dict]:
     config = preset_config("base", dry)
     c = config.model
@@ -339,34 +381,46 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
         decode_speed.cast(forced.model, precision)
         decode_speed.cast(marian, precision)
         undo = kernels.apply(forced.model)  # a no-op on the GPU (CPU speed-ups only)
-        times = {"transduce": 0.0, "hf": 0.0}
+        times = dict.fromkeys(DECODE_SYSTEMS, 0.0)
 
         def call(system: str, idx: list[int], L: int) -> float:
             src, mask = decode_speed.pad_batch(srcs, idx)
             src, mask = src.to(device), mask.to(device)
             sync(device)
-            if system == "transduce":
-                dt = decode_speed.run_transduce(forced, src, L, "fp32")
-            else:
-                dt = decode_speed.run_hf(marian, src, mask, L, "fp32")
-            return dt
+            if system == "hf":
+                return decode_speed.run_hf(marian, src, mask, L, "fp32")
+            with decode_variant(forced.model, system):
+                return decode_speed.run_transduce(forced, src, L, "fp32")
+
+        def outputs(system: str) -> list:  # the first batch's hypotheses
+            src, _ = decode_speed.pad_batch(srcs, batches[0][0])
+            forced.length = batches[0][1]
+            with decode_variant(forced.model, system), torch.inference_mode():
+                return [(h[0].tokens, round(h[0].score, 4)) for h in decode.beam_search(
+                    forced, src.to(device), beam_size=decode_speed.BEAM, alpha=decode_speed.ALPHA,
+                    max_len_offset=decode_speed.MAX_LEN_OFFSET, bos_id=BOS, eos_id=EOS)]
 
         for system in times:  # warm-up
             call(system, batches[0][0][:4], batches[0][1])
+        same = {s: outputs(s) == outputs("transduce") for s in times if s.startswith("transduce-")}
         if profile_to is not None:  # one full batch of each system, before the timed ones
             for system in times:
                 f = profile_to / f"profile_decode_{system}_{precision}.txt"
                 f.write_text(f"# one decoding batch ({len(batches[0][0])} sentences, {batches[0][1]} steps): {system} "
                              f"{precision}\n" + profile_table(lambda: call(system, batches[0][0], batches[0][1]), device))
-        for b, (idx, L) in enumerate(batches):
-            for system in (("transduce", "hf") if b % 2 == 0 else ("hf", "transduce")):
+        for b, (idx, L) in enumerate(batches):  # the systems in turn, each batch starting one further
+            for j in range(len(DECODE_SYSTEMS)):
+                system = DECODE_SYSTEMS[(b + j) % len(DECODE_SYSTEMS)]
                 times[system] += call(system, idx, L)
         undo()
         tokens = sum(L * len(idx) for idx, L in batches)
         for system, t in times.items():
             rows.append({"system": system, "precision": precision, "sentences": n, "seconds": t,
                          "sentences_per_s": n / t, "target_tokens_per_s": tokens / t})
-        rows[-2]["speedup_vs_hf"] = rows[-1]["seconds"] / rows[-2]["seconds"]
+            if system != "hf":
+                rows[-1]["speedup_vs_hf"] = times["hf"] / t
+            if system in same:
+                rows[-1]["same_hypotheses"] = same[system]
     return rows
 
 
@@ -494,11 +548,12 @@ def markdown(report: dict) -> str:
             lines.append(f"| {t['preset']} | {t['setting']} | {t['step_s_one_gpu']:.3f} | {t['flops_per_step']:.2e} | {t['steps']:,} | "
                          f"{t['total_flops']:.2e} | {t['hours_one_gpu']:.1f} | {t['hours_8_gpus']:.2f} | "
                          f"{t['paper_hours_8_p100']:.0f} h | {t['paper_flops']:.1e} |")
-    lines += ["", "| decoding (base, beam 4, forced lengths) | precision | sentences/s | target tokens/s | vs HF |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| decoding (base, beam 4, forced lengths) | precision | sentences/s | target tokens/s | vs HF | first batch's hypotheses as transduce's |",
+              "|---|---|---|---|---|---|"]
     for r in report["decode"]:
         sp = f"{r['speedup_vs_hf']:.2f}x" if "speedup_vs_hf" in r else "-"
-        lines.append(f"| {r['system']} | {r['precision']} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} | {sp} |")
+        same = {True: "same", False: "differ"}.get(r.get("same_hypotheses"), "-")
+        lines.append(f"| {r['system']} | {r['precision']} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} | {sp} | {same} |")
     if report["errors"]:
         lines += ["", "Errors:", *[f"- {e['part']}: {e['error']}" for e in report["errors"]]]
     return "\n".join(lines) + "\n"

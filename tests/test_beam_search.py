@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decode import _best_extensions, beam_search, greedy_decode, length_penalty
+from transduce.decode import (CPU_CHUNK_ELEMENTS, _best_extensions, beam_search, greedy_decode, length_penalty,
+                              search_chunk_elements)
 from transduce.model import Transformer
 
 PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
@@ -221,9 +222,23 @@ def test_best_extensions_equal_log_softmax_then_topk(dtype):
     for V in (3000, 37):
         logits = (torch.randn(12 * 4, V) * 4).to(dtype)
         alive = -torch.rand(12, 4) * 3
-        for chunk in (1 << 20, 2 * 4 * V):  # one chunk; chunks of two sentences
+        for chunk in (1 << 20, 2 * 4 * V, 0):  # one chunk; chunks of two sentences; all at once (a GPU's)
             _check_extensions(logits, alive, 8, chunk_elements=chunk)
         _check_extensions(logits[:12], alive[:, :1], 8)  # step 0: one hypothesis per sentence
+
+
+def test_search_chunks_on_the_cpu_only():
+    """Chunks of log-probabilities are a CPU cache measure; on a GPU every sentence of a step is
+    ranked at once (each chunk would cost kernel launches and a host synchronisation there), and
+    the hypotheses are the same either way."""
+    assert search_chunk_elements(torch.device("cpu")) == CPU_CHUNK_ELEMENTS
+    assert search_chunk_elements(torch.device("cuda")) == 0
+    torch.manual_seed(0)
+    logits, alive = torch.randn(40 * 4, 37000) * 4, -torch.rand(40, 4) * 3
+    chunked = _best_extensions(logits, alive, 8, [0, 2], 3)  # the CPU's default: 7 sentences a chunk
+    whole = _best_extensions(logits, alive, 8, [0, 2], 3, chunk_elements=0)
+    for a, b in zip(chunked, whole):
+        assert torch.equal(a, b)
 
 
 # -- block ranking at vocabulary sizes that are not multiples of the block (64) -----------------

@@ -25,13 +25,40 @@ def test_gpu_benchmark_dry_run_measures_every_part_and_writes_the_profiles(tmp_p
     assert all(r["tokens_per_s"] > 0 and r["batch_tokens"] > 0 for r in report["train"])
     assert [t["preset"] for t in report["table2"]] == ["base"]
     assert report["table2"][0]["hours_8_gpus"] * 8 == pytest.approx(report["table2"][0]["hours_one_gpu"])
-    assert {(r["system"], r["precision"]) for r in report["decode"]} == {
-        (s, p) for s in ("transduce", "hf") for p in ("fp32", "bf16")}
+    systems = ("transduce", "transduce-chunked", "transduce-flat", "hf")
+    assert {(r["system"], r["precision"]) for r in report["decode"]} == {(s, p) for s in systems for p in ("fp32", "bf16")}
+    assert all(r["same_hypotheses"] for r in report["decode"] if r["system"] in systems[1:3])
     profiles = sorted(p.name for p in tmp_path.glob("profile_*.txt"))
-    assert profiles == ["profile_decode_hf_bf16.txt", "profile_decode_hf_fp32.txt", "profile_decode_transduce_bf16.txt",
-                        "profile_decode_transduce_fp32.txt", "profile_train_base_hf.txt", "profile_train_base_torch.txt",
-                        "profile_train_base_transduce.txt"]
+    assert profiles == sorted([f"profile_decode_{s}_{p}.txt" for s in systems for p in ("fp32", "bf16")]
+                              + ["profile_train_base_hf.txt", "profile_train_base_torch.txt", "profile_train_base_transduce.txt"])
     for p in tmp_path.glob("profile_*.txt"):
         text = p.read_text()
         assert "profiling failed" not in text and "operator calls" in text
     assert "vs best peer" in (tmp_path / "gpu.md").read_text()
+
+
+def test_the_flat_step_variant_is_the_models_step_on_sdpa():
+    """`transduce-flat` (what a GPU lease measures against the model's own step): FastStep with
+    `scaled_dot_product_attention` as its step attention, as the model attends where none is set,
+    on an unpacked model; run here on the CPU, its logits are the model's bit for bit and the
+    variant leaves the model as it found it."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    sys.path.insert(0, str(REPO / "tests"))
+    import gpu
+    from test_fast_step import _model, _steps
+    from test_model import padded_batch
+    from transduce.fast_step import FastStep
+    from transduce.model import Transformer
+
+    for norm_first in (False, True):
+        model = _model(norm_first=norm_first)
+        src = padded_batch([7, 3, 5], vocab=60, seed=1)
+        want = _steps(model, src, lambda t, c: Transformer.decode_step(model, t, c))
+        with gpu.decode_variant(model, "transduce-flat"):
+            assert isinstance(model.decode_step, FastStep)
+            got = _steps(model, src, model.decode_step)
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+        assert "decode_step" not in model.__dict__
+        assert all(layer.self_attn.step_attention is None for layer in model.decoder.layers)

@@ -65,9 +65,22 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+CPU_CHUNK_ELEMENTS = 1 << 20
+"""Log-probabilities ranked at a time on a CPU (4 MB of fp32: a core's L2 cache)."""
+
+
+def search_chunk_elements(device: torch.device) -> int:
+    """How many log-probabilities `_best_extensions` ranks at a time on `device`, 0 for all at once.
+    Chunks keep a CPU's log-probabilities in its cache. A GPU has no use for them: each chunk is
+    some 25 more kernel launches and a host synchronisation (`only_eos.any()`) per step, which
+    a decoding step, bound by launches there, pays in full (base, 64 sentences x beam 4 over
+    37,000 tokens: 10 chunks a step)."""
+    return CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
+
+
 def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int], eos_id: int,
                      allowed: Tensor | None = None, only_eos: Tensor | None = None, block: int = 64,
-                     chunk_elements: int = 1 << 20, consume: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                     chunk_elements: int | None = None, consume: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """The n best one-token extensions of each sentence's live hypotheses, by log-probability.
 
     logits (b * r, V): the next-token logits of r hypotheses for each of b sentences (consecutive
@@ -82,9 +95,9 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
     `block` tokens of one hypothesis) whose best score, the block's maximum plus alive_lp, are
     the n highest, or in the short tail of V columns past the last full block; only those are
     ranked (ties may pick other tokens of equal score than a full `topk` would). Sentences go a
-    chunk of about `chunk_elements` log-probabilities at a time (4 MB of fp32), so that with a
-    large vocabulary each chunk's log-probabilities are still in cache when they are ranked; a
-    small vocabulary takes all at once (fewer, larger operations).
+    chunk of about `chunk_elements` log-probabilities at a time, so that with a large vocabulary
+    each chunk's log-probabilities are still in cache when they are ranked; a small vocabulary
+    takes all at once (fewer, larger operations). None: `search_chunk_elements(device)`.
 
     `consume=True`: the caller has no further use for `logits`; fp32 logits are then overwritten
     by their log-probabilities (the same kernel, the same bits, no fresh buffer of b * r * V
@@ -92,7 +105,9 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
     """
     b, r = alive_lp.shape
     V = logits.size(-1)
-    per = max(1, chunk_elements // (r * V))  # sentences per chunk
+    if chunk_elements is None:
+        chunk_elements = search_chunk_elements(logits.device)
+    per = max(1, chunk_elements // (r * V)) if chunk_elements else b  # sentences per chunk
     if b > per:
         parts = [_best_extensions(logits[i * r:(i + per) * r], alive_lp[i:i + per], n, banned, eos_id,
                                   None if allowed is None else allowed[i * r:(i + per) * r],
