@@ -45,7 +45,12 @@ parallelism (the step split 8 ways, communication free): a projection, not a mea
 Decoding: beam 4 on random weights with every hypothesis forced to the same length L (the
 method of `benchmarks/decode_speed.py`: L = the batch's longest source + 10), transduce's
 `beam_search` against `MarianMTModel.generate(num_beams=4)` of the same dimensions, in fp32 and
-bf16 weights, batches of --decode-batch sentences, the two systems alternating batch by batch.
+bf16 weights, batches of --decode-batch sentences, the systems taking turns batch by batch. Beside
+the search as it ships, three variants not yet measured on a GPU (`decode_variant`): the ranking
+in CPU-sized chunks as before 2026-11-27 (`transduce-chunked`), the flat step
+(`transduce-flat`) and the step as CUDA graphs (`transduce-graph`, benchmarks/graph_step.py); each
+is checked against the first batch's hypotheses of the search as it ships, and one that fails is
+reported and left out.
 
 Output: --out/gpu.json (every figure) and --out/gpu.md (the tables).
 """
@@ -331,15 +336,17 @@ def _sdpa_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 @contextlib.contextmanager
 def decode_variant(model: Transformer, variant: str):
-    """transduce's search as it ships (`transduce`), or one of two variants measured against it
-    (2026-11-27; neither is the default on a GPU until a lease has measured it):
+    """transduce's search as it ships (`transduce`), or one of three variants measured against it
+    (2026-11-27; none is the default on a GPU until a lease has measured it):
 
     * `transduce-chunked`: the log-probabilities ranked 7 sentences at a time (base, beam 4), as
       on the CPU and as on the GPU before 2026-11-27 (`decode.search_chunk_elements`): what not
       chunking on the GPU gains;
     * `transduce-flat`: the decoding step as one function (`transduce.fast_step.FastStep`, which
       `kernels.apply` installs on the CPU only), its attention `scaled_dot_product_attention` as
-      the model's own: fewer Python layers between the GPU's kernel launches."""
+      the model's own: fewer Python layers between the GPU's kernel launches;
+    * `transduce-graph`: the decoding step replayed as CUDA graphs on fixed buffers
+      (`benchmarks/graph_step.py`): one launch a step for the model's part."""
     from transduce import fast_step
     from transduce.model import MultiHeadAttention
 
@@ -356,6 +363,12 @@ def decode_variant(model: Transformer, variant: str):
         undo.append(lambda: [setattr(m, "step_attention", None) for m in unset])
         if installed:
             undo.append(lambda: fast_step.uninstall(model))
+    elif variant == "transduce-graph":
+        import graph_step
+
+        before = model.__dict__.get("decode_step")  # the CPU's FastStep in a --dry run
+        graph_step.install(model)
+        undo.append(lambda: model.__dict__.pop("decode_step") if before is None else setattr(model, "decode_step", before))
     try:
         yield
     finally:
@@ -363,7 +376,7 @@ def decode_variant(model: Transformer, variant: str):
             u()
 
 
-DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-flat", "hf")
+DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-flat", "transduce-graph", "hf")
 
 
 def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, profile_to: Path | None = None) -> list[dict]:
@@ -381,7 +394,7 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
         decode_speed.cast(forced.model, precision)
         decode_speed.cast(marian, precision)
         undo = kernels.apply(forced.model)  # a no-op on the GPU (CPU speed-ups only)
-        times = dict.fromkeys(DECODE_SYSTEMS, 0.0)
+        times, failed = dict.fromkeys(DECODE_SYSTEMS, 0.0), {}
 
         def call(system: str, idx: list[int], L: int) -> float:
             src, mask = decode_speed.pad_batch(srcs, idx)
@@ -400,24 +413,40 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
                     forced, src.to(device), beam_size=decode_speed.BEAM, alpha=decode_speed.ALPHA,
                     max_len_offset=decode_speed.MAX_LEN_OFFSET, bos_id=BOS, eos_id=EOS)]
 
-        for system in times:  # warm-up
-            call(system, batches[0][0][:4], batches[0][1])
-        same = {s: outputs(s) == outputs("transduce") for s in times if s.startswith("transduce-")}
+        def attempt(system: str, fn):  # a variant that fails leaves the comparison, not the run
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001
+                failed[system] = f"{e!r} {traceback.format_exc()[-1500:]}"
+                times.pop(system, None)
+                print(f"decode {system} {precision}: FAILED {e!r}", flush=True)
+
+        for system in list(times):  # warm-up
+            attempt(system, lambda: call(system, batches[0][0][:4], batches[0][1]))
+        reference = outputs("transduce")
+        same = {s: attempt(s, lambda: outputs(s) == reference) for s in list(times) if s.startswith("transduce-")}
         if profile_to is not None:  # one full batch of each system, before the timed ones
-            for system in times:
+            for system in list(times):
                 f = profile_to / f"profile_decode_{system}_{precision}.txt"
                 f.write_text(f"# one decoding batch ({len(batches[0][0])} sentences, {batches[0][1]} steps): {system} "
                              f"{precision}\n" + profile_table(lambda: call(system, batches[0][0], batches[0][1]), device))
         for b, (idx, L) in enumerate(batches):  # the systems in turn, each batch starting one further
             for j in range(len(DECODE_SYSTEMS)):
                 system = DECODE_SYSTEMS[(b + j) % len(DECODE_SYSTEMS)]
-                times[system] += call(system, idx, L)
+                if system in times:
+                    dt = attempt(system, lambda: call(system, idx, L))
+                    if system in times:
+                        times[system] += dt
         undo()
         tokens = sum(L * len(idx) for idx, L in batches)
-        for system, t in times.items():
+        for system in DECODE_SYSTEMS:
+            if system in failed:
+                rows.append({"system": system, "precision": precision, "error": failed[system]})
+                continue
+            t = times[system]
             rows.append({"system": system, "precision": precision, "sentences": n, "seconds": t,
                          "sentences_per_s": n / t, "target_tokens_per_s": tokens / t})
-            if system != "hf":
+            if system != "hf" and "hf" in times:
                 rows[-1]["speedup_vs_hf"] = times["hf"] / t
             if system in same:
                 rows[-1]["same_hypotheses"] = same[system]
@@ -514,7 +543,8 @@ def main(argv: list[str] | None = None) -> int:
             report["decode"] = decode_compare(device, args.decode_sentences, args.decode_batch, args.dry,
                                               profile_to=args.out if args.profile else None)
         for r in report["decode"]:
-            print(f"decode base {r['precision']:<5} {r['system']:<10} {r['sentences_per_s']:>9.1f} sentences/s", flush=True)
+            if "error" not in r:
+                print(f"decode base {r['precision']:<5} {r['system']:<17} {r['sentences_per_s']:>9.1f} sentences/s", flush=True)
     except Exception as e:  # noqa: BLE001
         report["errors"].append({"part": "decode", "error": repr(e), "traceback": traceback.format_exc()[-3000:]})
         print(f"decode: FAILED {e!r}", flush=True)
@@ -551,6 +581,9 @@ def markdown(report: dict) -> str:
     lines += ["", "| decoding (base, beam 4, forced lengths) | precision | sentences/s | target tokens/s | vs HF | first batch's hypotheses as transduce's |",
               "|---|---|---|---|---|---|"]
     for r in report["decode"]:
+        if "error" in r:
+            lines.append(f"| {r['system']} | {r['precision']} | failed: {r['error'].splitlines()[0][:120]} | | | |")
+            continue
         sp = f"{r['speedup_vs_hf']:.2f}x" if "speedup_vs_hf" in r else "-"
         same = {True: "same", False: "differ"}.get(r.get("same_hypotheses"), "-")
         lines.append(f"| {r['system']} | {r['precision']} | {r['sentences_per_s']:.1f} | {r['target_tokens_per_s']:,.0f} | {sp} | {same} |")
