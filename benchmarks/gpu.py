@@ -19,6 +19,9 @@ for each preset and each setting:
   (`transduce.device.setup_cuda` leaves cuDNN's attention out);
 * bf16-torch-default: the same with every SDPA backend allowed, in PyTorch's own order (cuDNN
   first on Hopper in torch 2.11: a new execution graph for every new shape);
+* bf16-lsm-loss: bf16 with the label-smoothed loss through PyTorch's fused log-softmax kernels
+  (benchmarks/gpu_loss.py: about 7.5 passes over the fp32 logits against the blocked loss's 22;
+  not yet measured on a GPU, and not transduce's loss until it is);
 * bf16-math: the same with SDPA restricted to the math kernel (what the flash/efficient kernels gain);
 * fp16: autocast fp16 with a GradScaler (`--precision fp16`);
 * bf16-compile: bf16 with `torch.compile(model, dynamic=True)` (the compile time apart).
@@ -74,6 +77,7 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decode_speed  # noqa: E402
+import gpu_loss  # noqa: E402
 from bench import forward_flops  # noqa: E402
 from transduce import decode, kernels  # noqa: E402
 from transduce.config import Config, get_preset  # noqa: E402
@@ -84,7 +88,7 @@ PAD, BOS, EOS = 0, 2, 3
 VOCAB = 37000
 NOMINAL_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 """Dense bf16 tensor-core peaks (SXM parts; NVIDIA's data sheets, without sparsity)."""
-SETTINGS = ("bf16", "bf16-torch-default", "bf16-math", "fp16", "bf16-compile")
+SETTINGS = ("bf16", "bf16-lsm-loss", "bf16-torch-default", "bf16-math", "fp16", "bf16-compile")
 
 
 def sync(device: torch.device) -> None:
@@ -199,7 +203,7 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
         tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
         ntok = int((tgt_out != PAD).sum())
         set_lr(opt, 1e-4)
-        with kernel():
+        with kernel(), gpu_loss.lsm_loss() if setting == "bf16-lsm-loss" else contextlib.nullcontext():
             train_step(run_model, opt, [{"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": ntok}],
                        label_smoothing=0.1, precision=precision, scaler=scaler, pad_id=PAD)
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
@@ -509,8 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     def train_job(preset: str, system: str, setting: str, kernels_: str) -> None:
         try:
             prof = None
-            if args.profile and setting in ("bf16", f"{system} bf16") and kernels_ == "ours":
-                prof = args.out / f"profile_train_{preset}_{system}.txt"
+            if args.profile and setting in ("bf16", "bf16-lsm-loss", f"{system} bf16") and kernels_ == "ours":
+                prof = args.out / f"profile_train_{preset}_{system}{'_lsm-loss' if setting == 'bf16-lsm-loss' else ''}.txt"
             if system == "transduce":
                 r = train_throughput(preset, setting, batches, device, steps=args.steps, warmup=args.warmup, dry=args.dry,
                                      profile_to=prof)

@@ -15,13 +15,13 @@ def test_gpu_benchmark_dry_run_measures_every_part_and_writes_the_profiles(tmp_p
     pytest.importorskip("transformers")  # the Hugging Face peer
     out = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--out", str(tmp_path), "--dry", "--presets", "base",
-         "--settings", "bf16,bf16-math", "--peers", "hf,torch", "--decode-sentences", "4", "--profile"],
+         "--settings", "bf16,bf16-lsm-loss,bf16-math", "--peers", "hf,torch", "--decode-sentences", "4", "--profile"],
         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert not report["errors"]
     settings = {r["setting"] for r in report["train"]}
-    assert settings == {"bf16", "bf16-math", "hf bf16", "hf bf16 no-cuDNN", "torch bf16", "torch bf16 no-cuDNN"}
+    assert settings == {"bf16", "bf16-lsm-loss", "bf16-math", "hf bf16", "hf bf16 no-cuDNN", "torch bf16", "torch bf16 no-cuDNN"}
     assert all(r["tokens_per_s"] > 0 and r["batch_tokens"] > 0 for r in report["train"])
     assert [t["preset"] for t in report["table2"]] == ["base"]
     assert report["table2"][0]["hours_8_gpus"] * 8 == pytest.approx(report["table2"][0]["hours_one_gpu"])
@@ -31,7 +31,8 @@ def test_gpu_benchmark_dry_run_measures_every_part_and_writes_the_profiles(tmp_p
     assert all("error" not in r and r["sentences_per_s"] > 0 for r in report["decode"])
     profiles = sorted(p.name for p in tmp_path.glob("profile_*.txt"))
     assert profiles == sorted([f"profile_decode_{s}_{p}.txt" for s in systems for p in ("fp32", "bf16")]
-                              + ["profile_train_base_hf.txt", "profile_train_base_torch.txt", "profile_train_base_transduce.txt"])
+                              + ["profile_train_base_hf.txt", "profile_train_base_torch.txt", "profile_train_base_transduce.txt",
+                                 "profile_train_base_transduce_lsm-loss.txt"])
     for p in tmp_path.glob("profile_*.txt"):
         text = p.read_text()
         assert "profiling failed" not in text and "operator calls" in text
@@ -111,3 +112,38 @@ def test_the_graph_step_variant_decodes_as_the_model(norm_first):
         torch.testing.assert_close(model.decode_step(two, cache), Transformer.decode_step(model, two, plain),
                                    rtol=1e-5, atol=1e-5)
     graph_step.uninstall(model)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_log_softmax_loss_variant_is_the_blocked_loss(dtype):
+    """`bf16-lsm-loss` (benchmarks/gpu_loss.py, for the next GPU lease) computes the trainer's
+    label-smoothed loss, nll and gradient: PAD rows left out, PAD and BOS given no smoothing
+    mass, blocks of rows (a small block size forces several), a scaled loss and nll both used."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_loss
+    from transduce.train import loss as loss_module
+
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 150, 3000) * 3).to(getattr(torch, dtype))
+    target = torch.randint(3, 3000, (2, 150))
+    target[:, 140:] = 0
+
+    def run():
+        z = logits.detach().clone().requires_grad_()
+        loss, nll = loss_module.label_smoothed_nll(z, target, 0.1, pad_id=0, exclude=(0, 2))
+        (0.7 * loss + 0.3 * nll).backward()
+        return loss, nll, z.grad
+
+    want = run()
+    rows = gpu_loss._row_blocks
+    gpu_loss._row_blocks = lambda x, d: (range(0, x.size(0), 70), 70, torch.empty(70, x.size(1), dtype=d))
+    try:
+        with gpu_loss.lsm_loss():
+            got = run()
+    finally:
+        gpu_loss._row_blocks = rows
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-5, atol=tol)
