@@ -20,7 +20,7 @@ for each preset and each setting:
 * bf16-torch-default: the same with every SDPA backend allowed, in PyTorch's own order (cuDNN
   first on Hopper in torch 2.11: a new execution graph for every new shape);
 * bf16-lsm-loss: bf16 with the label-smoothed loss through PyTorch's fused log-softmax kernels
-  (benchmarks/gpu_loss.py: about 7.5 passes over the fp32 logits against the blocked loss's 22;
+  (benchmarks/gpu_loss.py: about 13.5 passes over the fp32 logits against the blocked loss's 21.5;
   not yet measured on a GPU, and not transduce's loss until it is);
 * bf16-math: the same with SDPA restricted to the math kernel (what the flash/efficient kernels gain);
 * fp16: autocast fp16 with a GradScaler (`--precision fp16`);

@@ -7,12 +7,13 @@ passes and reductions over the (tokens x 37,000) logits took some 35 of the step
 kernel time. `transduce.train.loss._SmoothedCrossEntropy` was written for the CPU: blocks that
 stay in cache, each taken through ~11 single-purpose passes (copy to fp32, sum, max, subtract,
 exp, sum; then copy, subtract, exp, multiply, subtract, scatter, mask, copy back): on a GPU every
-pass goes to memory, some 22 passes of the fp32 logits a step. `LogSoftmaxSmoothedCE` computes
+pass goes to memory: counting each read or write of the fp32 logits as one, about 21.5 a step. `LogSoftmaxSmoothedCE` computes
 the same loss and gradient with the fused kernels: forward `log_softmax` (reads the bf16 logits,
 writes fp32) and one sum; backward the gradient with respect to the log-probabilities written
 once (-eps/K on the classes that are not excluded, minus (1 - eps) at the target, zero on padding
 rows) and `_log_softmax_backward_data` (grad - softmax * rowsum(grad)), the log-probabilities
-recomputed rather than kept: about 7.5 passes. On the CPU it is slower than the blocked loss
+recomputed rather than kept: about 13.5 (bf16 logits are converted to fp32 in a pass of
+their own before each log-softmax: PyTorch fuses the conversion for fp16 only). On the CPU it is slower than the blocked loss
 (3,000 x 37,000 bf16 logits, 2 threads: 246 against 172 ms, 2026-11-27), so the CPU keeps that.
 
 The same arithmetic to rounding (tests/test_gpu_bench.py compares loss, nll and gradient).
