@@ -78,7 +78,8 @@ class LogSoftmaxSmoothedCE(torch.autograd.Function):
             if excluded:
                 g[:, excluded] = 0
             g.scatter_add_(1, target[sl, None], b[sl, None].neg())
-            grad[sl] = torch._log_softmax_backward_data(g, z, 1, logits.dtype)
+            # input_dtype fp32, as g and z: CUDA fuses the cast for fp16 only and rejects bf16 there
+            grad[sl] = torch._log_softmax_backward_data(g, z, 1, dtype)
         return grad, None, None, None, None
 
 
