@@ -111,7 +111,8 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
     if b > per:
         parts = [_best_extensions(logits[i * r:(i + per) * r], alive_lp[i:i + per], n, banned, eos_id,
                                   None if allowed is None else allowed[i * r:(i + per) * r],
-                                  None if only_eos is None else only_eos[i:i + per], block, chunk_elements, consume)
+                                  None if only_eos is None else only_eos[i:i + per], block=block,
+                                  chunk_elements=chunk_elements, consume=consume)
                  for i in range(0, b, per)]
         return tuple(torch.cat(p) for p in zip(*parts))
     if consume and logits.dtype == torch.float32 and logits.is_contiguous():
