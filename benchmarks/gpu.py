@@ -19,9 +19,9 @@ for each preset and each setting:
   (`transduce.device.setup_cuda` leaves cuDNN's attention out);
 * bf16-torch-default: the same with every SDPA backend allowed, in PyTorch's own order (cuDNN
   first on Hopper in torch 2.11: a new execution graph for every new shape);
-* bf16-lsm-loss: bf16 with the label-smoothed loss through PyTorch's fused log-softmax kernels
-  (benchmarks/gpu_loss.py: about 13.5 passes over the fp32 logits against the blocked loss's 21.5;
-  not yet measured on a GPU, and not transduce's loss until it is);
+* bf16-blocked-loss: bf16 with the CPU's blocked label-smoothed loss (`transduce.train.loss`:
+  about 21.5 passes over the fp32 logits, against the fused log-softmax loss's 13.5, the GPU's
+  since an H200 measured it faster on 2026-11-27): what the fused loss gains;
 * bf16-math: the same with SDPA restricted to the math kernel (what the flash/efficient kernels gain);
 * fp16: autocast fp16 with a GradScaler (`--precision fp16`);
 * bf16-compile: bf16 with `torch.compile(model, dynamic=True)` (the compile time apart).
@@ -49,9 +49,10 @@ Decoding: beam 4 on random weights with every hypothesis forced to the same leng
 method of `benchmarks/decode_speed.py`: L = the batch's longest source + 10), transduce's
 `beam_search` against `MarianMTModel.generate(num_beams=4)` of the same dimensions, in fp32 and
 bf16 weights, batches of --decode-batch sentences, the systems taking turns batch by batch. Beside
-the search as it ships, three variants not yet measured on a GPU (`decode_variant`): the ranking
-in CPU-sized chunks as before 2026-11-27 (`transduce-chunked`), the flat step
-(`transduce-flat`) and the step as CUDA graphs (`transduce-graph`, benchmarks/graph_step.py); each
+the search as it ships, three variants (`decode_variant`): the ranking in CPU-sized chunks as
+before 2026-11-27 (`transduce-chunked`), the model's own step through its modules as before
+2026-11-27 (`transduce-modules`) and the step as CUDA graphs (`transduce-graph`,
+benchmarks/graph_step.py); each
 is checked against the first batch's hypotheses of the search as it ships, and one that fails is
 reported and left out.
 
@@ -77,18 +78,18 @@ sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decode_speed  # noqa: E402
-import gpu_loss  # noqa: E402
 from bench import forward_flops  # noqa: E402
 from transduce import decode, kernels  # noqa: E402
 from transduce.config import Config, get_preset  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
+from transduce.train import loss as loss_module  # noqa: E402
 from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step  # noqa: E402
 
 PAD, BOS, EOS = 0, 2, 3
 VOCAB = 37000
 NOMINAL_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 """Dense bf16 tensor-core peaks (SXM parts; NVIDIA's data sheets, without sparsity)."""
-SETTINGS = ("bf16", "bf16-lsm-loss", "bf16-torch-default", "bf16-math", "fp16", "bf16-compile")
+SETTINGS = ("bf16", "bf16-blocked-loss", "bf16-torch-default", "bf16-math", "fp16", "bf16-compile")
 
 
 def sync(device: torch.device) -> None:
@@ -181,6 +182,17 @@ def attention_kernels(which: str):
                         SDPBackend.MATH])
 
 
+@contextlib.contextmanager
+def blocked_loss():
+    """The CPU's blocked label-smoothed loss on the GPU too, for the duration (`bf16-blocked-loss`)."""
+    fused = loss_module._FusedSmoothedCrossEntropy
+    loss_module._FusedSmoothedCrossEntropy = loss_module._SmoothedCrossEntropy
+    try:
+        yield
+    finally:
+        loss_module._FusedSmoothedCrossEntropy = fused
+
+
 def train_throughput(preset: str, setting: str, batches, device: torch.device, *, steps: int, warmup: int,
                      dry: bool, profile_to: Path | None = None) -> dict:
     config = preset_config(preset, dry)
@@ -203,7 +215,7 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
         tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
         ntok = int((tgt_out != PAD).sum())
         set_lr(opt, 1e-4)
-        with kernel(), gpu_loss.lsm_loss() if setting == "bf16-lsm-loss" else contextlib.nullcontext():
+        with kernel(), blocked_loss() if setting == "bf16-blocked-loss" else contextlib.nullcontext():
             train_step(run_model, opt, [{"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": ntok}],
                        label_smoothing=0.1, precision=precision, scaler=scaler, pad_id=PAD)
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
@@ -333,44 +345,33 @@ def table2_projection(report: dict) -> list[dict]:
 # --- decoding ------------------------------------------------------------------------------------
 
 
-def _sdpa_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """A decoding step's attention as the model computes it where no `step_attention` is set."""
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
 @contextlib.contextmanager
 def decode_variant(model: Transformer, variant: str):
-    """transduce's search as it ships (`transduce`), or one of three variants measured against it
-    (2026-11-27; none is the default on a GPU until a lease has measured it):
+    """transduce's search as it ships (`transduce`: on a GPU, since 2026-11-27, the log-probabilities
+    ranked all at once and the decoding step as one function, `transduce.fast_step.FastStep`, which
+    `kernels.apply` installs), or one of three variants measured against it:
 
     * `transduce-chunked`: the log-probabilities ranked 7 sentences at a time (base, beam 4), as
       on the CPU and as on the GPU before 2026-11-27 (`decode.search_chunk_elements`): what not
       chunking on the GPU gains;
-    * `transduce-flat`: the decoding step as one function (`transduce.fast_step.FastStep`, which
-      `kernels.apply` installs on the CPU only), its attention `scaled_dot_product_attention` as
-      the model's own: fewer Python layers between the GPU's kernel launches;
+    * `transduce-modules`: the model's own `decode_step` through its modules, as on the GPU before
+      2026-11-27: what the flat step gains;
     * `transduce-graph`: the decoding step replayed as CUDA graphs on fixed buffers
       (`benchmarks/graph_step.py`): one launch a step for the model's part."""
     from transduce import fast_step
-    from transduce.model import MultiHeadAttention
 
     undo = []
     if variant == "transduce-chunked":
         best = decode._best_extensions
         decode._best_extensions = lambda *a, **kw: best(*a, **{**kw, "chunk_elements": decode.CPU_CHUNK_ELEMENTS})
         undo.append(lambda: setattr(decode, "_best_extensions", best))
-    elif variant == "transduce-flat" and not isinstance(model.__dict__.get("decode_step"), fast_step.FastStep):
-        unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None]
-        for m in unset:
-            m.step_attention = _sdpa_step
-        installed = fast_step.install(model)
-        undo.append(lambda: [setattr(m, "step_attention", None) for m in unset])
-        if installed:
-            undo.append(lambda: fast_step.uninstall(model))
+    elif variant == "transduce-modules" and isinstance(model.__dict__.get("decode_step"), fast_step.FastStep):
+        fast_step.uninstall(model)
+        undo.append(lambda: fast_step.install(model))
     elif variant == "transduce-graph":
         import graph_step
 
-        before = model.__dict__.get("decode_step")  # the CPU's FastStep in a --dry run
+        before = model.__dict__.get("decode_step")  # the FastStep `kernels.apply` installed
         graph_step.install(model)
         undo.append(lambda: model.__dict__.pop("decode_step") if before is None else setattr(model, "decode_step", before))
     try:
@@ -380,7 +381,7 @@ def decode_variant(model: Transformer, variant: str):
             u()
 
 
-DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-flat", "transduce-graph", "hf")
+DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-modules", "transduce-graph", "hf")
 
 
 def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, profile_to: Path | None = None) -> list[dict]:
@@ -397,7 +398,7 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
     for precision in ("fp32", "bf16"):
         decode_speed.cast(forced.model, precision)
         decode_speed.cast(marian, precision)
-        undo = kernels.apply(forced.model)  # a no-op on the GPU (CPU speed-ups only)
+        undo = kernels.apply(forced.model)  # on a GPU, the flat decoding step only
         times, failed = dict.fromkeys(DECODE_SYSTEMS, 0.0), {}
 
         def call(system: str, idx: list[int], L: int) -> float:
@@ -513,8 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     def train_job(preset: str, system: str, setting: str, kernels_: str) -> None:
         try:
             prof = None
-            if args.profile and setting in ("bf16", "bf16-lsm-loss", f"{system} bf16") and kernels_ == "ours":
-                prof = args.out / f"profile_train_{preset}_{system}{'_lsm-loss' if setting == 'bf16-lsm-loss' else ''}.txt"
+            if args.profile and setting in ("bf16", "bf16-blocked-loss", f"{system} bf16") and kernels_ == "ours":
+                prof = args.out / f"profile_train_{preset}_{system}{'_blocked-loss' if setting == 'bf16-blocked-loss' else ''}.txt"
             if system == "transduce":
                 r = train_throughput(preset, setting, batches, device, steps=args.steps, warmup=args.warmup, dry=args.dry,
                                      profile_to=prof)

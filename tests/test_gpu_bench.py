@@ -15,35 +15,35 @@ def test_gpu_benchmark_dry_run_measures_every_part_and_writes_the_profiles(tmp_p
     pytest.importorskip("transformers")  # the Hugging Face peer
     out = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--out", str(tmp_path), "--dry", "--presets", "base",
-         "--settings", "bf16,bf16-lsm-loss,bf16-math", "--peers", "hf,torch", "--decode-sentences", "4", "--profile"],
+         "--settings", "bf16,bf16-blocked-loss,bf16-math", "--peers", "hf,torch", "--decode-sentences", "4", "--profile"],
         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert not report["errors"]
     settings = {r["setting"] for r in report["train"]}
-    assert settings == {"bf16", "bf16-lsm-loss", "bf16-math", "hf bf16", "hf bf16 no-cuDNN", "torch bf16", "torch bf16 no-cuDNN"}
+    assert settings == {"bf16", "bf16-blocked-loss", "bf16-math", "hf bf16", "hf bf16 no-cuDNN", "torch bf16", "torch bf16 no-cuDNN"}
     assert all(r["tokens_per_s"] > 0 and r["batch_tokens"] > 0 for r in report["train"])
     assert [t["preset"] for t in report["table2"]] == ["base"]
     assert report["table2"][0]["hours_8_gpus"] * 8 == pytest.approx(report["table2"][0]["hours_one_gpu"])
-    systems = ("transduce", "transduce-chunked", "transduce-flat", "transduce-graph", "hf")
+    systems = ("transduce", "transduce-chunked", "transduce-modules", "transduce-graph", "hf")
     assert {(r["system"], r["precision"]) for r in report["decode"]} == {(s, p) for s in systems for p in ("fp32", "bf16")}
     assert all(r["same_hypotheses"] for r in report["decode"] if r["system"] in systems[1:3])  # exact variants
     assert all("error" not in r and r["sentences_per_s"] > 0 for r in report["decode"])
     profiles = sorted(p.name for p in tmp_path.glob("profile_*.txt"))
     assert profiles == sorted([f"profile_decode_{s}_{p}.txt" for s in systems for p in ("fp32", "bf16")]
                               + ["profile_train_base_hf.txt", "profile_train_base_torch.txt", "profile_train_base_transduce.txt",
-                                 "profile_train_base_transduce_lsm-loss.txt"])
+                                 "profile_train_base_transduce_blocked-loss.txt"])
     for p in tmp_path.glob("profile_*.txt"):
         text = p.read_text()
         assert "profiling failed" not in text and "operator calls" in text
     assert "vs best peer" in (tmp_path / "gpu.md").read_text()
 
 
-def test_the_flat_step_variant_is_the_models_step_on_sdpa():
-    """`transduce-flat` (what a GPU lease measures against the model's own step): FastStep with
-    `scaled_dot_product_attention` as its step attention, as the model attends where none is set,
-    on an unpacked model; run here on the CPU, its logits are the model's bit for bit and the
-    variant leaves the model as it found it."""
+def test_the_flat_step_off_the_cpu_is_the_models_step_on_sdpa():
+    """On a GPU `kernels.apply` installs FastStep with `scaled_dot_product_attention` as its step
+    attention where a layer sets none, as the model attends, on unpacked weights; run here on the
+    CPU with no step attention set, its logits are the model's bit for bit. `transduce-modules`
+    (what a GPU lease measures it against) takes it away for the duration and puts it back."""
     import torch
 
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -51,19 +51,21 @@ def test_the_flat_step_variant_is_the_models_step_on_sdpa():
     import gpu
     from test_fast_step import _model, _steps
     from test_model import padded_batch
+    from transduce import fast_step
     from transduce.fast_step import FastStep
     from transduce.model import Transformer
 
     for norm_first in (False, True):
         model = _model(norm_first=norm_first)
+        assert all(layer.self_attn.step_attention is None for layer in model.decoder.layers)
         src = padded_batch([7, 3, 5], vocab=60, seed=1)
         want = _steps(model, src, lambda t, c: Transformer.decode_step(model, t, c))
-        with gpu.decode_variant(model, "transduce-flat"):
-            assert isinstance(model.decode_step, FastStep)
-            got = _steps(model, src, model.decode_step)
+        assert fast_step.install(model)
+        got = _steps(model, src, model.decode_step)
         assert all(torch.equal(a, b) for a, b in zip(want, got))
-        assert "decode_step" not in model.__dict__
-        assert all(layer.self_attn.step_attention is None for layer in model.decoder.layers)
+        with gpu.decode_variant(model, "transduce-modules"):
+            assert "decode_step" not in model.__dict__
+        assert isinstance(model.__dict__["decode_step"], FastStep)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -112,38 +114,3 @@ def test_the_graph_step_variant_decodes_as_the_model(norm_first):
         torch.testing.assert_close(model.decode_step(two, cache), Transformer.decode_step(model, two, plain),
                                    rtol=1e-5, atol=1e-5)
     graph_step.uninstall(model)
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_the_log_softmax_loss_variant_is_the_blocked_loss(dtype):
-    """`bf16-lsm-loss` (benchmarks/gpu_loss.py, for the next GPU lease) computes the trainer's
-    label-smoothed loss, nll and gradient: PAD rows left out, PAD and BOS given no smoothing
-    mass, blocks of rows (a small block size forces several), a scaled loss and nll both used."""
-    import torch
-
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_loss
-    from transduce.train import loss as loss_module
-
-    torch.manual_seed(0)
-    logits = (torch.randn(2, 150, 3000) * 3).to(getattr(torch, dtype))
-    target = torch.randint(3, 3000, (2, 150))
-    target[:, 140:] = 0
-
-    def run():
-        z = logits.detach().clone().requires_grad_()
-        loss, nll = loss_module.label_smoothed_nll(z, target, 0.1, pad_id=0, exclude=(0, 2))
-        (0.7 * loss + 0.3 * nll).backward()
-        return loss, nll, z.grad
-
-    want = run()
-    rows = gpu_loss._row_blocks
-    gpu_loss._row_blocks = lambda x, d: (range(0, x.size(0), 70), 70, torch.empty(70, x.size(1), dtype=d))
-    try:
-        with gpu_loss.lsm_loss():
-            got = run()
-    finally:
-        gpu_loss._row_blocks = rows
-    tol = 1e-5 if dtype == "float32" else 1e-2
-    for w, g in zip(want, got):
-        torch.testing.assert_close(g.float(), w.float(), rtol=1e-5, atol=tol)

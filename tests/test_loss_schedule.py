@@ -132,3 +132,31 @@ def test_trainer_smooths_over_emittable_classes_by_default():
     from transduce.train import step
     assert inspect.signature(step.train_step).parameters["smooth_exclude"].default == (PAD, BOS)
     assert inspect.signature(evaluate).parameters["smooth_exclude"].default == (PAD, BOS)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_fused_loss_off_the_cpu_is_the_blocked_loss(dtype, monkeypatch):
+    """The loss a GPU trains with (`_FusedSmoothedCrossEntropy`, through PyTorch's fused
+    log-softmax) computes the CPU's blocked loss, nll and gradient: PAD rows left out, PAD and BOS
+    given no smoothing mass, blocks of rows (a small block size forces several), a scaled loss and
+    nll both used. Run here on the CPU by calling each directly."""
+    from transduce.train import loss as loss_module
+
+    torch.manual_seed(0)
+    logits = (torch.randn(300, 3000) * 3).to(getattr(torch, dtype))
+    target = torch.randint(3, 3000, (300,))
+    target[280:] = 0
+
+    def run(function):
+        z = logits.detach().clone().requires_grad_()
+        loss, nll = function.apply(z, target, 0.1, 0, (0, 2))
+        (0.7 * loss + 0.3 * nll).backward()
+        return loss, nll, z.grad
+
+    want = run(loss_module._SmoothedCrossEntropy)
+    monkeypatch.setattr(loss_module, "_row_blocks",
+                        lambda x, d: (range(0, x.size(0), 70), 70, torch.empty(70, x.size(1), dtype=d)))
+    got = run(loss_module._FusedSmoothedCrossEntropy)
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-5, atol=tol)

@@ -21,7 +21,10 @@ are not in the paper and change the step (`attention_window`, `word_positions`).
 
 `kernels.apply(model)` sets it as the model's `decode_step` (an attribute of the instance, so
 `decode.py`, `translate`, `serve` and `parse` pick it up with no change) and its undo removes it;
-`transduce.model` knows nothing of it.
+`transduce.model` knows nothing of it. On a GPU too, where the host's time between kernel
+launches bounds a decoding step: beam-4 decoding of base on an H200 went from 1.35x to 1.61x
+Hugging Face's `generate` in fp32 and from 1.33x to 1.57x in bf16, the same hypotheses
+(docs/RESULTS.md, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ def _linear(layer, rows: slice | None = None):
     return (lambda x, activation="none": packed(x, b, activation)), packed
 
 
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """A step's attention where the layer sets no `step_attention`: the model's own (on a GPU)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 class FastStep:
     """`model.decode_step` as one function (see the module's doc). Build it after the weights are
     packed or quantized (`kernels.apply` does); it then checks, once per step, that what it was
@@ -71,7 +79,7 @@ class FastStep:
                 self._add(_linear(sa.in_proj)), self._add(_linear(sa.out_proj)),
                 self._add(_linear(ca.in_proj, ca.q_rows)), self._add(_linear(ca.out_proj)),
                 w_1, self._add(_linear(ffn.w_2)), norms,
-                sa.step_attention, ca.step_attention, sa.n_heads, sa.d_k, sa.d_v,
+                sa.step_attention or _sdpa, ca.step_attention or _sdpa, sa.n_heads, sa.d_k, sa.d_v,
             ))
         if model.output_proj is None:  # tied to the embedding matrix, unpacked (`Transformer.logits`)
             weight = dec.embed.weight
@@ -93,9 +101,7 @@ class FastStep:
     def covers(model: Transformer) -> bool:
         """Whether the model's options leave its decoding step the one `FastStep` runs."""
         c = model.config
-        return (c.attention_window is None and model.word_positions is None and model.decoder.words is None
-                and all(l.self_attn.step_attention is not None and l.cross_attn.step_attention is not None
-                        for l in model.decoder.layers))
+        return c.attention_window is None and model.word_positions is None and model.decoder.words is None
 
     def usable(self, tgt: Tensor) -> bool:
         """Whether this step computes what the model's would: one position, eval mode, no autograd

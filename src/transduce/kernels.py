@@ -266,11 +266,11 @@ def unpack_weights(model: nn.Module) -> None:
 
 
 def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
-    """For CPU inference: every attention layer's decoding steps through `decode_attention`
-    (`MultiHeadAttention.step_attention`), with `pack` the weights packed (`pack_weights`; on a
-    model quantized by `quantize_int8`, the layers it left in fp32), and the decoding step as one
-    function (`transduce.fast_step.FastStep`, the same operations without the module layers).
-    Returns the function that undoes exactly this, leaving what the caller had set as it was."""
+    """For inference: on the CPU, every attention layer's decoding steps through `decode_attention`
+    (`MultiHeadAttention.step_attention`) and, with `pack`, the weights packed (`pack_weights`; on a
+    model quantized by `quantize_int8`, the layers it left in fp32); on every device, the decoding
+    step as one function (`transduce.fast_step.FastStep`, the same operations without the module
+    layers). Returns the function that undoes exactly this, leaving what the caller had set as it was."""
     cpu = next(model.parameters()).device.type == "cpu"
     unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
     for m in unset:
@@ -278,7 +278,7 @@ def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
     packed_here = pack and pack_weights(model)
     from . import fast_step
 
-    stepped = (cpu and isinstance(model, Transformer) and not isinstance(model.__dict__.get("decode_step"), fast_step.FastStep)
+    stepped = (isinstance(model, Transformer) and not isinstance(model.__dict__.get("decode_step"), fast_step.FastStep)
                and fast_step.install(model))
 
     def undo() -> None:
