@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The GPU path in one command (issue 21), for a fresh CUDA machine with this repository copied
 # (PyTorch, transformers, sentencepiece, safetensors, sacrebleu, sacremoses, tqdm, pytest installed: the H200 image here lacks sacremoses, carried as a wheel; no network needed; no
-# `pip install` of transduce: PYTHONPATH=src). 408 s on an H200 with GPU_ARGS="--decode-batch 64 --decode-sentences 512"
-# (2026-11-27, e13205e: the tests 22 s, the training run under a minute, compiling 155 s), before gpu.py
-# gained its decoding variants and the bf16-lsm-loss setting (an estimated minute more).
+# `pip install` of transduce: PYTHONPATH=src). 522 s on an H200 with GPU_ARGS="--decode-batch 64 --decode-sentences 512"
+# (2026-11-27 07:27 UTC, 1a79bd4: the tests 32 s, the training run under a minute, compiling 205 s).
 #
 #   scripts/gpu_check.sh "$OUT"          # on the GPU; every figure lands in $OUT
 #   scripts/gpu_check.sh --dry /tmp/dry  # the same steps, tiny, on the CPU (a minute or two)
