@@ -22,7 +22,9 @@ Each library's effective ISA is what it reports itself, not inferred from the CP
 
 So the AVX2 imitation on an Intel CPU needs `MKL_ENABLE_INSTRUCTIONS=AVX2` as well: there both
 PyTorch's and CTranslate2's MKL otherwise run AVX-512 and AMX (seen on a Xeon with AMX,
-2026-11-26). On AMD CPUs MKL takes its AVX2 path whatever is set.
+2026-11-26). On AMD CPUs MKL takes its AVX2 path whatever is set, and CTranslate2 does not use
+its MKL at all (it chooses by vendor): `CT2_USE_MKL=0` on Intel gives it the GEMMs it would have
+on an AMD CPU.
 """
 
 from __future__ import annotations
