@@ -343,3 +343,24 @@ def test_probe_int8_measures_every_shape_in_both_types():
         pytest.skip("no oneDNN int8 kernels here")
     t = probe_int8([(96, 32), (20000, 32)], rows=8, base="fp32", budget_s=0.01)
     assert set(t) == {(96, 32), (20000, 32)} and all(a > 0 and b > 0 for a, b in t.values())
+
+
+def test_probes_multiply_by_the_whole_vocabulary_not_a_scaled_part(monkeypatch):
+    # a product over 37,000 rows ran 1.8x slower per row than over 8,000 (int8 held to AVX2), so a
+    # part of the vocabulary, scaled, would not measure the model at hand (docs/speed.md)
+    from transduce import kernels
+    from transduce.precision import probe_decoding, probe_int8
+
+    built = []
+    for name in ("PackedWeight", "Int8Weight"):
+        cls = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, lambda w, *a, cls=cls, **k: built.append(tuple(w.shape)) or cls(w, *a, **k))
+    asked = ("fp32",) + (("int8",) if kernels.can_int8() else ())
+    probe_decoding(d_model=16, d_ff=32, vocab=20000, rows=4, precisions=asked, budget_s=0.01)
+    if kernels.can_pack(torch.float32, "cpu"):
+        assert (20000, 16) in built and not any(out == 16384 for out, _ in built)
+    if kernels.can_int8():
+        built.clear()
+        t = probe_int8([(20000, 16)], rows=4, base="fp32", budget_s=0.01)
+        assert built.count((20000, 16)) == (2 if kernels.can_pack(torch.float32, "cpu") else 1)
+        assert set(t) == {(20000, 16)}

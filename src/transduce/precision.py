@@ -239,9 +239,10 @@ def probe_int8(shapes: list[tuple[int, int]], rows: int = 128, base: str = "bf16
     """Seconds per product for each (out, in) weight shape at `rows` input rows (32 sentences x
     beam 4), as `translate` runs it: packed in `base` (fp32 or bf16) and in int8 with its input
     quantized on the fly (`transduce.kernels.Int8Weight`). Returns {shape: (base s, int8 s)}, the
-    fastest of alternating rounds within about `budget_s` (the output projection counted at most
-    16,384 rows of the vocabulary, scaled: the ratio holds and the probe stays short). With the
-    threads PyTorch has now: call it with those the decoding will use."""
+    fastest of alternating rounds within about `budget_s`, every shape at its full size (a product
+    over the whole vocabulary can run slower per row than a part of it: held to AVX2, int8 took
+    1.51 ms per 1,000 of 37,000 rows against 0.84 at 8,000, fp32 1.46 against 1.28; docs/speed.md).
+    With the threads PyTorch has now: call it with those the decoding will use."""
     from .kernels import Int8Weight, PackedWeight, can_pack
 
     dtype = torch.bfloat16 if base == "bf16" else torch.float32
@@ -249,25 +250,25 @@ def probe_int8(shapes: list[tuple[int, int]], rows: int = 128, base: str = "bf16
     x = torch.randn(rows, max(i for _, i in shapes), generator=g).to(dtype)
     calls: dict[tuple[int, int], list] = {}
     for out, inp in shapes:
-        w = torch.rand((min(out, 16384), inp), generator=g).sub_(0.5).mul_(inp ** -0.5).to(dtype)
+        w = torch.rand((out, inp), generator=g).sub_(0.5).mul_(inp ** -0.5).to(dtype)
         xs = x[:, :inp].contiguous()
         float_call = (lambda w=PackedWeight(w), xs=xs: w(xs, None)) if can_pack(dtype, "cpu") else (lambda w=w, xs=xs: F.linear(xs, w))
         int8_call = lambda w=Int8Weight(w), xs=xs: w(xs, None)  # noqa: E731
-        calls[(out, inp)] = [float_call, int8_call, out / min(out, 16384)]
+        calls[(out, inp)] = [float_call, int8_call]
     times = {shape: ([], []) for shape in calls}
     with torch.inference_mode():
-        for f, q, _ in calls.values():
+        for f, q in calls.values():
             f(), q()  # warm up (oneDNN primitive creation)
         deadline = time.perf_counter() + budget_s
         rounds = 0
         while rounds < 3 or (time.perf_counter() < deadline and rounds < 20):
-            for shape, (f, q, _) in calls.items():
+            for shape, (f, q) in calls.items():
                 for i, call in enumerate((f, q)):
                     t0 = time.perf_counter()
                     call()
                     times[shape][i].append(time.perf_counter() - t0)
             rounds += 1
-    return {shape: (min(t[0]) * calls[shape][2], min(t[1]) * calls[shape][2]) for shape, t in times.items()}
+    return {shape: (min(t[0]), min(t[1])) for shape, t in times.items()}
 
 
 INT8_LAYERS_ENV = "TRANSDUCE_INT8_LAYERS"
@@ -374,8 +375,10 @@ def probe_decoding(d_model: int = 512, d_ff: int = 2048, vocab: int = 37000, row
                    budget_s: float = 0.4, int8_decoder: bool = True) -> dict[str, float]:
     """Seconds per decoding step's products, per precision: one decoder layer's (the stacked
     [W^Q; W^K; W^V], W^O, cross-attention's query and output, the FFN's two with its ReLU) and
-    the pre-softmax projection over `vocab` (at most 16,384 of it: the ratios hold, the probe
-    stays short), for `rows` hypotheses (32 sentences x beam 4), as `translate` runs them
+    the pre-softmax projection over the whole `vocab` (a part of it scaled would not do: held to
+    AVX2, int8's product over 37,000 rows ran 1.8x slower per row than over 8,000, at fp32's speed,
+    and a probe capped at 16,384 rows put int8 at 1.24x fp32 for base on two threads, where the
+    whole decoding step gained 1.05x; docs/speed.md), for `rows` hypotheses (32 sentences x beam 4), as `translate` runs them
     (`transduce.kernels`: pre-packed fp32/bf16, or int8 over `int8_base`; with `int8_decoder`
     False, as `int8_mode` "output" runs it, int8 for the projection alone). The fastest of the
     rounds (alternating precisions) within about `budget_s`: on a busy machine the minimum is
@@ -384,7 +387,7 @@ def probe_decoding(d_model: int = 512, d_ff: int = 2048, vocab: int = 37000, row
 
     g = torch.Generator().manual_seed(0)
     shapes = [(3 * d_model, d_model), (d_model, d_model), (d_model, d_model), (d_model, d_model),
-              (d_ff, d_model), (d_model, d_ff), (min(vocab, 16384), d_model)]
+              (d_ff, d_model), (d_model, d_ff), (vocab, d_model)]
     weights = [torch.rand(shape, generator=g).sub_(0.5).mul_(shape[1] ** -0.5) for shape in shapes]
     x32 = torch.randn(rows, d_model, generator=g)
     steps: dict[str, Callable[[], None]] = {}
