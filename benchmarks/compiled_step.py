@@ -134,7 +134,7 @@ def eager_times(preset: str, precision: str) -> dict[int, float]:
 
 def _linears_only_quantizer():
     """PyTorch's x86 int8 recipe (torchao's PT2E `X86InductorQuantizer`, dynamic activations) on the
-    linear layers only, as `kernels.quantize_int8`: its global recipe also quantizes attention's
+    linear layers only, as `int8.quantize_int8`: its global recipe also quantizes attention's
     products and products by tensors."""
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
         X86InductorQuantizer, get_default_x86_inductor_quantization_config)

@@ -38,7 +38,7 @@ weights, in three precisions, the same for both systems:
   threads, one inter-op worker (W with `--workers W`); tokens as CTranslate2's strings, `translate_batch(beam_size=4,
   min_decoding_length=L, max_decoding_length=L)`: L decoder steps, as for the others (checked:
   every hypothesis has L tokens). CTranslate2 has no bf16 on the CPU: no bf16 rows.
-* int8 (`--precisions int8`): transduce's `--precision int8` (`kernels.quantize_int8`: the
+* int8 (`--precisions int8`): transduce's `--precision int8` (`int8.quantize_int8`: the
   decoder's linear layers and the tied output projection in int8 through oneDNN's int8 linear, the
   source side, computed once per sentence, and the rest in bf16 where the CPU computes it
   natively, else fp32; `TRANSDUCE_INT8_LAYERS=all` for the source side in int8 too); CTranslate2
@@ -113,7 +113,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from machine import describe  # noqa: E402
-from transduce import kernels  # noqa: E402
+from transduce import int8, kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
@@ -298,18 +298,18 @@ def cast(model, precision: str):
 
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
     """The transduce model as `translate --precision P` runs it: weights cast (or for int8
-    quantized, `kernels.quantize_int8`, over bf16 weights where the CPU computes bf16 natively,
+    quantized, `int8.quantize_int8`, over bf16 weights where the CPU computes bf16 natively,
     the layers `precision.int8_choice` says: the decoder's by default), decoding steps' attention, and with `pack` the weights
     left in fp32/bf16 pre-packed (`kernels.apply`). Undoes what an earlier precision did."""
-    kernels.dequantize_int8(model)
+    int8.dequantize_int8(model)
     kernels.unpack_weights(model)
     cast(model, precision)
     if precision == "int8":  # as `translate --precision int8` chooses, with each worker's threads
-        choice = int8_choice(shapes=kernels.int8_shapes(model))
+        choice = int8_choice(shapes=int8.int8_shapes(model))
         print(f"transduce {choice.line()}", flush=True)
         if choice.base == "bf16":
             model.to(torch.bfloat16)
-        kernels.quantize_int8(model, **choice.int8_options())
+        int8.quantize_int8(model, **choice.int8_options())
     kernels.apply(model, pack=False)
     if pack and not kernels.pack_weights(model) and precision != "int8":  # int8: the float layers left, if any
         print("transduce: weights not packed (no oneDNN for this dtype)", flush=True)

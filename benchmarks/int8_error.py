@@ -6,7 +6,7 @@
 For every sentence pair of the split (a validation split: this is for choosing, not reporting), the
 model reads the source and the reference target (teacher forcing) in fp32 and in each precision as
 `transduce translate --precision P` prepares it (bf16: weights in bf16, packed; int8:
-`kernels.quantize_int8` over the float type the CPU computes natively). Printed per precision:
+`int8.quantize_int8` over the float type the CPU computes natively). Printed per precision:
 the mean KL(fp32 || P) of the next-token distributions per target token, and how often the most
 likely next token is the same as fp32's. BLEU over 1,000 sentences moves by ~0.3 when 10% of the
 outputs change; this moves by little but the arithmetic.
@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from transduce import kernels  # noqa: E402
+from transduce import int8, kernels  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
 from transduce.data.vocab import BOS, EOS  # noqa: E402
@@ -39,7 +39,7 @@ PRECISIONS = ("bf16", "int8", "int8-per-row")
 
 
 def per_row_call(self, x, bias, activation="none"):
-    """`kernels.Int8Weight.__call__` with one activation scale per row (the experiment above)."""
+    """`int8.Int8Weight.__call__` with one activation scale per row (the experiment above)."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     nonneg = bool(torch.aminmax(x2)[0].item() >= 0)
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     reference = log_probs(model, data)
     print(f"{args.dataset} {args.split}: {len(sources):,} pairs; mean KL(fp32 || P) per target token, "
           f"and next-token argmax equal to fp32's")
-    original_call = kernels.Int8Weight.__call__
+    original_call = int8.Int8Weight.__call__
     for p in precisions:
-        kernels.dequantize_int8(model)
+        int8.dequantize_int8(model)
         kernels.unpack_weights(model)
         model.float()
         if p == "bf16":
@@ -108,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             choice = int8_choice()
             if choice.base == "bf16":
                 model.to(torch.bfloat16)
-            kernels.quantize_int8(model, **choice.int8_options())
+            int8.quantize_int8(model, **choice.int8_options())
             kernels.pack_weights(model)  # the layers left in the float type, as `translate` packs them
             what = choice.reason
-        kernels.Int8Weight.__call__ = per_row_call if p == "int8-per-row" else original_call
+        int8.Int8Weight.__call__ = per_row_call if p == "int8-per-row" else original_call
         try:
             kl = agree = n = 0.0
             for (_, t), ref, lp in zip(data, reference, log_probs(model, data)):
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 agree += (ref.argmax(-1) == lp.argmax(-1))[mask].sum().item()
                 n += mask.sum().item()
         finally:
-            kernels.Int8Weight.__call__ = original_call
+            int8.Int8Weight.__call__ = original_call
         print(f"{p:<13} KL {kl / n:.5f} nats/token   argmax equal {agree / n:.4f}   ({int(n):,} tokens; {what})")
     return 0
 

@@ -9,7 +9,7 @@ machine's drift touches all three alike.
 
 The work is `decode_speed.py`'s: random weights of the preset, a batch of 32 random source
 sentences of 20 tokens, beam 4 forced to 30 steps; each variant built as `translate` builds it
-(`kernels.quantize_int8` over bf16 weights where the CPU computes bf16 natively, the float layers
+(`int8.quantize_int8` over bf16 weights where the CPU computes bf16 natively, the float layers
 left packed). Prints milliseconds per beam step for every round and the median. The default of
 `--precision int8` follows from such runs: with AMX the projection alone (docs/speed.md).
 """
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decode_speed as ds  # noqa: E402
 import machine  # noqa: E402
 
-from transduce import kernels  # noqa: E402
+from transduce import int8, kernels  # noqa: E402
 from transduce.precision import read_capability  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def build(preset: str, variant: str, base: str) -> ds.ForcedLength:
     else:
         if base == "bf16":
             model.to(torch.bfloat16)
-        kernels.quantize_int8(model, decoder=variant == "int8-decoder")
+        int8.quantize_int8(model, decoder=variant == "int8-decoder")
         kernels.apply(model, pack=False)
         kernels.pack_weights(model)
     return ds.ForcedLength(model)

@@ -5,7 +5,7 @@ every case it does not cover to the model's own step."""
 import pytest
 import torch
 
-from transduce import fast_step, kernels
+from transduce import fast_step, int8, kernels
 from transduce.decode import _best_extensions, beam_search, greedy_decode
 from transduce.fast_step import FastStep
 from transduce.model import Transformer, padding_mask
@@ -75,22 +75,22 @@ def test_fast_step_is_the_models_step_bit_for_bit(dtype, tied, norm_first):
         assert "decode_step" not in model.__dict__
 
 
-@pytest.mark.skipif(not kernels.can_int8(), reason="no oneDNN int8 here")
+@pytest.mark.skipif(not int8.can_int8(), reason="no oneDNN int8 here")
 @pytest.mark.parametrize("decoder", [True, False])  # every decoder layer in int8; the projection alone (AMX)
 def test_fast_step_runs_the_int8_products_as_the_model_does(decoder):
     model = _model()
     src = padded_batch([7, 3, 5, 6], vocab=60, seed=2)
     undo = kernels.apply(model)
-    kernels.quantize_int8(model, decoder=decoder)  # after apply: the step is rebuilt on the int8 layers
+    int8.quantize_int8(model, decoder=decoder)  # after apply: the step is rebuilt on the int8 layers
     step = model.decode_step
-    assert isinstance(step, FastStep) and sum(isinstance(c, kernels.Int8Weight) for c in step.checks) == (
+    assert isinstance(step, FastStep) and sum(isinstance(c, int8.Int8Weight) for c in step.checks) == (
         2 * 6 + 1 if decoder else 1)
     _same_as_the_model(model, src)
     kernels.pack_weights(model)  # the layers int8 left (translate's order: quantize, then apply)
     assert len(model.decode_step.checks) == 2 * 6 + 1
     _same_as_the_model(model, src)
-    kernels.dequantize_int8(model)
-    assert not any(isinstance(c, kernels.Int8Weight) for c in model.decode_step.checks)
+    int8.dequantize_int8(model)
+    assert not any(isinstance(c, int8.Int8Weight) for c in model.decode_step.checks)
     undo()
 
 

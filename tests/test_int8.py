@@ -1,4 +1,4 @@
-"""int8 decoding (`--precision int8`, `transduce.kernels.quantize_int8`): close to fp32, applied
+"""int8 decoding (`--precision int8`, `transduce.int8.quantize_int8`): close to fp32, applied
 and undone from outside the model, composing with the CPU packing, and reachable from
 `translate`, `evaluate` and `serve`; the fp32 path stays exact."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tiny_models import SRC_WORDS, make_model, sentences
-from transduce import kernels
+from transduce import int8, kernels
 from transduce.cli import main
 from transduce.config import ModelConfig
 from transduce.model import Transformer, padding_mask
@@ -32,32 +32,32 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.inference_mode():
         ref, memory = model(src, tgt), model.encode(src)
-        n = kernels.quantize_int8(model)
+        n = int8.quantize_int8(model)
         # the decoder's nn.Linear layers ([W^Q; W^K; W^V], W^O, the FFN's two, the cross-attention's
         # two) and the tied pre-softmax projection; the source side stays in the float type
-        assert n == 2 * 6 + 1 and isinstance(model.output_proj, kernels.Int8Linear)
-        assert kernels.is_int8(model) and not kernels.is_packed(model)
-        assert not any(isinstance(m, kernels.Int8Linear) for m in model.encoder.modules())
+        assert n == 2 * 6 + 1 and isinstance(model.output_proj, int8.Int8Linear)
+        assert int8.is_int8(model) and not kernels.is_packed(model)
+        assert not any(isinstance(m, int8.Int8Linear) for m in model.encoder.modules())
         assert torch.equal(model.encode(src), memory)  # the encoder untouched
         for layer in model.decoder.layers:  # encoder-decoder attention's keys/values: packed floats
             blocks = layer.cross_attn.in_proj.packed
             assert isinstance(blocks[(layer.cross_attn.kv_rows.start, layer.cross_attn.kv_rows.stop, None)],
                               kernels.PackedWeight)
             assert isinstance(blocks[(layer.cross_attn.q_rows.start, layer.cross_attn.q_rows.stop, None)],
-                              kernels.Int8Weight)
+                              int8.Int8Weight)
         q = model(src, tgt)
         assert not torch.equal(q, ref)  # the int8 kernels ran
         assert (q - ref).abs().max().item() < 0.05 * ref.abs().max().item()
         assert torch.allclose(q.log_softmax(-1).exp(), ref.log_softmax(-1).exp(), atol=0.01)
         assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
-        kernels.dequantize_int8(model)
+        int8.dequantize_int8(model)
         assert torch.equal(model(src, tgt), ref) and model.output_proj is None
         # source=True: every nn.Linear (encoder: [W^Q; W^K; W^V], W^O, the FFN's two) in int8 too
-        assert kernels.quantize_int8(model, source=True) == 2 * 4 + 2 * 6 + 1
+        assert int8.quantize_int8(model, source=True) == 2 * 4 + 2 * 6 + 1
         assert not torch.equal(model.encode(src), memory)
         q_all = model(src, tgt)
         assert (q_all - ref).abs().max().item() < 0.05 * ref.abs().max().item()
-        kernels.dequantize_int8(model)
+        int8.dequantize_int8(model)
         assert torch.equal(model(src, tgt), ref)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())  # parameters untouched
 
@@ -66,7 +66,7 @@ def test_int8_only_some_shapes_keeps_the_others_exact_in_the_float_type():
     """`only`: the weight blocks of the listed (out, in) shapes in int8, the others packed in the
     float type (bit for bit the packed float model's products); `int8_shapes` lists them all."""
     model, src, tgt = model_and_batch()
-    shapes = kernels.int8_shapes(model)
+    shapes = int8.int8_shapes(model)
     # [W^Q; W^K; W^V] (192x64), its query (64x64) and key/value (128x64) blocks, W^O and the
     # cross-attention's query (64x64), the FFN's (128x64, 64x128), the tied projection (V x 64)
     assert set(shapes) == {(192, 64), (64, 64), (128, 64), (64, 128), (model.config.target_vocab_size, 64)}
@@ -74,16 +74,16 @@ def test_int8_only_some_shapes_keeps_the_others_exact_in_the_float_type():
         kernels.pack_weights(model)
         packed = model(src, tgt)
         kernels.unpack_weights(model)
-        kernels.quantize_int8(model, only=frozenset())  # nothing in int8: the packed float products
-        assert kernels.is_int8(model) and torch.equal(model(src, tgt), packed)
-        assert not any(isinstance(w, kernels.Int8Weight) for m in model.modules() if isinstance(m, kernels.Int8Linear)
+        int8.quantize_int8(model, only=frozenset())  # nothing in int8: the packed float products
+        assert int8.is_int8(model) and torch.equal(model(src, tgt), packed)
+        assert not any(isinstance(w, int8.Int8Weight) for m in model.modules() if isinstance(m, int8.Int8Linear)
                        for w in m.packed.values())
-        kernels.dequantize_int8(model)
+        int8.dequantize_int8(model)
         vocab = (model.config.target_vocab_size, 64)
-        kernels.quantize_int8(model, only={vocab})  # the projection alone in int8
-        kinds = {type(w).__name__ for m in model.modules() if isinstance(m, kernels.Int8Linear) and m is not model.output_proj
+        int8.quantize_int8(model, only={vocab})  # the projection alone in int8
+        kinds = {type(w).__name__ for m in model.modules() if isinstance(m, int8.Int8Linear) and m is not model.output_proj
                  for w in m.packed.values()}
-        assert kinds == {"PackedWeight"} and isinstance(model.output_proj.packed[None], kernels.Int8Weight)
+        assert kinds == {"PackedWeight"} and isinstance(model.output_proj.packed[None], int8.Int8Weight)
         q = model(src, tgt)
         assert not torch.equal(q, packed) and (q - packed).abs().max().item() < 0.05 * packed.abs().max().item()
 
@@ -96,40 +96,40 @@ def test_int8_projection_alone_leaves_the_decoder_to_packing():
         kernels.pack_weights(model)
         packed = model(src, tgt)
         kernels.unpack_weights(model)
-        assert kernels.quantize_int8(model, decoder=False) == 1
-        assert isinstance(model.output_proj, kernels.Int8Linear)
-        assert not any(isinstance(m, kernels.Int8Linear) for m in model.decoder.modules())
+        assert int8.quantize_int8(model, decoder=False) == 1
+        assert isinstance(model.output_proj, int8.Int8Linear)
+        assert not any(isinstance(m, int8.Int8Linear) for m in model.decoder.modules())
         assert kernels.pack_weights(model)  # the float layers left
         assert isinstance(model.decoder.layers[0].self_attn.in_proj, kernels.PackedLinear)
         q = model(src, tgt)
         assert not torch.equal(q, packed) and (q - packed).abs().max().item() < 0.05 * packed.abs().max().item()
         assert (q.argmax(-1) == packed.argmax(-1)).float().mean().item() >= 0.9
         kernels.unpack_weights(model)
-        kernels.dequantize_int8(model)
-        assert model.output_proj is None and not kernels.is_int8(model)
+        int8.dequantize_int8(model)
+        assert model.output_proj is None and not int8.is_int8(model)
 
 
 def test_int8_composes_with_packing_and_trains_in_fp32():
     model, src, tgt = model_and_batch()
     with torch.inference_mode():
         ref = model(src, tgt)
-    kernels.quantize_int8(model, output=False)
+    int8.quantize_int8(model, output=False)
     undo = kernels.apply(model)  # what translate_stream does: packs what int8 left in fp32
     assert isinstance(model.output_proj, kernels.PackedLinear) == kernels.can_pack(torch.float32, "cpu")
-    assert not isinstance(model.output_proj, kernels.Int8Linear)
+    assert not isinstance(model.output_proj, int8.Int8Linear)
     undo()
-    assert model.output_proj is None and kernels.is_int8(model)  # apply's undo leaves the int8 layers
+    assert model.output_proj is None and int8.is_int8(model)  # apply's undo leaves the int8 layers
     # with autograd the layers compute in fp32 (F.linear): a training step sees the exact model
     model.train()
     out = model(src, tgt)
-    kernels.dequantize_int8(model)
+    int8.dequantize_int8(model)
     assert torch.equal(out, model(src, tgt))
 
 
 def test_int8_refuses_what_it_cannot_run():
     model, _, _ = model_and_batch()
     with pytest.raises(ValueError, match="fp32 or bf16 weights"):
-        kernels.quantize_int8(model.to(torch.float16))
+        int8.quantize_int8(model.to(torch.float16))
 
 
 def test_int8_over_bf16_weights_takes_and_gives_bf16_with_fp32_logits():
@@ -137,7 +137,7 @@ def test_int8_over_bf16_weights_takes_and_gives_bf16_with_fp32_logits():
     model.to(torch.bfloat16)
     with torch.inference_mode():
         ref = model(src, tgt).float()
-        kernels.quantize_int8(model)
+        int8.quantize_int8(model)
         assert any(isinstance(m, kernels.PackedFeedForward) for m in model.modules())  # the ReLU in the int8 product
         hidden = model.decoder(tgt, model.encode(src), padding_mask(src, model.config.pad_id), None)[0]
         assert hidden.dtype == torch.bfloat16  # the layers take and give bf16
@@ -145,9 +145,9 @@ def test_int8_over_bf16_weights_takes_and_gives_bf16_with_fp32_logits():
         assert q.dtype == torch.float32 and not torch.equal(q, ref)  # the pre-softmax projection: fp32 logits
         assert (q.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
         assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
-        kernels.dequantize_int8(model)
+        int8.dequantize_int8(model)
         assert torch.equal(model(src, tgt).float(), ref)
-        kernels.quantize_int8(model, output=False)  # the projection left in bf16: bf16 logits
+        int8.quantize_int8(model, output=False)  # the projection left in bf16: bf16 logits
         assert model(src, tgt).dtype == torch.bfloat16
 
 
@@ -156,7 +156,7 @@ def test_activations_are_quantized_within_half_a_step(levels):
     g = torch.Generator().manual_seed(0)
     for x in (torch.randn(7, 33, generator=g) * 3, torch.rand(5, 64, generator=g) + 0.5, -torch.rand(3, 8, generator=g),
               torch.zeros(2, 4), torch.randn(4, 16, generator=g).bfloat16()):
-        q, scale, zero = kernels.quantize_activations(x, levels)
+        q, scale, zero = int8.quantize_activations(x, levels)
         assert q.dtype == torch.uint8 and q.shape == x.shape and 0 <= zero <= levels
         assert int(q.max()) <= levels + 1  # 7-bit activations stay below 128
         back = (q.float() - zero) * scale
@@ -166,29 +166,29 @@ def test_activations_are_quantized_within_half_a_step(levels):
 def test_int8_saturation_test_matches_the_oneDNN_isa():
     import os
 
-    assert isinstance(kernels.int8_saturates(), bool)
+    assert isinstance(int8.int8_saturates(), bool)
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if isa in ("AVX2", "AVX512_CORE", "SSE41"):  # no VNNI allowed: pairs add in int16
-        assert kernels.int8_saturates()
+        assert int8.int8_saturates()
 
 
 _WORST_CASE = """
 import torch
-from transduce import kernels
-assert kernels.int8_saturates(), "held to AVX2, oneDNN should add u8 x s8 pairs in int16"
+from transduce import int8
+assert int8.int8_saturates(), "held to AVX2, oneDNN should add u8 x s8 pairs in int16"
 # every pair at its largest: activations at the top of their range, weights at +-max of their row
 x = torch.full((4, 256), 3.0)
 x[:, 0] = 0.0  # the range includes 0: the zero point is 0, 3.0 quantizes to 254
 w = torch.ones(8, 256) * 0.5
 w[1::2] *= -1
-out = kernels.Int8Weight(w)(x, None)
+out = int8.Int8Weight(w)(x, None)
 exact = x @ w.T
 assert torch.allclose(out, exact, rtol=1e-2), (out[:, :2], exact[:, :2])
 print("ok")
 """
 
 
-@pytest.mark.skipif(not kernels.can_int8(), reason="no oneDNN int8 kernels here")
+@pytest.mark.skipif(not int8.can_int8(), reason="no oneDNN int8 kernels here")
 def test_int8_products_do_not_saturate_where_pairs_add_in_int16(tmp_path):
     """Held to AVX2 (no VNNI), oneDNN adds u8 x s8 pairs in int16 with saturation: with 8-bit
     activations the weights take 7 bits (+-63), so the largest pair sum, 254 * 63 * 2, still fits;
@@ -215,10 +215,10 @@ def test_translate_int8_is_close_to_fp32_and_fp32_stays_exact(model_dir, tmp_pat
     assert main(["translate", str(model_dir), *flags, "-o", str(tmp_path / "int8.txt"), "--int8"]) == 0
     assert "precision: int8 (as asked" in capsys.readouterr().err
     assert main(["translate", str(model_dir), *flags, "-o", str(tmp_path / "fp32.txt"), "--precision", "fp32", "-q"]) == 0
-    int8 = (tmp_path / "int8.txt").read_text(encoding="utf-8").splitlines()
+    quantized = (tmp_path / "int8.txt").read_text(encoding="utf-8").splitlines()
     fp32 = (tmp_path / "fp32.txt").read_text(encoding="utf-8").splitlines()
-    assert len(int8) == len(fp32) == len(lines)
-    assert sum(a == b for a, b in zip(int8, fp32)) >= 0.75 * len(lines)
+    assert len(quantized) == len(fp32) == len(lines)
+    assert sum(a == b for a, b in zip(quantized, fp32)) >= 0.75 * len(lines)
     loaded = load_translation_model(model_dir)  # the fp32 path: what the library gives without any option
     assert fp32 == translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=3, max_len_offset=6)
 
@@ -277,9 +277,9 @@ def test_int8_uses_no_deprecated_quantized_tensors():
     model, src, tgt = model_and_batch()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        kernels.quantize_int8(model)
+        int8.quantize_int8(model)
         with torch.inference_mode():
             model(src, tgt)
-    weights = [w for m in model.modules() if isinstance(m, kernels.Int8Linear) for w in m.packed.values()
-               if isinstance(w, kernels.Int8Weight)]  # (cross-attention's key/value block: a packed float)
+    weights = [w for m in model.modules() if isinstance(m, int8.Int8Linear) for w in m.packed.values()
+               if isinstance(w, int8.Int8Weight)]  # (cross-attention's key/value block: a packed float)
     assert weights and all(not w.weight.is_quantized and w.weight.dtype == torch.int8 for w in weights)

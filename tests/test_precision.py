@@ -171,7 +171,7 @@ def test_decoding_auto_takes_bf16_only_where_measured_and_never_int8():
 
 
 def test_decoding_auto_int8_takes_int8_at_its_margin_over_the_better_float():
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
     from transduce.precision import INT8_MARGIN, choose_decoding_precision
 
     if not can_int8():
@@ -184,7 +184,7 @@ def test_decoding_auto_int8_takes_int8_at_its_margin_over_the_better_float():
 
 
 def test_decoding_auto_never_probes_bf16_where_it_is_emulated():
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
     from transduce.precision import choose_decoding_precision
 
     calls = []
@@ -198,7 +198,7 @@ def test_decoding_auto_never_probes_bf16_where_it_is_emulated():
 
 
 def test_decoding_probe_measures_every_precision_asked_for():
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
     from transduce.precision import probe_decoding
 
     asked = ("fp32", "bf16") + (("int8",) if can_int8() else ())
@@ -212,7 +212,7 @@ def test_decoding_probe_measures_every_precision_asked_for():
 
 
 def test_auto_int8_probes_int8_as_the_int8_mode_runs_it(monkeypatch):
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
     from transduce.precision import choose_decoding_precision
 
     if not can_int8():
@@ -245,7 +245,7 @@ def test_decoding_explicit_and_gpu_choices():
 
 
 def test_int8_layers_the_decoders_by_default_without_measuring(monkeypatch):
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
     from transduce.precision import int8_choice, int8_layers
 
     seen = []
@@ -270,7 +270,7 @@ def test_int8_layers_the_decoders_by_default_without_measuring(monkeypatch):
 def test_int8_with_amx_puts_the_output_projection_alone_in_int8_unless_told(monkeypatch):
     """With AMX, bf16 products of the decoder's sizes beat int8 ones with their quantization
     (docs/speed.md): the default there is the vocabulary-sized projection alone in int8."""
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
     from transduce.precision import int8_choice, int8_layers, int8_mode
 
     monkeypatch.delenv("TRANSDUCE_INT8_LAYERS", raising=False)
@@ -314,7 +314,7 @@ def test_amx_products_follow_the_cpu_and_onednns_isa_limit(monkeypatch):
 
 def test_int8_layers_measured_takes_the_shapes_measured_faster_at_the_margin(monkeypatch):
     from transduce.precision import INT8_LAYER_MARGIN, int8_choice, int8_layers
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
 
     monkeypatch.setenv("TRANSDUCE_INT8_LAYERS", "measured")
     shapes = [(768, 256), (256, 256), (8000, 256), (256, 1024)]
@@ -336,7 +336,7 @@ def test_int8_layers_measured_takes_the_shapes_measured_faster_at_the_margin(mon
 
 
 def test_probe_int8_measures_every_shape_in_both_types():
-    from transduce.kernels import can_int8
+    from transduce.int8 import can_int8
     from transduce.precision import probe_int8
 
     if not can_int8():
@@ -348,18 +348,18 @@ def test_probe_int8_measures_every_shape_in_both_types():
 def test_probes_multiply_by_the_whole_vocabulary_not_a_scaled_part(monkeypatch):
     # a product over 37,000 rows ran 1.8x slower per row than over 8,000 (int8 held to AVX2), so a
     # part of the vocabulary, scaled, would not measure the model at hand (docs/speed.md)
-    from transduce import kernels
+    from transduce import int8, kernels
     from transduce.precision import probe_decoding, probe_int8
 
     built = []
-    for name in ("PackedWeight", "Int8Weight"):
-        cls = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda w, *a, cls=cls, **k: built.append(tuple(w.shape)) or cls(w, *a, **k))
-    asked = ("fp32",) + (("int8",) if kernels.can_int8() else ())
+    for module, name in ((kernels, "PackedWeight"), (int8, "Int8Weight")):
+        cls = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda w, *a, cls=cls, **k: built.append(tuple(w.shape)) or cls(w, *a, **k))
+    asked = ("fp32",) + (("int8",) if int8.can_int8() else ())
     probe_decoding(d_model=16, d_ff=32, vocab=20000, rows=4, precisions=asked, budget_s=0.01)
     if kernels.can_pack(torch.float32, "cpu"):
         assert (20000, 16) in built and not any(out == 16384 for out, _ in built)
-    if kernels.can_int8():
+    if int8.can_int8():
         built.clear()
         t = probe_int8([(20000, 16)], rows=4, base="fp32", budget_s=0.01)
         assert built.count((20000, 16)) == (2 if kernels.can_pack(torch.float32, "cpu") else 1)

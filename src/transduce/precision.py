@@ -21,7 +21,7 @@ computes it natively and a product of the model's size is measured faster than i
 
 `--precision int8` (decoding only, CPU only; not exact, so plain `auto` never takes it, and
 `--precision auto-int8` lets the decoding probe consider it) quantizes the linear layers' weights
-to int8 per output channel and computes their products in int8 (`transduce.kernels.quantize_int8`),
+to int8 per output channel and computes their products in int8 (`transduce.int8.quantize_int8`),
 the rest in bf16 where the CPU has it natively, else fp32; the search's log-probabilities and
 scores stay fp32.
 
@@ -78,13 +78,13 @@ class Choice:
     `base`: `probe_int8`); the others stay in `base`. None: every linear layer."""
     int8_source: bool = False
     """int8: whether the source side (the encoder, encoder-decoder attention's keys and values) is
-    in int8 too (`transduce.kernels.quantize_int8`'s `source`)."""
+    in int8 too (`transduce.int8.quantize_int8`'s `source`)."""
     int8_decoder: bool = True
     """int8: whether the decoder's linear layers are in int8 (False: the pre-softmax projection
     alone; `int8_mode` "output")."""
 
     def int8_options(self) -> dict:
-        """The keyword arguments of `transduce.kernels.quantize_int8` that this choice sets."""
+        """The keyword arguments of `transduce.int8.quantize_int8` that this choice sets."""
         return dict(only=self.int8_shapes, source=self.int8_source, decoder=self.int8_decoder)
 
     def line(self) -> str:
@@ -238,12 +238,13 @@ def probe_int8(shapes: list[tuple[int, int]], rows: int = 128, base: str = "bf16
                budget_s: float = 0.3) -> dict[tuple[int, int], tuple[float, float]]:
     """Seconds per product for each (out, in) weight shape at `rows` input rows (32 sentences x
     beam 4), as `translate` runs it: packed in `base` (fp32 or bf16) and in int8 with its input
-    quantized on the fly (`transduce.kernels.Int8Weight`). Returns {shape: (base s, int8 s)}, the
+    quantized on the fly (`transduce.int8.Int8Weight`). Returns {shape: (base s, int8 s)}, the
     fastest of alternating rounds within about `budget_s`, every shape at its full size (a product
     over the whole vocabulary can run slower per row than a part of it: held to AVX2, int8 took
     1.51 ms per 1,000 of 37,000 rows against 0.84 at 8,000, fp32 1.46 against 1.28; docs/speed.md).
     With the threads PyTorch has now: call it with those the decoding will use."""
-    from .kernels import Int8Weight, PackedWeight, can_pack
+    from .int8 import Int8Weight
+    from .kernels import PackedWeight, can_pack
 
     dtype = torch.bfloat16 if base == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)
@@ -342,7 +343,7 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     `shapes`, each shape's product in int8 only where measured faster (`int8_layers`)."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
-    from .kernels import can_int8, int8_saturates
+    from .int8 import can_int8, int8_saturates
 
     if not can_int8():
         raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")
@@ -383,7 +384,8 @@ def probe_decoding(d_model: int = 512, d_ff: int = 2048, vocab: int = 37000, row
     False, as `int8_mode` "output" runs it, int8 for the projection alone). The fastest of the
     rounds (alternating precisions) within about `budget_s`: on a busy machine the minimum is
     the steadier statistic. Weights from a private generator: the global RNG is untouched."""
-    from .kernels import Int8Weight, PackedWeight, can_pack
+    from .int8 import Int8Weight
+    from .kernels import PackedWeight, can_pack
 
     g = torch.Generator().manual_seed(0)
     shapes = [(3 * d_model, d_model), (d_model, d_model), (d_model, d_model), (d_model, d_model),
@@ -442,7 +444,7 @@ def choose_decoding_precision(
     it runs at least `INT8_MARGIN` times the better float type's. On a CPU without native bf16
     (x86 without AVX512_BF16 or AMX) bf16 is not even probed: it is emulated there, some hundred
     times slower. On a GPU, `choose_precision`'s auto (int8 is CPU only). When int8 is chosen and
-    the model's weight `shapes` are given (`transduce.kernels.int8_shapes`), each product is put in
+    the model's weight `shapes` are given (`transduce.int8.int8_shapes`), each product is put in
     int8 only where that is measured faster (`int8_layers`, with `int8_probe`)."""
     if requested not in DECODING_PRECISIONS:
         raise ValueError(f"unknown decoding precision {requested!r} ({', '.join(DECODING_PRECISIONS)})")
@@ -455,7 +457,7 @@ def choose_decoding_precision(
         return choose_precision("auto" if requested == "auto-int8" else requested, device, d_model=d_model, d_ff=d_ff,
                                 capability=capability)
     cap = capability(device) if callable(capability) else capability
-    from .kernels import can_int8
+    from .int8 import can_int8
 
     candidates = ["fp32"] + (["bf16"] if cap.native_bf16 is not False else [])
     if requested == "auto-int8" and can_int8():

@@ -126,7 +126,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
         args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
         src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device),
     )
-    from ..kernels import int8_shapes
+    from ..int8 import int8_shapes
     from ..precision import choose_decoding_precision
 
     mc = loaded.config.model
@@ -146,7 +146,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     if args.bf16:
         loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
     elif loaded.precision.precision == "int8":
-        from ..kernels import quantize_int8
+        from ..int8 import quantize_int8
 
         if loaded.precision.base == "bf16":
             loaded.model.to(torch.bfloat16)  # what int8 leaves as is runs in bf16
