@@ -21,6 +21,7 @@ from transduce.cli import build_parser, main
 from transduce.cli import train as train_cli
 from transduce.cli.fields import from_args
 from transduce.data.batching import ParallelDataset, read_metadata
+from transduce.errors import UsageError
 from transduce.experiments import Machine, Recipe, plan, submit_slurm
 from transduce.experiments.plan import scaled_sets, train_setup
 from transduce.train.trainer import TrainOptions
@@ -164,6 +165,19 @@ def test_unknown_variant_and_missing_validation_split_are_one_line_errors(data, 
     assert experiment(no_valid, out) == 2
     assert "no validation split: Table 3 reports perplexity and BLEU on the development set" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_default_depth_keeps_table3s_depths_apart_and_twins_are_refused():
+    """At --scale 0.25 a depth scale of 0.25 would give C1 (N=2) and C2 (N=4) both N=1, C3 (N=8) and
+    base (N=6) both N=2: the default depth scale is at least 0.5, and twins are refused."""
+    depths = {v.name: next(s for s in v.sets if s.startswith("model.n_layers="))
+              for v in plan(["C1", "C2", "base", "C3"], Recipe(updates=100, scale=0.25))}
+    assert depths == {"C1": "model.n_layers=1", "C2": "model.n_layers=2", "base": "model.n_layers=3",
+                      "C3": "model.n_layers=4"}
+    assert Recipe(updates=100, scale=0.75).depth_scale == 0.75
+    with pytest.raises(UsageError, match="variants C1 and C2 become the same model at --scale 0.25 --depth-scale 0.25"):
+        plan(["base", "C1", "C2"], Recipe(updates=100, scale=0.25, depth_scale=0.25))
+    assert len(plan(["base", "C1"], Recipe(updates=100, scale=0.25, depth_scale=0.25))) == 2  # no twins among these
 
 
 def test_scaling_keeps_the_ratios_between_rows():

@@ -50,7 +50,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1, help="training seed (default 1)")
     g.add_argument("--scale", type=float, default=1.0, metavar="X",
                    help="widths (d_model, d_ff, d_k, d_v) times X, for a smaller machine (default 1: the paper's)")
-    g.add_argument("--depth-scale", type=float, metavar="X", help="layers (N) times X, rounded (default: --scale)")
+    g.add_argument("--depth-scale", type=float, metavar="X", help="layers (N) times X, rounded (default: --scale, but at least 0.5, "
+                   "so that Table 3's N = 2, 4, 6, 8 stay four depths; two variants that would become the same "
+                   "model are refused)")
 
     g = parser.add_argument_group("measuring")
     g.add_argument("--average", action="store_true",

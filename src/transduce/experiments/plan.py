@@ -14,13 +14,17 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config import PRESETS, Config
+from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..errors import UsageError
 from ..train.trainer import TrainOptions, config_for_data
 
 TABLE3 = ("base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
           "D1", "D2", "D3", "D4", "E", "big")
 """Table 3's rows, top to bottom: the default list of variants."""
+
+MIN_DEPTH_SCALE = 0.5
+"""The default depth scale's floor: at 0.5 Table 3's N = 2, 4, 6, 8 (C1, C2, base, C3) become 1, 2,
+3, 4; at the width scale 0.25 they would become 1, 1, 2, 2, two pairs of identical rows."""
 
 PAPER_STEPS = PRESETS["base"].train.max_steps
 """Table 3's "train steps" of every row but big: 100K (big: 300K, Section 5.2)."""
@@ -64,14 +68,15 @@ class Recipe:
     scale: float = 1.0
     """Widths (d_model, d_ff, d_k, d_v) times this; 1.0 is the paper's scale."""
     depth_scale: float | None = None
-    """Layers (N) times this, rounded half up, at least 1; None: the same as `scale`."""
+    """Layers (N) times this, rounded half up, at least 1; None: `scale`, but at least
+    `MIN_DEPTH_SCALE`, so that Table 3's depths (N = 2, 4, 6, 8) stay four different depths."""
 
     def __post_init__(self) -> None:
         if self.updates < 1 or self.max_tokens < 1 or self.warmup < 1 or self.save_every < 0:
             raise UsageError("need --updates, --max-tokens and --warmup of at least 1, --save-every >= 0")
         if not 0 < self.scale <= 1 or not 0 <= self.cooldown < 1 or self.lr_scale <= 0:
             raise UsageError("need 0 < --scale <= 1, 0 <= --cooldown < 1 and --lr-scale > 0")
-        self.depth_scale = self.scale if self.depth_scale is None else self.depth_scale
+        self.depth_scale = max(self.scale, MIN_DEPTH_SCALE) if self.depth_scale is None else self.depth_scale
         if not 0 < self.depth_scale <= 1:
             raise UsageError("need 0 < --depth-scale <= 1")
         self.save_every = self.save_every or max(1, self.updates // 72)
@@ -141,7 +146,27 @@ def plan(names: list[str], recipe: Recipe) -> list[Variant]:
         preset = preset_of(name)
         steps = max(1, recipe.updates * PRESETS[preset].train.max_steps // PAPER_STEPS)
         variants.append(Variant(row_name(preset), preset, steps, scaled_sets(preset, recipe.scale, recipe.depth_scale)))
+    _refuse_twins(variants, recipe)
     return variants
+
+
+def _refuse_twins(variants: list[Variant], recipe: Recipe) -> None:
+    """A one-line UsageError where the scale makes two rows the same training (the same model and
+    regime): the table would then compare a row with itself (e.g. C3's N=8 and base's N=6 both
+    N=2 at --depth-scale 0.25)."""
+    seen: dict[str, Variant] = {}
+    for v in variants:
+        config = apply_overrides(get_preset(v.preset), v.sets).to_dict()
+        config["model"].pop("name", None)
+        key = repr((sorted(config["model"].items()), sorted(config["train"].items(), key=str), v.max_steps))
+        if key in seen:
+            twin = seen[key]
+            m = config["model"]
+            raise UsageError(
+                f"variants {twin.name} and {v.name} become the same model at --scale {recipe.scale:g} --depth-scale "
+                f"{recipe.depth_scale:g} (N={m['n_layers']}, d_model {m['d_model']}, d_ff {m['d_ff']}): "
+                f"a larger --depth-scale or --scale keeps them apart ({MIN_DEPTH_SCALE:g} keeps Table 3's depths apart)")
+        seen[key] = v
 
 
 # --- the run of a variant: a `transduce train` command, and the same run in this process ----------
