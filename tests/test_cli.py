@@ -25,6 +25,24 @@ def test_info_all_table(capsys):
     assert "table3-E" in out and "big" in out and "213M" in out
 
 
+def test_info_says_the_vocabulary_it_counts_at_and_takes_a_datas(capsys, tmp_path):
+    assert main(["info", "--all"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("parameters at a shared vocabulary of 37,000")
+    # a parser's separate target vocabulary: the embeddings are then not shared
+    assert main(["info", "--preset", "parse-cpu", "--vocab-size", "16000", "--tgt-vocab-size", "103"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "at vocabularies of 16,000 (source) and 103 (target)" in last
+    data = make_data(tmp_path / "data")
+    assert main(["info", "--preset", "tiny", "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    from transduce.data.batching import read_metadata
+
+    size = read_metadata(data)["vocab"]["size"]["src"]
+    assert f'"src_vocab_size": {size}' in out and f"at a shared vocabulary of {size:,}" in out
+    assert main(["info", "--data", str(tmp_path / "none")]) == 2
+    assert "data.json: no such file" in capsys.readouterr().err
+
+
 def test_info_bad_override_is_one_line_error(capsys):
     assert main(["info", "--set", "model.nope=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

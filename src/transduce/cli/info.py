@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import PRESETS, TABLE3_PARAMS_M, Config, apply_overrides, get_preset
+from ..errors import UsageError
 
 HELP = "show a preset's configuration and parameter count"
 DESCRIPTION = """\
@@ -16,7 +17,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="base", choices=sorted(PRESETS), metavar="NAME",
                         help="preset name (default: base); one of: " + ", ".join(PRESETS))
     parser.add_argument("--vocab-size", type=int, default=None,
-                        help="shared vocabulary size (default: the preset's, 37000 as in the paper)")
+                        help="source vocabulary size, shared with the target unless --tgt-vocab-size is given "
+                             "(default: the preset's, 37000 as in the paper's WMT En-De)")
+    parser.add_argument("--tgt-vocab-size", type=int, default=None,
+                        help="a separate target vocabulary of this size (embeddings then not shared), e.g. a "
+                             "parser's tree symbols")
+    parser.add_argument("--data", metavar="DIR",
+                        help="take both vocabulary sizes from data prepared by `transduce prepare` (what "
+                             "`transduce train --data DIR` would build)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a field, e.g. --set model.n_layers=3 (repeatable)")
     parser.add_argument("--all", action="store_true", help="print a table of every preset's parameter count")
@@ -28,17 +36,37 @@ def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:
 
     from ..model import Transformer, count_parameters
 
-    config = get_preset(name)
-    if args.vocab_size is not None:
-        config.model.src_vocab_size = args.vocab_size
-    config = apply_overrides(config, args.set)
+    if args.data is not None:
+        from ..data.batching import read_metadata
+        from ..train.trainer import config_for_data
+
+        if args.vocab_size is not None or args.tgt_vocab_size is not None:
+            raise UsageError("--data gives the vocabulary sizes: no --vocab-size or --tgt-vocab-size with it")
+        config = config_for_data(name, args.set, read_metadata(args.data))
+    else:
+        config = get_preset(name)
+        if args.vocab_size is not None:
+            config.model.src_vocab_size = args.vocab_size
+        if args.tgt_vocab_size is not None:
+            config.model.tgt_vocab_size, config.model.share_embeddings = args.tgt_vocab_size, False
+        config = apply_overrides(config, args.set)
     with torch.device("meta"):  # count parameters without allocating them
         n = count_parameters(Transformer(config.model))
     return config, n
 
 
+def vocabulary(config: Config) -> str:
+    """The vocabulary a count assumes, in words."""
+    m = config.model
+    if m.tgt_vocab_size is None:
+        return f"a shared vocabulary of {m.src_vocab_size:,}"
+    return f"vocabularies of {m.src_vocab_size:,} (source) and {m.target_vocab_size:,} (target)"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.all:
+        print(f"parameters at {vocabulary(_build('base', args)[0])}, for every preset "
+              "(--vocab-size, --tgt-vocab-size or --data for yours)")
         print(f"{'preset':<12} {'N':>2} {'d_model':>7} {'d_ff':>5} {'h':>3} {'d_k':>4} {'d_v':>4} "
               f"{'P_drop':>6} {'eps_ls':>6} {'positions':>10} {'params':>9} {'Table 3':>8}")
         for name in PRESETS:
@@ -53,5 +81,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"preset: {args.preset}")
     print(config.to_json())
     paper = TABLE3_PARAMS_M.get(args.preset)
-    print(f"parameters: {n:,} ({n / 1e6:.1f}M)" + (f"; Table 3: {paper}M" if paper else ""))
+    print(f"parameters: {n:,} ({n / 1e6:.1f}M) at {vocabulary(config)}" + (f"; Table 3: {paper}M" if paper else ""))
     return 0
