@@ -119,7 +119,7 @@ def test_json_holds_each_sentences_weights_cut_to_its_tokens(loaded, padded):
 
 
 def test_labels_of_subword_pieces_and_repeated_tokens():
-    assert [readable(p) for p in ["\u2581mak", "ing", "</s>", "<s>", "\u2581", "."]] == ["mak", "\u00b7ing", "</s>", "<s>", "\u2581", "\u00b7."]
+    assert [readable(p) for p in ["\u2581mak", "ing", "</s>", "<s>", "\u2581", "."]] == ["mak", "\u00b7ing", "</s>", "<s>", "\u2423", "\u00b7."]
     labels = ["the", "mak", "\u00b7ing", "the", "</s>"]
     pieces = ["\u2581the", "\u2581mak", "ing", "\u2581the", "</s>"]
     assert find_token(labels, pieces, "making", "source") == 1  # a word of two pieces: its first
@@ -213,6 +213,9 @@ def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path,
     (["--png", "OUT.png", "--query", "a"], "occurs at positions"),
     (["--json", "OUT.json", "--target", "x", "--target", "y"], "2 --target for 1 sentences"),
     (["--png", "OUT.png", "--heads", "9"], "heads [9]: the model has heads 1 to 4"),
+    (["--png", "OUT.svg"], "--png"),  # the figure is a PNG: a name saying otherwise is refused
+    (["--json", "OUT.json", "--heads", "9"], "--heads choose what the PNG figure shows: add --png FILE"),
+    (["--html", "OUT.html", "--type", "decoder-cross", "--query", "dog"], "--type, --query choose what the PNG"),
 ])
 def test_command_errors_are_one_line(model_dir, tmp_path, capsys, extra, message):
     extra = [e.replace("OUT", str(tmp_path / "o")).replace("X/", str(tmp_path) + "/") for e in extra]

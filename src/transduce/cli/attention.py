@@ -147,9 +147,19 @@ def run(args: argparse.Namespace) -> int:
     if not (args.html or args.json or args.png):
         raise UsageError("nothing to write: give --html FILE, --json FILE and/or --png FILE")
     if args.png:
+        if args.png.suffix.lower() != ".png":
+            raise UsageError(f"--png {args.png}: the figure is a PNG image; give a file name ending in .png")
         from ..views.figures import require_matplotlib
 
         require_matplotlib()  # before the model is loaded
+    else:
+        figure_only = [flag for flag, given in (
+            ("--figure", args.figure != "lines"), ("--type", args.type != "encoder"), ("--layer", args.layer is not None),
+            ("--heads", args.heads is not None), ("--query", args.query is not None), ("--sentence", args.sentence != 1),
+            ("--layout", args.layout != "columns")) if given]
+        if figure_only:
+            raise UsageError(f"{', '.join(figure_only)} choose what the PNG figure shows: add --png FILE "
+                             "(the HTML page and the JSON hold every type, layer and head)")
     if args.beam < 1 or args.max_len_offset < 0:
         raise UsageError("--beam must be at least 1 and --max-len-offset not negative")
     for path in (args.html, args.json, args.png):

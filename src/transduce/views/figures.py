@@ -138,11 +138,16 @@ def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer:
                 else:
                     ax.text(x, y + (0.03 if side == 0 else -0.03), t, rotation=90, ha="center",
                             va="bottom" if side == 0 else "top", **kw)
-        if layout == "columns":
+        side_kw = dict(color="#666666", fontstyle="italic", fontsize=7)
+        if layout == "columns":  # each column headed by what it is
+            ax.text(0.29, n + 0.75, "queries", ha="right", va="center", **side_kw)
+            ax.text(0.71, n + 0.75, "keys", ha="left", va="center", **side_kw)
             ax.set_xlim(0, 1)
-            ax.set_ylim(0.3, n + 0.7)
-        else:
-            ax.set_xlim(0.3, n + 0.7)
+            ax.set_ylim(0.3, n + 1.0)
+        else:  # each row named at its left
+            ax.text(0.55, 1.0, "queries", ha="right", va="center", **side_kw)
+            ax.text(0.55, 0.0, "keys", ha="right", va="center", **side_kw)
+            ax.set_xlim(-0.6, n + 0.7)
             ax.set_ylim(-0.9, 1.9)
         from matplotlib.lines import Line2D
 

@@ -44,11 +44,13 @@ FORMAT = "transduce-attention/1"
 
 def readable(piece: str) -> str:
     """A subword piece as a label: a word-initial piece ("▁mak") without its marker ("mak"), a
-    piece that continues a word ("ing") with a leading "·" ("·ing"); special pieces as they are."""
+    piece that continues a word ("ing") with a leading "·" ("·ing"); special pieces as they are; a
+    word start with nothing after it (before an unknown character: "▁", "<unk>") as a visible space,
+    "␣"."""
     if piece.startswith("<") and piece.endswith(">"):
         return piece
     if piece.startswith("\u2581"):
-        return piece[1:] or "\u2581"
+        return piece[1:] or "\u2423"
     return "\u00b7" + piece
 
 
