@@ -25,3 +25,17 @@ def test_reverse_task_reaches_99_percent_exact_match():
     finally:
         torch.set_num_threads(threads)
     assert r.exact_match >= 0.99, r  # 500 held-out sequences, never seen in training or dev
+
+
+def test_the_command_fails_the_check_and_says_why_when_its_step_cap_stops_it(capsys):
+    from transduce.cli import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(["synthetic", "--max-steps", "20"]) == 1  # far too few steps to learn anything
+    finally:
+        torch.set_num_threads(threads)
+    captured = capsys.readouterr()
+    assert "task=reverse steps=20" in captured.out
+    assert "check FAILED: held-out exact match" in captured.err and "stopped at --max-steps 20" in captured.err

@@ -9,7 +9,11 @@ HELP = "end-to-end check (a minute or two) on a copy/reverse task"
 DESCRIPTION = """\
 Train a small Transformer (N=2, d_model=128) on random sequences of 1-10 symbols to copy or
 reverse, until greedy decoding gets 500 development sequences right, then greedy-decode 500
-held-out sequences and report exact match."""
+held-out sequences and report exact match. The check passes at >= 99% held-out exact match
+(exit status 0) and fails below it (exit status 1, saying why)."""
+
+PASS = 0.99
+"""Held-out exact match at which the check passes: masks, shifting and decoding fit together."""
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -33,4 +37,11 @@ def run(args: argparse.Namespace) -> int:
 
         save_model(model, Config(model=model.config), args.save)
         print(f"saved to {args.save}")
-    return 0
+    if r.exact_match >= PASS:
+        print(f"check passed: held-out exact match {r.exact_match:.1%} >= {PASS:.0%}")
+        return 0
+    why = (f"training stopped at --max-steps {args.max_steps} before every development sequence was right "
+           f"({r.dev_exact_match:.1%}); give it more steps" if r.dev_exact_match < 1.0 else
+           "the development sequences were all right but held-out ones are not: the model does not generalise")
+    print(f"check FAILED: held-out exact match {r.exact_match:.1%} < {PASS:.0%}: {why}", file=sys.stderr)
+    return 1
