@@ -208,7 +208,7 @@ def test_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.de"
     bad.write_bytes(b"ok\n\xffno\n")
     assert main(["evaluate", "--hyp", str(bad), "--ref", str(hyp), "--tgt", "de"]) == 2
-    assert capsys.readouterr().err.strip() == f"transduce evaluate: error: {bad}:2: invalid UTF-8 (byte 0 of the line)"
+    assert capsys.readouterr().err.strip() == f"transduce evaluate: error: {bad}:2: invalid UTF-8 (byte 1 of the line)"
 
 
 @needs_mirror

@@ -118,7 +118,7 @@ def test_invalid_utf8_is_a_one_line_error_and_leaves_no_output(model_dir, tmp_pa
     assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--chunk-lines", "2", *FAST]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0] == f"transduce translate: error: {src}:4: invalid UTF-8 (byte 4 of the line)"
+    assert err[0] == f"transduce translate: error: {src}:4: invalid UTF-8 (byte 5 of the line)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no out.txt, no temporary file
 
 
