@@ -370,3 +370,60 @@ def test_average_is_the_elementwise_mean(loaded, model_dir, tmp_path):
     for name, p in avg.model.state_dict().items():
         if p.is_floating_point() and not name.endswith("table"):
             assert torch.allclose(p, loaded.model.state_dict()[name] + 0.5, atol=1e-6), name
+
+
+# --- the output file: as the shell's `>` writes it ---------------------------------------------------
+
+
+def _read_fifo_in_background(fifo):
+    """A reader of `fifo` in a thread (opening a FIFO to write waits for one): its bytes, once
+    `done()` is called."""
+    import threading
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    t.start()
+
+    def done():
+        if t.is_alive():  # the writer never came: let the reader go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(10)
+        return got[0] if got else None
+    return done
+
+
+def test_output_follows_a_symlink_and_writes_a_fifo_in_place(model_dir, tmp_path):
+    src = write(tmp_path / "in.txt", ["a man runs", "", "the dog"])
+    (tmp_path / "real.txt").write_text("old\n")
+    (tmp_path / "link.txt").symlink_to("real.txt")
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(tmp_path / "link.txt"), *FAST]) == 0
+    assert (tmp_path / "link.txt").is_symlink() and os.readlink(tmp_path / "link.txt") == "real.txt"  # still a link
+    assert (tmp_path / "real.txt").read_text(encoding="utf-8").count("\n") == 3  # its target written
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = _read_fifo_in_background(fifo)
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(fifo), *FAST]) == 0
+    assert done().count(b"\n") == 3 and fifo.is_fifo()  # streamed through, not replaced by a file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "in.txt", "link.txt", "real.txt"]  # no temporary file
+
+
+@pytest.mark.parametrize("output, message", [
+    ("adir", "adir: Is a directory"),
+    ("nodir/out.txt", "nodir/out.txt: No such file or directory"),
+    ("in.txt/out.txt", "in.txt/out.txt: Not a directory"),
+    ("ro/out.txt", "ro/out.txt: Permission denied"),
+])
+def test_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, output, message):
+    """One line naming the user's path (never a temporary name), before anything loads (MODEL
+    does not even exist here)."""
+    from transduce.checkpoint import files
+
+    write(tmp_path / "in.txt", ["a man runs"])
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "ro").mkdir()
+    access = os.access  # as root every directory can be written to: say "ro" cannot
+    monkeypatch.setattr(files.os, "access", lambda p, mode: access(p, mode) and not str(p).endswith("/ro"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["translate", "no-such-model", "-i", "in.txt", "-o", output, *FAST]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"transduce translate: error: {message}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "in.txt", "ro"] and not list((tmp_path / "ro").iterdir())

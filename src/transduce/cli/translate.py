@@ -33,7 +33,12 @@ to --output or stdout. Always as many lines out as in:
   the limit, with a warning on stderr naming the line;
 * invalid UTF-8 is an error naming the file and line
   (``transduce translate: error: FILE:LINE: invalid UTF-8 ...``, exit status 2). --output is
-  written to a temporary file and renamed at the end, so an error leaves no partial file.
+  checked before the model loads (its directory exists and can be written to, it is not a
+  directory), written to a temporary file beside it and renamed at the end, so an error or
+  Ctrl-C leaves no partial file and the old one as it was.
+  As with the shell's ``>``, a symlink is followed (its target replaced, the link kept) and a
+  name that is not a regular file (a FIFO, /dev/null, /dev/stdout) is written in place,
+  streaming.
 
 The input is streamed: read `--chunk-lines` lines (2000) at a time, each chunk sorted by length
 and cut into batches of at most --batch-tokens padded source tokens and --batch-size sentences,
@@ -58,7 +63,7 @@ from typing import Callable, Iterable
 
 from .. import translate
 from ..data.text import iter_lines, open_text
-from ..errors import DataError
+from ..checkpoint.files import check_output
 from ..translate import AtomicOutput, Candidate
 from .common import add_decoding_args, add_model_args, check_decoding_args, decoding_options, load_from_args
 
@@ -74,7 +79,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("input and output")
     g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences to translate, plain or .gz (default: stdin)")
     g.add_argument("--output", "-o", type=Path, metavar="FILE",
-                   help="translations (default: stdout); written atomically, gzip if FILE ends in .gz")
+                   help="translations (default: stdout); written atomically (a FIFO or device in place), gzip "
+                        "if FILE ends in .gz")
     g.add_argument("--n-best", type=int, metavar="K",
                    help="write the K best hypotheses per line as TSV: LINE, RANK, SCORE, LOGPROB, TEXT")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no notes (warnings still shown)")
@@ -96,14 +102,16 @@ def _to_file(path: Path | None) -> bool:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """Refuse, before anything loads, flags that cannot work together and an output that
+    cannot be written."""
     check_decoding_args(args)
     if args.n_best is not None:
         if args.greedy and args.n_best != 1:
             raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
         if not args.greedy and not 1 <= args.n_best <= args.beam:
             raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
-    if _to_file(args.output) and not args.output.absolute().parent.is_dir():
-        raise DataError("no such directory", args.output.absolute().parent)
+    if _to_file(args.output):
+        check_output(args.output)
 
 
 def run(args: argparse.Namespace) -> int:
