@@ -427,3 +427,26 @@ def test_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_pat
     assert main(["translate", "no-such-model", "-i", "in.txt", "-o", output, *FAST]) == 2
     assert capsys.readouterr().err.splitlines() == [f"transduce translate: error: {message}"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "in.txt", "ro"] and not list((tmp_path / "ro").iterdir())
+
+
+def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(model_dir, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "out.txt"
+    out.write_text("before\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "transduce", "translate", str(model_dir), "-o", str(out), *FAST,
+                          "--threads", "1"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p.stdin.write(b"a man runs\n" * 5)  # and the input stays open: it waits for more
+    p.stdin.flush()
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.txt.tmp-*")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".out.txt.tmp-*")), p.stderr.read().decode()  # it is writing
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 143
+    assert "transduce translate: terminated" in p.stderr.read().decode()
+    p.stdin.close()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"] and out.read_text() == "before\n"

@@ -175,6 +175,7 @@ def _worker_start(threads: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool ends its workers with SIGTERM (not the parent's handler)
     torch.set_num_threads(threads)
 
 

@@ -5,6 +5,8 @@ choose."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
 
 import torch
@@ -159,3 +161,29 @@ def decoding_options(args: argparse.Namespace) -> dict:
     return dict(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset, greedy=args.greedy,
                 batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
                 bf16=args.bf16, chunk_lines=args.chunk_lines, workers=args.workers)
+
+
+@contextlib.contextmanager
+def exit_on_sigterm(prog: str):
+    """While entered (in the main thread; elsewhere it does nothing), SIGTERM ends the command as
+    Ctrl-C does, through its `finally` blocks (an output's temporary file is discarded, the
+    file it would replace left as it was), with "terminated" and the status the signal's own
+    action gives, 143 (128 + 15). Forked decoding workers go back to the default action
+    (`transduce.translate`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        print(f"{prog}: terminated", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -34,8 +34,8 @@ to --output or stdout. Always as many lines out as in:
 * invalid UTF-8 is an error naming the file and line
   (``transduce translate: error: FILE:LINE: invalid UTF-8 ...``, exit status 2). --output is
   checked before the model loads (its directory exists and can be written to, it is not a
-  directory), written to a temporary file beside it and renamed at the end, so an error or
-  Ctrl-C leaves no partial file and the old one as it was.
+  directory), written to a temporary file beside it and renamed at the end, so an error,
+  Ctrl-C or SIGTERM (exit status 130, 143) leaves no partial file and the old one as it was.
   As with the shell's ``>``, a symlink is followed (its target replaced, the link kept) and a
   name that is not a regular file (a FIFO, /dev/null, /dev/stdout) is written in place,
   streaming.
@@ -65,7 +65,9 @@ from .. import translate
 from ..data.text import iter_lines, open_text
 from ..checkpoint.files import check_output
 from ..translate import AtomicOutput, Candidate
-from .common import add_decoding_args, add_model_args, check_decoding_args, decoding_options, load_from_args
+from .common import (
+    add_decoding_args, add_model_args, check_decoding_args, decoding_options, exit_on_sigterm, load_from_args,
+)
 
 HELP = "translate text with a trained model (beam search, 6.1)"
 DESCRIPTION = __doc__
@@ -124,46 +126,48 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     out: AtomicOutput | None = None
     bar = infile = None
-    try:
-        if _to_file(args.input):
-            infile, name, interactive = open_text(args.input), str(args.input), False
-        else:
-            infile, name, interactive = sys.stdin.buffer, "<stdin>", sys.stdin.isatty()
-        loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
-        if not args.quiet:
-            print(f"{PROG}: model {loaded.description}", file=sys.stderr)
-            print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
-            if args.engine != "ct2" and not interactive:
-                print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
-        if loaded.precision.warning:
-            warn(loaded.precision.warning)
-        if _to_file(args.output):
-            out = AtomicOutput(args.output)
-            write, flush = out.write, lambda: None
-        else:
-            write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
-        if _to_file(args.input) and not args.quiet and sys.stderr.isatty():
-            bar = tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
-        options = dict(**{**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines,
-                          "workers": 1 if interactive else args.workers},
-                       n_best=args.n_best or 1, source_name=name, warn=warn, advance=bar.update if bar is not None else None)
-        if args.engine == "ct2":
-            stream = loaded.translate_stream(iter_lines(infile, name), **options, length_penalty=args.ct2_length_penalty)
-        else:
-            stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
-                                                **options)
-        _write(stream, args.n_best, write, flush if interactive else None)
-        flush()
-        if out is not None:
-            out.commit()
-            out = None
-    finally:
-        if out is not None:
-            out.discard()
-        if bar is not None:
-            bar.close()
-        if infile is not None and infile is not sys.stdin.buffer:
-            infile.close()
+    with exit_on_sigterm(PROG):
+        try:
+            if _to_file(args.input):
+                infile, name, interactive = open_text(args.input), str(args.input), False
+            else:
+                infile, name, interactive = sys.stdin.buffer, "<stdin>", sys.stdin.isatty()
+            loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
+            if not args.quiet:
+                print(f"{PROG}: model {loaded.description}", file=sys.stderr)
+                print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
+                if args.engine != "ct2" and not interactive:
+                    print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
+            if loaded.precision.warning:
+                warn(loaded.precision.warning)
+            if _to_file(args.output):
+                out = AtomicOutput(args.output)
+                write, flush = out.write, lambda: None
+            else:
+                write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
+            if _to_file(args.input) and not args.quiet and sys.stderr.isatty():
+                bar = tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
+            options = dict(**{**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines,
+                              "workers": 1 if interactive else args.workers},
+                           n_best=args.n_best or 1, source_name=name, warn=warn, advance=bar.update if bar is not None else None)
+            if args.engine == "ct2":
+                stream = loaded.translate_stream(iter_lines(infile, name), **options,
+                                                 length_penalty=args.ct2_length_penalty)
+            else:
+                stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
+                                                    **options)
+            _write(stream, args.n_best, write, flush if interactive else None)
+            flush()
+            if out is not None:
+                out.commit()
+                out = None
+        finally:
+            if out is not None:
+                out.discard()
+            if bar is not None:
+                bar.close()
+            if infile is not None and infile is not sys.stdin.buffer:
+                infile.close()
     return 0
 
 
