@@ -322,3 +322,16 @@ def test_json_follows_a_symlink_and_streams_into_a_fifo(tmp_path, capsys):
     assert json.loads(got[0])["n_sentences"] == 1 and fifo.is_fifo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "hyp.de", "link.json", "real.json"]
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "-1"], "--threads must be at least 1, not -1"),
+    (["--threads", "0"], "--threads must be at least 1, not 0"),
+    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
+    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+])
+def test_bad_decoding_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
+    src = _write(tmp_path / "src.txt", ["ein mann"])
+    assert main(["evaluate", str(tmp_path / "no-such-model"), "--src-file", str(src), "--ref", str(src), "--tgt", "de",
+                 *flags]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"transduce evaluate: error: {message}"]

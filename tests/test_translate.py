@@ -450,3 +450,16 @@ def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(mod
     assert "transduce translate: terminated" in p.stderr.read().decode()
     p.stdin.close()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"] and out.read_text() == "before\n"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "-1"], "--threads must be at least 1, not -1"),
+    (["--threads", "0"], "--threads must be at least 1, not 0"),
+    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
+    (["--alpha", "inf"], "--alpha must be a finite number >= 0, not inf"),
+    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+])
+def test_bad_threads_and_alpha_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
+    assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"transduce translate: error: {message}"), err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
     g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
     g.add_argument("--device", default="auto", metavar="NAME", help=f"{DEVICES} (default: auto, CUDA if available)")
-    g.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's)")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads, at least 1 (default: PyTorch's)")
 
 
 def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEFAULT_BEAM, alpha: float | None = DEFAULT_ALPHA,
@@ -104,6 +105,11 @@ def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
 
 
 def check_decoding_args(args: argparse.Namespace) -> None:
+    """Refuse, before anything loads, the model and decoding flags that cannot work."""
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, not {args.threads}")
+    if not (math.isfinite(args.alpha) and args.alpha >= 0):  # nan: every line runs to the maximum length
+        raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
     for name in ("beam", "batch_tokens", "batch_size", "max_input_tokens", "chunk_lines"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
