@@ -458,8 +458,12 @@ def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(mod
     (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
     (["--alpha", "inf"], "--alpha must be a finite number >= 0, not inf"),
     (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+    (["--engine", "ct2", "--int8"], "--precision int8 does not apply to --engine ct2: choose CTranslate2's"),
+    (["--engine", "ct2", "--precision", "bf16"], "--precision bf16 does not apply to --engine ct2"),
+    (["--ct2-compute-type", "int8"], "--ct2-compute-type applies to --engine ct2 only"),
+    (["--ct2-length-penalty", "ct2"], "--ct2-length-penalty applies to --engine ct2 only"),
 ])
-def test_bad_threads_and_alpha_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
+def test_bad_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
     assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"transduce translate: error: {message}"), err

@@ -90,9 +90,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "ct2"), default="torch",
                    help="torch (default): transduce's own decoding; ct2: MODEL is a directory written by "
                         "`transduce export ct2`, decoded by CTranslate2 (pip install 'transduce[ct2]')")
-    g.add_argument("--ct2-compute-type", default="default", metavar="TYPE",
-                   help="ct2: CTranslate2's compute type (default: the exported one; int8, float32, ...)")
-    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper",
+    g.add_argument("--ct2-compute-type", metavar="TYPE",
+                   help="ct2: CTranslate2's compute type, its precision (default: the exported one; int8, float32, "
+                        "bfloat16, ...); --precision, --bf16 and --int8 are the torch engine's and refused with ct2")
+    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"),
                    help="ct2: rank the beam's hypotheses by the paper's ((5+|Y|)/6)^alpha (default) or by CTranslate2's "
                         "|Y|^alpha (docs/export.md)")
     add_model_args(parser)
@@ -107,6 +108,13 @@ def check_args(args: argparse.Namespace) -> None:
     """Refuse, before anything loads, flags that cannot work together and an output that
     cannot be written."""
     check_decoding_args(args)
+    if args.engine == "ct2" and args.precision != "auto":
+        raise ValueError(f"--precision {args.precision} does not apply to --engine ct2: choose CTranslate2's "
+                         "precision with --ct2-compute-type (int8, float32, bfloat16, ...)")
+    if args.engine != "ct2":
+        for flag in ("ct2_compute_type", "ct2_length_penalty"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} applies to --engine ct2 only")
     if args.n_best is not None:
         if args.greedy and args.n_best != 1:
             raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
@@ -152,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                            n_best=args.n_best or 1, source_name=name, warn=warn, advance=bar.update if bar is not None else None)
             if args.engine == "ct2":
                 stream = loaded.translate_stream(iter_lines(infile, name), **options,
-                                                 length_penalty=args.ct2_length_penalty)
+                                                 length_penalty=args.ct2_length_penalty or "paper")
             else:
                 stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
                                                     **options)
@@ -182,7 +190,7 @@ def _load_ct2(args: argparse.Namespace):
     args.bf16 = False
     if args.workers == "auto":
         args.workers = 1  # CTranslate2 decodes in its own worker
-    return load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
+    return load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type or "default", threads=args.threads or 0)
 
 
 def _write(stream: Iterable[list[Candidate]], n_best: int | None, write: Callable[[bytes], None],
