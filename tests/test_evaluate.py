@@ -335,3 +335,13 @@ def test_bad_decoding_flags_are_one_line_errors_before_the_model_loads(tmp_path,
     assert main(["evaluate", str(tmp_path / "no-such-model"), "--src-file", str(src), "--ref", str(src), "--tgt", "de",
                  *flags]) == 2
     assert capsys.readouterr().err.splitlines() == [f"transduce evaluate: error: {message}"]
+
+
+def test_unknown_sacrebleu_tokenizer_is_refused_with_the_list(tmp_path, capsys):
+    hyp = _write(tmp_path / "hyp.de", ["a"])
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--tgt", "de", "--sacrebleu-tokenize", "bogus"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("transduce evaluate: error: argument --sacrebleu-tokenize: invalid choice: 'bogus'")
+    assert all(name in err for name in ("13a", "intl", "none", "char"))

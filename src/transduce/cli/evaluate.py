@@ -40,7 +40,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tgt", help="target language: picks the dataset side and the Moses tokenizer's -l (required)")
     g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR or ../shared/data)")
     g = parser.add_argument_group("scoring and output")
-    g.add_argument("--sacrebleu-tokenize", default="13a", help="sacreBLEU's tokenizer (default 13a, its standard)")
+    from sacrebleu.metrics import BLEU
+
+    g.add_argument("--sacrebleu-tokenize", default="13a", choices=list(BLEU.TOKENIZERS), metavar="NAME",
+                   help=f"sacreBLEU's tokenizer: {', '.join(BLEU.TOKENIZERS)} (default 13a, its standard)")
     g.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the report as JSON to FILE, after the table (or to stdout, without the table, when no "
                         "FILE is given)")
