@@ -458,8 +458,9 @@ def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(mod
     (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
     (["--alpha", "inf"], "--alpha must be a finite number >= 0, not inf"),
     (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
-    (["--engine", "ct2", "--int8"], "--precision int8 does not apply to --engine ct2: choose CTranslate2's"),
-    (["--engine", "ct2", "--precision", "bf16"], "--precision bf16 does not apply to --engine ct2"),
+    (["--engine", "ct2", "--precision", "auto-int8"], "--precision auto-int8 does not apply to --engine ct2: choose"),
+    (["--engine", "ct2", "--int8", "--ct2-compute-type", "float32"],
+     "--precision int8 is --ct2-compute-type int8, not float32: give one of them"),
     (["--ct2-compute-type", "int8"], "--ct2-compute-type applies to --engine ct2 only"),
     (["--ct2-length-penalty", "ct2"], "--ct2-length-penalty applies to --engine ct2 only"),
 ])
@@ -467,3 +468,15 @@ def test_bad_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, 
     assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"transduce translate: error: {message}"), err
+
+
+def test_precision_with_engine_ct2_is_its_compute_type():
+    from transduce.cli import build_parser
+    from transduce.cli.translate import check_args
+
+    for flags, compute_type in [([], None), (["--int8"], "int8"), (["--precision", "fp32"], "float32"),
+                                (["--bf16", "--ct2-compute-type", "bfloat16"], "bfloat16"),
+                                (["--ct2-compute-type", "int8_float32"], "int8_float32")]:
+        args = build_parser().parse_args(["translate", "m", "--engine", "ct2", *flags])
+        check_args(args)
+        assert args.ct2_compute_type == compute_type, flags

@@ -92,12 +92,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "`transduce export ct2`, decoded by CTranslate2 (pip install 'transduce[ct2]')")
     g.add_argument("--ct2-compute-type", metavar="TYPE",
                    help="ct2: CTranslate2's compute type, its precision (default: the exported one; int8, float32, "
-                        "bfloat16, ...); --precision, --bf16 and --int8 are the torch engine's and refused with ct2")
+                        "bfloat16, ...); --precision fp32, bf16, int8 (--bf16, --int8) stand for float32, bfloat16, "
+                        "int8, and the auto precisions are refused")
     g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"),
                    help="ct2: rank the beam's hypotheses by the paper's ((5+|Y|)/6)^alpha (default) or by CTranslate2's "
                         "|Y|^alpha (docs/export.md)")
     add_model_args(parser)
     add_decoding_args(parser)
+
+
+CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
+"""--precision (--bf16, --int8) with --engine ct2: the CTranslate2 compute type it stands for."""
 
 
 def _to_file(path: Path | None) -> bool:
@@ -109,8 +114,14 @@ def check_args(args: argparse.Namespace) -> None:
     cannot be written."""
     check_decoding_args(args)
     if args.engine == "ct2" and args.precision != "auto":
-        raise ValueError(f"--precision {args.precision} does not apply to --engine ct2: choose CTranslate2's "
-                         "precision with --ct2-compute-type (int8, float32, bfloat16, ...)")
+        compute_type = CT2_COMPUTE_TYPES.get(args.precision)
+        if compute_type is None:
+            raise ValueError(f"--precision {args.precision} does not apply to --engine ct2: choose CTranslate2's "
+                             "precision with --ct2-compute-type (int8, float32, bfloat16, ...)")
+        if args.ct2_compute_type not in (None, compute_type):
+            raise ValueError(f"--precision {args.precision} is --ct2-compute-type {compute_type}, not "
+                             f"{args.ct2_compute_type}: give one of them")
+        args.ct2_compute_type = compute_type
     if args.engine != "ct2":
         for flag in ("ct2_compute_type", "ct2_length_penalty"):
             if getattr(args, flag) is not None:
