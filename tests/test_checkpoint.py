@@ -41,3 +41,18 @@ def test_checkpoint_step_reads_back_the_name():
     for step in (0, 7, 1000, 12_345_678):
         assert checkpoint_step(checkpoint_name(step)) == step
     assert checkpoint_step(f"runs/x/checkpoints/{checkpoint_name(900)}.damaged") == 900
+
+
+def test_atomic_dir_errors_name_the_users_path_not_the_temporary_one(tmp_path):
+    """`export ... -o OUT` where OUT cannot be made: the error names OUT, and nothing is left."""
+    from transduce.checkpoint import atomic_dir
+
+    (tmp_path / "a_file").write_text("x\n")
+    for out, what in [(tmp_path / "nodir" / "out", "No such file or directory"),
+                      (tmp_path / "a_file" / "out", "Not a directory"),
+                      (tmp_path / "a_file", "Not a directory")]:
+        with pytest.raises(OSError) as e:
+            with atomic_dir(out):
+                raise AssertionError("not reached")
+        assert f"{e.value.filename}: {e.value.strerror}" == f"{out}: {what}"
+    assert [p.name for p in tmp_path.iterdir()] == ["a_file"] and (tmp_path / "a_file").read_text() == "x\n"

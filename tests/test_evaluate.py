@@ -208,7 +208,7 @@ def test_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.de"
     bad.write_bytes(b"ok\n\xffno\n")
     assert main(["evaluate", "--hyp", str(bad), "--ref", str(hyp), "--tgt", "de"]) == 2
-    assert capsys.readouterr().err.strip() == f"transduce evaluate: error: {bad}:2: invalid UTF-8 (byte 0 of the line)"
+    assert capsys.readouterr().err.strip() == f"transduce evaluate: error: {bad}:2: invalid UTF-8 (byte 1 of the line)"
 
 
 @needs_mirror
@@ -225,7 +225,9 @@ def test_multi30k_dataset_from_the_mirror(tmp_path, capsys, monkeypatch):
         assert report["scores"][key]["score"] == pytest.approx(100.0), key
 
 
-def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
+def _tiny_model(tmp_path):
+    """A random 1-layer model (d_model 16) with a 60-piece vocabulary beside it, and the 300
+    lines its vocabulary was learned from."""
     from transduce.checkpoint import save_model
     from transduce.config import Config, ModelConfig
     from transduce.data.vocab import Vocab, train_vocab
@@ -239,6 +241,11 @@ def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
     mc = ModelConfig(src_vocab_size=len(Vocab(spm)), n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=0.0)
     model_dir = save_model(Transformer(mc), Config(model=mc), tmp_path / "model")
     shutil.copy(spm, model_dir / "spm.model")
+    return model_dir, lines
+
+
+def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
+    model_dir, lines = _tiny_model(tmp_path)
     src = _write(tmp_path / "src.txt", lines[:5] + [""])
     ref = _write(tmp_path / "ref.txt", lines[5:10] + [""])
     saved = tmp_path / "hyp.txt"
@@ -249,3 +256,92 @@ def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
     assert report["n_sentences"] == 6 and len(saved.read_text(encoding="utf-8").split("\n")) == 7
     assert main(["evaluate", str(model_dir), "--hyp", str(saved), "--ref", str(ref), "--tgt", "de"]) == 2
     assert "either --hyp FILE or a MODEL" in capsys.readouterr().err
+
+
+# -- output files and flags checked before the work ------------------------------------------------
+
+
+def test_outputs_are_checked_before_the_work_and_errors_name_the_users_path(tmp_path, capsys):
+    model_dir, lines = _tiny_model(tmp_path)
+    src = _write(tmp_path / "src.txt", lines[:4])
+    ref = _write(tmp_path / "ref.txt", lines[4:8])
+    (tmp_path / "adir").mkdir()
+    model = [str(model_dir), "--src-file", str(src), "--ref", str(ref), "--tgt", "de", "--quiet"]
+    hyp = ["--hyp", str(src), "--ref", str(ref), "--tgt", "de"]
+    for argv, path, what in [
+        (model + ["--save-hyp", str(tmp_path / "nodir" / "h.de")], tmp_path / "nodir" / "h.de", "No such file or directory"),
+        (model + ["--json", str(tmp_path / "adir")], tmp_path / "adir", "Is a directory"),
+        (hyp + ["--json", str(tmp_path / "nodir" / "x.json")], tmp_path / "nodir" / "x.json", "No such file or directory"),
+        (hyp + ["--save-hyp", str(tmp_path / "adir")], tmp_path / "adir", "Is a directory"),
+    ]:
+        assert main(["evaluate", *argv]) == 2
+        out, err = capsys.readouterr()
+        assert err.splitlines() == [f"transduce evaluate: error: {path}: {what}"] and out == ""  # nothing decoded
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "model", "ref.txt", "spm.model", "spm.vocab", "src.txt"]
+    assert not list((tmp_path / "adir").iterdir())
+
+
+def test_the_table_is_printed_before_the_json_file_is_written(tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    from transduce.cli import evaluate as cli_evaluate
+
+    hyp = _write(tmp_path / "hyp.de", ["Das ist ein Test."])
+    report = tmp_path / "report.json"
+
+    def disk_full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    monkeypatch.setattr(cli_evaluate, "atomic_write_text", disk_full)
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--tgt", "de", "--json", str(report)]) == 2
+    out, err = capsys.readouterr()
+    assert "sacreBLEU" in out and "100.00" in out  # shown, whatever happens to the file
+    assert err.splitlines() == [f"transduce evaluate: error: {report}: No space left on device"]
+
+
+def test_json_follows_a_symlink_and_streams_into_a_fifo(tmp_path, capsys):
+    import os
+    import threading
+
+    hyp = _write(tmp_path / "hyp.de", ["Das ist ein Test."])
+    argv = ["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--tgt", "de", "--json"]
+    (tmp_path / "link.json").symlink_to("real.json")  # dangling: its target is made, as `>` would
+    assert main([*argv, str(tmp_path / "link.json")]) == 0
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "real.json").read_text())["n_sentences"] == 1
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    try:
+        assert main([*argv, str(fifo)]) == 0
+    finally:
+        if reader.is_alive() and not got:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the reader go if nothing came
+        reader.join(10)
+    assert json.loads(got[0])["n_sentences"] == 1 and fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "hyp.de", "link.json", "real.json"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "-1"], "--threads must be at least 1, not -1"),
+    (["--threads", "0"], "--threads must be at least 1, not 0"),
+    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
+    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+])
+def test_bad_decoding_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
+    src = _write(tmp_path / "src.txt", ["ein mann"])
+    assert main(["evaluate", str(tmp_path / "no-such-model"), "--src-file", str(src), "--ref", str(src), "--tgt", "de",
+                 *flags]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"transduce evaluate: error: {message}"]
+
+
+def test_unknown_sacrebleu_tokenizer_is_refused_with_the_list(tmp_path, capsys):
+    hyp = _write(tmp_path / "hyp.de", ["a"])
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--tgt", "de", "--sacrebleu-tokenize", "bogus"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("transduce evaluate: error: argument --sacrebleu-tokenize: invalid choice: 'bogus'")
+    assert all(name in err for name in ("13a", "intl", "none", "char"))

@@ -118,7 +118,7 @@ def test_invalid_utf8_is_a_one_line_error_and_leaves_no_output(model_dir, tmp_pa
     assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--chunk-lines", "2", *FAST]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0] == f"transduce translate: error: {src}:4: invalid UTF-8 (byte 4 of the line)"
+    assert err[0] == f"transduce translate: error: {src}:4: invalid UTF-8 (byte 5 of the line)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt"]  # no out.txt, no temporary file
 
 
@@ -370,3 +370,113 @@ def test_average_is_the_elementwise_mean(loaded, model_dir, tmp_path):
     for name, p in avg.model.state_dict().items():
         if p.is_floating_point() and not name.endswith("table"):
             assert torch.allclose(p, loaded.model.state_dict()[name] + 0.5, atol=1e-6), name
+
+
+# --- the output file: as the shell's `>` writes it ---------------------------------------------------
+
+
+def _read_fifo_in_background(fifo):
+    """A reader of `fifo` in a thread (opening a FIFO to write waits for one): its bytes, once
+    `done()` is called."""
+    import threading
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    t.start()
+
+    def done():
+        if t.is_alive():  # the writer never came: let the reader go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(10)
+        return got[0] if got else None
+    return done
+
+
+def test_output_follows_a_symlink_and_writes_a_fifo_in_place(model_dir, tmp_path):
+    src = write(tmp_path / "in.txt", ["a man runs", "", "the dog"])
+    (tmp_path / "real.txt").write_text("old\n")
+    (tmp_path / "link.txt").symlink_to("real.txt")
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(tmp_path / "link.txt"), *FAST]) == 0
+    assert (tmp_path / "link.txt").is_symlink() and os.readlink(tmp_path / "link.txt") == "real.txt"  # still a link
+    assert (tmp_path / "real.txt").read_text(encoding="utf-8").count("\n") == 3  # its target written
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = _read_fifo_in_background(fifo)
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(fifo), *FAST]) == 0
+    assert done().count(b"\n") == 3 and fifo.is_fifo()  # streamed through, not replaced by a file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "in.txt", "link.txt", "real.txt"]  # no temporary file
+
+
+@pytest.mark.parametrize("output, message", [
+    ("adir", "adir: Is a directory"),
+    ("nodir/out.txt", "nodir/out.txt: No such file or directory"),
+    ("in.txt/out.txt", "in.txt/out.txt: Not a directory"),
+    ("ro/out.txt", "ro/out.txt: Permission denied"),
+])
+def test_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, output, message):
+    """One line naming the user's path (never a temporary name), before anything loads (MODEL
+    does not even exist here)."""
+    from transduce.checkpoint import files
+
+    write(tmp_path / "in.txt", ["a man runs"])
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "ro").mkdir()
+    access = os.access  # as root every directory can be written to: say "ro" cannot
+    monkeypatch.setattr(files.os, "access", lambda p, mode: access(p, mode) and not str(p).endswith("/ro"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["translate", "no-such-model", "-i", "in.txt", "-o", output, *FAST]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"transduce translate: error: {message}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "in.txt", "ro"] and not list((tmp_path / "ro").iterdir())
+
+
+def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(model_dir, tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "out.txt"
+    out.write_text("before\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "transduce", "translate", str(model_dir), "-o", str(out), *FAST,
+                          "--threads", "1"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p.stdin.write(b"a man runs\n" * 5)  # and the input stays open: it waits for more
+    p.stdin.flush()
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.txt.tmp-*")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".out.txt.tmp-*")), p.stderr.read().decode()  # it is writing
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 143
+    assert "transduce translate: terminated" in p.stderr.read().decode()
+    p.stdin.close()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"] and out.read_text() == "before\n"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "-1"], "--threads must be at least 1, not -1"),
+    (["--threads", "0"], "--threads must be at least 1, not 0"),
+    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
+    (["--alpha", "inf"], "--alpha must be a finite number >= 0, not inf"),
+    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+    (["--engine", "ct2", "--precision", "auto-int8"], "--precision auto-int8 does not apply to --engine ct2: choose"),
+    (["--engine", "ct2", "--int8", "--ct2-compute-type", "float32"],
+     "--precision int8 is --ct2-compute-type int8, not float32: give one of them"),
+    (["--ct2-compute-type", "int8"], "--ct2-compute-type applies to --engine ct2 only"),
+    (["--ct2-length-penalty", "ct2"], "--ct2-length-penalty applies to --engine ct2 only"),
+])
+def test_bad_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
+    assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"transduce translate: error: {message}"), err
+
+
+def test_precision_with_engine_ct2_is_its_compute_type():
+    from transduce.cli import build_parser
+    from transduce.cli.translate import check_args
+
+    for flags, compute_type in [([], None), (["--int8"], "int8"), (["--precision", "fp32"], "float32"),
+                                (["--bf16", "--ct2-compute-type", "bfloat16"], "bfloat16"),
+                                (["--ct2-compute-type", "int8_float32"], "int8_float32")]:
+        args = build_parser().parse_args(["translate", "m", "--engine", "ct2", *flags])
+        check_args(args)
+        assert args.ct2_compute_type == compute_type, flags

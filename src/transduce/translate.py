@@ -22,25 +22,26 @@ most `batch_tokens` padded source tokens and `batch_size` sentences
 (`transduce.data.batching.batch_for_decoding`), translated and put back in input order, so
 memory does not grow with the input.
 
-`AtomicOutput` writes a file that appears whole or not at all. The command, with its input and
-output handling, is `transduce.cli.translate`.
+`AtomicOutput` (`transduce.checkpoint.files`, imported here for its callers) writes a file
+that appears whole or not at all. The command, with its input and output handling, is
+`transduce.cli.translate`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gzip
 import math
 import os
 import sys
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from . import kernels
+from .checkpoint.files import AtomicOutput  # noqa: F401  (an output file written whole: here for its callers)
 from .data.batching import batch_for_decoding
 from .data.vocab import BOS, EOS, PAD, Vocab
 from .decode import Hypothesis, beam_search, greedy_decode
@@ -174,6 +175,7 @@ def _worker_start(threads: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool ends its workers with SIGTERM (not the parent's handler)
     torch.set_num_threads(threads)
 
 
@@ -478,34 +480,3 @@ def load_translation_model(
             f"({mc.src_vocab_size}, {mc.target_vocab_size}): wrong --vocab?"
         )
     return LoadedModel(model, config, sv, tv, what, metadata=_find_metadata(resolved.search_dirs))
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing a file whole or not at all
-# ---------------------------------------------------------------------------------------------
-
-
-class AtomicOutput:
-    """Write to `path` through a temporary file beside it, renamed into place by `commit()`;
-    `discard()` removes it. gzip if the name ends in .gz."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        raw = open(self.tmp, "wb")
-        self.f: BinaryIO = gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) if self.path.name.endswith(".gz") else raw
-        self._raw = raw
-
-    def write(self, data: bytes) -> None:
-        self.f.write(data)
-
-    def commit(self) -> None:
-        self.f.close()
-        self._raw.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        with contextlib.suppress(OSError):
-            self.f.close()
-            self._raw.close()
-        self.tmp.unlink(missing_ok=True)

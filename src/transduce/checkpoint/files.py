@@ -1,7 +1,11 @@
 """The files of a model directory or checkpoint: their names, atomic writes, and checksums.
 
 Atomicity: every file is written to a temporary name, fsync'ed and moved into place with
-`os.replace` (`atomic_write_text`, `atomic_dir`). Integrity: `verify` checks a directory's files
+`os.replace` (`atomic_write_text`, `atomic_dir`). The commands' output files (`translate -o`,
+`evaluate --json`, ...) go through `AtomicOutput` and `atomic_write_text`, which treat the name
+as the shell's `>` does (`output_target`): a symlink is followed (its target replaced, the link
+kept), and what is not a regular file (a FIFO, /dev/null, /dev/stdout) is written in place;
+`check_output` says before any work, naming the user's path, why it cannot be written. Integrity: `verify` checks a directory's files
 against the SHA-256 and size recorded beside them and raises `DamagedCheckpoint`, one line naming
 the file. The layouts these files make are described in `transduce.checkpoint`.
 """
@@ -9,12 +13,16 @@ the file. The layouts these files make are described in `transduce.checkpoint`.
 from __future__ import annotations
 
 import contextlib
+import errno
+import gzip
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from safetensors.torch import save_file
@@ -32,14 +40,115 @@ DAMAGED = ".damaged"
 FORMAT = 1
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file, fsync and `os.replace`."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+IN_PLACE = ("/dev/", "/proc/")
+"""Names under these are written in place, whatever they resolve to: /dev/stdout, /dev/fd/N and
+/proc/self/fd/N stand for an open file (perhaps a pipe, or a file the shell appends to)."""
+
+
+def _error(code: int, path: str | os.PathLike) -> OSError:
+    return OSError(code, os.strerror(code), str(path))
+
+
+def output_target(path: str | os.PathLike) -> Path | None:
+    """Where an output file named `path` is written, as the shell's `>` would write it: the
+    regular file to replace atomically (a symlink followed to its target, a dangling one
+    included; a name not there yet), or None for a name to write in place, streaming (a FIFO, a
+    character device such as /dev/null, a socket, anything under /dev or /proc). Raises OSError
+    naming `path` (never a temporary name) where it cannot be written: a directory, a missing
+    directory, a directory or file that cannot be written to, a read-only file system."""
+    name = str(path)
+    try:
+        st = os.stat(path)  # follows symlinks
+    except FileNotFoundError:
+        st = None
+    except OSError as e:  # a component that is a file, a symlink loop, no permission to look
+        raise _error(e.errno, name) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise _error(errno.EISDIR, name)
+    if st is not None and (not stat.S_ISREG(st.st_mode) or os.path.abspath(name).startswith(IN_PLACE)):
+        if not os.access(path, os.W_OK):
+            raise _error(errno.EACCES, name)
+        return None
+    target = Path(os.path.realpath(path))
+    _check_parent(target.parent, name)  # the temporary file is made beside the target
+    if st is not None and not os.access(path, os.W_OK):  # as `>` refuses a read-only file
+        raise _error(errno.EACCES, name)
+    return target
+
+
+def _check_parent(parent: Path, name: str) -> None:
+    """Raise OSError naming `name` unless a new file can be made in the directory `parent`."""
+    if not parent.is_dir():
+        raise _error(errno.ENOTDIR if parent.exists() else errno.ENOENT, name)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        read_only = hasattr(os, "statvfs") and os.statvfs(parent).f_flag & os.ST_RDONLY
+        raise _error(errno.EROFS if read_only else errno.EACCES, name)
+
+
+def check_output(path: str | os.PathLike | None) -> None:
+    """Before the work: raise OSError naming `path` if it cannot be written as an output file
+    (`output_target`). None and "-" (stdout) pass."""
+    if path is not None and str(path) != "-":
+        output_target(path)
+
+
+class AtomicOutput:
+    """An output file written whole or not at all: bytes written to a temporary file beside the
+    target (`output_target`: a symlink's target), renamed into place by `commit()`; `discard()`
+    removes it, leaving the target as it was. A name that is not a regular file (a FIFO,
+    /dev/null) is written in place, streaming, with no temporary file. gzip if the name ends in
+    .gz. Every OSError names the user's path, not the temporary one."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.target = output_target(self.path)
+        self.tmp = None if self.target is None else self.target.with_name(f".{self.target.name}.tmp-{os.getpid()}")
+        raw = self._do(open, self.tmp or self.path, "wb")
+        self._raw = raw
+        self.f: BinaryIO = gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) if self.path.name.endswith(".gz") else raw
+
+    def _do(self, fn, *args):
+        """fn(*args), an OSError made to name the user's path."""
+        try:
+            return fn(*args)
+        except OSError as e:
+            raise _error(e.errno, self.path) if e.errno else e from None
+
+    def write(self, data: bytes) -> None:
+        self._do(self.f.write, data)
+
+    def commit(self, sync: bool = False) -> None:
+        """Close, and (a regular file) rename into place; `sync`: fsync before the rename."""
+        if self.f is not self._raw:
+            self._do(self.f.close)  # the gzip trailer
+        if sync and self.tmp is not None:
+            self._do(self._raw.flush)
+            self._do(os.fsync, self._raw.fileno())
+        self._do(self._raw.close)
+        if self.tmp is not None:
+            with contextlib.suppress(OSError):  # keep the mode of the file replaced
+                os.chmod(self.tmp, stat.S_IMODE(os.stat(self.target).st_mode))
+            self._do(os.replace, self.tmp, self.target)
+
+    def discard(self) -> None:
+        """Remove the temporary file (a name written in place keeps what was written)."""
+        with contextlib.suppress(OSError):
+            self.f.close()
+            self._raw.close()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` whole or not at all: through a temporary file beside it,
+    fsync'ed and moved into place with `os.replace` (`AtomicOutput`; a FIFO or device in place)."""
+    out = AtomicOutput(path)
+    try:
+        out.write(text.encode("utf-8"))
+        out.commit(sync=True)
+    except BaseException:
+        out.discard()
+        raise
 
 
 @contextlib.contextmanager
@@ -47,8 +156,12 @@ def atomic_dir(out: str | os.PathLike):
     """A directory written whole or not at all (the exports, a model directory made from another
     format): yields a hidden temporary directory beside `out`, which replaces `out` (an existing
     one included) when the block ends without an error; on an error it is removed and `out` is
-    left as it was."""
+    left as it was. Raises OSError naming `out` (not the temporary name) where it cannot be
+    made: a file there, a missing or read-only directory."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise _error(errno.ENOTDIR, out)
+    _check_parent(out.absolute().parent, str(out))
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -5,6 +5,9 @@ choose."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import sys
 from pathlib import Path
 
 import torch
@@ -30,7 +33,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
     g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
     g.add_argument("--device", default="auto", metavar="NAME", help=f"{DEVICES} (default: auto, CUDA if available)")
-    g.add_argument("--threads", type=int, help="CPU threads (default: PyTorch's)")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads, at least 1 (default: PyTorch's)")
 
 
 def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEFAULT_BEAM, alpha: float | None = DEFAULT_ALPHA,
@@ -102,6 +105,11 @@ def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
 
 
 def check_decoding_args(args: argparse.Namespace) -> None:
+    """Refuse, before anything loads, the model and decoding flags that cannot work."""
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, not {args.threads}")
+    if not (math.isfinite(args.alpha) and args.alpha >= 0):  # nan: every line runs to the maximum length
+        raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
     for name in ("beam", "batch_tokens", "batch_size", "max_input_tokens", "chunk_lines"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
@@ -159,3 +167,29 @@ def decoding_options(args: argparse.Namespace) -> dict:
     return dict(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset, greedy=args.greedy,
                 batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
                 bf16=args.bf16, chunk_lines=args.chunk_lines, workers=args.workers)
+
+
+@contextlib.contextmanager
+def exit_on_sigterm(prog: str):
+    """While entered (in the main thread; elsewhere it does nothing), SIGTERM ends the command as
+    Ctrl-C does, through its `finally` blocks (an output's temporary file is discarded, the
+    file it would replace left as it was), with "terminated" and the status the signal's own
+    action gives, 143 (128 + 15). Forked decoding workers go back to the default action
+    (`transduce.translate`)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+        print(f"{prog}: terminated", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .. import evaluate
-from ..checkpoint import atomic_write_text
+from ..checkpoint.files import AtomicOutput, atomic_write_text, check_output
 from ..data.datasets import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError
@@ -40,9 +40,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tgt", help="target language: picks the dataset side and the Moses tokenizer's -l (required)")
     g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR or ../shared/data)")
     g = parser.add_argument_group("scoring and output")
-    g.add_argument("--sacrebleu-tokenize", default="13a", help="sacreBLEU's tokenizer (default 13a, its standard)")
+    from sacrebleu.metrics import BLEU
+
+    g.add_argument("--sacrebleu-tokenize", default="13a", choices=list(BLEU.TOKENIZERS), metavar="NAME",
+                   help=f"sacreBLEU's tokenizer: {', '.join(BLEU.TOKENIZERS)} (default 13a, its standard)")
     g.add_argument("--json", nargs="?", const="-", metavar="FILE",
-                   help="write the report as JSON to FILE (or stdout, without the table, when no FILE is given)")
+                   help="write the report as JSON to FILE, after the table (or to stdout, without the table, when no "
+                        "FILE is given)")
     g.add_argument("--save-hyp", type=Path, metavar="FILE", help="write the translations (or trees) MODEL produced")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     g = parser.add_argument_group("parsing (Section 6.3): automatic with a treebank (--dataset ptb-wsj --split 22|23) "
@@ -110,7 +114,7 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     how it decoded goes into `report`."""
     from tqdm import tqdm
 
-    from ..translate import AtomicOutput, translate_lines
+    from ..translate import translate_lines
 
     if src_path is None:
         raise ValueError("give --src-file FILE (or --dataset with --src) for MODEL to translate")
@@ -133,18 +137,31 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
                           "max_len_offset": args.max_len_offset, "bf16": args.bf16,
                           "precision": loaded.precision.precision, "workers": args.workers}
     if args.save_hyp:
-        out = AtomicOutput(args.save_hyp)
-        try:
-            out.write("".join(h + "\n" for h in hyps).encode("utf-8"))
-            out.commit()
-        except BaseException:
-            out.discard()
-            raise
+        write_output(args.save_hyp, hyps)
     return hyps
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before any work: --save-hyp and --json FILE can be written (`check_output`: their
+    directory exists and can be written to, they are not directories), or one line naming them."""
+    for path in (args.save_hyp, args.json):
+        check_output(path)
+
+
+def write_output(path: str | Path, lines: list[str]) -> None:
+    """`lines` into `path`, whole or not at all (`AtomicOutput`)."""
+    out = AtomicOutput(path)
+    try:
+        out.write("".join(line + "\n" for line in lines).encode("utf-8"))
+        out.commit()
+    except BaseException:
+        out.discard()
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
     """Score --hyp (or MODEL's translations) against the reference; print the table, or JSON."""
+    check_outputs(args)
     if is_parsing(args):
         return run_parsing(args)
     fill_decoding_defaults(args, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
@@ -171,9 +188,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         print(text)
         return 0
+    print(evaluate.format_table(report), flush=True)  # first: a --json FILE that fails to be written loses nothing shown
     if args.json:
-        atomic_write_text(Path(args.json), text + "\n")
-    print(evaluate.format_table(report))
+        atomic_write_text(args.json, text + "\n")
     return 0
 
 
@@ -239,21 +256,13 @@ def run_parsing(args: argparse.Namespace) -> int:
                               "max_len_offset": args.max_len_offset, "constrained": args.constrained,
                               "precision": loaded.precision.precision, "workers": args.workers}
         if args.save_hyp:
-            from ..translate import AtomicOutput
-
-            out = AtomicOutput(args.save_hyp)
-            try:
-                out.write("".join(line + "\n" for line in tree_lines(p.tree for p in parses)).encode("utf-8"))
-                out.commit()
-            except BaseException:
-                out.discard()
-                raise
+            write_output(args.save_hyp, list(tree_lines(p.tree for p in parses)))
     report["n_sentences"] = len(gold)
     report["scores"] = scores.as_dict()
     if args.json == "-":
         print(json.dumps(report, indent=2))
         return 0
+    print(parsing.format_scores(scores, params.cutoff_len), flush=True)
     if args.json:
-        atomic_write_text(Path(args.json), json.dumps(report, indent=2) + "\n")
-    print(parsing.format_scores(scores, params.cutoff_len))
+        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
     return 0

@@ -51,7 +51,8 @@ def iter_lines(f: BinaryIO, name: str | Path) -> Iterator[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"invalid UTF-8 (byte {e.start} of the line)", name, n) from None
+                # the byte's position counts from 1, as the line's does
+                raise DataError(f"invalid UTF-8 (byte {e.start + 1} of the line)", name, n) from None
             if line.endswith("\n"):
                 line = line[:-1]
             if line.endswith("\r"):
