@@ -213,7 +213,9 @@ def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path,
     (["--png", "OUT.png", "--query", "a"], "occurs at positions"),
     (["--json", "OUT.json", "--target", "x", "--target", "y"], "2 --target for 1 sentences"),
     (["--png", "OUT.png", "--heads", "9"], "heads [9]: the model has heads 1 to 4"),
-    (["--png", "OUT.svg"], "--png"),  # the figure is a PNG: a name saying otherwise is refused
+    (["--png", "OUT.svg"], "--png"),
+    (["--json", "OUT.json", "--threads", "-1"], "--threads must be at least 1"),
+    (["--json", "OUT.json", "--alpha", "nan"], "--alpha must be a finite number >= 0"),  # the figure is a PNG: a name saying otherwise is refused
     (["--json", "OUT.json", "--heads", "9"], "--heads choose what the PNG figure shows: add --png FILE"),
     (["--html", "OUT.html", "--type", "decoder-cross", "--query", "dog"], "--type, --query choose what the PNG"),
 ])

@@ -35,6 +35,7 @@ refused, saying what to do).
 from __future__ import annotations
 
 import argparse
+import math
 import json
 import sys
 from pathlib import Path
@@ -162,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
                              "(the HTML page and the JSON hold every type, layer and head)")
     if args.beam < 1 or args.max_len_offset < 0:
         raise UsageError("--beam must be at least 1 and --max-len-offset not negative")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, not {args.threads}")
+    if not (math.isfinite(args.alpha) and args.alpha >= 0):
+        raise UsageError(f"--alpha must be a finite number >= 0, not {args.alpha}")
     for path in (args.html, args.json, args.png):
         if path is not None and not path.absolute().parent.is_dir():
             raise DataError("no such directory", path.absolute().parent)

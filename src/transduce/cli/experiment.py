@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
     machine = experiments.Machine(device=args.device, precision=args.precision, threads=args.threads,
                                   update_freq=args.update_freq, nproc=args.nproc,
                                   progress=not args.no_progress and sys.stderr.isatty())
-    if args.nproc < 1 or args.update_freq < 1:
-        raise UsageError("--nproc and --update-freq must be at least 1")
+    if args.nproc < 1 or args.update_freq < 1 or (args.threads is not None and args.threads < 1):
+        raise UsageError("--nproc, --update-freq and --threads must be at least 1")
     if args.nproc > 1 and not (args.dry_run or args.slurm):
         raise UsageError("--nproc is for --dry-run and --slurm (here each run trains in this process; "
                          "launch the printed torchrun lines, then run this command without --nproc to measure)")
