@@ -251,7 +251,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     the FastAPI app, `.state["batcher"]` the batcher, `.metrics` its metrics, `.begin_drain(grace)`
     what a shutdown calls). `engine`: an Engine, or a function that loads one (called on a thread at
     startup; /health says `loading` until it returns; if it fails, /health says so and
-    `on_load_error(exception)` is called). `api_key`: required on /translate and /attention."""
+    `on_load_error(exception)` is called; `.state["loader"]` is that thread, which a process joins
+    before it exits). `api_key`: required on /translate and /attention."""
     from fastapi import FastAPI, Request
 
     from .demo import add_demo_routes
@@ -261,7 +262,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     defaults = defaults or Search()
     TranslateRequest = request_schema(limits, defaults)
     state: dict[str, Any] = {"engine": None, "batcher": None, "error": None, "draining": False, "expired": False,
-                             "grace": None, "deadline": None}
+                             "grace": None, "deadline": None, "loader": None}
     metrics = Metrics(lambda: state["batcher"].queued if state["batcher"] is not None else 0)
 
     def install(e: Engine) -> None:
@@ -282,7 +283,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     @asynccontextmanager
     async def lifespan(app):
         if state["engine"] is None and callable(engine) and not isinstance(engine, Engine):
-            threading.Thread(target=load, name="transduce-load", daemon=True).start()
+            state["loader"] = threading.Thread(target=load, name="transduce-load", daemon=True)
+            state["loader"].start()
         yield
         if state["batcher"] is not None:
             # a drain whose grace is over leaves a stuck round to its daemon thread
@@ -359,6 +361,34 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
 def _retry_after(batcher: Batcher) -> int:
     """Seconds until the queue has likely drained a little: at least 1."""
     return max(1, math.ceil(batcher.queued * batcher.max_wait))
+
+
+def bind_sockets(host: str, port: int) -> list:
+    """Sockets bound to HOST:PORT, one per address the host stands for (as uvicorn's asyncio binds
+    them), for `server(...).run(sockets=...)`. Binding first, before the server and the model's
+    loading thread start, makes a port in use or not allowed an OSError here, which the caller
+    reports in one line (inside uvicorn it is a traceback and an exit with torch busy on the
+    loading thread: std::terminate). Port 0: the system chooses a free port, the same one for
+    every address (`sockets[0].getsockname()[1]`)."""
+    import socket
+
+    sockets: list[socket.socket] = []
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # :: and 0.0.0.0 are two sockets, as asyncio makes them
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
