@@ -244,6 +244,28 @@ def test_invalid_requests_are_4xx_json_never_500(client, raw):
     assert r.json()["error"] in ("invalid_json", "invalid_request", "limit_exceeded") and "Traceback" not in r.text
 
 
+@pytest.mark.parametrize("path, body", [("/translate", b'{"sentences": ["a man runs"]}'), ("/attention", b'{"source": "a"}')])
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_body_not_sent_as_json_is_415_saying_so(client, path, body, content_type):
+    """curl -d without -H sends application/x-www-form-urlencoded: the answer says what to send."""
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.post(path, content=body, headers=headers)
+    assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type", r.text
+    message = r.json()["message"]
+    assert message.startswith("the body must be JSON, sent with Content-Type: application/json")
+    assert (content_type or "this request has none") in message
+    assert client.post(path, content=body, headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+    assert 415 in {int(s) for s in client.app.fastapi.openapi()["paths"][path]["post"]["responses"]}
+
+
+@pytest.mark.parametrize("path", ["/", "/health", "/info", "/metrics", "/openapi.json"])
+def test_get_routes_answer_head_without_a_body(client, path):
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert "head" not in client.app.fastapi.openapi()["paths"].get(path, {})
+
+
 def test_queue_full_is_429_with_retry_after_and_a_disconnect_leaves_the_others_alone(loaded):
     """One request decoding (held at a gate), one waiting (the queue's limit, 1): the next gets 429.
     The waiting client goes away: its job leaves the queue, never decoded; the held request and

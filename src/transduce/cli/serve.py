@@ -23,6 +23,7 @@ Endpoints:
   GET  /info         the model, the defaults, the limits
   GET  /metrics      Prometheus's text format: requests, latency, batch sizes, queue depth, tokens/s
   GET  /openapi.json the API, generated from its schemas
+  (each GET route answers HEAD too: its headers, no body)
 
 Dynamic batching: requests that arrive within --max-wait-ms of each other (and fit in
 --batch-tokens source tokens) are decoded together by the one decoding thread, sorted by length;
@@ -33,7 +34,7 @@ Limits: a body over --max-body-bytes is refused with 413; more sentences than --
 a sentence over --max-chars characters or --max-tokens subword tokens, a beam over --max-beam or
 a max_len_offset over --max-len-offset-limit with 422; all as JSON naming the limit. With
 --max-queue requests waiting, more get 429 and a Retry-After header. Invalid JSON or UTF-8 is a
-400. A decoding that fails answers its callers 500 (JSON naming the exception) and the server
+400; a body not sent with `Content-Type: application/json` (curl -d without -H) a 415. A decoding that fails answers its callers 500 (JSON naming the exception) and the server
 goes on serving.
 
 API key: with --api-key KEY (or $TRANSDUCE_API_KEY, which `ps` does not show), /translate and
