@@ -149,3 +149,31 @@ def test_what_marian_cannot_express_is_refused_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("transduce export: error: ") and err.count("\n") == 1 and "Marian" in err
         assert not (tmp_path / f"{name}-out").exists()
+
+
+def test_from_marian_says_in_one_line_what_a_directory_is_instead(tmp_path, capsys):
+    """A transduce model, a Marian directory without its tokenizer, one whose weights do not fit its
+    config: one line naming the directory, status 2, nothing written (never transformers' report)."""
+    import json
+    import shutil
+
+    model_dir = make_model(tmp_path / "t")
+    loaded = load_translation_model(model_dir)
+    marian = export_marian(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "marian")
+    no_tokenizer, misfit = tmp_path / "no-tokenizer", tmp_path / "misfit"
+    shutil.copytree(marian, no_tokenizer)
+    (no_tokenizer / "source.spm").unlink()
+    shutil.copytree(marian, misfit)
+    config = json.loads((misfit / "config.json").read_text())
+    (misfit / "config.json").write_text(json.dumps({**config, "d_model": 2 * config["d_model"]}))
+    cases = [(model_dir, "a transduce model directory, not a MarianMT one (`transduce export marian` turns it into one)"),
+             (model_dir.parent, "not a MarianMT model directory (no config.json saying model_type \"marian\")"),
+             (no_tokenizer, "a MarianMT model without source.spm: its tokenizer's files"),
+             (misfit, "transformers cannot load it as a MarianMT model: the shapes of its weights do not fit its "
+                      "config.json\n")]
+    for path, words in cases:
+        out = tmp_path / f"{path.name}-back"
+        assert main(["export", "from-marian", str(path), "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"transduce export: error: {path}: {words}") and err.count("\n") == 1, err
+        assert not out.exists() and not list(tmp_path.glob(f".{out.name}*"))

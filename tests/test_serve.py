@@ -5,6 +5,7 @@ errors as JSON and never a 500, disconnects, loading, the server's output equal 
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -243,6 +244,28 @@ def test_invalid_requests_are_4xx_json_never_500(client, raw):
     assert r.json()["error"] in ("invalid_json", "invalid_request", "limit_exceeded") and "Traceback" not in r.text
 
 
+@pytest.mark.parametrize("path, body", [("/translate", b'{"sentences": ["a man runs"]}'), ("/attention", b'{"source": "a"}')])
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
+def test_a_body_not_sent_as_json_is_415_saying_so(client, path, body, content_type):
+    """curl -d without -H sends application/x-www-form-urlencoded: the answer says what to send."""
+    headers = {"content-type": content_type} if content_type else {}
+    r = client.post(path, content=body, headers=headers)
+    assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type", r.text
+    message = r.json()["message"]
+    assert message.startswith("the body must be JSON, sent with Content-Type: application/json")
+    assert (content_type or "this request has none") in message
+    assert client.post(path, content=body, headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+    assert 415 in {int(s) for s in client.app.fastapi.openapi()["paths"][path]["post"]["responses"]}
+
+
+@pytest.mark.parametrize("path", ["/", "/health", "/info", "/metrics", "/openapi.json"])
+def test_get_routes_answer_head_without_a_body(client, path):
+    get, head = client.get(path), client.head(path)
+    assert head.status_code == get.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert "head" not in client.app.fastapi.openapi()["paths"].get(path, {})
+
+
 def test_queue_full_is_429_with_retry_after_and_a_disconnect_leaves_the_others_alone(loaded):
     """One request decoding (held at a gate), one waiting (the queue's limit, 1): the next gets 429.
     The waiting client goes away: its job leaves the queue, never decoded; the held request and
@@ -378,16 +401,17 @@ def test_api_conforms_to_its_openapi_document(loaded):
 
 
 def test_transduce_serve_command(model_dir, tmp_path):
-    """The command a user runs: up, healthy, translating; SIGTERM ends it."""
+    """The command a user runs: up on the port the system chose for --port 0 (the URL it prints
+    says which), healthy, translating; SIGTERM ends it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", "0",
                              "--log-level", "warning", "--precision", "fp32", "--threads", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = f"http://127.0.0.1:{port}"
+        assert select.select([proc.stdout], [], [], 60)[0], "no line from transduce serve in 60 s"
+        first = proc.stdout.readline()
+        assert first.startswith("transduce serve: http://127.0.0.1:") and ":0 " not in first, first
+        url = first.split()[2]
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
@@ -404,6 +428,29 @@ def test_transduce_serve_command(model_dir, tmp_path):
         out, err = proc.communicate(timeout=30)
     assert proc.returncode in (0, -signal.SIGTERM), err  # uvicorn shuts down, then re-raises the signal
     assert "loaded" in out
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "65536"])
+def test_transduce_serve_refuses_a_port_out_of_range_before_loading(model_dir, capsys, port):
+    assert main(["serve", str(model_dir), "--port", port, "--log-level", "warning"]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"transduce serve: error: --port must be between 0 and 65535 (0: a free port the system chooses), not {port}\n"
+    assert out == ""  # no URL announced, no model loaded
+
+
+def test_transduce_serve_on_a_port_in_use_is_one_line_without_an_abort(model_dir):
+    """Bound before the server and the model's loading thread start: one line and status 2, not
+    uvicorn's traceback and an abort (std::terminate from torch busy on the loading thread)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port),
+                               "--threads", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"transduce serve: error: cannot listen on 127.0.0.1:{port}: address already in use\n"
+    assert proc.stdout == ""
 
 
 def test_transduce_serve_stops_in_one_line_when_the_model_cannot_load(tmp_path, capsys):

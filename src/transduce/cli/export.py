@@ -24,6 +24,8 @@ models with d_k = d_v = d_model / h only (what Marian can express).
 
 from-marian: the inverse (bitwise identical after a round trip); writes model.safetensors +
 config.json and the vocabulary (spm.model, or data.json with spm.src.model and spm.tgt.model).
+MODEL must be a MarianMT directory (config.json with model_type "marian", source.spm, target.spm,
+vocab.json); anything else is refused in one line saying what it is.
 
 Needs `pip install 'transduce[ct2]'` (ctranslate2) or `pip install 'transduce[hf]'` (transformers).
 """

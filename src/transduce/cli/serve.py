@@ -2,6 +2,7 @@
 
     transduce serve runs/m30k                                   # http://127.0.0.1:8000
     transduce serve runs/m30k --host 0.0.0.0 --port 9000 --max-wait-ms 20
+    transduce serve runs/m30k --port 0                          # a free port; the first line names it
     transduce serve m30k-ct2 --engine ct2                       # an exported CTranslate2 model
     curl -s localhost:8000/translate -H 'content-type: application/json' \\
          -d '{"sentences": ["A man is riding a bike."], "beam": 4, "scores": true}'
@@ -22,6 +23,7 @@ Endpoints:
   GET  /info         the model, the defaults, the limits
   GET  /metrics      Prometheus's text format: requests, latency, batch sizes, queue depth, tokens/s
   GET  /openapi.json the API, generated from its schemas
+  (each GET route answers HEAD too: its headers, no body)
 
 Dynamic batching: requests that arrive within --max-wait-ms of each other (and fit in
 --batch-tokens source tokens) are decoded together by the one decoding thread, sorted by length;
@@ -32,7 +34,7 @@ Limits: a body over --max-body-bytes is refused with 413; more sentences than --
 a sentence over --max-chars characters or --max-tokens subword tokens, a beam over --max-beam or
 a max_len_offset over --max-len-offset-limit with 422; all as JSON naming the limit. With
 --max-queue requests waiting, more get 429 and a Retry-After header. Invalid JSON or UTF-8 is a
-400. A decoding that fails answers its callers 500 (JSON naming the exception) and the server
+400; a body not sent with `Content-Type: application/json` (curl -d without -H) a 415. A decoding that fails answers its callers 500 (JSON naming the exception) and the server
 goes on serving.
 
 API key: with --api-key KEY (or $TRANSDUCE_API_KEY, which `ps` does not show), /translate and
@@ -71,7 +73,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_path", type=Path, metavar="MODEL",
                         help="a run directory or model directory (with --engine ct2: an exported CTranslate2 directory)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--port", type=int, default=8000,
+                        help="port, 0 to 65535 (default 8000; 0: a free one the system chooses, printed at the start)")
     parser.add_argument("--engine", choices=("torch", "ct2"), default="torch",
                         help="torch (default): transduce's own decoding; ct2: a model exported with `transduce export ct2`")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
@@ -202,8 +205,25 @@ def run(args: argparse.Namespace) -> int:
     require("fastapi", "transduce serve")
     require("uvicorn", "transduce serve")
     require("prometheus_client", "transduce serve")
-    from ..serve.app import Search, create_app, server
+    from ..serve.app import bind_sockets
 
+    limits = check_args(args)
+    try:  # before the model loads: a port in use is one line, not a traceback from inside uvicorn
+        sockets = bind_sockets(args.host, args.port)
+    except OSError as e:
+        reason = (e.strerror or str(e)).lower()
+        raise UsageError(f"cannot listen on {address(args.host, args.port)}: {reason}") from None
+    try:
+        return serve(args, limits, sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def check_args(args: argparse.Namespace):
+    """The limits; every flag checked, and the model directory found, before anything is bound or loaded."""
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535 (0: a free port the system chooses), not {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("--api-key is empty")
     resolve_defaults(args)
@@ -216,11 +236,25 @@ def run(args: argparse.Namespace) -> int:
     if not args.model_path.is_dir():
         raise FileNotFoundError(f"{args.model_path}: no such directory")
     if args.engine == "ct2":
+        from ..extras import require
+
         require("ctranslate2", "--engine ct2")
         from ..export.ct2 import is_ct2_dir
 
         if not is_ct2_dir(args.model_path):
             raise FileNotFoundError(f"{args.model_path}: not a directory written by `transduce export ct2`")
+    return limits
+
+
+def address(host: str, port: int) -> str:
+    """HOST:PORT, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def serve(args: argparse.Namespace, limits, sockets: list) -> int:
+    """The server on the bound sockets until SIGTERM / Ctrl-C, or until the model fails to load."""
+    from ..serve.app import Search, create_app, server
+
     def stop(_error: BaseException) -> None:  # the model cannot be loaded: stop the server, report below
         uv.should_exit = True
 
@@ -229,11 +263,20 @@ def run(args: argparse.Namespace) -> int:
                      max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
                      max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop,
                      api_key=args.api_key)
-    uv = server(app, host=args.host, port=args.port, log_level=args.log_level, graceful_timeout=args.graceful_timeout)
-    print(f"{PROG}: http://{args.host}:{args.port} (loading {args.model_path}; GET /health says when it is ready; "
+    port = sockets[0].getsockname()[1]  # the port the system chose, for --port 0
+    uv = server(app, host=args.host, port=port, log_level=args.log_level, graceful_timeout=args.graceful_timeout)
+    print(f"{PROG}: http://{address(args.host, port)} (loading {args.model_path}; GET /health says when it is ready; "
           f"the demo page is at /)" + ("; an API key is required on /translate and /attention" if args.api_key else ""),
           flush=True)
-    uv.run()
+    try:
+        uv.run(sockets=sockets)
+    except SystemExit as e:  # uvicorn could not start (it said why above)
+        raise TransduceError(f"the server could not start (uvicorn's exit status {e.code})") from None
+    finally:
+        # An interpreter that exits while torch is busy on the daemon loading thread aborts
+        # (std::terminate, SIGABRT): let the loading finish first.
+        if app.state["loader"] is not None:
+            app.state["loader"].join()
     if app.state["error"]:
         raise TransduceError(app.state["error"])
     return 0

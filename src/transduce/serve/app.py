@@ -14,6 +14,8 @@
     GET  /metrics     Prometheus's text format (serve.ops)
     GET  /openapi.json   generated from the request and response schemas
 
+The GET routes answer HEAD too (their status and headers, no body), as monitors and `curl -I` ask.
+
 Translations equal `transduce translate`'s for the same sentences and settings: the same
 `translate_stream` (or CTranslate2 engine) decodes them, with the same token budget.
 
@@ -22,6 +24,8 @@ Every error is JSON, {"error": CODE, "message": ..., and for a limit "limit": NA
     400 invalid_json        the body is not JSON (or not UTF-8)
     401 unauthorized        an API key is set and the request does not carry it
     413 limit_exceeded      max_body_bytes (checked before the body is parsed)
+    415 unsupported_media_type  the body is not sent as JSON: no `Content-Type: application/json`
+                            (curl -d without -H sends application/x-www-form-urlencoded)
     422 limit_exceeded      max_sentences, max_chars, max_tokens, max_beam, max_len_offset
     422 invalid_request     anything else the schema refuses (a missing field, a wrong type, ...)
     429 queue_full          max_queue requests are waiting; Retry-After says when to try again
@@ -86,8 +90,8 @@ class TranslateResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    error: str = Field(description="invalid_json, unauthorized, invalid_request, limit_exceeded, queue_full, "
-                                   "decoding_failed, not_supported, loading or shutting_down")
+    error: str = Field(description="invalid_json, unauthorized, unsupported_media_type, invalid_request, "
+                                   "limit_exceeded, queue_full, decoding_failed, not_supported, loading or shutting_down")
     message: str
     limit: str | None = Field(None, description="the limit exceeded (see /info)")
     value: int | None = Field(None, description="the limit's value")
@@ -162,14 +166,26 @@ class _BodyLimit:
 
 
 
+def _is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type says JSON, as FastAPI decides it (application/json, application/*+json)."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def _add_error_handlers(app, limits: Limits) -> None:
-    """Every error as JSON: a field over a limit names the limit (422), bad JSON is 400, others as they come."""
+    """Every error as JSON: a body not sent as JSON is 415, a field over a limit names the limit
+    (422), bad JSON is 400, others as they come."""
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
+        content_type = request.headers.get("content-type")
+        if not _is_json(content_type):  # FastAPI reads no body that is not declared JSON
+            given = f"this request's is {content_type}" if content_type else "this request has none"
+            return error(415, "unsupported_media_type",
+                         f"the body must be JSON, sent with Content-Type: application/json ({given})")
         errors = exc.errors()
         for e in errors:
             loc = [str(x) for x in e.get("loc", ()) if x != "body"]
@@ -251,7 +267,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     the FastAPI app, `.state["batcher"]` the batcher, `.metrics` its metrics, `.begin_drain(grace)`
     what a shutdown calls). `engine`: an Engine, or a function that loads one (called on a thread at
     startup; /health says `loading` until it returns; if it fails, /health says so and
-    `on_load_error(exception)` is called). `api_key`: required on /translate and /attention."""
+    `on_load_error(exception)` is called; `.state["loader"]` is that thread, which a process joins
+    before it exits). `api_key`: required on /translate and /attention."""
     from fastapi import FastAPI, Request
 
     from .demo import add_demo_routes
@@ -261,7 +278,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     defaults = defaults or Search()
     TranslateRequest = request_schema(limits, defaults)
     state: dict[str, Any] = {"engine": None, "batcher": None, "error": None, "draining": False, "expired": False,
-                             "grace": None, "deadline": None}
+                             "grace": None, "deadline": None, "loader": None}
     metrics = Metrics(lambda: state["batcher"].queued if state["batcher"] is not None else 0)
 
     def install(e: Engine) -> None:
@@ -282,7 +299,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     @asynccontextmanager
     async def lifespan(app):
         if state["engine"] is None and callable(engine) and not isinstance(engine, Engine):
-            threading.Thread(target=load, name="transduce-load", daemon=True).start()
+            state["loader"] = threading.Thread(target=load, name="transduce-load", daemon=True)
+            state["loader"].start()
         yield
         if state["batcher"] is not None:
             # a drain whose grace is over leaves a stuck round to its daemon thread
@@ -302,7 +320,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
 
     _add_error_handlers(app, limits)
     auth = [api_key_dependency(api_key)] if api_key else []
-    statuses = (400, 401, 413, 422, 429, 500, 503) if api_key else (400, 413, 422, 429, 500, 503)
+    statuses = (400, 401, 413, 415, 422, 429, 500, 503) if api_key else (400, 413, 415, 422, 429, 500, 503)
     errors = {s: {"model": ErrorResponse} for s in statuses}
 
     async def translate(req, request: Request):
@@ -333,6 +351,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
 
     add_demo_routes(app, state, limits, defaults, auth=auth, errors=errors, poll=poll_disconnect)
     _add_status_routes(app, state, defaults, limits, max_batch_tokens, max_wait, metrics, bool(api_key))
+    _answer_head(app)
 
     def begin_drain(grace: float) -> None:
         """A shutdown began (on the event loop): refuse new work, and once `grace` seconds have
@@ -356,9 +375,48 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     return wrapped
 
 
+def _answer_head(app) -> None:
+    """HEAD on every GET route (/, /health, /info, /metrics) as its GET, the body left out by the
+    server: monitors and `curl -I` ask so. Kept out of the OpenAPI document, which would repeat
+    each GET operation under the same id."""
+    from fastapi.routing import APIRoute
+
+    for route in [r for r in app.routes if isinstance(r, APIRoute) and r.methods == {"GET"}]:
+        app.add_api_route(route.path, route.endpoint, methods=["HEAD"], response_class=route.response_class,
+                          include_in_schema=False)
+
+
 def _retry_after(batcher: Batcher) -> int:
     """Seconds until the queue has likely drained a little: at least 1."""
     return max(1, math.ceil(batcher.queued * batcher.max_wait))
+
+
+def bind_sockets(host: str, port: int) -> list:
+    """Sockets bound to HOST:PORT, one per address the host stands for (as uvicorn's asyncio binds
+    them), for `server(...).run(sockets=...)`. Binding first, before the server and the model's
+    loading thread start, makes a port in use or not allowed an OSError here, which the caller
+    reports in one line (inside uvicorn it is a traceback and an exit with torch busy on the
+    loading thread: std::terminate). Port 0: the system chooses a free port, the same one for
+    every address (`sockets[0].getsockname()[1]`)."""
+    import socket
+
+    sockets: list[socket.socket] = []
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # :: and 0.0.0.0 are two sockets, as asyncio makes them
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
