@@ -438,6 +438,17 @@ def test_transduce_serve_refuses_a_port_out_of_range_before_loading(model_dir, c
     assert out == ""  # no URL announced, no model loaded
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--threads", "-1"], "--threads must be at least 1, not -1"),
+    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
+    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+])
+def test_transduce_serve_refuses_bad_threads_and_alpha_before_loading(model_dir, capsys, flags, message):
+    assert main(["serve", str(model_dir), "--port", "0", "--log-level", "warning", *flags]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"transduce serve: error: {message}\n" and out == ""
+
+
 def test_transduce_serve_on_a_port_in_use_is_one_line_without_an_abort(model_dir):
     """Bound before the server and the model's loading thread start: one line and status 2, not
     uvicorn's traceback and an abort (std::terminate from torch busy on the loading thread)."""

@@ -56,6 +56,7 @@ import argparse
 from pathlib import Path
 
 import json
+import math
 import os
 
 from ..errors import TransduceError, UsageError
@@ -170,6 +171,10 @@ def limits_from_args(args: argparse.Namespace):
         raise ValueError(f"--max-len-offset must be between 0 and --max-len-offset-limit ({limits.max_len_offset})")
     if args.max_wait_ms < 0:
         raise ValueError("--max-wait-ms must not be negative")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, not {args.threads}")
+    if not (math.isfinite(args.alpha) and args.alpha >= 0):
+        raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
     if not args.graceful_timeout >= 0:
         raise ValueError("--graceful-timeout must not be negative")
     return limits
