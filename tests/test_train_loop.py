@@ -259,3 +259,50 @@ def test_tensorboard_scalars_when_installed(tmp_path):
     acc.Reload()
     assert {"train/loss", "train/lr", "train/target_tokens_per_s", "train/grad_norm"} <= set(acc.Tags()["scalars"])
     assert acc.Scalars("train/loss")[0].step == 5
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_resume_refuses_data_of_another_vocabulary_before_writing_anything(tmp_path, capsys):
+    import shutil
+
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    common = ["--run-dir", str(run), "--no-progress", "--no-tensorboard", "--threads", "1", "--valid-every", "0"]
+    assert main(["train", "--data", str(data), *TINY[:-4], "--max-tokens", "40", "--max-steps", "2", "--warmup", "3",
+                 *common]) == 0
+    others = {}
+    others["model"] = shutil.copytree(data, tmp_path / "other_model")  # same sizes, another sentencepiece model
+    (others["model"] / "spm.model").write_bytes(b"another sentencepiece model")
+    for name, size in (("smaller", VOCAB - 4), ("larger", VOCAB + 8)):
+        others[name] = shutil.copytree(data, tmp_path / f"other_{name}")
+        meta = json.loads((others[name] / "data.json").read_text())
+        meta["vocab"]["size"] = {"src": size, "tgt": size}
+        (others[name] / "data.json").write_text(json.dumps(meta))
+    others["separate"] = make_data(tmp_path / "other_separate", separate=True)
+    before = _files(run)
+    for name, other in others.items():
+        capsys.readouterr()
+        assert main(["train", "--resume", "--data", str(other), "--max-steps", "3", *common]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("transduce train: error: ") and err.count("\n") == 1, err
+        assert f"{other} has another vocabulary than the run being resumed ({run})" in err, err
+        assert str(data.absolute()) in err  # the data the run was trained on
+        assert _files(run) == before, name  # data.json, the vocabulary copies: untouched
+    # a plain --resume still works, and so does the same data at another path
+    assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
+    moved = shutil.copytree(data, tmp_path / "moved")
+    assert main(["train", "--resume", "--data", str(moved), "--max-steps", "4", *common]) == 0
+    assert json.loads((run / "data.json").read_text())["data_dir"] == str(moved.absolute())
+
+
+def test_a_fresh_run_replaces_stale_vocabulary_copies(tmp_path):
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spm.model").write_bytes(b"left by an earlier run on other data")
+    assert main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "1",
+                 "--warmup", "3", "--valid-every", "0"]) == 0
+    assert (run / "spm.model").read_bytes() == (data / "spm.model").read_bytes()

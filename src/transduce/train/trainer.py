@@ -76,7 +76,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import kernels
-from ..checkpoint import RunLock, prepare_run_dir, recorded_precision, save_model
+from ..checkpoint import RunLock, check_vocabulary, latest_checkpoint, prepare_run_dir, recorded_precision, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, load_vocabs, read_metadata
 from ..data.vocab import BOS, PAD
@@ -201,6 +201,8 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
 
     # Data (5.1).
     meta = read_metadata(data_dir)
+    if opts.resume and latest_checkpoint(run_dir) is not None:
+        check_vocabulary(run_dir, config, data_dir, meta)
     train_set = ParallelDataset.load(data_dir, "train")
     valid_set = ParallelDataset.load(data_dir, "valid") if (data_dir / "valid.src.idx").is_file() else None
 
