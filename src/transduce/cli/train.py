@@ -103,8 +103,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
         value = getattr(args, dest)
         if value is not None:
             setattr(t, name, value)
-    if t.max_steps < 0 or t.warmup_steps < 1 or not 0 <= t.label_smoothing < 1:
-        raise UsageError("need --max-steps >= 0, --warmup >= 1 and 0 <= --label-smoothing < 1")
+            try:
+                t.check()  # the fields set before this one passed: a failure is this flag's
+            except ValueError as e:
+                raise UsageError(f"{flag(dest)} {value:g}: {e}") from None
     return config, data_dir
 
 
