@@ -111,8 +111,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    options = from_args(TrainOptions, args)  # checks the flags' ranges
     config, data_dir = resolve_config(args)
-    options = from_args(TrainOptions, args)
-    options.log_every = max(1, options.log_every)
     result = train(config, data_dir, args.run_dir, options, log_extra={"argv": sys.argv})
     return EXIT_INTERRUPTED if result.interrupted else 0

@@ -133,11 +133,10 @@ def word_symbols(data_dir: Path, meta: dict) -> tuple[Tensor, Tensor]:
 
 def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
     """Padded tokens per micro-batch per rank; records the total per step in config.train."""
-    if opts.update_freq < 1:
-        raise UsageError("--update-freq must be at least 1")
     per_batch = opts.max_tokens or config.train.max_tokens // (env.world_size * opts.update_freq)
     if per_batch < 1:
-        raise UsageError("--max-tokens must be positive")
+        raise UsageError(f"train.max_tokens {config.train.max_tokens} is less than one token per micro-batch "
+                         f"({env.world_size} processes x --update-freq {opts.update_freq})")
     config.train.max_tokens = per_batch * env.world_size * opts.update_freq
     return per_batch
 
