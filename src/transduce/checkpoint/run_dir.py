@@ -163,13 +163,16 @@ def on_interval(path: str | os.PathLike) -> bool:
 
 
 def recorded_precision(run_dir: str | os.PathLike) -> tuple[str, Path] | None:
-    """The precision the run's newest checkpoint that records one trained in, and that
-    checkpoint (`latest` first, then newest first); None if none records it."""
+    """The precision the run's newest intact checkpoint that records one trained in, and that
+    checkpoint (`latest` first, then newest first); None if none records it. A damaged one is
+    passed over here as `restore` will pass over it, so that the checkpoint named is the one
+    the run resumes from (which costs reading its files once more)."""
     latest = latest_checkpoint(run_dir)
     for path in ([latest] if latest else []) + [p for _, p in reversed(list_checkpoints(run_dir)) if p != latest]:
         try:
             precision = json.loads((path / STATE).read_text(encoding="utf-8")).get("precision")
-        except (OSError, ValueError, AttributeError):  # unreadable: damaged, as `restore` will say
+            verify(path)
+        except (OSError, ValueError, AttributeError):  # unreadable or damaged, as `restore` will say
             continue
         if precision:
             return str(precision), path
