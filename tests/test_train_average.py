@@ -64,6 +64,17 @@ def test_too_few_checkpoints_is_a_clear_error(tmp_path, capsys):
     assert average(tmp_path / "nope", last=1) == 2
 
 
+def test_too_few_checkpoints_for_average_names_the_callers_flag(tmp_path):
+    from transduce.checkpoint import load_for_inference
+
+    _run_with_checkpoints(tmp_path, 2)
+    with pytest.raises(ValueError) as e:
+        load_for_inference(tmp_path, average=5)  # translate/evaluate/export --average 5: they have no --last
+    assert "use --average 2" in str(e.value) and "--last" not in str(e.value)
+    with pytest.raises(ValueError, match="--average must be at least 1"):
+        load_for_inference(tmp_path, average=0)
+
+
 def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path, capsys):
     _run_with_checkpoints(tmp_path, 2)
     weights = tmp_path / "checkpoints" / "step_0000002" / "model.safetensors"
