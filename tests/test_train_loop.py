@@ -234,12 +234,15 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
         (["--precision", "fp16", "--device", "cpu"], "fp16 needs CUDA"),
         (["--max-tokens", "5"], "max_tokens"),
         (["--data", "EMPTY"], "data.json"),
+        (["--data", "BADJSON"], "badjson/data.json:2: not valid JSON (Expecting ',' delimiter, column 1)"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
     data = make_data(tmp_path / "data", n_train=8, n_valid=2)
     (tmp_path / "empty").mkdir()
-    extra = [str(tmp_path / "empty") if x == "EMPTY" else x for x in extra]
+    (tmp_path / "badjson").mkdir()
+    (tmp_path / "badjson" / "data.json").write_text('{"format": 1\n"vocab": {}}')
+    extra = [str(tmp_path / x.lower()) if x in ("EMPTY", "BADJSON") else x for x in extra]
     argv = ["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), "--max-steps", "1",
             "--no-progress", "--no-tensorboard", "--threads", "1"]
     rc = main(argv + extra)
