@@ -206,6 +206,14 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
 
     # --resume with nothing left to do, without --data (taken from RUN_DIR/data.json)
     assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "4", "--no-progress", "--no-tensorboard"]) == 0
+    # a run already past --max-steps: said plainly, nothing trained or rewritten
+    before = _files(run)
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "3", "--no-progress", "--no-tensorboard"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"transduce train: error: {run} is already at step 4, past --max-steps 3: nothing was trained "
+                   "(a larger --max-steps continues it)\n")
+    assert {k: v for k, v in _files(run).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
 
 
 @pytest.mark.parametrize(

@@ -233,6 +233,9 @@ def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
     trains, open the log and the progress bar, say what will be done; the loop's clocks start."""
     env, opts, config = run.env, run.opts, run.config
     t = config.train
+    if start.step > t.max_steps:  # before anything is written: the run is not rewound, nor its model rewritten
+        raise UsageError(f"{run.run_dir} is already at step {start.step}, past --max-steps {t.max_steps}: nothing "
+                         "was trained (a larger --max-steps continues it)")
     if env.is_main:
         prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
     stream = BatchStream(run.train_set, run.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
