@@ -332,3 +332,32 @@ def test_a_fresh_run_replaces_stale_vocabulary_copies(tmp_path):
     assert main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "1",
                  "--warmup", "3", "--valid-every", "0"]) == 0
     assert (run / "spm.model").read_bytes() == (data / "spm.model").read_bytes()
+
+
+def test_on_a_terminal_the_start_line_comes_before_the_progress_bar(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    events = []
+
+    class Terminal(io.StringIO):  # stdout and stderr of one terminal, in the order written
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def write(self, text):
+            if text:
+                events.append((self.name, text))
+            return len(text)
+
+        def isatty(self):
+            return True
+
+    data = make_data(tmp_path / "data")
+    monkeypatch.setattr(sys, "stdout", Terminal("out"))
+    monkeypatch.setattr(sys, "stderr", Terminal("err"))
+    assert main(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), *TINY[:-4], "--threads", "1",
+                 "--no-tensorboard", "--max-tokens", "40", "--max-steps", "2", "--warmup", "3", "--valid-every", "0"]) == 0
+    start = next(i for i, (_, text) in enumerate(events) if text.startswith("training "))
+    bar = next(i for i, (name, text) in enumerate(events) if name == "err" and "train:" in text)
+    assert start < bar
