@@ -361,3 +361,15 @@ def test_on_a_terminal_the_start_line_comes_before_the_progress_bar(tmp_path, mo
     start = next(i for i, (_, text) in enumerate(events) if text.startswith("training "))
     bar = next(i for i, (name, text) in enumerate(events) if name == "err" and "train:" in text)
     assert start < bar
+
+
+def test_a_start_that_fails_on_bad_data_leaves_no_run_directory_it_created(tmp_path, capsys):
+    data = make_data(tmp_path / "data")
+    (data / "train.src.bin").write_bytes(b"\0" * 8)  # truncated
+    argv = ["train", "--data", str(data), *TINY, "--max-tokens", "40", "--max-steps", "1"]
+    assert main([*argv, "--run-dir", str(tmp_path / "new")]) == 2
+    assert "train.src.bin" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # not a directory holding only .lock
+    (tmp_path / "mine").mkdir()  # one the user made is left as it was made (bar the lock file)
+    assert main([*argv, "--run-dir", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir()

@@ -373,6 +373,11 @@ class RunLock:
         self._fd = fd
         return self
 
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock now."""
+        return self._fd is not None
+
     def holder(self) -> str:
         try:
             who = json.loads(self.path.read_text(encoding="utf-8"))

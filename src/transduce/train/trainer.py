@@ -173,6 +173,7 @@ def train(
     opts = opts or TrainOptions()
     env = setup_distributed(opts.device)
     lock = RunLock(run_dir)
+    created = not Path(run_dir).exists()  # by this call: removed again if it fails before writing into it
     try:
         recovery.take_lock(lock, env)
         with StopSignals() as signals:
@@ -184,8 +185,22 @@ def train(
                 _step(run, state)
             return _finish(run, state)
     finally:
+        held = lock.held
         lock.release()
+        if created and held:  # never a directory another trainer holds
+            _remove_if_only_the_lock(Path(run_dir), lock)
         env.close()
+
+
+def _remove_if_only_the_lock(run_dir: Path, lock: RunLock) -> None:
+    """Remove a run directory that holds nothing but its lock file (a start that failed, e.g. on
+    bad data), so that no empty run is left behind."""
+    try:
+        if [p.name for p in run_dir.iterdir()] == [lock.path.name]:
+            lock.path.unlink()
+            run_dir.rmdir()
+    except OSError:  # another process wrote into it meanwhile: leave it
+        pass
 
 
 # Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler.
@@ -236,10 +251,10 @@ def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
     if start.step > t.max_steps:  # before anything is written: the run is not rewound, nor its model rewritten
         raise UsageError(f"{run.run_dir} is already at step {start.step}, past --max-steps {t.max_steps}: nothing "
                          "was trained (a larger --max-steps continues it)")
+    stream = BatchStream(run.train_set, run.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
+                         epoch=start.epoch, position=start.position)  # first: it refuses an empty split
     if env.is_main:
         prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
-    stream = BatchStream(run.train_set, run.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
-                         epoch=start.epoch, position=start.position)
     run.train_model = _training_module(run)
     run.log = RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None
     run.bar = _progress_bar(env, opts, start.step, t.max_steps)
