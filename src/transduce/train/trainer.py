@@ -244,8 +244,8 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
 
 
 def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
-    """Write the run directory (rank 0), start the batch stream at `start`, make the module that
-    trains, open the log and the progress bar, say what will be done; the loop's clocks start."""
+    """Start the batch stream at `start`, write the run directory (rank 0), make the module that
+    trains, open the log, say what will be done, open the progress bar; the loop's clocks start."""
     env, opts, config = run.env, run.opts, run.config
     t = config.train
     if start.step > t.max_steps:  # before anything is written: the run is not rewound, nor its model rewritten
@@ -257,8 +257,8 @@ def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
         prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
     run.train_model = _training_module(run)
     run.log = RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None
+    _announce(run, stream, start.step, log_extra)  # before the bar: on a terminal, not on the bar's line
     run.bar = _progress_bar(env, opts, start.step, t.max_steps)
-    _announce(run, stream, start.step, log_extra)
     now = time.perf_counter()
     return LoopState(
         step=start.step, stream=stream, lr=noam_lr(start.step, config.model.d_model, t.warmup_steps, t.lr_scale),
