@@ -43,10 +43,16 @@ def test_info_says_the_vocabulary_it_counts_at_and_takes_a_datas(capsys, tmp_pat
     assert "data.json: no such file" in capsys.readouterr().err
 
 
-def test_info_bad_override_is_one_line_error(capsys):
-    assert main(["info", "--set", "model.nope=3"]) == 2
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "model.nope=3"], "bad override"),
+    (["--preset", "tiny", "--set", "model.dropout=0.1x"], "bad --set model.dropout=0.1x: expected a number"),
+    (["--vocab-size", "-5"], "vocabulary sizes must be at least 1"),
+    (["--tgt-vocab-size", "0"], "vocabulary sizes must be at least 1"),
+])
+def test_info_bad_override_is_one_line_error(argv, message, capsys):
+    assert main(["info", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("transduce info: error:")
+    assert len(err) == 1 and err[0].startswith("transduce info: error:") and message in err[0]
 
 
 def test_console_help_lists_subcommands():

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from transduce.config import PRESETS, TABLE3_PARAMS_M, Config, ModelConfig, apply_overrides, get_preset
+from transduce.config import PRESETS, TABLE3_PARAMS_M, Config, ModelConfig, TrainConfig, apply_overrides, get_preset
 from transduce.model import Transformer, count_parameters
 
 # What Table 3 says each row changes (everything else is base).
@@ -122,6 +122,58 @@ def test_overrides_and_errors():
         ModelConfig(positional="rotary")
     with pytest.raises(KeyError, match="unknown preset"):
         get_preset("huge")
+
+
+def test_set_values_are_read_as_the_fields_type():
+    c = apply_overrides(get_preset("base"), [
+        "model.norm_first=False", "model.share_embeddings=TRUE", "model.dropout=0", "model.attention_window=None",
+        "model.d_k=null", "train.adam_betas=[0.9, 0.99]", "train.lr_scale=2", "train.max_tokens=4096",
+        "model.positional=learned",
+    ])
+    m, t = c.model, c.train
+    assert m.norm_first is False and m.share_embeddings is True  # "False" was a truthy string: pre-norm
+    assert m.dropout == 0.0 and isinstance(m.dropout, float) and m.attention_window is None and m.d_k is None
+    assert t.adam_betas == (0.9, 0.99) and t.lr_scale == 2.0 and t.max_tokens == 4096 and m.positional == "learned"
+    assert apply_overrides(get_preset("base"), ["model.attention_window=3"]).model.attention_window == 3
+
+
+@pytest.mark.parametrize("item, expected", [
+    ("model.n_layers=abc", "bad --set model.n_layers=abc: expected an integer"),
+    ("model.n_layers=2.5", "bad --set model.n_layers=2.5: expected an integer"),
+    ("model.norm_first=yes", "bad --set model.norm_first=yes: expected true or false"),
+    ("model.share_embeddings=maybe", "bad --set model.share_embeddings=maybe: expected true or false"),
+    ("model.dropout=0.1x", "bad --set model.dropout=0.1x: expected a number"),
+    ("train.lr_scale=abc", "bad --set train.lr_scale=abc: expected a number"),
+    ("train.label_smoothing=abc", "bad --set train.label_smoothing=abc: expected a number"),
+    ("train.max_tokens=abc", "bad --set train.max_tokens=abc: expected an integer"),
+    ("train.adam_betas=0.9", "bad --set train.adam_betas=0.9: expected a list of 2 numbers"),
+    ("model.attention_window=wide", "bad --set model.attention_window=wide: expected an integer or null"),
+    ("train.lr_scale=-1", "train.lr_scale must be positive"),
+    ("train.label_smoothing=1", "train.label_smoothing must be in [0, 1)"),
+    ("train.max_tokens=0", "train.max_tokens must be at least 1"),
+    ("train.warmup_steps=0", "train.warmup_steps must be at least 1"),
+    ("train.max_steps=0", "train.max_steps must be at least 1"),
+    ("train.adam_betas=[0.9,1.0]", "train.adam_betas must be two numbers in [0, 1)"),
+    ("train.adam_eps=0", "train.adam_eps must be positive"),
+    ("model.n_heads=5", "n_heads (5) must divide d_model (512)"),
+    ("model.src_vocab_size=0", "vocabulary sizes must be at least 1"),
+])
+def test_bad_set_values_name_the_field_and_what_it_takes(item, expected):
+    with pytest.raises(ValueError) as e:
+        apply_overrides(get_preset("base"), [item])
+    assert expected in str(e.value)
+
+
+def test_heads_must_divide_d_model_unless_the_head_widths_are_given():
+    with pytest.raises(ValueError, match="must divide d_model"):
+        ModelConfig(d_model=128, n_heads=5)
+    with pytest.raises(ValueError, match="must divide d_model"):
+        ModelConfig(d_model=128, n_heads=5, d_k=25)  # d_v would still be 128 // 5
+    assert ModelConfig(d_model=128, n_heads=5, d_k=25, d_v=25).head_dim_v == 25
+    with pytest.raises(ValueError, match="vocabulary sizes"):
+        ModelConfig(src_vocab_size=100, tgt_vocab_size=0, share_embeddings=False)
+    with pytest.raises(ValueError, match="label_smoothing"):
+        TrainConfig(label_smoothing=-0.1)
 
 
 def test_config_json_round_trip():

@@ -261,6 +261,26 @@ def test_vocabulary_too_large(tmp_path, files, capsys):
     assert leftovers(tmp_path) == []
 
 
+def test_vocabulary_too_small_for_the_characters_says_the_least_size(tmp_path, files, capsys):
+    message = run_error(capsys, args_for(files, tmp_path / "out", "--vocab-size", "10"))
+    assert message.startswith("vocabulary size 10 is too small for the characters of this corpus (at least ")
+    assert "--character-coverage" in message and "INTERNAL" not in message and "trainer_interface" not in message
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--vocab-size", "0", "--vocab-size must be at least 1, not 0"),  # was silently the default 8000
+    ("--vocab-size", "-5", "--vocab-size must be at least 1, not -5"),
+    ("--vocab-sample", "0", "--vocab-sample must be at least 1"),
+    ("--character-coverage", "2", "--character-coverage must be in [0.98, 1]"),
+    ("--max-len", "0", "--max-len must be at least 1, not 0"),  # was silently the default
+    ("--max-ratio", "0.5", "--max-ratio must be at least 1"),
+])
+def test_numeric_options_out_of_range(tmp_path, files, capsys, flag, value, message):
+    assert run_error(capsys, args_for(files, tmp_path / "out", flag, value)).startswith(message)
+    assert not (tmp_path / "out").exists()
+
+
 def test_everything_filtered_out(tmp_path, files, capsys):
     message = run_error(capsys, args_for(files, tmp_path / "out", "--max-len", "1"))
     assert "every training pair was filtered out" in message and str(files["train_src"]) in message

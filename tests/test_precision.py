@@ -364,3 +364,28 @@ def test_probes_multiply_by_the_whole_vocabulary_not_a_scaled_part(monkeypatch):
         t = probe_int8([(20000, 16)], rows=4, base="fp32", budget_s=0.01)
         assert built.count((20000, 16)) == (2 if kernels.can_pack(torch.float32, "cpu") else 1)
         assert set(t) == {(20000, 16)}
+
+
+def test_resuming_past_a_damaged_checkpoint_names_the_one_it_resumes_from(tmp_path, monkeypatch, capsys):
+    """The precision line names the checkpoint the run resumes from, not the damaged newest one
+    that `restore` then sets aside."""
+    from transduce.cli import main
+
+    monkeypatch.setattr(precision, "read_capability", lambda device: AMX)
+    monkeypatch.setattr(precision, "probe_bf16_speedup", probe_returning(2.0, []))
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    common = ["--run-dir", str(run), "--threads", "1", "--no-progress", "--no-tensorboard", "--valid-every", "0",
+              "--save-every-minutes", "0", "--save-every-steps", "1", "--keep-last", "0"]
+    assert main(["train", "--data", str(data), "--set", "model.n_layers=1", "--set", "model.d_model=16",
+                 "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--max-tokens", "64", "--max-steps", "2",
+                 *common]) == 0
+    weights = run / "checkpoints" / "step_0000002" / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[len(damaged) * 2 // 3] ^= 0x10
+    weights.write_bytes(bytes(damaged))
+    capsys.readouterr()
+    assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
+    out = capsys.readouterr().out
+    assert "precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001;" in out
+    assert "resuming from step_0000001, the newest intact checkpoint" in out and "step_0000002;" not in out

@@ -64,6 +64,17 @@ def test_too_few_checkpoints_is_a_clear_error(tmp_path, capsys):
     assert average(tmp_path / "nope", last=1) == 2
 
 
+def test_too_few_checkpoints_for_average_names_the_callers_flag(tmp_path):
+    from transduce.checkpoint import load_for_inference
+
+    _run_with_checkpoints(tmp_path, 2)
+    with pytest.raises(ValueError) as e:
+        load_for_inference(tmp_path, average=5)  # translate/evaluate/export --average 5: they have no --last
+    assert "use --average 2" in str(e.value) and "--last" not in str(e.value)
+    with pytest.raises(ValueError, match="--average must be at least 1"):
+        load_for_inference(tmp_path, average=0)
+
+
 def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path, capsys):
     _run_with_checkpoints(tmp_path, 2)
     weights = tmp_path / "checkpoints" / "step_0000002" / "model.safetensors"
@@ -71,3 +82,31 @@ def test_a_damaged_checkpoint_is_a_one_line_error(tmp_path, capsys):
     assert average(tmp_path, last=2) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("transduce average: error:") and "step_0000002" in err and "\n" not in err
+
+
+def test_out_must_be_new_or_empty_and_never_the_run_or_its_checkpoints(tmp_path, capsys):
+    run = tmp_path / "run"
+    _run_with_checkpoints(run, 2)
+    data = tmp_path / "data"  # e.g. a prepared data directory
+    data.mkdir()
+    (data / "data.json").write_text("{}")
+
+    def refused(*argv: str) -> str:
+        capsys.readouterr()
+        assert main(["average", str(run), "--last", "2", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("transduce average: error: ") and err.count("\n") == 1
+        return err
+
+    before = sorted(p.name for p in run.rglob("*"))
+    assert "is not empty" in refused("--out", str(data)) and sorted(p.name for p in data.iterdir()) == ["data.json"]
+    for out in (run, run / "checkpoints", run / "checkpoints" / "step_0000002", run / "checkpoints" / "x"):
+        assert "is the run directory or one of its checkpoints" in refused("--out", str(out), "--force")
+    assert sorted(p.name for p in run.rglob("*")) == before  # nothing written into the run
+    # --force writes into a non-empty directory, keeping its other files; an empty one needs no --force
+    assert main(["average", str(run), "--last", "2", "--out", str(data), "--force"]) == 0
+    assert (data / "model.safetensors").is_file() and (data / "data.json").read_text() == "{}"
+    (tmp_path / "empty").mkdir()
+    assert average(run, last=2, out=tmp_path / "empty") == 0
+    # the default RUN_DIR/avg_lastK is the command's own: written again without --force
+    assert average(run, last=2) == 0 and average(run, last=2) == 0

@@ -206,6 +206,14 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
 
     # --resume with nothing left to do, without --data (taken from RUN_DIR/data.json)
     assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "4", "--no-progress", "--no-tensorboard"]) == 0
+    # a run already past --max-steps: said plainly, nothing trained or rewritten
+    before = _files(run)
+    capsys.readouterr()
+    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "3", "--no-progress", "--no-tensorboard"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"transduce train: error: {run} is already at step 4, past --max-steps 3: nothing was trained "
+                   "(a larger --max-steps continues it)\n")
+    assert {k: v for k, v in _files(run).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
 
 
 @pytest.mark.parametrize(
@@ -214,17 +222,35 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
         (["--data", "/nonexistent/data"], "no such data directory"),
         (["--preset", "huge"], "unknown preset"),
         (["--set", "model.nope=3"], "bad override"),
-        (["--set", "model.n_heads=many"], "n_heads"),
+        (["--set", "model.n_heads=many"], "bad --set model.n_heads=many: expected an integer"),
+        (["--set", "model.norm_first=maybe"], "bad --set model.norm_first=maybe: expected true or false"),
+        (["--set", "model.n_heads=5"], "n_heads (5) must divide d_model (512)"),
+        (["--lr-scale", "-1"], "--lr-scale -1: train.lr_scale must be positive"),
+        (["--label-smoothing", "1"], "--label-smoothing 1: train.label_smoothing must be in [0, 1)"),
+        (["--max-steps", "0"], "--max-steps 0: train.max_steps must be at least 1"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1, not 0"),  # was silently the preset's
+        (["--cooldown", "2"], "--cooldown must be a fraction in [0, 1]"),
+        (["--clip-norm", "-1"], "--clip-norm must be at least 0"),
+        (["--keep-last", "-1"], "--keep-last must be at least 0"),
+        (["--save-every-steps", "-5"], "--save-every-steps must be at least 0"),
+        (["--valid-every", "-1"], "--valid-every must be at least 0"),
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--update-freq", "0"], "--update-freq must be at least 1"),
+        (["--log-every", "0"], "--log-every must be at least 1"),
+        (["--save-every-minutes", "-1"], "--save-every-minutes must be at least 0"),
         (["--set", "model.src_vocab_size=99"], "vocabulary sizes come from the data"),
         (["--precision", "fp16", "--device", "cpu"], "fp16 needs CUDA"),
         (["--max-tokens", "5"], "max_tokens"),
         (["--data", "EMPTY"], "data.json"),
+        (["--data", "BADJSON"], "badjson/data.json:2: not valid JSON (Expecting ',' delimiter, column 1)"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
     data = make_data(tmp_path / "data", n_train=8, n_valid=2)
     (tmp_path / "empty").mkdir()
-    extra = [str(tmp_path / "empty") if x == "EMPTY" else x for x in extra]
+    (tmp_path / "badjson").mkdir()
+    (tmp_path / "badjson" / "data.json").write_text('{"format": 1\n"vocab": {}}')
+    extra = [str(tmp_path / x.lower()) if x in ("EMPTY", "BADJSON") else x for x in extra]
     argv = ["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), "--max-steps", "1",
             "--no-progress", "--no-tensorboard", "--threads", "1"]
     rc = main(argv + extra)
@@ -259,3 +285,91 @@ def test_tensorboard_scalars_when_installed(tmp_path):
     acc.Reload()
     assert {"train/loss", "train/lr", "train/target_tokens_per_s", "train/grad_norm"} <= set(acc.Tags()["scalars"])
     assert acc.Scalars("train/loss")[0].step == 5
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_resume_refuses_data_of_another_vocabulary_before_writing_anything(tmp_path, capsys):
+    import shutil
+
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    common = ["--run-dir", str(run), "--no-progress", "--no-tensorboard", "--threads", "1", "--valid-every", "0"]
+    assert main(["train", "--data", str(data), *TINY[:-4], "--max-tokens", "40", "--max-steps", "2", "--warmup", "3",
+                 *common]) == 0
+    others = {}
+    others["model"] = shutil.copytree(data, tmp_path / "other_model")  # same sizes, another sentencepiece model
+    (others["model"] / "spm.model").write_bytes(b"another sentencepiece model")
+    for name, size in (("smaller", VOCAB - 4), ("larger", VOCAB + 8)):
+        others[name] = shutil.copytree(data, tmp_path / f"other_{name}")
+        meta = json.loads((others[name] / "data.json").read_text())
+        meta["vocab"]["size"] = {"src": size, "tgt": size}
+        (others[name] / "data.json").write_text(json.dumps(meta))
+    others["separate"] = make_data(tmp_path / "other_separate", separate=True)
+    before = _files(run)
+    for name, other in others.items():
+        capsys.readouterr()
+        assert main(["train", "--resume", "--data", str(other), "--max-steps", "3", *common]) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("transduce train: error: ") and err.count("\n") == 1, err
+        assert f"{other} has another vocabulary than the run being resumed ({run})" in err, err
+        assert str(data.absolute()) in err  # the data the run was trained on
+        assert _files(run) == before, name  # data.json, the vocabulary copies: untouched
+    # a plain --resume still works, and so does the same data at another path
+    assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
+    moved = shutil.copytree(data, tmp_path / "moved")
+    assert main(["train", "--resume", "--data", str(moved), "--max-steps", "4", *common]) == 0
+    assert json.loads((run / "data.json").read_text())["data_dir"] == str(moved.absolute())
+
+
+def test_a_fresh_run_replaces_stale_vocabulary_copies(tmp_path):
+    data = make_data(tmp_path / "data")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spm.model").write_bytes(b"left by an earlier run on other data")
+    assert main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "1",
+                 "--warmup", "3", "--valid-every", "0"]) == 0
+    assert (run / "spm.model").read_bytes() == (data / "spm.model").read_bytes()
+
+
+def test_on_a_terminal_the_start_line_comes_before_the_progress_bar(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    events = []
+
+    class Terminal(io.StringIO):  # stdout and stderr of one terminal, in the order written
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def write(self, text):
+            if text:
+                events.append((self.name, text))
+            return len(text)
+
+        def isatty(self):
+            return True
+
+    data = make_data(tmp_path / "data")
+    monkeypatch.setattr(sys, "stdout", Terminal("out"))
+    monkeypatch.setattr(sys, "stderr", Terminal("err"))
+    assert main(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), *TINY[:-4], "--threads", "1",
+                 "--no-tensorboard", "--max-tokens", "40", "--max-steps", "2", "--warmup", "3", "--valid-every", "0"]) == 0
+    start = next(i for i, (_, text) in enumerate(events) if text.startswith("training "))
+    bar = next(i for i, (name, text) in enumerate(events) if name == "err" and "train:" in text)
+    assert start < bar
+
+
+def test_a_start_that_fails_on_bad_data_leaves_no_run_directory_it_created(tmp_path, capsys):
+    data = make_data(tmp_path / "data")
+    (data / "train.src.bin").write_bytes(b"\0" * 8)  # truncated
+    argv = ["train", "--data", str(data), *TINY, "--max-tokens", "40", "--max-steps", "1"]
+    assert main([*argv, "--run-dir", str(tmp_path / "new")]) == 2
+    assert "train.src.bin" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()  # not a directory holding only .lock
+    (tmp_path / "mine").mkdir()  # one the user made is left as it was made (bar the lock file)
+    assert main([*argv, "--run-dir", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine").is_dir()

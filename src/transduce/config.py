@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -104,9 +106,18 @@ class ModelConfig:
                 f"(src_vocab_size={self.src_vocab_size}, tgt_vocab_size={self.target_vocab_size}); "
                 "set share_embeddings=False for separate vocabularies"
             )
+        if self.src_vocab_size < 1 or self.target_vocab_size < 1:
+            raise ValueError(f"vocabulary sizes must be at least 1 (src_vocab_size={self.src_vocab_size}, "
+                             f"tgt_vocab_size={self.tgt_vocab_size})")
         if self.d_model % 2:
             raise ValueError("d_model must be even for sinusoidal positions")
-        for name in ("n_layers", "d_model", "d_ff", "n_heads", "head_dim_k", "head_dim_v"):
+        for name in ("n_layers", "d_model", "d_ff", "n_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
+            raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): d_k and d_v are "
+                             "d_model / h (3.2.2) unless given explicitly (model.d_k, model.d_v)")
+        for name in ("head_dim_k", "head_dim_v"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.attention_window is not None and (isinstance(self.attention_window, bool)
@@ -144,6 +155,26 @@ class TrainConfig:
     """Checkpoint interval; the paper wrote one every 10 minutes (6.1)."""
     average_last: int = 5
     """Checkpoints averaged for evaluation: last 5 for base, 20 for big (6.1)."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """ValueError naming the first field out of its range (also after a field is set)."""
+        betas = tuple(self.adam_betas)
+        for name, ok, what in (
+            ("max_tokens", self.max_tokens >= 1, "at least 1"),
+            ("adam_betas", len(betas) == 2 and all(0 <= b < 1 for b in betas), "two numbers in [0, 1)"),
+            ("adam_eps", self.adam_eps > 0, "positive"),
+            ("warmup_steps", self.warmup_steps >= 1, "at least 1"),
+            ("lr_scale", self.lr_scale > 0, "positive"),
+            ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
+            ("max_steps", self.max_steps >= 1, "at least 1"),
+            ("checkpoint_minutes", self.checkpoint_minutes >= 0, "at least 0 (0: off)"),
+            ("average_last", self.average_last >= 1, "at least 1"),
+        ):
+            if not ok:
+                raise ValueError(f"train.{name} must be {what}, not {getattr(self, name)!r}")
 
 
 @dataclass
@@ -290,9 +321,10 @@ def get_preset(name: str) -> Config:
 
 
 def apply_overrides(config: Config, overrides: list[str]) -> Config:
-    """Apply `section.field=value` overrides (values parsed as JSON, else taken as strings),
-    e.g. ``model.n_layers=3`` or ``train.warmup_steps=8000``."""
+    """Apply `section.field=value` overrides, e.g. ``model.n_layers=3`` or
+    ``train.warmup_steps=8000``, each value read as its field's declared type (`parse_value`)."""
     d = config.to_dict()
+    sections = {"model": ModelConfig, "train": TrainConfig}
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
@@ -302,8 +334,51 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
                 f"{sorted(d)} and a known field"
             )
         try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        d[section][name] = value
+            d[section][name] = parse_value(typing.get_type_hints(sections[section])[name], raw)
+        except ValueError as e:
+            raise ValueError(f"bad --set {section}.{name}={raw}: expected {e}") from None
     return Config.from_dict(d)
+
+
+def parse_value(hint: Any, raw: str) -> Any:
+    """`raw` as type `hint`: bool (true or false, in any case), int, float (an int too, finite),
+    str, `X | None` (null or None for None) and tuple[float, ...] (a JSON list such as
+    [0.9,0.98]). ValueError saying what was expected."""
+    text = raw.strip()
+    options = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(options) < len(typing.get_args(hint)):  # X | None
+        if text.lower() in ("null", "none"):
+            return None
+        try:
+            return parse_value(options[0], text)
+        except ValueError as e:
+            raise ValueError(f"{e} or null") from None
+    if hint is bool:
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+        raise ValueError("true or false")
+    if hint is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError("an integer") from None
+    if hint is float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError("a number") from None
+        if not math.isfinite(value):
+            raise ValueError("a finite number")
+        return value
+    if hint is str:
+        return text
+    items = typing.get_args(hint)  # tuple[float, float]
+    what = f"a list of {len(items)} numbers, e.g. [0.9,0.98]"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(what) from None
+    if not (isinstance(value, list) and len(value) == len(items)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        raise ValueError(what)
+    return tuple(float(v) for v in value)

@@ -67,7 +67,7 @@ from .model_dir import (  # noqa: F401
     save_tensors_as_model,
 )
 from .run_dir import (  # noqa: F401
-    LoadedCheckpoint, RunLock, RunLocked, TrainingState, checkpoint_name, checkpoint_step,
+    LoadedCheckpoint, RunLock, RunLocked, TrainingState, check_vocabulary, checkpoint_name, checkpoint_step,
     latest_checkpoint, list_checkpoints, load_checkpoint, load_optimizer_tensors, on_interval,
     optimizer_tensors, prepare_run_dir, recorded_precision, save_checkpoint, set_aside,
 )

@@ -21,21 +21,22 @@ from .run_dir import checkpoint_name, latest_checkpoint, list_checkpoints, on_in
 # --- averaging (6.1) ------------------------------------------------------------------------------
 
 
-def last_checkpoints(run_dir: str | os.PathLike, k: int) -> list[Path]:
+def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--last") -> list[Path]:
     """The newest `k` complete checkpoints of a run written at its checkpoint interval, oldest
     first (6.1: "the last 5 checkpoints, which were written at 10-minute intervals"). A
     checkpoint forced off the interval (the end of a run that did not end on it) is left out,
-    unless the run has no other."""
+    unless the run has no other. `flag` is the caller's option for `k`, named in the errors."""
     found = list_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(f"{Path(run_dir) / CHECKPOINTS}: no checkpoints")
     if k < 1:
-        raise ValueError("--last must be at least 1")
+        raise ValueError(f"{flag} must be at least 1")
     regular = [(s, p) for s, p in found if on_interval(p)]
     found = regular or found
     if len(found) < k:
         raise ValueError(f"asked for the last {k} checkpoints but {run_dir} has {len(found)} "
-                         f"({', '.join(p.name for _, p in found)}); use --last {len(found)} or keep more (--keep-last)")
+                         f"({', '.join(p.name for _, p in found)}); use {flag} {len(found)}, or train keeping more "
+                         "(train --keep-last)")
     return [p for _, p in found[-k:]]
 
 
@@ -134,7 +135,7 @@ def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None
     if average is not None:
         if average < 1:
             raise ValueError("--average must be at least 1")
-        paths = last_checkpoints(path, average)
+        paths = last_checkpoints(path, average, flag="--average")
         tensors, config = guarded(average_checkpoints, paths)
         model = model_from_tensors(tensors, config, paths[-1]).to(device).eval()
         what = f"average of the last {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) of {path}"

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from safetensors.torch import load_model as _st_load_model
 
 from ..config import Config
-from ..errors import TrainingStopped
+from ..errors import TrainingStopped, UsageError
 from .files import (
     CHECKPOINTS, CHECKSUMS, CONFIG, DAMAGED, FORMAT, LATEST, LOCK, OPTIMIZER, RNG, STATE, WEIGHTS,
     DamagedCheckpoint, as_os_error, atomic_write_text, digests, fsync_dir, save_tensors, verify,
@@ -35,14 +35,48 @@ _NAME = re.compile(r"^step_(\d+)$")
 
 def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -> None:
     """Create the run directory: config.json, data.json (with the data directory's absolute
-    path) and copies of the vocabulary files."""
+    path) and copies of the vocabulary files (replacing stale copies of another vocabulary left
+    by an earlier run without checkpoints; a resumed run has the same ones, `check_vocabulary`)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.json", config.to_json() + "\n")
     atomic_write_text(run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n")
     for name in sorted(set(meta["vocab"]["files"].values())):
         for f in (data_dir / name, (data_dir / name).with_suffix(".vocab")):
-            if f.is_file() and not (run_dir / f.name).is_file():
-                shutil.copy2(f, run_dir / f.name)
+            copy = run_dir / f.name
+            if f.is_file() and not (copy.is_file() and copy.read_bytes() == f.read_bytes()):
+                shutil.copy2(f, copy)
+
+
+def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) -> None:
+    """Refuse to resume a run (whose model is `config`) on prepared data of another vocabulary:
+    other sizes, shared where the run's was separate or the reverse, or a sentencepiece model
+    whose bytes differ from the run's copy. The same data at another path passes."""
+    vocab = meta["vocab"]
+    size = (int(vocab["size"]["src"]), int(vocab["size"]["tgt"]))
+    shared = bool(vocab.get("shared", vocab["files"]["src"] == vocab["files"]["tgt"]))
+    try:
+        recorded = json.loads((run_dir / "data.json").read_text(encoding="utf-8"))
+        run_vocab = recorded["vocab"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded, run_vocab = {}, {}
+    m = config.model
+    differences = []
+    if (m.src_vocab_size, m.target_vocab_size) != size:
+        differences.append(f"sizes {size[0]}/{size[1]}, the run's {m.src_vocab_size}/{m.target_vocab_size}")
+    run_shared = bool(run_vocab.get("shared", m.tgt_vocab_size is None))
+    if shared != run_shared:
+        differences.append(f"{'one shared' if shared else 'separate'} vocabular{'y' if shared else 'ies'}, "
+                           f"the run's {'one shared' if run_shared else 'separate'}")
+    run_files = run_vocab.get("files", vocab["files"])
+    for role in ("src", "tgt"):
+        ours, theirs = run_dir / run_files[role], data_dir / vocab["files"][role]
+        if ours.is_file() and theirs.is_file() and ours.read_bytes() != theirs.read_bytes():
+            differences.append(f"{theirs} is not the run's {ours}")
+    if differences:
+        used = recorded.get("data_dir", "the data it was trained on")
+        raise UsageError(f"{data_dir} has another vocabulary than the run being resumed ({run_dir}): "
+                         f"{'; '.join(dict.fromkeys(differences))}; resume on the run's data ({used}) "
+                         "or start a new --run-dir")
 
 
 # --- training checkpoints -------------------------------------------------------------------------
@@ -129,13 +163,16 @@ def on_interval(path: str | os.PathLike) -> bool:
 
 
 def recorded_precision(run_dir: str | os.PathLike) -> tuple[str, Path] | None:
-    """The precision the run's newest checkpoint that records one trained in, and that
-    checkpoint (`latest` first, then newest first); None if none records it."""
+    """The precision the run's newest intact checkpoint that records one trained in, and that
+    checkpoint (`latest` first, then newest first); None if none records it. A damaged one is
+    passed over here as `restore` will pass over it, so that the checkpoint named is the one
+    the run resumes from (which costs reading its files once more)."""
     latest = latest_checkpoint(run_dir)
     for path in ([latest] if latest else []) + [p for _, p in reversed(list_checkpoints(run_dir)) if p != latest]:
         try:
             precision = json.loads((path / STATE).read_text(encoding="utf-8")).get("precision")
-        except (OSError, ValueError, AttributeError):  # unreadable: damaged, as `restore` will say
+            verify(path)
+        except (OSError, ValueError, AttributeError):  # unreadable or damaged, as `restore` will say
             continue
         if precision:
             return str(precision), path
@@ -335,6 +372,11 @@ class RunLock:
                                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode() + b"\n")
         self._fd = fd
         return self
+
+    @property
+    def held(self) -> bool:
+        """Whether this process holds the lock now."""
+        return self._fd is not None
 
     def holder(self) -> str:
         try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..checkpoint import average_checkpoints, default_average, guarded, last_checkpoints, save_tensors_as_model
+from ..checkpoint import CHECKPOINTS, average_checkpoints, default_average, guarded, last_checkpoints, save_tensors_as_model
+from ..errors import UsageError
 
 HELP = "average the last K checkpoints of a run (6.1)"
 DESCRIPTION = (
@@ -22,12 +23,30 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a `transduce train` run directory")
     parser.add_argument("--last", type=int, metavar="K",
                         help="average the last K checkpoints (default: the run's train.average_last: 5 base, 20 big)")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="output model directory (default: RUN_DIR/avg_lastK)")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help="output model directory, new or empty (default: RUN_DIR/avg_lastK, replaced if there); "
+                             "never RUN_DIR itself or its checkpoints")
+    parser.add_argument("--force", action="store_true",
+                        help="write into a --out DIR that is not empty (its model files are replaced, the rest kept)")
+
+
+def check_out(out: Path, run_dir: Path, force: bool) -> None:
+    """Refuse an --out where the model files would change what the run is: the run directory
+    (`translate RUN_DIR` would then load them) or its checkpoints; and, without `force`, any
+    directory that is not empty (a prepared data directory, another model)."""
+    o, r = out.resolve(), run_dir.resolve()
+    if o == r or o == r / CHECKPOINTS or r / CHECKPOINTS in o.parents:
+        raise UsageError(f"--out {out} is the run directory or one of its checkpoints: write the average into a "
+                         f"directory of its own (default: {run_dir / 'avg_lastK'})")
+    if not force and o.is_dir() and any(o.iterdir()):
+        raise UsageError(f"--out {out} is not empty: choose a new directory, or --force to write the model files into it")
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         raise FileNotFoundError(f"{args.run_dir}: no such run directory")
+    if args.out is not None:
+        check_out(args.out, args.run_dir, args.force)
     k = args.last if args.last is not None else (default_average(args.run_dir) or 5)
     paths = last_checkpoints(args.run_dir, k)
     tensors, config = guarded(average_checkpoints, paths)

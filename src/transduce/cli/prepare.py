@@ -114,7 +114,21 @@ def resolve_tree_splits(args: argparse.Namespace) -> list[tuple[str, Path, str]]
     return [(n, trees[f"{n}_trees"], "files") for n in ("train", "valid", "test") if trees[f"{n}_trees"] is not None]
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuse numeric options out of range (0 for --vocab-size or --max-len is not the default)."""
+    for name, ok, what in (
+        ("vocab_size", args.vocab_size is None or args.vocab_size >= 1, "at least 1"),
+        ("vocab_sample", args.vocab_sample >= 1, "at least 1"),
+        ("character_coverage", 0.98 <= args.character_coverage <= 1, "in [0.98, 1] (sentencepiece's range)"),
+        ("max_len", args.max_len is None or args.max_len >= 1, "at least 1"),
+        ("max_ratio", args.max_ratio >= 1, "at least 1 (a ratio of the longer side to the shorter)"),
+    ):
+        if not ok:
+            raise UsageError(f"--{name.replace('_', '-')} must be {what}, not {getattr(args, name):g}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_numbers(args)
     check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
     tree_splits = resolve_tree_splits(args)
     if tree_splits is not None:

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..checkpoint import latest_checkpoint, load_config
+from ..checkpoint import check_vocabulary, latest_checkpoint, load_config
 from ..config import PRESETS, Config, TrainConfig
 from ..data.batching import read_metadata
 from ..errors import UsageError
@@ -51,7 +51,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce train`. Regime flags default to the preset's TrainConfig."""
     g = parser.add_argument_group("input and output")
     g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output directory "
-                   "(with --resume, defaults to the one recorded in RUN_DIR/data.json)")
+                   "(with --resume, defaults to the one recorded in RUN_DIR/data.json; another must have the "
+                   "run's vocabulary)")
     g.add_argument("--run-dir", type=Path, required=True, metavar="DIR",
                    help="where config, vocabulary, checkpoints, logs and the final model go")
     g.add_argument("--preset", metavar="NAME", help=f"model and regime (default: base); one of: {', '.join(PRESETS)}")
@@ -88,6 +89,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
 
     if resuming:
         config = load_config(latest_checkpoint(run_dir))
+        check_vocabulary(run_dir, config, data_dir, meta)  # before anything in RUN_DIR is written
         if args.preset or args.set:  # allowed only if they describe the same model
             requested = config_for_data(args.preset or "base", args.set, meta)
             if requested.model != config.model:
@@ -101,14 +103,15 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
         value = getattr(args, dest)
         if value is not None:
             setattr(t, name, value)
-    if t.max_steps < 0 or t.warmup_steps < 1 or not 0 <= t.label_smoothing < 1:
-        raise UsageError("need --max-steps >= 0, --warmup >= 1 and 0 <= --label-smoothing < 1")
+            try:
+                t.check()  # the fields set before this one passed: a failure is this flag's
+            except ValueError as e:
+                raise UsageError(f"{flag(dest)} {value:g}: {e}") from None
     return config, data_dir
 
 
 def run(args: argparse.Namespace) -> int:
+    options = from_args(TrainOptions, args)  # checks the flags' ranges
     config, data_dir = resolve_config(args)
-    options = from_args(TrainOptions, args)
-    options.log_every = max(1, options.log_every)
     result = train(config, data_dir, args.run_dir, options, log_extra={"argv": sys.argv})
     return EXIT_INTERRUPTED if result.interrupted else 0

@@ -213,7 +213,15 @@ def read_metadata(data_dir: str | Path) -> dict:
     path = Path(data_dir) / METADATA
     if not path.is_file():
         raise DataError("no such file (run `transduce prepare` first)", path)
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise DataError("not UTF-8 text (not a data.json of `transduce prepare`)", path) from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"not valid JSON ({e.msg}, column {e.colno})", path, e.lineno) from None
+    if not isinstance(meta, dict):
+        raise DataError("not a data.json of `transduce prepare` (not a JSON object)", path)
+    return meta
 
 
 def load_vocabs(data_dir: str | Path) -> tuple[Vocab, Vocab]:

@@ -21,6 +21,7 @@ work in bounded memory.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -113,6 +114,11 @@ def train_vocab(
         if "Vocabulary size too high" in message:
             limit = message.split("<=")[-1].strip(" .")
             raise DataError(f"vocabulary size {vocab_size} is too large for this corpus (at most {limit})") from None
+        if "smaller than required_chars" in message:  # "... required_chars. 10 vs 83. Increase ..."
+            need = re.search(r"(\d+) vs (\d+)", message)
+            least = f"at least {need.group(2)}, " if need else ""
+            raise DataError(f"vocabulary size {vocab_size} is too small for the characters of this corpus ({least}"
+                            "the special pieces and one per character; or lower --character-coverage)") from None
         raise DataError(f"sentencepiece training failed: {message}") from None
     return model_prefix.with_name(model_prefix.name + ".model")
 

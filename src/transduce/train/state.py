@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ..config import Config
 from ..data.batching import ParallelDataset
 from ..device import DEVICES
-from ..errors import DataError
+from ..errors import DataError, UsageError
 from ..model import Transformer
 from ..precision import PRECISIONS
 from .distributed import DistEnv
@@ -81,6 +81,25 @@ class TrainOptions:
     max_nonfinite: int = field(default=5, metadata={"metavar": "N", "help": (
         "stop, with a checkpoint of the weights from before them, after N steps in a row whose loss "
         "or gradient norm is not finite (each is skipped: no update; default %(default)s)")})
+
+    def __post_init__(self) -> None:
+        """Refuse a value out of its flag's range (where 0 means off, 0 is valid)."""
+        for name, ok, what in (
+            ("max_tokens", self.max_tokens is None or self.max_tokens >= 1, "at least 1"),
+            ("update_freq", self.update_freq >= 1, "at least 1"),
+            ("max_minutes", self.max_minutes is None or self.max_minutes > 0, "positive"),
+            ("clip_norm", self.clip_norm >= 0, "at least 0 (0: off)"),
+            ("cooldown", 0 <= self.cooldown <= 1, "a fraction in [0, 1] (0: off)"),
+            ("valid_every", self.valid_every >= 0, "at least 0 (0: at the end only)"),
+            ("save_every_steps", self.save_every_steps >= 0, "at least 0 (0: off)"),
+            ("save_every_minutes", self.save_every_minutes is None or self.save_every_minutes >= 0, "at least 0 (0: off)"),
+            ("keep_last", self.keep_last is None or self.keep_last >= 0, "at least 0 (0: all)"),
+            ("threads", self.threads is None or self.threads >= 1, "at least 1"),
+            ("log_every", self.log_every >= 1, "at least 1"),
+            ("max_nonfinite", self.max_nonfinite >= 1, "at least 1"),
+        ):
+            if not ok:
+                raise UsageError(f"--{name.replace('_', '-')} must be {what}, not {getattr(self, name)}")
 
 
 # --- batches (5.1) --------------------------------------------------------------------------------

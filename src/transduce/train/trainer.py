@@ -76,7 +76,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import kernels
-from ..checkpoint import RunLock, prepare_run_dir, recorded_precision, save_model
+from ..checkpoint import RunLock, check_vocabulary, latest_checkpoint, prepare_run_dir, recorded_precision, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, load_vocabs, read_metadata
 from ..data.vocab import BOS, PAD
@@ -133,11 +133,10 @@ def word_symbols(data_dir: Path, meta: dict) -> tuple[Tensor, Tensor]:
 
 def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
     """Padded tokens per micro-batch per rank; records the total per step in config.train."""
-    if opts.update_freq < 1:
-        raise UsageError("--update-freq must be at least 1")
     per_batch = opts.max_tokens or config.train.max_tokens // (env.world_size * opts.update_freq)
     if per_batch < 1:
-        raise UsageError("--max-tokens must be positive")
+        raise UsageError(f"train.max_tokens {config.train.max_tokens} is less than one token per micro-batch "
+                         f"({env.world_size} processes x --update-freq {opts.update_freq})")
     config.train.max_tokens = per_batch * env.world_size * opts.update_freq
     return per_batch
 
@@ -174,6 +173,7 @@ def train(
     opts = opts or TrainOptions()
     env = setup_distributed(opts.device)
     lock = RunLock(run_dir)
+    created = not Path(run_dir).exists()  # by this call: removed again if it fails before writing into it
     try:
         recovery.take_lock(lock, env)
         with StopSignals() as signals:
@@ -185,8 +185,22 @@ def train(
                 _step(run, state)
             return _finish(run, state)
     finally:
+        held = lock.held
         lock.release()
+        if created and held:  # never a directory another trainer holds
+            _remove_if_only_the_lock(Path(run_dir), lock)
         env.close()
+
+
+def _remove_if_only_the_lock(run_dir: Path, lock: RunLock) -> None:
+    """Remove a run directory that holds nothing but its lock file (a start that failed, e.g. on
+    bad data), so that no empty run is left behind."""
+    try:
+        if [p.name for p in run_dir.iterdir()] == [lock.path.name]:
+            lock.path.unlink()
+            run_dir.rmdir()
+    except OSError:  # another process wrote into it meanwhile: leave it
+        pass
 
 
 # Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler.
@@ -201,6 +215,8 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
 
     # Data (5.1).
     meta = read_metadata(data_dir)
+    if opts.resume and latest_checkpoint(run_dir) is not None:
+        check_vocabulary(run_dir, config, data_dir, meta)
     train_set = ParallelDataset.load(data_dir, "train")
     valid_set = ParallelDataset.load(data_dir, "valid") if (data_dir / "valid.src.idx").is_file() else None
 
@@ -228,18 +244,21 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
 
 
 def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
-    """Write the run directory (rank 0), start the batch stream at `start`, make the module that
-    trains, open the log and the progress bar, say what will be done; the loop's clocks start."""
+    """Start the batch stream at `start`, write the run directory (rank 0), make the module that
+    trains, open the log, say what will be done, open the progress bar; the loop's clocks start."""
     env, opts, config = run.env, run.opts, run.config
     t = config.train
+    if start.step > t.max_steps:  # before anything is written: the run is not rewound, nor its model rewritten
+        raise UsageError(f"{run.run_dir} is already at step {start.step}, past --max-steps {t.max_steps}: nothing "
+                         "was trained (a larger --max-steps continues it)")
+    stream = BatchStream(run.train_set, run.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
+                         epoch=start.epoch, position=start.position)  # first: it refuses an empty split
     if env.is_main:
         prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
-    stream = BatchStream(run.train_set, run.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
-                         epoch=start.epoch, position=start.position)
     run.train_model = _training_module(run)
     run.log = RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None
+    _announce(run, stream, start.step, log_extra)  # before the bar: on a terminal, not on the bar's line
     run.bar = _progress_bar(env, opts, start.step, t.max_steps)
-    _announce(run, stream, start.step, log_extra)
     now = time.perf_counter()
     return LoopState(
         step=start.step, stream=stream, lr=noam_lr(start.step, config.model.d_model, t.warmup_steps, t.lr_scale),
