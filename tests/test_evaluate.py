@@ -258,6 +258,22 @@ def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
     assert "either --hyp FILE or a MODEL" in capsys.readouterr().err
 
 
+def test_languages_the_other_way_round_from_the_models_are_refused(tmp_path, capsys):
+    """A model inside a run directory (RUN/avg_last5) has its languages in RUN/data.json: an
+    en->de model asked to translate de->en is refused before it loads, with both directions named."""
+    model_dir, lines = _tiny_model(tmp_path)
+    (tmp_path / "data.json").write_text(json.dumps({"src_lang": "en", "tgt_lang": "de"}), encoding="utf-8")
+    src = _write(tmp_path / "src.txt", lines[:3])
+    ref = _write(tmp_path / "ref.txt", lines[3:6])
+    common = [str(model_dir), "--src-file", str(src), "--ref", str(ref), "--beam", "1", "--max-len-offset", "2", "--quiet"]
+    assert main(["evaluate", *common, "--src", "de", "--tgt", "en"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "translates en->de" in err and "ask for de->en" in err
+    assert main(["evaluate", *common, "--tgt", "en"]) == 2  # the target alone is checked too
+    assert "ask for target en" in capsys.readouterr().err
+    assert main(["evaluate", *common, "--src", "en", "--tgt", "de"]) == 0  # the model's own direction
+
+
 # -- output files and flags checked before the work ------------------------------------------------
 
 

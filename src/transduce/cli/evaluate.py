@@ -12,7 +12,7 @@ from .. import evaluate
 from ..checkpoint.files import AtomicOutput, atomic_write_text, check_output
 from ..data.datasets import DATASETS
 from ..data.text import read_lines
-from ..errors import DataError
+from ..errors import DataError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 from .common import (
     add_decoding_args, add_model_args, check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args,
@@ -80,12 +80,34 @@ def _read(path: str | Path) -> list[str]:
     return list(read_lines(Path(path)))
 
 
+def check_direction(model_path: Path, src: str | None, tgt: str) -> None:
+    """Refuse languages the other way round from the model's: the languages its training data
+    recorded (data.json in a run directory, or beside a model directory inside one, such as
+    RUN/avg_last5). A model directory on its own records none: nothing to check."""
+    for meta_path in (model_path / "data.json", model_path.parent / "data.json"):
+        if meta_path.is_file():
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return
+            trained = meta.get("src_lang"), meta.get("tgt_lang")
+            if None in trained or meta.get("task") == "parsing":
+                return
+            if tgt != trained[1] or (src is not None and src != trained[0]):
+                asked = f"{src}->{tgt}" if src else f"target {tgt}"
+                raise UsageError(f"{model_path} translates {trained[0]}->{trained[1]} ({meta_path}); "
+                                 f"--src/--tgt ask for {asked}")
+            return
+
+
 def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Path | None]:
     """The start of the report, and the source, reference and tokenized reference files: the
     flags' own, or those of --dataset (fetched)."""
     if not args.tgt:
         raise ValueError("give --tgt LANG (the target language: it chooses the Moses tokenizer's rules)")
     report: dict = {"tgt_lang": args.tgt, "src_lang": args.src}
+    if args.model_path is not None:
+        check_direction(Path(args.model_path), args.src, args.tgt)
     src_path, ref_path, tok_ref_path = args.src_file, args.ref, args.tok_ref
     if args.dataset:
         from ..data.datasets import fetch, get_dataset
