@@ -136,3 +136,31 @@ def test_constrained_search_gives_well_formed_trees(parser_run, tmp_path):
 def test_not_a_parsing_model_is_a_one_line_error(tmp_path, capsys):
     assert main(["parse", str(tmp_path / "nope")]) == 2
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_sigterm_leaves_the_output_as_it_was(parser_run, tmp_path):
+    """As translate: SIGTERM while parsing into --output discards the temporary file, exit 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, run = parser_run
+    out = tmp_path / "out.txt"
+    out.write_text("before\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "transduce", "parse", str(run), "--output", str(out), "--threads", "1",
+                          "--precision", "fp32", "--beam", "2"], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=tmp_path)
+    p.stdin.write(b"John sees the dog.\n" * 3)  # and the input stays open: it waits for more
+    p.stdin.flush()
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.txt.tmp-*")) and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".out.txt.tmp-*")), p.stderr.read().decode()  # it is writing
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 143
+    assert "transduce parse: terminated" in p.stderr.read().decode()
+    p.stdin.close()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"] and out.read_text() == "before\n"

@@ -30,8 +30,10 @@ from pathlib import Path
 from ..data.text import iter_lines, open_text
 from ..errors import DataError
 from ..parsing import parse as parsing
-from ..translate import AtomicOutput
-from .common import add_decoding_args, add_model_args, check_decoding_args, decoding_options, load_from_args
+from ..checkpoint.files import AtomicOutput, check_output
+from .common import (
+    add_decoding_args, add_model_args, check_decoding_args, decoding_options, exit_on_sigterm, load_from_args,
+)
 
 HELP = "parse English sentences into constituency trees, line for line: beam 21, alpha 0.3, input + 300 (6.3)"
 DESCRIPTION = __doc__
@@ -58,7 +60,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Parse --input (or stdin) into --output (or stdout). An error leaves no output file."""
+    """Parse --input (or stdin) into --output (or stdout). An error, Ctrl-C or SIGTERM leaves no
+    output file (nor changes the one there)."""
+    with exit_on_sigterm(PROG):
+        return _parse(args)
+
+
+def _parse(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..parsing.svg import tree_svg
@@ -69,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
         tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)
 
     check_decoding_args(args)
-    if args.output is not None and not args.output.absolute().parent.is_dir():
-        raise DataError("no such directory", args.output.absolute().parent)
+    check_output(args.output)  # before the model loads: a path that cannot be written, named
     if args.svg is not None:
         args.svg.mkdir(parents=True, exist_ok=True)
     out: AtomicOutput | None = None
