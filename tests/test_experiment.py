@@ -148,7 +148,7 @@ def test_dry_run_prints_the_train_commands_the_experiment_runs(data, tmp_path, c
         want_config, want_options = train_setup(variant, recipe, meta, machine)
         assert config == want_config  # the same model and regime ...
         assert from_args(TrainOptions, args) == want_options  # ... trained the same way
-    assert "--max-steps 12" in lines[3] and "--keep-last 21" in lines[3]  # big: 3x the updates, 20 averaged (6.1)
+    assert "--max-steps 12" in lines[3] and "--keep-last 20" in lines[3]  # big: 3x the updates, 20 averaged (6.1)
     assert experiment(data, out, "--dry-run", "--nproc", "8", variants="base") == 0
     assert capsys.readouterr().out.splitlines()[1].startswith("torchrun --nproc_per_node=8 -m transduce train ")
 

@@ -161,6 +161,24 @@ def test_failed_write_leaves_previous_latest_loadable(tmp_path, monkeypatch):
     assert latest_checkpoint(tmp_path).name == "step_0000002"
 
 
+def test_a_last_checkpoint_off_the_interval_does_not_take_the_place_of_one_averaged(tmp_path):
+    """keep_last K keeps K checkpoints written at the interval, besides the newest: a run that ends
+    between two intervals (the usual end with 10-minute checkpoints) still has the K that
+    `transduce average --last K` averages (6.1)."""
+    from transduce.checkpoint.averaging import last_checkpoints
+
+    config, model, optimizer = _tiny_training_objects()
+    for step in (10, 20, 30, 40):
+        save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=step, on_interval=True), {}, keep_last=3)
+    save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=43, on_interval=False), {}, keep_last=3)
+    names = [p.name for _, p in list_checkpoints(tmp_path)]
+    assert names == ["step_0000020", "step_0000030", "step_0000040", "step_0000043"]
+    assert [p.name for p in last_checkpoints(tmp_path, 3)] == names[:3]
+    # the next one at the interval: the old off-interval one goes, K at the interval stay
+    save_checkpoint(tmp_path, model, config, optimizer, TrainingState(step=50, on_interval=True), {}, keep_last=3)
+    assert [p.name for _, p in list_checkpoints(tmp_path)] == ["step_0000030", "step_0000040", "step_0000050"]
+
+
 def test_latest_pointer_to_a_missing_checkpoint_falls_back_to_newest(tmp_path):
     config, model, optimizer = _tiny_training_objects()
     for step in (1, 2):

@@ -247,7 +247,8 @@ def save_checkpoint(
     keep_last: int = 0,
 ) -> Path:
     """Write checkpoint `step_{state.step}` atomically, point `latest` at it, then delete all
-    but the newest `keep_last` checkpoints (0 keeps all). Returns its directory.
+    but the newest `keep_last` checkpoints written at the interval and this one (`prune`; 0
+    keeps all). Returns its directory.
 
     `model` is the plain module (not the DDP/compiled wrapper); `rng` maps names such as
     "cpu/rank0" to RNG state tensors (see `transduce.train.distributed.gather_rng_states`).
@@ -285,10 +286,21 @@ def save_checkpoint(
     for p in root.glob(".tmp-*"):  # left by earlier crashes
         shutil.rmtree(p, ignore_errors=True)
     if keep_last > 0:
-        for _, old in list_checkpoints(run_dir)[:-keep_last]:
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+        prune(run_dir, keep_last, final)
     return final
+
+
+def prune(run_dir: str | os.PathLike, keep_last: int, newest: Path) -> None:
+    """Delete all checkpoints but the newest `keep_last` written at the run's interval and
+    `newest`. A checkpoint forced off the interval (the end of a run between two, a signal) is
+    one that averaging leaves out (6.1: checkpoints "written at 10-minute intervals"), so it does
+    not take the place of one: with K = train.average_last, `transduce average` finds its K."""
+    found = [p for _, p in list_checkpoints(run_dir)]
+    keep = {p for p in found if on_interval(p)}
+    keep = set(sorted(keep, key=found.index)[-keep_last:]) | {newest}
+    for old in found:
+        if old not in keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 @dataclass

@@ -173,9 +173,9 @@ def _refuse_twins(variants: list[Variant], recipe: Recipe) -> None:
 
 
 def keep_last(variant: Variant) -> int:
-    """Checkpoints kept: the ones averaged (6.1: 5, big 20) and one more, for a last checkpoint
-    written off the interval (which averaging leaves out)."""
-    return PRESETS[variant.preset].train.average_last + 1
+    """Checkpoints kept at the interval: the ones averaged (6.1: 5, big 20); a last checkpoint
+    written off the interval is kept besides them (`transduce.checkpoint.run_dir.prune`)."""
+    return PRESETS[variant.preset].train.average_last
 
 
 def valid_every(variant: Variant) -> int:

@@ -64,7 +64,8 @@ class TrainOptions:
     save_every_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
         "checkpoint every M minutes (default: train.checkpoint_minutes, 10 as in the paper; 0 = off)")})
     keep_last: int | None = field(default=None, metadata={"metavar": "K", "help": (
-        "checkpoints to keep (default: train.average_last, 5 base / 20 big; 0 = all)")})
+        "checkpoints written at the interval to keep, besides the newest (default: train.average_last, "
+        "5 base / 20 big: what `transduce average` averages; 0 = all)")})
     resume: bool = field(default=False, metadata={"help": (
         "continue from RUN_DIR's latest checkpoint, exactly (starts afresh if there is none)")})
     threads: int | None = field(default=None, metadata={"metavar": "N", "help": (
