@@ -71,6 +71,7 @@ fi
 mkdir -p "$RUN/alpha"
 n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
 print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
+n=$(( n > 0 ? n : 1 ))  # none at the interval (a run shorter than SAVE_STEPS): average takes the last one
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
 # One decoding precision for every score: `auto` is resolved by the first evaluation's probe, then kept.
 DECODING=$PRECISION

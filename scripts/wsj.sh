@@ -103,6 +103,7 @@ fi
 mkdir -p "$ALPHA_DIR"
 n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
 print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
+n=$(( n > 0 ? n : 1 ))  # none at the interval (a run shorter than its interval): average takes the last one
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
 for k in $AVERAGE; do
   transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"

@@ -110,3 +110,7 @@ def test_out_must_be_new_or_empty_and_never_the_run_or_its_checkpoints(tmp_path,
     assert average(run, last=2, out=tmp_path / "empty") == 0
     # the default RUN_DIR/avg_lastK is the command's own: written again without --force
     assert average(run, last=2) == 0 and average(run, last=2) == 0
+    # ... and so is an earlier average named as --out inside the run directory (scripts/multi30k.sh
+    # run again), but not another model directory elsewhere
+    assert main(["average", str(run), "--last", "2", "--out", str(run / "avg_last2")]) == 0
+    assert "is not empty" in refused("--out", str(tmp_path / "empty"))

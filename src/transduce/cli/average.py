@@ -30,16 +30,25 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="write into a --out DIR that is not empty (its model files are replaced, the rest kept)")
 
 
+MODEL_FILES = {"config.json", "model.safetensors", "checksums.json"}
+"""What a model directory written by `average` holds."""
+
+
 def check_out(out: Path, run_dir: Path, force: bool) -> None:
     """Refuse an --out where the model files would change what the run is: the run directory
     (`translate RUN_DIR` would then load them) or its checkpoints; and, without `force`, any
-    directory that is not empty (a prepared data directory, another model)."""
+    directory that is not empty (a prepared data directory, another model) but an earlier
+    average of the same run in the run directory (`RUN_DIR/avg_lastK`, as a rerun of
+    scripts/multi30k.sh writes it again)."""
     o, r = out.resolve(), run_dir.resolve()
     if o == r or o == r / CHECKPOINTS or r / CHECKPOINTS in o.parents:
         raise UsageError(f"--out {out} is the run directory or one of its checkpoints: write the average into a "
                          f"directory of its own (default: {run_dir / 'avg_lastK'})")
-    if not force and o.is_dir() and any(o.iterdir()):
-        raise UsageError(f"--out {out} is not empty: choose a new directory, or --force to write the model files into it")
+    if force or not o.is_dir() or not any(o.iterdir()):
+        return
+    if o.parent == r and {p.name for p in o.iterdir()} <= MODEL_FILES:
+        return  # an earlier average of this run, beside its checkpoints (RUN_DIR/avg_lastK): replaced
+    raise UsageError(f"--out {out} is not empty: choose a new directory, or --force to write the model files into it")
 
 
 def run(args: argparse.Namespace) -> int:
