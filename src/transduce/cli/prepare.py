@@ -61,7 +61,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len", type=int,
                    help=f"drop pairs with a longer side (default {DEFAULT_MAX_LEN}; treebanks: {TREE_MAX_LEN} target symbols)")
     g.add_argument("--max-ratio", type=float, default=DEFAULT_MAX_RATIO,
-                   help=f"drop pairs whose length ratio exceeds this (default {DEFAULT_MAX_RATIO:g})")
+                   help=f"drop pairs whose length ratio exceeds this (default {DEFAULT_MAX_RATIO:g}; treebanks: not "
+                        "applied, a linearized tree being several times its sentence by design)")
 
     g = parser.add_argument_group("output")
     g.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")

@@ -93,7 +93,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ct2-compute-type", metavar="TYPE",
                    help="ct2: CTranslate2's compute type, its precision (default: the exported one; int8, float32, "
                         "bfloat16, ...); --precision fp32, bf16, int8 (--bf16, --int8) stand for float32, bfloat16, "
-                        "int8, and the auto precisions are refused")
+                        "int8; --precision auto (the default) is the exported type; auto-int8 is refused")
     g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"),
                    help="ct2: rank the beam's hypotheses by the paper's ((5+|Y|)/6)^alpha (default) or by CTranslate2's "
                         "|Y|^alpha (docs/export.md)")
