@@ -210,6 +210,18 @@ def test_slurm_jobs_run_the_train_commands_then_the_experiment_measures_them(dat
     assert "1 rows: C6 measured" in capsys.readouterr().out
 
 
+def test_slurm_where_there_is_no_slurm_is_a_one_line_error_not_local_jobs(data, tmp_path, capsys, monkeypatch):
+    """submitit's AutoExecutor would pick its local executor where Slurm is missing and train every
+    variant here, as if submitted: --slurm asks for Slurm (sbatch on PATH) and says so otherwise."""
+    pytest.importorskip("submitit")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    out = tmp_path / "exp"
+    assert experiment(data, out, "--slurm", variants="C6") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--slurm: no Slurm here (sbatch is not on PATH)" in err
+    assert not (out / "runs").exists()
+
+
 def test_each_rows_direction_against_base_is_set_beside_the_papers():
     from transduce.experiments.plan import TABLE3
     from transduce.experiments.table import PAPER, directions, directions_markdown

@@ -299,6 +299,56 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(d
     assert [r["step"] for r in records(run) if r["type"] == "end"] == [CLI_STEPS]
 
 
+def test_the_same_signal_twice_at_once_is_one_request_in_a_torchrun_worker_only():
+    """torchrun forwards the signal it gets to its workers, and Slurm or systemd signal every
+    process of the job too: a worker gets the same SIGTERM twice at once, and must still stop with
+    a checkpoint. Outside torchrun a second press still ends the process at once. (In processes of
+    their own: the second signal may end the process.)"""
+    code = ("import os, signal, time; from transduce.train.signals import StopSignals\n"
+            "with StopSignals() as stop:\n    os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    time.sleep(0.5)\nprint('survived', stop.requested)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    worker = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            env={**env, "TORCHELASTIC_RUN_ID": "test"})
+    assert worker.returncode == 0 and worker.stdout.strip() == "survived SIGTERM", worker.stderr
+    alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert alone.returncode == -signal.SIGTERM and "survived" not in alone.stdout
+    assert "SIGTERM again: exiting now" in alone.stderr
+
+
+def test_under_torchrun_sigterm_to_every_process_of_the_job_stops_with_a_checkpoint(data, tmp_path):
+    """As Slurm's --signal=TERM or systemd's stop do it: torchrun and both workers get SIGTERM at
+    once (and the workers again from torchrun). The run stops at one step with a checkpoint, and
+    its log's last record says so (torchrun's own exit status is then 1, not 75: docs/cluster.md)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
+                "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "transduce"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(torchrun + cli(data, run)[3:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    log = run / "logs" / "train.jsonl"
+    deadline = time.monotonic() + 120
+    while not (log.is_file() and '"train"' in log.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.05)
+    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+    assert len(workers) == 2
+    for pid in [proc.pid, *workers]:
+        os.kill(pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert "exiting now, without a checkpoint" not in out, out[-3000:]
+    last = records(run)[-1]
+    assert last["type"] == "interrupted" and last["signal"] == "SIGTERM", out[-3000:]
+    assert latest_checkpoint(run).name == f"step_{last['step']:07d}" and 0 < last["step"] < CLI_STEPS
+
+
 def test_an_fp16_overflow_skipped_by_the_loss_scaler_is_reported_as_not_taken(data, monkeypatch):
     """The GradScaler's own skip (a non-finite gradient, as an fp16 overflow makes) is a step not
     taken, like a NaN without a scaler; the scaler lowers its scale."""

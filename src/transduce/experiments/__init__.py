@@ -35,10 +35,12 @@ submits each as a Slurm job through `submitit` (the `slurm` extra); then the sam
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..errors import UsageError
 from ..extras import require
 from .plan import TABLE3, Machine, Recipe, Variant, plan, show, train_command, train_setup
 from .run import check_data, check_run_dir, open_experiment, rows_measured_beside, run_variant, trained
@@ -107,6 +109,11 @@ def submit_slurm(data_dir: Path, out: Path, names: list[str], recipe: Recipe, ma
     {variant: submitit job} (`.job_id`, `.result()`). Run `transduce experiment` again, without
     --slurm, to measure them."""
     submitit = require("submitit", "--slurm")
+    if cluster is None:  # submitit's own choice would be its local executor where there is no Slurm
+        if shutil.which("sbatch") is None:
+            raise UsageError("--slurm: no Slurm here (sbatch is not on PATH); train here without --slurm, "
+                             "or run --dry-run's commands where you can")
+        cluster = "slurm"
     _, variants = prepare(data_dir, out, names, recipe, machine)
     open_experiment(out, data_dir, recipe)
     executor = submitit.AutoExecutor(folder=str(out / "slurm"), cluster=cluster)

@@ -8,10 +8,14 @@ rank, agreed by one all-reduce per step) and exits with status `EXIT_INTERRUPTED
 with `--resume`. A second signal ends the process at once, as the signal's default action would
 (a checkpoint being written then is abandoned whole: `latest` keeps pointing at the previous one).
 
-One exception to "a second signal ends at once": a signal of the other kind arriving within
-`SAME_REQUEST_S` seconds is the same request. Ctrl-C under torchrun delivers both: the terminal
-sends SIGINT to every process of the group, and torchrun forwards a SIGTERM to its workers (it
-then waits 30 s before SIGKILL).
+One exception to "a second signal ends at once": a signal arriving within `SAME_REQUEST_S`
+seconds of the first is the same request when it cannot be a person's second press: one of the
+other kind (a terminal's SIGINT beside a service manager's SIGTERM), or, in a worker of torchrun,
+any. Under torchrun a worker is often sent the same signal twice at once: torchrun forwards the
+signal it gets (SIGTERM or SIGINT) to its workers, which run in sessions of their own, and Slurm
+(`--signal`) or systemd (`KillMode=control-group`) signal every process of the job as well; both
+copies must count as the one request to stop with a checkpoint (torchrun then waits 30 s before
+SIGKILL).
 """
 
 from __future__ import annotations
@@ -58,11 +62,16 @@ class StopSignals:
             _stderr(f"\n{self.requested}: stopping after this step with a checkpoint (send it again to exit at once)\n")
             return
         first, at = self._first
-        if signum != first and now - at < SAME_REQUEST_S:  # Ctrl-C under torchrun: SIGINT + SIGTERM
+        if now - at < SAME_REQUEST_S and (signum != first or under_torchrun()):  # the same request, twice
             return
         _stderr(f"\n{signal.Signals(signum).name} again: exiting now, without a checkpoint\n")
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+
+def under_torchrun() -> bool:
+    """Whether this process is a worker started by torchrun (its elastic agent sets these)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or "TORCHELASTIC_RESTART_COUNT" in os.environ
 
 
 def _stderr(text: str) -> None:
