@@ -143,3 +143,28 @@ def test_tree_with_tags_copy():
     with pytest.raises(ValueError):
         t.with_tags(["X"])
     assert Tree("NP", ["a"]).is_preterminal
+
+
+def test_deep_nesting_is_walked_without_recursion():
+    """A model's output nests as deep as it likes (a long sentence's limit is input + 300
+    symbols, past Python's recursion limit of 1,000): the way back, printing, the gold tags put
+    back, cleaning, linearizing and the picture all loop instead of recursing."""
+    from transduce.parsing.svg import tree_svg
+
+    n = 3000
+    symbols = ["(S"] * n + ["XX", "XX"] + [")S"] * n
+    tree, rep = delinearize(symbols, ["a", "b"])
+    assert rep.total == 0
+    text = str(tree)
+    assert text == "(TOP " + "(S " * n + "(XX a) (XX b)" + ")" * (n + 1)
+    assert str(parse_tree(text)) == text
+    assert linearize(tree) == symbols
+    assert str(clean(tree)) == text
+    assert tree.with_tags(["DT", "NN"]).tags() == ["DT", "NN"] and tree.tags() == ["XX", "XX"]
+    svg = tree_svg(tree)
+    assert svg.count(">S<") == n and ">a<" in svg
+    # never closed, and emptied: the repairs too
+    tree, rep = delinearize(["(S"] * n + ["(NP"] * n + ["XX"], ["a"])
+    assert rep.unclosed == 2 * n and rep.empty_constituents == 0 and tree.leaves() == ["a"]
+    tree, rep = delinearize(["(S"] * n + [")S"] * n + ["(NP", "XX", ")NP"], ["a"])
+    assert rep.empty_constituents == n and str(tree) == "(TOP (NP (XX a)))"

@@ -21,28 +21,31 @@ def tree_svg(tree: Tree, title: str | None = None) -> str:
     """The SVG document of `tree`."""
     nodes: list[tuple[float, int, str, bool]] = []  # x, row, text, is_word
     edges: list[tuple[float, int, float, int]] = []
-    depth = _depth(tree)
-    x_next = [PAD]
-
-    def place(node: Tree, row: int) -> float:
+    rows = {id(tree): 0}  # a constituent's row: its depth (loops, not recursion: trees may nest deeply)
+    for node in reversed(tree.bottom_up()):  # parents first
+        for c in node.children:
+            if isinstance(c, Tree):
+                rows[id(c)] = rows[id(node)] + 1
+    depth = max(rows.values()) + 1  # the words' row
+    xs: dict[int, float] = {}
+    x_next = PAD
+    for node in tree.preterminals():  # left to right
+        word = str(node.children[0])
+        w = max(len(word), len(node.label)) * CHAR_W
+        xs[id(node)] = x = x_next + w / 2
+        x_next += w + 2 * PAD
+        nodes.append((x, rows[id(node)], node.label, False))
+        nodes.append((x, depth, word, True))
+        edges.append((x, rows[id(node)], x, depth))
+    for node in tree.bottom_up():  # children first: each constituent centred above its children
         if node.is_preterminal:
-            word = str(node.children[0])
-            w = max(len(word), len(node.label)) * CHAR_W
-            x = x_next[0] + w / 2
-            x_next[0] += w + 2 * PAD
-            nodes.append((x, row, node.label, False))
-            nodes.append((x, depth, word, True))
-            edges.append((x, row, x, depth))
-            return x
-        xs = [place(c, row + 1) for c in node.children if isinstance(c, Tree)]
-        x = (xs[0] + xs[-1]) / 2 if xs else x_next[0]
+            continue
+        kids = [c for c in node.children if isinstance(c, Tree)]
+        xs[id(node)] = x = (xs[id(kids[0])] + xs[id(kids[-1])]) / 2 if kids else x_next
+        row = rows[id(node)]
         nodes.append((x, row, node.label, False))
-        for cx, c in zip(xs, [c for c in node.children if isinstance(c, Tree)]):
-            edges.append((x, row, cx, row + 1))
-        return x
-
-    place(tree, 0)
-    width = x_next[0] + PAD
+        edges += [(x, row, xs[id(c)], row + 1) for c in kids]
+    width = x_next + PAD
     height = (depth + 1) * ROW_H + 2 * PAD + (ROW_H if title else 0)
     top = PAD + (ROW_H if title else 0)
 
@@ -62,10 +65,3 @@ def tree_svg(tree: Tree, title: str | None = None) -> str:
         out.append(f'<text x="{x:.1f}" y="{y(row):.1f}" text-anchor="middle" {style}>{escape(text)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
-
-
-def _depth(tree: Tree) -> int:
-    """Rows of constituents and tags above the words."""
-    if tree.is_preterminal:
-        return 1
-    return 1 + max((_depth(c) for c in tree.children if isinstance(c, Tree)), default=0)

@@ -59,6 +59,17 @@ class Tree:
     def is_preterminal(self) -> bool:
         return len(self.children) == 1 and isinstance(self.children[0], str)
 
+    def bottom_up(self) -> list["Tree"]:
+        """Every node, each after all of its children. A loop, not recursion, as every walk over a
+        tree here: a model's output may nest deeper than Python's recursion limit (1,000)."""
+        order: list[Tree] = []
+        stack: list[Tree] = [self]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(c for c in node.children if isinstance(c, Tree))
+        return order[::-1]
+
     def preterminals(self) -> Iterator["Tree"]:
         """The preterminals (tag, word), left to right."""
         stack: list[Tree] = [self]
@@ -82,30 +93,30 @@ class Tree:
         tags = list(tags)
         if len(tags) != len(self.leaves()):
             raise ValueError(f"{len(tags)} tags for {len(self.leaves())} words")
-        it = iter(tags)
-
-        def copy(node: Tree) -> Tree:
-            if node.is_preterminal:
-                return Tree(next(it), list(node.children))
-            return Tree(node.label, [copy(c) for c in node.children])  # type: ignore[arg-type]
-
-        return copy(self)
+        copies: dict[int, Tree] = {}
+        for node in self.bottom_up():
+            copies[id(node)] = Tree(node.label, list(node.children) if node.is_preterminal else
+                                    [copies[id(c)] for c in node.children])  # type: ignore[arg-type]
+        copy = copies[id(self)]
+        for p, tag in zip(copy.preterminals(), tags):
+            p.label = tag
+        return copy
 
     def __str__(self) -> str:
         """One line, the mirror's format: ``(TOP (S (NP (DT The) (NN cat)) ...))``."""
         parts: list[str] = []
-
-        def write(node: Tree) -> None:
-            if node.is_preterminal:
+        stack: list[Tree | str] = [self]  # nodes to write, and text to write as it is
+        while stack:
+            node = stack.pop()
+            if isinstance(node, str):
+                parts.append(node)
+            elif node.is_preterminal:
                 parts.append(f"({node.label} {node.children[0]})")
-                return
-            parts.append(f"({node.label}")
-            for c in node.children:
-                parts.append(" ")
-                write(c)  # type: ignore[arg-type]
-            parts.append(")")
-
-        write(self)
+            else:
+                parts.append(f"({node.label}")
+                stack.append(")")
+                for c in reversed(node.children):
+                    stack += [c, " "]
         return "".join(parts)
 
 
@@ -216,13 +227,14 @@ def clean(tree: Tree) -> Tree | None:
     """The tree with empty elements (``-NONE-``) and the constituents left empty removed, function
     tags cut from phrase labels and an unlabelled root named ``TOP`` (None if nothing is left)."""
 
-    def walk(node: Tree) -> Tree | None:
+    cleaned: dict[int, Tree | None] = {}
+    for node in tree.bottom_up():
         if node.is_preterminal:
-            return None if node.label == "-NONE-" else Tree(node.label, list(node.children))
-        kids = [k for k in (walk(c) for c in node.children if isinstance(c, Tree)) if k is not None]
-        return Tree(strip_function_tags(node.label), kids) if kids else None
-
-    out = walk(tree)
+            cleaned[id(node)] = None if node.label == "-NONE-" else Tree(node.label, list(node.children))
+            continue
+        kids = [k for k in (cleaned[id(c)] for c in node.children if isinstance(c, Tree)) if k is not None]
+        cleaned[id(node)] = Tree(strip_function_tags(node.label), kids) if kids else None  # type: ignore[arg-type]
+    out = cleaned[id(tree)]
     if out is not None and out.label == "":
         out.label = "TOP"
     return out
@@ -242,27 +254,29 @@ def _sentence_root(tree: Tree) -> Tree:
 def linearize(tree: Tree, tags: bool = False) -> list[str]:
     """Vinyals et al.'s sequence for `tree`: ``(S (NP XX XX )NP ... )S`` (see the module
     docstring); with `tags`, each word's part-of-speech tag instead of ``XX``."""
-    out: list[str] = []
-
-    def walk(node: Tree) -> None:
-        if node.is_preterminal:
-            if tags and (node.label[:1] in ("(", ")") or node.label in UNKNOWN or not node.label):
-                raise ValueError(f"part-of-speech tag {node.label!r} cannot be a target symbol")
-            out.append(node.label if tags else XX)
-            return
-        out.append("(" + node.label)
+    def children(node: Tree) -> list[Tree]:
         for c in node.children:
             if not isinstance(c, Tree):
                 raise ValueError(f"constituent {node.label} has a bare word {c!r} beside constituents")
-            walk(c)
-        out.append(")" + node.label)
+        return node.children  # type: ignore[return-value]
 
+    out: list[str] = []
     root = _sentence_root(tree)
-    if root is tree and tree.label in WRAPPERS:  # an outer bracket over a word, or over several
-        for c in tree.children:                  # constituents: its children side by side
-            walk(c)  # type: ignore[arg-type]
-    else:
-        walk(root)
+    if root is tree and tree.label in WRAPPERS and not tree.is_preterminal:
+        stack: list[Tree | str] = children(tree)[::-1]  # an outer bracket over a word, or over several
+    else:                                              # constituents: its children side by side
+        stack = [root]
+    while stack:  # nodes to walk, and closing brackets to write
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif node.is_preterminal:
+            if tags and (node.label[:1] in ("(", ")") or node.label in UNKNOWN or not node.label):
+                raise ValueError(f"part-of-speech tag {node.label!r} cannot be a target symbol")
+            out.append(node.label if tags else XX)
+        else:
+            out.append("(" + node.label)
+            stack += [")" + node.label, *children(node)[::-1]]
     return out
 
 
@@ -362,15 +376,11 @@ def delinearize(
         target.children.extend(Tree(XX, [w]) for w in words[n:])
     rep.unclosed += len(stack) - 1
 
-    def prune(node: Tree) -> bool:  # drop constituents without words; True if `node` keeps some
-        if node.is_preterminal:
-            return True
-        kept = [c for c in node.children if isinstance(c, Tree) and prune(c)]
-        rep.empty_constituents += len(node.children) - len(kept)
-        node.children = kept  # type: ignore[assignment]
-        return bool(kept)
-
-    prune(root)
+    for node in root.bottom_up():  # drop constituents without words, the innermost first
+        if not node.is_preterminal:
+            kept = [c for c in node.children if isinstance(c, Tree) and (c.is_preterminal or c.children)]
+            rep.empty_constituents += len(node.children) - len(kept)
+            node.children = kept  # type: ignore[assignment]
     rep.extra_roots += max(0, len(root.children) - 1)
     if pos is not None:
         for p, tag in zip(root.preterminals(), pos):
