@@ -168,3 +168,17 @@ def test_deep_nesting_is_walked_without_recursion():
     assert rep.unclosed == 2 * n and rep.empty_constituents == 0 and tree.leaves() == ["a"]
     tree, rep = delinearize(["(S"] * n + [")S"] * n + ["(NP", "XX", ")NP"], ["a"])
     assert rep.empty_constituents == n and str(tree) == "(TOP (NP (XX a)))"
+
+
+def test_svg_draws_tags_just_above_their_words():
+    """As svg.py's docstring says: every tag on the row just above the words, whatever its depth,
+    so that a shallow word's tag is not left high above it."""
+    import re
+
+    from transduce.parsing.svg import tree_svg
+
+    svg = tree_svg(parse_tree(CAT))
+    y = {m[2]: float(m[1]) for m in re.finditer(r'<text x="[\d.]+" y="([\d.]+)"[^>]*>([^<]+)<', svg)}
+    assert y["DT"] == y["VBD"] == y["IN"] == y["PRP"]  # tags at depths 3 to 5
+    assert y["The"] == y["it"] > y["DT"] > y["NP"]
+    assert y["The"] - y["DT"] == y["S"] - y["TOP"]  # one row apart

@@ -26,7 +26,7 @@ def tree_svg(tree: Tree, title: str | None = None) -> str:
         for c in node.children:
             if isinstance(c, Tree):
                 rows[id(c)] = rows[id(node)] + 1
-    depth = max(rows.values()) + 1  # the words' row
+    depth = max(rows.values()) + 1  # the words' row; their tags just above it
     xs: dict[int, float] = {}
     x_next = PAD
     for node in tree.preterminals():  # left to right
@@ -34,9 +34,9 @@ def tree_svg(tree: Tree, title: str | None = None) -> str:
         w = max(len(word), len(node.label)) * CHAR_W
         xs[id(node)] = x = x_next + w / 2
         x_next += w + 2 * PAD
-        nodes.append((x, rows[id(node)], node.label, False))
+        nodes.append((x, depth - 1, node.label, False))
         nodes.append((x, depth, word, True))
-        edges.append((x, rows[id(node)], x, depth))
+        edges.append((x, depth - 1, x, depth))
     for node in tree.bottom_up():  # children first: each constituent centred above its children
         if node.is_preterminal:
             continue
@@ -44,7 +44,7 @@ def tree_svg(tree: Tree, title: str | None = None) -> str:
         xs[id(node)] = x = (xs[id(kids[0])] + xs[id(kids[-1])]) / 2 if kids else x_next
         row = rows[id(node)]
         nodes.append((x, row, node.label, False))
-        edges += [(x, row, xs[id(c)], row + 1) for c in kids]
+        edges += [(x, row, xs[id(c)], depth - 1 if c.is_preterminal else row + 1) for c in kids]
     width = x_next + PAD
     height = (depth + 1) * ROW_H + 2 * PAD + (ROW_H if title else 0)
     top = PAD + (ROW_H if title else 0)
