@@ -90,6 +90,22 @@ def test_parse_raw_sentences_line_for_line(parser_run, tmp_path, capsys):
     assert "no part-of-speech tags (XX)" in err and "3 lines" in err
 
 
+def test_tokenized_input_brackets_as_the_treebank_writes_them(parser_run, tmp_path, capsys):
+    """--tokenized: a bracket token is written -LRB- etc., as the treebank (and the raw
+    tokenizer) write it, and a round bracket inside a token too: printed as it came, "(" broke
+    the bracketing of the output tree, which no reader (evaluate --hyp, EVALB) could read."""
+    _, run = parser_run
+    src = tmp_path / "in.txt"
+    src.write_text("John ( the dog ) sees Mary .\nMary :) sees [ John ] .\n")
+    out = tmp_path / "out.txt"
+    assert main(["parse", str(run), "--tokenized", "--input", str(src), "--output", str(out), "--beam", "2",
+                 "--precision", "fp32", "--quiet"]) == 0
+    first, second = [parse_tree(line) for line in out.read_text().splitlines()]
+    assert first.leaves() == ["John", "-LRB-", "the", "dog", "-RRB-", "sees", "Mary", "."]
+    assert second.leaves() == ["Mary", ":-RRB-", "sees", "-LSB-", "John", "-RSB-", "."]
+    assert read_tree_lines(out)[1].leaves() == second.leaves()
+
+
 def test_evaluate_the_model_with_evalb(parser_run, tmp_path, capsys):
     """The toy grammar is learned: F1 above 95 on the held-out trees, gold tags put back; the
     saved parses score the same through --hyp."""

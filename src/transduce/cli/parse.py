@@ -7,7 +7,8 @@
 MODEL is a run directory or model directory trained on a treebank (`transduce prepare --dataset
 ptb-wsj`, then `transduce train`), as for `transduce translate`. Each input line is one
 sentence of raw English, tokenized the Penn Treebank way (`transduce.parsing.tokenize`; with
-`--tokenized`, split on spaces as it is). Each output line is its tree, bracketed on one line,
+`--tokenized`, split on spaces as it is, but for brackets, written as in the treebank: ``(`` as
+``-LRB-``). Each output line is its tree, bracketed on one line,
 ``(TOP (S (NP (XX The) (XX cat)) ...))``, holding exactly the sentence's tokens; an empty line
 gives an empty line. The model's output is repaired into a tree where it is not one (the count
 of repairs is reported at the end), or, with `--constrained`, the beam search can produce only
@@ -49,7 +50,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output", "-o", type=Path, metavar="FILE",
                    help="trees, one per line (default: stdout); written atomically, gzip if FILE ends in .gz")
     g.add_argument("--tokenized", action="store_true",
-                   help="the input is Penn Treebank tokens separated by spaces (default: raw English, tokenized here)")
+                   help="the input is Penn Treebank tokens separated by spaces; brackets become -LRB- -RRB- etc. "
+                        "(default: raw English, tokenized here)")
     g.add_argument("--svg", type=Path, metavar="DIR", help="also draw each tree as DIR/LINE.svg")
     g.add_argument("--constrained", action="store_true",
                    help="beam search that only produces well-formed trees (not in the paper; default: repair afterwards)")
@@ -70,7 +72,7 @@ def _parse(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..parsing.svg import tree_svg
-    from ..parsing.tokenize import ptb_tokenize
+    from ..parsing.tokenize import escape_brackets, ptb_tokenize
     from ..parsing.trees import Repairs
 
     def warn(msg: str) -> None:
@@ -107,7 +109,8 @@ def _parse(args: argparse.Namespace) -> int:
             write, flush = out.write, lambda: None
         else:
             write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
-        sentences = (line.split() if args.tokenized else ptb_tokenize(line) for line in iter_lines(infile, name))
+        sentences = (escape_brackets(line.split()) if args.tokenized else ptb_tokenize(line)
+                     for line in iter_lines(infile, name))
         options = {**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines,
                    "workers": 1 if interactive else args.workers}
         total, repaired, n = Repairs(), 0, 0

@@ -63,3 +63,11 @@ def ptb_tokenize(text: str) -> list[str]:
         if pattern.pattern.endswith(" ") and pattern.search(s):  # overlapping matches (a b c): once more
             s = pattern.sub(repl, s)
     return [BRACKETS.get(t, t) for t in s.split()]
+
+
+def escape_brackets(tokens: list[str]) -> list[str]:
+    """Tokens given as they are (`transduce parse --tokenized`) with their brackets written the
+    treebank's way: a bracket on its own as in `BRACKETS` (``(`` -> ``-LRB-``), and a round
+    bracket inside a token (``:)``) as ``-LRB-`` / ``-RRB-`` too: left as it is, it would break
+    the brackets of the tree printed around it, and the model never saw one."""
+    return [BRACKETS.get(t) or t.replace("(", "-LRB-").replace(")", "-RRB-") for t in tokens]
