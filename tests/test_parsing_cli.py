@@ -154,6 +154,26 @@ def test_not_a_parsing_model_is_a_one_line_error(tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_translation_model_is_refused_and_leaves_no_svg_directory(tmp_path, capsys, shared):
+    """A translation model: one line, exit 2, and no --svg directory made; with a data.json in
+    it (shared=False), refused before the model loads (its weights removed: never read). An
+    --svg that is a file is refused before the model is even looked for."""
+    from tiny_models import make_model
+
+    model = make_model(tmp_path / "mt", shared=shared)
+    if not shared:
+        (model / "model.safetensors").unlink()  # refused before loading: the weights are never read
+    svg = tmp_path / "svg"
+    assert main(["parse", str(model), "--svg", str(svg), "--precision", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("transduce parse: error: ") and "not a parsing model" in err and len(err.splitlines()) == 1
+    assert not svg.exists()
+    (tmp_path / "file").write_text("")
+    assert main(["parse", str(tmp_path / "nope"), "--svg", str(tmp_path / "file")]) == 2  # before the model
+    assert "--svg " in capsys.readouterr().err and (tmp_path / "file").read_text() == ""
+
+
 def test_sigterm_leaves_the_output_as_it_was(parser_run, tmp_path):
     """As translate: SIGTERM while parsing into --output discards the temporary file, exit 143."""
     import os

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from ..data.text import iter_lines, open_text
-from ..errors import DataError
+from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
 from ..checkpoint.files import AtomicOutput, check_output
 from .common import (
@@ -61,6 +61,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                       max_len_offset=parsing.DEFAULT_MAX_LEN_OFFSET, batch_size=parsing.DEFAULT_BATCH_SIZE, section="6.3")
 
 
+def check_parsing_model(model_path: Path, metadata: dict | None) -> None:
+    """Refuse a model whose data.json does not say it was trained on a treebank."""
+    if not parsing.is_parsing_model(metadata):
+        raise DataError("not a parsing model (its data.json does not say task: parsing; prepare a treebank "
+                        "with `transduce prepare --dataset ptb-wsj`)", model_path)
+
+
 def run(args: argparse.Namespace) -> int:
     """Parse --input (or stdin) into --output (or stdout). An error, Ctrl-C or SIGTERM leaves no
     output file (nor changes the one there)."""
@@ -74,14 +81,18 @@ def _parse(args: argparse.Namespace) -> int:
     from ..parsing.svg import tree_svg
     from ..parsing.tokenize import escape_brackets, ptb_tokenize
     from ..parsing.trees import Repairs
+    from ..translate import _find_metadata
 
     def warn(msg: str) -> None:
         tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)
 
     check_decoding_args(args)
     check_output(args.output)  # before the model loads: a path that cannot be written, named
-    if args.svg is not None:
-        args.svg.mkdir(parents=True, exist_ok=True)
+    p = args.model_path  # its data.json, in it or in the run directory above: checked before the model loads
+    if (meta := _find_metadata([p, p.parent, p.parent.parent])) is not None:
+        check_parsing_model(p, meta)
+    if args.svg is not None and args.svg.exists() and not args.svg.is_dir():
+        raise UsageError(f"--svg {args.svg}: not a directory")
     out: AtomicOutput | None = None
     infile = None
     try:
@@ -90,9 +101,9 @@ def _parse(args: argparse.Namespace) -> int:
         else:
             infile, name, interactive = sys.stdin.buffer, "<stdin>", sys.stdin.isatty()
         loaded = load_from_args(args)
-        if not parsing.is_parsing_model(loaded.metadata):
-            raise DataError("not a parsing model (its data.json does not say task: parsing; prepare a treebank "
-                            "with `transduce prepare --dataset ptb-wsj`)", args.model_path)
+        check_parsing_model(args.model_path, loaded.metadata)
+        if args.svg is not None:  # only now: a model refused leaves no directory behind
+            args.svg.mkdir(parents=True, exist_ok=True)
         tags = parsing.predicts_tags(loaded.metadata)
         if not args.quiet:
             print(f"{PROG}: model {loaded.description}; {loaded.precision.line()}", file=sys.stderr)
