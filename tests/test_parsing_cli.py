@@ -126,6 +126,26 @@ def test_evaluate_the_model_with_evalb(parser_run, tmp_path, capsys):
     assert again["matched"] == scores["matched"] and again["test"] == scores["test"]
 
 
+def test_evaluate_names_the_hyp_lines_with_other_words(tmp_path, capsys):
+    """--hyp trees over other words than the gold's (a word dropped, another word): each line is
+    named, file and line, on stderr; the scores stay EVALB's (a dropped final period is not even
+    an error there, punctuation being deleted, so nothing else would tell)."""
+    gold, hyp = tmp_path / "gold.trees", tmp_path / "hyp.trees"
+    gold.write_text("(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs)) (. .)))\n"
+                    "(TOP (S (NP (NNP John)) (VP (VBZ sleeps)) (. .)))\n"
+                    "(TOP (S (NP (NNP Mary)) (VP (VBZ runs)) (. .)))\n")
+    hyp.write_text("(TOP (S (NP (XX the) (XX dog)) (VP (XX runs)) (XX .)))\n"
+                   "(TOP (S (NP (XX John)) (VP (XX sleeps))))\n"
+                   "(TOP (S (NP (XX Mary)) (VP (XX sees)) (XX .)))\n")
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(gold), "--trees", "--json"]) == 0
+    out, err = capsys.readouterr()
+    scores = json.loads(out)["scores"]["evalb_gold_tags"]["all"]
+    assert scores["errors"] == 1 and scores["f1"] == 100.0  # line 3 an error; line 2 scored as if whole
+    assert f"{hyp}:2: other words than the gold tree's (2 words, the gold tree 3)" in err
+    assert f"{hyp}:3: other words than the gold tree's (word 2 is 'sees', the gold tree's 'runs')" in err
+    assert f"{hyp}:1:" not in err and f"2 of 3 trees in {hyp} have other words" in err
+
+
 def test_constrained_search_gives_well_formed_trees(parser_run, tmp_path):
     """With a model halfway trained (its first checkpoint), the free search's trees are repaired
     where needed; the constrained search's raw outputs are well-formed trees over the words."""

@@ -221,6 +221,24 @@ def run(args: argparse.Namespace) -> int:
 TREEBANK_SPLIT_ALIASES = {"dev": "22", "valid": "22", "test": "23", "train": "02-21"}
 
 
+def warn_other_words(hyp_path: Path, gold: list, parsed: list, shown: int = 10) -> None:
+    """Name the --hyp lines whose tree holds other words than the gold tree's (another
+    tokenization, a word dropped, a file out of step): EVALB makes each an error sentence, left out
+    of the scores, or, where only punctuation differs, scores it as if nothing did."""
+    other = [(n, g.leaves(), p.leaves()) for n, (g, p) in enumerate(zip(gold, parsed), start=1)
+             if p is not None and p.leaves() != g.leaves()]
+    for n, gw, pw in other[:shown]:
+        k = next((i for i, (a, b) in enumerate(zip(gw, pw)) if a != b), min(len(gw), len(pw)))
+        what = (f"{len(pw)} words, the gold tree {len(gw)}" if len(gw) != len(pw)
+                else f"word {k + 1} is {pw[k]!r}, the gold tree's {gw[k]!r}")
+        print(f"{PROG}: warning: {hyp_path}:{n}: other words than the gold tree's ({what})", file=sys.stderr)
+    if other:
+        more = f" ({len(other) - shown} more not shown)" if len(other) > shown else ""
+        print(f"{PROG}: warning: {len(other)} of {len(parsed)} trees in {hyp_path} have other words than the gold "
+              f"trees{more}: EVALB makes them error sentences, left out of the scores (unless only punctuation differs)",
+              file=sys.stderr)
+
+
 def run_parsing(args: argparse.Namespace) -> int:
     """EVALB of MODEL's parses (or of --hyp trees) against a treebank split (or --ref trees)."""
     from tqdm import tqdm
@@ -256,6 +274,7 @@ def run_parsing(args: argparse.Namespace) -> int:
         parsed = read_tree_lines(args.hyp)
         if len(parsed) != len(gold):
             raise DataError(f"{len(parsed)} lines, but the gold file {ref_path} has {len(gold)} trees", args.hyp)
+        warn_other_words(args.hyp, gold, parsed)
         own = any(tag != "XX" for p in parsed if p is not None for tag in p.tags())
         scores = parsing.score_parses(gold, parsed, own_tags=own, params=params)
         report["hyp"] = str(args.hyp)
