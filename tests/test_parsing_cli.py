@@ -194,6 +194,20 @@ def test_translation_model_is_refused_and_leaves_no_svg_directory(tmp_path, caps
     assert "--svg " in capsys.readouterr().err and (tmp_path / "file").read_text() == ""
 
 
+def test_constrained_greedy_is_refused_before_the_model_loads(tmp_path, capsys):
+    """--constrained is a beam search: with --greedy, one line before anything is loaded or
+    made (it came after the model had loaded, the --svg directory made, and for evaluate after
+    "parsing N sentences with ..."): here MODEL does not even exist."""
+    svg, gold = tmp_path / "svg", tmp_path / "gold.trees"
+    gold.write_text("(TOP (S (NP (NNP John)) (VP (VBZ sleeps)) (. .)))\n")
+    for argv in (["parse", str(tmp_path / "run"), "--svg", str(svg)],
+                 ["evaluate", str(tmp_path / "run"), "--ref", str(gold), "--trees"]):
+        assert main([*argv, "--greedy", "--constrained"]) == 2
+        err = capsys.readouterr().err
+        assert err == f"transduce {argv[0]}: error: --constrained is a beam search: give --beam 1 rather than --greedy\n"
+    assert not svg.exists()
+
+
 def test_sigterm_leaves_the_output_as_it_was(parser_run, tmp_path):
     """As translate: SIGTERM while parsing into --output discards the temporary file, exit 143."""
     import os

@@ -115,6 +115,8 @@ def check_decoding_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_len_offset < 0:
         raise ValueError("--max-len-offset must not be negative")
+    if getattr(args, "constrained", False) and args.greedy:  # parse, evaluate
+        raise ValueError("--constrained is a beam search: give --beam 1 rather than --greedy")
     if args.workers != "auto" and args.workers > 1 and resolve_device(args.device).type != "cpu":
         raise ValueError("--workers is for the CPU: on a GPU, decode with one process")
     if args.precision == "int8" and resolve_device(args.device).type != "cpu":
