@@ -114,6 +114,12 @@ def test_batcher_rounds_keep_settings_apart_and_respect_the_budget():
     assert calls == [(["s0", "s1"], "beam4"), (["s2"], "greedy"), (["s3", "s4"], "beam4")]
 
 
+@pytest.mark.parametrize("max_wait", [float("nan"), float("inf"), -0.1])
+def test_batcher_refuses_a_max_wait_that_cannot_end(max_wait):
+    with pytest.raises(ValueError, match="max_wait a finite number >= 0"):
+        Batcher(lambda sentences, settings: sentences, max_wait=max_wait)
+
+
 def test_batcher_failure_fails_its_round_only_and_cancelled_jobs_are_dropped():
     seen = []
     gate = threading.Event()
@@ -447,6 +453,18 @@ def test_transduce_serve_refuses_bad_threads_and_alpha_before_loading(model_dir,
     assert main(["serve", str(model_dir), "--port", "0", "--log-level", "warning", *flags]) == 2
     out, err = capsys.readouterr()
     assert err == f"transduce serve: error: {message}\n" and out == ""
+
+
+@pytest.mark.parametrize("flag", ["--graceful-timeout", "--max-wait-ms"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
+def test_transduce_serve_refuses_a_wait_that_cannot_end_before_loading(model_dir, capsys, flag, value):
+    """An infinite grace period was taken, and failed at shutdown with a traceback (a thread's join
+    cannot wait that long); an infinite or NaN --max-wait-ms held every request, or ended the
+    decoding thread."""
+    assert main(["serve", str(model_dir), "--port", "0", "--log-level", "warning", flag, value]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"transduce serve: error: {flag} must be a finite number >= 0 (at most ")
+    assert err.endswith(f", not {float(value)}\n") and err.count("\n") == 1 and out == ""
 
 
 def test_transduce_serve_on_a_port_in_use_is_one_line_without_an_abort(model_dir):

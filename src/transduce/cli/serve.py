@@ -58,6 +58,7 @@ from pathlib import Path
 import json
 import math
 import os
+import threading
 
 from ..errors import TransduceError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
@@ -169,14 +170,14 @@ def limits_from_args(args: argparse.Namespace):
         raise ValueError(f"--beam must be between 1 and --max-beam ({limits.max_beam})")
     if not 0 <= args.max_len_offset <= limits.max_len_offset:
         raise ValueError(f"--max-len-offset must be between 0 and --max-len-offset-limit ({limits.max_len_offset})")
-    if args.max_wait_ms < 0:
-        raise ValueError("--max-wait-ms must not be negative")
+    for flag, value, scale in (("--max-wait-ms", args.max_wait_ms, 1000), ("--graceful-timeout", args.graceful_timeout, 1)):
+        # a wait that can end: not NaN, not infinite, not past what Python can wait for (an error at shutdown)
+        if not 0 <= value <= threading.TIMEOUT_MAX * scale:
+            raise ValueError(f"{flag} must be a finite number >= 0 (at most {threading.TIMEOUT_MAX * scale:.0f}), not {value}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, not {args.threads}")
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
-    if not args.graceful_timeout >= 0:
-        raise ValueError("--graceful-timeout must not be negative")
     return limits
 
 
