@@ -43,7 +43,8 @@ API key: with --api-key KEY (or $TRANSDUCE_API_KEY, which `ps` does not show), /
 Shutting down (SIGTERM, as orchestrators send on a deploy; or Ctrl-C): the server stops accepting
 connections, /health says 503, the requests in flight are finished for at most --graceful-timeout
 seconds; those still unfinished then get 503 JSON (shutting_down) and the process ends, so that a
-stuck decode cannot hold a deploy. Give the orchestrator a grace period longer than this.
+stuck decode cannot hold a deploy. Give the orchestrator a grace period longer than this. Ctrl-C
+again cuts the grace period short: what is in flight gets the 503 at once.
 
 Logs (stderr): one line per request, "id=ID METHOD PATH STATUS SECONDS", with the request's
 X-Request-ID (or a new id; the response carries it), and what failed. Needs `pip install
@@ -58,6 +59,7 @@ from pathlib import Path
 import json
 import math
 import os
+import sys
 import threading
 
 from ..errors import TransduceError, UsageError
@@ -278,6 +280,11 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
         uv.run(sockets=sockets)
     except SystemExit as e:  # uvicorn could not start (it said why above)
         raise TransduceError(f"the server could not start (uvicorn's exit status {e.code})") from None
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn ended, then raised it again
+        batcher = app.state["batcher"]
+        if batcher is not None and batcher.running:
+            interrupted_now()
+        raise
     finally:
         # An interpreter that exits while torch is busy on the daemon loading thread aborts
         # (std::terminate, SIGABRT): let the loading finish first.
@@ -286,3 +293,12 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
     if app.state["error"]:
         raise TransduceError(app.state["error"])
     return 0
+
+
+def interrupted_now() -> None:
+    """End as Ctrl-C ends a command ("interrupted", status 130), without the interpreter's exit: a
+    round left decoding on its daemon thread (a grace period over, Ctrl-C twice) would make that
+    exit abort (std::terminate, SIGABRT) with torch busy in the thread."""
+    print("interrupted", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)

@@ -154,6 +154,11 @@ class Batcher:
         job.future.cancel()
 
     @property
+    def running(self) -> bool:
+        """Whether the decoding thread is alive (after `stop`: a round stuck past its timeout)."""
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
     def queued(self) -> int:
         with self._cond:
             return len(self._queue)
