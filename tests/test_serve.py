@@ -483,13 +483,25 @@ def test_transduce_serve_on_a_port_in_use_is_one_line_without_an_abort(model_dir
 
 
 def test_transduce_serve_stops_in_one_line_when_the_model_cannot_load(tmp_path, capsys):
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    broken = tmp_path / "broken"  # a model directory by its files, which cannot be loaded
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert main(["serve", str(empty), "--port", str(port), "--log-level", "warning"]) == 2
+    assert main(["serve", str(broken), "--port", str(port), "--log-level", "warning"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("transduce serve: error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert main(["serve", str(empty), "--max-beam", "2", "--beam", "4"]) == 2
+    assert main(["serve", str(broken), "--max-beam", "2", "--beam", "4"]) == 2
     assert "--beam must be between 1 and --max-beam (2)" in capsys.readouterr().err
+
+
+def test_transduce_serve_refuses_a_directory_that_is_not_a_model_before_listening(tmp_path, capsys):
+    """It listened, announced its URL, started uvicorn and its loading thread, and only then said so."""
+    (tmp_path / "notes.txt").write_text("not a model")
+    assert main(["serve", str(tmp_path), "--port", "0", "--log-level", "warning"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (f"transduce serve: error: {tmp_path}: neither a model directory (model.safetensors + config.json) "
+                   "nor a run directory with a model/ or checkpoints/\n")
+    assert out == ""  # no URL announced, nothing loaded

@@ -243,6 +243,11 @@ def check_args(args: argparse.Namespace):
             raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
     if not args.model_path.is_dir():
         raise FileNotFoundError(f"{args.model_path}: no such directory")
+    if args.engine == "torch" and args.checkpoint is None and args.average is None:
+        # not a model: one line now, not after the server has started and announced itself
+        from ..checkpoint import check_model_path
+
+        check_model_path(args.model_path)
     if args.engine == "ct2":
         from ..extras import require
 
