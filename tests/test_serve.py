@@ -114,6 +114,12 @@ def test_batcher_rounds_keep_settings_apart_and_respect_the_budget():
     assert calls == [(["s0", "s1"], "beam4"), (["s2"], "greedy"), (["s3", "s4"], "beam4")]
 
 
+@pytest.mark.parametrize("max_wait", [float("nan"), float("inf"), -0.1])
+def test_batcher_refuses_a_max_wait_that_cannot_end(max_wait):
+    with pytest.raises(ValueError, match="max_wait a finite number >= 0"):
+        Batcher(lambda sentences, settings: sentences, max_wait=max_wait)
+
+
 def test_batcher_failure_fails_its_round_only_and_cancelled_jobs_are_dropped():
     seen = []
     gate = threading.Event()
@@ -449,6 +455,18 @@ def test_transduce_serve_refuses_bad_threads_and_alpha_before_loading(model_dir,
     assert err == f"transduce serve: error: {message}\n" and out == ""
 
 
+@pytest.mark.parametrize("flag", ["--graceful-timeout", "--max-wait-ms"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1", "1e300"])
+def test_transduce_serve_refuses_a_wait_that_cannot_end_before_loading(model_dir, capsys, flag, value):
+    """An infinite grace period was taken, and failed at shutdown with a traceback (a thread's join
+    cannot wait that long); an infinite or NaN --max-wait-ms held every request, or ended the
+    decoding thread."""
+    assert main(["serve", str(model_dir), "--port", "0", "--log-level", "warning", flag, value]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"transduce serve: error: {flag} must be a finite number >= 0 (at most ")
+    assert err.endswith(f", not {float(value)}\n") and err.count("\n") == 1 and out == ""
+
+
 def test_transduce_serve_on_a_port_in_use_is_one_line_without_an_abort(model_dir):
     """Bound before the server and the model's loading thread start: one line and status 2, not
     uvicorn's traceback and an abort (std::terminate from torch busy on the loading thread)."""
@@ -465,13 +483,25 @@ def test_transduce_serve_on_a_port_in_use_is_one_line_without_an_abort(model_dir
 
 
 def test_transduce_serve_stops_in_one_line_when_the_model_cannot_load(tmp_path, capsys):
-    empty = tmp_path / "empty"
-    empty.mkdir()
+    broken = tmp_path / "broken"  # a model directory by its files, which cannot be loaded
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert main(["serve", str(empty), "--port", str(port), "--log-level", "warning"]) == 2
+    assert main(["serve", str(broken), "--port", str(port), "--log-level", "warning"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("transduce serve: error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert main(["serve", str(empty), "--max-beam", "2", "--beam", "4"]) == 2
+    assert main(["serve", str(broken), "--max-beam", "2", "--beam", "4"]) == 2
     assert "--beam must be between 1 and --max-beam (2)" in capsys.readouterr().err
+
+
+def test_transduce_serve_refuses_a_directory_that_is_not_a_model_before_listening(tmp_path, capsys):
+    """It listened, announced its URL, started uvicorn and its loading thread, and only then said so."""
+    (tmp_path / "notes.txt").write_text("not a model")
+    assert main(["serve", str(tmp_path), "--port", "0", "--log-level", "warning"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (f"transduce serve: error: {tmp_path}: neither a model directory (model.safetensors + config.json) "
+                   "nor a run directory with a model/ or checkpoints/\n")
+    assert out == ""  # no URL announced, nothing loaded

@@ -380,6 +380,61 @@ def test_a_stuck_decode_cannot_hold_a_shutdown_past_the_grace_period(model_dir):
     assert "the grace period (1 s) is over" in err
 
 
+BUSY_IN_TORCH = "a = __import__('torch').ones(300, 300); [a @ a for _ in iter(int, 1)]"
+"""A decode that never ends, busy inside torch: what made an interpreter's exit abort (std::terminate)."""
+
+
+def _one_busy_request(url, answers):
+    client = threading.Thread(target=lambda: answers.update(r=post(url, {"sentences": ["a man"], "beam": 1})))
+    client.start()
+    until(lambda: decoding(url))
+    return client
+
+
+def test_ctrl_c_with_a_decode_busy_past_the_grace_period_ends_130_without_an_abort(model_dir):
+    """Ctrl-C as SIGTERM: the grace period, then 503; the process then ended by an abort (SIGABRT,
+    "terminate called without an active exception"), torch busy on the decoding thread."""
+    proc, url = serve_slowly(model_dir, BUSY_IN_TORCH, "forever, in torch", "--graceful-timeout", "1",
+                             "--max-wait-ms", "0")
+    answers = {}
+    try:
+        client = _one_busy_request(url, answers)
+        proc.send_signal(signal.SIGINT)
+        client.join(20)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    r = answers["r"]
+    assert r.status_code == 503 and "grace period (1 s) is over" in r.json()["message"], r.text
+    assert proc.returncode == 130, err
+    assert err.endswith("interrupted\n") and "terminate called" not in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_twice_answers_the_requests_in_flight_503_at_once(model_dir):
+    """uvicorn's force quit (Ctrl-C again) cancelled the requests in flight: a bare 500 "Internal
+    Server Error" each, a traceback each, and an abort. Now they get 503 JSON at once."""
+    proc, url = serve_slowly(model_dir, BUSY_IN_TORCH, "forever, in torch", "--graceful-timeout", "30",
+                             "--max-wait-ms", "0")
+    answers = {}
+    try:
+        client = _one_busy_request(url, answers)
+        proc.send_signal(signal.SIGINT)
+        until(lambda: _refused(url), timeout=5)  # the shutdown began
+        proc.send_signal(signal.SIGINT)
+        again = time.monotonic()
+        client.join(20)
+        out, err = proc.communicate(timeout=20)
+        ended = time.monotonic() - again
+    finally:
+        proc.kill()
+    r = answers["r"]
+    assert r.status_code == 503 and r.json()["error"] == "shutting_down", r.text
+    assert "was told to stop at once" in r.json()["message"]
+    assert proc.returncode == 130 and ended < 5, (ended, err)
+    assert "the grace period (30 s) was cut short (Ctrl-C again)" in err
+    assert err.endswith("interrupted\n") and "terminate called" not in err and "Traceback" not in err, err
+
+
 def test_the_command_takes_its_api_key_from_the_environment(model_dir):
     proc, url = start_serve([str(model_dir), "--precision", "fp32", "--threads", "1", "--log-level", "info"],
                             env={"TRANSDUCE_API_KEY": "from-env"})

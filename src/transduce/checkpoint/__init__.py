@@ -72,6 +72,6 @@ from .run_dir import (  # noqa: F401
     optimizer_tensors, prepare_run_dir, recorded_precision, save_checkpoint, set_aside,
 )
 from .averaging import (  # noqa: F401
-    Resolved, average_checkpoints, default_average, last_checkpoints, load_for_inference,
-    resolve_checkpoint,
+    NOT_A_MODEL, Resolved, average_checkpoints, check_model_path, default_average, last_checkpoints,
+    load_for_inference, resolve_checkpoint,
 )

@@ -106,6 +106,20 @@ def resolve_checkpoint(run_dir: Path, name: str) -> Path:
                             "a step number, 'latest' or 'model')")
 
 
+NOT_A_MODEL = "neither a model directory (model.safetensors + config.json) nor a run directory with a model/ or checkpoints/"
+
+
+def check_model_path(path: Path) -> None:
+    """Raise FileNotFoundError unless `path` can be a MODEL argument given alone (no --checkpoint,
+    no --average): a model directory, or a run directory with a model/ or checkpoints, as
+    `load_for_inference` resolves it. Nothing is read: a command that loads its model late
+    (`transduce serve`, on a thread once it listens) refuses a wrong path first with this."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
+    if not (is_model_dir(path) or is_model_dir(path / "model") or list_checkpoints(path)):
+        raise FileNotFoundError(f"{path}: {NOT_A_MODEL}")
+
+
 @dataclass
 class Resolved:
     """What a MODEL argument stands for, loaded."""
@@ -147,8 +161,7 @@ def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None
     elif is_model_dir(path / "model"):
         model_dir = path / "model"
     else:
-        raise FileNotFoundError(f"{path}: neither a model directory (model.safetensors + config.json) "
-                                "nor a run directory with a model/ or checkpoints/")
+        raise FileNotFoundError(f"{path}: {NOT_A_MODEL}")
     model, config = guarded(load_model, model_dir, device=device)
     # A run directory holds data.json; a checkpoint's is two levels up (RUN_DIR/checkpoints/step_*).
     return Resolved(model, config, str(model_dir),

@@ -43,7 +43,8 @@ API key: with --api-key KEY (or $TRANSDUCE_API_KEY, which `ps` does not show), /
 Shutting down (SIGTERM, as orchestrators send on a deploy; or Ctrl-C): the server stops accepting
 connections, /health says 503, the requests in flight are finished for at most --graceful-timeout
 seconds; those still unfinished then get 503 JSON (shutting_down) and the process ends, so that a
-stuck decode cannot hold a deploy. Give the orchestrator a grace period longer than this.
+stuck decode cannot hold a deploy. Give the orchestrator a grace period longer than this. Ctrl-C
+again cuts the grace period short: what is in flight gets the 503 at once.
 
 Logs (stderr): one line per request, "id=ID METHOD PATH STATUS SECONDS", with the request's
 X-Request-ID (or a new id; the response carries it), and what failed. Needs `pip install
@@ -58,6 +59,8 @@ from pathlib import Path
 import json
 import math
 import os
+import sys
+import threading
 
 from ..errors import TransduceError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
@@ -169,14 +172,14 @@ def limits_from_args(args: argparse.Namespace):
         raise ValueError(f"--beam must be between 1 and --max-beam ({limits.max_beam})")
     if not 0 <= args.max_len_offset <= limits.max_len_offset:
         raise ValueError(f"--max-len-offset must be between 0 and --max-len-offset-limit ({limits.max_len_offset})")
-    if args.max_wait_ms < 0:
-        raise ValueError("--max-wait-ms must not be negative")
+    for flag, value, scale in (("--max-wait-ms", args.max_wait_ms, 1000), ("--graceful-timeout", args.graceful_timeout, 1)):
+        # a wait that can end: not NaN, not infinite, not past what Python can wait for (an error at shutdown)
+        if not 0 <= value <= threading.TIMEOUT_MAX * scale:
+            raise ValueError(f"{flag} must be a finite number >= 0 (at most {threading.TIMEOUT_MAX * scale:.0f}), not {value}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, not {args.threads}")
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
-    if not args.graceful_timeout >= 0:
-        raise ValueError("--graceful-timeout must not be negative")
     return limits
 
 
@@ -240,6 +243,11 @@ def check_args(args: argparse.Namespace):
             raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
     if not args.model_path.is_dir():
         raise FileNotFoundError(f"{args.model_path}: no such directory")
+    if args.engine == "torch" and args.checkpoint is None and args.average is None:
+        # not a model: one line now, not after the server has started and announced itself
+        from ..checkpoint import check_model_path
+
+        check_model_path(args.model_path)
     if args.engine == "ct2":
         from ..extras import require
 
@@ -277,6 +285,11 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
         uv.run(sockets=sockets)
     except SystemExit as e:  # uvicorn could not start (it said why above)
         raise TransduceError(f"the server could not start (uvicorn's exit status {e.code})") from None
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn ended, then raised it again
+        batcher = app.state["batcher"]
+        if batcher is not None and batcher.running:
+            interrupted_now()
+        raise
     finally:
         # An interpreter that exits while torch is busy on the daemon loading thread aborts
         # (std::terminate, SIGABRT): let the loading finish first.
@@ -285,3 +298,12 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
     if app.state["error"]:
         raise TransduceError(app.state["error"])
     return 0
+
+
+def interrupted_now() -> None:
+    """End as Ctrl-C ends a command ("interrupted", status 130), without the interpreter's exit: a
+    round left decoding on its daemon thread (a grace period over, Ctrl-C twice) would make that
+    exit abort (std::terminate, SIGABRT) with torch busy in the thread."""
+    print("interrupted", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(130)

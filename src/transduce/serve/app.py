@@ -265,7 +265,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
                on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None):
     """The ASGI app (the FastAPI app inside the request log and the body-size limit; `.fastapi` is
     the FastAPI app, `.state["batcher"]` the batcher, `.metrics` its metrics, `.begin_drain(grace)`
-    what a shutdown calls). `engine`: an Engine, or a function that loads one (called on a thread at
+    what a shutdown calls, `.end_grace(forced=True)` what cuts its grace short). `engine`: an Engine, or a function that loads one (called on a thread at
     startup; /health says `loading` until it returns; if it fails, /health says so and
     `on_load_error(exception)` is called; `.state["loader"]` is that thread, which a process joins
     before it exits). `api_key`: required on /translate and /attention."""
@@ -278,7 +278,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     defaults = defaults or Search()
     TranslateRequest = request_schema(limits, defaults)
     state: dict[str, Any] = {"engine": None, "batcher": None, "error": None, "draining": False, "expired": False,
-                             "grace": None, "deadline": None, "loader": None}
+                             "forced": False, "grace": None, "deadline": None, "loader": None}
     metrics = Metrics(lambda: state["batcher"].queued if state["batcher"] is not None else 0)
 
     def install(e: Engine) -> None:
@@ -361,17 +361,23 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         state.update(draining=True, grace=grace, deadline=time.monotonic() + grace)
         b = state["batcher"]
         log.info("shutting down: finishing the requests in flight (%d queued) for at most %g s", b.queued if b else 0, grace)
+        asyncio.get_running_loop().call_later(grace, end_grace)
 
-        def expire() -> None:
-            state["expired"] = True
-            failed = b.fail_queued(ShuttingDown("the grace period is over")) if b is not None else 0
-            log.warning("the grace period (%g s) is over: unfinished requests are answered 503 (%d were queued)",
-                        grace, failed)
-
-        asyncio.get_running_loop().call_later(grace, expire)
+    def end_grace(forced: bool = False) -> None:
+        """The grace period is over, or was cut short (`forced`: a second Ctrl-C): what is still
+        waiting or decoding is answered 503."""
+        if state["expired"]:
+            return
+        state.update(expired=True, forced=forced)
+        b = state["batcher"]
+        failed = b.fail_queued(ShuttingDown("the grace period is over")) if b is not None else 0
+        why = "was cut short (Ctrl-C again)" if forced else "is over"
+        log.warning("the grace period (%g s) %s: unfinished requests are answered 503 (%d were queued)",
+                    state["grace"] or 0, why, failed)
 
     wrapped = RequestLog(_BodyLimit(app, limits.max_body_bytes), metrics)
-    wrapped.fastapi, wrapped.state, wrapped.metrics, wrapped.begin_drain = app, state, metrics, begin_drain
+    wrapped.fastapi, wrapped.state, wrapped.metrics = app, state, metrics
+    wrapped.begin_drain, wrapped.end_grace = begin_drain, end_grace
     return wrapped
 
 
@@ -424,13 +430,26 @@ def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "inf
     """A uvicorn server for the app (its own request log instead of uvicorn's access log): `.run()`
     blocks until Ctrl-C / SIGTERM or until `.should_exit` is set. A shutdown stops accepting
     connections, gives the requests in flight `graceful_timeout` seconds (`app.begin_drain`), then
-    they are answered 503 and the server ends (uvicorn cancels what is left 5 s later still)."""
+    they are answered 503 and the server ends (uvicorn cancels what is left 5 s later still); Ctrl-C
+    again (uvicorn's force quit) answers them 503 at once."""
     import uvicorn
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
             app.begin_drain(graceful_timeout)
             await super().shutdown(sockets)
+            if self.force_exit:  # Ctrl-C again: uvicorn stops waiting, and asyncio would cancel what is left
+                await self._answer_the_rest()
+
+        async def _answer_the_rest(self) -> None:
+            """Answer the requests still in flight 503 (cancelled, they would get a bare 500 and a
+            traceback each), then stop the decoding thread, as the lifespan uvicorn skips does."""
+            app.end_grace(forced=True)
+            deadline = time.monotonic() + 1.0  # each notices within its poll interval
+            while self.server_state.tasks and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if not self.lifespan.shutdown_event.is_set():
+                await self.lifespan.shutdown()
 
     _log_requests(log_level)
     return Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,

@@ -80,8 +80,8 @@ class Batcher:
     def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = 4096,
                  max_wait: float = 0.01, max_queue: int = 256,
                  on_round: Callable[[list[Job], float, Sequence | None, BaseException | None], None] | None = None):
-        if max_batch_tokens < 1 or max_wait < 0 or max_queue < 1:
-            raise ValueError("max_batch_tokens and max_queue must be positive, max_wait not negative")
+        if max_batch_tokens < 1 or not 0 <= max_wait <= threading.TIMEOUT_MAX or max_queue < 1:
+            raise ValueError("max_batch_tokens and max_queue must be positive, max_wait a finite number >= 0")
         self.translate, self.on_round = translate, on_round
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait, max_queue
         self.stats = Stats()
@@ -152,6 +152,11 @@ class Batcher:
             else:
                 self.stats.cancelled += 1
         job.future.cancel()
+
+    @property
+    def running(self) -> bool:
+        """Whether the decoding thread is alive (after `stop`: a round stuck past its timeout)."""
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def queued(self) -> int:

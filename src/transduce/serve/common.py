@@ -101,7 +101,12 @@ async def wait_for_job(job, batcher, state: dict, request, poll: float):
 
 def shutting_down(state: dict):
     grace = state.get("grace")
-    why = f"its grace period ({grace:g} s) is over" if state["expired"] and grace is not None else "it takes no new work"
+    if state["expired"] and state.get("forced"):
+        why = "was told to stop at once"
+    elif state["expired"] and grace is not None:
+        why = f"its grace period ({grace:g} s) is over"
+    else:
+        why = "it takes no new work"
     return error(503, "shutting_down", f"the server is shutting down and {why}: send the request again (to another "
                  "instance)", headers={"Retry-After": "1", "Connection": "close"})
 
