@@ -306,9 +306,17 @@ app.torch_engine = slowed
 """
 
 
-def serve_slowly(model_dir, hold: str, how: str, *flags: str):
-    prelude = SLOW_MODEL.format(hold=hold, how=how)
+def serve_slowly(model_dir, hold: str, how: str, *flags: str, first: str = ""):
+    prelude = first + "\n" + SLOW_MODEL.format(hold=hold, how=how)
     return start_serve([str(model_dir), "--precision", "fp32", "--threads", "1", *flags], prelude=prelude)
+
+
+SIGINT_AS = {
+    "handled": "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)",
+    # what a server started in the background by a script inherits (`transduce serve ... &`): uvicorn
+    # catches SIGINT all the same, and the KeyboardInterrupt it raises again at the end never comes
+    "ignored": "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)",
+}
 
 
 def decoding(url) -> bool:
@@ -391,11 +399,12 @@ def _one_busy_request(url, answers):
     return client
 
 
-def test_ctrl_c_with_a_decode_busy_past_the_grace_period_ends_130_without_an_abort(model_dir):
+@pytest.mark.parametrize("sigint", SIGINT_AS)
+def test_ctrl_c_with_a_decode_busy_past_the_grace_period_ends_130_without_an_abort(model_dir, sigint):
     """Ctrl-C as SIGTERM: the grace period, then 503; the process then ended by an abort (SIGABRT,
     "terminate called without an active exception"), torch busy on the decoding thread."""
     proc, url = serve_slowly(model_dir, BUSY_IN_TORCH, "forever, in torch", "--graceful-timeout", "1",
-                             "--max-wait-ms", "0")
+                             "--max-wait-ms", "0", first=SIGINT_AS[sigint])
     answers = {}
     try:
         client = _one_busy_request(url, answers)
@@ -410,11 +419,12 @@ def test_ctrl_c_with_a_decode_busy_past_the_grace_period_ends_130_without_an_abo
     assert err.endswith("interrupted\n") and "terminate called" not in err and "Traceback" not in err, err
 
 
-def test_ctrl_c_twice_answers_the_requests_in_flight_503_at_once(model_dir):
+@pytest.mark.parametrize("sigint", SIGINT_AS)
+def test_ctrl_c_twice_answers_the_requests_in_flight_503_at_once(model_dir, sigint):
     """uvicorn's force quit (Ctrl-C again) cancelled the requests in flight: a bare 500 "Internal
     Server Error" each, a traceback each, and an abort. Now they get 503 JSON at once."""
     proc, url = serve_slowly(model_dir, BUSY_IN_TORCH, "forever, in torch", "--graceful-timeout", "30",
-                             "--max-wait-ms", "0")
+                             "--max-wait-ms", "0", first=SIGINT_AS[sigint])
     answers = {}
     try:
         client = _one_busy_request(url, answers)

@@ -59,6 +59,7 @@ from pathlib import Path
 import json
 import math
 import os
+import signal
 import sys
 import threading
 
@@ -286,24 +287,30 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
     except SystemExit as e:  # uvicorn could not start (it said why above)
         raise TransduceError(f"the server could not start (uvicorn's exit status {e.code})") from None
     except KeyboardInterrupt:  # Ctrl-C: uvicorn ended, then raised it again
-        batcher = app.state["batcher"]
-        if batcher is not None and batcher.running:
-            interrupted_now()
+        end_if_decoding(app, signal.SIGINT)
         raise
     finally:
         # An interpreter that exits while torch is busy on the daemon loading thread aborts
         # (std::terminate, SIGABRT): let the loading finish first.
         if app.state["loader"] is not None:
             app.state["loader"].join()
+    # uvicorn ended on a signal it raised again, and this process ignores that signal (started with
+    # SIGINT ignored, as `serve &` in a script is): the same end as with the signal's own handler
+    captured = getattr(uv, "_captured_signals", None) or [signal.SIGINT]
+    end_if_decoding(app, captured[-1])
     if app.state["error"]:
         raise TransduceError(app.state["error"])
     return 0
 
 
-def interrupted_now() -> None:
-    """End as Ctrl-C ends a command ("interrupted", status 130), without the interpreter's exit: a
-    round left decoding on its daemon thread (a grace period over, Ctrl-C twice) would make that
-    exit abort (std::terminate, SIGABRT) with torch busy in the thread."""
-    print("interrupted", file=sys.stderr, flush=True)
+def end_if_decoding(app, sig: int) -> None:
+    """With a round still decoding on its daemon thread (a grace period over, Ctrl-C twice), end as
+    the signal ends a command (SIGINT: "interrupted", status 130; SIGTERM: 143) without the
+    interpreter's exit, which would abort (std::terminate, SIGABRT) with torch busy in the thread."""
+    batcher = app.state["batcher"]
+    if batcher is None or not batcher.running:
+        return
+    if sig == signal.SIGINT:
+        print("interrupted", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os._exit(130)
+    os._exit(130 if sig == signal.SIGINT else 128 + int(sig))
