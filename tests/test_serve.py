@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from serving import live, until  # noqa: E402
+from serving import live, start_serve, until  # noqa: E402
 from tiny_models import SRC_WORDS, make_model, sentences  # noqa: E402
 
 from transduce.cli import main  # noqa: E402
@@ -434,6 +434,23 @@ def test_transduce_serve_command(model_dir, tmp_path):
         out, err = proc.communicate(timeout=30)
     assert proc.returncode in (0, -signal.SIGTERM), err  # uvicorn shuts down, then re-raises the signal
     assert "loaded" in out
+
+
+AVX2_ONLY = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2"}
+"""The environment that imitates an AVX2-only CPU (no AVX-512, bf16, VNNI or AMX) on a newer one."""
+
+
+def test_transduce_serve_warns_of_bf16_emulated_on_an_avx2_only_cpu(model_dir):
+    """--precision bf16 where the CPU only emulates it (held to AVX2 here) is obeyed, with the
+    warning `translate` and `evaluate` give (a product of the model's size N x slower), not silently."""
+    proc, _ = start_serve([str(model_dir), "--precision", "bf16", "--threads", "1", "--log-level", "warning"],
+                          env=AVX2_ONLY)
+    proc.terminate()
+    out, err = proc.communicate(timeout=30)
+    assert "transduce serve: precision: bf16 (as asked;" in out, out
+    warnings = [line for line in err.splitlines() if line.startswith("transduce serve: warning: bf16 is emulated")]
+    assert len(warnings) == 1 and "slower than fp32 here; --precision auto would use fp32" in warnings[0], err
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "65536"])

@@ -202,6 +202,8 @@ def engine_loader(args: argparse.Namespace, limits):
             engine = torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
                                   max_tokens=limits.max_tokens, bf16=args.bf16)
             print(f"{PROG}: {loaded.precision.line()}", flush=True)
+            if loaded.precision.warning:  # e.g. bf16 asked for where the CPU emulates it (hundreds of times slower)
+                print(f"{PROG}: warning: {loaded.precision.warning}", file=sys.stderr, flush=True)
         print(f"{PROG}: model {engine.info['model']} loaded", flush=True)
         return engine
 
