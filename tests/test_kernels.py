@@ -100,6 +100,22 @@ def test_decode_attention_one_bf16_query_either_way_is_equation_1(monkeypatch, k
     torch.testing.assert_close(got, attention_reference(q, k, v, None)[0], rtol=0.05, atol=0.03)
 
 
+def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
+    """K q^T is AMX's layout: on a CPU with AMX held to AVX2 by ONEDNN_MAX_CPU_ISA (what an
+    AVX2-only laptop runs, imitated), oneDNN has no AMX, so q K^T, as on that laptop."""
+    from transduce import kernels
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    try:
+        for held, expected in (("AVX2", False), ("avx512_core_vnni", False), ("", True), ("AVX512_CORE_AMX", True)):
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
+            kernels._keys_first.cache_clear()
+            assert kernels._keys_first() is expected, held
+    finally:
+        kernels._keys_first.cache_clear()
+
+
 # -- weights pre-packed for CPU inference ----------------------------------------------------
 
 

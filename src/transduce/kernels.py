@@ -30,6 +30,7 @@ Parameters keep their names (`state_dict` is unchanged) and stay shared: an opti
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 import torch
@@ -78,14 +79,29 @@ def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
     return torch.bmm(weights, v3).view(B, h, Tq, -1)
 
 
+ONEDNN_AMX_ISAS = {"", "ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX",
+                   "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"}
+"""Values of `ONEDNN_MAX_CPU_ISA` (unset included) that leave oneDNN its AMX kernels."""
+
+
+def amx_products() -> bool:
+    """Whether oneDNN multiplies on AMX tiles here: the CPU has AMX (as PyTorch reports it) and
+    `ONEDNN_MAX_CPU_ISA` does not hold oneDNN below it (e.g. AVX2, to imitate a laptop CPU)."""
+    if not bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()):
+        return False
+    held = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
+    return held.strip().upper() in ONEDNN_AMX_ISAS
+
+
 @functools.cache
 def _keys_first() -> bool:
     """Whether one bf16 query's scores are computed as K q^T (AMX: Sapphire Rapids and newer)
     rather than q K^T. Measured, 128 hypotheses x h heads over 40 cached positions, d_k 64: on a
     Xeon with AMX K q^T was the faster (docs/history/RESULTS-log-2026-11.md, session 15); on a
     Zen 4 (avx512_bf16, no AMX) q K^T took 190 us against K q^T's 317 (2 threads; 182 against
-    312 on one), so the choice follows the CPU's AMX, read as PyTorch reports it."""
-    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    312 on one), so the choice follows whether oneDNN runs AMX here (`amx_products`): not the
+    CPU's flag alone, which a CPU held to AVX2 by ONEDNN_MAX_CPU_ISA still reports."""
+    return amx_products()
 
 
 def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:

@@ -43,6 +43,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from .kernels import amx_products
+
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")
 """What `translate`, `evaluate` and `serve` offer: int8 is for decoding on the CPU only, and
@@ -280,21 +282,6 @@ the float type), "output" (the pre-softmax projection alone), "all" (the source 
 `INT8_LAYER_MARGIN` faster in int8 than in the float type). Unset: "output" where oneDNN computes
 bf16 products on AMX (`amx_products`), else "decoder" (docs/speed.md)."""
 INT8_LAYERS = ("decoder", "output", "all", "measured")
-
-ONEDNN_AMX_ISAS = {"", "ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX",
-                   "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"}
-"""Values of `ONEDNN_MAX_CPU_ISA` (unset included) that leave oneDNN its AMX kernels."""
-
-
-def amx_products() -> bool:
-    """Whether oneDNN multiplies on AMX tiles here: the CPU has AMX (as PyTorch reports it) and
-    `ONEDNN_MAX_CPU_ISA` does not hold oneDNN below it."""
-    cpu = getattr(torch, "cpu", None)
-    if not bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()):
-        return False
-    held = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or ""
-    return held.strip().upper() in ONEDNN_AMX_ISAS
-
 
 def int8_mode() -> str:
     """TRANSDUCE_INT8_LAYERS, checked (a ValueError with one line for anything else); unset, the
