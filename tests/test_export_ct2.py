@@ -164,3 +164,17 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     assert main(["translate", str(model_dir), "--engine", "ct2", "--quiet"]) == 2
     assert "not a CTranslate2 model" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "m"]  # no temporary directory left
+
+
+def test_force_refuses_to_replace_the_model_being_exported(tmp_path, capsys):
+    """`--force` replaces --out whole: with --out the model directory (or a directory holding it)
+    it would delete the trained model; it is refused in one line and nothing is touched."""
+    model_dir = make_model(tmp_path / "run")
+    before = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
+    for model, out in ((model_dir, model_dir), (model_dir, tmp_path / "run"), (tmp_path / "run", model_dir)):
+        for fmt in ("ct2", "marian"):  # (a run directory's model/ is the model it exports)
+            assert main(["export", fmt, str(model), "-o", str(out), "--force"]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "which --force would delete" in err and "Traceback" not in err
+    assert sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()) == before
+    assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "elsewhere"), "--force"]) == 0

@@ -48,7 +48,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_path", type=Path, metavar="MODEL",
                         help="a run directory or model directory (for from-marian: a MarianMT directory)")
     parser.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the directory to write")
-    parser.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    parser.add_argument("--force", action="store_true", help="replace DIR if it exists (refused where DIR is or holds the model or vocabulary being exported)")
     parser.add_argument("--quantization", default="float32", choices=("float32", "int8", "int8_float32"),
                         help="ct2: weight type (default float32: exact; int8: int8 weights and products where "
                              "the CPU has them; int8_float32: int8 weights, float32 products)")
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-positions must be at least 2")
     if args.out.exists() and not args.force:
         raise FileExistsError(f"{args.out}: exists (use --force to replace it)")
+    _check_not_replacing_inputs(args)
     if args.format == "from-marian":
         require("transformers", "from-marian")
         return _from_marian(args)
@@ -94,6 +95,24 @@ def run(args: argparse.Namespace) -> int:
                             description=loaded.description)
         print(f"wrote {out}: MarianMT of {loaded.description}")
     return 0
+
+
+def _check_not_replacing_inputs(args: argparse.Namespace) -> None:
+    """`--force` replaces --out whole: refuse where --out is (or holds) the model being exported
+    (a run directory's model/ and checkpoints/ included) or its vocabulary, which the replacement
+    would delete."""
+    from ..errors import UsageError
+
+    if not args.out.exists():
+        return
+    out = args.out.resolve()
+    inputs = [("MODEL", args.model_path), ("MODEL", args.model_path / "model"), ("MODEL", args.model_path / "checkpoints"),
+              ("--checkpoint", Path(args.checkpoint) if args.checkpoint else None), ("--vocab", args.vocab),
+              ("--src-vocab", args.src_vocab), ("--tgt-vocab", args.tgt_vocab)]
+    for name, path in inputs:
+        if path is not None and path.exists() and (out == path.resolve() or out in path.resolve().parents):
+            raise UsageError(f"--out {args.out}: is or holds {name} {path}, which --force would delete; write the "
+                             f"export elsewhere")
 
 
 def _quiet_transformers() -> None:
