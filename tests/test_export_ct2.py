@@ -178,3 +178,20 @@ def test_force_refuses_to_replace_the_model_being_exported(tmp_path, capsys):
             assert err.count("\n") == 1 and "which --force would delete" in err and "Traceback" not in err
     assert sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()) == before
     assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "elsewhere"), "--force"]) == 0
+
+
+def test_out_dot_or_dotdot_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """`-o .` or `-o ..` (with --force) was refused with Python's "PosixPath('.') has an empty
+    name" or "Device or resource busy"; it now says what to give, and nothing is touched."""
+    model_dir = make_model(tmp_path / "m")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("keep\n")
+    monkeypatch.chdir(work)
+    for out in (".", "..", "sub/.."):
+        for fmt in ("ct2", "marian"):
+            assert main(["export", fmt, str(model_dir), "-o", out, "--force"]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "name the new directory to write (not . or ..)" in err
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "work"]

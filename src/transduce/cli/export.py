@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_positions is not None and args.max_positions < 2:
         raise ValueError("--max-positions must be at least 2")
+    if args.out.name in ("", ".", ".."):  # the current directory or a parent: never replaced whole
+        from ..errors import UsageError
+
+        raise UsageError(f"--out {args.out}: name the new directory to write (not . or ..)")
     if args.out.exists() and not args.force:
         raise FileExistsError(f"{args.out}: exists (use --force to replace it)")
     _check_not_replacing_inputs(args)
