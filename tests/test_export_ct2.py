@@ -195,3 +195,18 @@ def test_out_dot_or_dotdot_is_refused_in_one_line(tmp_path, capsys, monkeypatch)
             assert err.count("\n") == 1 and "name the new directory to write (not . or ..)" in err
     assert sorted(p.name for p in work.iterdir()) == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "work"]
+
+
+def test_options_the_format_does_not_use_are_refused(tmp_path, capsys):
+    """`export marian --quantization int8` wrote a float32 model without a word, and
+    from-marian ignored the model and vocabulary options; each is now one line, nothing written."""
+    model_dir = make_model(tmp_path / "m")
+    cases = [(["marian", str(model_dir), "--quantization", "int8"], "--quantization"),
+             (["from-marian", str(model_dir), "--max-positions", "64"], "--max-positions"),
+             (["from-marian", str(model_dir), "--vocab", str(model_dir / "spm.model")], "--vocab"),
+             (["from-marian", str(model_dir), "--checkpoint", "latest"], "--checkpoint")]
+    for argv, flag in cases:
+        assert main(["export", *argv, "-o", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flag} does not apply to `export {argv[0]}`" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
