@@ -115,6 +115,30 @@ def test_greedy_generate_equals_greedy_decode(exported):
         assert got[: len(s) + offset] == r  # transduce stops each sentence at its own input + offset
 
 
+def test_generate_without_length_arguments_is_not_cut_at_20_tokens(tmp_path):
+    """Hugging Face's `generate` stops at its model-agnostic max_length 20 unless the generation
+    config says otherwise: the export writes the position table's length there, so a plain
+    `generate(**batch)` gives the whole translation."""
+    from transformers import MarianMTModel
+
+    loaded = load_translation_model(make_model(tmp_path, shared=True, n_layers=2))
+    out = export_marian(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "marian",
+                        max_positions=64)
+    hf = MarianMTModel.from_pretrained(str(out), attn_implementation="eager").eval()
+    assert hf.generation_config.max_length == 64
+    ids = [loaded.src_vocab.encode(s) + [EOS] for s in sentences(SRC_WORDS, 6, seed=7)]
+    S = max(map(len, ids))
+    src = torch.tensor([s + [PAD] * (S - len(s)) for s in ids])
+    ref = greedy_decode(loaded.model, src, max_len_offset=63 - S)  # at most 63 tokens after the start
+    with torch.no_grad():
+        out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=1, do_sample=False)
+    assert max(map(len, ref)) > 20  # the tiny random model rarely ends early: the check has teeth
+    for row, s, r in zip(out.tolist(), ids, ref):
+        row = row[1:]
+        got = row[: row.index(EOS)] if EOS in row else row
+        assert got[: len(s) + 63 - S] == r  # transduce stops each sentence at its own input + offset
+
+
 def test_marian_tokenizer_is_transduces(exported):
     from transformers import MarianTokenizer
 

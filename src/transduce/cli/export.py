@@ -48,14 +48,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_path", type=Path, metavar="MODEL",
                         help="a run directory or model directory (for from-marian: a MarianMT directory)")
     parser.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the directory to write")
-    parser.add_argument("--force", action="store_true", help="replace DIR if it exists")
-    parser.add_argument("--quantization", default="float32", choices=("float32", "int8", "int8_float32"),
-                        help="ct2: weight type (default float32: exact; int8: int8 weights and products where "
+    parser.add_argument("--force", action="store_true", help="replace DIR if it exists (refused where DIR is or holds the model or vocabulary being exported)")
+    parser.add_argument("--quantization", choices=("float32", "int8", "int8_float32"),
+                        help="ct2 only: weight type (default float32: exact; int8: int8 weights and products where "
                              "the CPU has them; int8_float32: int8 weights, float32 products)")
     parser.add_argument("--max-positions", type=int, metavar="N",
                         help="rows of the position table (ct2 default 1536; marian default 1024): the longest "
                              "source (with EOS) and the longest output")
-    g = parser.add_argument_group("model")
+    g = parser.add_argument_group("model", "ct2 and marian only (from-marian reads one MarianMT directory)")
     g.add_argument("--checkpoint", metavar="NAME|PATH", help="one checkpoint of the run, unaveraged")
     g.add_argument("--average", type=int, metavar="K", help="average the last K checkpoints of the run")
     g.add_argument("--vocab", type=Path, metavar="SPM_MODEL", help="shared sentencepiece model (default: found beside the model)")
@@ -68,8 +68,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_positions is not None and args.max_positions < 2:
         raise ValueError("--max-positions must be at least 2")
+    _check_options_apply(args)
+    if args.out.name in ("", ".", ".."):  # the current directory or a parent: never replaced whole
+        from ..errors import UsageError
+
+        raise UsageError(f"--out {args.out}: name the new directory to write (not . or ..)")
     if args.out.exists() and not args.force:
         raise FileExistsError(f"{args.out}: exists (use --force to replace it)")
+    _check_not_replacing_inputs(args)
     if args.format == "from-marian":
         require("transformers", "from-marian")
         return _from_marian(args)
@@ -82,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
         from ..export.ct2 import export_ct2
 
         out = export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, args.out,
-                         quantization=args.quantization, max_positions=args.max_positions, force=args.force,
+                         quantization=args.quantization or "float32", max_positions=args.max_positions, force=args.force,
                          description=loaded.description)
-        print(f"wrote {out}: CTranslate2 ({args.quantization}) of {loaded.description}")
+        print(f"wrote {out}: CTranslate2 ({args.quantization or 'float32'}) of {loaded.description}")
     else:
         from ..export.marian import DEFAULT_MAX_POSITIONS, export_marian
 
@@ -94,6 +100,38 @@ def run(args: argparse.Namespace) -> int:
                             description=loaded.description)
         print(f"wrote {out}: MarianMT of {loaded.description}")
     return 0
+
+
+def _check_options_apply(args: argparse.Namespace) -> None:
+    """One line for an option the format does not use (an `export marian --quantization int8`
+    would otherwise write a float32 model without a word)."""
+    from ..errors import UsageError
+
+    given = {"--quantization": args.quantization, "--max-positions": args.max_positions,
+             "--checkpoint": args.checkpoint, "--average": args.average, "--vocab": args.vocab,
+             "--src-vocab": args.src_vocab, "--tgt-vocab": args.tgt_vocab}
+    unused = {"ct2": (), "marian": ("--quantization",), "from-marian": tuple(given)}[args.format]
+    for flag in unused:
+        if given[flag] is not None:
+            raise UsageError(f"{flag} does not apply to `export {args.format}`")
+
+
+def _check_not_replacing_inputs(args: argparse.Namespace) -> None:
+    """`--force` replaces --out whole: refuse where --out is (or holds) the model being exported
+    (a run directory's model/ and checkpoints/ included) or its vocabulary, which the replacement
+    would delete."""
+    from ..errors import UsageError
+
+    if not args.out.exists():
+        return
+    out = args.out.resolve()
+    inputs = [("MODEL", args.model_path), ("MODEL", args.model_path / "model"), ("MODEL", args.model_path / "checkpoints"),
+              ("--checkpoint", Path(args.checkpoint) if args.checkpoint else None), ("--vocab", args.vocab),
+              ("--src-vocab", args.src_vocab), ("--tgt-vocab", args.tgt_vocab)]
+    for name, path in inputs:
+        if path is not None and path.exists() and (out == path.resolve() or out in path.resolve().parents):
+            raise UsageError(f"--out {args.out}: is or holds {name} {path}, which --force would delete; write the "
+                             f"export elsewhere")
 
 
 def _quiet_transformers() -> None:
