@@ -27,7 +27,7 @@ Every mask in transduce is a **boolean tensor, True = may attend**, broadcastabl
 attention scores' shape (B, h, T_query, T_key). It is the convention of
 `torch.nn.functional.scaled_dot_product_attention`. Masks are built in one place,
 `make_masks`, from the source padding, the target padding and the causal ("subsequent
-positions", 3.2.3) mask:
+positions", 3.1; masked inside equation 1, 3.2.3) mask:
 
     src_mask  (B, 1, 1, S)  = padding_mask(src, pad)                  encoder self-attn, cross-attn
     tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
@@ -66,9 +66,10 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
 
 
 def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | None = None) -> Tensor:
-    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len): 3.2.3's "prevent
-    positions from attending to subsequent positions"; with k_len > q_len the queries are the last
-    q_len of k_len positions (incremental decoding with a cache of k_len - q_len earlier ones)."""
+    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len): 3.1's "prevent
+    positions from attending to subsequent positions", masked as 3.2.3 says; with k_len > q_len the
+    queries are the last q_len of k_len positions (incremental decoding with a cache of
+    k_len - q_len earlier ones)."""
     k_len = q_len if k_len is None else k_len
     q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]
