@@ -147,8 +147,9 @@ class TrainConfig:
     """eps_ls (5.4; Table 3 row D)."""
     smooth_all_classes: bool = False
     """False: the smoothing mass eps is spread over the classes the model can emit (every token
-    but PAD and BOS). True: over all V classes, PAD and BOS included (tensor2tensor,
-    `F.cross_entropy(label_smoothing=eps)`). The paper says only eps_ls = 0.1."""
+    but PAD and BOS). True: over all V classes, PAD and BOS included
+    (`F.cross_entropy(label_smoothing=eps)`; tensor2tensor spreads it over the V - 1 classes other
+    than the target, PAD included). The paper says only eps_ls = 0.1."""
     max_steps: int = 100_000
     """Training steps: 100K for base, 300K for big (5.2)."""
     checkpoint_minutes: float = 10.0

@@ -18,7 +18,9 @@ def label_smoothed_nll(
 
     `exclude`: classes that receive no smoothing mass. The trainer passes PAD and BOS, which the
     model can never emit (`TrainConfig.smooth_all_classes` = False); with `exclude=()` the mass is
-    spread over all V classes, as tensor2tensor and `F.cross_entropy(label_smoothing=eps)` do.
+    spread over all V classes, as `F.cross_entropy(label_smoothing=eps)` does. (tensor2tensor, the
+    paper's code, spreads it over the V - 1 classes other than the target, PAD included: the target
+    keeps exactly 1 - eps, here 1 - eps + eps / K.)
 
     logits (B, T, V), target (B, T). Padding positions (target == pad_id) contribute nothing.
     Returns (loss, nll): the smoothed loss that is optimised and the plain negative
