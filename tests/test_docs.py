@@ -60,3 +60,13 @@ def test_every_deviation_defaults_to_the_papers_choice():
             cls = resolve(owner)
             assert dataclasses.is_dataclass(cls), name
             assert getattr(cls(), field) == expected, f"{name} defaults to {getattr(cls(), field)!r}, not {expected!r}"
+
+
+def test_vocabulary_size_default_is_listed_as_not_the_papers():
+    """`prepare --vocab-size` defaults to a small corpus's size, not 5.1's 37000: the map says so."""
+    from transduce.data.vocab import DEFAULT_VOCAB_SIZE
+
+    text = DOC.read_text(encoding="utf-8")
+    intro = text.split("## Every deviation from the paper, in one place", 1)[1].split("| deviation", 1)[0]
+    assert DEFAULT_VOCAB_SIZE != 37000
+    assert f"defaults to {DEFAULT_VOCAB_SIZE} pieces" in intro and "--vocab-size 37000" in intro
