@@ -228,7 +228,7 @@ class PositionwiseFeedForward(nn.Module):
 class Embeddings(nn.Module):
     """Learned token embeddings, multiplied by sqrt(d_model) (3.4).
 
-    Initialised N(0, d_model^-1/2), so that after the sqrt(d_model) scale the embeddings have unit
+    Initialised normal with standard deviation d_model^-1/2, so that after the sqrt(d_model) scale the embeddings have unit
     variance, like the sinusoids they are added to; as the pre-softmax projection the same matrix
     then gives logits of unit scale (the tensor2tensor convention for shared embeddings).
     """
