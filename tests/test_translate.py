@@ -323,7 +323,7 @@ def test_average_of_two_identical_checkpoints_equals_one(loaded, model_dir, tmp_
 
 
 def test_run_dir_defaults_to_the_average_of_its_last_checkpoints_and_rejects_bad_choices(loaded, model_dir, tmp_path, capsys):
-    """6.1: every result of the paper is averaged, so a run directory gives the average of its
+    """6.1: the paper's Table 2 results are averaged, so a run directory gives the average of its
     last train.average_last checkpoints (all it has, if fewer); one checkpoint is a choice."""
     from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 

@@ -1,8 +1,8 @@
 """Translation: text in, translations out, line for line (Section 6.1's decoding).
 
 `load_translation_model` loads what a MODEL argument names, with its vocabulary: a training run
-directory (by default the average of its last checkpoints, as in every result of the paper,
-6.1; or one checkpoint) or a model directory (`transduce.checkpoint.load_for_inference`), the
+directory (by default the average of its last checkpoints, as for the paper's Table 2, 6.1;
+Table 3's variations, 6.2, had none; or one checkpoint) or a model directory (`transduce.checkpoint.load_for_inference`), the
 vocabulary given or found beside it (a data.json or spm.model in the directory, its parent or
 its grandparent).
 

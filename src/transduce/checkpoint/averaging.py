@@ -136,8 +136,8 @@ class Resolved:
 def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
                        device: str | torch.device = "cpu") -> Resolved:
     """The model a MODEL argument names: a model directory itself; or, for a run directory, the
-    average of its last `average` checkpoints (by default its train.average_last, as every result
-    of the paper, 6.1), or one `checkpoint` (`resolve_checkpoint`), or its model/ when it has no
+    average of its last `average` checkpoints (by default its train.average_last, as for the paper's
+    Table 2, 6.1; Table 3's variations, 6.2, had none), or one `checkpoint` (`resolve_checkpoint`), or its model/ when it has no
     checkpoints. Raises FileNotFoundError or ValueError with a one-line message."""
     path = Path(path)
     if not path.is_dir():

@@ -7,8 +7,8 @@
 MODEL is either
 
 * a training run directory (`transduce train --run-dir`): its vocabulary comes from its
-  data.json and the copied spm*.model files; the model is, as in every result of the paper
-  (6.1), the average of its last checkpoints written at the checkpoint interval: as many as the
+  data.json and the copied spm*.model files; the model is, as for the paper's Table 2 (6.1;
+  Table 3's variations, 6.2, were measured without averaging), the average of its last checkpoints written at the checkpoint interval: as many as the
   run's train.average_last (5 base, 20 big), or all it has if fewer, computed in memory;
   `--average K` chooses K; `--checkpoint NAME|PATH` picks one checkpoint, unaveraged (a name
   under RUN_DIR/checkpoints such as step_0100000 or 100000, `latest`, `model` for the final
