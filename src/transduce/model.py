@@ -66,10 +66,9 @@ def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
 
 
 def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | None = None) -> Tensor:
-    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len): 3.1's "prevent
-    positions from attending to subsequent positions", masked as 3.2.3 says; with k_len > q_len the
-    queries are the last q_len of k_len positions (incremental decoding with a cache of
-    k_len - q_len earlier ones)."""
+    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len) (3.1: "prevent
+    positions from attending to subsequent positions"); with k_len > q_len the queries are the last
+    q_len of k_len positions (incremental decoding with a cache of k_len - q_len earlier ones)."""
     k_len = q_len if k_len is None else k_len
     q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]
