@@ -144,6 +144,21 @@ def test_wmt14_full_training_set_is_a_clear_error(tmp_path, capsys, monkeypatch)
     assert not (tmp_path / "out").exists()
 
 
+def test_readme_wmt14_recipe_uses_the_papers_vocabulary_sizes():
+    """The README's WMT14 commands parse, and ask for Section 5.1's sizes (the default is not)."""
+    import shlex
+
+    from transduce.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    commands = [line.split() for line in readme.splitlines() if line.strip().startswith("transduce prepare --dataset wmt14")]
+    sizes = {}
+    for argv in commands:
+        args = build_parser().parse_args(shlex.split(" ".join(argv[1:])))
+        sizes[args.dataset] = args.vocab_size
+    assert sizes == {"wmt14-en-de": 37000, "wmt14-en-fr": 32000}
+
+
 def test_wmt14_full_training_set_error_names_the_mirror_and_the_sample(tmp_path, capsys, monkeypatch):
     """The folder where train-full.<lang>.gz would go is the mirror given, not a placeholder, and
     the mirror's own 10,000-pair sample is offered."""
