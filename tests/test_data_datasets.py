@@ -271,6 +271,25 @@ def test_wmt14_training_corpus_through_huggingface(monkeypatch, tmp_path, no_mir
     assert sorted(os.listdir(tmp_path / "wmt14-en-de")) == ["train-full.de", "train-full.en"]
 
 
+def test_wmt14_training_corpus_through_huggingface_offline(monkeypatch, tmp_path, no_mirror):
+    """Hugging Face cannot reach the hub: one line saying so and where a mirror's files would go;
+    nothing written."""
+
+    class OfflineDatasets:
+        @staticmethod
+        def load_dataset(name, config, split):
+            raise ConnectionError("Couldn't reach 'wmt/wmt14' on the Hub (LocalEntryNotFoundError)\nsecond line")
+
+    monkeypatch.setitem(sys.modules, "datasets", OfflineDatasets)
+    with pytest.raises(DataError) as e:
+        fetch("wmt14-en-de", "train", "en", cache_dir=tmp_path / "cache")
+    message = str(e.value)
+    assert message.startswith("loading wmt/wmt14 de-en train with Hugging Face datasets failed (Couldn't reach")
+    assert message.endswith("without network, put train-full.<lang>.gz files in DIR/wmt14-en-de/ with --data-dir DIR")
+    assert "\n" not in message
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
 def test_archive_without_the_member(monkeypatch, tmp_path, no_mirror):
     archive = tmp_path / "remote" / "wmt14" / "dev.tgz"
     archive.parent.mkdir(parents=True)

@@ -454,10 +454,10 @@ def _extract_sgml(archive: Path, member: str, dest: Path, sha256: str | None) ->
 def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_dir: Path,
                        mirror: Path | None = None) -> None:
     """Write both sides of a Hugging Face translation dataset split as plain text files."""
+    folder = f"{mirror / info.name}/" if mirror is not None else f"DIR/{info.name}/ with --data-dir DIR"
     try:
         import datasets  # optional dependency
     except ImportError:
-        folder = f"{mirror / info.name}/" if mirror is not None else f"DIR/{info.name}/ with --data-dir DIR"
         sample = " (or --train-split train-sample for a 10,000-pair smoke test)" if "train-sample" in info.splits else ""
         raise DataError(
             f"{info.name} {split} is the full WMT14 training corpus, which is not downloaded here: "
@@ -468,7 +468,8 @@ def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_d
     try:
         corpus = datasets.load_dataset(hf[0], hf[1], split=split)
     except Exception as e:  # network, hub or cache errors of an optional package
-        raise DataError(f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed: {e}") from None
+        raise DataError(f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed ({e}); "
+                        f"without network, put train-full.<lang>.gz files in {folder}") from None
     paths = {lang: out_dir / info.source(split, lang).cache_name for lang in info.langs}
     tmps = {lang: p.with_name(f".{p.name}.hf-{os.getpid()}") for lang, p in paths.items()}
     files = {lang: open(tmps[lang], "w", encoding="utf-8") for lang in info.langs}
