@@ -134,6 +134,10 @@ def test_wmt14_sample_and_test_sets(tmp_path, capsys):
         "valid": 3000, "test": 3003, "newstest2014-filtered": 2737}
     assert meta["splits"]["train"]["filter_report"]["read"] == 10000
     assert meta["splits"]["valid"]["src_file"].endswith("wmt14-en-de/newstest2013.de.gz")
+    # the report says which of the dataset's sets each split is
+    report = capsys.readouterr().out
+    assert "  train (train-sample): 9,999 pairs" in report and "  valid (newstest2013): 3,000 pairs" in report
+    assert "  test (newstest2014): 3,003 pairs" in report and "  newstest2014-filtered: 2,737 pairs" in report
 
 
 def test_wmt14_full_training_set_is_a_clear_error(tmp_path, capsys, monkeypatch):
