@@ -167,6 +167,25 @@ def test_download_failure(monkeypatch, tmp_path, no_mirror):
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
 
 
+def test_interrupted_download_leaves_nothing(monkeypatch, tmp_path, no_mirror):
+    """Ctrl-C in the middle of a download: the partial temporary file is removed too."""
+
+    class Interrupted(io.BytesIO):
+        def read(self, *args):
+            if self.tell():
+                raise KeyboardInterrupt
+            return super().read(*args)
+
+        def __enter__(self):
+            return self
+
+    register(monkeypatch, "https://example.invalid/train.en", None)
+    monkeypatch.setattr(datasets.urllib.request, "urlopen", lambda url, timeout: Interrupted(b"partial\n"))
+    with pytest.raises(KeyboardInterrupt):
+        fetch("toy", "train", "en", cache_dir=tmp_path / "cache")
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
 def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, no_mirror):
     """The registry's own URL is used; urlopen is replaced by a local file's content."""
     source = DATASETS["multi30k"].source("val", "fr")

@@ -397,6 +397,9 @@ def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
     except DataError as e:
         tmp.unlink(missing_ok=True)
         raise DataError(f"downloaded file is corrupt: {e.message}", url) from None
+    except BaseException:  # Ctrl-C, a timeout's signal: no partial file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, dest)
     return dest
 
