@@ -167,6 +167,25 @@ def test_download_failure(monkeypatch, tmp_path, no_mirror):
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
 
 
+def test_interrupted_download_leaves_nothing(monkeypatch, tmp_path, no_mirror):
+    """Ctrl-C in the middle of a download: the partial temporary file is removed too."""
+
+    class Interrupted(io.BytesIO):
+        def read(self, *args):
+            if self.tell():
+                raise KeyboardInterrupt
+            return super().read(*args)
+
+        def __enter__(self):
+            return self
+
+    register(monkeypatch, "https://example.invalid/train.en", None)
+    monkeypatch.setattr(datasets.urllib.request, "urlopen", lambda url, timeout: Interrupted(b"partial\n"))
+    with pytest.raises(KeyboardInterrupt):
+        fetch("toy", "train", "en", cache_dir=tmp_path / "cache")
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
+
+
 def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, no_mirror):
     """The registry's own URL is used; urlopen is replaced by a local file's content."""
     source = DATASETS["multi30k"].source("val", "fr")
@@ -269,6 +288,25 @@ def test_wmt14_training_corpus_through_huggingface(monkeypatch, tmp_path, no_mir
     en = fetch("wmt14-en-de", "train", "en", cache_dir=tmp_path)  # written in the same pass
     assert list(read_lines(en)) == ["Hello world", "Yes"] and len(calls) == 1
     assert sorted(os.listdir(tmp_path / "wmt14-en-de")) == ["train-full.de", "train-full.en"]
+
+
+def test_wmt14_training_corpus_through_huggingface_offline(monkeypatch, tmp_path, no_mirror):
+    """Hugging Face cannot reach the hub: one line saying so and where a mirror's files would go;
+    nothing written."""
+
+    class OfflineDatasets:
+        @staticmethod
+        def load_dataset(name, config, split):
+            raise ConnectionError("Couldn't reach 'wmt/wmt14' on the Hub (LocalEntryNotFoundError)\nsecond line")
+
+    monkeypatch.setitem(sys.modules, "datasets", OfflineDatasets)
+    with pytest.raises(DataError) as e:
+        fetch("wmt14-en-de", "train", "en", cache_dir=tmp_path / "cache")
+    message = str(e.value)
+    assert message.startswith("loading wmt/wmt14 de-en train with Hugging Face datasets failed (Couldn't reach")
+    assert message.endswith("without network, put train-full.<lang>.gz files in DIR/wmt14-en-de/ with --data-dir DIR")
+    assert "\n" not in message
+    assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
 
 
 def test_archive_without_the_member(monkeypatch, tmp_path, no_mirror):

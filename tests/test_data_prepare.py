@@ -134,6 +134,10 @@ def test_wmt14_sample_and_test_sets(tmp_path, capsys):
         "valid": 3000, "test": 3003, "newstest2014-filtered": 2737}
     assert meta["splits"]["train"]["filter_report"]["read"] == 10000
     assert meta["splits"]["valid"]["src_file"].endswith("wmt14-en-de/newstest2013.de.gz")
+    # the report says which of the dataset's sets each split is
+    report = capsys.readouterr().out
+    assert "  train (train-sample): 9,999 pairs" in report and "  valid (newstest2013): 3,000 pairs" in report
+    assert "  test (newstest2014): 3,003 pairs" in report and "  newstest2014-filtered: 2,737 pairs" in report
 
 
 def test_wmt14_full_training_set_is_a_clear_error(tmp_path, capsys, monkeypatch):
@@ -142,6 +146,66 @@ def test_wmt14_full_training_set_is_a_clear_error(tmp_path, capsys, monkeypatch)
                                  str(tmp_path / "cache"), "--out", str(tmp_path / "out")])
     assert "pip install datasets" in message
     assert not (tmp_path / "out").exists()
+
+
+def test_readme_wmt14_recipe_uses_the_papers_vocabulary_sizes():
+    """The README's WMT14 commands parse, and ask for Section 5.1's sizes (the default is not)."""
+    import shlex
+
+    from transduce.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    commands = [line.split() for line in readme.splitlines() if line.strip().startswith("transduce prepare --dataset wmt14")]
+    sizes = {}
+    for argv in commands:
+        args = build_parser().parse_args(shlex.split(" ".join(argv[1:])))
+        sizes[args.dataset] = args.vocab_size
+    assert sizes == {"wmt14-en-de": 37000, "wmt14-en-fr": 32000}
+
+
+def test_wmt14_full_training_set_error_names_the_mirror_and_the_sample(tmp_path, capsys, monkeypatch):
+    """The folder where train-full.<lang>.gz would go is the mirror given, not a placeholder, and
+    the mirror's own 10,000-pair sample is offered."""
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    (tmp_path / "mirror").mkdir()
+    message = run_error(capsys, ["--dataset", "wmt14-en-de", "--src", "en", "--tgt", "de", "--data-dir",
+                                 str(tmp_path / "mirror"), "--cache-dir", str(tmp_path / "cache"),
+                                 "--out", str(tmp_path / "out")])
+    assert f"train-full.<lang>.gz files in {tmp_path / 'mirror' / 'wmt14-en-de'}/" in message
+    assert "--train-split train-sample" in message and "<data-dir>" not in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_wmt14_offline_download_says_where_and_how_to_do_without(tmp_path, capsys, monkeypatch):
+    """No network: one line naming the URL and the mirror option; nothing left in the cache."""
+    import urllib.error
+
+    from transduce.data import datasets
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.delenv(datasets.ENV_DATA_DIR, raising=False)
+    monkeypatch.setattr(datasets, "default_data_dir", lambda: None)
+    monkeypatch.setattr(datasets.urllib.request, "urlopen", offline)
+    cache = tmp_path / "cache"
+    argv = ["--dataset", "wmt14-en-de", "--train-split", "train-sample", "--src", "en", "--tgt", "de",
+            "--cache-dir", str(cache), "--out", str(tmp_path / "out")]
+
+    def check(message, url):
+        assert message.startswith(f"{url}: download failed ([Errno -2] Name or service not known)")
+        assert "DIR/wmt14-en-de/ and pass --data-dir DIR (or set $TRANSDUCE_DATA_DIR=DIR)" in message
+        assert not (tmp_path / "out").exists()
+
+    # a plain file: the training sample
+    check(run_error(capsys, argv), f"{datasets.SEQ2SEQ_ATTN_URL}/src-train.txt")
+    assert [p for p in cache.rglob("*") if p.is_file()] == []
+    # an archive: the test sets, once the sample is in the cache
+    for lang in ("en", "de"):
+        (cache / "wmt14-en-de").mkdir(parents=True, exist_ok=True)
+        (cache / "wmt14-en-de" / f"train.{lang}").write_text("a b\n", encoding="utf-8")
+    check(run_error(capsys, argv), datasets.WMT14_DEV)
+    assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == ["train.de", "train.en"]
 
 
 # --- own files --------------------------------------------------------------------------------------

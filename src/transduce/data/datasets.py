@@ -11,7 +11,8 @@ file, looking in this order:
 2. the cache: `cache_dir`, else TRANSDUCE_CACHE_DIR, else ~/.cache/transduce; files there were
    verified when they were downloaded;
 3. a download from the original source into the cache (written under a temporary name, checked
-   against its sha256, then renamed into place).
+   against its sha256, then renamed into place). When it fails (no network), the error names the
+   URL and the file to put in a mirror instead (`--data-dir DIR` / TRANSDUCE_DATA_DIR).
 
 Every file with a known checksum is verified by the sha256 of its *uncompressed* text, so a
 gzip-compressed mirror copy and the plain original check out the same.
@@ -329,14 +330,22 @@ def fetch(
     cached = cache_root / name / source.cache_name
     if cached.is_file():
         return cached
-    cached.parent.mkdir(parents=True, exist_ok=True)
     if source.hf:
-        _fetch_huggingface(info, split, source.hf, cached.parent)
-    elif source.member:
-        archive = _download_archive(source.url, cache_root / "archives")
-        _extract_sgml(archive, source.member, cached, source.sha256)
-    else:
-        download(source.url, cached, source.sha256)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        _fetch_huggingface(info, split, source.hf, cached.parent, mirror)
+        return cached
+    try:
+        if source.member:
+            archive = _download_archive(source.url, cache_root / "archives")
+            _extract_sgml(archive, source.member, cached, source.sha256)
+        else:
+            download(source.url, cached, source.sha256)
+    except DataError as e:
+        if not e.message.startswith("download failed"):
+            raise
+        # offline, most likely: say how to do without the network
+        raise DataError(f"{e.message}; without network, put {source.mirror} in DIR/{name}/ and pass --data-dir DIR "
+                        f"(or set ${ENV_DATA_DIR}=DIR)", e.path) from None
     return cached
 
 
@@ -388,6 +397,9 @@ def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
     except DataError as e:
         tmp.unlink(missing_ok=True)
         raise DataError(f"downloaded file is corrupt: {e.message}", url) from None
+    except BaseException:  # Ctrl-C, a timeout's signal: no partial file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, dest)
     return dest
 
@@ -419,6 +431,7 @@ def sgml_to_lines(text: str) -> list[str]:
 
 
 def _extract_sgml(archive: Path, member: str, dest: Path, sha256: str | None) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.extract-{os.getpid()}")
     try:
         with tarfile.open(archive, "r:gz") as tar:
@@ -441,21 +454,25 @@ def _extract_sgml(archive: Path, member: str, dest: Path, sha256: str | None) ->
     os.replace(tmp, dest)
 
 
-def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_dir: Path) -> None:
+def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_dir: Path,
+                       mirror: Path | None = None) -> None:
     """Write both sides of a Hugging Face translation dataset split as plain text files."""
+    folder = f"{mirror / info.name}/" if mirror is not None else f"DIR/{info.name}/ with --data-dir DIR"
     try:
         import datasets  # optional dependency
     except ImportError:
+        sample = " (or --train-split train-sample for a 10,000-pair smoke test)" if "train-sample" in info.splits else ""
         raise DataError(
             f"{info.name} {split} is the full WMT14 training corpus, which is not downloaded here: "
             f"install Hugging Face `datasets` (pip install datasets) to load {hf[0]} {hf[1]}, "
-            f"put train-full.<lang>.gz files in <data-dir>/{info.name}/, "
-            f"or pass your own files with --train-src/--train-tgt"
+            f"put train-full.<lang>.gz files in {folder}, "
+            f"or pass your own files with --train-src/--train-tgt{sample}"
         ) from None
     try:
         corpus = datasets.load_dataset(hf[0], hf[1], split=split)
     except Exception as e:  # network, hub or cache errors of an optional package
-        raise DataError(f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed: {e}") from None
+        raise DataError(f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed ({e}); "
+                        f"without network, put train-full.<lang>.gz files in {folder}") from None
     paths = {lang: out_dir / info.source(split, lang).cache_name for lang in info.langs}
     tmps = {lang: p.with_name(f".{p.name}.hf-{os.getpid()}") for lang, p in paths.items()}
     files = {lang: open(tmps[lang], "w", encoding="utf-8") for lang in info.langs}

@@ -263,6 +263,9 @@ def print_report(meta: dict, file=None) -> None:
     for name, s in meta["splits"].items():
         r = s["filter_report"]
         counts = f"{s['pairs']:,} pairs, {s['src_tokens']:,} / {s['tgt_tokens']:,} tokens"
+        origin = s["origin"].partition(":")[2]  # the dataset's own split name, e.g. newstest2013
+        if origin and origin != name:
+            name += f" ({origin})"
         if s["filtered"]:
             report = FilterReport(**r)
             print(f"  {name}: {counts}; {report.summary()}", file=file)
