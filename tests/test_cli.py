@@ -1,5 +1,6 @@
 import errno
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,24 @@ def test_every_command_but_the_extras_own_runs_without_the_optional_packages(tmp
                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     assert out.returncode == 0, out.stderr
     assert "--max-minutes" in out.stdout
+
+
+def test_ctrl_c_while_the_command_imports_torch_is_interrupted_not_a_traceback():
+    """The first seconds of every command import torch (the subcommands' modules); a Ctrl-C there
+    printed an import traceback. `import transduce.cli` itself no longer imports torch, so `main`
+    catches it."""
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the test runner's is\n"
+            "from transduce.cli import main\n"
+            "assert 'torch' not in sys.modules, 'import transduce.cli imported torch'\n"
+            "print('ready', flush=True)\n"
+            "sys.exit(main(['info', '--preset', 'base']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)  # torch takes a second or more to import: main is importing it
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and err == "interrupted\n", (proc.returncode, err)

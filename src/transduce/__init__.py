@@ -10,8 +10,19 @@ import os as _os
 # read by oneDNN at its first product, so set before any.
 _os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
 
-from .config import Config, ModelConfig, TrainConfig, get_preset, PRESETS  # noqa: E402
-from .model import Transformer  # noqa: E402
-
 __version__ = "0.1.0"
 __all__ = ["Config", "ModelConfig", "TrainConfig", "get_preset", "PRESETS", "Transformer", "__version__"]
+
+_EXPORTS = {"Config": "config", "ModelConfig": "config", "TrainConfig": "config", "get_preset": "config",
+            "PRESETS": "config", "Transformer": "model"}
+
+
+def __getattr__(name: str):
+    """`transduce.Transformer` and the config names, imported when first asked for (PEP 562): so
+    that `import transduce.cli` does not import torch (two seconds), and the command can treat a
+    Ctrl-C during that import as every other ("interrupted", 130) instead of a traceback."""
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

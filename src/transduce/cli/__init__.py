@@ -68,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # the subcommands' modules import torch: a Ctrl-C in those seconds ends as any other
+        parser = build_parser()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
