@@ -33,6 +33,9 @@
 #   SEED        train --seed (default 1)
 #   PRESET      default multi30k (`tiny` is the literature's Transformer-Tiny); DROPOUT, WARMUP, LR_SCALE, MAX_TOKENS override the preset's values
 #   SETS        more config settings for train --set, space-separated, e.g. "model.n_layers=3"
+#   VARIANT     raw (default: cased, untokenized text, scored by sacreBLEU) or tok (the literature's
+#               lowercased, Moses-tokenized text, scored and chosen by lowercased tokenized BLEU)
+#   VOCAB       the shared SentencePiece vocabulary size (default 8000)
 #   EVAL_ONLY=1 skip prepare and training: evaluate RUN again
 #   TRANSDUCE_DATA_DIR  a local dataset mirror (../shared/data is found automatically)
 # An interrupted run continues where its last checkpoint left it when the command is run again.
@@ -45,6 +48,7 @@ SAVE_STEPS=${SAVE_STEPS:-325}
 AVERAGE=${AVERAGE:-5}
 PRESET=${PRESET:-multi30k}
 SEED=${SEED:-1}
+VARIANT=${VARIANT:-raw}
 read -r -a SETS <<< "${SETS:-}"
 if [ -n "${DROPOUT:-}" ]; then SETS+=("model.dropout=$DROPOUT"); fi
 OPTIONAL=()
@@ -56,7 +60,7 @@ if [ -n "${MAX_TOKENS:-}" ]; then OPTIONAL+=(--max-tokens "$MAX_TOKENS"); fi
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
-    transduce prepare --dataset multi30k --src en --tgt de --vocab-size 8000 --out "$RUN/data"
+    transduce prepare --dataset multi30k --src en --tgt de --vocab-size "${VOCAB:-8000}" --variant "$VARIANT" --out "$RUN/data"
   fi
   transduce train --data "$RUN/data" --run-dir "$RUN" --resume --preset "$PRESET" \
     ${SETS[@]+"${SETS[@]/#/--set=}"} ${OPTIONAL[@]+"${OPTIONAL[@]}"} --precision "$PRECISION" --threads "$THREADS" \
@@ -78,7 +82,7 @@ DECODING=$PRECISION
 for k in $AVERAGE; do
   transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
   for a in 0.6 0.8 1.0 1.2 1.5; do
-    transduce evaluate "$RUN/avg_last$k" --dataset multi30k --src en --tgt de --split val --beam 4 \
+    transduce evaluate "$RUN/avg_last$k" --dataset multi30k --src en --tgt de --split val --variant "$VARIANT" --beam 4 \
       --alpha "$a" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null
     if [ "$DECODING" = auto ]; then
       DECODING=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" \
@@ -87,16 +91,17 @@ for k in $AVERAGE; do
     fi
   done
 done
-read -r K ALPHA < <(python - "$RUN/alpha" $AVERAGE <<'PY'
+read -r K ALPHA < <(python - "$RUN/alpha" "$VARIANT" $AVERAGE <<'PY'
 import json, sys
 from pathlib import Path
 scores = {}
-for k in sys.argv[2:]:
+metric = "multi30k_lc_tok_bleu" if sys.argv[2] == "tok" else "sacrebleu"
+for k in sys.argv[3:]:
     for p in Path(sys.argv[1]).glob(f"val.avg{k}.alpha*.json"):
         r = json.loads(p.read_text())
-        scores[int(k), r["decoding"]["alpha"]] = r["scores"]["sacrebleu"]["score"]
+        scores[int(k), r["decoding"]["alpha"]] = r["scores"][metric]["score"]
 for (k, a), s in sorted(scores.items()):
-    print(f"validation, average of the last {k}, beam 4, alpha {a}: sacreBLEU {s:.2f}", file=sys.stderr)
+    print(f"validation, average of the last {k}, beam 4, alpha {a}: {metric} {s:.2f}", file=sys.stderr)
 # Ties: the fewer checkpoints, then the alpha nearest the paper's 0.6.
 k, a = max(scores, key=lambda ka: (scores[ka], -ka[0], -abs(ka[1] - 0.6)))
 print(k, a)
@@ -113,12 +118,12 @@ for search in "${searches[@]}"; do
     beam4) flags=(--beam 4 --alpha 0.6) ;;
     *) flags=(--beam 4 --alpha "$ALPHA") ;;
   esac
-  transduce evaluate "$RUN/avg_last$K" --dataset multi30k --src en --tgt de --split test_2016_flickr \
+  transduce evaluate "$RUN/avg_last$K" --dataset multi30k --src en --tgt de --split test_2016_flickr --variant "$VARIANT" \
     "${flags[@]}" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/test_2016_flickr.$search.json" \
     --save-hyp "$RUN/test_2016_flickr.$search.de" > /dev/null
 done
 for search in "${searches[@]}"; do
   echo "== test_2016_flickr, $search"
   transduce evaluate --hyp "$RUN/test_2016_flickr.$search.de" --dataset multi30k --src en --tgt de \
-    --split test_2016_flickr
+    --split test_2016_flickr --variant "$VARIANT"
 done

@@ -361,3 +361,19 @@ def test_unknown_sacrebleu_tokenizer_is_refused_with_the_list(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("transduce evaluate: error: argument --sacrebleu-tokenize: invalid choice: 'bogus'")
     assert all(name in err for name in ("13a", "intl", "none", "char"))
+
+
+def test_tokenized_output_is_scored_as_the_literature_scores_multi30k():
+    """A model trained on Multi30k's tok variant writes lowercased tokenized text: multi-bleu.perl -lc
+    scores it against the tok references as it is (escapes and all), and the other scores are
+    computed on its detokenized form, lowercased."""
+    from transduce import evaluate
+
+    tok = ["ein mann mit einem hut , der etwas anstarrt .", "zwei hunde spielen im schnee &amp; eis ."]
+    raw = ["Ein Mann mit einem Hut, der etwas anstarrt.", "Zwei Hunde spielen im Schnee & Eis."]
+    s = evaluate.score(tok, raw, lang="de", tok_refs=tok, tokenized=True)
+    assert s["multi30k_lc_tok_bleu"]["score"] == 100.0
+    assert s["sacrebleu_lc"]["score"] == 100.0 and "case:lc" in s["sacrebleu_lc"]["signature"]
+    assert set(s) == {"multi30k_lc_tok_bleu", "sacrebleu_lc", "chrf_lc"}
+    # the same lines scored as raw output would be re-tokenized and lose the escapes' match
+    assert evaluate.score(tok, raw, lang="de", tok_refs=tok)["multi30k_lc_tok_bleu"]["score"] < 100

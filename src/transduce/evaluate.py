@@ -246,12 +246,21 @@ def score(
     lang: str,
     tok_refs: Sequence[str] | None = None,
     sacrebleu_tokenize: str = "13a",
+    tokenized: bool = False,
 ) -> dict:
     """Every score of the module docstring: {"sacrebleu", "chrf", "paper_bleu"} and, with the
     lowercased tokenized references `tok_refs`, "multi30k_lc_tok_bleu". `lang` is the target
-    language (for the Moses tokenizer)."""
+    language (for the Moses tokenizer).
+
+    `tokenized`: the hypotheses are already lowercased and Moses-tokenized (a model trained on
+    Multi30k's `tok` variant). They are then scored against `tok_refs` as they are (multi-bleu.perl
+    on the literature's text, nothing re-tokenized), and detokenized for the other scores, which
+    are computed lowercased ("sacrebleu_lc", "chrf_lc"): their cased forms would only measure the
+    missing capitals."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if tokenized:
+        return _tokenized_scores(hyps, refs, lang=lang, tok_refs=tok_refs, sacrebleu_tokenize=sacrebleu_tokenize)
     scores = sacrebleu_scores(hyps, refs, sacrebleu_tokenize)
     scores["paper_bleu"] = _bleu_entry(
         multi_bleu([paper_tokenize(h, lang) for h in hyps], [paper_tokenize(r, lang) for r in refs]),
@@ -267,7 +276,33 @@ def score(
     return scores
 
 
+def _tokenized_scores(hyps, refs, *, lang, tok_refs, sacrebleu_tokenize) -> dict:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    scores: dict = {}
+    if tok_refs is not None:
+        if len(tok_refs) != len(hyps):
+            raise ValueError(f"{len(hyps)} hypotheses but {len(tok_refs)} tokenized references")
+        scores["multi30k_lc_tok_bleu"] = _bleu_entry(
+            multi_bleu(list(hyps), list(tok_refs), lowercase=True),
+            "Multi30k: multi-bleu.perl -lc on the lowercased tokenized output against the official tok references",
+        )
+    detok = _sacremoses().MosesDetokenizer(lang=lang)
+    plain = [detok.detokenize(h.split()) for h in hyps]
+    bleu = BLEU(tokenize=sacrebleu_tokenize, lowercase=True)
+    result = bleu.corpus_score(plain, [list(refs)])
+    scores["sacrebleu_lc"] = {"score": result.score, "text": str(result), "signature": str(bleu.get_signature()),
+                              "convention": "sacreBLEU, lowercased, on the Moses-detokenized output against the raw reference"}
+    chrf = CHRF(lowercase=True)
+    result = chrf.corpus_score(plain, [list(refs)])
+    scores["chrf_lc"] = {"score": result.score, "text": str(result), "signature": str(chrf.get_signature()),
+                         "convention": "chrF, lowercased, on the Moses-detokenized output against the raw reference"}
+    return scores
+
+
 LABELS = {
+    "sacrebleu_lc": "sacreBLEU, lowercased (detokenized output)",
+    "chrf_lc": "chrF, lowercased (detokenized output)",
     "sacrebleu": "sacreBLEU (detokenized, cased)",
     "chrf": "chrF",
     "paper_bleu": "paper: tokenized BLEU, compound split",

@@ -36,6 +36,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "automatic with --dataset multi30k)")
     g.add_argument("--dataset", choices=sorted(DATASETS), help="a registered test set instead of --ref/--src-file")
     g.add_argument("--split", help="its split (default: the dataset's main test set, e.g. newstest2014, test_2016_flickr)")
+    g.add_argument("--variant", default="raw", choices=["raw", "tok"],
+                   help="with --dataset multi30k: raw (cased text; default) or tok (lowercased, tokenized: for a "
+                        "model trained on `prepare --variant tok`)")
     g.add_argument("--src", help="source language (with --dataset)")
     g.add_argument("--tgt", help="target language: picks the dataset side and the Moses tokenizer's -l (required)")
     g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR or ../shared/data)")
@@ -116,14 +119,18 @@ def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Pa
             raise ValueError("give --dataset or --ref/--src-file, not both")
         info = get_dataset(args.dataset)
         split = args.split or info.tests[0]
+        if args.variant not in info.variants:
+            raise ValueError(f"{info.name} has no variant {args.variant!r} (choose from {', '.join(info.variants)})")
         if args.model_path is not None and not args.src:
             raise ValueError(f"give --src (the source language of {info.name}) to translate it")
         ref_path = fetch(info.name, split, args.tgt, data_dir=args.data_dir)
         if args.src:
-            src_path = fetch(info.name, split, args.src, data_dir=args.data_dir)
+            src_path = fetch(info.name, split, args.src, variant=args.variant, data_dir=args.data_dir)
         if "tok" in info.variants and tok_ref_path is None:
             tok_ref_path = fetch(info.name, split, args.tgt, variant="tok", data_dir=args.data_dir)
-        report.update(dataset=info.name, split=split)
+        report.update(dataset=info.name, split=split, variant=args.variant)
+    elif args.variant != "raw":
+        raise ValueError("--variant goes with --dataset")
     if ref_path is None:
         raise ValueError("give --ref FILE or --dataset NAME")
     if (args.hyp is None) == (args.model_path is None):
@@ -204,7 +211,8 @@ def run(args: argparse.Namespace) -> int:
     if tok_ref_path is not None:
         report["tok_ref"] = str(tok_ref_path)
     report["n_sentences"] = len(hyps)
-    report["scores"] = evaluate.score(hyps, refs, lang=args.tgt, tok_refs=tok_refs, sacrebleu_tokenize=args.sacrebleu_tokenize)
+    report["scores"] = evaluate.score(hyps, refs, lang=args.tgt, tok_refs=tok_refs, sacrebleu_tokenize=args.sacrebleu_tokenize,
+                                      tokenized=args.variant == "tok")
     report["conventions"] = {k: v["convention"] for k, v in report["scores"].items()}
     text = json.dumps(report, indent=2, ensure_ascii=False)
     if args.json == "-":
