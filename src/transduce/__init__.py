@@ -1,16 +1,39 @@
-from __future__ import annotations
 """transduce: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as real software."""
+
+from __future__ import annotations
 
 import os as _os
 
 # oneDNN (PyTorch's CPU kernels for bf16 and int8) compiles a kernel per product shape and keeps
-# 1024 of them; batches of varying length give more shapes than that, and training then spends a
-# fifth of its time compiling the same kernels again (parse-cpu in bf16 on AMX: 5,649 against
-# 6,815 target tokens/s by update 400; docs/history/RESULTS-log-2026-11.md). A larger cache, unless the user set one;
-# read by oneDNN at its first product, so set before any.
+# 1024 of them; batches of varying length give more shapes than that, and CPU training then spends
+# a good part of its time compiling the same kernels again (measured in docs/speed.md, "CPU
+# threads and workers", and docs/RESULTS.md). A larger cache, unless the user set one; read by
+# oneDNN at its first product, so set before any.
 _os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The version written once, as pyproject.toml's `version`: from the installed distribution's
+    metadata, or, in a source tree that was never installed, from pyproject.toml itself;
+    "0+unknown" where neither is found."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("transduce")
+    except PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        try:
+            text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
+        except OSError:
+            return "0+unknown"
+        project = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.MULTILINE | re.DOTALL)  # the table alone
+        found = project and re.search(r'^version\s*=\s*"([^"]+)"', project.group(1), re.MULTILINE)
+        return found.group(1) if found else "0+unknown"
+
+
+__version__ = _version()
 __all__ = ["Config", "ModelConfig", "TrainConfig", "get_preset", "PRESETS", "Transformer", "__version__"]
 
 _EXPORTS = {"Config": "config", "ModelConfig": "config", "TrainConfig": "config", "get_preset": "config",
@@ -19,7 +42,7 @@ _EXPORTS = {"Config": "config", "ModelConfig": "config", "TrainConfig": "config"
 
 def __getattr__(name: str):
     """`transduce.Transformer` and the config names, imported when first asked for (PEP 562): so
-    that `import transduce.cli` does not import torch (two seconds), and the command can treat a
+    that `import transduce.cli` does not import torch (a slow import), and the command can treat a
     Ctrl-C during that import as every other ("interrupted", 130) instead of a traceback."""
     if name in _EXPORTS:
         import importlib
