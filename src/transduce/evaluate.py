@@ -42,7 +42,7 @@ Scores reported (every one in the table, and in the JSON under `scores`):
     `sacremoses.MosesTokenizer` with escaping), then `multi_bleu`. Reported for
     ``--dataset multi30k`` (reference fetched with variant "tok") or with ``--tok-ref FILE``.
     (Checked: sacremoses 0.2 reproduces the official tok files from the raw ones on the val and
-    test splits of en, de and fr, 10,425 lines, except 3, where the December 2017 Moses
+    test splits of en, de and fr, 10,425 lines, except 3, where the older (2017) Moses
     normalizer Multi30k used differs: twice a period moved behind a closing quote, once "’"
     normalized to a double quote.)
 

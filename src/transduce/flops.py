@@ -52,8 +52,8 @@ def training_flops(dm: dict, B: int, S: int, T: int) -> int:
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: str | torch.device = "cpu") -> float:
     """Best FLOP/s of an n^3 matrix product in `dtype` on `device`, measured: `torch.mm`, and on
     the CPU also oneDNN with the second matrix pre-packed (`torch.ops.mkldnn._linear_pointwise`,
-    what `kernels.pack_weights` uses) where this torch has it. On a Zen 4 the latter is the faster
-    (fp32 ~220 against ~185 GFLOP/s through MKL): the peak must be the best the machine does, or
+    what `kernels.pack_weights` uses) where this torch has it, since on some CPUs the latter is the
+    faster (docs/history/RESULTS-log-2026-11.md): the peak must be the best the machine does, or
     MFU overstates."""
     from .kernels import can_pack
 

@@ -32,10 +32,11 @@ def label_smoothed_nll(
     smooth = lse - mean_{v not excluded} z_v, and loss = (1 - eps) nll + eps smooth; its
     gradient is softmax(z) - q. Both are computed a block of rows at a time in fp32 without
     materialising the (B, T, V) log-probabilities, in one of two ways that agree to rounding:
-    on the CPU `_SmoothedCrossEntropy`, blocks that stay in cache (the loss of `small` took 16% of
-    a bf16 training step through log_softmax, its backward and the casts around them, and takes
-    3% this way); elsewhere `_FusedSmoothedCrossEntropy`, PyTorch's fused log-softmax kernels,
-    fewer passes over memory (base on an H200: 330,325 against 266,320 target tokens/s).
+    on the CPU `_SmoothedCrossEntropy`, blocks that stay in cache (through log_softmax, its
+    backward and the casts around them the loss was a large part of a bf16 training step; this
+    way a small one); elsewhere `_FusedSmoothedCrossEntropy`, PyTorch's fused log-softmax
+    kernels, fewer passes over memory (measured: docs/history/RESULTS-log-2026-11.md for the CPU,
+    docs/speed.md, "The GPU command", for the GPU).
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', not {reduction!r}")
@@ -120,12 +121,12 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     """`_SmoothedCrossEntropy`'s loss, nll and gradient through PyTorch's fused log-softmax kernels:
     the loss off the CPU. On a GPU every pass over the (N, V) logits goes to memory, and the blocked
     loss's ~11 single-purpose passes per block (counting each read or write of the fp32 logits as
-    one, about 21.5 a step) took most of a base bf16 step's kernel time on an H200 (docs/speed.md).
+    one, about 21.5 a step) took most of a base bf16 step's kernel time on a GPU (docs/speed.md).
     Here: forward `log_softmax` (one read, one write) and a sum; backward the gradient with respect
     to the log-probabilities written once (-eps/K on the classes not excluded, minus (1 - eps) more
     at the target, zero on padding rows) and `_log_softmax_backward_data` (g - softmax * rowsum(g)),
-    the log-probabilities recomputed rather than kept: about 13.5. On the CPU it is slower
-    (3,000 x 37,000 bf16 logits, 2 threads: 246 against 172 ms), so the CPU keeps the blocked loss."""
+    the log-probabilities recomputed rather than kept: about 13.5. On the CPU it is the slower of
+    the two (docs/speed.md, "The GPU command"), so the CPU keeps the blocked loss."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, exclude: tuple[int, ...]):

@@ -41,8 +41,7 @@ def autocast_for(device: torch.device, precision: str):
 def attention_kernel_for(device: torch.device, precision: str):
     """The scaled-dot-product-attention kernel for training. On the CPU in bf16, PyTorch's
     flash-attention backward is several times slower than the plain ("math") kernel, which
-    computes attention in fp32 (measured with torch 2.13, 186 x 22 tokens, 4 heads of 64:
-    backward 53 ms flash vs 12 ms math; 50 vs 26 ms at 100 tokens), so training uses the math
+    computes attention in fp32 (docs/history/RESULTS-log-2026-11.md), so training uses the math
     kernel there; elsewhere PyTorch chooses (on CUDA among flash, memory-efficient and math:
     `transduce.device.setup_cuda` leaves cuDNN out). The backward kernel is the one the forward chose.
     (The CPU trainer's bf16 model does not reach SDPA: `transduce.kernels.fast_attention`.)"""
