@@ -247,7 +247,11 @@ def test_sinusoids_match_section_3_5():
 
 def test_sinusoids_extend_beyond_table_and_learned_positions_refuse():
     model = Transformer(tiny_config(max_positions=8)).eval()
+    table = model.encoder.positions.table
     assert model(padded_batch([20]), padded_batch([12])).shape == (1, 12, 50)
+    # forward never changes the module: the buffer is the same tensor, 8 rows (DDP may sync it)
+    assert model.encoder.positions.table is table and table.shape[0] == 8
+    assert torch.equal(model.decoder.positions(6, offset=5), sinusoidal_positions(11, 32)[5:])
     learned = Transformer(tiny_config(max_positions=8, positional="learned")).eval()
     with pytest.raises(ValueError, match="max_positions"):
         learned(padded_batch([20]), padded_batch([3]))

@@ -255,7 +255,7 @@ def sinusoidal_positions(length: int, d_model: int, offset: int = 0) -> Tensor:
 
 
 class SinusoidalPositions(nn.Module):
-    """The fixed sinusoids of 3.5, cached in a (non-saved) buffer that grows on demand."""
+    """3.5's fixed sinusoids: a table of max_positions rows, computed once; longer sequences' per call."""
 
     def __init__(self, d_model: int, max_positions: int = 1024):
         super().__init__()
@@ -263,9 +263,9 @@ class SinusoidalPositions(nn.Module):
         self.register_buffer("table", sinusoidal_positions(max_positions, d_model), persistent=False)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
-        if offset + length > self.table.size(0):
-            self.table = sinusoidal_positions(2 * (offset + length), self.d_model).to(self.table)  # device, dtype
-        return self.table[offset : offset + length]
+        if offset + length <= self.table.size(0):
+            return self.table[offset : offset + length]
+        return sinusoidal_positions(length, self.d_model, offset).to(self.table)  # the table's device, dtype
 
 
 class LearnedPositions(nn.Module):
