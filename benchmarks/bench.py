@@ -23,9 +23,9 @@ in the same order.
 
 Systems (all post-norm, sinusoidal positions, embeddings shared between encoder, decoder and the
 pre-softmax layer, scaled by sqrt(d_model); random init):
-* transduce: `transduce.model.Transformer` of the preset as the CPU trainer runs it: attention
-  through SDPA in fp32, in bf16 through `kernels.autocast_attention` (`kernels.fast_attention`);
-  the trainer's dropout, `kernels.fast_dropout`.
+* transduce: `transduce.model.Transformer` of the preset made ready by the trainer's own
+  `transduce.train.step.prepare_for_training`: attention through SDPA in fp32, in bf16 through
+  `transduce.fast.train.autocast_attention`; the trainer's dropout, `BitDropout`.
 * hf: Hugging Face `MarianMTModel` of the same dimensions (`decode_speed.build_marian`), SDPA
   attention, dropout 0.1 (attention/activation dropout 0, as in transduce).
 * torch: `torch.nn.Transformer` (batch_first, the same dimensions and dropout) with shared scaled
@@ -77,14 +77,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decode_speed  # noqa: E402
 from machine import describe  # noqa: E402
-from transduce import kernels  # noqa: E402
 from transduce.config import get_preset  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
+from transduce.fast import decode as fast_decode  # noqa: E402
+from transduce.fast.train import keep_freed_memory  # noqa: E402
 from transduce.flops import dims as model_dims, forward_flops, matmul_peak  # noqa: E402,F401  (the one formula)
 from transduce.model import Transformer, sinusoidal_positions  # noqa: E402
 from transduce.train.loss import label_smoothed_nll  # noqa: E402
-from transduce.train.step import attention_kernel_for  # noqa: E402
+from transduce.train.step import prepare_for_training  # noqa: E402
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 VOCAB = {"small": 8000, "base": 37000}
@@ -137,9 +138,7 @@ def build_transduce(preset: str) -> nn.Module:
     config = get_preset(preset)
     config.model.src_vocab_size = VOCAB[preset]
     config.model.dropout = 0.1
-    model = Transformer(config.model)
-    kernels.fast_dropout(model)  # the trainer's dropout
-    return model
+    return Transformer(config.model)
 
 
 class TorchTransformer(nn.Module):
@@ -192,8 +191,8 @@ PRODUCT_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwis
 def train_throughput(system: str, preset: str, precision: str, batches, *, steps: int, warmup: int,
                      repeats: int, compile: bool = False, profile: bool = False) -> dict:
     model = build(system, preset).train()
-    if system == "transduce" and precision == "bf16":
-        kernels.fast_attention(model)  # as the CPU trainer does in bf16
+    if system == "transduce":
+        model = prepare_for_training(model, torch.device("cpu"), precision)  # as the trainer does
     compile_s = None
     if compile and system == "transduce":
         model = torch.compile(model, dynamic=True)
@@ -203,17 +202,12 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
     def amp():
         return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
 
-    def kernel():  # transduce's trainer picks the SDPA kernel (see transduce.train.step.attention_kernel_for)
-        if system == "transduce":
-            return attention_kernel_for(torch.device("cpu"), precision)
-        return contextlib.nullcontext()
-
     it = iter(batches * (1 + (warmup + steps * repeats) // len(batches)))
 
     def step() -> tuple[int, int]:
         src, tgt = next(it)
         tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-        with amp(), kernel():
+        with amp():
             logits = forward_logits(system, model, src, tgt_in)
         loss, _ = label_smoothed_nll(logits, tgt_out, 0.1, PAD)
         (loss / int((tgt_out != PAD).sum())).backward()
@@ -282,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
     p.add_argument("--freed-memory", choices=("keep", "return"), default="keep",
                    help="keep: glibc keeps freed memory for reuse, as transduce's CPU trainer sets it "
-                        "(kernels.keep_freed_memory), for every system of the run; return: glibc's default "
+                        "(transduce.fast.train.keep_freed_memory), for every system of the run; return: glibc's default "
                         "(large blocks mapped afresh and returned when freed) (default keep)")
     p.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -302,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.processor() or platform.machine()}", flush=True)
     machine = describe()  # the CPU, its ISA features and each library's: a table is read for this machine only
     print("\n".join(machine), flush=True)
-    if args.freed_memory == "keep" and kernels.keep_freed_memory():  # process-wide: every system alike
-        print("allocator: freed memory kept for reuse, as transduce's CPU trainer does (kernels.keep_freed_memory), "
+    if args.freed_memory == "keep" and keep_freed_memory():  # process-wide: every system alike
+        print("allocator: freed memory kept for reuse, as transduce's CPU trainer does (keep_freed_memory), "
               "for every system measured", flush=True)
     peaks = {pr: matmul_peak(torch.bfloat16 if pr == "bf16" else torch.float32) for pr in precisions}
     for pr, v in peaks.items():
@@ -361,7 +355,7 @@ def decode(preset: str, precision: str, systems: list[str], n: int, data_dir: st
         if system == "transduce":
             m = decode_speed.ForcedLength(build_transduce(preset).eval())
             decode_speed.cast(m.model, precision)
-            kernels.apply(m.model)  # what `translate` does (a no-op under autocast's fp32 weights)
+            fast_decode.apply(m.model)  # what `translate` does (a no-op under autocast's fp32 weights)
         else:
             m = decode_speed.cast(build("hf", preset).eval(), precision)
         total = 0.0

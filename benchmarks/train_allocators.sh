@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Training throughput against Hugging Face with each system's own allocator setting (issue 34).
+# Training throughput against Hugging Face with each system's own allocator setting.
 #
 #   bash benchmarks/train_allocators.sh OUT [ROUNDS] [PRECISION] [PRESET]      # defaults: 3 bf16 base
 #   ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 bash benchmarks/train_allocators.sh OUT 3 fp32
 #   STEPS=8 bash benchmarks/train_allocators.sh OUT 3 bf16 small   # longer rounds: the small model's 2 steps last ~1.3 s
 #
-# transduce's CPU trainer sets glibc to keep freed memory for reuse (kernels.keep_freed_memory);
+# transduce's CPU trainer sets glibc to keep freed memory for reuse (transduce.fast.train.keep_freed_memory);
 # Hugging Face leaves glibc's default, which maps every large block afresh and returns it when
 # freed. The setting is process-wide, so benchmarks/bench.py runs once per system and setting, in
 # processes of their own, alternating within each round: transduce keep, HF return, HF keep,

@@ -5,9 +5,9 @@ have to be right for a small Transformer to reach ~100% exact match on held-out 
 a minute or two of CPU training. Used by the test suite and by `transduce synthetic`.
 
 The sequences are generated in memory, so the task does not go through the trainer's `train`
-(which reads a prepared directory), but it trains with the trainer's pieces: Adam from
-`build_optimizer` (5.3), the rate of equation 3 (`noam_lr`) set by `set_lr` before each step,
-and `train_step` (the loss summed over the non-pad target tokens, divided by their number).
+(which reads a prepared directory), but it trains with the trainer's pieces: the model made
+ready by `prepare_for_training`, Adam from `build_optimizer` (5.3), and `train_step` with the rate
+of equation 3 (`noam_lr`; the loss summed over the non-pad target tokens, divided by their number).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
 from .config import Config, ModelConfig
 from .data.vocab import BOS, EOS, PAD, SPECIAL_PIECES
 from .decode import greedy_decode
+from .fast import decode as fast_decode
 from .model import Transformer
 from .train.schedule import noam_lr
-from .train.step import build_optimizer, set_lr, train_step
+from .train.step import build_optimizer, prepare_for_training, train_step
 
 N_SPECIAL = len(SPECIAL_PIECES)  # symbols start after PAD, UNK, BOS, EOS
 
@@ -85,8 +85,7 @@ def train_synthetic(
     c = model_config or ModelConfig(
         src_vocab_size=N_SPECIAL + n_symbols, n_layers=2, d_model=128, d_ff=256, n_heads=4, dropout=0.0
     )
-    model = Transformer(c)
-    kernels.fast_dropout(model)  # as the trainer does
+    model = prepare_for_training(Transformer(c), torch.device("cpu"), "fp32")  # as the trainer does
     opt = build_optimizer(model, Config(model=c))  # Adam, beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (5.3)
     g_train = torch.Generator().manual_seed(seed)
     g_dev = torch.Generator().manual_seed(seed + 500_009)
@@ -97,12 +96,11 @@ def train_synthetic(
         from tqdm import tqdm
 
         bar = tqdm(total=max_steps, unit="step", desc=f"synthetic {task}", leave=False)
-    model.train()
     while step < max_steps and time.perf_counter() - start < seconds:
         src, tgt_in, tgt_out = make_batch(task, batch_size, n_symbols, min_len, max_len, g_train)
         batch = {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": int((tgt_out != PAD).sum())}
-        set_lr(opt, noam_lr(step + 1, c.d_model, warmup_steps, lr_scale))  # equation 3, step counted from 1
-        sums = train_step(model, opt, [batch], label_smoothing=0.0, pad_id=PAD, smooth_exclude=()).sums
+        lr = noam_lr(step + 1, c.d_model, warmup_steps, lr_scale)  # equation 3, step counted from 1
+        sums = train_step(model, opt, [batch], lr=lr, label_smoothing=0.0, pad_id=PAD, smooth_exclude=()).sums
         step += 1
         if step % eval_every == 0:
             loss_value = sums[0].item() / batch["ntokens"]  # per target token
@@ -124,10 +122,10 @@ def train_synthetic(
 
 def exact_match(model: Transformer, batch) -> float:
     """Fraction of sequences that greedy decoding gets exactly right (decoding steps through
-    `kernels.decode_attention` on the CPU; the weights change between calls: not packed)."""
+    `transduce.fast.decode.decode_attention` on the CPU; the weights change between calls: not packed)."""
     src, _, tgt_out = batch
     model.eval()
-    undo = kernels.apply(model, pack=False)
+    undo = fast_decode.apply(model, pack=False)
     hyps = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=5)
     undo()
     refs = [row[row != PAD][:-1].tolist() for row in tgt_out]

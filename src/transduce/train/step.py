@@ -1,8 +1,9 @@
-"""One optimizer step and the validation loss, and what they need: the precision (fp32, bf16 or
-fp16 autocast), Adam (5.3) and its learning rate, batches on the device.
+"""One optimizer step and the validation loss, and what they need: the model made ready to train
+on its device (`prepare_for_training`), the precision (fp32, bf16 or fp16 autocast), Adam (5.3),
+batches on the device.
 
-`transduce.train.trainer` calls these in its loop; `transduce.synthetic` trains with the same
-`build_optimizer`, `set_lr` and `train_step`.
+`transduce.train.trainer` calls these in its loop; `transduce.synthetic` and benchmarks/bench.py
+train with the same `prepare_for_training`, `build_optimizer` and `train_step`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..config import Config, ModelConfig
 from ..data.batching import ParallelDataset
 from ..data.vocab import BOS, PAD
 from ..errors import UsageError
+from ..fast.train import fast_attention, fast_dropout
 from .. import precision as hardware
 from ..precision import PRECISIONS, Choice, choose_precision
 from .distributed import DistEnv, all_reduce_
@@ -36,20 +38,6 @@ def autocast_for(device: torch.device, precision: str):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def attention_kernel_for(device: torch.device, precision: str):
-    """The scaled-dot-product-attention kernel for training. On the CPU in bf16, PyTorch's
-    flash-attention backward is several times slower than the plain ("math") kernel, which
-    computes attention in fp32 (docs/history/RESULTS-log-2026-11.md), so training uses the math
-    kernel there; elsewhere PyTorch chooses (on CUDA among flash, memory-efficient and math:
-    `transduce.device.setup_cuda` leaves cuDNN out). The backward kernel is the one the forward chose.
-    (The CPU trainer's bf16 model does not reach SDPA: `transduce.kernels.fast_attention`.)"""
-    if device.type == "cpu" and precision == "bf16":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.MATH])
-    return contextlib.nullcontext()
 
 
 def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
@@ -116,6 +104,22 @@ def make_grad_scaler(device: torch.device, precision: str):
     return torch.amp.GradScaler(device.type)
 
 
+# --- the model on its device ---------------------------------------------------------------------
+
+
+def prepare_for_training(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
+    """`model` on `device`, in training mode, with the training speed-ups applied from outside
+    (`transduce.fast.train`, the same math): dropout (5.4) from fewer random numbers, and on the
+    CPU in bf16 equation 1 with fp32 scores and a bf16 second product (autocast itself is applied
+    per forward pass: `autocast_for`). The one way the trainer, `transduce.synthetic` and
+    benchmarks/bench.py prepare a model; call it once, before the optimizer is built."""
+    model = model.to(device)
+    fast_dropout(model)
+    if device.type == "cpu" and precision == "bf16":
+        fast_attention(model)
+    return model.train()
+
+
 # --- optimizer (5.3) ------------------------------------------------------------------------------
 
 
@@ -165,6 +169,7 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     micro_batches: list[dict],
     *,
+    lr: float | None = None,
     label_smoothing: float,
     env: DistEnv | None = None,
     precision: str = "fp32",
@@ -173,8 +178,10 @@ def train_step(
     pad_id: int = PAD,
     smooth_exclude: tuple[int, ...] = (PAD, BOS),
 ) -> StepResult:
-    """One optimizer step on `micro_batches` (collated batches on the model's device),
-    forward + backward one at a time, gradients accumulated.
+    """One optimizer step on `micro_batches` (collated batches on the model's device), read top to
+    bottom: the rate `lr` (equation 3, 5.3; None: as set), then for each micro-batch forward under
+    autocast, the label-smoothed loss (5.4), backward (gradients accumulate); then the gradient
+    norm (clipped with `clip_norm`), the check that the loss and the norm are finite, Adam's step.
 
     The loss is normalised by the non-pad target tokens of all micro-batches of all ranks (see
     `transduce.train.trainer`'s docstring), so a single process given the union of the ranks' micro-batches
@@ -184,9 +191,10 @@ def train_step(
     A step whose loss or gradient norm is not finite is not taken: no parameter and no optimizer
     state changes (`StepResult.updated` False; the decision costs one host sync per step, as a
     GradScaler's does, and with several processes one small all-reduce so that all skip together).
-    The learning rate must be set.
     """
     env = env or DistEnv(device=micro_batches[0]["src"].device)
+    if lr is not None:
+        set_lr(optimizer, lr)
     local_tokens = sum(int(b["ntokens"]) for b in micro_batches)
     if env.distributed:
         total = torch.tensor(float(local_tokens), device=env.device)
@@ -199,7 +207,7 @@ def train_step(
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with model.no_sync() if ddp and not last else contextlib.nullcontext():
-            with autocast_for(env.device, precision), attention_kernel_for(env.device, precision):
+            with autocast_for(env.device, precision):
                 logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
             loss, nll = label_smoothed_nll(logits, batch["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)  # sums, fp32
             scaled = loss * loss_scale
