@@ -111,8 +111,8 @@ def test_torchrun_runs_the_transduce_command(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "transduce", "train",
            "--data", str(data), "--run-dir", str(run), "--set", "model.n_layers=1", "--set", "model.d_model=16",
-           "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--max-tokens", "40", "--max-steps", "2",
-           "--valid-every", "0", "--save-every-minutes", "0", "--threads", "1", "--no-progress", "--no-tensorboard"]
+           "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--batch-tokens", "40", "--max-steps", "2",
+           "--valid-every", "0", "--save-every-minutes", "0", "--threads", "1", "--quiet", "--no-tensorboard"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     start = json.loads((run / "logs" / "train.jsonl").read_text().splitlines()[0])

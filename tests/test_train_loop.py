@@ -12,18 +12,19 @@ import torch.nn.functional as F
 from transduce.checkpoint import load_model
 from transduce.config import Config, ModelConfig
 from transduce.data.batching import ParallelDataset
+from transduce.errors import UsageError
 from transduce.model import Transformer
 from transduce.train.loss import label_smoothed_nll
 from transduce.train.schedule import cooldown_factor, noam_lr
 from train_data import VOCAB, make_data
 from transduce.cli import main
-from transduce.train.step import autocast_for, build_optimizer, set_lr, train_step
-from transduce.train.trainer import BatchStream
+from transduce.train.step import autocast_for, build_optimizer, prepare_for_training, set_lr, train_step
+from transduce.train.trainer import BatchStream, TrainOptions
 
 
 
 TINY = ["--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
-        "--set", "model.n_heads=2", "--threads", "1", "--no-progress", "--no-tensorboard"]
+        "--set", "model.n_heads=2", "--threads", "1", "--quiet", "--no-tensorboard"]
 
 
 # --- the loss and the schedule ----------------------------------------------------------------------
@@ -52,6 +53,40 @@ def test_noam_schedule_is_equation_3():
     assert max(noam_lr(s, d) for s in range(1, 3 * w)) == noam_lr(w, d)
 
 
+def test_one_way_to_prepare_a_model_for_training():
+    """What the trainer, `transduce.synthetic` and the bench call: dropout swapped for BitDropout
+    (the same p), equation 1 through autocast_attention on the CPU in bf16 only, training mode;
+    the parameters and their values untouched."""
+    from transduce.fast.train import BitDropout, autocast_attention
+    from transduce.model import MultiHeadAttention
+
+    for precision, attention in (("fp32", None), ("bf16", autocast_attention)):
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2)).eval()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        ready = prepare_for_training(model, torch.device("cpu"), precision)
+        assert ready.training and not any(isinstance(m, torch.nn.Dropout) for m in ready.modules())
+        assert {m.p for m in ready.modules() if isinstance(m, BitDropout)} == {0.1}
+        assert all(m.sequence_attention is attention for m in ready.modules() if isinstance(m, MultiHeadAttention))
+        assert all(torch.equal(v, before[k]) for k, v in ready.state_dict().items())
+
+
+def test_options_fall_back_to_the_config_in_one_place():
+    """--batch-tokens, --save-every-minutes and --keep-last default to config.train's max_tokens
+    (per optimizer step, shared out), checkpoint_minutes and average_last; the total per step is
+    recorded in the config."""
+    config = Config()
+    got = TrainOptions(update_freq=2).resolve(config, world_size=4)
+    assert (got.max_tokens, got.save_every_minutes, got.keep_last) == (25000 // 8, 10.0, 5)
+    assert config.train.max_tokens == 25000 // 8 * 8
+    given = TrainOptions(max_tokens=100, save_every_minutes=0.0, keep_last=0)
+    assert given.resolve(Config(), world_size=1) == given  # what is given is kept, 0 included
+    small = Config()
+    small.train.max_tokens = 4
+    with pytest.raises(UsageError, match="less than one token per micro-batch"):
+        TrainOptions(update_freq=8).resolve(small, world_size=1)
+
+
 def test_cooldown_is_off_by_default_and_linear_to_zero():
     assert cooldown_factor(0.99, 0.0) == 1.0  # the paper's schedule
     assert cooldown_factor(0.5, 0.2) == 1.0
@@ -63,7 +98,7 @@ def test_cooldown_is_off_by_default_and_linear_to_zero():
 def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "8",
+    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--max-steps", "8",
                "--valid-every", "0", "--log-every", "1", "--warmup", "2", "--cooldown", "0.5"])
     assert rc == 0
     lrs = [json.loads(line)["lr"] for line in (run / "logs" / "train.jsonl").read_text().splitlines()
@@ -81,7 +116,7 @@ def test_max_minutes_is_a_cap_that_says_when_it_binds(tmp_path, capsys):
 
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "100000",
+    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--max-steps", "100000",
                "--valid-every", "0", "--save-every-steps", "2", "--max-minutes", "0.004", "--log-every", "1"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -170,7 +205,7 @@ def test_batch_stream_position_continues_the_same_order(tmp_path):
 def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     data = make_data(tmp_path / "data", separate=True)
     run = tmp_path / "run"
-    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--update-freq", "2",
+    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--update-freq", "2",
                "--max-steps", "4", "--save-every-steps", "2", "--valid-every", "2", "--log-every", "2", "--warmup", "3"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -205,11 +240,11 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     assert cfg.model.tgt_vocab_size == VOCAB + 5
 
     # --resume with nothing left to do, without --data (taken from RUN_DIR/data.json)
-    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "4", "--no-progress", "--no-tensorboard"]) == 0
+    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "4", "--quiet", "--no-tensorboard"]) == 0
     # a run already past --max-steps: said plainly, nothing trained or rewritten
     before = _files(run)
     capsys.readouterr()
-    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "3", "--no-progress", "--no-tensorboard"]) == 2
+    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "3", "--quiet", "--no-tensorboard"]) == 2
     err = capsys.readouterr().err
     assert err == (f"transduce train: error: {run} is already at step 4, past --max-steps 3: nothing was trained "
                    "(a larger --max-steps continues it)\n")
@@ -228,7 +263,7 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
         (["--lr-scale", "-1"], "--lr-scale -1: train.lr_scale must be positive"),
         (["--label-smoothing", "1"], "--label-smoothing 1: train.label_smoothing must be in [0, 1)"),
         (["--max-steps", "0"], "--max-steps 0: train.max_steps must be at least 1"),
-        (["--max-tokens", "0"], "--max-tokens must be at least 1, not 0"),  # was silently the preset's
+        (["--batch-tokens", "0"], "--batch-tokens must be at least 1, not 0"),  # was silently the preset's
         (["--cooldown", "2"], "--cooldown must be a fraction in [0, 1]"),
         (["--clip-norm", "-1"], "--clip-norm must be at least 0"),
         (["--keep-last", "-1"], "--keep-last must be at least 0"),
@@ -240,7 +275,7 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
         (["--save-every-minutes", "-1"], "--save-every-minutes must be at least 0"),
         (["--set", "model.src_vocab_size=99"], "vocabulary sizes come from the data"),
         (["--precision", "fp16", "--device", "cpu"], "fp16 needs CUDA"),
-        (["--max-tokens", "5"], "max_tokens"),
+        (["--batch-tokens", "5"], "max_tokens"),
         (["--data", "EMPTY"], "data.json"),
         (["--data", "BADJSON"], "badjson/data.json:2: not valid JSON (Expecting ',' delimiter, column 1)"),
     ],
@@ -252,7 +287,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
     (tmp_path / "badjson" / "data.json").write_text('{"format": 1\n"vocab": {}}')
     extra = [str(tmp_path / x.lower()) if x in ("EMPTY", "BADJSON") else x for x in extra]
     argv = ["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), "--max-steps", "1",
-            "--no-progress", "--no-tensorboard", "--threads", "1"]
+            "--quiet", "--no-tensorboard", "--threads", "1"]
     rc = main(argv + extra)
     err = capsys.readouterr().err
     assert rc == 2
@@ -296,8 +331,8 @@ def test_resume_refuses_data_of_another_vocabulary_before_writing_anything(tmp_p
 
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    common = ["--run-dir", str(run), "--no-progress", "--no-tensorboard", "--threads", "1", "--valid-every", "0"]
-    assert main(["train", "--data", str(data), *TINY[:-4], "--max-tokens", "40", "--max-steps", "2", "--warmup", "3",
+    common = ["--run-dir", str(run), "--quiet", "--no-tensorboard", "--threads", "1", "--valid-every", "0"]
+    assert main(["train", "--data", str(data), *TINY[:-4], "--batch-tokens", "40", "--max-steps", "2", "--warmup", "3",
                  *common]) == 0
     others = {}
     others["model"] = shutil.copytree(data, tmp_path / "other_model")  # same sizes, another sentencepiece model
@@ -329,7 +364,7 @@ def test_a_fresh_run_replaces_stale_vocabulary_copies(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "spm.model").write_bytes(b"left by an earlier run on other data")
-    assert main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--max-tokens", "40", "--max-steps", "1",
+    assert main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--max-steps", "1",
                  "--warmup", "3", "--valid-every", "0"]) == 0
     assert (run / "spm.model").read_bytes() == (data / "spm.model").read_bytes()
 
@@ -357,7 +392,7 @@ def test_on_a_terminal_the_start_line_comes_before_the_progress_bar(tmp_path, mo
     monkeypatch.setattr(sys, "stdout", Terminal("out"))
     monkeypatch.setattr(sys, "stderr", Terminal("err"))
     assert main(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), *TINY[:-4], "--threads", "1",
-                 "--no-tensorboard", "--max-tokens", "40", "--max-steps", "2", "--warmup", "3", "--valid-every", "0"]) == 0
+                 "--no-tensorboard", "--batch-tokens", "40", "--max-steps", "2", "--warmup", "3", "--valid-every", "0"]) == 0
     start = next(i for i, (_, text) in enumerate(events) if text.startswith("training "))
     bar = next(i for i, (name, text) in enumerate(events) if name == "err" and "train:" in text)
     assert start < bar
@@ -366,7 +401,7 @@ def test_on_a_terminal_the_start_line_comes_before_the_progress_bar(tmp_path, mo
 def test_a_start_that_fails_on_bad_data_leaves_no_run_directory_it_created(tmp_path, capsys):
     data = make_data(tmp_path / "data")
     (data / "train.src.bin").write_bytes(b"\0" * 8)  # truncated
-    argv = ["train", "--data", str(data), *TINY, "--max-tokens", "40", "--max-steps", "1"]
+    argv = ["train", "--data", str(data), *TINY, "--batch-tokens", "40", "--max-steps", "1"]
     assert main([*argv, "--run-dir", str(tmp_path / "new")]) == 2
     assert "train.src.bin" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()  # not a directory holding only .lock

@@ -75,7 +75,7 @@ def restore(run: Run) -> Start:
     s = ckpt.state
     start = Start(step=s.step, epoch=s.epoch, position=s.position, train_seconds=s.train_seconds,
                   target_tokens=s.target_tokens, saved_at=s.step)
-    same_batches = (s.world_size, s.max_tokens, s.seed) == (env.world_size, run.max_tokens, opts.seed)
+    same_batches = (s.world_size, s.max_tokens, s.seed) == (env.world_size, opts.max_tokens, opts.seed)
     if not same_batches:  # the saved position indexes another batch list: go on with a fresh epoch
         start.epoch, start.position = s.epoch + 1, 0
         env.say(f"note: batching changed since the checkpoint (world size, max tokens or seed): continuing at epoch {start.epoch}")
@@ -115,13 +115,11 @@ def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
 
 
 def skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list, indices: list) -> None:
-    """A step not taken: logged with its batches (epoch, index in the epoch, first pair indices);
-    `max_nonfinite` in a row stop the run with a checkpoint of the weights from before them (the
-    batch order goes on after them)."""
+    """A step not taken (`state.skipped_in_a_row` counted by the trainer): logged with its batches
+    (epoch, index in the epoch, first pair indices); `max_nonfinite` in a row stop the run with a
+    checkpoint of the weights from before them (the batch order goes on after them)."""
     env = run.env
     overflow = run.scaler is not None
-    state.skipped += 1
-    state.skipped_in_a_row += 0 if overflow else 1
     loss, grad_norm = float(sums[0]), float(norm)
     batches = ", ".join(f"epoch {e} #{i}" for e, i in where)
     if run.log is not None:
@@ -164,7 +162,7 @@ def write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -
     config, opts, t = run.config, run.opts, run.config.train
     training = TrainingState(
         step=state.step, epoch=state.stream.epoch, position=state.stream.position, world_size=run.env.world_size,
-        max_tokens=run.max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=state.lr,
+        max_tokens=opts.max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=state.lr,
         train_seconds=state.train_seconds + (time.perf_counter() - state.start), target_tokens=state.tokens_seen,
         scaler=run.scaler.state_dict() if run.scaler is not None else None,
         schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
@@ -173,7 +171,7 @@ def write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -
         on_interval=on_interval, precision=run.precision,
     )
     try:
-        path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, run.keep_last)
+        path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, opts.keep_last)
     except OSError as e:
         message = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else (e.strerror or str(e))
         run.log.write("checkpoint_failed", state.step, error=message)

@@ -1,10 +1,12 @@
 """What a training run holds, shared by the loop's phases (`transduce.train.trainer`) and by what
 recovers it (`transduce.train.recovery`): the options of `transduce train` (`TrainOptions`),
 the batches in order (`BatchStream`, 5.1), the log (`RunLog`), what a run fixes before its first
-step (`Run`) and what the loop changes step after step (`LoopState`)."""
+step (`Run`, frozen) and what the loop changes step after step (`LoopState`: only the trainer
+changes it)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -102,6 +104,22 @@ class TrainOptions:
             if not ok:
                 raise UsageError(f"--{name.replace('_', '-')} must be {what}, not {getattr(self, name)}")
 
+    def resolve(self, config: Config, world_size: int) -> TrainOptions:
+        """These options with the three that default to the config filled in: the one place where
+        an option falls back to `config.train`. max_tokens: train.max_tokens (per optimizer step)
+        shared out over processes x update_freq, the total then recorded in config.train;
+        save_every_minutes: train.checkpoint_minutes; keep_last: train.average_last."""
+        t = config.train
+        per_batch = self.max_tokens or t.max_tokens // (world_size * self.update_freq)
+        if per_batch < 1:
+            raise UsageError(f"train.max_tokens {t.max_tokens} is less than one token per micro-batch "
+                             f"({world_size} processes x --update-freq {self.update_freq})")
+        t.max_tokens = per_batch * world_size * self.update_freq
+        return dataclasses.replace(
+            self, max_tokens=per_batch,
+            save_every_minutes=t.checkpoint_minutes if self.save_every_minutes is None else self.save_every_minutes,
+            keep_last=t.average_last if self.keep_last is None else self.keep_last)
+
 
 # --- batches (5.1) --------------------------------------------------------------------------------
 
@@ -140,6 +158,10 @@ class BatchStream:
         batch = self._batches[self.position]
         self.position += 1
         return batch
+
+    def take(self, n: int) -> list[tuple[np.ndarray, tuple[int, int]]]:
+        """The next n micro-batches, each with where it lies: (epoch, index in the epoch)."""
+        return [(self.next(), (self.epoch, self.position - 1)) for _ in range(n)]
 
 
 # --- logging --------------------------------------------------------------------------------------
@@ -188,20 +210,19 @@ class RunLog:
 # --- the run and the loop's state --------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """What a run fixes before its first step (`_set_up`, then `_open`); every phase reads it."""
+    """What a run fixes before its first step (`_set_up`, completed by `_open`); every phase reads
+    it, none changes it."""
 
     config: Config
     opts: TrainOptions
+    """The options with the config's defaults filled in (`TrainOptions.resolve`): max_tokens is
+    padded tokens per micro-batch per rank."""
     env: DistEnv
     data_dir: Path
     run_dir: Path
     precision: str
-    max_tokens: int
-    """Padded tokens per micro-batch per rank (`resolve_batching`)."""
-    save_minutes: float
-    keep_last: int
     smooth_exclude: tuple[int, ...]
     meta: dict
     train_set: ParallelDataset
@@ -210,26 +231,25 @@ class Run:
     """The plain module: what is validated and saved."""
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
+    signals: StopSignals | None = None
+    """SIGTERM / SIGINT: a request to stop after the current step (`transduce.train.signals`)."""
     train_model: nn.Module | None = None
     """The module that trains: `model`, optionally compiled, wrapped in DDP for several processes."""
     log: RunLog | None = None
     """Rank 0's log (None on the other ranks)."""
     bar: object = None
     """Rank 0's progress bar, when stderr is a terminal."""
-    signals: StopSignals | None = None
-    """SIGTERM / SIGINT: a request to stop after the current step (`transduce.train.signals`)."""
 
 
 @dataclass
 class LoopState:
-    """What the loop changes, step after step (`_step`), and what `_finish` reports."""
+    """What the loop changes, step after step, and what `_finish` reports: changed by
+    `transduce.train.trainer` alone (recovery reads it)."""
 
     step: int
     stream: BatchStream
     lr: float
     """The rate of the latest step (before the first, equation 3 at the current step)."""
-    progress: float
-    """The share of the step budget used (for --cooldown): it follows the steps, never the clock."""
     stop: bool
     train_seconds: float
     """Training time of the earlier sessions (from the checkpoint)."""
@@ -259,5 +279,3 @@ class LoopState:
     """The signal that stopped the run (SIGTERM, SIGINT), agreed by every rank."""
     skipped_in_a_row: int = 0
     """Steps in a row not taken for a non-finite loss or gradient (`train_step`)."""
-    skipped: int = 0
-    """Steps not taken in this session (non-finite values, fp16 overflows)."""

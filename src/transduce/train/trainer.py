@@ -21,7 +21,7 @@ What the paper says, and where it is done here:
   Not in the paper, an option: `TrainOptions.cooldown` (--cooldown F) decays it linearly to 0
   over the last fraction F of the step budget (`cooldown_factor`).
 * 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only;
-  on the CPU drawn by `transduce.kernels.BitDropout`, swapped in by `kernels.fast_dropout`);
+  on the CPU drawn by `transduce.fast.train.BitDropout`: `transduce.train.step.prepare_for_training`);
   label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
 * 6.1 Checkpoints every 10 minutes (config.train.checkpoint_minutes, --save-every-minutes) or N
   steps, the last K kept for averaging (`transduce average`); what is written where:
@@ -51,20 +51,21 @@ Only rank 0 writes. Exact resume (`TrainOptions.resume`, --resume) restores the 
 moments, the step, the position in the epoch's batch order and every rank's RNG state (dropout),
 so an interrupted and resumed run ends with the same parameters as an uninterrupted one.
 
-Where the code is: `train` runs the phases in order: set up (threads, precision, batching, the
-data, the model, Adam), restore (a fresh start or exact resume), the loop (one optimizer step,
-the decisions to stop, logging, validation, checkpoints; its state is one `LoopState`), finish
-(the final validation, checkpoint and model directory). What the phases share (the options, the
-batch stream, the log, `Run` and `LoopState`) is in `transduce.train.state`. One optimizer step, the precision and
-the validation loss are in `transduce.train.step`; the process group, the collectives and the
-RNG states in `transduce.train.distributed`; restore, checkpoints, skipped steps, interruptions
-and the run directory's lock in `transduce.train.recovery`.
+Where the code is: `train` reads top to bottom: set up (threads, precision, batching, the data,
+the model made ready by `transduce.train.step.prepare_for_training`, Adam), restore (a fresh
+start or exact resume), the steps (each one call of `transduce.train.step.train_step`: the rate,
+the micro-batches, loss, backward, clip, the non-finite check, Adam's step; then the decisions to
+stop, logging, validation, checkpoints), finish (the final validation, checkpoint and model
+directory). What the phases share is in `transduce.train.state`: the options, the batch stream,
+the log, `Run` (fixed at set-up) and `LoopState` (what the loop changes, changed only here). The
+precision and the validation loss are in `transduce.train.step`; the process group, the
+collectives and the RNG states in `transduce.train.distributed`; restore, checkpoints, skipped
+steps, interruptions and the run directory's lock in `transduce.train.recovery`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import os
 import sys
@@ -75,19 +76,19 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from .. import kernels
 from ..checkpoint import RunLock, check_vocabulary, latest_checkpoint, prepare_run_dir, recorded_precision, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..data.batching import ParallelDataset, load_vocabs, read_metadata
 from ..data.vocab import BOS, PAD
 from ..errors import UsageError
+from ..fast.train import keep_freed_memory
 from ..model import Transformer, count_parameters
 from . import recovery
 from .distributed import DistEnv, agree, all_reduce_, any_rank, set_threads, setup_distributed
 from .schedule import cooldown_factor, noam_lr
 from .signals import StopSignals
 from .state import BatchStream, LoopState, Run, RunLog, TrainOptions
-from .step import build_optimizer, evaluate, make_grad_scaler, resolve_precision, set_lr, to_device, train_step
+from .step import build_optimizer, evaluate, make_grad_scaler, prepare_for_training, resolve_precision, to_device, train_step
 
 
 # --- run directory and configuration --------------------------------------------------------------
@@ -131,16 +132,6 @@ def word_symbols(data_dir: Path, meta: dict) -> tuple[Tensor, Tensor]:
     return src_vocab.word_starts(), tgt_vocab.word_starts()
 
 
-def resolve_batching(opts: TrainOptions, config: Config, env: DistEnv) -> int:
-    """Padded tokens per micro-batch per rank; records the total per step in config.train."""
-    per_batch = opts.max_tokens or config.train.max_tokens // (env.world_size * opts.update_freq)
-    if per_batch < 1:
-        raise UsageError(f"train.max_tokens {config.train.max_tokens} is less than one token per micro-batch "
-                         f"({env.world_size} processes x --update-freq {opts.update_freq})")
-    config.train.max_tokens = per_batch * env.world_size * opts.update_freq
-    return per_batch
-
-
 @dataclass
 class TrainResult:
     model: Transformer
@@ -170,19 +161,49 @@ def train(
     Launched by torchrun, joins the process group itself (see `setup_distributed`). With
     `opts.resume` and a checkpoint in `run_dir`, continues it exactly (the config must then be
     the run's own, as `transduce.cli.train.resolve_config` makes it)."""
-    opts = opts or TrainOptions()
-    env = setup_distributed(opts.device)
+    given = opts or TrainOptions()
+    env = setup_distributed(given.device)
     lock = RunLock(run_dir)
     created = not Path(run_dir).exists()  # by this call: removed again if it fails before writing into it
     try:
         recovery.take_lock(lock, env)
         with StopSignals() as signals:
-            run = _set_up(config, Path(data_dir), Path(run_dir), opts, env)
-            run.signals = signals
+            # Set up, then restore: step 0, or exactly where the latest intact checkpoint left off.
+            run = _set_up(config, Path(data_dir), Path(run_dir), given, env, signals)
             start = recovery.restore(run)
-            state = _open(run, start, log_extra or {})
+            run, state = _open(run, start, given, log_extra or {})
+            opts, t = run.opts, config.train
+            # The steps.
             while not state.stop:
-                _step(run, state)
+                drawn = state.stream.take(opts.update_freq)  # update_freq micro-batches on every rank (5.1)
+                batches = [to_device(run.train_set.collate(indices), env.device) for indices, _ in drawn]
+                state.lr = (noam_lr(state.step + 1, config.model.d_model, t.warmup_steps, t.lr_scale)  # equation 3
+                            * cooldown_factor(state.step / max(t.max_steps, 1), opts.cooldown))
+                sums, norm, updated = train_step(
+                    run.train_model, run.optimizer, batches, lr=state.lr, label_smoothing=t.label_smoothing, env=env,
+                    precision=run.precision, scaler=run.scaler, clip_norm=opts.clip_norm, smooth_exclude=run.smooth_exclude,
+                )
+                if not updated:  # not taken: logged; max_nonfinite in a row stop the run
+                    state.skipped_in_a_row += 0 if run.scaler is not None else 1  # an fp16 overflow is not counted
+                    recovery.skipped(run, state, sums, norm, [w for _, w in drawn], [i for i, _ in drawn])
+                    _decide(run, state, False)
+                    continue
+                state.step, state.skipped_in_a_row, state.grad_norm = state.step + 1, 0, norm
+                state.interval_sums += sums
+                state.interval_tokens += sum(b["ntokens"] for b in batches)
+                if run.bar is not None:
+                    run.bar.update(1)
+                log_now = state.step % opts.log_every == 0 or state.step == t.max_steps
+                now, save_due = _decide(run, state, log_now)
+                if log_now or state.stop:
+                    _log_interval(run, state, now)
+                pause = time.perf_counter()  # validation and checkpoints do not count as training time
+                if opts.valid_every and state.step % opts.valid_every == 0 and not state.stop:
+                    state.valid, state.validated_at = _validate(run, state), state.step
+                if not state.stop and ((opts.save_every_steps and state.step % opts.save_every_steps == 0) or save_due):
+                    recovery.checkpoint(run, state)
+                    state.saved_at, state.last_save = state.step, time.perf_counter()
+                state.last_log += time.perf_counter() - pause
             return _finish(run, state)
     finally:
         held = lock.held
@@ -203,15 +224,16 @@ def _remove_if_only_the_lock(run_dir: Path, lock: RunLock) -> None:
         pass
 
 
-# Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler.
+# Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler; then,
+# once restored, the batch stream, the run directory, the module that trains, the log.
 
 
-def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, env: DistEnv) -> Run:
-    set_threads(env, opts.threads)
-    precision = resolve_precision(env, opts.precision, config.model,
-                                  recorded=recorded_precision(run_dir) if opts.resume else None)
-    t = config.train
-    max_tokens = resolve_batching(opts, config, env)
+def _set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, env: DistEnv,
+            signals: StopSignals) -> Run:
+    set_threads(env, given.threads)
+    precision = resolve_precision(env, given.precision, config.model,
+                                  recorded=recorded_precision(run_dir) if given.resume else None)
+    opts = given.resolve(config, env.world_size)
 
     # Data (5.1).
     meta = read_metadata(data_dir)
@@ -225,25 +247,18 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, opts: TrainOptions, e
     model = Transformer(config.model)
     if model.word_positions is not None:  # not in the paper: which symbols are words, from the vocabularies
         model.word_positions.set_symbols(*word_symbols(data_dir, meta))
-    model = model.to(env.device)
-    kernels.fast_dropout(model)  # 5.4's dropout from fewer random numbers on the CPU
-    if env.device.type == "cpu" and precision == "bf16":
-        kernels.fast_attention(model)  # equation 1 with fp32 scores and a bf16 second product
+    model = prepare_for_training(model, env.device, precision)
     if env.device.type == "cpu":
-        kernels.keep_freed_memory()  # no page faults on the large tensors every step allocates afresh
-    optimizer = build_optimizer(model, config)
-    scaler = make_grad_scaler(env.device, precision)
+        keep_freed_memory()  # no page faults on the large tensors every step allocates afresh
     return Run(
         config=config, opts=opts, env=env, data_dir=data_dir, run_dir=run_dir, precision=precision,
-        max_tokens=max_tokens,
-        save_minutes=t.checkpoint_minutes if opts.save_every_minutes is None else opts.save_every_minutes,
-        keep_last=t.average_last if opts.keep_last is None else opts.keep_last,
-        smooth_exclude=() if t.smooth_all_classes else (PAD, BOS),  # 5.4: no mass on what is never emitted
-        meta=meta, train_set=train_set, valid_set=valid_set, model=model, optimizer=optimizer, scaler=scaler,
+        smooth_exclude=() if config.train.smooth_all_classes else (PAD, BOS),  # 5.4: no mass on what is never emitted
+        meta=meta, train_set=train_set, valid_set=valid_set, model=model, optimizer=build_optimizer(model, config),
+        scaler=make_grad_scaler(env.device, precision), signals=signals,
     )
 
 
-def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
+def _open(run: Run, start: recovery.Start, given: TrainOptions, log_extra: dict) -> tuple[Run, LoopState]:
     """Start the batch stream at `start`, write the run directory (rank 0), make the module that
     trains, open the log, say what will be done, open the progress bar; the loop's clocks start."""
     env, opts, config = run.env, run.opts, run.config
@@ -251,20 +266,19 @@ def _open(run: Run, start: recovery.Start, log_extra: dict) -> LoopState:
     if start.step > t.max_steps:  # before anything is written: the run is not rewound, nor its model rewritten
         raise UsageError(f"{run.run_dir} is already at step {start.step}, past --max-steps {t.max_steps}: nothing "
                          "was trained (a larger --max-steps continues it)")
-    stream = BatchStream(run.train_set, run.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
+    stream = BatchStream(run.train_set, opts.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
                          epoch=start.epoch, position=start.position)  # first: it refuses an empty split
     if env.is_main:
         prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
-    run.train_model = _training_module(run)
-    run.log = RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None
-    _announce(run, stream, start.step, log_extra)  # before the bar: on a terminal, not on the bar's line
-    run.bar = _progress_bar(env, opts, start.step, t.max_steps)
+    run = dataclasses.replace(run, train_model=_training_module(run),
+                              log=RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None)
+    _announce(run, stream, start.step, given, log_extra)  # before the bar: on a terminal, not on the bar's line
+    run = dataclasses.replace(run, bar=_progress_bar(env, opts, start.step, t.max_steps))
     now = time.perf_counter()
-    return LoopState(
+    return run, LoopState(
         step=start.step, stream=stream, lr=noam_lr(start.step, config.model.d_model, t.warmup_steps, t.lr_scale),
-        progress=start.step / max(t.max_steps, 1), stop=start.step >= t.max_steps,
-        train_seconds=start.train_seconds, tokens_seen=start.target_tokens, saved_at=start.saved_at,
-        first_step=start.step, start=now, last_save=now, last_log=now,
+        stop=start.step >= t.max_steps, train_seconds=start.train_seconds, tokens_seen=start.target_tokens,
+        saved_at=start.saved_at, first_step=start.step, start=now, last_save=now, last_log=now,
         interval_sums=torch.zeros(2, device=env.device),
     )
 
@@ -275,17 +289,12 @@ def _training_module(run: Run) -> nn.Module:
     train_model: nn.Module = torch.compile(run.model) if run.opts.compile else run.model
     if run.env.distributed:
         device = run.env.device
-        DDP = nn.parallel.DistributedDataParallel
-        # The only buffer is the table of fixed sinusoids, which grows on demand and may differ
-        # in length between ranks: never sync it at forward (torch >= 2.12 renamed the option).
-        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                          else {"broadcast_buffers": False})
-        train_model = DDP(train_model, device_ids=[device.index] if device.type == "cuda" else None,
-                          gradient_as_bucket_view=True, **no_buffer_sync)
+        train_model = nn.parallel.DistributedDataParallel(
+            train_model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
     return train_model
 
 
-def _announce(run: Run, stream: BatchStream, step: int, log_extra: dict) -> None:
+def _announce(run: Run, stream: BatchStream, step: int, given: TrainOptions, log_extra: dict) -> None:
     """The log's "start" record and the opening lines."""
     env, opts, config = run.env, run.opts, run.config
     n_params = count_parameters(run.model)
@@ -295,67 +304,17 @@ def _announce(run: Run, stream: BatchStream, step: int, log_extra: dict) -> None
                 + ("tied (model.tie_output)" if config.model.tie_output else "separate too (model.tie_output=false)"))
     if run.log is not None:
         run.log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(env.device),
-                      precision=run.precision, max_tokens_per_batch=run.max_tokens, update_freq=opts.update_freq,
+                      precision=run.precision, max_tokens_per_batch=opts.max_tokens, update_freq=opts.update_freq,
                       batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
-                      restart=env.restart, config=config.to_dict(), options=dataclasses.asdict(opts), **log_extra)
+                      restart=env.restart, config=config.to_dict(), options=dataclasses.asdict(given), **log_extra)
     if env.restart:  # torchrun --max-restarts: the workers were started again after a failure
         env.say(f"torchrun restart {env.restart}: " + (f"resuming at step {step}" if step else "starting afresh (no checkpoint)"))
     env.say(f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {env.device} ({run.precision}), "
-            f"step {step} -> {config.train.max_steps}, {run.max_tokens} tokens x {opts.update_freq} micro-batches x "
+            f"step {step} -> {config.train.max_steps}, {opts.max_tokens} tokens x {opts.update_freq} micro-batches x "
             f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")
 
 
-# The loop: one step, its decisions, logging, validation and checkpoints.
-
-
-def _step(run: Run, state: LoopState) -> None:
-    """One pass of the loop: an optimizer step; whether to stop; the log at intervals; validation
-    and checkpoints when due (their time does not count as training time)."""
-    opts = run.opts
-    log_now = _optimizer_step(run, state)
-    if log_now is None:  # not taken: nothing to log, validate or save at this step
-        _decide(run, state, False)
-        return
-    now, save_due = _decide(run, state, log_now)
-    if log_now or state.stop:
-        _log_interval(run, state, now)
-    pause = time.perf_counter()  # validation and checkpoints do not count as training time
-    if opts.valid_every and state.step % opts.valid_every == 0 and not state.stop:
-        state.valid, state.validated_at = _validate(run, state), state.step
-    if not state.stop and ((opts.save_every_steps and state.step % opts.save_every_steps == 0) or save_due):
-        recovery.checkpoint(run, state)
-        state.saved_at, state.last_save = state.step, time.perf_counter()
-    state.last_log += time.perf_counter() - pause
-
-
-def _optimizer_step(run: Run, state: LoopState) -> bool | None:
-    """One optimizer step: update_freq micro-batches on every rank (5.1), the rate of equation 3
-    (5.3). Returns whether this step is logged, or None if it was not taken (`recovery.skipped`)."""
-    opts, t = run.opts, run.config.train
-    indices, where = [], []
-    for _ in range(opts.update_freq):
-        indices.append(state.stream.next())
-        where.append((state.stream.epoch, state.stream.position - 1))
-    batches = [to_device(run.train_set.collate(i), run.env.device) for i in indices]
-    state.lr = (noam_lr(state.step + 1, run.config.model.d_model, t.warmup_steps, t.lr_scale)
-                * cooldown_factor(state.progress, opts.cooldown))
-    set_lr(run.optimizer, state.lr)
-    log_now = (state.step + 1) % opts.log_every == 0 or state.step + 1 == t.max_steps
-    sums, norm, updated = train_step(
-        run.train_model, run.optimizer, batches, label_smoothing=t.label_smoothing, env=run.env,
-        precision=run.precision, smooth_exclude=run.smooth_exclude, scaler=run.scaler, clip_norm=opts.clip_norm,
-    )
-    if not updated:
-        recovery.skipped(run, state, sums, norm, where, indices)
-        return None
-    state.skipped_in_a_row = 0
-    state.step += 1
-    state.interval_sums += sums
-    state.interval_tokens += sum(b["ntokens"] for b in batches)
-    state.grad_norm = norm
-    if run.bar is not None:
-        run.bar.update(1)
-    return log_now
+# The steps' decisions, logging and validation.
 
 
 def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
@@ -366,7 +325,7 @@ def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
     opts, t = run.opts, run.config.train
     now = time.perf_counter()
     time_up = opts.max_minutes is not None and now - state.start >= 60 * opts.max_minutes
-    save_due = run.save_minutes > 0 and now - state.last_save >= 60 * run.save_minutes
+    save_due = opts.save_every_minutes > 0 and now - state.last_save >= 60 * opts.save_every_minutes
     if run.env.distributed:
         time_up, save_due = agree(run.env, [time_up, save_due]) if log_now else (False, False)
     signalled = run.signals is not None and run.signals.requested is not None
@@ -375,7 +334,6 @@ def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
     if signalled and state.interrupted is None:
         state.interrupted = (run.signals.requested if run.signals and run.signals.requested else "a signal to another rank")
     state.stop = state.step >= t.max_steps or time_up or signalled
-    state.progress = state.step / max(t.max_steps, 1)  # the cooldown follows the steps, never the clock
     if time_up and state.step < t.max_steps:
         state.capped_at = state.step
     return now, save_due
@@ -419,7 +377,7 @@ def _validate(run: Run, state: LoopState) -> dict | None:
     """The loss on the validation split (None without one), logged and said."""
     if run.valid_set is None:
         return None
-    r = evaluate(run.model, run.valid_set, max_tokens=run.max_tokens, label_smoothing=run.config.train.label_smoothing,
+    r = evaluate(run.model, run.valid_set, max_tokens=run.opts.max_tokens, label_smoothing=run.config.train.label_smoothing,
                  env=run.env, precision=run.precision, smooth_exclude=run.smooth_exclude)
     if run.log is not None:
         run.log.write("valid", state.step, **r)
