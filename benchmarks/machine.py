@@ -22,9 +22,11 @@ Each library's effective ISA is what it reports itself, not inferred from the CP
 
 So the AVX2 imitation on an Intel CPU needs `MKL_ENABLE_INSTRUCTIONS=AVX2` as well: there both
 PyTorch's and CTranslate2's MKL otherwise run AVX-512 and AMX (seen on a Xeon with AMX,
-2026-11-26). On AMD CPUs MKL takes its AVX2 path whatever is set, and CTranslate2 does not use
-its MKL at all (it chooses by vendor): `CT2_USE_MKL=0` on Intel gives it the GEMMs it would have
-on an AMD CPU.
+2026-11-26). On other vendors' CPUs (AMD) MKL names no ISA, only its generic path ("Intel(R)
+Architecture processors"), whatever `MKL_ENABLE_INSTRUCTIONS` says (seen on an EPYC Zen 5 with
+oneMKL 2024.0, 2026-11-28), and CTranslate2 does not use its MKL at all (it chooses by vendor):
+`CT2_USE_MKL=0` on Intel gives it the GEMMs it would have on an AMD CPU. `cpu_vendor()` says
+which case a machine is.
 """
 
 from __future__ import annotations
@@ -77,6 +79,20 @@ def cpu_flags() -> tuple[str, list[str]]:
     return name, [f for f in FEATURES if f in flags]
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD", ...; "unknown"
+    where there is no such line, e.g. on ARM or off Linux). Which ISA a vendor's library reports
+    depends on it: oneMKL names its AVX2/AVX-512/AMX paths on Intel CPUs only."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id":
+                return value.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def _run(code: str, env: dict) -> str:
     try:
         p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -99,12 +115,16 @@ _MKL_PROBE = "import torch; a = torch.ones(64, 64); torch.mm(a, a)"
 
 def mkl_isa_from(lines: list[str]) -> str:
     """oneMKL's version and code path from its first `MKL_VERBOSE` line, e.g. "oneMKL 2024.0
-    Update 2, ISA Advanced Vector Extensions 2 (AVX2) enabled processors"; "not called" if none."""
+    Update 2, ISA Advanced Vector Extensions 2 (AVX2) enabled processors", or "oneMKL 2024.0
+    Update 2, generic code path (no ISA named)" where it names none ("Intel(R) Architecture
+    processors", on AMD CPUs); "not called" if there is no such line."""
     line = next((l for l in lines if l.startswith("MKL_VERBOSE") and " architecture " in l), None)
     if line is None:
         return "not called"
     version = line.split("MKL_VERBOSE", 1)[1].split(" Product build")[0].strip()
     isa = line.split(" architecture ", 1)[1].rsplit(", Lnx", 1)[0].replace("Intel(R) ", "").strip()
+    if isa == "Architecture processors":  # what it says on CPUs it names no ISA for (AMD's)
+        return f"{version}, generic code path (no ISA named)"
     return f"{version}, ISA {isa}"
 
 
@@ -136,7 +156,7 @@ def describe(ct2: bool = False) -> list[str]:
 
     name, flags = cpu_flags()
     env = [f"{k}={os.environ[k]}" for k in OVERRIDES if k in os.environ]
-    lines = [f"CPU: {name}; {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable",
+    lines = [f"CPU: {name} ({cpu_vendor()}); {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable",
              f"ISA features (/proc/cpuinfo): {' '.join(flags) or 'none of ' + ', '.join(FEATURES)}",
              f"environment: {' '.join(env) or 'no ISA or thread overrides'}",
              f"PyTorch {torch.__version__}: ATen CPU capability {torch.backends.cpu.get_cpu_capability()}; "
