@@ -1,8 +1,8 @@
 """A synthetic task that proves the pieces fit: copy or reverse random token sequences.
 
 Masks, the right shift of the decoder input, the loss, the schedule and the decoding cache all
-have to be right for a small Transformer to reach ~100% exact match on held-out sequences within
-a minute or two of CPU training. Used by the test suite and by `transduce synthetic`.
+have to be right for a small Transformer to reach ~100% exact match on held-out sequences after
+a short training run on a CPU. Used by the test suite and by `transduce synthetic`.
 
 The sequences are generated in memory, so the task does not go through the trainer's `train`
 (which reads a prepared directory), but it trains with the trainer's pieces: the model made
