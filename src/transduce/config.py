@@ -12,6 +12,7 @@ only where the table says.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import typing
@@ -314,10 +315,23 @@ TABLE3_PARAMS_M: dict[str, float] = {
 """Table 3's params column (x 10^6), for the rows that list one."""
 
 
+def closest(name: str, known: typing.Iterable[str]) -> str | None:
+    """The name of `known` closest to a misspelled `name` (difflib), or None if none is close:
+    what `--preset` and `--set` suggest."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return close[0] if close else None
+
+
+def unknown_preset(name: str) -> str:
+    """The one-line error for a preset that does not exist: the nearest name, or every name."""
+    near = closest(name, PRESETS)
+    return f"unknown preset {name!r}; " + (f"did you mean {near!r}?" if near else f"known: {', '.join(PRESETS)}")
+
+
 def get_preset(name: str) -> Config:
     """A fresh copy of a named preset (mutating it does not change the preset)."""
     if name not in PRESETS:
-        raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        raise KeyError(unknown_preset(name))
     return Config.from_dict(PRESETS[name].to_dict())
 
 
@@ -329,6 +343,14 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
+        if sep and dot and not (section in d and name in d[section]):  # a misspelling: the nearest field
+            if section in d:
+                near = closest(name, d[section])
+                near = near and f"{section}.{near}"
+            else:
+                near = closest(key.strip(), [f"{sec}.{field}" for sec in d for field in d[sec]])
+            if near is not None:
+                raise ValueError(f"bad override {item!r}: no field {key.strip()}; did you mean {near}?")
         if not sep or not dot or section not in d or name not in d[section]:
             raise ValueError(
                 f"bad override {item!r}: expected section.field=value with section in "
