@@ -1,8 +1,10 @@
 """The `transduce` command: one entry point, thin.
 
-Each subcommand is a module of this package: `HELP` and `DESCRIPTION`, `add_args(parser)` (its
-flags) and `run(args)` (a call into the library). `main` parses the command line and runs the
-subcommand through `report_errors`, the one place where errors become what the user sees:
+Each subcommand is a module of this package: `DESCRIPTION` and `EPILOG` (its help page, one
+screen: the long explanations are in docs/), `add_args(parser)` (its flags, the shared groups
+from `transduce.cli.options`) and `run(args)` (a call into the library); its one-line summary is
+in `SUMMARIES`. `main` imports only the subcommand named on the command line (`transduce --help`
+and `--version` import none, nor torch), parses it and runs it through `report_errors`, the one place where errors become what the user sees:
 a problem of the user's input is one line, ``transduce SUBCOMMAND: error: MESSAGE``, and exit
 status 2, never a traceback.
 """
@@ -19,57 +21,89 @@ from typing import Callable
 from ..errors import TransduceError
 
 DESCRIPTION = """\
-transduce: the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+Data flows one way: text -> vocabulary -> token arrays -> batches -> model -> text."""
 
-Data flows one way: text -> vocabulary -> token arrays -> batches -> model -> search -> text.
+SUMMARIES = {  # in the order of `transduce --help`; each is the module `transduce.cli.NAME`
+    "info": "a preset's configuration (Table 3's knobs) and parameter count",
+    "prepare": "learn a BPE vocabulary and binarize parallel text or a treebank",
+    "train": "train on prepared data (Section 5; torchrun for many GPUs)",
+    "average": "average the last K checkpoints of a run (6.1)",
+    "translate": "translate a file or stdin line for line (beam search, 6.1)",
+    "evaluate": "score translations (BLEU in every convention) or parses (EVALB)",
+    "parse": "parse English into constituency trees, line for line (6.3)",
+    "attention": "what the model attends to: figures (PNG), an offline page, JSON",
+    "serve": "serve a model over HTTP: a JSON API, requests batched",
+    "export": "export to CTranslate2 or Hugging Face MarianMT (and back)",
+    "synthetic": "an end-to-end check: train and decode a copy/reverse task",
+    "experiment": "Table 3's variants and Table 2's cost as one rerunnable experiment",
+}
+"""Each subcommand's one line, here so that `transduce --help` imports no subcommand (nor torch)."""
 
-subcommands:
-  info        show a preset's configuration (Table 3 knobs) and its parameter count
-  prepare     learn a BPE vocabulary and binarize parallel text (a named dataset or your files)
-  train       train on prepared data: Adam + equation 3, label smoothing, token-budget batches,
-              bf16/fp16, gradient accumulation, checkpoints, exact resume, DDP via torchrun
-  average     average the last K checkpoints of a run into one model (the paper: 5 / 20)
-  translate   translate a file or stdin line for line: beam 4, alpha 0.6, input + 50 (6.1)
-  evaluate    score translations: sacreBLEU + chrF, the paper's tokenized compound-split BLEU,
-              and Multi30k's lowercased tokenized BLEU; parses: EVALB F1 (COLLINS.prm)
-  parse       parse English sentences into constituency trees, line for line (6.3)
-  serve       serve a model over HTTP: a JSON API, requests batched dynamically
-  export      a model as a CTranslate2 or Hugging Face MarianMT directory (and MarianMT back)
-  synthetic   train a small model on a copy/reverse task and report greedy exact match:
-              a one- to two-minute end-to-end check that masks, shifting and decoding fit together
-  attention   show what the model attends to: the paper's figures (PNG), an offline HTML page,
-              the masks applied, JSON
-  experiment  Table 3's variants and Table 2's cost as one rerunnable experiment: each variant a
-              `transduce train` run, then dev perplexity, dev BLEU, FLOPs, MFU; a table and a plot
+SUBCOMMANDS = tuple(SUMMARIES)
 
-Run `transduce SUBCOMMAND --help` for the options of each.
-"""
-
-SUBCOMMANDS = ("info", "prepare", "train", "average", "translate", "evaluate", "parse", "attention", "serve", "export",
-               "synthetic", "experiment")
-"""In the order of `transduce --help`; each is the module `transduce.cli.NAME`."""
+EPILOG = "Run `transduce SUBCOMMAND --help` for its options; details: docs/cli.md."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+def version() -> str:
+    """The installed distribution's version (pyproject's), else the package's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as distribution_version
 
-    parser = argparse.ArgumentParser(
-        prog="transduce", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--version", action="version", version=f"transduce {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
-    for name in SUBCOMMANDS:
+    try:
+        return distribution_version("transduce")
+    except PackageNotFoundError:
+        from .. import __version__
+
+        return __version__
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of the `transduce` command. With `only`, only that subcommand's module is
+    imported and its flags added (the others parse nothing: `main` builds the parser for the
+    subcommand on its command line); without, every subcommand's."""
+    from .options import HelpFormatter, usage
+
+    listing = "\n\nsubcommands:\n" + "".join(f"  {name:<11} {line}\n" for name, line in SUMMARIES.items())
+    parser = argparse.ArgumentParser(prog="transduce", usage="%(prog)s [-h] [--version] SUBCOMMAND ...", description=DESCRIPTION + listing.rstrip(), epilog=EPILOG,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"transduce {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", help=argparse.SUPPRESS)
+    for name in SUBCOMMANDS:  # listed once, in the description
+        if only is not None and name != only:
+            sub.add_parser(name, add_help=False)
+            continue
         module = importlib.import_module(f"{__name__}.{name}")
-        p = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION, epilog=getattr(module, "EPILOG", None),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(name, prog=f"transduce {name}", description=module.DESCRIPTION, epilog=getattr(module, "EPILOG", None),
+                           formatter_class=HelpFormatter, add_help=False)
         module.add_args(p)
+        _add_help(p)
+        p.usage = usage(p)
         p.set_defaults(run=module.run)
     return parser
 
 
+def _add_help(parser: argparse.ArgumentParser) -> None:
+    """-h, --help, in the parser's own options if it has any, else in its first group (a help page
+    without an "options:" section of one line)."""
+    own, groups = parser._action_groups[1], [g for g in parser._action_groups[2:] if g._group_actions]
+    target = own if own._group_actions or not groups else groups[0]
+    target.add_argument("-h", "--help", action="help", help="show this help and exit")
+
+
+def chosen(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (its first word that is not an option)."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in SUMMARIES else None
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:  # the subcommands' modules import torch: a Ctrl-C in those seconds ends as any other
-        parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = chosen(argv)
+    try:  # a subcommand's module imports torch: a Ctrl-C in those seconds ends as any other
+        parser = build_parser(only=command or "")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -77,7 +111,19 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    _note_old_spellings(parser, command, argv)
     return report_errors(f"transduce {args.command}", args.run, args)
+
+
+def _note_old_spellings(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> None:
+    """One line per old flag spelling used: its new name (the old one still works for a release)."""
+    from .options import old_spellings_used
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    rest = argv[argv.index(command) + 1:]
+    rest = rest[:rest.index("--")] if "--" in rest else rest
+    for old, new in old_spellings_used(sub, rest):
+        print(f"transduce {command}: note: {old} is now {new} (the old name goes in a later release)", file=sys.stderr)
 
 
 def error_message(e: BaseException) -> str:

@@ -1,35 +1,7 @@
 """`transduce attention`: what the model attends to, as PNG, an offline HTML page and JSON.
 
-    transduce attention runs/m30k "A dog runs on the grass ." --html dog.html
-    transduce attention runs/m30k "It is in this spirit ..." --png fig3.png --layer 3 --query making
-    transduce attention runs/m30k "A dog runs ." --target "Ein Hund rennt ." --json dog.json
-    transduce attention runs/m30k -i sentences.tsv --figure masks --png masks.png
-
-For each sentence (and its target, or else the model's own translation: beam search as
-`transduce translate` decodes, or --greedy), the model is run once, teacher-forced, on the
-padded batch of all the sentences, and every attention weight is kept: encoder self-attention,
-decoder self-attention and encoder-decoder attention, every layer and head (the weights of
-`Transformer.forward(return_attention=True)`, equal to what the fast path computes).
-
-Outputs (at least one; each written whole or not at all):
-
-  --html FILE   one self-contained page that works offline (file://, no network): choose the
-                sentence, the attention type, the layer and the heads; the paper's lines, a
-                heatmap per head, or the masks applied to the batch; hover a query token to
-                see its row alone, with the values
-  --json FILE   the weights: sentences[i].attention[type][layer][head][query][key], with the
-                tokens, and the batch's masks (format transduce-attention/1)
-  --png FILE    one figure (needs matplotlib: pip install 'transduce[views]'):
-                --figure lines (the paper's Figures 3-5), heatmap, or masks
-
-Layers and heads are numbered from 1, as in the paper. Tokens are the subword pieces: a word's
-first piece is shown bare ("mak"), a piece that continues a word with a leading "·" ("·ing");
-the source ends with </s>. A decoder query is labelled by the token it predicts, with an arrow
-("→Hund": the position that reads "brauner"), decoder keys by the token they read (<s> first);
---query on the decoder side names the predicted token.
-Sentences are cut to --max-tokens subword tokens per side (default 64; the page and the JSON
-say so), at most 8 sentences per batch and 4 million weights per page (a few MB: more is
-refused, saying what to do).
+The flags and one call into `transduce.views.weights.attention_data`, then the figure, page or
+JSON written; what the outputs hold, the token labels and the limits: docs/attention.md.
 """
 
 from __future__ import annotations
@@ -41,10 +13,19 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, UsageError
-from .common import add_model_args
+from ..translate import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from .options import add_hardware_args, add_model_args, add_search_args, epilog
 
-HELP = "show what the model attends to: the paper's figures (PNG), an offline HTML page, JSON"
-DESCRIPTION = __doc__
+DESCRIPTION = """\
+Run MODEL once, teacher-forced, on SENTENCEs (and their targets, or its own translations)
+and keep every attention weight: the paper's figures (PNG), an offline page (HTML), JSON.
+Layers and heads are numbered from 1, as in the paper.
+details: docs/attention.md"""
+EPILOG = epilog(
+    'transduce attention runs/m30k "A dog runs on the grass ." --html dog.html',
+    'transduce attention runs/m30k "A dog runs ." --png dog.png --query dog',
+    "transduce attention runs/m30k -i sentences.tsv --figure masks --png masks.png",
+)
 PROG = "transduce attention"
 TYPES = {"encoder": "encoder", "decoder-self": "decoder_self", "decoder-cross": "decoder_cross"}
 
@@ -52,42 +33,32 @@ TYPES = {"encoder": "encoder", "decoder-self": "decoder_self", "decoder-cross": 
 def add_args(parser: argparse.ArgumentParser) -> None:
     from ..views.weights import MAX_TOKENS
 
-    parser.add_argument("model_path", type=Path, metavar="MODEL",
-                        help="a training run directory, or a model directory (model.safetensors + config.json)")
-    parser.add_argument("sentences", nargs="*", metavar="SENTENCE",
-                        help="source sentences (one batch), right after MODEL, before any option")
-    g = parser.add_argument_group("input")
-    g.add_argument("--input", "-i", type=Path, metavar="FILE",
-                   help="sentences, one per line, each optionally followed by a tab and its target")
+    g = parser.add_argument_group("input and outputs")
+    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run directory or a model directory")
+    g.add_argument("sentences", nargs="*", metavar="SENTENCE", help="source sentences, right after MODEL")
+    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, a line each (SOURCE[<TAB>TARGET])")
     g.add_argument("--target", "-t", action="append", metavar="TEXT",
-                   help="the target of a SENTENCE (give one per sentence, in order); default: the model's translation")
-    g.add_argument("--max-tokens", type=int, default=MAX_TOKENS, metavar="N",
-                   help=f"subword tokens kept per side (default {MAX_TOKENS}); longer sentences are cut and the output says so")
-    g = parser.add_argument_group("the model's translation (when no target is given)")
-    g.add_argument("--beam", type=int, default=4, help="beam size (default 4, as in 6.1)")
-    g.add_argument("--alpha", type=float, default=0.6, help="length penalty (default 0.6)")
-    g.add_argument("--greedy", action="store_true", help="greedy decoding instead of beam search")
-    g.add_argument("--max-len-offset", type=int, default=50, metavar="N",
-                   help="maximum translation length = input length + N (default 50, as in 6.1)")
-    g = parser.add_argument_group("outputs")
+                   help="a SENTENCE's target, one each (default: translated)")
+    g.add_argument("--max-input-tokens", "--max-tokens", type=int, default=MAX_TOKENS, metavar="N",
+                   help=f"subword tokens kept per side (default {MAX_TOKENS})")
     g.add_argument("--html", type=Path, metavar="FILE", help="the interactive page")
     g.add_argument("--json", type=Path, metavar="FILE", help="the weights as JSON")
     g.add_argument("--png", type=Path, metavar="FILE", help="a figure (see --figure)")
     g = parser.add_argument_group("the PNG figure")
-    g.add_argument("--figure", choices=("lines", "heatmap", "masks"), default="lines",
-                   help="lines: the paper's Figures 3-5 (default); heatmap: one grid per head; masks: the masks "
-                        "applied to the batch (every sentence and type)")
-    g.add_argument("--type", choices=tuple(TYPES), default="encoder",
-                   help="encoder (self-attention, default), decoder-self, or decoder-cross (encoder-decoder)")
+    g.add_argument("--figure", choices=("lines", "heatmap", "masks"), default="lines", metavar="F",
+                   help="lines (Figures 3-5; default), heatmap or masks")
+    g.add_argument("--type", choices=tuple(TYPES), default="encoder", metavar="T",
+                   help="encoder (default), decoder-self or decoder-cross")
     g.add_argument("--layer", type=int, metavar="N", help="layer, from 1 (default: the last)")
     g.add_argument("--heads", metavar="LIST", help="heads, from 1, e.g. 5,6 (default: all)")
-    g.add_argument("--query", metavar="TOKEN|POS",
-                   help="one query token only (as in Figure 3): a position from 1, or a token that occurs once")
+    g.add_argument("--query", metavar="TOKEN|POS", help="one query only: a token or a position")
     g.add_argument("--sentence", type=int, default=1, metavar="N", help="which sentence, from 1 (default 1)")
-    g.add_argument("--layout", choices=("columns", "rows"), default="columns",
-                   help="lines: queries and keys side by side (columns, default) or one above the other, "
-                        "text upright (rows, as the paper prints them)")
-    add_model_args(parser)
+    g.add_argument("--layout", choices=("columns", "rows"), default="columns", metavar="L",
+                   help="lines: columns (default) or rows (the paper's)")
+    g = parser.add_argument_group("model and its translation (when no target is given; Section 6.1)")
+    add_model_args(g)
+    add_search_args(g, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET)
+    add_hardware_args(g, precisions=())
 
 
 def read_input(args: argparse.Namespace) -> tuple[list[str], list[str | None] | None]:
@@ -185,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                                     src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device))
     print(f"{PROG}: model {loaded.description}", file=sys.stderr)
     _, data = attention_data(loaded, sources, targets, beam=args.beam, alpha=args.alpha, greedy=args.greedy,
-                             max_len_offset=args.max_len_offset, max_tokens=args.max_tokens)
+                             max_len_offset=args.max_len_offset, max_tokens=args.max_input_tokens)
     for i, s in enumerate(data["sentences"], start=1):
         print(f"{i} source: {' '.join(s['source'])}")
         print(f"{i} target: {' '.join(s['target'][1:])}   ({s['target_from']})")

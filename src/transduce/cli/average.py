@@ -7,36 +7,33 @@ from pathlib import Path
 
 from ..checkpoint import CHECKPOINTS, average_checkpoints, default_average, guarded, last_checkpoints, save_tensors_as_model
 from ..errors import UsageError
+from .options import epilog
 
-HELP = "average the last K checkpoints of a run (6.1)"
-DESCRIPTION = (
-    "Checkpoint averaging (Section 6.1): \"For the base models, we used a single model obtained by "
-    "averaging the last 5 checkpoints, which were written at 10-minute intervals. For the big models, we "
-    "averaged the last 20 checkpoints.\" Writes a model directory (model.safetensors + config.json); the mean "
-    "is taken in float64 and rounded once. A checkpoint forced off the run's interval (its end) is left out."
+DESCRIPTION = """\
+Average the last K checkpoints of a run into one model directory (Section 6.1: the last
+5 for base, 20 for big), the mean taken in float64 and rounded once.
+details: docs/training.md#averaging"""
+EPILOG = epilog(
+    "transduce average runs/base --last 5            # -> runs/base/avg_last5/",
+    "transduce average runs/big --last 20 -o runs/big/eval-model",
 )
-EPILOG = ("examples:\n  transduce average runs/base --last 5            -> runs/base/avg_last5/\n"
-          "  transduce average runs/big --last 20 --out runs/big/eval-model")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a `transduce train` run directory")
-    parser.add_argument("--last", type=int, metavar="K",
-                        help="average the last K checkpoints (default: the run's train.average_last: 5 base, 20 big)")
-    parser.add_argument("--out", type=Path, metavar="DIR",
-                        help="output model directory, new or empty (default: RUN_DIR/avg_lastK, replaced if there); "
-                             "never RUN_DIR itself or its checkpoints")
-    parser.add_argument("--force", action="store_true",
-                        help="write into a --out DIR that is not empty (its model files are replaced, the rest kept)")
+    g = parser.add_argument_group("arguments")
+    g.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a `transduce train` run directory")
+    g.add_argument("--last", type=int, metavar="K", help="the last K checkpoints (default: the run's, 5 / 20)")
+    g.add_argument("--out", "-o", type=Path, metavar="DIR", help="model directory (default RUN_DIR/avg_lastK)")
+    g.add_argument("--overwrite", "--force", action="store_true", help="write into a DIR that is not empty")
 
 
 MODEL_FILES = {"config.json", "model.safetensors", "checksums.json"}
 """What a model directory written by `average` holds."""
 
 
-def check_out(out: Path, run_dir: Path, force: bool) -> None:
+def check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
     """Refuse an --out where the model files would change what the run is: the run directory
-    (`translate RUN_DIR` would then load them) or its checkpoints; and, without `force`, any
+    (`translate RUN_DIR` would then load them) or its checkpoints; and, without `overwrite`, any
     directory that is not empty (a prepared data directory, another model) but an earlier
     average of the same run in the run directory (`RUN_DIR/avg_lastK`, as a rerun of
     scripts/multi30k.sh writes it again)."""
@@ -44,18 +41,18 @@ def check_out(out: Path, run_dir: Path, force: bool) -> None:
     if o == r or o == r / CHECKPOINTS or r / CHECKPOINTS in o.parents:
         raise UsageError(f"--out {out} is the run directory or one of its checkpoints: write the average into a "
                          f"directory of its own (default: {run_dir / 'avg_lastK'})")
-    if force or not o.is_dir() or not any(o.iterdir()):
+    if overwrite or not o.is_dir() or not any(o.iterdir()):
         return
     if o.parent == r and {p.name for p in o.iterdir()} <= MODEL_FILES:
         return  # an earlier average of this run, beside its checkpoints (RUN_DIR/avg_lastK): replaced
-    raise UsageError(f"--out {out} is not empty: choose a new directory, or --force to write the model files into it")
+    raise UsageError(f"--out {out} is not empty: choose a new directory, or --overwrite to write the model files into it")
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         raise FileNotFoundError(f"{args.run_dir}: no such run directory")
     if args.out is not None:
-        check_out(args.out, args.run_dir, args.force)
+        check_out(args.out, args.run_dir, args.overwrite)
     k = args.last if args.last is not None else (default_average(args.run_dir) or 5)
     paths = last_checkpoints(args.run_dir, k)
     tensors, config = guarded(average_checkpoints, paths)

@@ -1,6 +1,6 @@
-"""Flags shared by `transduce translate` and `transduce evaluate`: which model (and vocabulary)
-to load, the search of Section 6.1 and the batching of the input; and loading the model they
-choose."""
+"""What the commands that decode share once their flags are parsed (the flags themselves are
+`transduce.cli.options`): checking the decoding flags, loading the model they choose, and the
+keyword arguments of the decoding calls."""
 
 from __future__ import annotations
 
@@ -8,93 +8,11 @@ import argparse
 import contextlib
 import math
 import sys
-from pathlib import Path
 
 import torch
 
-from ..device import DEVICES, resolve_device
-from ..precision import DECODING_PRECISIONS
-from ..translate import (
-    DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS,
-    DEFAULT_MAX_LEN_OFFSET, WORKERS_MAX_D_MODEL, LoadedModel, choose_workers, load_translation_model,
-)
-
-
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """Options that choose the model and the vocabulary."""
-    g = parser.add_argument_group("model")
-    g.add_argument("--checkpoint", metavar="NAME|PATH",
-                   help="one checkpoint of the run, unaveraged: step_0100000, 100000, latest, model (the final "
-                        "weights), or a model directory")
-    g.add_argument("--average", type=int, metavar="K",
-                   help="average the last K checkpoints of the run in memory (default for a run directory: the "
-                        "run's train.average_last, as in 6.1: 5 base, 20 big; or all it has, if fewer)")
-    g.add_argument("--vocab", type=Path, metavar="SPM_MODEL", help="shared sentencepiece model (default: found beside the model)")
-    g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
-    g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
-    g.add_argument("--device", default="auto", metavar="NAME", help=f"{DEVICES} (default: auto, CUDA if available)")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads, at least 1 (default: PyTorch's)")
-
-
-def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None = DEFAULT_BEAM, alpha: float | None = DEFAULT_ALPHA,
-                      max_len_offset: int | None = DEFAULT_MAX_LEN_OFFSET, batch_size: int | None = DEFAULT_BATCH_SIZE,
-                      section: str = "6.1", note: str = "") -> None:
-    """Search and batching options, with these defaults (None: chosen later by the task, `note`
-    says how)."""
-    def default(value) -> str:
-        return f"default {value}" if value is not None else f"default: {note}"
-
-    g = parser.add_argument_group(f"search (Section {section})")
-    g.add_argument("--beam", type=int, default=beam, help=f"beam size ({default(beam)})")
-    g.add_argument("--alpha", type=float, default=alpha,
-                   help=f"length penalty ((5+|Y|)/6)^alpha ({default(alpha)})")
-    g.add_argument("--max-len-offset", type=int, default=max_len_offset,
-                   help=f"maximum output length = input length + this ({default(max_len_offset)})")
-    g.add_argument("--greedy", action="store_true", help="greedy decoding (the fast beam-1 path; ignores --beam, --alpha)")
-    add_precision_args(g)
-    g = parser.add_argument_group("batching")
-    g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
-                   help=f"padded source tokens per batch at most (default {DEFAULT_BATCH_TOKENS})")
-    g.add_argument("--batch-size", type=int, default=batch_size,
-                   help=f"sentences per batch at most ({default(batch_size)})")
-    g.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS,
-                   help=f"longer input lines are truncated, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
-    g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES,
-                   help=f"lines read and sorted by length at a time (default {DEFAULT_CHUNK_LINES})")
-    g.add_argument("--workers", type=_workers, default="auto", metavar="W",
-                   help="CPU: decode W batches at once, in W processes forked from this one, the threads divided "
-                        f"among them; auto (default): one per thread for models up to d_model {WORKERS_MAX_D_MODEL} "
-                        "read from a file, else 1 (the choice is printed; docs/speed.md); fewer batches than "
-                        "workers (a short input) are decoded in this process with every thread")
-
-
-def _workers(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected auto or a positive number, not {value!r}")
-    return n
-
-
-def add_precision_args(g) -> None:
-    """--precision (and its short forms --bf16, --int8), for translate, evaluate and serve."""
-    g.add_argument("--precision", choices=DECODING_PRECISIONS, default="auto",
-                   help="auto (default): fp32 or bf16 weights, whichever a short timed probe of a decoding step's "
-                        "products at the model's sizes finds faster (bf16 needs 1.25x; never probed, never chosen "
-                        "where the CPU only emulates bf16); the choice and the measured ratios are printed. "
-                        "auto-int8: the same, int8 also a candidate (taken at 1.1x the better float). fp32; bf16 "
-                        "(warns where the CPU only emulates it); int8 (CPU only, not exact: the decoder's linear layers' "
-                        "weights int8 per output channel, activations quantized on the fly, products through "
-                        "oneDNN's int8 kernels, the source side and the rest in bf16 where the CPU has it "
-                        "natively, else fp32; on a CPU with AMX the output projection alone, where bf16 beats "
-                        "int8 at the decoder's sizes; TRANSDUCE_INT8_LAYERS=decoder|output|all chooses; "
-                        "docs/speed.md). Log-probabilities and scores stay fp32")
-    g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help="the same as --precision bf16")
-    g.add_argument("--int8", action="store_const", const="int8", dest="precision", help="the same as --precision int8")
+from ..device import resolve_device
+from ..translate import LoadedModel, choose_workers, load_translation_model
 
 
 def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
@@ -128,39 +46,18 @@ def check_decoding_args(args: argparse.Namespace) -> None:
 
 
 def load_from_args(args: argparse.Namespace) -> LoadedModel:
-    """The model the model flags choose, in the precision --precision chooses (`args.bf16` is
-    set to whether that is bf16)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    loaded = load_translation_model(
-        args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
-        src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device),
-    )
-    from ..int8 import int8_shapes
-    from ..precision import choose_decoding_precision
+    """The model the model flags choose, in the precision --precision chooses
+    (`transduce.ready.load_for_decoding`); `args.workers` is set to the workers chosen and
+    `args.bf16` to whether the precision is bf16."""
+    from ..ready import load_for_decoding
 
-    mc = loaded.config.model
-    threads = torch.get_num_threads()
+    loaded = load_for_decoding(args.model_path, precision=args.precision, device=args.device, threads=args.threads,
+                               workers=getattr(args, "workers", None), checkpoint=args.checkpoint,
+                               average=args.average, vocab=args.vocab, src_vocab=args.src_vocab,
+                               tgt_vocab=args.tgt_vocab)
     if getattr(args, "workers", None) is not None:  # translate, evaluate, parse
-        args.workers, why = choose_workers(args.workers, next(loaded.model.parameters()).device, threads, mc.d_model)
-        loaded.workers_line = f"workers: {args.workers} x {max(1, threads // args.workers)} thread(s) ({why})"
-    # measured with the threads each worker will decode with (what is fastest changes with them)
-    torch.set_num_threads(max(1, threads // (args.workers if getattr(args, "workers", None) else 1)))
-    try:
-        loaded.precision = choose_decoding_precision(args.precision, next(loaded.model.parameters()).device,
-                                                     d_model=mc.d_model, d_ff=mc.d_ff, vocab=mc.target_vocab_size,
-                                                     shapes=int8_shapes(loaded.model))
-    finally:
-        torch.set_num_threads(threads)
+        args.workers = loaded.workers
     args.bf16 = loaded.precision.precision == "bf16"
-    if args.bf16:
-        loaded.model.to(torch.bfloat16)  # bf16 weights: no per-step casts (faster than autocast)
-    elif loaded.precision.precision == "int8":
-        from ..int8 import quantize_int8
-
-        if loaded.precision.base == "bf16":
-            loaded.model.to(torch.bfloat16)  # what int8 leaves as is runs in bf16
-        quantize_int8(loaded.model, **loaded.precision.int8_options())  # once, here; kernels.apply keeps it
     return loaded
 
 

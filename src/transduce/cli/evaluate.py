@@ -14,55 +14,49 @@ from ..data.datasets import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .common import (
-    add_decoding_args, add_model_args, check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args,
-)
+from .common import check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args
+from .options import add_decoding_args, add_quiet, epilog
 
-HELP = "BLEU in every convention: sacreBLEU, chrF, the paper's, Multi30k's; parses: EVALB F1"
-DESCRIPTION = evaluate.__doc__
+DESCRIPTION = """\
+Score --hyp FILE, or MODEL's translations of --input: BLEU in every convention
+(sacreBLEU, chrF, the paper's, Multi30k's), or parses with EVALB (Section 6.3).
+details: docs/evaluation.md"""
+EPILOG = epilog(
+    "transduce evaluate --hyp hyp.de --dataset wmt14-en-de --src en --tgt de",
+    "transduce evaluate runs/base -i test.en --ref test.de --tgt de -o hyp.de",
+)
 PROG = "transduce evaluate"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce evaluate`."""
-    parser.add_argument("model_path", type=Path, nargs="?", metavar="MODEL",
-                        help="translate the source with this run directory or model directory (instead of --hyp)")
-    g = parser.add_argument_group("what to score")
-    g.add_argument("--hyp", type=Path, metavar="FILE", help="translations to score (detokenized, one per line)")
-    g.add_argument("--ref", type=Path, metavar="FILE", help="reference translations (detokenized, cased)")
-    g.add_argument("--src-file", type=Path, metavar="FILE", help="source sentences for MODEL to translate")
-    g.add_argument("--tok-ref", type=Path, metavar="FILE",
-                   help="lowercased, normalized, Moses-tokenized reference (the Multi30k convention; "
-                        "automatic with --dataset multi30k)")
-    g.add_argument("--dataset", choices=sorted(DATASETS), help="a registered test set instead of --ref/--src-file")
-    g.add_argument("--split", help="its split (default: the dataset's main test set, e.g. newstest2014, test_2016_flickr)")
-    g.add_argument("--variant", default="raw", choices=["raw", "tok"],
-                   help="with --dataset multi30k: raw (cased text; default) or tok (lowercased, tokenized: for a "
-                        "model trained on `prepare --variant tok`)")
-    g.add_argument("--src", help="source language (with --dataset)")
-    g.add_argument("--tgt", help="target language: picks the dataset side and the Moses tokenizer's -l (required)")
-    g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR or ../shared/data)")
-    g = parser.add_argument_group("scoring and output")
     from sacrebleu.metrics import BLEU
 
+    g = parser.add_argument_group("what to score")
+    g.add_argument("model_path", type=Path, nargs="?", metavar="MODEL", help="translate --input with this model")
+    g.add_argument("--hyp", type=Path, metavar="FILE", help="translations to score (instead of MODEL)")
+    g.add_argument("--ref", type=Path, metavar="FILE", help="references (detokenized, cased)")
+    g.add_argument("--input", "-i", "--src-file", type=Path, metavar="FILE", help="source sentences, for MODEL")
+    g.add_argument("--tok-ref", type=Path, metavar="FILE", help="Multi30k's lowercased tokenized references")
+    g.add_argument("--dataset", choices=sorted(DATASETS), metavar="NAME",
+                   help="a registered test set instead of --ref, --input")
+    g.add_argument("--split", help="its split (default: its main test set)")
+    g.add_argument("--variant", default="raw", choices=["raw", "tok"], metavar="V",
+                   help="multi30k: raw (default) or tok (lowercased)")
+    g.add_argument("--src", metavar="LANG", help="source language (with --dataset)")
+    g.add_argument("--tgt", metavar="LANG", help="target language (required for BLEU)")
+    g.add_argument("--data-dir", metavar="DIR", help="datasets' mirror (default $TRANSDUCE_DATA_DIR)")
+    g = parser.add_argument_group("scoring and output")
     g.add_argument("--sacrebleu-tokenize", default="13a", choices=list(BLEU.TOKENIZERS), metavar="NAME",
-                   help=f"sacreBLEU's tokenizer: {', '.join(BLEU.TOKENIZERS)} (default 13a, its standard)")
-    g.add_argument("--json", nargs="?", const="-", metavar="FILE",
-                   help="write the report as JSON to FILE, after the table (or to stdout, without the table, when no "
-                        "FILE is given)")
-    g.add_argument("--save-hyp", type=Path, metavar="FILE", help="write the translations (or trees) MODEL produced")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    g = parser.add_argument_group("parsing (Section 6.3): automatic with a treebank (--dataset ptb-wsj --split 22|23) "
-                                  "or a parsing MODEL")
-    g.add_argument("--trees", action="store_true",
-                   help="--hyp and --ref are bracketed trees, one per line: score them with EVALB")
-    g.add_argument("--evalb-params", type=Path, metavar="PRM", help="an EVALB parameter file (default: COLLINS.prm's settings)")
-    g.add_argument("--constrained", action="store_true",
-                   help="MODEL decodes with a beam search that only produces well-formed trees (not in the paper)")
-    add_model_args(parser)
-    add_decoding_args(parser, beam=None, alpha=None, max_len_offset=None, batch_size=None,
-                      note="the task's (translation 6.1: beam 4, alpha 0.6, input + 50, 128 sentences a batch; "
-                           "parsing 6.3: beam 21, alpha 0.3, input + 300, 16 sentences)")
+                   help="sacreBLEU's tokenizer (default 13a)")
+    g.add_argument("--json", nargs="?", const="-", metavar="FILE", help="the report as JSON (no FILE: stdout)")
+    g.add_argument("--out", "-o", "--save-hyp", type=Path, metavar="FILE", help="write MODEL's translations")
+    add_quiet(g)
+    g.add_argument("--trees", action="store_true", help="--hyp and --ref are trees: EVALB (6.3)")
+    g.add_argument("--evalb-params", type=Path, metavar="PRM", help="EVALB parameters (default COLLINS.prm)")
+    g.add_argument("--constrained", action="store_true", help="MODEL's beam only makes trees (not the paper)")
+    add_decoding_args(parser, beam=None, alpha=None, max_len_offset=None, batch_size=None, note="the task's",
+                      section="6.1; parsing 6.3")
 
 
 def is_parsing(args: argparse.Namespace) -> bool:
@@ -111,12 +105,12 @@ def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Pa
     report: dict = {"tgt_lang": args.tgt, "src_lang": args.src}
     if args.model_path is not None:
         check_direction(Path(args.model_path), args.src, args.tgt)
-    src_path, ref_path, tok_ref_path = args.src_file, args.ref, args.tok_ref
+    src_path, ref_path, tok_ref_path = args.input, args.ref, args.tok_ref
     if args.dataset:
         from ..data.datasets import fetch, get_dataset
 
-        if args.ref or args.src_file:
-            raise ValueError("give --dataset or --ref/--src-file, not both")
+        if args.ref or args.input:
+            raise ValueError("give --dataset or --ref/--input, not both")
         info = get_dataset(args.dataset)
         split = args.split or info.tests[0]
         if args.variant not in info.variants:
@@ -139,14 +133,14 @@ def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Pa
 
 
 def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: Path, n_refs: int, report: dict) -> list[str]:
-    """MODEL's translations of the source (saved to --save-hyp if given); what was loaded and
+    """MODEL's translations of the source (saved to --out if given); what was loaded and
     how it decoded goes into `report`."""
     from tqdm import tqdm
 
     from ..translate import translate_lines
 
     if src_path is None:
-        raise ValueError("give --src-file FILE (or --dataset with --src) for MODEL to translate")
+        raise ValueError("give --input FILE (or --dataset with --src) for MODEL to translate")
     check_decoding_args(args)
     srcs = _read(src_path)
     if len(srcs) != n_refs:
@@ -165,15 +159,15 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
                           "max_len_offset": args.max_len_offset, "bf16": args.bf16,
                           "precision": loaded.precision.precision, "workers": args.workers}
-    if args.save_hyp:
-        write_output(args.save_hyp, hyps)
+    if args.out:
+        write_output(args.out, hyps)
     return hyps
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Before any work: --save-hyp and --json FILE can be written (`check_output`: their
+    """Before any work: --out and --json FILE can be written (`check_output`: their
     directory exists and can be written to, they are not directories), or one line naming them."""
-    for path in (args.save_hyp, args.json):
+    for path in (args.out, args.json):
         check_output(path)
 
 
@@ -304,8 +298,8 @@ def run_parsing(args: argparse.Namespace) -> int:
         report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
                               "max_len_offset": args.max_len_offset, "constrained": args.constrained,
                               "precision": loaded.precision.precision, "workers": args.workers}
-        if args.save_hyp:
-            write_output(args.save_hyp, list(tree_lines(p.tree for p in parses)))
+        if args.out:
+            write_output(args.out, list(tree_lines(p.tree for p in parses)))
     report["n_sentences"] = len(gold)
     report["scores"] = scores.as_dict()
     if args.json == "-":

@@ -3,94 +3,82 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
 from .. import experiments
 from ..errors import UsageError
 from ..train.signals import EXIT_INTERRUPTED
+from .options import add_hardware_args, add_quiet, epilog
 
-HELP = "Table 3's variants (and Table 2's cost) as one rerunnable experiment"
-DESCRIPTION = experiments.__doc__
-EPILOG = f"""\
-variants (Table 3's rows, top to bottom; any other preset name works too):
-  {', '.join(experiments.TABLE3)}
+DESCRIPTION = """\
+Table 3's variants (and Table 2's cost) as one rerunnable experiment: each variant a
+`transduce train` run in --out, then dev perplexity, dev BLEU, FLOPs, MFU; a table and a
+plot. Run it again to resume; another recipe in the same --out is refused.
+details: docs/experiments.md"""
+EPILOG = epilog(
+    "transduce experiment --data data/m30k --out exp/t3 --max-steps 2000 \\",
+    "    --update-tokens 2048 --warmup 600 --scale 0.25 --variants base,A1,B1,C1",
+    "transduce experiment --data data/wmt14 -o exp/t3 --max-steps 100000 --dry-run",
+) + f"""
 
-examples:
-  transduce experiment --data data/m30k --out exp/t3 --updates 2000 --max-tokens 2048 --warmup 600 \\
-      --lr-scale 0.4 --scale 0.25 --variants base,A1,B1,C1,D1,E
-  transduce experiment --data data/wmt14-en-de --out exp/t3-full --updates 100000 --dry-run --nproc 8
+exit status: 0 done; 2 bad input; {EXIT_INTERRUPTED} a run stopped by a signal: run it again"""
 
-Running the same command again skips the variants that are done and resumes the one that was
-interrupted; another recipe in the same --out is refused (nothing trained is lost or overwritten).
-exit status: 0 done; 2 bad input; {EXIT_INTERRUPTED} a run was stopped by a signal after its checkpoint
-(run the command again to continue)."""
+RENAMED = {"--updates": "--max-steps", "--max-tokens": "--update-tokens", "--save-every": "--save-every-steps"}
+"""The recipe's old flag names, as `experiments.Recipe` still says them: the names of the vocabulary."""
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("input and output")
-    g.add_argument("--data", type=Path, required=True, metavar="DIR",
-                   help="a `transduce prepare` output directory with a validation split (the development set)")
-    g.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="the experiment's directory: runs/NAME per variant, table.md/.csv/.json/.png")
-    g.add_argument("--variants", default=",".join(experiments.TABLE3), metavar="LIST",
-                   help="comma-separated variants (default: every row of Table 3)")
+    from ..precision import PRECISIONS
 
-    g = parser.add_argument_group("the recipe every variant shares (in updates, never minutes)")
-    g.add_argument("--updates", type=int, required=True, metavar="N",
-                   help="optimizer steps of base (the paper: 100000); big trains 3x as long, as in 5.2")
-    g.add_argument("--max-tokens", type=int, default=25000, metavar="N",
-                   help="tokens per update, each side (default 25000, 5.1)")
+    g = parser.add_argument_group("input and output")
+    g.add_argument("--data", type=Path, required=True, metavar="DIR", help="`transduce prepare` output, with valid")
+    g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the experiment's directory")
+    g.add_argument("--variants", default=",".join(experiments.TABLE3), metavar="LIST",
+                   help="Table 3's rows or presets (default: all of Table 3)")
+
+    g = parser.add_argument_group("the recipe every variant shares (in steps, never minutes)")
+    g.add_argument("--max-steps", "--updates", type=int, required=True, metavar="N",
+                   help="optimizer steps of base (the paper 100000; big 3x)")
+    g.add_argument("--update-tokens", "--max-tokens", type=int, default=25000, metavar="N",
+                   help="tokens per optimizer update, each side (default 25000)")
     g.add_argument("--warmup", type=int, default=4000, metavar="N", help="warmup_steps of equation 3 (default 4000)")
     g.add_argument("--lr-scale", type=float, default=1.0, metavar="X", help="factor on equation 3 (default 1.0)")
     g.add_argument("--cooldown", type=float, default=0.0, metavar="F",
-                   help="not in the paper: decay the rate linearly to 0 over the last fraction F (default 0)")
-    g.add_argument("--save-every", type=int, default=0, metavar="N",
-                   help="updates between checkpoints (default: updates / 72, the paper's 10 minutes of 12 hours)")
+                   help="not the paper: decay to 0 over the last F (default 0)")
+    g.add_argument("--save-every-steps", "--save-every", type=int, default=0, metavar="N",
+                   help="checkpoint interval (default: steps / 72, as 6.1)")
     g.add_argument("--seed", type=int, default=1, help="training seed (default 1)")
-    g.add_argument("--scale", type=float, default=1.0, metavar="X",
-                   help="widths (d_model, d_ff, d_k, d_v) times X, for a smaller machine (default 1: the paper's)")
-    g.add_argument("--depth-scale", type=float, metavar="X", help="layers (N) times X, rounded (default: --scale, but at least 0.5, "
-                   "so that Table 3's N = 2, 4, 6, 8 stay four depths; two variants that would become the same "
-                   "model are refused)")
+    g.add_argument("--scale", type=float, default=1.0, metavar="X", help="widths times X (default 1: the paper's)")
+    g.add_argument("--depth-scale", type=float, metavar="X", help="layers times X (default: --scale, >= 0.5)")
 
-    g = parser.add_argument_group("measuring")
-    g.add_argument("--average", action="store_true",
-                   help="measure the average of the last checkpoints (6.1: 5, big 20) instead of the final model "
-                        "(6.2: Table 3 used no checkpoint averaging)")
-    g.add_argument("--peak-tflops", type=float, metavar="X",
-                   help="the peak TFLOP/s of one device in the training precision, for MFU (default: measured here, "
-                        "the best 2048^3 matmul)")
-
-    g = parser.add_argument_group("where the runs train")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-    g.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16", "fp16"),
-                   help="training precision (default auto: bf16 where native and faster); decoding uses the same")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads (default: all cores)")
+    g = parser.add_argument_group("measuring, and where the runs train")
+    g.add_argument("--average", action="store_true", help="measure averaged checkpoints (not Table 3's way)")
+    g.add_argument("--peak-tflops", type=float, metavar="X", help="a device's peak, for MFU (default: measured)")
+    add_hardware_args(g, precisions=PRECISIONS, training=True)
     g.add_argument("--update-freq", type=int, default=1, metavar="K", help="micro-batches per update (default 1)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-    g = parser.add_argument_group("beyond one machine")
-    g.add_argument("--dry-run", action="store_true",
-                   help="print each variant's `transduce train` command (torchrun with --nproc > 1) and stop")
-    g.add_argument("--nproc", type=int, default=1, metavar="N", help="processes (GPUs) per run, for --dry-run and --slurm")
-    g.add_argument("--slurm", action="store_true",
-                   help="submit each variant not yet trained as a Slurm job (submitit: pip install 'transduce[slurm]'); "
-                        "then run the same command without --slurm to measure and write the table")
+    add_quiet(g, "no progress bars")
+    g.add_argument("--dry-run", action="store_true", help="print each variant's train command and stop")
+    g.add_argument("--nproc", type=int, default=1, metavar="N", help="processes per run (--dry-run, --slurm)")
+    g.add_argument("--slurm", action="store_true", help="submit each variant as a Slurm job")
     g.add_argument("--slurm-partition", metavar="NAME", help="Slurm partition")
-    g.add_argument("--slurm-minutes", type=int, default=24 * 60, metavar="M", help="time limit of each job (default 1440)")
+    g.add_argument("--slurm-minutes", type=int, default=24 * 60, metavar="M", help="job time limit (default 1440)")
     g.add_argument("--slurm-cpus", type=int, metavar="N", help="CPUs per job")
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = experiments.Recipe(
-        updates=args.updates, max_tokens=args.max_tokens, warmup=args.warmup, lr_scale=args.lr_scale,
-        cooldown=args.cooldown, save_every=args.save_every, seed=args.seed, scale=args.scale,
-        depth_scale=args.depth_scale,
-    )
+    try:
+        recipe = experiments.Recipe(
+            updates=args.max_steps, max_tokens=args.update_tokens, warmup=args.warmup, lr_scale=args.lr_scale,
+            cooldown=args.cooldown, save_every=args.save_every_steps, seed=args.seed, scale=args.scale,
+            depth_scale=args.depth_scale,
+        )
+    except UsageError as e:  # said with the recipe's field names: say the flags'
+        raise UsageError(re.sub(r"--(updates|max-tokens|save-every)\b(?!-)", lambda m: RENAMED[m.group(0)], str(e))) from None
     machine = experiments.Machine(device=args.device, precision=args.precision, threads=args.threads,
                                   update_freq=args.update_freq, nproc=args.nproc,
-                                  progress=not args.no_progress and sys.stderr.isatty())
+                                  progress=not args.quiet and sys.stderr.isatty())
     if args.nproc < 1 or args.update_freq < 1 or (args.threads is not None and args.threads < 1):
         raise UsageError("--nproc, --update-freq and --threads must be at least 1")
     if args.nproc > 1 and not (args.dry_run or args.slurm):

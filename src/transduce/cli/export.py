@@ -1,33 +1,8 @@
 """`transduce export`: a trained model as a CTranslate2 or Hugging Face MarianMT directory, or a
 MarianMT directory back as a transduce model directory.
 
-    transduce export ct2 runs/m30k -o m30k-ct2                       # float32, exact
-    transduce export ct2 runs/m30k -o m30k-ct2-int8 --quantization int8
-    transduce export marian runs/m30k -o m30k-marian                 # MarianMTModel + MarianTokenizer
-    transduce export from-marian m30k-marian -o m30k-back            # a transduce model directory
-
-MODEL is what `transduce translate` takes (a run directory: the average of its last checkpoints;
-a model directory, with its vocabulary found beside it or given with --vocab).
-
-ct2: a CTranslate2 model directory (model.bin, vocabulary, config) written through
-`ctranslate2.specs.TransformerSpec` by transduce's own converter, with the paper's interleaved
-sinusoids as an explicit position table (CTranslate2's own table puts sin and cos in halves), the
-sentencepiece model(s) and transduce.json beside it. Run it with `transduce translate --engine ct2
-DIR` or `transduce serve --engine ct2 DIR`, or with ctranslate2.Translator directly (sources as
-sentencepiece pieces; it adds the EOS). Note that CTranslate2's own beam search divides by
-|Y|^alpha, not the paper's ((5+|Y|)/6)^alpha: see docs/export.md.
-
-marian: a directory that `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained`
-load offline. Marian puts the sinusoids' sin and cos in two halves; the export permutes the hidden
-dimension of every weight so that the model computes the same function. Post-norm, sinusoidal
-models with d_k = d_v = d_model / h only (what Marian can express).
-
-from-marian: the inverse (bitwise identical after a round trip); writes model.safetensors +
-config.json and the vocabulary (spm.model, or data.json with spm.src.model and spm.tgt.model).
-MODEL must be a MarianMT directory (config.json with model_type "marian", source.spm, target.spm,
-vocab.json); anything else is refused in one line saying what it is.
-
-Needs `pip install 'transduce[ct2]'` (ctranslate2) or `pip install 'transduce[hf]'` (transformers).
+The flags and one call into `transduce.export.ct2.export_ct2`, `transduce.export.marian.export_marian`
+or `import_marian`; what each format holds and where it differs from transduce: docs/export.md.
 """
 
 from __future__ import annotations
@@ -37,30 +12,32 @@ import json
 import shutil
 from pathlib import Path
 
-HELP = "export a model to CTranslate2 or Hugging Face MarianMT (and import MarianMT back)"
-DESCRIPTION = __doc__
+from .options import add_model_args, epilog
+
+DESCRIPTION = """\
+Write MODEL (a run directory, averaged as translate loads it, or a model directory) as
+a CTranslate2 directory (ct2) or a Hugging Face MarianMT one (marian); from-marian reads
+a MarianMT directory back. Needs 'transduce[ct2]' or 'transduce[hf]'.
+details: docs/export.md"""
+EPILOG = epilog(
+    "transduce export ct2 runs/m30k -o m30k-ct2 --quantization int8",
+    "transduce export marian runs/m30k -o m30k-marian",
+    "transduce export from-marian m30k-marian -o m30k-back",
+)
 FORMATS = ("ct2", "marian", "from-marian")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("format", choices=FORMATS, metavar="FORMAT",
-                        help="ct2 (CTranslate2), marian (Hugging Face MarianMT) or from-marian (MarianMT -> transduce)")
-    parser.add_argument("model_path", type=Path, metavar="MODEL",
-                        help="a run directory or model directory (for from-marian: a MarianMT directory)")
-    parser.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the directory to write")
-    parser.add_argument("--force", action="store_true", help="replace DIR if it exists (refused where DIR is or holds the model or vocabulary being exported)")
-    parser.add_argument("--quantization", choices=("float32", "int8", "int8_float32"),
-                        help="ct2 only: weight type (default float32: exact; int8: int8 weights and products where "
-                             "the CPU has them; int8_float32: int8 weights, float32 products)")
-    parser.add_argument("--max-positions", type=int, metavar="N",
-                        help="rows of the position table (ct2 default 1536; marian default 1024): the longest "
-                             "source (with EOS) and the longest output")
-    g = parser.add_argument_group("model", "ct2 and marian only (from-marian reads one MarianMT directory)")
-    g.add_argument("--checkpoint", metavar="NAME|PATH", help="one checkpoint of the run, unaveraged")
-    g.add_argument("--average", type=int, metavar="K", help="average the last K checkpoints of the run")
-    g.add_argument("--vocab", type=Path, metavar="SPM_MODEL", help="shared sentencepiece model (default: found beside the model)")
-    g.add_argument("--src-vocab", type=Path, metavar="SPM_MODEL", help="separate source vocabulary")
-    g.add_argument("--tgt-vocab", type=Path, metavar="SPM_MODEL", help="separate target vocabulary")
+    g = parser.add_argument_group("arguments")
+    g.add_argument("format", choices=FORMATS, metavar="FORMAT", help="ct2, marian or from-marian")
+    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model dir (from-marian: a MarianMT dir)")
+    g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the directory to write")
+    g.add_argument("--overwrite", "--force", action="store_true", help="replace DIR (never MODEL or its vocabulary)")
+    g.add_argument("--quantization", choices=("float32", "int8", "int8_float32"), metavar="Q",
+                   help="ct2: float32 (default, exact), int8, int8_float32")
+    g.add_argument("--max-positions", type=int, metavar="N", help="position table rows (default ct2 1536, marian 1024)")
+    g = parser.add_argument_group("model (ct2 and marian)")
+    add_model_args(g)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
         from ..errors import UsageError
 
         raise UsageError(f"--out {args.out}: name the new directory to write (not . or ..)")
-    if args.out.exists() and not args.force:
-        raise FileExistsError(f"{args.out}: exists (use --force to replace it)")
+    if args.out.exists() and not args.overwrite:
+        raise FileExistsError(f"{args.out}: exists (use --overwrite to replace it)")
     _check_not_replacing_inputs(args)
     if args.format == "from-marian":
         require("transformers", "from-marian")
@@ -88,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         from ..export.ct2 import export_ct2
 
         out = export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, args.out,
-                         quantization=args.quantization or "float32", max_positions=args.max_positions, force=args.force,
+                         quantization=args.quantization or "float32", max_positions=args.max_positions, force=args.overwrite,
                          description=loaded.description)
         print(f"wrote {out}: CTranslate2 ({args.quantization or 'float32'}) of {loaded.description}")
     else:
@@ -96,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
         _quiet_transformers()
         out = export_marian(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, args.out,
-                            max_positions=args.max_positions or DEFAULT_MAX_POSITIONS, force=args.force,
+                            max_positions=args.max_positions or DEFAULT_MAX_POSITIONS, force=args.overwrite,
                             description=loaded.description)
         print(f"wrote {out}: MarianMT of {loaded.description}")
     return 0
@@ -117,7 +94,7 @@ def _check_options_apply(args: argparse.Namespace) -> None:
 
 
 def _check_not_replacing_inputs(args: argparse.Namespace) -> None:
-    """`--force` replaces --out whole: refuse where --out is (or holds) the model being exported
+    """`--overwrite` replaces --out whole: refuse where --out is (or holds) the model being exported
     (a run directory's model/ and checkpoints/ included) or its vocabulary, which the replacement
     would delete."""
     from ..errors import UsageError
@@ -130,7 +107,7 @@ def _check_not_replacing_inputs(args: argparse.Namespace) -> None:
               ("--src-vocab", args.src_vocab), ("--tgt-vocab", args.tgt_vocab)]
     for name, path in inputs:
         if path is not None and path.exists() and (out == path.resolve() or out in path.resolve().parents):
-            raise UsageError(f"--out {args.out}: is or holds {name} {path}, which --force would delete; write the "
+            raise UsageError(f"--out {args.out}: is or holds {name} {path}, which --overwrite would delete; write the "
                              f"export elsewhere")
 
 

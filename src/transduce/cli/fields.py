@@ -1,10 +1,11 @@
 """Flags derived from dataclass fields, so that an option is declared once, on its field.
 
-`add_field_flags` adds one flag per field: `--max-tokens` for `max_tokens`, of the field's type
+`add_field_flags` adds one flag per field: `--keep-last` for `keep_last`, of the field's type
 (`int | None` gives int) and default; the field's metadata holds the rest of what argparse
 takes (help, metavar, choices). A boolean field that is off by default is a `--NAME` switch;
 one that is on by default is turned off by `--no-NAME`. `from_args` builds the dataclass back
-from the parsed flags.
+from the parsed flags. A command may give a field another name (train's `--batch-tokens` for
+`max_tokens`, the project's one name for the concept) and a one-line help.
 """
 
 from __future__ import annotations
@@ -26,23 +27,31 @@ def field_type(cls: type, name: str) -> type:
     return args[0] if len(args) == 1 else hint
 
 
-def add_field_flag(parser, cls: type, f: dataclasses.Field) -> None:
-    """The flag of one field of dataclass `cls` (`parser` may be an argument group)."""
+def add_field_flag(parser, cls: type, f: dataclasses.Field, names: tuple[str, ...] = (), help: str | None = None) -> None:
+    """The flag of one field of dataclass `cls` (`parser` may be an argument group); `names`, if
+    given, are its option strings instead of the field's (the first the one shown), `help` its
+    help instead of the metadata's."""
     kwargs = dict(f.metadata)
+    if help is not None:
+        kwargs["help"] = help
     if field_type(cls, f.name) is bool:
         if f.default:
-            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", **kwargs)
+            parser.add_argument(*(names or ["--no-" + f.name.replace("_", "-")]), dest=f.name, action="store_false",
+                                **kwargs)
         else:
-            parser.add_argument(flag(f.name), action="store_true", **kwargs)
+            parser.add_argument(*(names or [flag(f.name)]), dest=f.name, action="store_true", **kwargs)
         return
-    parser.add_argument(flag(f.name), type=field_type(cls, f.name), default=f.default, **kwargs)
+    parser.add_argument(*(names or [flag(f.name)]), dest=f.name, type=field_type(cls, f.name), default=f.default,
+                        **kwargs)
 
 
-def add_field_flags(parser, cls: type, names: typing.Iterable[str] | None = None) -> None:
-    """Flags for the fields `names` of dataclass `cls` (default: all of them), in that order."""
+def add_field_flags(parser, cls: type, names: typing.Iterable[str] | None = None,
+                    flags: dict[str, tuple[str, ...]] | None = None, helps: dict[str, str] | None = None) -> None:
+    """Flags for the fields `names` of dataclass `cls` (default: all of them), in that order;
+    `flags` and `helps` give a field other option strings or another help (`add_field_flag`)."""
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     for name in by_name if names is None else names:
-        add_field_flag(parser, cls, by_name[name])
+        add_field_flag(parser, cls, by_name[name], (flags or {}).get(name, ()), (helps or {}).get(name))
 
 
 def from_args(cls: type, args: argparse.Namespace):

@@ -5,29 +5,31 @@ from __future__ import annotations
 import argparse
 
 from ..config import PRESETS, TABLE3_PARAMS_M, Config, apply_overrides, get_preset
+from .options import epilog
 from ..errors import UsageError
 
-HELP = "show a preset's configuration and parameter count"
 DESCRIPTION = """\
-Print a preset's model and training configuration and its parameter count. Presets: the paper's
-base and big, and every row of Table 3 (table3-A1 ... table3-E)."""
+Print a preset's model and training configuration and its parameter count, or with
+--all a table of every preset (the paper's base and big, every row of Table 3, ...).
+details: docs/cli.md#info"""
+EPILOG = epilog(
+    "transduce info --preset big",
+    "transduce info --all --vocab-size 8000",
+    "transduce info --preset multi30k --data data/m30k --set model.n_layers=3",
+)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="base", choices=sorted(PRESETS), metavar="NAME",
-                        help="preset name (default: base); one of: " + ", ".join(PRESETS))
-    parser.add_argument("--vocab-size", type=int, default=None,
-                        help="source vocabulary size, shared with the target unless --tgt-vocab-size is given "
-                             "(default: the preset's, 37000 as in the paper's WMT En-De)")
-    parser.add_argument("--tgt-vocab-size", type=int, default=None,
-                        help="a separate target vocabulary of this size (embeddings then not shared), e.g. a "
-                             "parser's tree symbols")
-    parser.add_argument("--data", metavar="DIR",
-                        help="take both vocabulary sizes from data prepared by `transduce prepare` (what "
-                             "`transduce train --data DIR` would build)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="override a field, e.g. --set model.n_layers=3 (repeatable)")
-    parser.add_argument("--all", action="store_true", help="print a table of every preset's parameter count")
+    g = parser.add_argument_group("arguments")
+    g.add_argument("--preset", default="base", metavar="NAME", help="a preset (default base; --all lists them)")
+    g.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                   help="source vocabulary, shared (default: the preset's)")
+    g.add_argument("--tgt-vocab-size", type=int, default=None, metavar="N",
+                   help="a separate target vocabulary (default: shared)")
+    g.add_argument("--data", metavar="DIR", help="both sizes from `transduce prepare` output")
+    g.add_argument("--set", action="append", default=[], metavar="S.F=V",
+                   help="override a field, e.g. model.n_layers=3")
+    g.add_argument("--all", action="store_true", help="a table of every preset's parameters")
 
 
 def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:

@@ -1,25 +1,7 @@
 """`transduce parse`: English sentences in, constituency trees out, line for line (Section 6.3).
 
-    echo "The cat sat on the mat." | transduce parse runs/wsj
-    transduce parse runs/wsj --input sentences.txt --output trees.txt --svg pictures/
-    transduce parse runs/wsj --tokenized < ptb_tokens.txt
-
-MODEL is a run directory or model directory trained on a treebank (`transduce prepare --dataset
-ptb-wsj`, then `transduce train`), as for `transduce translate`. Each input line is one
-sentence of raw English, tokenized the Penn Treebank way (`transduce.parsing.tokenize`; with
-`--tokenized`, split on spaces as it is, but for brackets, written as in the treebank: ``(`` as
-``-LRB-``). Each output line is its tree, bracketed on one line,
-``(TOP (S (NP (XX The) (XX cat)) ...))``, holding exactly the sentence's tokens; an empty line
-gives an empty line. The model's output is repaired into a tree where it is not one (the count
-of repairs is reported at the end), or, with `--constrained`, the beam search can produce only
-well-formed trees (not in the paper).
-
-Part-of-speech tags: a model prepared with `--keep-tags` predicts them, and they are printed; a
-model trained on the paper's XX sequences (the default) does not, and its trees carry XX
-(no tagger is run: a note says so).
-
-Decoding is the paper's for parsing: beam 21, alpha 0.3, maximum output length input + 300.
-`--svg DIR` also draws each tree, DIR/LINE.svg (LINE from 1), for a person to look at.
+The flags and one call into `transduce.parsing.parse.parse_stream`; what the command does for
+the user (tokenization, repairs, tags, --svg): docs/parsing.md.
 """
 
 from __future__ import annotations
@@ -32,31 +14,31 @@ from ..data.text import iter_lines, open_text
 from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
 from ..checkpoint.files import AtomicOutput, check_output
-from .common import (
-    add_decoding_args, add_model_args, check_decoding_args, decoding_options, exit_on_sigterm, load_from_args,
-)
+from .common import check_decoding_args, decoding_options, exit_on_sigterm, load_from_args
+from .options import add_decoding_args, add_quiet, epilog
 
-HELP = "parse English sentences into constituency trees, line for line: beam 21, alpha 0.3, input + 300 (6.3)"
-DESCRIPTION = __doc__
+DESCRIPTION = """\
+Parse raw English (or --tokenized PTB tokens), one sentence per line, into bracketed
+trees, one per line: beam 21, alpha 0.3, input + 300 (Section 6.3). MODEL: a run or
+model directory trained on a treebank (`prepare --dataset ptb-wsj`).
+details: docs/parsing.md"""
+EPILOG = epilog(
+    'echo "The cat sat on the mat." | transduce parse runs/wsj',
+    "transduce parse runs/wsj -i sentences.txt -o trees.txt --svg pictures/",
+)
 PROG = "transduce parse"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce parse`."""
-    parser.add_argument("model_path", type=Path, metavar="MODEL",
-                        help="a run directory or model directory trained on a treebank")
     g = parser.add_argument_group("input and output")
-    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, one per line, plain or .gz (default: stdin)")
-    g.add_argument("--output", "-o", type=Path, metavar="FILE",
-                   help="trees, one per line (default: stdout); written atomically, gzip if FILE ends in .gz")
-    g.add_argument("--tokenized", action="store_true",
-                   help="the input is Penn Treebank tokens separated by spaces; brackets become -LRB- -RRB- etc. "
-                        "(default: raw English, tokenized here)")
+    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model directory trained on a treebank")
+    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, plain or .gz (default: stdin)")
+    g.add_argument("--out", "-o", "--output", type=Path, metavar="FILE", help="trees (default: stdout; .gz: gzip)")
+    g.add_argument("--tokenized", action="store_true", help="the input is PTB tokens (default: raw English)")
     g.add_argument("--svg", type=Path, metavar="DIR", help="also draw each tree as DIR/LINE.svg")
-    g.add_argument("--constrained", action="store_true",
-                   help="beam search that only produces well-formed trees (not in the paper; default: repair afterwards)")
-    g.add_argument("--quiet", "-q", action="store_true", help="no notes (warnings still shown)")
-    add_model_args(parser)
+    g.add_argument("--constrained", action="store_true", help="beam search of trees only (not the paper)")
+    add_quiet(g, "no notes (warnings still shown)")
     add_decoding_args(parser, beam=parsing.DEFAULT_BEAM, alpha=parsing.DEFAULT_ALPHA,
                       max_len_offset=parsing.DEFAULT_MAX_LEN_OFFSET, batch_size=parsing.DEFAULT_BATCH_SIZE, section="6.3")
 
@@ -69,7 +51,7 @@ def check_parsing_model(model_path: Path, metadata: dict | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Parse --input (or stdin) into --output (or stdout). An error, Ctrl-C or SIGTERM leaves no
+    """Parse --input (or stdin) into --out (or stdout). An error, Ctrl-C or SIGTERM leaves no
     output file (nor changes the one there)."""
     with exit_on_sigterm(PROG):
         return _parse(args)
@@ -87,7 +69,7 @@ def _parse(args: argparse.Namespace) -> int:
         tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)
 
     check_decoding_args(args)
-    check_output(args.output)  # before the model loads: a path that cannot be written, named
+    check_output(args.out)  # before the model loads: a path that cannot be written, named
     p = args.model_path  # its data.json, in it or in the run directory above: checked before the model loads
     if (meta := _find_metadata([p, p.parent, p.parent.parent])) is not None:
         check_parsing_model(p, meta)
@@ -115,8 +97,8 @@ def _parse(args: argparse.Namespace) -> int:
                       "predicts them.", file=sys.stderr)
         if loaded.precision.warning:
             warn(loaded.precision.warning)
-        if args.output is not None and str(args.output) != "-":
-            out = AtomicOutput(args.output)
+        if args.out is not None and str(args.out) != "-":
+            out = AtomicOutput(args.out)
             write, flush = out.write, lambda: None
         else:
             write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush

@@ -12,62 +12,60 @@ from ..data.prepare import Split, check_output_dir, dataset_splits, print_report
 from ..data.text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO
 from ..data.vocab import DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE
 from ..errors import UsageError
+from .options import add_quiet, epilog
 from ..parsing.data import MAX_LEN as TREE_MAX_LEN, PAPER_VOCAB_SIZE, dataset_tree_splits, prepare_treebank
 
-HELP = "learn a BPE vocabulary and binarize parallel text (or a treebank, for parsing)"
-DESCRIPTION = prepare.__doc__ + """
-Treebanks (parsing, Section 6.3): `--dataset ptb-wsj` or `--train-trees/--valid-trees/--test-trees`;
-each tree becomes a pair (its words; its linearization), with a subword source vocabulary and a
-closed word-level target vocabulary (see transduce.parsing.data)."""
+DESCRIPTION = """\
+Learn a sentencepiece BPE vocabulary and write the token arrays that `transduce
+train` reads: from a registered dataset (--dataset), your line-aligned files, or a
+treebank (parsing, Section 6.3).
+details: docs/cli.md#prepare"""
+EPILOG = epilog(
+    "transduce prepare --dataset multi30k --src en --tgt de -o data/m30k",
+    "transduce prepare --train-src t.en --train-tgt t.de --valid-src v.en \\\n      --valid-tgt v.de -o data/mine",
+    "transduce prepare --dataset ptb-wsj -o data/wsj",
+)
 FILE_FLAGS = ("train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt")
 TREE_FLAGS = ("train_trees", "valid_trees", "test_trees")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce prepare`."""
-    g = parser.add_argument_group("input: a registered dataset")
-    g.add_argument("--dataset", choices=sorted(DATASETS), help="dataset name (fetched once, see transduce.data.datasets)")
-    g.add_argument("--src", help="source language, e.g. en (a label only when giving files)")
-    g.add_argument("--tgt", help="target language, e.g. de")
-    g.add_argument("--variant", default="raw", help="multi30k: raw (cased, untokenized; default) or tok (lowercased, tokenized)")
-    g.add_argument("--train-split", help="train on this split of the dataset instead of its usual one (e.g. train-sample)")
-    g.add_argument("--data-dir", help="local mirror of the datasets (default: $TRANSDUCE_DATA_DIR, or ../shared/data beside the repository)")
-    g.add_argument("--cache-dir", help="where downloads go (default: $TRANSDUCE_CACHE_DIR or ~/.cache/transduce)")
-
-    g = parser.add_argument_group("input: your own line-aligned files (plain or .gz)")
+    g = parser.add_argument_group("input: a registered dataset, or your files (plain or .gz)")
+    g.add_argument("--dataset", choices=sorted(DATASETS), metavar="NAME", help=", ".join(sorted(DATASETS)))
+    g.add_argument("--src", metavar="LANG", help="source language, e.g. en")
+    g.add_argument("--tgt", metavar="LANG", help="target language, e.g. de")
+    g.add_argument("--variant", default="raw", metavar="V", help="multi30k: raw (default) or tok (lowercased)")
+    g.add_argument("--train-split", metavar="NAME", help="another training split (e.g. train-sample)")
+    g.add_argument("--data-dir", metavar="DIR", help="datasets' mirror (default $TRANSDUCE_DATA_DIR)")
+    g.add_argument("--cache-dir", metavar="DIR", help="downloads (default ~/.cache/transduce)")
     for name in FILE_FLAGS:
-        g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE")
-
-    g = parser.add_argument_group("input: a treebank for parsing (Section 6.3; --dataset ptb-wsj, or your files)")
+        split, side = name.split("_")
+        g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE",
+                       help=f"{split} {'source' if side == 'src' else 'target'} sentences, a line each")
     for name in TREE_FLAGS:
         g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE",
-                       help="bracketed trees, one per line or PTB .mrg (plain or .gz)" if name == "train_trees" else None)
-    g.add_argument("--keep-tags", action="store_true",
-                   help="linearize with the part-of-speech tags instead of XX, so that the parser predicts them "
-                        "(default: XX, as Vinyals et al. and the paper)")
+                       help=f"{name.split('_')[0]} trees, bracketed or PTB .mrg")
+    g.add_argument("--keep-tags", action="store_true", help="trees keep their POS tags (default XX, the paper)")
 
-    g = parser.add_argument_group("vocabulary (sentencepiece BPE)")
-    g.add_argument("--vocab-size", type=int,
-                   help=f"number of pieces (default {DEFAULT_VOCAB_SIZE}, for small corpora; the paper: 37000; "
-                        f"treebanks: the source's, default {PAPER_VOCAB_SIZE} as in 6.3)")
-    g.add_argument("--separate-vocab", action="store_true", help="train separate source and target vocabularies")
-    g.add_argument("--vocab-sample", type=int, default=DEFAULT_SAMPLE_SIZE,
-                   help=f"train it on a random sample of this many sentences (default {DEFAULT_SAMPLE_SIZE:,})")
-    g.add_argument("--character-coverage", type=float, default=DEFAULT_CHARACTER_COVERAGE,
-                   help=f"share of characters the vocabulary covers, the rest become UNK (default {DEFAULT_CHARACTER_COVERAGE:g})")
-    g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample")
-
-    g = parser.add_argument_group("filtering of training pairs (lengths in subword tokens)")
-    g.add_argument("--max-len", type=int,
-                   help=f"drop pairs with a longer side (default {DEFAULT_MAX_LEN}; treebanks: {TREE_MAX_LEN} target symbols)")
-    g.add_argument("--max-ratio", type=float, default=DEFAULT_MAX_RATIO,
-                   help=f"drop pairs whose length ratio exceeds this (default {DEFAULT_MAX_RATIO:g}; treebanks: not "
-                        "applied, a linearized tree being several times its sentence by design)")
+    g = parser.add_argument_group("vocabulary and filtering (lengths in subword tokens)")
+    g.add_argument("--vocab-size", type=int, metavar="N",
+                   help=f"pieces (default {DEFAULT_VOCAB_SIZE}; the paper 37000; trees {PAPER_VOCAB_SIZE})")
+    g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
+    g.add_argument("--vocab-sample", type=int, default=DEFAULT_SAMPLE_SIZE, metavar="N",
+                   help=f"learn it from N sentences (default {DEFAULT_SAMPLE_SIZE})")
+    g.add_argument("--character-coverage", type=float, default=DEFAULT_CHARACTER_COVERAGE, metavar="X",
+                   help=f"characters covered, the rest UNK (default {DEFAULT_CHARACTER_COVERAGE:g})")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample (default 0)")
+    g.add_argument("--max-len", type=int, metavar="N",
+                   help=f"drop longer pairs (default {DEFAULT_MAX_LEN}; trees {TREE_MAX_LEN})")
+    g.add_argument("--max-ratio", type=float, default=DEFAULT_MAX_RATIO, metavar="X",
+                   help=f"drop pairs of a longer ratio (default {DEFAULT_MAX_RATIO:g}; trees: none)")
 
     g = parser.add_argument_group("output")
-    g.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
-    g.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the output directory")
+    g.add_argument("--overwrite", "--force", action="store_true", help="replace DIR if it exists")
+    add_quiet(g, "no progress bars")
 
 
 def resolve_splits(args: argparse.Namespace) -> tuple[list[Split], str, str]:
@@ -128,15 +126,25 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be {what}, not {getattr(args, name):g}")
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """Every file the flags name exists, before any work (or progress bar): one line naming it."""
+    for name in FILE_FLAGS + TREE_FLAGS:
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            what = "not a file" if path.exists() else "no such file"
+            raise UsageError(f"--{name.replace('_', '-')} {path}: {what}")
+
+
 def run(args: argparse.Namespace) -> int:
     check_numbers(args)
+    check_inputs(args)
     check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
     tree_splits = resolve_tree_splits(args)
     if tree_splits is not None:
         meta = prepare_treebank(
             tree_splits, args.out, tags=args.keep_tags, vocab_size=args.vocab_size or PAPER_VOCAB_SIZE,
             max_len=args.max_len or TREE_MAX_LEN, overwrite=args.overwrite,
-            progress=not args.no_progress, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
+            progress=not args.quiet, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
             seed=args.seed, extra={"dataset": args.dataset, "variant": None},
         )
         print_report(meta)
@@ -146,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
         separate_vocab=args.separate_vocab, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
         seed=args.seed, max_len=args.max_len or DEFAULT_MAX_LEN, max_ratio=args.max_ratio, overwrite=args.overwrite,
-        progress=not args.no_progress, extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
+        progress=not args.quiet, extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
     )
     print_report(meta)
     return 0

@@ -64,65 +64,65 @@ import sys
 import threading
 
 from ..errors import TransduceError, UsageError
-from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .common import add_model_args, add_precision_args
+from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
 
-HELP = "serve a model over HTTP (JSON API, dynamic batching)"
-DESCRIPTION = __doc__
+DESCRIPTION = """\
+Serve MODEL over HTTP: a JSON API (POST /translate, /attention), a demo page at /,
+requests batched dynamically; SIGTERM drains what is in flight. MODEL: what
+translate takes, or with --engine ct2 an `export ct2` directory.
+details: docs/serve.md"""
+EPILOG = epilog(
+    "transduce serve runs/m30k                 # http://127.0.0.1:8000",
+    "transduce serve runs/m30k --host 0.0.0.0 --port 9000 --max-wait-ms 20",
+    "transduce serve m30k-ct2 --engine ct2",
+)
 PROG = "transduce serve"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     from ..serve.common import Limits
 
-    parser.add_argument("model_path", type=Path, metavar="MODEL",
-                        help="a run directory or model directory (with --engine ct2: an exported CTranslate2 directory)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=8000,
-                        help="port, 0 to 65535 (default 8000; 0: a free one the system chooses, printed at the start)")
-    parser.add_argument("--engine", choices=("torch", "ct2"), default="torch",
-                        help="torch (default): transduce's own decoding; ct2: a model exported with `transduce export ct2`")
-    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
-                        help="log level (default info: one line per request, with its id)")
-    parser.add_argument("--api-key", default=os.environ.get("TRANSDUCE_API_KEY") or None, metavar="KEY",
-                        help="require this key on /translate and /attention (Authorization: Bearer KEY, or X-API-Key); "
-                             "default: $TRANSDUCE_API_KEY, else none")
-    parser.add_argument("--graceful-timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="on SIGTERM or Ctrl-C, finish the requests in flight for at most this long, then answer "
-                             "the rest 503 and exit (default 30)")
-    add_model_args(parser)
-    g = parser.add_argument_group("search defaults (a request may override them)")
-    g.add_argument("--beam", type=int, help=f"beam size (default {DEFAULT_BEAM}; a parsing model: {PARSING[0]})")
-    g.add_argument("--alpha", type=float,
-                   help=f"length penalty ((5+|Y|)/6)^alpha (default {DEFAULT_ALPHA}; a parsing model: {PARSING[1]})")
-    g.add_argument("--max-len-offset", type=int, help="maximum output length = input length + this (default "
-                   f"{DEFAULT_MAX_LEN_OFFSET}; a parsing model: {PARSING[2]})")
-    add_precision_args(g)
-    g.add_argument("--ct2-compute-type", default="default", metavar="TYPE",
-                   help="ct2 engine: CTranslate2's compute type (default: the exported one; int8, float32, ...)")
-    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper",
-                   help="ct2 engine: rank the beam's hypotheses by the paper's ((5+|Y|)/6)^alpha (default) or by "
-                        "CTranslate2's |Y|^alpha")
-    g = parser.add_argument_group("batching")
-    g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
-                   help=f"source tokens decoded together at most, padded (default {DEFAULT_BATCH_TOKENS})")
-    g.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                   help=f"sentences per model batch at most (default {DEFAULT_BATCH_SIZE})")
-    g.add_argument("--max-wait-ms", type=float, default=10.0,
-                   help="how long the first request of a batch waits for others (default 10 ms)")
-    g.add_argument("--no-batching", action="store_true",
-                   help="decode each request on its own, as it comes (to measure what batching gains)")
+    g = parser.add_argument_group("server")
+    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model directory (ct2: an export)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, printed)")
+    g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E", help="torch or ct2 (default torch)")
+    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   metavar="L", help="critical ... debug (default info: a line a request)")
+    g.add_argument("--api-key", default=os.environ.get("TRANSDUCE_API_KEY") or None, metavar="KEY",
+                   help="required on the API (default $TRANSDUCE_API_KEY)")
+    g.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
+                   help="SIGTERM: finish requests for S s (default 30)")
+    g = parser.add_argument_group("model and search defaults (a request may override them)")
+    add_model_args(g)
+    add_search_args(g, beam=None, alpha=None, max_len_offset=None, greedy=False,
+                    note=(f"{DEFAULT_BEAM}; parser {PARSING[0]}", f"{DEFAULT_ALPHA}; parser {PARSING[1]}",
+                          f"{DEFAULT_MAX_LEN_OFFSET}; parser {PARSING[2]}"))
+    add_hardware_args(g)
+    g.add_argument("--ct2-compute-type", default="default", metavar="TYPE", help="ct2: its precision (default: exported)")
+    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper", metavar="LP",
+                   help="ct2: paper or ct2 (|Y|^alpha; default paper)")
     d = Limits()
-    g = parser.add_argument_group("limits")
-    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, help=f"(default {d.max_body_bytes})")
-    g.add_argument("--max-sentences", type=int, default=d.max_sentences, help=f"per request (default {d.max_sentences})")
-    g.add_argument("--max-chars", type=int, default=d.max_chars, help=f"characters per sentence (default {d.max_chars})")
-    g.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"subword tokens per sentence (default {d.max_tokens})")
-    g.add_argument("--max-queue", type=int, default=d.max_queue, help=f"requests waiting at most (default {d.max_queue})")
-    g.add_argument("--max-beam", type=int, help=f"largest beam a request may ask for (default {d.max_beam}, "
-                   "or the default beam if larger)")
-    g.add_argument("--max-len-offset-limit", type=int, help=f"largest max_len_offset a request may ask for (default "
-                   f"{d.max_len_offset}, or the default max_len_offset if larger)")
+    g = parser.add_argument_group("batching and limits")
+    add_batch_args(g, batch_size=DEFAULT_BATCH_SIZE)
+    g.add_argument("--max-wait-ms", type=float, default=10.0, metavar="MS",
+                   help="the first request waits for others (default 10)")
+    g.add_argument("--no-batching", action="store_true", help="decode each request on its own")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N",
+                   help=f"request size (default {d.max_body_bytes})")
+    g.add_argument("--max-sentences", type=int, default=d.max_sentences, metavar="N",
+                   help=f"sentences per request (default {d.max_sentences})")
+    g.add_argument("--max-chars", type=int, default=d.max_chars, metavar="N",
+                   help=f"characters per sentence (default {d.max_chars})")
+    g.add_argument("--max-input-tokens", "--max-tokens", type=int, default=d.max_tokens, metavar="N",
+                   help=f"subword tokens per sentence (default {d.max_tokens})")
+    g.add_argument("--max-queue", type=int, default=d.max_queue, metavar="N",
+                   help=f"requests waiting (default {d.max_queue})")
+    g.add_argument("--max-beam", type=int, metavar="K",
+                   help=f"largest beam asked for (default {d.max_beam} or --beam)")
+    g.add_argument("--max-len-offset-limit", type=int, metavar="N",
+                   help=f"largest max_len_offset (default {d.max_len_offset} or more)")
 
 
 PARSING = (21, 0.3, 300)
@@ -161,11 +161,12 @@ def resolve_defaults(args: argparse.Namespace) -> None:
 def limits_from_args(args: argparse.Namespace):
     from ..serve.common import Limits
 
-    limits = Limits(args.max_body_bytes, args.max_sentences, args.max_chars, args.max_tokens, args.max_queue,
+    limits = Limits(args.max_body_bytes, args.max_sentences, args.max_chars, args.max_input_tokens, args.max_queue,
                     args.max_beam, args.max_len_offset_limit)
     for name, value in vars(limits).items():
         if value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+            flag = "max_input_tokens" if name == "max_tokens" else name  # the Limits field's flag
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
     for name in ("beam", "batch_tokens", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")

@@ -13,64 +13,92 @@ import sys
 from pathlib import Path
 
 from ..checkpoint import check_vocabulary, latest_checkpoint, load_config
-from ..config import PRESETS, Config, TrainConfig
+from ..config import PRESETS, Config, TrainConfig, unknown_preset
 from ..data.batching import read_metadata
 from ..errors import UsageError
-from ..train import trainer
 from ..train.signals import EXIT_INTERRUPTED
 from ..train.trainer import TrainOptions, config_for_data, train
 from .fields import add_field_flags, field_type, flag, from_args
+from .options import add_hardware_args, epilog
 
-HELP = "train a model on prepared data (Section 5; torchrun for many GPUs)"
-DESCRIPTION = trainer.__doc__
-EPILOG = """\
-exit status: 0 done; 2 bad input, or a stop that kept a resumable state (another trainer holds
-RUN_DIR, a checkpoint could not be written, too many non-finite steps in a row: the message says
-which); 75 stopped by SIGTERM or SIGINT after writing a checkpoint: continue with --resume (a
-second signal exits at once). A damaged latest checkpoint is set aside and --resume continues from
-the newest intact one. Under Slurm: docs/cluster.md."""
+DESCRIPTION = """\
+Train on `transduce prepare` output into RUN_DIR (config, checkpoints, logs, model/): Adam
+with equation 3's rate, label smoothing, token-budget batches (Section 5). Regime flags
+default to the preset's; torchrun for many GPUs; --resume continues exactly.
+details: docs/training.md, docs/precision.md, docs/cluster.md"""
+EPILOG = epilog(
+    "transduce train --data data/m30k --run-dir runs/m30k --preset multi30k",
+    "transduce train --data data/wmt14 --run-dir runs/base --update-freq 8 --resume",
+    "torchrun --nproc_per_node 8 -m transduce train --data DIR --run-dir runs/base",
+) + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: continue with --resume"
 
 CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, metavar, help); unset: the preset's value
-    "max_steps": ("max_steps", "N", "optimizer steps (default: train.max_steps, 100K base, 300K big)"),
-    "warmup": ("warmup_steps", "N", "warmup_steps of equation 3 (default: train.warmup_steps, 4000)"),
-    "lr_scale": ("lr_scale", "X", "factor on equation 3 (default: train.lr_scale, 1.0)"),
-    "label_smoothing": ("label_smoothing", "EPS", "eps_ls (default: train.label_smoothing, 0.1)"),
+    "max_steps": ("max_steps", "N", "optimizer steps (default: the preset's; base 100K)"),
+    "warmup": ("warmup_steps", "N", "warmup_steps of equation 3 (default: the preset's)"),
+    "lr_scale": ("lr_scale", "X", "factor on equation 3 (default: the preset's, 1.0)"),
+    "label_smoothing": ("label_smoothing", "EPS", "eps_ls (default: the preset's, 0.1)"),
     "save_every_minutes": ("checkpoint_minutes", None, None),  # also a TrainOptions field, whose flag it is
 }
 
+RENAMED = {  # TrainOptions field -> its flags: the vocabulary's name first, then the old spellings (hidden)
+    "max_tokens": ("--batch-tokens", "--max-tokens"),
+    "progress": ("--quiet", "-q", "--no-progress"),  # sets progress False
+}
+
+HELPS = {  # TrainOptions field -> its one line in --help (the field's own help is the long form)
+    "max_tokens": "padded tokens per micro-batch (default: the preset's)",
+    "update_freq": "micro-batches per optimizer step (default 1)",
+    "max_minutes": "stop after M minutes (a cap; default none)",
+    "clip_norm": "clip the gradient norm (default 0: off, the paper)",
+    "cooldown": "not the paper: decay to 0 over the last F (default 0)",
+    "seed": "seed (default 1)",
+    "valid_every": "validation every N steps (default 1000; 0: at the end)",
+    "save_every_steps": "checkpoint every N steps (default 0: off)",
+    "save_every_minutes": "checkpoint every M minutes (default: the preset's, 10)",
+    "keep_last": "checkpoints kept (default: the preset's; 0: all)",
+    "resume": "continue from RUN_DIR's latest checkpoint, exactly",
+    "compile": "torch.compile the model",
+    "progress": "no progress bar",
+    "log_every": "log every N steps (default 100)",
+    "tensorboard": "no TensorBoard event files",
+    "max_nonfinite": "stop after N non-finite steps in a row (default 5)",
+}
+
 GROUPS = {  # the sections of --help: TrainOptions fields and CONFIG_FLAGS, in this order
-    "batching (5.1) and hardware (5.2)":
-        ("max_tokens", "update_freq", "max_steps", "max_minutes", "device", "precision", "threads", "compile"),
+    "batching (5.1) and hardware (5.2)": ("max_tokens", "update_freq", "max_steps", "max_minutes", "compile"),
     "optimizer (5.3) and regularization (5.4)": ("warmup", "lr_scale", "label_smoothing", "cooldown", "clip_norm", "seed"),
     "validation, checkpoints (6.1), logs":
         ("valid_every", "save_every_steps", "save_every_minutes", "keep_last", "log_every", "tensorboard", "progress"),
 }
+HARDWARE = ("device", "precision", "threads")
+"""TrainOptions fields whose flags are the shared group (`options.add_hardware_args`)."""
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce train`. Regime flags default to the preset's TrainConfig."""
+    from ..precision import PRECISIONS
+
     g = parser.add_argument_group("input and output")
-    g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output directory "
-                   "(with --resume, defaults to the one recorded in RUN_DIR/data.json; another must have the "
-                   "run's vocabulary)")
-    g.add_argument("--run-dir", type=Path, required=True, metavar="DIR",
-                   help="where config, vocabulary, checkpoints, logs and the final model go")
-    g.add_argument("--preset", metavar="NAME", help=f"model and regime (default: base); one of: {', '.join(PRESETS)}")
-    g.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override a config field, e.g. --set model.n_layers=3 (repeatable)")
-    add_field_flags(g, TrainOptions, ["resume"])
+    g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output (resuming: the run's)")
+    g.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="where everything the run writes goes")
+    g.add_argument("--preset", metavar="NAME", help="model and regime (default base; see `info --all`)")
+    g.add_argument("--set", action="append", default=[], metavar="S.F=V",
+                   help="override a config field, e.g. model.n_layers=3")
+    add_field_flags(g, TrainOptions, ["resume"], RENAMED, HELPS)
     options = {f.name for f in dataclasses.fields(TrainOptions)}
-    listed = {"resume"}
+    listed = {"resume", *HARDWARE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
         for name in names:
             if name in options:
-                add_field_flags(g, TrainOptions, [name])
+                add_field_flags(g, TrainOptions, [name], RENAMED, HELPS)
             else:
                 field, metavar, help = CONFIG_FLAGS[name]
                 g.add_argument(flag(name), type=field_type(TrainConfig, field), metavar=metavar, help=help)
+        if title.startswith("batching"):
+            add_hardware_args(g, precisions=PRECISIONS, training=True)
         listed.update(names)
-    add_field_flags(g, TrainOptions, sorted(options - listed))  # a new field is a flag even if not placed
+    add_field_flags(g, TrainOptions, sorted(options - listed), RENAMED, HELPS)  # a new field is a flag even if not placed
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
@@ -85,6 +113,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
         data_dir = Path(json.loads(recorded.read_text(encoding="utf-8"))["data_dir"])
     if not data_dir.is_dir():
         raise UsageError(f"{data_dir}: no such data directory (run `transduce prepare --out {data_dir}` first)")
+    if args.preset is not None and args.preset not in PRESETS:  # before anything is read: the nearest name
+        raise UsageError(unknown_preset(args.preset))
     meta = read_metadata(data_dir)
 
     if resuming:
@@ -111,7 +141,13 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = from_args(TrainOptions, args)  # checks the flags' ranges
+    try:
+        options = from_args(TrainOptions, args)  # checks the flags' ranges
+    except UsageError as e:  # named by the field: say the flag's name
+        message = str(e)
+        for field, names in RENAMED.items():
+            message = message.replace(flag(field) + " ", names[0] + " ")
+        raise UsageError(message) from None
     config, data_dir = resolve_config(args)
     result = train(config, data_dir, args.run_dir, options, log_extra={"argv": sys.argv})
     return EXIT_INTERRUPTED if result.interrupted else 0

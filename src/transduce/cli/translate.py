@@ -1,57 +1,7 @@
 """`transduce translate`: text in, translations out, line for line (Section 6.1's decoding).
 
-    transduce translate runs/base < newstest2014.en > hyp.de
-    transduce translate runs/base --input newstest2014.en.gz --output hyp.de --checkpoint latest
-    transduce translate path/to/model_dir --vocab spm.model --beam 4 --alpha 0.6
-
-MODEL is either
-
-* a training run directory (`transduce train --run-dir`): its vocabulary comes from its
-  data.json and the copied spm*.model files; the model is, as for the paper's Table 2 (6.1;
-  Table 3's variations, 6.2, were measured without averaging), the average of its last checkpoints written at the checkpoint interval: as many as the
-  run's train.average_last (5 base, 20 big), or all it has if fewer, computed in memory;
-  `--average K` chooses K; `--checkpoint NAME|PATH` picks one checkpoint, unaveraged (a name
-  under RUN_DIR/checkpoints such as step_0100000 or 100000, `latest`, `model` for the final
-  weights, or any model directory); a run directory without checkpoints gives its model/; or
-* a model directory (model.safetensors + config.json, e.g. RUN_DIR/checkpoints/step_*/ or the
-  output of `transduce average`), with `--vocab SPM_MODEL` (or `--src-vocab/--tgt-vocab`);
-  without them the vocabulary is looked for beside it (a data.json or spm.model in the
-  directory, its parent or its grandparent).
-
-Decoding is Section 6.1's: beam search with beam 4, length penalty alpha = 0.6 (GNMT's
-((5+|Y|)/6)^alpha), maximum output length input length + 50 (`transduce.decode.beam_search`);
-`--greedy` is the fast beam-1 path (`transduce.decode.greedy_decode`).
-
-Input and output
-----------------
-One sentence per line (UTF-8, plain or gzip), from --input or stdin; one translation per line
-to --output or stdout. Always as many lines out as in:
-
-* an empty (or whitespace-only) line gives an empty line, without running the model;
-* a line longer than the limit (--max-input-tokens subword tokens, default 1024; with learned
-  positions also what the position table allows: max_positions - 1 - max_len_offset) is cut to
-  the limit, with a warning on stderr naming the line;
-* invalid UTF-8 is an error naming the file and line
-  (``transduce translate: error: FILE:LINE: invalid UTF-8 ...``, exit status 2). --output is
-  checked before the model loads (its directory exists and can be written to, it is not a
-  directory), written to a temporary file beside it and renamed at the end, so an error,
-  Ctrl-C or SIGTERM (exit status 130, 143) leaves no partial file and the old one as it was.
-  As with the shell's ``>``, a symlink is followed (its target replaced, the link kept) and a
-  name that is not a regular file (a FIFO, /dev/null, /dev/stdout) is written in place,
-  streaming.
-
-The input is streamed: read `--chunk-lines` lines (2000) at a time, each chunk sorted by length
-and cut into batches of at most --batch-tokens padded source tokens and --batch-size sentences,
-translated, put back in input order and written. Memory does not grow with the file.
-
-N-best output (``--n-best K``): tab-separated lines, K per input line (fewer if the search
-finished fewer; one line with an empty hypothesis for an empty input line), best first::
-
-    LINE <TAB> RANK <TAB> SCORE <TAB> LOGPROB <TAB> TEXT
-
-LINE is the 1-based input line number, RANK 1..K, SCORE is log P(Y|X) / lp(Y) (what the beam
-ranks by), LOGPROB is log P(Y|X) including EOS, TEXT the detokenized hypothesis (tabs and line
-breaks in it, which sentencepiece does not produce, would be replaced by spaces).
+The flags and one call into `transduce.translate.translate_stream` (or an exported CTranslate2
+model's); what the command does for the user, input and output, the N-best format: docs/decoding.md.
 """
 
 from __future__ import annotations
@@ -65,40 +15,39 @@ from .. import translate
 from ..data.text import iter_lines, open_text
 from ..checkpoint.files import check_output
 from ..translate import AtomicOutput, Candidate
-from .common import (
-    add_decoding_args, add_model_args, check_decoding_args, decoding_options, exit_on_sigterm, load_from_args,
-)
+from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from .common import check_decoding_args, decoding_options, exit_on_sigterm, load_from_args
+from .options import add_decoding_args, add_quiet, epilog
 
-HELP = "translate text with a trained model (beam search, 6.1)"
-DESCRIPTION = __doc__
+DESCRIPTION = """\
+Translate one sentence per line, --input (or stdin) to --out (or stdout), as many
+lines out as in; beam search as in Section 6.1. MODEL: a run directory (the average
+of its last checkpoints) or a model directory.
+details: docs/decoding.md, docs/precision.md"""
+EPILOG = epilog(
+    "transduce translate runs/base < newstest2014.en > hyp.de",
+    "transduce translate runs/base -i test.en.gz -o hyp.de --checkpoint latest",
+    "transduce translate model_dir --vocab spm.model --n-best 4",
+)
 PROG = "transduce translate"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce translate`."""
-    parser.add_argument("model_path", type=Path, metavar="MODEL",
-                        help="a training run directory, or a model directory (model.safetensors + config.json)")
     g = parser.add_argument_group("input and output")
-    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences to translate, plain or .gz (default: stdin)")
-    g.add_argument("--output", "-o", type=Path, metavar="FILE",
-                   help="translations (default: stdout); written atomically (a FIFO or device in place), gzip "
-                        "if FILE ends in .gz")
-    g.add_argument("--n-best", type=int, metavar="K",
-                   help="write the K best hypotheses per line as TSV: LINE, RANK, SCORE, LOGPROB, TEXT")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar and no notes (warnings still shown)")
-    g = parser.add_argument_group("engine")
-    g.add_argument("--engine", choices=("torch", "ct2"), default="torch",
-                   help="torch (default): transduce's own decoding; ct2: MODEL is a directory written by "
-                        "`transduce export ct2`, decoded by CTranslate2 (pip install 'transduce[ct2]')")
-    g.add_argument("--ct2-compute-type", metavar="TYPE",
-                   help="ct2: CTranslate2's compute type, its precision (default: the exported one; int8, float32, "
-                        "bfloat16, ...); --precision fp32, bf16, int8 (--bf16, --int8) stand for float32, bfloat16, "
-                        "int8; --precision auto (the default) is the exported type; auto-int8 is refused")
-    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"),
-                   help="ct2: rank the beam's hypotheses by the paper's ((5+|Y|)/6)^alpha (default) or by CTranslate2's "
-                        "|Y|^alpha (docs/export.md)")
-    add_model_args(parser)
-    add_decoding_args(parser)
+    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run directory or a model directory")
+    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, plain or .gz (default: stdin)")
+    g.add_argument("--out", "-o", "--output", type=Path, metavar="FILE",
+                   help="translations (default: stdout; .gz: gzip)")
+    add_quiet(g, "no progress bar, no notes")
+    g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E",
+                   help="torch or ct2 (an `export ct2` dir; default torch)")
+    g.add_argument("--ct2-compute-type", metavar="TYPE", help="ct2: its precision (default: the exported)")
+    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), metavar="LP",
+                   help="ct2: paper or ct2 (|Y|^alpha; default paper)")
+    decoding = add_decoding_args(parser, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
+                               batch_size=DEFAULT_BATCH_SIZE, old_batch=("--max-tokens",))
+    decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
 
 
 CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
@@ -131,8 +80,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
         if not args.greedy and not 1 <= args.n_best <= args.beam:
             raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
-    if _to_file(args.output):
-        check_output(args.output)
+    if _to_file(args.out):
+        check_output(args.out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,8 +108,8 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
             if loaded.precision.warning:
                 warn(loaded.precision.warning)
-            if _to_file(args.output):
-                out = AtomicOutput(args.output)
+            if _to_file(args.out):
+                out = AtomicOutput(args.out)
                 write, flush = out.write, lambda: None
             else:
                 write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush

@@ -1,0 +1,212 @@
+"""The flags that several subcommands take, each group declared once, and the help's layout.
+
+One name per concept across the subcommands (`VOCABULARY`, docs/cli.md); an old spelling stays
+an alias of the new flag, hidden from the help, for a release (`OLD_SPELLINGS`; `main` prints a
+one-line note when one is used). Every help page is one screen: `HelpFormatter` draws each option
+on one line at a fixed width, whatever the terminal's, and the long explanations live in docs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+WIDTH = 80
+"""Columns of every help page (fixed: the line counts do not depend on the terminal)."""
+
+
+@dataclass(frozen=True)
+class Concept:
+    """One concept's flag: its name (and short form), the destination it sets in the commands
+    that take it, and its old spellings, hidden aliases of the name."""
+
+    what: str
+    name: str
+    short: str | None
+    dest: str
+    old: tuple[str, ...] = ()
+
+
+VOCABULARY: tuple[Concept, ...] = (
+    Concept("output file or directory", "--out", "-o", "out", ("--output", "--save", "--save-hyp")),
+    Concept("replace existing output", "--overwrite", None, "overwrite", ("--force",)),
+    Concept("no progress bars", "--quiet", "-q", "quiet", ("--no-progress",)),
+    Concept("tokens per training or decoding batch", "--batch-tokens", None, "batch_tokens", ("--max-tokens",)),
+    Concept("tokens per optimizer update (experiment)", "--update-tokens", None, "update_tokens", ("--max-tokens",)),
+    Concept("longest input sentence accepted", "--max-input-tokens", None, "max_input_tokens", ("--max-tokens",)),
+    Concept("training length", "--max-steps", None, "max_steps", ("--updates",)),
+    Concept("checkpoint interval in steps", "--save-every-steps", None, "save_every_steps", ("--save-every",)),
+    Concept("source text file", "--input", "-i", "input", ("--src-file",)),
+    Concept("search: beam size", "--beam", None, "beam"),
+    Concept("search: length penalty", "--alpha", None, "alpha"),
+    Concept("search: output length limit", "--max-len-offset", None, "max_len_offset"),
+    Concept("search: greedy decoding", "--greedy", None, "greedy"),
+    Concept("arithmetic precision", "--precision", None, "precision", ("--bf16", "--int8")),
+    Concept("CPU threads", "--threads", None, "threads"),
+    Concept("device", "--device", None, "device"),
+)
+"""The flag vocabulary (docs/cli.md). `dest` is what the flag sets; train's batch size is its
+`TrainOptions.max_tokens` field and its --quiet turns `progress` off (`cli.train.RENAMED`)."""
+
+OLD_SPELLINGS = frozenset(s for c in VOCABULARY for s in c.old if s not in ("--bf16", "--int8"))
+"""Old flag names: accepted, never shown in the help. (--bf16 and --int8 are short forms of
+--precision, hidden to keep its one line, not deprecated.)"""
+
+SHORT_FORMS = frozenset({"--bf16", "--int8"})
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each option on one line: "-o, --out FILE   help"; hidden option strings (the old
+    spellings) left out; a fixed width."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=WIDTH, max_help_position=30)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Prose wrapped to the width; indented lines (examples, lists) and the lines that start
+        with "examples:", "details:" or "exit status:" kept as they are."""
+        out: list[str] = []
+        prose: list[str] = []
+        for line in text.splitlines() + [""]:
+            if line.strip() and not line.startswith((" ", "examples:", "details:", "exit status:")):
+                prose.append(line.strip())
+                continue
+            if prose:
+                out += textwrap.wrap(" ".join(prose), width, initial_indent=indent, subsequent_indent=indent)
+                prose = []
+            out.append(indent + line)
+        return "\n".join(out[:-1])
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        names = [s for s in action.option_strings if s not in OLD_SPELLINGS and s not in SHORT_FORMS]
+        names.sort(key=lambda s: (s.startswith("--"), s))  # -o before --out
+        if action.nargs == 0:
+            return ", ".join(names)
+        return ", ".join(names) + " " + self._format_args(action, self._get_default_metavar_for_optional(action))
+
+
+def usage(parser: argparse.ArgumentParser) -> str:
+    """A one-line usage: ``PROG [options] POSITIONAL ...``."""
+    formatter = parser._get_formatter()
+    positionals = [formatter._format_args(a, a.dest.upper()) for a in parser._actions if not a.option_strings]
+    return " ".join(["%(prog)s", "[options]", *positionals])
+
+
+def epilog(*examples: str) -> str:
+    """The end of a help page: examples (where the details are is the description's last line)."""
+    return "examples:\n" + "".join(f"  {e}\n" for e in examples).rstrip("\n")
+
+
+def old_spellings_used(parser: argparse.ArgumentParser, argv: list[str]) -> list[tuple[str, str]]:
+    """(old, new) for each old flag spelling in `argv` that `parser` accepts."""
+    used = []
+    for action in parser._actions:
+        new = next((s for s in action.option_strings if s.startswith("--") and s not in OLD_SPELLINGS), None)
+        for s in action.option_strings:
+            if s in OLD_SPELLINGS and any(a == s or a.startswith(s + "=") for a in argv):
+                used.append((s, new))
+    return used
+
+
+# --- the shared groups ---------------------------------------------------------------------------
+
+
+def add_model_args(g) -> None:
+    """Which model: one checkpoint, or an average; its vocabulary."""
+    g.add_argument("--checkpoint", metavar="NAME", help="one checkpoint: step_N, N, latest, model, or a dir")
+    g.add_argument("--average", type=int, metavar="K", help="average the last K checkpoints (default: the run's)")
+    g.add_argument("--vocab", type=Path, metavar="SPM", help="sentencepiece model (default: beside MODEL)")
+    g.add_argument("--src-vocab", type=Path, metavar="SPM", help="separate vocabularies: with --tgt-vocab SPM")
+    g.add_argument("--tgt-vocab", type=Path, metavar="SPM", help=argparse.SUPPRESS)  # said on --src-vocab's line
+
+
+def add_hardware_args(g, *, precisions: tuple[str, ...] | None = None, training: bool = False) -> None:
+    """--precision (auto and the precisions `precisions` lists, default decoding's; () for none;
+    docs/precision.md), --device, --threads. --bf16 and --int8, the short forms of decoding's
+    --precision, are kept hidden."""
+    if precisions is None:
+        from ..precision import DECODING_PRECISIONS as precisions
+    if precisions:
+        g.add_argument("--precision", choices=precisions, default="auto", metavar="P",
+                       help=f"{'|'.join(precisions)} (default auto)")
+    if "int8" in precisions:
+        g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help=argparse.SUPPRESS)
+        g.add_argument("--int8", action="store_const", const="int8", dest="precision", help=argparse.SUPPRESS)
+    g.add_argument("--device", default="auto", metavar="NAME", help="auto, cpu, cuda or cuda:N (default auto)")
+    g.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads" + (" per process (default: cores / processes)" if training
+                                         else " (default: PyTorch's)"))
+
+
+def add_search_args(g, *, beam: int | None, alpha: float | None, max_len_offset: int | None,
+                    note: str | tuple[str, str, str] = "", greedy: bool = True) -> None:
+    """The search of Section 6.1 (6.3 for parsing): defaults as given, or None: the task's, as
+    `note` says (one text for the three, or one each)."""
+    notes = note if isinstance(note, tuple) else (note,) * 3
+
+    def default(value, i: int) -> str:
+        return f"default {value}" if value is not None else f"default {notes[i]}"
+
+    g.add_argument("--beam", type=int, default=beam, metavar="K", help=f"beam size ({default(beam, 0)})")
+    g.add_argument("--alpha", type=float, default=alpha, metavar="A",
+                   help=f"length penalty alpha ({default(alpha, 1)})")
+    g.add_argument("--max-len-offset", type=int, default=max_len_offset, metavar="N",
+                   help=f"output length <= input + N ({default(max_len_offset, 2)})")
+    if greedy:
+        g.add_argument("--greedy", action="store_true", help="greedy decoding (ignores --beam, --alpha)")
+
+
+def add_batch_args(g, *, batch_size: int | None, note: str = "", old: tuple[str, ...] = ()) -> None:
+    """--batch-tokens (and its old spellings `old`, hidden) and --batch-size of decoding."""
+    from ..translate import DEFAULT_BATCH_TOKENS
+
+    g.add_argument("--batch-tokens", *old, type=int, default=DEFAULT_BATCH_TOKENS, metavar="N",
+                   help=f"padded source tokens per batch (default {DEFAULT_BATCH_TOKENS})")
+    g.add_argument("--batch-size", type=int, default=batch_size, metavar="N",
+                   help=f"sentences per batch (default {batch_size if batch_size is not None else note})")
+
+
+def add_stream_args(g) -> None:
+    """How a file is read and decoded: lines cut to a length, chunks, worker processes."""
+    from ..translate import DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS
+
+    g.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N",
+                   help=f"cut longer lines, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
+    g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES, metavar="N",
+                   help=f"lines read and sorted at a time (default {DEFAULT_CHUNK_LINES})")
+    g.add_argument("--workers", type=_workers, default="auto", metavar="W",
+                   help="CPU decoding processes (default auto)")
+
+
+def _workers(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a positive number, not {value!r}")
+    return n
+
+
+def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None, alpha: float | None,
+                      max_len_offset: int | None, batch_size: int | None, section: str = "6.1", note: str = "",
+                      old_batch: tuple[str, ...] = ()):
+    """The group of the commands that decode a file (translate, evaluate, parse): the model, the
+    search, the hardware, the batching. Returns it, for a command's own decoding flags."""
+    g = parser.add_argument_group(f"model and decoding (Section {section})")
+    add_model_args(g)
+    add_search_args(g, beam=beam, alpha=alpha, max_len_offset=max_len_offset, note=note)
+    add_hardware_args(g)
+    add_batch_args(g, batch_size=batch_size, note=note, old=old_batch)
+    add_stream_args(g)
+    return g
+
+
+def add_quiet(g, what: str = "no progress bar") -> None:
+    g.add_argument("--quiet", "-q", "--no-progress", action="store_true", help=what)
