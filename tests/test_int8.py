@@ -228,7 +228,7 @@ def test_evaluate_int8_records_the_precision(model_dir, tmp_path):
     (tmp_path / "src.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "ref.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "r.json"
-    assert main(["evaluate", str(model_dir), "--src-file", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"),
+    assert main(["evaluate", str(model_dir), "--input", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"),
                  "--tgt", "en", "--precision", "int8", "--beam", "2", "--max-len-offset", "4", "--threads", "1", "--quiet",
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["decoding"]["precision"] == "int8"

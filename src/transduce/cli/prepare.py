@@ -131,8 +131,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     for name in FILE_FLAGS + TREE_FLAGS:
         path = getattr(args, name)
         if path is not None and not path.is_file():
-            what = "not a file" if path.exists() else "no such file"
-            raise UsageError(f"--{name.replace('_', '-')} {path}: {what}")
+            raise UsageError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
 
 
 def run(args: argparse.Namespace) -> int:
