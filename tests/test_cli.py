@@ -74,17 +74,17 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
     return {
         "info": (["--set", "model.nope=3"], "bad override"),
         "prepare": (["--train-src", missing, "--train-tgt", missing, "--valid-src", missing, "--valid-tgt", missing,
-                     "--out", str(tmp / "out"), "--no-progress"], f"{missing}: no such file"),
+                     "--out", str(tmp / "out"), "--quiet"], f"{missing}: no such file"),
         "train": (["--data", str(tmp / "nope"), "--run-dir", str(tmp / "run")], "no such data directory"),
         "average": ([str(tmp / "nope")], "no such run directory"),
         "translate": ([str(tmp / "nope")], "no such directory"),
         "parse": ([str(tmp / "nope")], "no such directory"),
         "evaluate": (["--hyp", missing, "--ref", missing], "give --tgt LANG"),
-        "synthetic": (["--max-steps", "0", "--save", str(tmp / "a_file" / "model")], "Not a directory"),  # an OSError
+        "synthetic": (["--max-steps", "0", "--out", str(tmp / "a_file" / "model")], "Not a directory"),  # an OSError
         "attention": ([str(tmp / "nope"), "a sentence", "--json", str(tmp / "a.json")], "no such directory"),
         "serve": ([str(tmp / "nope")], "no such directory"),
         "export": (["ct2", str(tmp / "nope"), "-o", str(tmp / "out")], "no such directory"),
-        "experiment": (["--data", str(tmp / "nope"), "--out", str(tmp / "out"), "--updates", "1"], "no such file"),
+        "experiment": (["--data", str(tmp / "nope"), "--out", str(tmp / "out"), "--max-steps", "1"], "no such file"),
     }[command]
 
 
@@ -144,20 +144,23 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
     from transduce.cli.fields import from_args
     from transduce.train.trainer import TrainOptions
 
+    from transduce.cli.train import RENAMED
+
     parser = build_parser()
     args = parser.parse_args(["train", "--run-dir", str(tmp_path)])
     assert from_args(TrainOptions, args) == TrainOptions()
-    args = parser.parse_args(["train", "--run-dir", str(tmp_path), "--no-progress", "--no-tensorboard", "--resume",
-                              "--compile", "--max-tokens", "40", "--max-minutes", "1.5", "--precision", "bf16"])
+    args = parser.parse_args(["train", "--run-dir", str(tmp_path), "--quiet", "--no-tensorboard", "--resume",
+                              "--compile", "--batch-tokens", "40", "--max-minutes", "1.5", "--precision", "bf16"])
     got = from_args(TrainOptions, args)
     assert (got.progress, got.tensorboard, got.resume, got.compile) == (False, False, True, True)
     assert (got.max_tokens, got.max_minutes, got.precision) == (40, 1.5, "bf16")
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     train_help = capsys.readouterr().out
-    for f in dataclasses.fields(TrainOptions):
+    for f in dataclasses.fields(TrainOptions):  # each under its own name, or the vocabulary's (RENAMED)
         name = f.name.replace("_", "-")
-        assert (f"--no-{name}" if f.default is True else f"--{name}") in train_help, f.name
+        shown = RENAMED[f.name][0] if f.name in RENAMED else f"--no-{name}" if f.default is True else f"--{name}"
+        assert shown in train_help, f.name
     with pytest.raises(SystemExit):
         parser.parse_args(["train", "--run-dir", str(tmp_path), "--precision", "fp64"])  # choices from the field
     data = make_data(tmp_path / "data")  # the TrainConfig flags land in the config

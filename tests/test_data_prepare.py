@@ -62,7 +62,7 @@ def args_for(files, out, *extra):
     argv = []
     for key, path in files.items():
         argv += [f"--{key.replace('_', '-')}", str(path)]
-    return argv + ["--src", "en", "--tgt", "de", "--vocab-size", "60", "--out", str(out), "--no-progress", *extra]
+    return argv + ["--src", "en", "--tgt", "de", "--vocab-size", "60", "--out", str(out), "--quiet", *extra]
 
 
 def leftovers(parent):
@@ -87,7 +87,7 @@ def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRANSDUCE_DATA_DIR", raising=False)
     out = tmp_path / "m30k"
     assert prepare(["--dataset", "multi30k", "--src", "en", "--tgt", "de", "--vocab-size", "2000",
-                 "--out", str(out), "--no-progress"]) == 0
+                 "--out", str(out), "--quiet"]) == 0
     report = capsys.readouterr().out
     assert "29,000 pairs read" in report and "0 empty" in report
 
@@ -128,7 +128,7 @@ def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch):
 def test_wmt14_sample_and_test_sets(tmp_path, capsys):
     out = tmp_path / "wmt"
     assert prepare(["--dataset", "wmt14-en-de", "--train-split", "train-sample", "--src", "de", "--tgt", "en",
-                 "--data-dir", str(MIRROR), "--vocab-size", "1000", "--out", str(out), "--no-progress"]) == 0
+                 "--data-dir", str(MIRROR), "--vocab-size", "1000", "--out", str(out), "--quiet"]) == 0
     meta = read_metadata(out)
     assert {n: s["pairs"] for n, s in meta["splits"].items() if n != "train"} == {
         "valid": 3000, "test": 3003, "newstest2014-filtered": 2737}

@@ -249,8 +249,8 @@ def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
     src = _write(tmp_path / "src.txt", lines[:5] + [""])
     ref = _write(tmp_path / "ref.txt", lines[5:10] + [""])
     saved = tmp_path / "hyp.txt"
-    assert main(["evaluate", str(model_dir), "--src-file", str(src), "--ref", str(ref), "--tgt", "de", "--beam", "2",
-                 "--max-len-offset", "3", "--save-hyp", str(saved), "--json", "--quiet"]) == 0
+    assert main(["evaluate", str(model_dir), "--input", str(src), "--ref", str(ref), "--tgt", "de", "--beam", "2",
+                 "--max-len-offset", "3", "--out", str(saved), "--json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == str(model_dir) and report["decoding"]["beam"] == 2
     assert report["n_sentences"] == 6 and len(saved.read_text(encoding="utf-8").split("\n")) == 7
@@ -265,7 +265,7 @@ def test_languages_the_other_way_round_from_the_models_are_refused(tmp_path, cap
     (tmp_path / "data.json").write_text(json.dumps({"src_lang": "en", "tgt_lang": "de"}), encoding="utf-8")
     src = _write(tmp_path / "src.txt", lines[:3])
     ref = _write(tmp_path / "ref.txt", lines[3:6])
-    common = [str(model_dir), "--src-file", str(src), "--ref", str(ref), "--beam", "1", "--max-len-offset", "2", "--quiet"]
+    common = [str(model_dir), "--input", str(src), "--ref", str(ref), "--beam", "1", "--max-len-offset", "2", "--quiet"]
     assert main(["evaluate", *common, "--src", "de", "--tgt", "en"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "translates en->de" in err and "ask for de->en" in err
@@ -282,13 +282,13 @@ def test_outputs_are_checked_before_the_work_and_errors_name_the_users_path(tmp_
     src = _write(tmp_path / "src.txt", lines[:4])
     ref = _write(tmp_path / "ref.txt", lines[4:8])
     (tmp_path / "adir").mkdir()
-    model = [str(model_dir), "--src-file", str(src), "--ref", str(ref), "--tgt", "de", "--quiet"]
+    model = [str(model_dir), "--input", str(src), "--ref", str(ref), "--tgt", "de", "--quiet"]
     hyp = ["--hyp", str(src), "--ref", str(ref), "--tgt", "de"]
     for argv, path, what in [
-        (model + ["--save-hyp", str(tmp_path / "nodir" / "h.de")], tmp_path / "nodir" / "h.de", "No such file or directory"),
+        (model + ["--out", str(tmp_path / "nodir" / "h.de")], tmp_path / "nodir" / "h.de", "No such file or directory"),
         (model + ["--json", str(tmp_path / "adir")], tmp_path / "adir", "Is a directory"),
         (hyp + ["--json", str(tmp_path / "nodir" / "x.json")], tmp_path / "nodir" / "x.json", "No such file or directory"),
-        (hyp + ["--save-hyp", str(tmp_path / "adir")], tmp_path / "adir", "Is a directory"),
+        (hyp + ["--out", str(tmp_path / "adir")], tmp_path / "adir", "Is a directory"),
     ]:
         assert main(["evaluate", *argv]) == 2
         out, err = capsys.readouterr()
@@ -348,7 +348,7 @@ def test_json_follows_a_symlink_and_streams_into_a_fifo(tmp_path, capsys):
 ])
 def test_bad_decoding_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
     src = _write(tmp_path / "src.txt", ["ein mann"])
-    assert main(["evaluate", str(tmp_path / "no-such-model"), "--src-file", str(src), "--ref", str(src), "--tgt", "de",
+    assert main(["evaluate", str(tmp_path / "no-such-model"), "--input", str(src), "--ref", str(src), "--tgt", "de",
                  *flags]) == 2
     assert capsys.readouterr().err.splitlines() == [f"transduce evaluate: error: {message}"]
 

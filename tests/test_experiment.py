@@ -29,9 +29,9 @@ from transduce.train.trainer import TrainOptions
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # base: d_model 512 / 32 = 16, d_ff 64, h 8 with d_k = d_v = 2, N = 6 / 6 = 1; C6: d_ff 1024 / 32 = 32.
-RECIPE = ["--updates", "4", "--max-tokens", "256", "--warmup", "2", "--save-every", "2", "--scale", "0.03125",
+RECIPE = ["--max-steps", "4", "--update-tokens", "256", "--warmup", "2", "--save-every-steps", "2", "--scale", "0.03125",
           "--depth-scale", "0.1667"]
-MACHINE = ["--device", "cpu", "--precision", "fp32", "--threads", "1", "--no-progress"]
+MACHINE = ["--device", "cpu", "--precision", "fp32", "--threads", "1", "--quiet"]
 PEAK_TFLOPS = 0.05
 
 
@@ -45,7 +45,7 @@ def data(tmp_path_factory):
     out = root / "prepared"
     assert main(["prepare", "--train-src", str(root / "train.en"), "--train-tgt", str(root / "train.de"),
                  "--valid-src", str(root / "valid.en"), "--valid-tgt", str(root / "valid.de"), "--src", "en",
-                 "--tgt", "de", "--vocab-size", "80", "--out", str(out), "--no-progress"]) == 0
+                 "--tgt", "de", "--vocab-size", "80", "--out", str(out), "--quiet"]) == 0
     return out
 
 
@@ -124,7 +124,7 @@ def test_a_run_directory_of_another_recipe_is_refused(data, tmp_path, capsys):
     run_dir = out / "runs" / "base"
     assert main(["train", "--data", str(data), "--run-dir", str(run_dir), "--preset", "base", "--set",
                  "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=64", "--max-steps", "1",
-                 "--device", "cpu", "--no-progress", "--no-tensorboard"]) == 0
+                 "--device", "cpu", "--quiet", "--no-tensorboard"]) == 0
     capsys.readouterr()
     assert experiment(data, out, variants="base") == 2
     err = capsys.readouterr().err

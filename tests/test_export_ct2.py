@@ -160,28 +160,28 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     model_dir = make_model(root)
     assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "a")]) == 0
     assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "a")]) == 2
-    assert "exists (use --force" in capsys.readouterr().err
+    assert "exists (use --overwrite" in capsys.readouterr().err
     assert main(["translate", str(model_dir), "--engine", "ct2", "--quiet"]) == 2
     assert "not a CTranslate2 model" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "m"]  # no temporary directory left
 
 
 def test_force_refuses_to_replace_the_model_being_exported(tmp_path, capsys):
-    """`--force` replaces --out whole: with --out the model directory (or a directory holding it)
+    """`--overwrite` replaces --out whole: with --out the model directory (or a directory holding it)
     it would delete the trained model; it is refused in one line and nothing is touched."""
     model_dir = make_model(tmp_path / "run")
     before = sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
     for model, out in ((model_dir, model_dir), (model_dir, tmp_path / "run"), (tmp_path / "run", model_dir)):
         for fmt in ("ct2", "marian"):  # (a run directory's model/ is the model it exports)
-            assert main(["export", fmt, str(model), "-o", str(out), "--force"]) == 2
+            assert main(["export", fmt, str(model), "-o", str(out), "--overwrite"]) == 2
             err = capsys.readouterr().err
-            assert err.count("\n") == 1 and "which --force would delete" in err and "Traceback" not in err
+            assert err.count("\n") == 1 and "which --overwrite would delete" in err and "Traceback" not in err
     assert sorted((p.relative_to(tmp_path), p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()) == before
-    assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "elsewhere"), "--force"]) == 0
+    assert main(["export", "ct2", str(model_dir), "-o", str(tmp_path / "elsewhere"), "--overwrite"]) == 0
 
 
 def test_out_dot_or_dotdot_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    """`-o .` or `-o ..` (with --force) was refused with Python's "PosixPath('.') has an empty
+    """`-o .` or `-o ..` (with --overwrite) was refused with Python's "PosixPath('.') has an empty
     name" or "Device or resource busy"; it now says what to give, and nothing is touched."""
     model_dir = make_model(tmp_path / "m")
     work = tmp_path / "work"
@@ -190,7 +190,7 @@ def test_out_dot_or_dotdot_is_refused_in_one_line(tmp_path, capsys, monkeypatch)
     monkeypatch.chdir(work)
     for out in (".", "..", "sub/.."):
         for fmt in ("ct2", "marian"):
-            assert main(["export", fmt, str(model_dir), "-o", out, "--force"]) == 2
+            assert main(["export", fmt, str(model_dir), "-o", out, "--overwrite"]) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and "name the new directory to write (not . or ..)" in err
     assert sorted(p.name for p in work.iterdir()) == ["keep.txt"]

@@ -41,7 +41,7 @@ def toy_treebank(root, sizes=(400, 20, 30), *flags: str):
     data = root / "data"
     assert main(["prepare", "--train-trees", str(root / "train.trees"), "--valid-trees", str(root / "valid.trees"),
                  "--test-trees", str(root / "test.trees"), *flags, "--vocab-size", "90", "--out", str(data),
-                 "--no-progress"]) == 0
+                 "--quiet"]) == 0
     return data
 
 
@@ -55,9 +55,9 @@ def parser_run(tmp_path_factory):
     assert meta["splits"]["test"]["trees_file"] == str(root / "test.trees")
     assert main(["train", "--data", str(data), "--run-dir", str(run), "--preset", "parse-cpu",
                  "--set", "model.d_model=64", "--set", "model.d_ff=128", "--set", "model.n_layers=2",
-                 "--set", "model.dropout=0.0", "--set", "model.attention_dropout=0.0", "--max-tokens", "1024",
+                 "--set", "model.dropout=0.0", "--set", "model.attention_dropout=0.0", "--batch-tokens", "1024",
                  "--warmup", "100", "--lr-scale", "0.2", "--max-steps", "500", "--precision", "fp32", "--threads", "1",
-                 "--save-every-steps", "250", "--save-every-minutes", "0", "--valid-every", "1000", "--no-progress",
+                 "--save-every-steps", "250", "--save-every-minutes", "0", "--valid-every", "1000", "--quiet",
                  "--log-every", "1000"]) == 0
     return root, run
 
@@ -75,7 +75,7 @@ def test_parse_raw_sentences_line_for_line(parser_run, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("John sees the big dog.\n\nThe cat sleeps near Mary.\n")
     out, svg = tmp_path / "out.txt", tmp_path / "svg"
-    assert main(["parse", str(run), "--input", str(src), "--output", str(out), "--svg", str(svg), "--beam", "4",
+    assert main(["parse", str(run), "--input", str(src), "--out", str(out), "--svg", str(svg), "--beam", "4",
                  "--precision", "fp32"]) == 0
     lines = out.read_text().split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # line for line, the empty one kept
@@ -98,7 +98,7 @@ def test_tokenized_input_brackets_as_the_treebank_writes_them(parser_run, tmp_pa
     src = tmp_path / "in.txt"
     src.write_text("John ( the dog ) sees Mary .\nMary :) sees [ John ] .\n")
     out = tmp_path / "out.txt"
-    assert main(["parse", str(run), "--tokenized", "--input", str(src), "--output", str(out), "--beam", "2",
+    assert main(["parse", str(run), "--tokenized", "--input", str(src), "--out", str(out), "--beam", "2",
                  "--precision", "fp32", "--quiet"]) == 0
     first, second = [parse_tree(line) for line in out.read_text().splitlines()]
     assert first.leaves() == ["John", "-LRB-", "the", "dog", "-RRB-", "sees", "Mary", "."]
@@ -113,7 +113,7 @@ def test_evaluate_the_model_with_evalb(parser_run, tmp_path, capsys):
     report = tmp_path / "report.json"
     hyp = tmp_path / "hyp.trees"
     assert main(["evaluate", str(run), "--ref", str(root / "test.trees"), "--beam", "4", "--precision", "fp32",
-                 "--json", str(report), "--save-hyp", str(hyp), "--quiet"]) == 0
+                 "--json", str(report), "--out", str(hyp), "--quiet"]) == 0
     r = json.loads(report.read_text())
     scores = r["scores"]["evalb_gold_tags"]["all"]
     assert r["decoding"]["alpha"] == 0.3 and r["decoding"]["max_len_offset"] == 300  # the paper's parsing settings
@@ -209,7 +209,7 @@ def test_constrained_greedy_is_refused_before_the_model_loads(tmp_path, capsys):
 
 
 def test_sigterm_leaves_the_output_as_it_was(parser_run, tmp_path):
-    """As translate: SIGTERM while parsing into --output discards the temporary file, exit 143."""
+    """As translate: SIGTERM while parsing into --out discards the temporary file, exit 143."""
     import os
     import signal
     import subprocess
@@ -220,7 +220,7 @@ def test_sigterm_leaves_the_output_as_it_was(parser_run, tmp_path):
     out = tmp_path / "out.txt"
     out.write_text("before\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "transduce", "parse", str(run), "--output", str(out), "--threads", "1",
+    p = subprocess.Popen([sys.executable, "-m", "transduce", "parse", str(run), "--out", str(out), "--threads", "1",
                           "--precision", "fp32", "--beam", "2"], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=env, cwd=tmp_path)
     p.stdin.write(b"John sees the dog.\n" * 3)  # and the input stays open: it waits for more

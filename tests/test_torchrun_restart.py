@@ -34,9 +34,9 @@ def command(data: Path, run: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "transduce", "train", "--resume",
             "--data", str(data), "--run-dir", str(run), "--set", "model.n_layers=2", "--set", "model.d_model=32",
-            "--set", "model.d_ff=64", "--set", "model.n_heads=2", "--max-tokens", "64", "--max-steps", str(MAX_STEPS),
+            "--set", "model.d_ff=64", "--set", "model.n_heads=2", "--batch-tokens", "64", "--max-steps", str(MAX_STEPS),
             "--warmup", "4", "--save-every-steps", str(EVERY), "--save-every-minutes", "0", "--valid-every", "0",
-            "--log-every", "1", "--seed", "7", "--threads", "1", "--no-progress", "--no-tensorboard",
+            "--log-every", "1", "--seed", "7", "--threads", "1", "--quiet", "--no-tensorboard",
             "--precision", "fp32"]  # two separate jobs: auto's timed probe could choose differently in each
 
 

@@ -101,14 +101,14 @@ def test_out_must_be_new_or_empty_and_never_the_run_or_its_checkpoints(tmp_path,
     before = sorted(p.name for p in run.rglob("*"))
     assert "is not empty" in refused("--out", str(data)) and sorted(p.name for p in data.iterdir()) == ["data.json"]
     for out in (run, run / "checkpoints", run / "checkpoints" / "step_0000002", run / "checkpoints" / "x"):
-        assert "is the run directory or one of its checkpoints" in refused("--out", str(out), "--force")
+        assert "is the run directory or one of its checkpoints" in refused("--out", str(out), "--overwrite")
     assert sorted(p.name for p in run.rglob("*")) == before  # nothing written into the run
-    # --force writes into a non-empty directory, keeping its other files; an empty one needs no --force
-    assert main(["average", str(run), "--last", "2", "--out", str(data), "--force"]) == 0
+    # --overwrite writes into a non-empty directory, keeping its other files; an empty one needs no --overwrite
+    assert main(["average", str(run), "--last", "2", "--out", str(data), "--overwrite"]) == 0
     assert (data / "model.safetensors").is_file() and (data / "data.json").read_text() == "{}"
     (tmp_path / "empty").mkdir()
     assert average(run, last=2, out=tmp_path / "empty") == 0
-    # the default RUN_DIR/avg_lastK is the command's own: written again without --force
+    # the default RUN_DIR/avg_lastK is the command's own: written again without --overwrite
     assert average(run, last=2) == 0 and average(run, last=2) == 0
     # ... and so is an earlier average named as --out inside the run directory (scripts/multi30k.sh
     # run again), but not another model directory elsewhere

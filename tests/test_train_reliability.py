@@ -55,10 +55,10 @@ CLI_STEPS = 1500
 def cli(data: Path, run: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "transduce", "train", "--data", str(data), "--run-dir", str(run),
             "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
-            "--set", "model.n_heads=2", "--max-steps", str(CLI_STEPS), "--warmup", "50", "--max-tokens", "48",
+            "--set", "model.n_heads=2", "--max-steps", str(CLI_STEPS), "--warmup", "50", "--batch-tokens", "48",
             "--threads", "1", "--precision", "fp32", "--valid-every", "0", "--save-every-steps", "500",
             "--save-every-minutes", "0", "--keep-last", "0", "--log-every", "10", "--no-tensorboard",
-            "--no-progress", "--device", "cpu", *extra]
+            "--quiet", "--device", "cpu", *extra]
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ def write(path, lines):
 def test_line_count_preserved_including_empty_lines(model_dir, tmp_path):
     src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass", "   ", "blue ball", ""])
     out = tmp_path / "out.txt"
-    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), *FAST]) == 0
+    assert main(["translate", str(model_dir), "--input", str(src), "--out", str(out), *FAST]) == 0
     got = out.read_bytes().decode("utf-8").split("\n")
     assert got[-1] == "" and len(got) - 1 == 6  # six lines, each ended by "\n"
     assert got[1] == "" and got[3] == "" and got[5] == ""
@@ -210,13 +210,13 @@ def test_cli_workers_write_the_same_file(model_dir, tmp_path, capsys):
     outs = []
     for w in ("1", "2"):
         out = tmp_path / f"out{w}.txt"
-        assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), "--batch-size", "2",
+        assert main(["translate", str(model_dir), "--input", str(src), "--out", str(out), "--batch-size", "2",
                      "--workers", w, *FAST]) == 0
         outs.append(out.read_text(encoding="utf-8"))
     assert outs[0] == outs[1] and outs[0].count("\n") == 10
     # auto (the default) on two threads and a small model: two workers, said so, the same file.
     out = tmp_path / "auto.txt"
-    assert main(["translate", str(model_dir), "--input", str(src), "--output", str(out), "--batch-size", "2",
+    assert main(["translate", str(model_dir), "--input", str(src), "--out", str(out), "--batch-size", "2",
                  "--threads", "2", *[f for f in FAST if f != "--quiet"]]) == 0
     assert "workers: 2 x 1 thread(s) (auto: CPU, d_model 32 <= 512: one worker per thread)" in capsys.readouterr().err
     assert out.read_text(encoding="utf-8") == outs[0]

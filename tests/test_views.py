@@ -197,7 +197,7 @@ def test_command_writes_png_json_html_with_the_models_own_translation(model_dir,
 def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path, capsys):
     tsv = tmp_path / "in.tsv"
     tsv.write_text("a dog runs on the grass with a red ball\ttwo children\nthe man looks\n", encoding="utf-8")
-    assert main(["attention", str(model_dir), "-i", str(tsv), "--greedy", "--max-len-offset", "3", "--max-tokens", "4",
+    assert main(["attention", str(model_dir), "-i", str(tsv), "--greedy", "--max-len-offset", "3", "--max-input-tokens", "4",
                  "--json", str(tmp_path / "b.json")]) == 0
     data = json.loads((tmp_path / "b.json").read_text(encoding="utf-8"))
     first, second = data["sentences"]

@@ -98,8 +98,8 @@ def parser_with_words(tmp_path_factory):
     data, run = toy_treebank(root, (200, 10, 10), "--keep-tags"), root / "run"
     assert main(["train", "--data", str(data), "--run-dir", str(run), "--preset", "parse-cpu",
                  "--set", "model.word_positions=true", "--set", "model.d_model=32", "--set", "model.d_ff=64",
-                 "--set", "model.n_layers=1", "--max-tokens", "512", "--max-steps", "20", "--precision", "fp32",
-                 "--threads", "1", "--save-every-minutes", "0", "--valid-every", "0", "--no-progress"]) == 0
+                 "--set", "model.n_layers=1", "--batch-tokens", "512", "--max-steps", "20", "--precision", "fp32",
+                 "--threads", "1", "--save-every-minutes", "0", "--valid-every", "0", "--quiet"]) == 0
     return root, data, run
 
 
@@ -120,7 +120,7 @@ def test_a_parser_with_words_parses_and_does_not_export(parser_with_words, tmp_p
     inp = tmp_path / "in.txt"
     inp.write_text("the dog sees John .\nMary sleeps .\n")
     out = tmp_path / "out.trees"
-    assert main(["parse", str(run), "--input", str(inp), "--output", str(out), "--beam", "2", "--constrained",
+    assert main(["parse", str(run), "--input", str(inp), "--out", str(out), "--beam", "2", "--constrained",
                  "--threads", "1", "--quiet"]) == 0
     trees = out.read_text().splitlines()
     assert len(trees) == 2 and all(t.startswith("(") for t in trees)
