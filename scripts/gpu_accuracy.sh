@@ -60,7 +60,7 @@ mkdir -p "$RUN"
 [ -d "$RUN/data" ] || cp -r "$WSJ_DATA" "$RUN/data"
 transduce train --data "$RUN/data" --run-dir "$RUN" --preset "$WSJ_PRESET" ${SETS[@]+"${SETS[@]/#/--set=}"} \
   --max-minutes "$WSJ_MINUTES" --precision bf16 --valid-every 500 --save-every-steps 250 --save-every-minutes 0 \
-  --keep-last 5 --no-progress --no-tensorboard --log-every 100 > "$OUT/wsj.log" 2>&1
+  --keep-last 5 --quiet --no-tensorboard --log-every 100 > "$OUT/wsj.log" 2>&1
 echo "train exit $?" >> "$OUT/wsj.log"
 n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
 print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts

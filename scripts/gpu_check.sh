@@ -51,8 +51,8 @@ train_check() {
 make_data(Path('$WORK/data'), n_train=20000, n_valid=100)" || return 1
   $PY -m transduce train --data "$WORK/data" --run-dir "$WORK/run" --preset base --set model.n_layers=2 \
     --set model.d_model=$DIM --set model.d_ff=$((4 * DIM)) --set model.n_heads=4 --set model.dropout=0.0 \
-    --device $DEVICE --precision bf16 --max-steps $STEPS --max-tokens 4000 --warmup 50 --log-every 10 \
-    --valid-every 0 --save-every-steps 0 --no-progress --no-tensorboard || return 1
+    --device $DEVICE --precision bf16 --max-steps $STEPS --batch-tokens 4000 --warmup 50 --log-every 10 \
+    --valid-every 0 --save-every-steps 0 --quiet --no-tensorboard || return 1
   cp "$WORK/run/logs/train.jsonl" "$OUT/train.jsonl"
   $PY -c "
 import json, sys

@@ -56,7 +56,7 @@ if [ -n "${STEPS:-}" ]; then OPTIONAL+=(--max-steps "$STEPS"); fi
 if [ -n "${MINUTES:-}" ]; then OPTIONAL+=(--max-minutes "$MINUTES"); fi
 if [ -n "${WARMUP:-}" ]; then OPTIONAL+=(--warmup "$WARMUP"); fi
 if [ -n "${LR_SCALE:-}" ]; then OPTIONAL+=(--lr-scale "$LR_SCALE"); fi
-if [ -n "${MAX_TOKENS:-}" ]; then OPTIONAL+=(--max-tokens "$MAX_TOKENS"); fi
+if [ -n "${MAX_TOKENS:-}" ]; then OPTIONAL+=(--batch-tokens "$MAX_TOKENS"); fi
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
@@ -120,7 +120,7 @@ for search in "${searches[@]}"; do
   esac
   transduce evaluate "$RUN/avg_last$K" --dataset multi30k --src en --tgt de --split test_2016_flickr --variant "$VARIANT" \
     "${flags[@]}" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/test_2016_flickr.$search.json" \
-    --save-hyp "$RUN/test_2016_flickr.$search.de" > /dev/null
+    --out "$RUN/test_2016_flickr.$search.de" > /dev/null
 done
 for search in "${searches[@]}"; do
   echo "== test_2016_flickr, $search"

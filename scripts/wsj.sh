@@ -143,7 +143,7 @@ for search in "${searches[@]}"; do
     *) flags=(--beam "$BEAM" --alpha "$ALPHA") ;;
   esac
   [ -f "$RUN/23.avg$K.$search.json" ] || transduce evaluate "$RUN/avg_last$K" --dataset ptb-wsj --split 23 "${flags[@]}" \
-    "${COMMON[@]}" --json "$RUN/23.avg$K.$search.json" --save-hyp "$RUN/23.avg$K.$search.trees" > /dev/null
+    "${COMMON[@]}" --json "$RUN/23.avg$K.$search.json" --out "$RUN/23.avg$K.$search.trees" > /dev/null
 done
 for search in "${searches[@]}"; do
   echo "== section 23, $search"
