@@ -58,6 +58,14 @@ def version() -> str:
         return __version__
 
 
+class _Version(argparse.Action):
+    """--version: the version read only when asked for."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"transduce {version()}")
+        parser.exit()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of the `transduce` command. With `only`, only that subcommand's module is
     imported and its flags added (the others parse nothing: `main` builds the parser for the
@@ -67,7 +75,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     listing = "\n\nsubcommands:\n" + "".join(f"  {name:<11} {line}\n" for name, line in SUMMARIES.items())
     parser = argparse.ArgumentParser(prog="transduce", usage="%(prog)s [-h] [--version] SUBCOMMAND ...", description=DESCRIPTION + listing.rstrip(), epilog=EPILOG,
                                      formatter_class=HelpFormatter)
-    parser.add_argument("--version", action="version", version=f"transduce {version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", help=argparse.SUPPRESS)
     for name in SUBCOMMANDS:  # listed once, in the description
         if only is not None and name != only:
