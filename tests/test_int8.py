@@ -48,7 +48,10 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
         q = model(src, tgt)
         assert not torch.equal(q, ref)  # the int8 kernels ran
         assert (q - ref).abs().max().item() < 0.05 * ref.abs().max().item()
-        assert torch.allclose(q.log_softmax(-1).exp(), ref.log_softmax(-1).exp(), atol=0.01)
+        # where pairs add in int16 (no VNNI: AVX2, AVX-512 without VNNI) the weights take 7 bits, twice
+        # the rounding step of the 8 they take elsewhere, and the probabilities differ twice as much
+        atol = 0.02 if int8.int8_saturates() else 0.01
+        assert torch.allclose(q.log_softmax(-1).exp(), ref.log_softmax(-1).exp(), atol=atol)
         assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
         int8.dequantize_int8(model)
         assert torch.equal(model(src, tgt), ref) and model.output_proj is None
