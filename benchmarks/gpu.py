@@ -49,10 +49,8 @@ Decoding: beam 4 on random weights with every hypothesis forced to the same leng
 method of `benchmarks/decode_speed.py`: L = the batch's longest source + 10), transduce's
 `beam_search` against `MarianMTModel.generate(num_beams=4)` of the same dimensions, in fp32 and
 bf16 weights, batches of --decode-batch sentences, the systems taking turns batch by batch. Beside
-the search as it ships, three variants (`decode_variant`): the ranking in CPU-sized chunks as
-before 2026-11-27 (`transduce-chunked`), the model's own step through its modules as before
-2026-11-27 (`transduce-modules`) and the step as CUDA graphs (`transduce-graph`,
-benchmarks/graph_step.py); each
+the search as it ships, two variants (`decode_variant`): the ranking in CPU-sized chunks
+(`transduce-chunked`) and the model's own step through its modules (`transduce-modules`); each
 is checked against the first batch's hypotheses of the search as it ships, and one that fails is
 reported and left out.
 
@@ -79,7 +77,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decode_speed  # noqa: E402
 from bench import forward_flops  # noqa: E402
-from transduce import decode, kernels  # noqa: E402
+from transduce import decode  # noqa: E402
+from transduce.fast.decode import apply as apply_speedups  # noqa: E402
 from transduce.config import Config, get_preset  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.train import loss as loss_module  # noqa: E402
@@ -347,18 +346,15 @@ def table2_projection(report: dict) -> list[dict]:
 
 @contextlib.contextmanager
 def decode_variant(model: Transformer, variant: str):
-    """transduce's search as it ships (`transduce`: on a GPU, since 2026-11-27, the log-probabilities
-    ranked all at once and the decoding step as one function, `transduce.fast_step.FastStep`, which
-    `kernels.apply` installs), or one of three variants measured against it:
+    """transduce's search as it ships (`transduce`: on a GPU the log-probabilities ranked all at
+    once and the decoding step as one function, `transduce.fast.step.FastStep`, which
+    `fast.decode.apply` installs), or one of two variants measured against it:
 
     * `transduce-chunked`: the log-probabilities ranked 7 sentences at a time (base, beam 4), as
-      on the CPU and as on the GPU before 2026-11-27 (`decode.search_chunk_elements`): what not
-      chunking on the GPU gains;
-    * `transduce-modules`: the model's own `decode_step` through its modules, as on the GPU before
-      2026-11-27: what the flat step gains;
-    * `transduce-graph`: the decoding step replayed as CUDA graphs on fixed buffers
-      (`benchmarks/graph_step.py`): one launch a step for the model's part."""
-    from transduce import fast_step
+      on the CPU (`decode.search_chunk_elements`): what not chunking on the GPU gains;
+    * `transduce-modules`: the model's own `decode_step` through its modules: what the flat step
+      gains."""
+    from transduce.fast import step as fast_step
 
     undo = []
     if variant == "transduce-chunked":
@@ -368,12 +364,6 @@ def decode_variant(model: Transformer, variant: str):
     elif variant == "transduce-modules" and isinstance(model.__dict__.get("decode_step"), fast_step.FastStep):
         fast_step.uninstall(model)
         undo.append(lambda: fast_step.install(model))
-    elif variant == "transduce-graph":
-        import graph_step
-
-        before = model.__dict__.get("decode_step")  # the FastStep `kernels.apply` installed
-        graph_step.install(model)
-        undo.append(lambda: model.__dict__.pop("decode_step") if before is None else setattr(model, "decode_step", before))
     try:
         yield
     finally:
@@ -381,7 +371,7 @@ def decode_variant(model: Transformer, variant: str):
             u()
 
 
-DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-modules", "transduce-graph", "hf")
+DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-modules", "hf")
 
 
 def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, profile_to: Path | None = None) -> list[dict]:
@@ -398,7 +388,7 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
     for precision in ("fp32", "bf16"):
         decode_speed.cast(forced.model, precision)
         decode_speed.cast(marian, precision)
-        undo = kernels.apply(forced.model)  # on a GPU, the flat decoding step only
+        undo = apply_speedups(forced.model)  # on a GPU, the flat decoding step only
         times, failed = dict.fromkeys(DECODE_SYSTEMS, 0.0), {}
 
         def call(system: str, idx: list[int], L: int) -> float:

@@ -1,21 +1,15 @@
 """How far reduced-precision decoding is from fp32, with less noise than BLEU: teacher-forced.
 
     python benchmarks/int8_error.py runs/m30k/avg_last5 --dataset multi30k --src en --tgt de --split val
-    python benchmarks/int8_error.py MODEL ... --precisions bf16,int8,int8-per-row
+    python benchmarks/int8_error.py MODEL ... --precisions bf16,int8
 
 For every sentence pair of the split (a validation split: this is for choosing, not reporting), the
 model reads the source and the reference target (teacher forcing) in fp32 and in each precision as
-`transduce translate --precision P` prepares it (bf16: weights in bf16, packed; int8:
-`int8.quantize_int8` over the float type the CPU computes natively). Printed per precision:
+`transduce translate --precision P` prepares it (`transduce.ready.load_for_decoding`, packed as
+`translate` packs). Printed per precision:
 the mean KL(fp32 || P) of the next-token distributions per target token, and how often the most
 likely next token is the same as fp32's. BLEU over 1,000 sentences moves by ~0.3 when 10% of the
 outputs change; this moves by little but the arithmetic.
-
-`int8-per-row` is an experiment, not a `translate` option: int8 with one activation scale per row
-(per hypothesis) instead of one per tensor, symmetric around zero (zero point 128; for inputs
-known to be >= 0, the FFN's second product, zero point 0 and all 8 bits), the rows rescaled after
-oneDNN's product (its int8 linear takes a single activation scale). Docs/RESULTS.md ("int8
-quality") has what it gains and what its rescaling costs.
 """
 
 from __future__ import annotations
@@ -28,31 +22,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
-from transduce import int8, kernels  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
 from transduce.data.vocab import BOS, EOS  # noqa: E402
-from transduce.precision import int8_choice  # noqa: E402
-from transduce.translate import load_translation_model  # noqa: E402
+from transduce.fast.decode import apply as apply_speedups  # noqa: E402
+from transduce.ready import load_for_decoding  # noqa: E402
 
-PRECISIONS = ("bf16", "int8", "int8-per-row")
-
-
-def per_row_call(self, x, bias, activation="none"):
-    """`int8.Int8Weight.__call__` with one activation scale per row (the experiment above)."""
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    nonneg = bool(torch.aminmax(x2)[0].item() >= 0)
-    zp, top = (0, float(self.levels)) if nonneg else ((self.levels + 2) // 2, self.levels / 2)
-    m = x2.amax(-1, keepdim=True) if nonneg else x2.abs().amax(-1, keepdim=True)
-    s = m.float().clamp_min_(1e-30).mul_(1.0 / top)  # (rows, 1)
-    q = torch.mul(x2, s.reciprocal()).add_(zp + 0.5).to(torch.int16).to(torch.uint8)
-    z = torch.ops.onednn.qlinear_pointwise(q, 1.0, zp, self.weight, self.scales, self.zeros, None, 1.0, 0,
-                                           torch.float32, "none", [], "")
-    y = torch.addcmul(bias, z, s) if bias is not None else z.mul_(s)
-    if activation == "relu":
-        y.relu_()
-    return y.to(self.out_dtype or x.dtype).view(*shape[:-1], -1)
+PRECISIONS = ("bf16", "int8")
 
 
 def batches(loaded, sources: list[str], targets: list[str], size: int):
@@ -87,41 +63,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    loaded = load_translation_model(args.model)
+    loaded = load_for_decoding(args.model, precision="fp32")
     sources = list(read_lines(fetch(args.dataset, args.split, args.src, data_dir=args.data_dir)))
     targets = list(read_lines(fetch(args.dataset, args.split, args.tgt, data_dir=args.data_dir)))
     data = list(batches(loaded, sources, targets, args.batch_size))
-    model, pad = loaded.model.eval().float(), loaded.model.config.pad_id
-    reference = log_probs(model, data)
+    pad = loaded.model.config.pad_id
+    reference = log_probs(loaded.model.eval(), data)
     print(f"{args.dataset} {args.split}: {len(sources):,} pairs; mean KL(fp32 || P) per target token, "
           f"and next-token argmax equal to fp32's")
-    original_call = int8.Int8Weight.__call__
     for p in precisions:
-        int8.dequantize_int8(model)
-        kernels.unpack_weights(model)
-        model.float()
-        if p == "bf16":
-            model.to(torch.bfloat16)
-            kernels.pack_weights(model)
-            what = "bf16 weights, packed"
-        else:
-            choice = int8_choice()
-            if choice.base == "bf16":
-                model.to(torch.bfloat16)
-            int8.quantize_int8(model, **choice.int8_options())
-            kernels.pack_weights(model)  # the layers left in the float type, as `translate` packs them
-            what = choice.reason
-        int8.Int8Weight.__call__ = per_row_call if p == "int8-per-row" else original_call
-        try:
-            kl = agree = n = 0.0
-            for (_, t), ref, lp in zip(data, reference, log_probs(model, data)):
-                mask = t[:, 1:] != pad
-                kl += (ref.exp() * (ref - lp)).sum(-1)[mask].sum().item()
-                agree += (ref.argmax(-1) == lp.argmax(-1))[mask].sum().item()
-                n += mask.sum().item()
-        finally:
-            int8.Int8Weight.__call__ = original_call
-        print(f"{p:<13} KL {kl / n:.5f} nats/token   argmax equal {agree / n:.4f}   ({int(n):,} tokens; {what})")
+        ready = load_for_decoding(args.model, precision=p)
+        apply_speedups(ready.model.eval())
+        kl = agree = n = 0.0
+        for (_, t), ref, lp in zip(data, reference, log_probs(ready.model, data)):
+            mask = t[:, 1:] != pad
+            kl += (ref.exp() * (ref - lp)).sum(-1)[mask].sum().item()
+            agree += (ref.argmax(-1) == lp.argmax(-1))[mask].sum().item()
+            n += mask.sum().item()
+        print(f"{p:<5} KL {kl / n:.5f} nats/token   argmax equal {agree / n:.4f}   ({int(n):,} tokens; "
+              f"{ready.precision.reason})")
     return 0
 
 

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The GPU path in one command (issue 21), for a fresh CUDA machine with this repository copied
-# (PyTorch, transformers, sentencepiece, safetensors, sacrebleu, sacremoses, tqdm, pytest installed: the H200 image here lacks sacremoses, carried as a wheel; no network needed; no
-# `pip install` of transduce: PYTHONPATH=src). 522 s on an H200 with GPU_ARGS="--decode-batch 64 --decode-sentences 512"
-# (2026-11-27 07:27 UTC, 1a79bd4: the tests 32 s, the training run under a minute, compiling 205 s).
+# The GPU path in one command, for a fresh CUDA machine with this repository copied (PyTorch,
+# transformers, sentencepiece, safetensors, sacrebleu, sacremoses, tqdm, pytest installed; no network
+# needed; no `pip install` of transduce: PYTHONPATH=src). About ten minutes on a recent GPU with
+# GPU_ARGS="--decode-batch 64 --decode-sentences 512".
 #
 #   scripts/gpu_check.sh "$OUT"          # on the GPU; every figure lands in $OUT
 #   scripts/gpu_check.sh --dry /tmp/dry  # the same steps, tiny, on the CPU (a minute or two)
 #
 # 1. correctness: tests/test_cuda.py (model vs CPU, cached decoding vs full recomputation, beam
-#    search vs CPU, training steps in fp32/bf16/fp16 lowering the loss, flash vs math attention)
-#    and tests/test_device.py's CUDA test, on the GPU              -> tests.log, tests.xml
+#    search vs CPU, training steps in fp32/bf16/fp16 lowering the loss, flash vs math attention),
+#    tests/test_device.py's CUDA test and tests/test_fast_step.py (the flat decoding step that
+#    `fast.decode.apply` installs there, bit for bit the model's), on the GPU -> tests.log, tests.xml
 # 2. a short real training run (`transduce train`, bf16, the reverse task written as a prepared
 #    directory) whose loss must fall                               -> train_check.log, train.jsonl
 # 3. benchmarks/gpu.py: base and big training throughput and MFU (bf16, bf16 with the math
@@ -41,7 +42,7 @@ fi
 
 echo "== 1. tests on $DEVICE"
 [ "${SKIP_TESTS:-0}" = 1 ] && echo "(skipped: SKIP_TESTS=1)" > "$OUT/tests.log" || \
-$PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device.py --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
+$PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_device.py tests/test_fast_step.py --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 status+=("tests: exit ${PIPESTATUS[0]}")
 
 echo "== 2. a short real training run on $DEVICE (bf16): its loss must fall"

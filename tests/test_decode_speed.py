@@ -28,6 +28,7 @@ def run(tmp_path: Path, *args: str) -> dict:
 
 
 @needs_mirror
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule,timings", [("stream", 1), ("groups", 3)])
 def test_workers_decode_every_batch(tmp_path, schedule, timings):
     result = run(tmp_path, "--workers", "2", "--schedule", schedule)

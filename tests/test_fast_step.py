@@ -1,23 +1,54 @@
-"""`transduce.fast_step.FastStep`: the decoder's step without its module layers computes bit for
-bit what `Transformer.decode_step` computes, on every weight path `kernels` sets up, and hands
-every case it does not cover to the model's own step."""
+"""`transduce.fast.step.FastStep`: the decoder's step without its module layers computes bit for
+bit what `Transformer.decode_step` computes, on every path where `decode.apply` installs it (the
+CPU with and without packed weights, int8, and the device `TRANSDUCE_TEST_DEVICE` names: CUDA in
+scripts/gpu_check.sh), and hands every case it does not cover to the model's own step."""
+
+import dataclasses
+import os
 
 import pytest
 import torch
 
-from transduce import fast_step, int8, kernels
+from transduce.config import ModelConfig
 from transduce.decode import _best_extensions, beam_search, greedy_decode
-from transduce.fast_step import FastStep
+from transduce.fast import decode as kernels
+from transduce.fast import int8, step as fast_step
+from transduce.fast.step import FALLBACK, HANDLED, FastStep
 from transduce.model import Transformer, padding_mask
 
 from test_model import padded_batch, tiny_config
 
-needs_packing = pytest.mark.skipif(not kernels.can_pack(torch.float32, "cpu"), reason="no oneDNN in this torch build")
+DEVICE = torch.device(os.environ.get("TRANSDUCE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+"""Where the device test runs: CUDA where there is one (scripts/gpu_check.sh runs this file there), else the CPU."""
 
 
-def _model(dtype=torch.float32, **kw):
+def _model(dtype=torch.float32, device="cpu", **kw):
     torch.manual_seed(0)
-    return Transformer(tiny_config(src_vocab_size=60, **kw)).eval().to(dtype)
+    return Transformer(tiny_config(src_vocab_size=60, **kw)).eval().to(device=device, dtype=dtype)
+
+
+def test_every_model_option_is_handled_by_the_step_or_handed_back():
+    """A `ModelConfig` field added without a line in `HANDLED` or `FALLBACK` fails here (and, until
+    it has one, every model decodes through its own step: `covers` is False)."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert fields == set(HANDLED) | set(FALLBACK), (fields - set(HANDLED) - set(FALLBACK), set(HANDLED) | set(FALLBACK) - fields)
+    assert not set(HANDLED) & set(FALLBACK)
+    defaults = ModelConfig()
+    assert all(getattr(defaults, name) == value for name, value in FALLBACK.items())  # the paper's model is covered
+    assert fast_step.covers(defaults)
+    for name in FALLBACK:  # every other value of a fallback option: the model's own step
+        other = dict(word_positions=dict(word_positions=True, share_embeddings=False, tie_output=False),
+                     attention_window=dict(attention_window=2))[name]
+        assert not fast_step.covers(dataclasses.replace(defaults, **other))
+
+
+def test_a_field_in_neither_table_is_not_covered(monkeypatch):
+    monkeypatch.delitem(HANDLED, "d_ff")
+    assert not fast_step.covers(ModelConfig())
+    model = _model()
+    undo = kernels.apply(model)
+    assert "decode_step" not in model.__dict__
+    undo()
 
 
 def _steps(model, src, step, n=6):
@@ -26,13 +57,13 @@ def _steps(model, src, step, n=6):
     with torch.inference_mode():
         mask = padding_mask(src, model.config.pad_id)
         cache = model.init_cache(model.encode(src, mask), mask)
-        tokens, out = torch.full((src.size(0), 1), 2), []
+        tokens, out = torch.full((src.size(0), 1), 2, device=src.device), []
         for t in range(n):
             logits = step(tokens, cache)
             out.append(logits)
             tokens = logits[:, -1].argmax(-1, keepdim=True)
             if t == 2:  # rows swap places, as hypotheses do between steps
-                order = torch.arange(src.size(0)).flip(0)
+                order = torch.arange(src.size(0), device=src.device).flip(0)
                 cache.reorder(order)
                 tokens = tokens[order]
         return out
@@ -57,22 +88,36 @@ def _same_as_the_model(model, src):
         model.decode_step = installed
 
 
-@needs_packing
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_step_is_the_models_step_bit_for_bit(dtype, tied, norm_first):
-    if dtype == torch.bfloat16 and not kernels.can_pack(dtype, "cpu"):
-        pytest.skip("no oneDNN bf16 on this CPU")
+    """On the CPU with plain F.linear layers (every torch), then with oneDNN-packed ones where this
+    torch and CPU pack that dtype."""
     kw = {} if tied else dict(tie_output=False, share_embeddings=False)
     model = _model(dtype, norm_first=norm_first, attention_bias=not tied, **kw)
     src = padded_batch([7, 3, 5], vocab=60, seed=1)
-    for pack in (False, True):  # plain F.linear layers, then oneDNN-packed ones
+    for pack in (False, True) if kernels.can_pack(dtype, "cpu") else (False,):
         undo = kernels.apply(model, pack=pack)
-        assert isinstance(model.decode_step, FastStep)
+        assert isinstance(model.decode_step, FastStep) and kernels.is_packed(model) == pack
         _same_as_the_model(model, src)
         undo()
         assert "decode_step" not in model.__dict__
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fast_step_on_the_test_device_is_the_models_step_bit_for_bit(dtype, norm_first):
+    """What `decode.apply` installs on `DEVICE` (no packing, no step attention off the CPU: the
+    model's own SDPA) gives the model's logits and hypotheses bit for bit."""
+    if dtype == torch.bfloat16 and DEVICE.type == "cuda" and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bf16")
+    model = _model(dtype, DEVICE, norm_first=norm_first)
+    src = padded_batch([7, 3, 5], vocab=60, seed=1).to(DEVICE)
+    undo = kernels.apply(model)
+    assert isinstance(model.decode_step, FastStep)
+    _same_as_the_model(model, src)
+    undo()
 
 
 @pytest.mark.skipif(not int8.can_int8(), reason="no oneDNN int8 here")
@@ -94,7 +139,7 @@ def test_fast_step_runs_the_int8_products_as_the_model_does(decoder):
     undo()
 
 
-@needs_packing
+@pytest.mark.skipif(not kernels.can_pack(torch.float32, "cpu"), reason="a stale packed weight needs packing")
 def test_fast_step_hands_what_it_does_not_cover_to_the_model(monkeypatch):
     """Autograd, autocast, training mode, several positions at once, a stale packed weight: the
     model's own step, so the results are the model's (here: F.linear for the changed weight)."""
@@ -143,13 +188,13 @@ def test_apply_installs_the_step_only_where_it_covers_the_model():
     again()
     assert model.decode_step is step
     undo()
-    assert "decode_step" not in model.__dict__ and not fast_step.FastStep.covers(_model(attention_window=2))
+    assert "decode_step" not in model.__dict__
 
 
 def test_one_query_on_one_thread_is_equation_1():
     """`decode_attention` hands one unmasked query per row on one thread to PyTorch's fused
     kernel: still equation 1."""
-    from transduce.kernels import decode_attention
+    from transduce.fast.decode import decode_attention
     from transduce.model import attention_reference
 
     torch.manual_seed(0)
@@ -174,18 +219,3 @@ def test_consumed_logits_give_the_same_extensions(dtype):
     got = _best_extensions(given, alive, 8, [0, 2], 3, consume=True, chunk_elements=2 * 4 * 3000)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert torch.equal(given, logits) == (dtype != torch.float32)  # bf16 logits are left as they were
-
-
-def test_the_step_benchmark_finds_the_models_hypotheses():
-    """benchmarks/step_variants.py runs its three variants and finds FastStep's hypotheses and
-    scores equal to the model's step's (one thread, the fused attention in play)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "step_variants.py"
-    out = subprocess.run([sys.executable, str(script), "--preset", "small", "--precision", "fp32", "--passes", "1"],
-                         check=True, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert "FastStep gives the model's hypotheses and scores: True" in out.stdout
-    assert out.stdout.count("ms a step") == 3

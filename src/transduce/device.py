@@ -41,7 +41,6 @@ def setup_cuda() -> None:
     * cuDNN's attention is left out of `scaled_dot_product_attention`'s choices (flash,
       memory-efficient and math remain). PyTorch 2.11 puts cuDNN first on Hopper, and cuDNN
       builds an execution graph for every new shape, hundreds of milliseconds each; batches of
-      sentences come in hundreds of shapes and every decoding step is a new one. Measured on an
-      H200 (benchmarks/gpu.py, docs/RESULTS.md): base trained in bf16 at 41,634 target tokens/s
-      with cuDNN first and at 261,791 without it (6.3x; big 3.8x)."""
+      sentences come in hundreds of shapes and every decoding step is a new one: training and
+      decoding ran several times slower with it first (benchmarks/gpu.py, docs/RESULTS.md)."""
     torch.backends.cuda.enable_cudnn_sdp(False)

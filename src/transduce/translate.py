@@ -40,13 +40,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from . import kernels
 from .checkpoint.files import AtomicOutput  # noqa: F401  (an output file written whole: here for its callers)
 from .data.batching import batch_for_decoding
 from .data.vocab import BOS, EOS, PAD, Vocab
 from .decode import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
 from .errors import DataError
+from .fast.decode import apply as apply_speedups
 
 DEFAULT_BEAM = 4
 DEFAULT_ALPHA = 0.6
@@ -126,7 +126,7 @@ def translate_stream(
     through `warn("SOURCE:LINE: ...")`; `advance(n)` is called as lines are done.
 
     The model is put in eval mode for the duration (and restored; on the CPU the speed-ups of
-    `transduce.kernels` are applied meanwhile, `kernels.apply`). It decodes on the device of
+    `transduce.fast.decode` are applied meanwhile, `apply_speedups`). It decodes on the device of
     its parameters and in their dtype: bf16 weights (what `--bf16` loads) run in bf16; with fp32
     weights, `bf16=True` runs the forward passes under bf16 autocast. The search's
     log-probabilities and scores are fp32 either way. `constraint` restricts the beam search
@@ -152,11 +152,11 @@ def translate_stream(
     model.eval()
     # CPU: weights pre-packed and decoding steps' attention for the duration, unless the caller
     # has set them already (the undo undoes only what `apply` did).
-    undo_speedups = kernels.apply(model)
+    undo_speedups = apply_speedups(model)
     pool = None
     try:
         if workers > 1:
-            pool = Workers(search, workers)  # after kernels.apply: the children inherit packed weights
+            pool = Workers(search, workers)  # after apply_speedups: the children inherit packed weights
         yield from stream_lines(search, src_vocab, lines, limit=limit, chunk_lines=chunk_lines, batch_tokens=batch_tokens,
                                 batch_size=batch_size, source_name=source_name, warn=warn, advance=advance,
                                 map_batches=pool.map if pool is not None else None)
@@ -401,11 +401,13 @@ class LoadedModel:
     """What was loaded, for the user: e.g. 'runs/base/checkpoints/step_0100000' or
     'average of the last 5 checkpoints (step_... .. step_...)'."""
     precision: object = None
-    """The `transduce.precision.Choice` it runs in (set by `transduce.cli.common.load_from_args`)."""
+    """The `transduce.precision.Choice` it runs in (set by `transduce.ready.load_for_decoding`)."""
     metadata: dict | None = None
     """The data.json found beside the model (what it was trained on: e.g. "task": "parsing"), if any."""
+    workers: int = 1
+    """How many CPU processes decode (set by `transduce.ready.load_for_decoding`)."""
     workers_line: str = ""
-    """How many CPU workers decode, and why (set by `load_from_args`)."""
+    """How many CPU workers decode, and why (set by `transduce.ready.load_for_decoding`)."""
 
 
 def _find_metadata(dirs: Sequence[Path]) -> dict | None:

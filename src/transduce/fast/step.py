@@ -1,50 +1,90 @@
 """One decoding step without the module layers around it: `Transformer.decode_step` for one new
 position per row, as one flat function. Not in the paper, and not a different computation.
 
-A decoding step of beam search runs a few hundred small PyTorch operations for 128 hypotheses
-(32 sentences x beam 4), and on two CPU cores the Python around them (nn.Module calls, the
-packed layers' per-call checks, the attention's folding and unfolding, dropout that does nothing
-in eval mode) cost as much as a third of the small model's step: the same step with d_model 16,
-where the products are free, still took 4.3 ms against 10.5 at d_model 256 (Xeon with AMX, one
-thread, 2026-11-27). `FastStep` runs the same operations in the same order on the same weights
-(the oneDNN-packed or int8 copies of `transduce.kernels`), so its logits are bit for bit the
-model's (tests/test_fast_step.py), with the checks made once per step instead of once per
-product and nothing else in between.
+A decoding step of beam search runs a few hundred small PyTorch operations, and the Python around
+them (nn.Module calls, the packed layers' per-call checks, the attention's folding and unfolding,
+dropout that does nothing in eval mode) costs a good part of a small model's step, on the CPU and
+on a GPU, where the host's time between kernel launches bounds it (docs/speed.md). `FastStep`
+runs the same operations in the same order on the same weights (the packed or int8 copies of
+`transduce.fast`), so its logits are bit for bit the model's (tests/test_fast_step.py, on the
+CPU with and without packed weights, in int8, and on CUDA by scripts/gpu_check.sh), with the
+checks made once per step instead of once per product and nothing else in between.
 
 What it covers is what every decoding step of the paper's model is: one new position per row
 (Section 3.1's auto-regressive decoder: masked self-attention over the cache, encoder-decoder
 attention, the FFN, each in its residual and LayerNorm, post- or pre-norm), then the pre-softmax
-projection (3.4). Anything else goes to the model's own `decode_step`, unchanged: several
-positions at once, training mode, autograd, autocast, a packed weight that has gone stale (an
-optimizer step, `load_state_dict`), a dtype the packed weights are not in, and the options that
-are not in the paper and change the step (`attention_window`, `word_positions`).
+projection (3.4). Every field of `ModelConfig` is either in `HANDLED` (what the step does with it)
+or in `FALLBACK` (the options that change the step, with the value under which the step still
+covers them); a model with any other value, or a field in neither table, decodes through the
+model's own `decode_step`, as do several positions at once, training mode, autograd, autocast, a
+packed weight gone stale (an optimizer step, `load_state_dict`) and a dtype the packed weights
+are not in.
 
-`kernels.apply(model)` sets it as the model's `decode_step` (an attribute of the instance, so
+`decode.apply(model)` sets it as the model's `decode_step` (an attribute of the instance, so
 `decode.py`, `translate`, `serve` and `parse` pick it up with no change) and its undo removes it;
-`transduce.model` knows nothing of it. On a GPU too, where the host's time between kernel
-launches bounds a decoding step: beam-4 decoding of base on an H200 went from 1.35x to 1.61x
-Hugging Face's `generate` in fp32 and from 1.33x to 1.57x in bf16, the same hypotheses
-(docs/RESULTS.md, 2026-11-27).
+`transduce.model` knows nothing of it.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .cache import DecoderCache
-from .model import Transformer
+from ..cache import DecoderCache
+from ..config import ModelConfig
+from ..model import Transformer
+
+HANDLED = {
+    "src_vocab_size": "the source side: the encoder's, in the cache",
+    "tgt_vocab_size": "the embedding and projection matrices' shapes",
+    "n_layers": "one pass per decoder layer",
+    "d_model": "the weights' shapes",
+    "d_ff": "the weights' shapes",
+    "n_heads": "h of each attention layer",
+    "d_k": "d_k of each attention layer",
+    "d_v": "d_v of each attention layer",
+    "dropout": "eval mode only: no dropout",
+    "attention_dropout": "eval mode only: no dropout",
+    "attention_bias": "the layers' biases, None or not",
+    "positional": "the decoder's own `positions` module",
+    "max_positions": "the decoder's own `positions` module",
+    "share_embeddings": "the decoder's embedding matrix, shared or not",
+    "tie_output": "the tied matrix or the projection layer",
+    "scale_embeddings": "the embedding's own scale",
+    "norm_first": "post-norm or pre-norm residuals, and the final LayerNorm",
+    "layer_norm_eps": "each LayerNorm's own eps",
+    "pad_id": "the source mask in the cache",
+}
+"""The `ModelConfig` fields the step computes as the model does, and how."""
+
+FALLBACK = {"word_positions": False, "attention_window": None}
+"""The options that change the step and that it does not run: it covers a model only with these
+values (the paper's); any other goes to the model's own step."""
+
+
+def covers(config: ModelConfig) -> bool:
+    """Whether the step computes what the model's own does for models of `config`: every field
+    in `HANDLED`, or in `FALLBACK` at its covered value."""
+    for f in dataclasses.fields(config):
+        if f.name in FALLBACK:
+            if getattr(config, f.name) != FALLBACK[f.name]:
+                return False
+        elif f.name not in HANDLED:
+            return False
+    return True
 
 
 def _linear(layer, rows: slice | None = None):
     """(fn, checks): fn(x, activation) = x W[rows]^T + b[rows], the operation `layer` itself runs
-    for input in the dtype its packed copies are in (`transduce.kernels.PackedLinear.forward`), and
+    for input in the dtype its packed copies are in (`transduce.fast.decode.PackedLinear.forward`), and
     the packed copy it relies on (None for a plain `nn.Linear`)."""
     w, b = layer.weight, layer.bias
     if rows is not None:
         w, b = w[rows], None if b is None else b[rows]
-    packed = layer.packed_for(rows) if hasattr(layer, "packed_for") else None  # a `kernels.PackedLinear`
+    packed = layer.packed_for(rows) if hasattr(layer, "packed_for") else None  # a `decode.PackedLinear`
     if packed is None:
         def plain(x: Tensor, activation: str = "none") -> Tensor:
             y = F.linear(x, w, b)
@@ -60,7 +100,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
 
 class FastStep:
     """`model.decode_step` as one function (see the module's doc). Build it after the weights are
-    packed or quantized (`kernels.apply` does); it then checks, once per step, that what it was
+    packed or quantized (`decode.apply` does); it then checks, once per step, that what it was
     built on still holds, and otherwise calls the model's own step."""
 
     def __init__(self, model: Transformer):
@@ -72,7 +112,7 @@ class FastStep:
         self.layers = []
         for layer in dec.layers:
             sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.feed_forward
-            # W_1 with its ReLU: inside a packed product (`kernels.PackedFeedForward`), else after it
+            # W_1 with its ReLU: inside a packed product (`decode.PackedFeedForward`), else after it
             w_1 = self._add(_linear(ffn.w_1))
             norms = tuple((n.normalized_shape, n.weight, n.bias, n.eps, True) for n in (layer.norm1, layer.norm2, layer.norm3))
             self.layers.append((
@@ -96,12 +136,6 @@ class FastStep:
         if packed is not None:
             self.checks.append(packed)
         return fn
-
-    @staticmethod
-    def covers(model: Transformer) -> bool:
-        """Whether the model's options leave its decoding step the one `FastStep` runs."""
-        c = model.config
-        return c.attention_window is None and model.word_positions is None and model.decoder.words is None
 
     def usable(self, tgt: Tensor) -> bool:
         """Whether this step computes what the model's would: one position, eval mode, no autograd
@@ -152,7 +186,7 @@ class FastStep:
 def install(model: Transformer) -> bool:
     """Set a `FastStep` as `model.decode_step` where it covers the model (returns whether it did);
     `uninstall` takes it away."""
-    if not FastStep.covers(model):
+    if not covers(model.config) or model.word_positions is not None or model.decoder.words is not None:
         return False
     model.decode_step = FastStep(model)
     return True
@@ -165,7 +199,7 @@ def uninstall(model: Transformer) -> None:
 
 def refresh(model) -> None:
     """Rebuild the `FastStep` of every model inside `model` that has one: after its layers were
-    packed, unpacked, quantized or put back (`transduce.kernels` calls this), so that it never runs
+    packed, unpacked, quantized or put back (`transduce.fast.decode` calls this), so that it never runs
     on layers the model no longer has."""
     for m in model.modules():
         if isinstance(m, Transformer) and isinstance(m.__dict__.get("decode_step"), FastStep):

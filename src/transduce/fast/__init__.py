@@ -1,0 +1,4 @@
+"""Speed-ups that compute what `transduce.model` computes, with less overhead, applied to a built
+model from the outside: `decode` (packed weights, decoding attention, `apply`), `step` (the
+decoder's step as one function), `int8` (int8 decoding), `train` (training's dropout and bf16
+attention); `ops` holds every private PyTorch operator they call."""

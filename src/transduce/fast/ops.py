@@ -1,0 +1,85 @@
+"""The private PyTorch operators the CPU speed-ups call, in one place.
+
+`torch.ops.mkldnn._linear_pointwise` (a product with a weight pre-packed by
+`torch.ops.mkldnn._reorder_linear_weight`, optionally with its ReLU) and oneDNN's int8 linear
+(`torch.ops.onednn.qlinear_prepack`, `torch.ops.onednn.qlinear_pointwise`, what Inductor's x86
+int8 quantization lowers to) are not public API: their signatures may change between PyTorch
+releases. Every call goes through the functions here, and `has` says whether this torch build
+has them; where one is missing, the callers take the public path (`F.linear`; int8 refuses in one
+line), and `warn_missing` says so once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from torch import Tensor
+
+_WARNED: set[str] = set()
+
+ONEDNN_AMX_ISAS = {"", "ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX",
+                   "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"}
+"""Values of `ONEDNN_MAX_CPU_ISA` (unset included) that leave oneDNN its AMX kernels."""
+
+
+def onednn_isa_limit() -> str:
+    """`ONEDNN_MAX_CPU_ISA` (or its old name), upper case; "" where unset."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+
+
+def amx_products() -> bool:
+    """Whether oneDNN multiplies on AMX tiles here: the CPU has AMX (as PyTorch reports it) and
+    `ONEDNN_MAX_CPU_ISA` does not hold oneDNN below it (e.g. AVX2, to imitate a laptop CPU)."""
+    if not bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()):
+        return False
+    return onednn_isa_limit() in ONEDNN_AMX_ISAS
+
+
+def has(what: str) -> bool:
+    """Whether this torch build has the operators of `what`: "packed" (oneDNN-packed fp32/bf16
+    products) or "int8" (oneDNN's int8 linear)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    if what == "packed":
+        return all(hasattr(torch.ops.mkldnn, op) for op in ("_linear_pointwise", "_reorder_linear_weight"))
+    if what == "int8":
+        return all(hasattr(torch.ops.onednn, op) for op in ("qlinear_prepack", "qlinear_pointwise"))
+    raise ValueError(what)
+
+
+def warn_missing(what: str) -> None:
+    """One warning per process that `what`'s private operators are missing from this torch."""
+    if what not in _WARNED:
+        _WARNED.add(what)
+        warnings.warn(f"torch {torch.__version__} lacks oneDNN's {what} operators: decoding takes PyTorch's public "
+                      "path (correct, slower)", RuntimeWarning, stacklevel=3)
+
+
+def bf16_packing() -> bool:
+    """Whether oneDNN computes bf16 products on this CPU (what bf16 packing needs)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def pack(w: Tensor) -> Tensor:
+    """W (out, in) in oneDNN's blocked layout, for `linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(w.contiguous())
+
+
+def linear(x: Tensor, packed: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
+    """x W^T + b with W packed by `pack`; `activation` "relu": max(0, .), applied by oneDNN as it
+    writes the product."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
+
+
+def int8_pack(q: Tensor) -> object:
+    """An int8 weight (out, in) packed for `int8_linear`."""
+    return torch.ops.onednn.qlinear_prepack(q, None)
+
+
+def int8_linear(q: Tensor, scale: float, zero: int, packed, w_scales: Tensor, w_zeros: Tensor, bias: Tensor | None,
+                out_dtype: torch.dtype, activation: str = "none") -> Tensor:
+    """(q - zero) * scale times the int8 weight (per-row `w_scales`) plus bias, in `out_dtype`."""
+    return torch.ops.onednn.qlinear_pointwise(q, scale, zero, packed, w_scales, w_zeros, bias, 1.0, 0, out_dtype,
+                                              activation, [], "")

@@ -1,0 +1,123 @@
+"""Speed-ups for training on the CPU, applied to a built `transduce.model.Transformer` from the
+outside (by the trainer and `transduce.synthetic`). Not in the paper: the same dropout (5.4) and
+the same equation 1, computed faster (docs/RESULTS.md has the measurements).
+
+* `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws a quarter of
+  the random numbers on the CPU (the random stream of a seeded run is BitDropout's).
+* `fast_attention(model)`, for bf16 training on the CPU: equation 1 with the scores and the
+  softmax in fp32 and the second product in bf16 (`autocast_attention`), in place of PyTorch's
+  math kernel, which upcasts both products to fp32.
+* `keep_freed_memory()`: glibc keeps freed memory for reuse instead of unmapping it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..model import MultiHeadAttention
+
+
+class BitDropout(nn.Module):
+    """Dropout (5.4, Srivastava et al. 2014): in training, each element is zeroed with probability
+    p and the rest scaled by 1 / (1 - p); the identity in eval mode.
+
+    On the CPU the mask comes from 15 random bits per element, four elements per 64-bit draw of
+    the default generator (`random_`), instead of `bernoulli_`'s one draw per element: a quarter
+    of the random numbers, for faster training steps. p is thereby rounded
+    to a multiple of 2^-15 (0.1 becomes 0.1000061). Elsewhere (CUDA) `torch.nn.functional.dropout`,
+    as `nn.Dropout`. It draws another random stream than `nn.Dropout`: a seeded run repeats bit
+    for bit only with the same choice.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), not {p}")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, True)
+        n = x.numel()
+        bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_()  # 63 random bits each
+        r = bits.view(torch.int16)[:n].view(x.shape) & 0x7FFF  # 15 random bits an element: 0..32767
+        # keep = r >= threshold, as 1/0 in int16: r - threshold is negative exactly where the element
+        # is dropped, and its arithmetic shift by 15 is then -1, else 0. The same mask as a comparison,
+        # whose bool result converts to bf16 several times slower than int16 does (unvectorised).
+        keep = r.sub_(round(self.p * 32768)).bitwise_right_shift_(15).add_(1)
+        return x * keep.to(x.dtype).mul_(1.0 / (1.0 - self.p))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                       dropout_p: float = 0.0) -> Tensor:
+    """Equation 1 (3.2.1), softmax(Q K^T / sqrt(d_k)) V, for training under bf16 autocast on the
+    CPU: Q K^T in fp32 (from q and k as they are, bf16 out of their projections: the scores the
+    math kernel computes, up to the order of the sums), the scaling, mask and softmax in fp32, then
+    the weights rounded to V's dtype for the second product, in bf16 like every other product under
+    autocast. Same arguments and mask convention as `scaled_dot_product_attention` (bool, True =
+    may attend); dropout on the weights as it applies it. In fp32 it is equation 1 in fp32.
+
+    Why: PyTorch's flash kernel's backward in bf16 is several times slower than its math kernel
+    on the CPU (`transduce.train.step.attention_kernel_for`), and the math kernel upcasts q, k and
+    v and computes both products and their gradients in fp32; this keeps the fp32 scores and runs
+    the second product in bf16 (faster training steps: docs/RESULTS.md)."""
+    # fp32 copies laid out (B, h, T, d) contiguously: q and k come as views of (B, T, h, d), and a
+    # copy that kept their strides would be copied again inside the batched product
+    q32, k32 = (x.to(torch.float32, memory_format=torch.contiguous_format) for x in (q, k))
+    with torch.autocast(q.device.type, enabled=False):
+        scores = torch.matmul(q32, k32.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
+    if attn_mask is not None:
+        scores.masked_fill_(~attn_mask, float("-inf"))  # a fresh tensor: in place is safe
+    weights = scores.softmax(dim=-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, dropout_p)
+    return torch.matmul(weights.to(v.dtype), v)
+
+
+def fast_attention(model: nn.Module) -> int:
+    """Every `MultiHeadAttention` of `model` computes equation 1 outside decoding steps through
+    `autocast_attention` (`MultiHeadAttention.sequence_attention`; decoding steps keep theirs). For
+    bf16 training on the CPU (what the trainer and `benchmarks/bench.py` do); call it once, on the
+    model that trains. Returns how many layers it set."""
+    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    for m in layers:
+        m.sequence_attention = autocast_attention
+    return len(layers)
+
+
+def keep_freed_memory() -> bool:
+    """glibc: serve every allocation from the heap and keep what is freed there for reuse, instead
+    of mapping each large block afresh (glibc maps every block over 32 MB, and many smaller ones)
+    and unmapping it when freed. A training step allocates and frees the same large tensors every
+    step (the logits and their gradient, the embedding matrix's gradient and its bf16 copy); mapped
+    afresh, the first touch of each of their pages is a page fault (docs/RESULTS.md). The process
+    keeps its peak memory, which the next step needs again anyway. For the CPU trainer
+    (`transduce.train.trainer`); returns whether it took (elsewhere nothing changes)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+
+
+def fast_dropout(model: nn.Module) -> int:
+    """Replace every `nn.Dropout` in `model` by a `BitDropout` of the same p (in place; dropout has
+    no parameters, so `state_dict` is unchanged). Call it once, on the model that trains, before
+    its first step. Returns how many were replaced."""
+    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+             if isinstance(child, nn.Dropout)]
+    for parent, name, child in swaps:
+        setattr(parent, name, BitDropout(child.p).train(child.training))
+    return len(swaps)
