@@ -4,7 +4,7 @@
     python benchmarks/decode_speed.py                              # all 3003 sentences of newstest2014
     python benchmarks/decode_speed.py --precisions fp32 --batch-size 16 --threads 2 --json out.json
     python benchmarks/decode_speed.py --presets small,base --systems transduce,ct2 \
-        --precisions fp32,bf16,int8 --n-sentences 128 --repeats 2   # against CTranslate2 (issue 21)
+        --precisions fp32,bf16,int8 --n-sentences 128 --repeats 2   # against CTranslate2
 
 What is measured
 ----------------
@@ -70,7 +70,7 @@ give roughly 10-20% more tokens per sentence.
 
 Output: a table of system, precision, sentences/s, target tokens/s (sum of L over sentences,
 EOS included) and the speedup of transduce over Hugging Face in the same precision. The
-target (issue): >= 2x Hugging Face's sentences/s in the same precision.
+target: >= 2x Hugging Face's sentences/s in the same precision.
 `--workers W` runs W batches at a time (what Marian and CTranslate2 call CPU workers or inter-op
 threads), for every system alike, with threads / W threads each: transduce and Hugging Face in W
 processes forked after the model is prepared (`transduce translate --workers W`'s way,
@@ -112,7 +112,9 @@ from transduce.data.datasets import fetch  # noqa: E402
 from transduce.data.text import read_lines  # noqa: E402
 from transduce.model import count_parameters  # noqa: E402
 from decoding import (  # noqa: E402
-    BEAM, ForcedLength, PRECISIONS, SIZES, SYSTEMS, build_ct2, build_marian, build_transduce, cast, ct2_pieces, encode, make_batches, marian_dims, pad_batch, prepare_transduce, profile_hf, profile_transduce, run_ct2, run_ct2_group, run_hf, run_transduce, runs,
+    BEAM, PRECISIONS, SIZES, SYSTEMS, ForcedLength, build_ct2, build_marian, build_transduce, cast, ct2_pieces, encode,
+    make_batches, marian_dims, pad_batch, prepare_transduce, profile_hf, profile_transduce, run_ct2, run_ct2_group,
+    run_hf, run_transduce, runs,
 )
 
 _POOL_CALL = None

@@ -1,8 +1,8 @@
 """The GPU path measured in one run: training throughput and MFU of `base` and `big`, and beam-4
-decoding against Hugging Face `generate` (issue 21). `scripts/gpu_check.sh` runs it after the
+decoding against Hugging Face `generate`. `scripts/gpu_check.sh` runs it after the
 CUDA tests; `--dry` runs every part tiny on the CPU, to check the plumbing before GPU minutes.
 
-    python benchmarks/gpu.py --out results/                 # on a CUDA machine (~6.5 minutes on an H200)
+    python benchmarks/gpu.py --out results/                 # on a CUDA machine (minutes)
     python benchmarks/gpu.py --out /tmp/dry --dry           # the same code, tiny, on the CPU
 
 No data set is read (the GPU machine may have none): batches are random token ids with realistic
@@ -21,7 +21,7 @@ for each preset and each setting:
   first on Hopper in torch 2.11: a new execution graph for every new shape);
 * bf16-blocked-loss: bf16 with the CPU's blocked label-smoothed loss (`transduce.train.loss`:
   about 21.5 passes over the fp32 logits, against the fused log-softmax loss's 13.5, the GPU's
-  since an H200 measured it faster on 2026-11-27): what the fused loss gains;
+  measured faster there): what the fused loss gains;
 * bf16-math: the same with SDPA restricted to the math kernel (what the flash/efficient kernels gain);
 * fp16: autocast fp16 with a GradScaler (`--precision fp16`);
 * bf16-compile: bf16 with `torch.compile(model, dynamic=True)` (the compile time apart).
@@ -35,7 +35,7 @@ FLOPs (counted from the padded shapes as `benchmarks/bench.py` counts them: ever
 training 3x the forward) per second / the GPU's dense bf16 peak: the nominal one where the GPU is
 known (H100/H200 SXM 989 TFLOP/s, A100 312) and the peak measured here (an 8192^3 bf16 product).
 
-Peers (issue 31), in the same run on the same GPU, batches and loss: Hugging Face's `MarianMTModel`
+Peers, in the same run on the same GPU, batches and loss: Hugging Face's `MarianMTModel`
 (`hf`) and `nn.Transformer` with the paper's embeddings (`torch`, `benchmarks/bench.py`'s), built to
 the preset's shapes, autocast bf16 with their default attention, fused Adam. The ratio column is
 transduce's tokens/s over the best peer's.
@@ -46,7 +46,7 @@ the time of 100K (base) or 300K (big) such steps on this one GPU, and on 8 of th
 parallelism (the step split 8 ways, communication free): a projection, not a measurement.
 
 Decoding: beam 4 on random weights with every hypothesis forced to the same length L (the
-method of `benchmarks/decode_speed.py`: L = the batch's longest source + 10), transduce's
+method of `benchmarks/decoding.py`: L = the batch's longest source + 10), transduce's
 `beam_search` against `MarianMTModel.generate(num_beams=4)` of the same dimensions, in fp32 and
 bf16 weights, batches of --decode-batch sentences, the systems taking turns batch by batch. Beside
 the search as it ships, two variants (`decode_variant`): the ranking in CPU-sized chunks
@@ -75,7 +75,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import decode_speed  # noqa: E402
+import decoding  # noqa: E402
 from bench import forward_flops  # noqa: E402
 from transduce import decode  # noqa: E402
 from transduce.fast.decode import apply as apply_speedups  # noqa: E402
@@ -291,7 +291,7 @@ def peer_throughput(preset: str, system: str, batches, device: torch.device, *, 
     dm = dims(config)
     torch.manual_seed(0)
     if system == "hf":
-        model = decode_speed.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=VOCAB)
+        model = decoding.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=VOCAB)
     else:
         model = bench.TorchTransformer(dm)
     model = model.to(device).train()
@@ -379,34 +379,34 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
     c = config.model
     g = torch.Generator().manual_seed(1)
     srcs = [torch.randint(4, VOCAB, (s - 1,), generator=g).tolist() + [EOS] for s in lengths(n, g)]
-    batches = decode_speed.make_batches(srcs, batch_size)
+    batches = decoding.make_batches(srcs, batch_size)
     torch.manual_seed(0)
-    forced = decode_speed.ForcedLength(Transformer(c).eval().to(device))
-    marian = decode_speed.build_marian(0, d_model=c.d_model, layers=c.n_layers, heads=c.n_heads, ffn=c.d_ff,
+    forced = decoding.ForcedLength(Transformer(c).eval().to(device))
+    marian = decoding.build_marian(0, d_model=c.d_model, layers=c.n_layers, heads=c.n_heads, ffn=c.d_ff,
                                        vocab=VOCAB).to(device)
     rows = []
     for precision in ("fp32", "bf16"):
-        decode_speed.cast(forced.model, precision)
-        decode_speed.cast(marian, precision)
+        decoding.cast(forced.model, precision)
+        decoding.cast(marian, precision)
         undo = apply_speedups(forced.model)  # on a GPU, the flat decoding step only
         times, failed = dict.fromkeys(DECODE_SYSTEMS, 0.0), {}
 
         def call(system: str, idx: list[int], L: int) -> float:
-            src, mask = decode_speed.pad_batch(srcs, idx)
+            src, mask = decoding.pad_batch(srcs, idx)
             src, mask = src.to(device), mask.to(device)
             sync(device)
             if system == "hf":
-                return decode_speed.run_hf(marian, src, mask, L, "fp32")
+                return decoding.run_hf(marian, src, mask, L, "fp32")
             with decode_variant(forced.model, system):
-                return decode_speed.run_transduce(forced, src, L, "fp32")
+                return decoding.run_transduce(forced, src, L, "fp32")
 
         def outputs(system: str) -> list:  # the first batch's hypotheses
-            src, _ = decode_speed.pad_batch(srcs, batches[0][0])
+            src, _ = decoding.pad_batch(srcs, batches[0][0])
             forced.length = batches[0][1]
             with decode_variant(forced.model, system), torch.inference_mode():
                 return [(h[0].tokens, round(h[0].score, 4)) for h in decode.beam_search(
-                    forced, src.to(device), beam_size=decode_speed.BEAM, alpha=decode_speed.ALPHA,
-                    max_len_offset=decode_speed.MAX_LEN_OFFSET, bos_id=BOS, eos_id=EOS)]
+                    forced, src.to(device), beam_size=decoding.BEAM, alpha=decoding.ALPHA,
+                    max_len_offset=decoding.MAX_LEN_OFFSET, bos_id=BOS, eos_id=EOS)]
 
         def attempt(system: str, fn):  # a variant that fails leaves the comparison, not the run
             try:
