@@ -41,10 +41,11 @@ PATTERNS = {
         rf"|\b\d+\.\d+\s?(?:s|sec|secs|seconds|min|minutes|h|hours)\b"  # a 5.7 s step
         rf"|{_NUM}\s?(?:x|×|times)\s+(?:faster|slower|quicker|the speed)\b"  # 360x slower
         r"|(?<![\w.])~?\d+\.\d+x\b"  # from 1.35x to 1.61x
-        rf"|{_NUM}\s?(?:[kKM]\s?)?(?:(?:target|source|output|input)\s+)?"
-        r"(?:tokens|sentences|words|steps|updates|requests|batches|examples|samples|it)"
-        r"\s?(?:/\s?s|/\s?sec|per second|a second)\b"  # 6,815 target tokens/s
+        rf"|{_NUM}\s?(?:[kKM]\s?)?(?:(?:target|source|output|input|tgt|src)\s+)?"
+        r"(?:tokens|tok|sentences|sents|words|steps|updates|requests|batches|examples|samples|it)"
+        r"\s?(?:/\s?s|/\s?sec|per second|a second)\b"  # 6,815 target tokens/s, 2,893 tgt tok/s
         rf"|{_NUM}\s?[GTP]?FLOP(?:S\b|/s)"  # 185 GFLOP/s
+        rf"|{_NUM}\s?[KMGT]i?B/s\b"  # 900 GB/s
         r"|\b(?:saved|saves|gained|gains|took|takes|costs?|spent|spends)\s+(?:about\s+|~)?\d+(?:\.\d+)?\s?%"
         r"|\d+(?:\.\d+)?\s?%\s+(?:faster|slower|quicker|of (?:the|a|its|each) \w+(?: \w+)? (?:time|step))"),
 }
@@ -82,7 +83,8 @@ def test_the_patterns_catch_measurements_and_pass_what_the_code_defines():
                "two threads in one process saved 5%", "the loss took 16% of the step time",
                "base on an H200: 330,325 against 266,320", "0.60 s each on 2 Intel AMX cores",
                "(an A100)", "on the AMX machine", "on Sapphire Rapids", "Cooper Lake has avx512_bf16",
-               "on November 27", "27 November", "3,986 sentences per second"]
+               "on November 27", "27 November", "3,986 sentences per second", "2,893 tgt tok/s",
+               "memory at 4.8 TB/s"]
     passed = ['units="ms" is the histogram\'s unit', "a training step is 3x the forward pass (backward = 2x forward)",
               "the paper wrote one every 10 minutes (6.1)", "torchrun then waits 30 s before killing it",
               "Wu et al. 2016", "(Vaswani et al., 2017)", "docs/history/RESULTS-log-2026-11.md, session 15",
