@@ -31,7 +31,7 @@ each caller gets its own translations, in its order. The translations equal `tra
 for the same sentences and settings.
 
 Limits: a body over --max-body-bytes is refused with 413; more sentences than --max-sentences,
-a sentence over --max-chars characters or --max-tokens subword tokens, a beam over --max-beam or
+a sentence over --max-chars characters or --max-input-tokens subword tokens, a beam over --max-beam or
 a max_len_offset over --max-len-offset-limit with 422; all as JSON naming the limit. With
 --max-queue requests waiting, more get 429 and a Retry-After header. Invalid JSON or UTF-8 is a
 400; a body not sent with `Content-Type: application/json` (curl -d without -H) a 415. A decoding that fails answers its callers 500 (JSON naming the exception) and the server

@@ -85,7 +85,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Translate --input (or stdin) into --output (or stdout). An error leaves no output file."""
+    """Translate --input (or stdin) into --out (or stdout). An error leaves no output file."""
     from tqdm import tqdm
 
     def warn(msg: str) -> None:
