@@ -35,19 +35,10 @@ pre-softmax layer, scaled by sqrt(d_model); random init):
 Precisions: fp32, and bf16 = torch.autocast("cpu", torch.bfloat16) with fp32 weights and Adam
 (mixed precision training, the same for every system).
 
-FLOPs and MFU. Model FLOPs per step are counted from the padded batch shapes (`transduce.flops`,
-the one formula, which `transduce experiment` uses too): every matrix product
-counts 2*m*n*k; a training step is 3x the forward pass (backward = 2x forward). Forward, with
-source length S, target length T, batch B, d = d_model, f = d_ff, a = h*d_k, c = h*d_v, N layers,
-vocabulary V:
-    encoder  B*S*N*2*(d*(2a + c) + c*d + 2*d*f) + B*N*2*(S*S*a + S*S*c)
-    decoder  B*T*N*2*(d*(2a + c) + c*d + d*a + c*d + 2*d*f) + B*S*N*2*d*(a + c)
-             + B*N*2*(T*T*a + T*T*c + T*S*a + T*S*c)
-    output   B*T*2*d*V
-(attention counted in full, causal masking not discounted). The bench prints FLOPs per target
-token, the achieved FLOP/s, and the model-FLOPs utilisation against a matmul peak measured in the
-same run and dtype (the best of several 2048^3 products: `torch.mm`, and oneDNN with a pre-packed
-operand, which is ~20% faster in fp32 on a Zen 4).
+FLOPs and MFU. Model FLOPs per step are counted from the padded batch shapes by `transduce.flops`
+(the one formula, which `transduce experiment` uses too; a training step is 3x the forward pass).
+The bench prints FLOPs per target token, the achieved FLOP/s, and the model-FLOPs utilisation
+against a matmul peak measured in the same run and dtype (`transduce.flops.matmul_peak`).
 
 The output starts with the machine (`benchmarks/machine.py`, as in `decode_speed.py`): the CPU, its
 ISA features, the environment variables that hold libraries to an ISA, and the ISA PyTorch and

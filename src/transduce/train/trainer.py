@@ -39,13 +39,8 @@ forward passes: it comes from the collated batches, summed over ranks by one sma
 The run directory's layout (config, data.json, vocabulary copies, checkpoints/, logs/, model/)
 is described once, in `transduce.checkpoint`.
 
-What interrupts a run, and what the trainer does about it (docs/cluster.md; the code is
-`transduce.train.recovery`): SIGTERM or SIGINT stop it at a step boundary with a checkpoint
-(`transduce.train.signals`); a damaged latest checkpoint is set aside and `--resume` continues
-from the newest intact one; one trainer per run directory (`transduce.checkpoint.RunLock`); a
-checkpoint that cannot be written (a full disk) stops the run with the previous ones intact; a
-step whose loss or gradient norm is not finite is not taken, and `max_nonfinite` in a row stop
-the run.
+What interrupts a run (signals, a damaged checkpoint, a full disk, non-finite steps, a second
+trainer) and what the trainer does about it: `transduce.train.recovery` and docs/cluster.md.
 
 Only rank 0 writes. Exact resume (`TrainOptions.resume`, --resume) restores the weights, Adam's
 moments, the step, the position in the epoch's batch order and every rank's RNG state (dropout),
@@ -168,12 +163,12 @@ def train(
     try:
         recovery.take_lock(lock, env)
         with StopSignals() as signals:
-            # Set up, then restore: step 0, or exactly where the latest intact checkpoint left off.
+            # Set up; restore: step 0, or exactly where the latest intact checkpoint left off.
             run = _set_up(config, Path(data_dir), Path(run_dir), given, env, signals)
             start = recovery.restore(run)
             run, state = _open(run, start, given, log_extra or {})
             opts, t = run.opts, config.train
-            # The steps.
+            # The steps: one optimizer step each (`train_step`), then the decisions, the log, validation, checkpoints.
             while not state.stop:
                 drawn = state.stream.take(opts.update_freq)  # update_freq micro-batches on every rank (5.1)
                 batches = [to_device(run.train_set.collate(indices), env.device) for indices, _ in drawn]
@@ -204,6 +199,7 @@ def train(
                     recovery.checkpoint(run, state)
                     state.saved_at, state.last_save = state.step, time.perf_counter()
                 state.last_log += time.perf_counter() - pause
+            # Finish: the final validation, checkpoint and model directory.
             return _finish(run, state)
     finally:
         held = lock.held
