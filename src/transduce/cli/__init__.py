@@ -108,13 +108,16 @@ def chosen(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = chosen(argv)
     try:  # a subcommand's module imports torch: a Ctrl-C in those seconds ends as any other
-        parser = build_parser(only=command or "")
+        return _main(sys.argv[1:] if argv is None else list(argv))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _main(argv: list[str]) -> int:
+    command = chosen(argv)
+    parser = build_parser(only=command or "")
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
