@@ -60,16 +60,19 @@ class Row:
     int8_decoder: bool
     """int8: the decoder's linear layers in int8 too (False: the pre-softmax projection alone)."""
     why: str
+    """Why `auto`, in words."""
+    why_int8: str
+    """Why `auto-int8` (and `--precision int8`'s layers), in words."""
 
 
 CPU_TABLE = (
-    Row(frozenset({"amx_bf16", "amx_int8"}), "bf16", "int8", False,
-        "AMX: bf16 products faster than fp32; int8 for the output projection alone, where bf16 beats int8 "
-        "with its quantization at the decoder's sizes"),
-    Row(frozenset({"avx512_bf16", "avx512_vnni"}), "bf16", "int8", True,
-        "bf16 products faster than fp32; the decoder's int8 products faster than bf16"),
-    Row(frozenset({"avx512_bf16"}), "bf16", "bf16", True, "bf16 products faster than fp32; no int8 measured"),
-    Row(frozenset(), "fp32", "fp32", True, "no bf16 instructions: bf16 emulated, int8 no faster than fp32"),
+    Row(frozenset({"amx_bf16", "amx_int8"}), "bf16", "int8", False, "AMX: bf16 products faster than fp32",
+        "int8 for the output projection alone, where bf16 beats int8 with its quantization at the decoder's sizes"),
+    Row(frozenset({"avx512_bf16", "avx512_vnni"}), "bf16", "int8", True, "bf16 products faster than fp32",
+        "the decoder's int8 products faster than bf16"),
+    Row(frozenset({"avx512_bf16"}), "bf16", "bf16", True, "bf16 products faster than fp32", "no int8 measured"),
+    Row(frozenset(), "fp32", "fp32", True, "no bf16 instructions: bf16 emulated, far slower",
+        "int8 no faster than fp32 without VNNI"),
 )
 """Rows in order, the first whose flags the CPU has decides (docs/speed.md has the measurements)."""
 
@@ -140,7 +143,7 @@ def read_capability(device: torch.device | str = "cpu") -> Capability:
                           f"compute capability {major}.{minor}")
     flags = cpu_flags()
     held = onednn_isa_limit()
-    detail = ", ".join(f for f in CPU_FLAGS if f in flags) or f"{torch.backends.cpu.get_cpu_capability()} only"
+    detail = ", ".join(f for f in CPU_FLAGS if f in flags) or f"{held or torch.backends.cpu.get_cpu_capability()} only"
     if held in ONEDNN_ISA_FLAGS:
         detail += f" (ONEDNN_MAX_CPU_ISA={held})"
     return Capability("cpu", cpu_name(), flags, detail)
@@ -199,7 +202,7 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     bits = ("7-bit weights, 8-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates()
             else "8-bit activations")
     layers = ("the decoder's linear layers and the output projection in int8" if row.int8_decoder
-              else f"the output projection in int8, the decoder's linear layers in {base} ({row.why})")
+              else f"the output projection in int8, the decoder's linear layers in {base} ({row.why_int8})")
     return Choice("int8", f"{why}; {cap.name}: {layers} through oneDNN ({bits}), the source side and the rest in "
                           f"{base} ({cap.detail}); the search in fp32", base=base, int8_decoder=row.int8_decoder)
 
@@ -220,7 +223,7 @@ def choose_decoding_precision(requested: str, device: torch.device | str = "cpu"
 
     cap = _capability(device, capability)
     row = cpu_row(cap)
-    why = f"auto-int8: {cap.name}: {cap.detail}: {row.why}"
+    why = f"auto-int8: {cap.name}: {cap.detail}: {row.why}; {row.why_int8}"
     if row.auto_int8 == "int8" and can_int8():
         return int8_choice(device, cap, why)
     return Choice(row.auto, why)
