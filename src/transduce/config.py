@@ -251,9 +251,9 @@ PRESETS: dict[str, Config] = {
     "small": _variant(model=dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4)),
     # Not in the paper: the main job's recipe for Multi30k (scripts/multi30k.sh), `small` trained
     # by updates: batches of 2048 tokens, warmup 600 and scale 0.4 (equation 3 peaks at 1.0e-3),
-    # 5,200 updates, the last 5 checkpoints averaged. Chosen on the validation split over earlier
-    # sessions as a 45-minute budget (5,133 updates on a 2-core Zen 4: docs/history/RESULTS-log-2026-11.md), now
-    # fixed in updates so that every machine trains the same model.
+    # 5,200 updates, the last 5 checkpoints averaged. Chosen on the validation split (the record:
+    # docs/history/RESULTS-log-2026-11.md), and fixed in updates so that every machine trains the
+    # same model.
     "multi30k": _variant(
         model=dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4),
         train=dict(max_tokens=2048, warmup_steps=600, lr_scale=0.4, max_steps=5200, average_last=5),
@@ -263,10 +263,8 @@ PRESETS: dict[str, Config] = {
     # 0.3, peak learning rate 0.005 after 2000 warmup updates, 4096-token batches, 8k updates, the
     # last 10 checkpoints averaged). Equation 3 peaks at d_model^-0.5 * warmup^-0.5 * lr_scale,
     # so lr_scale = 0.005 * sqrt(128 * 2000) = 2.53 gives their 0.005. Here that rate stalls the
-    # post-norm model: validation perplexity ~15 and test BLEU 11-13 (a CPU in session 9, an H200 on
-    # 2026-11-26 and 2026-11-27), where `--lr-scale 0.506` (a peak of 1.0e-3) gives perplexity 6.18
-    # and 37.5 lowercased tokenized BLEU, and pre-norm at their rate (`--set model.norm_first=true`)
-    # perplexity 4.94 and 40.3 (2026-11-27; docs/RESULTS.md, Table 2). Kept as the literature states it.
+    # post-norm model, where a lower peak (`--lr-scale 0.506`) or pre-norm at their rate
+    # (`--set model.norm_first=true`) trains (docs/RESULTS.md, Table 2). Kept as the literature states it.
     "tiny": _variant(
         model=dict(n_layers=4, d_model=128, d_ff=256, n_heads=4, dropout=0.3),
         train=dict(max_tokens=4096, warmup_steps=2000, lr_scale=2.53, max_steps=8000, average_last=10),
@@ -287,9 +285,8 @@ PRESETS: dict[str, Config] = {
     ),
     # Not in the paper: parsing on a 2-core CPU in about an hour (scripts/wsj.sh; docs/parsing.md).
     # parse-wsj's shape (4 layers, untied vocabularies) at a quarter of its width, and a regime
-    # for the 9 epochs an hour allows (5,500 updates of 4096 tokens, 0.60 s each on 2 Intel AMX
-    # cores in bf16: 55 minutes; greedy F1 on section 22 87.9): warmup 600, equation 3 scaled to a
-    # peak of 2.0e-3 (session 12's warmup 1000 and peak 1.1e-3 for 5,000 updates: 69.2; pre-norm
+    # for the 9 epochs an hour allows (5,500 updates of 4096 tokens; docs/parsing.md): warmup 600, equation 3 scaled to a
+    # peak of 2.0e-3 (warmup 1000 and a peak of 1.1e-3 scored lower on section 22; pre-norm
     # takes the higher rate), dropout 0.1 on sub-layers and on attention weights (parse-wsj's
     # 0.2 is for many more epochs), and pre-norm (3.1's post-norm is the option's default): in
     # this regime the post-norm encoder collapsed (the same output at every position; the model
