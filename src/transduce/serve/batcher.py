@@ -18,7 +18,9 @@ every queued job fails and later submissions are refused, so that no caller wait
 `call(fn)` runs a function on the decoding thread, in its turn, as a round of its own: other work
 on the model (the attention weights of `serve.demo`) never runs beside a decoding round.
 `fail_queued(exception)` fails the jobs still waiting (a shutdown whose grace period is over);
-`on_round(jobs, seconds, results, error)` is told of every round (the server's metrics).
+`on_round(jobs, seconds, results, error)` is told of every round (the server's metrics);
+`after_round(idle)` runs on the decoding thread after every round and call, `idle` saying whether
+no job waits (the server gives its free memory back then: `serve.memory`).
 """
 
 from __future__ import annotations
@@ -79,10 +81,11 @@ class Batcher:
 
     def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = 4096,
                  max_wait: float = 0.01, max_queue: int = 256,
-                 on_round: Callable[[list[Job], float, Sequence | None, BaseException | None], None] | None = None):
+                 on_round: Callable[[list[Job], float, Sequence | None, BaseException | None], None] | None = None,
+                 after_round: Callable[[bool], None] | None = None):
         if max_batch_tokens < 1 or not 0 <= max_wait <= threading.TIMEOUT_MAX or max_queue < 1:
             raise ValueError("max_batch_tokens and max_queue must be positive, max_wait a finite number >= 0")
-        self.translate, self.on_round = translate, on_round
+        self.translate, self.on_round, self.after_round = translate, on_round, after_round
         self.max_batch_tokens, self.max_wait, self.max_queue = max_batch_tokens, max_wait, max_queue
         self.stats = Stats()
         self._queue: deque[Job] = deque()
@@ -215,6 +218,11 @@ class Batcher:
                     if not isinstance(e, Exception):
                         raise
                     log.exception("a decoding round failed")
+                if self.after_round is not None:
+                    try:
+                        self.after_round(not self.queued)
+                    except Exception:  # noqa: BLE001 - housekeeping must not end the decoding thread
+                        log.exception("after_round failed")
         except BaseException as e:  # noqa: BLE001 - never leave a caller waiting on a dead thread
             self._ended = f"{type(e).__name__}: {e}"
             log.critical("the decoding thread ended: %s", self._ended, exc_info=e)

@@ -1,0 +1,132 @@
+"""What the server costs to keep running: its memory held to what the model and the limits need.
+
+Where a serving process's memory went (docs/serve.md, "Memory", has the measurement): oneDNN,
+which computes PyTorch's bf16 products and the pre-packed linear layers (`transduce.fast.decode`),
+builds a primitive for every shape of a product and keeps it in two caches, its own primitive
+cache (`ONEDNN_PRIMITIVE_CACHE_CAPACITY` entries; `transduce` raises it to 16,384 for training)
+and ideep's (PyTorch's oneDNN layer: `LRU_CACHE_CAPACITY`, 1,024 by default). A primitive of a
+bf16 matrix product holds a copy of its descriptor of about a quarter of a megabyte, and each
+cache holds one, so every new shape costs about half a megabyte. Decoding sees a new shape at
+almost every step (the self-attention's products grow with the positions decoded, and the rows
+with the batch and the beam), and a server sees every mix of them: the caches fill for thousands
+of requests. Bounded, they hold the shapes in use (a decode's steps, the common batch sizes)
+and rebuild the others, which costs a fraction of a millisecond each.
+
+The rest is glibc's: the decoding thread's arena keeps what a round freed, scattered between the
+blocks still in use, and returns none of it to the system. `release_free_memory` (glibc's
+`malloc_trim(0)`) gives its free pages back after each round.
+
+`bound_kernel_caches(n)` sets both caches to `n` shapes (the environment variable
+`TRANSDUCE_SERVE_KERNEL_CACHE`, default `DEFAULT_KERNEL_CACHE`), unless the user set them
+otherwise; it takes effect only before the process's first oneDNN product (importing
+`transduce.serve` calls it, so `transduce serve` is bounded from its start). A larger cache is
+faster where the traffic has more shapes than it holds, and costs about half a megabyte a shape.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+
+KERNEL_CACHE_ENV = "TRANSDUCE_SERVE_KERNEL_CACHE"
+"""Product shapes whose oneDNN primitives the server keeps (both caches)."""
+
+DEFAULT_KERNEL_CACHE = 256
+"""The bound: a decode's steps and the common batch sizes fit; about 130 MB at most."""
+
+_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+_TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}
+"""What `transduce/__init__` sets for training, which a server replaces."""
+
+
+def kernel_cache_size() -> int:
+    """The bound asked for: `TRANSDUCE_SERVE_KERNEL_CACHE`, else `DEFAULT_KERNEL_CACHE`."""
+    value = os.environ.get(KERNEL_CACHE_ENV, "").strip()
+    if not value:
+        return DEFAULT_KERNEL_CACHE
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{KERNEL_CACHE_ENV} must be a whole number of shapes >= 0, not {value!r}")
+    return n
+
+
+def bound_kernel_caches(n: int | None = None) -> dict[str, str]:
+    """Set oneDNN's primitive cache and ideep's to `n` shapes (default `kernel_cache_size()`),
+    leaving a value the user set (other than transduce's training default) as it is. Returns
+    both variables as they now are. Read by oneDNN at the process's first product: afterwards
+    this changes nothing."""
+    n = kernel_cache_size() if n is None else n
+    for name in _CACHES:
+        current = os.environ.get(name)
+        if current is None or current == _TRANSDUCE_DEFAULTS.get(name) or KERNEL_CACHE_ENV in os.environ:
+            os.environ[name] = str(n)
+    return {name: os.environ[name] for name in _CACHES}
+
+
+@functools.cache
+def _libc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim  # noqa: B018 - glibc's; absent from musl and macOS
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+def release_free_memory() -> bool:
+    """Give the pages malloc holds free back to the system (glibc's `malloc_trim(0)`, every
+    arena); False where the C library has no such call."""
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                        "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def malloc_stats() -> dict[str, int] | None:
+    """glibc's view of the heap, in bytes (`mallinfo2`, every arena): "in_use" (allocated and
+    not freed, mapped blocks included), "free" (held by malloc, not in use: what
+    `release_free_memory` may return). None without glibc 2.33 or later."""
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    m = libc.mallinfo2()
+    return {"in_use": m.uordblks + m.hblkhd, "free": m.fordblks}
+
+
+class Trimmer:
+    """`Batcher(after_round=...)`: free memory back to the system after a round when no job
+    waits, and otherwise at most every `interval` seconds (a trim costs the next round the page
+    faults of the pages it returned: under load, not after every round)."""
+
+    def __init__(self, interval: float = 1.0):
+        self.interval, self.last, self.trims = interval, 0.0, 0
+
+    def __call__(self, idle: bool) -> None:
+        import time
+
+        now = time.monotonic()
+        if idle or now - self.last >= self.interval:
+            if release_free_memory():
+                self.trims += 1
+            self.last = time.monotonic()
+
+
+def memory_info() -> dict:
+    """For /info: the kernel caches' bounds as this process's environment sets them, and the
+    heap as glibc sees it (MB)."""
+    stats = malloc_stats()
+    return {"kernel_cache": {name: os.environ.get(name) for name in _CACHES},
+            "malloc_in_use_mb": round(stats["in_use"] / 2**20, 1) if stats else None,
+            "malloc_free_mb": round(stats["free"] / 2**20, 1) if stats else None}
