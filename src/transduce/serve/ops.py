@@ -19,6 +19,13 @@ Metrics (GET /metrics, Prometheus's text format), each app with a registry of it
 
 `rate(transduce_output_tokens_total[1m])` is the throughput; the gauge is the decoding speed.
 
+The process itself, as prometheus-client's ProcessCollector reports it (Linux, from /proc):
+
+    process_resident_memory_bytes, process_virtual_memory_bytes   its memory
+    process_cpu_seconds_total                                     user + system CPU time
+    process_open_fds, process_max_fds                             open files and their limit
+    process_start_time_seconds                                    when it started (Unix time)
+
 The request log: one line per request, "id=ID METHOD PATH STATUS SECONDS" and what the endpoint
 noted (sentences, a failure), on the logger "transduce.serve.requests". The id is the request's
 X-Request-ID header when it is a sane one (1 to 128 letters, digits and ._:-), else a new one;
@@ -54,9 +61,10 @@ class Metrics:
     """The server's Prometheus metrics, in a registry of their own (see the module docstring)."""
 
     def __init__(self, queue_depth):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
         r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)  # resident and virtual memory, CPU seconds, open files
         self.requests = Counter("transduce_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.latency = Histogram("transduce_request_duration_seconds", "Time to answer a request, by endpoint",
