@@ -65,9 +65,9 @@ def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
     may attend); dropout on the weights as it applies it. In fp32 it is equation 1 in fp32.
 
     Why: PyTorch's flash kernel's backward in bf16 is several times slower than its math kernel
-    on the CPU (`transduce.train.step.attention_kernel_for`), and the math kernel upcasts q, k and
-    v and computes both products and their gradients in fp32; this keeps the fp32 scores and runs
-    the second product in bf16 (faster training steps: docs/RESULTS.md)."""
+    on the CPU, and the math kernel upcasts q, k and v and computes both products and their
+    gradients in fp32; this keeps the fp32 scores and runs the second product in bf16 (faster
+    training steps: docs/speed.md, "CPU training")."""
     # fp32 copies laid out (B, h, T, d) contiguously: q and k come as views of (B, T, h, d), and a
     # copy that kept their strides would be copied again inside the batched product
     q32, k32 = (x.to(torch.float32, memory_format=torch.contiguous_format) for x in (q, k))
@@ -97,9 +97,9 @@ def keep_freed_memory() -> bool:
     of mapping each large block afresh (glibc maps every block over 32 MB, and many smaller ones)
     and unmapping it when freed. A training step allocates and frees the same large tensors every
     step (the logits and their gradient, the embedding matrix's gradient and its bf16 copy); mapped
-    afresh, the first touch of each of their pages is a page fault (docs/RESULTS.md). The process
-    keeps its peak memory, which the next step needs again anyway. For the CPU trainer
-    (`transduce.train.trainer`); returns whether it took (elsewhere nothing changes)."""
+    afresh, the first touch of each of their pages is a page fault (docs/speed.md, "CPU threads and
+    workers"). The process keeps its peak memory, which the next step needs again anyway. For the
+    CPU trainer (`transduce.train.trainer`); returns whether it took (elsewhere nothing changes)."""
     import ctypes
     import ctypes.util
 
