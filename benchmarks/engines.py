@@ -1,6 +1,6 @@
 """transduce and CTranslate2 side by side on the Multi30k test set, in one run: BLEU and
 sentences/s of each engine and precision, and how far CTranslate2's length penalty moves BLEU.
-Measured, not asserted (docs/RESULTS.md, "Serving and export").
+Measured, not asserted (docs/RESULTS.md, "Exactness of the exports and of reduced precision").
 
     python benchmarks/engines.py runs/m30k --threads 2
     python benchmarks/engines.py runs/m30k/avg_last5 --alpha 1.5

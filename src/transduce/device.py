@@ -42,5 +42,5 @@ def setup_cuda() -> None:
       memory-efficient and math remain). PyTorch 2.11 puts cuDNN first on Hopper, and cuDNN
       builds an execution graph for every new shape, hundreds of milliseconds each; batches of
       sentences come in hundreds of shapes and every decoding step is a new one: training and
-      decoding ran several times slower with it first (benchmarks/gpu.py, docs/RESULTS.md)."""
+      decoding ran several times slower with it first (benchmarks/gpu.py; docs/speed.md, "On a GPU")."""
     torch.backends.cuda.enable_cudnn_sdp(False)
