@@ -210,11 +210,10 @@ class Workers:
     from this one, each with PyTorch's threads divided among them (`threads` in all, default
     this process's), each running `search` on whole batches. Separate processes rather than
     threads, because a decoding step's many small operations hold Python's lock between
-    products: two threads in one process saved 5%. The model is shared copy-on-write, not
+    products (docs/speed.md, "CPU threads and workers"). The model is shared copy-on-write, not
     copied. `map(batches)` yields the results in the order of `batches`; fewer batches than
     workers (a short input, a chunk's last lines) are decoded here, with every thread, since a
-    worker's share of the threads decodes one batch slower than all of them do (base int8, Zen 4:
-    57 against 39 ms a step)."""
+    worker's share of the threads decodes one batch slower than all of them do."""
 
     def __init__(self, search: Callable[[list[list[int]]], list[list[Candidate]]], n: int, threads: int | None = None):
         import multiprocessing
