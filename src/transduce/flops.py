@@ -51,18 +51,18 @@ def training_flops(dm: dict, B: int, S: int, T: int) -> int:
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: str | torch.device = "cpu") -> float:
     """Best FLOP/s of an n^3 matrix product in `dtype` on `device`, measured: `torch.mm`, and on
-    the CPU also oneDNN with the second matrix pre-packed (`torch.ops.mkldnn._linear_pointwise`,
-    what `kernels.pack_weights` uses) where this torch has it, since on some CPUs the latter is the
-    faster (docs/history/RESULTS-log-2026-11.md): the peak must be the best the machine does, or
-    MFU overstates."""
-    from .kernels import can_pack
+    the CPU also oneDNN with the second matrix pre-packed (`transduce.fast.ops.linear`, what the
+    decoding layers use) where this CPU has it, since on some CPUs the latter is the faster: the
+    peak must be the best the machine does, or MFU overstates."""
+    from .fast import ops
+    from .fast.decode import can_pack
 
     device = torch.device(device)
     a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
     products = [lambda: torch.mm(a, b)]
     if device.type == "cpu" and can_pack(dtype, "cpu"):
-        packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous())
-        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+        packed = ops.pack(b.t())
+        products.append(lambda: ops.linear(a, packed, None))
 
     def sync():
         if device.type == "cuda":

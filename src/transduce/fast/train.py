@@ -1,6 +1,6 @@
 """Speed-ups for training on the CPU, applied to a built `transduce.model.Transformer` from the
 outside (by the trainer and `transduce.synthetic`). Not in the paper: the same dropout (5.4) and
-the same equation 1, computed faster (docs/RESULTS.md has the measurements).
+the same equation 1, computed faster (docs/speed.md, "CPU training", has the measurements).
 
 * `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws a quarter of
   the random numbers on the CPU (the random stream of a seeded run is BitDropout's).
