@@ -58,7 +58,8 @@ from ..translate import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
 from .common import (LIMIT_OF_FIELD, Limits, check_sentences, enqueue, error, number, search_fields,
                      unavailable, wait_for_job)
-from .engines import Engine, Search, ct2_engine, torch_engine  # noqa: F401 - the API's names, as before
+from .engines import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
+from .memory import Trimmer, memory_info
 
 log = logging.getLogger("transduce.serve")
 
@@ -242,7 +243,7 @@ def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_b
             return JSONResponse({"status": "shutting down"}, status_code=503)
         if state["engine"] is not None:
             return {"status": "ok"}
-        status = "failed: " + state["error"] if state["error"] else "loading"
+        status = "failed: " + scrub(state["error"]) if state["error"] else "loading"
         return JSONResponse({"status": status}, status_code=503)
 
     @app.get("/info", summary="the model, the engine, the search defaults and the limits")
@@ -250,7 +251,7 @@ def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_b
         e, b = state["engine"], state["batcher"]
         return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(defaults),
                 "limits": asdict(limits), "batching": {"max_batch_tokens": max_batch_tokens, "max_wait_ms": max_wait * 1000},
-                "api_key_required": api_key, "queue": b.queued if b is not None else 0,
+                "api_key_required": api_key, "queue": b.queued if b is not None else 0, "memory": memory_info(),
                 "stats": {k: v for k, v in asdict(b.stats).items() if k != "round_sizes"} if b is not None else {}}
 
     @app.get("/metrics", response_class=Response, summary="metrics in Prometheus's text format",
@@ -283,7 +284,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
 
     def install(e: Engine) -> None:
         batcher = Batcher(lambda sentences, s: e.translate(sentences, s), max_batch_tokens=max_batch_tokens,
-                          max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round).start()
+                          max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round,
+                          after_round=Trimmer()).start()
         state["batcher"], state["engine"] = batcher, e
 
     def load() -> None:

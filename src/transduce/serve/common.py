@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from .batcher import QueueFull, ShuttingDown
-from .engines import DEFAULT_MAX_TOKENS, RequestError
+from .engines import DEFAULT_MAX_TOKENS, RequestError, scrub
 
 
 @dataclass
@@ -31,10 +31,11 @@ class Limits:
 
 
 def error(status: int, code: str, message: str, headers: dict | None = None, **extra):
-    """A JSON error response: {"error": CODE, "message": ..., and any `extra` that is not None}."""
+    """A JSON error response: {"error": CODE, "message": ..., and any `extra` that is not None};
+    the message without the server's paths (`engines.scrub`: an exception may name a file)."""
     from fastapi.responses import JSONResponse
 
-    body = {"error": code, "message": message, **{k: v for k, v in extra.items() if v is not None}}
+    body = {"error": code, "message": scrub(message), **{k: v for k, v in extra.items() if v is not None}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 

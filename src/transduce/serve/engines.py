@@ -8,11 +8,19 @@ attention weights of one sentence and a translation (`attention`: the JSON of
 data.json says "task": "parsing", Section 6.3), the tree of an output (`tree`): the sentence is
 tokenized the Penn Treebank way and the output repaired into a tree over exactly its words, as
 `transduce parse` does.
+
+What an engine tells clients (`Engine.info`, /info, the demo page's header, the attention JSON)
+names the model without the server's file system: its name (the model directory's, or the run's
+with which checkpoints were averaged), its languages, its size in parameters and its precision
+(`public_model`); error messages pass through `scrub`, which keeps the last part of any absolute
+path.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
+from pathlib import PurePosixPath
 from typing import Callable
 
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
@@ -77,6 +85,13 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
 
         tree = None
 
+    # The decoding speed-ups (weights pre-packed for oneDNN, the one-function decoding step) set
+    # once, for the server's life: `translate_stream` would otherwise set them and take them
+    # away again at every round, a new packed copy of every weight matrix each time.
+    from ..fast.decode import apply
+
+    apply(loaded.model)
+
     def translate(sentences: list[str], s: Search) -> list:
         return list(translate_stream(
             loaded.model, loaded.src_vocab, loaded.tgt_vocab, [prepare(x) for x in sentences], beam=s.beam,
@@ -93,14 +108,14 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
         except ValueError as e:  # too many weights for a page, an empty sentence: the request's fault
             raise RequestError(str(e)) from None
         data["sentences"][0]["source_text"] = source
+        data["model"] = public["model"]  # its name, not where it lies on the server's disk
         return data
 
     mc = loaded.config.model
     precision = getattr(loaded.precision, "precision", None) or ("bf16" if bf16 else str(next(loaded.model.parameters()).dtype).replace("torch.", ""))
-    info = {"engine": "torch", "model": loaded.description, "precision": precision,
-            "task": "parsing" if parsing else "translation", "attention": True,
-            "config": asdict(mc), "vocab": {"src": str(loaded.src_vocab.path), "tgt": str(loaded.tgt_vocab.path),
-                                            "src_size": len(loaded.src_vocab), "tgt_size": len(loaded.tgt_vocab)}}
+    public = public_model(loaded.description, loaded.config, loaded.metadata, precision)
+    info = {"engine": "torch", **public, "task": "parsing" if parsing else "translation", "attention": True,
+            "config": asdict(mc), "vocab": _vocab_info(loaded.src_vocab, loaded.tgt_vocab)}
     return Engine(translate, lambda x: loaded.src_vocab.encode(prepare(x)), info, attention=attention, tree=tree,
                   encode_target=loaded.tgt_vocab.encode)
 
@@ -117,8 +132,77 @@ def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: i
             chunk_lines=max(1, len(sentences)), length_penalty=length_penalty,
         ))
 
-    info = {"engine": "ct2", "model": model.description, "precision": model.compute_type, "length_penalty": length_penalty,
-            "task": "translation", "attention": False,
-            "config": asdict(model.config.model), "vocab": {"src": str(model.src_vocab.path), "tgt": str(model.tgt_vocab.path),
-                                                           "src_size": len(model.src_vocab), "tgt_size": len(model.tgt_vocab)}}
+    info = {"engine": "ct2", **public_model(model.description, model.config, None, model.compute_type),
+            "length_penalty": length_penalty, "task": "translation", "attention": False,
+            "config": asdict(model.config.model), "vocab": _vocab_info(model.src_vocab, model.tgt_vocab)}
     return Engine(translate, model.src_vocab.encode, info)
+
+
+# -- what clients are told about the model -------------------------------------------------------
+
+_AVERAGE = re.compile(r"average of the last (\d+) checkpoints \((\S+) \.\. (\S+)\) of (.+)")
+_CT2 = re.compile(r"CTranslate2 model (.+) \(([^()]*(?:, computed [^()]*)?)\)")
+_ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:/[^\s/'\"()<>:,;]+){2,}/?")
+"""An absolute POSIX path of two parts or more (a lone /info or /translate is a route, kept)."""
+
+
+def scrub(text: str) -> str:
+    """`text` with every absolute path replaced by its last part (`/srv/runs/m30k/model` ->
+    `model`): what an error message may say to a client about the server's files."""
+    return _ABSOLUTE.sub(lambda m: PurePosixPath(m.group()).name or "/", text)
+
+
+def model_name(description: str) -> tuple[str, str]:
+    """(name, what it is) of a loaded model, from its loader's description
+    (`transduce.checkpoint.load_for_inference`, `transduce.export.ct2.load_ct2`), without the
+    directories above it: a run averaged -> (the run's name, "average of the last 5 checkpoints
+    (step_.. .. step_..)"); RUN/model -> (the run's name, "final weights"); RUN/checkpoints/step_N
+    -> (the run's name, "checkpoint step_N"); any other model directory -> (its name, "model
+    directory")."""
+    if m := _AVERAGE.fullmatch(description):
+        n, first, last, run = m.groups()
+        what = f"checkpoint {last}" if n == "1" else f"average of the last {n} checkpoints ({first} .. {last})"
+        return PurePosixPath(run).name or run, what
+    if m := _CT2.fullmatch(description):
+        return PurePosixPath(m.group(1)).name or "model", f"CTranslate2 export ({m.group(2)})"
+    path = PurePosixPath(description)
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return path.parent.parent.name, f"checkpoint {path.name}"
+    if path.name == "model" and path.parent.name:
+        return path.parent.name, "final weights"
+    return path.name or scrub(description), "model directory"
+
+
+def parameter_count(config) -> int:
+    """Parameters of a model of this configuration (built on the meta device: no memory)."""
+    import torch
+
+    from ..model import Transformer
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(config.model).parameters())
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 10**9 else f"{n / 1e6:.1f}M" if n >= 10**6 else f"{n / 1e3:.0f}K"
+
+
+def public_model(description: str, config, metadata: dict | None, precision: str) -> dict:
+    """What /info says of the model: "model" (its name), "model_detail" (which weights), the
+    languages (from its data.json, when there is one), "parameters" (and "size", e.g. "7.6M"),
+    "precision". Never a path of the server's."""
+    name, detail = model_name(description)
+    try:
+        n = parameter_count(config)
+    except Exception:  # noqa: BLE001 - a configuration the model cannot be built from: no count
+        n = None
+    meta = metadata or {}
+    languages = {"src": meta.get("src_lang"), "tgt": meta.get("tgt_lang")} if meta.get("src_lang") else None
+    return {"model": name, "model_detail": detail, "languages": languages, "parameters": n,
+            "size": _size(n) if n else None, "precision": precision}
+
+
+def _vocab_info(src, tgt) -> dict:
+    """The vocabularies' sizes, and whether source and target share one (no file names)."""
+    shared = src is tgt or getattr(src, "path", None) == getattr(tgt, "path", None)
+    return {"src_size": len(src), "tgt_size": len(tgt), "shared": shared}
