@@ -11,13 +11,34 @@ next sentences of the Multi30k test source, `--per-request` sentences each) unti
 requests are done or `--seconds` have passed. It records every request's latency and reports
 requests/s, sentences/s, p50/p99 latency, and the jobs per decoding round the server saw (/info).
 Every answer is checked to be a 200 with one translation per sentence.
+
+Soak (`--soak`): what the server costs to keep running. One server, N clients sending varied
+requests (seeded): 1 to 32 sentences of Multi30k's English (single lines, and two to four joined
+into long ones), beams 1 to 12, n-best up to 4, greedy now and then, scores or not, and one
+request in ten to /attention (weights, and now and then the page). After every `--sample-every`
+requests answered, the server process's resident set (VmRSS of /proc/PID/status, with VmSize
+and VmHWM) is recorded against requests served; every answer must be a 200.
+
+    python benchmarks/serve_load.py RUN --soak --requests 10000 --warmup 1000 --out soak/
+    python benchmarks/serve_load.py RUN --soak --server-env ONEDNN_PRIMITIVE_CACHE_CAPACITY=16384 \
+        --server-env LRU_CACHE_CAPACITY=16384 --label unbounded --out soak/   # the caches unbounded
+
+It writes OUT/soak-LABEL.csv (requests, seconds, rss_mb, vms_mb, hwm_mb), OUT/soak-LABEL.json
+(the settings, the samples, and the summary: RSS after the warm-up, at the end, its growth in
+percent, and /metrics' process_resident_memory_bytes at the end) and, with matplotlib, OUT/soak-
+LABEL.png (RSS against requests served). `--server-src DIR` serves from another source tree (an
+earlier commit's `src`, from `git archive`) for a before/after comparison on one machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
+import json
 import os
+import random
+import re
 import socket
 import statistics
 import subprocess
@@ -33,9 +54,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, extra: list[str], threads: int) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    src = Path(__file__).resolve().parents[1] / "src"
+def start_server(model: str, port: int, extra: list[str], threads: int, env_extra: dict | None = None,
+                 src: Path | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env_extra or {})}
+    src = src or Path(__file__).resolve().parents[1] / "src"
     env["PYTHONPATH"] = f"{src}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(src)
     cmd = [sys.executable, "-m", "transduce", "serve", model, "--port", str(port), "--log-level", "warning",
            "--threads", str(threads), *extra]
@@ -100,6 +122,164 @@ def load(httpx, url: str, lines: list[str], clients: int, requests: int, seconds
             "jobs_per_round": (info["jobs"] - info0["jobs"]) / rounds if rounds else float("nan")}
 
 
+# -- soak: memory against requests served ------------------------------------------------------------
+
+
+def proc_memory(pid: int) -> dict:
+    """The process's VmRSS, VmSize and VmHWM (peak RSS) in MB, from /proc/PID/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key = {"VmRSS:": "rss_mb", "VmSize:": "vms_mb", "VmHWM:": "hwm_mb"}.get(line.split(maxsplit=1)[0])
+            if key:
+                out[key] = int(line.split()[1]) / 1024
+    return out
+
+
+def soak_requests(lines: list[str], seed: int, max_beam: int = 12):
+    """An endless, seeded stream of varied requests: (path, body)."""
+    rng = random.Random(seed)
+    while True:
+        def sentence() -> str:
+            return " ".join(rng.choice(lines) for _ in range(rng.choice((1, 1, 1, 1, 2, 3, 4))))
+
+        beam = rng.choice([b for b in (1, 2, 3, 4, 4, 4, 5, 6, 8, 12) if b <= max_beam])
+        if rng.random() < 0.1:
+            yield "/attention", {"source": sentence(), "beam": beam, "weights": True, "page": rng.random() < 0.3}
+            continue
+        greedy = rng.random() < 0.05
+        body = {"sentences": [sentence() for _ in range(rng.choice((1, 1, 1, 2, 2, 3, 4, 4, 6, 8, 16, 32)))],
+                "beam": beam, "n_best": 1 if greedy else rng.randint(1, min(beam, 4)), "greedy": greedy,
+                "scores": rng.random() < 0.5}
+        yield "/translate", body
+
+
+def soak(httpx, url: str, pid: int, lines: list[str], clients: int, requests: int, warmup: int, every: int,
+         seed: int, csv_path: Path) -> tuple[list[dict], list[str]]:
+    """Send `warmup + requests` varied requests from `clients` threads; RSS against requests served
+    (each sample also appended to `csv_path` as it is taken)."""
+    fields = ["requests", "seconds", "rss_mb", "vms_mb", "hwm_mb"]
+    with open(csv_path, "w", newline="") as f:
+        csv.DictWriter(f, fieldnames=fields).writeheader()
+
+    def record(sample: dict) -> None:
+        samples.append(sample)
+        with open(csv_path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields).writerow(sample)
+
+    stream = soak_requests(lines, seed)
+    lock = threading.Lock()
+    total = warmup + requests
+    state = {"sent": 0, "done": 0}
+    samples: list[dict] = []
+    errors: list[str] = []
+    t0 = time.perf_counter()
+    record({"requests": 0, "seconds": 0.0, **proc_memory(pid)})
+
+    def client() -> None:
+        with httpx.Client(timeout=600) as c:
+            while True:
+                with lock:
+                    if state["sent"] >= total or len(errors) > 10:
+                        return
+                    state["sent"] += 1
+                    path, body = next(stream)
+                try:
+                    r = c.post(url + path, json=body)
+                    ok = r.status_code == 200 and (path != "/translate" or len(r.json()["translations"]) == len(body["sentences"]))
+                    problem = None if ok else f"{path} {r.status_code} {r.text[:200]}"
+                except httpx.HTTPError as e:
+                    problem = f"{path} {type(e).__name__}: {e}"
+                with lock:
+                    if problem:
+                        errors.append(problem)
+                    state["done"] += 1
+                    if state["done"] % every == 0 or state["done"] == total:
+                        record({"requests": state["done"], "seconds": time.perf_counter() - t0, **proc_memory(pid)})
+                        if state["done"] % (every * 10) == 0:
+                            print(f"  {state['done']} requests, RSS {samples[-1]['rss_mb']:.0f} MB", file=sys.stderr, flush=True)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return samples, errors
+
+
+def metric(httpx, url: str, name: str) -> float | None:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def run_soak(args, lines: list[str]) -> int:
+    import httpx
+
+    env = dict(kv.split("=", 1) for kv in args.server_env)
+    label = args.label or ("-".join(f"{k}={v}" for k, v in env.items()) or "default")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    engine = ["--engine", args.engine] if args.engine == "ct2" else ["--precision", args.precision]
+    proc = start_server(args.model, port, engine, args.threads, env, Path(args.server_src) if args.server_src else None)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(httpx, url, proc, timeout=900)
+        loaded = proc_memory(proc.pid)
+        stem = out / f"soak-{label}"
+        samples, errors = soak(httpx, url, proc.pid, lines, args.clients, args.requests, args.warmup, args.sample_every,
+                               args.seed, Path(f"{stem}.csv"))
+        info = httpx.get(url + "/info").json()
+        rss_metric = metric(httpx, url, "process_resident_memory_bytes")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    after_warmup = next((s for s in samples if s["requests"] >= args.warmup), samples[-1])
+    end = samples[-1]
+    summary = {"loaded_rss_mb": loaded["rss_mb"], "warmup_rss_mb": after_warmup["rss_mb"], "end_rss_mb": end["rss_mb"],
+               "growth_after_warmup_percent": 100 * (end["rss_mb"] / after_warmup["rss_mb"] - 1),
+               "peak_rss_mb": end.get("hwm_mb"), "requests": end["requests"], "errors": len(errors),
+               "first_error": errors[0] if errors else None, "seconds": end["seconds"],
+               "requests_per_s": end["requests"] / end["seconds"] if end["seconds"] else None,
+               "metrics_rss_mb": rss_metric / 2**20 if rss_metric is not None else None}
+    settings = {"model": info.get("model"), "model_detail": info.get("model_detail"), "size": info.get("size"),
+                "precision": info.get("precision"), "engine": args.engine, "threads": args.threads,
+                "clients": args.clients, "warmup": args.warmup, "requests": args.requests, "seed": args.seed,
+                "server_env": env, "server_src": args.server_src, "label": label}
+    Path(f"{stem}.json").write_text(json.dumps({"settings": settings, "summary": summary, "samples": samples}, indent=1))
+    plot_soak([(label, samples)], f"{stem}.png", args.warmup, f"{info.get('model')} ({info.get('size')}, "
+              f"{info.get('precision')}), {args.threads} threads, {args.clients} clients")
+    print(json.dumps(summary, indent=1))
+    print(f"wrote {stem}.csv, {stem}.json" + (f", {stem}.png" if Path(f"{stem}.png").exists() else ""))
+    return 0 if not errors else 1
+
+
+def plot_soak(runs: list[tuple[str, list[dict]]], path: str, warmup: int, title: str) -> None:
+    """RSS against requests served, one line per run (nothing without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, samples in runs:
+        ax.plot([s["requests"] for s in samples], [s["rss_mb"] for s in samples], label=label)
+    if warmup:
+        ax.axvline(warmup, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("requests served")
+    ax.set_ylabel("server RSS (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="MODEL for `transduce serve` (with --engine ct2: an exported CTranslate2 directory)")
@@ -113,6 +293,16 @@ def main() -> int:
     p.add_argument("--precision", default="auto", help="the torch engine's --precision (default auto)")
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split whose English side is sent")
     p.add_argument("--modes", default="batching,no-batching", help="comma-separated: batching, no-batching")
+    g = p.add_argument_group("soak")
+    g.add_argument("--soak", action="store_true", help="record the server's RSS against requests served (varied requests)")
+    g.add_argument("--warmup", type=int, default=1000, help="requests before the growth is measured (default 1000)")
+    g.add_argument("--sample-every", type=int, default=100, help="requests between RSS samples (default 100)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="an environment variable for the server (repeatable)")
+    g.add_argument("--server-src", metavar="DIR", help="the transduce source tree the server runs (default: this one's src)")
+    g.add_argument("--label", help="names the output files (default: the --server-env settings)")
+    g.add_argument("--out", default="soak", help="output directory (default soak/)")
     args = p.parse_args()
     import httpx
 
@@ -121,6 +311,8 @@ def main() -> int:
     from transduce.data.text import read_lines
 
     lines = list(read_lines(Path(fetch("multi30k", args.split, "en"))))
+    if args.soak:
+        return run_soak(args, lines)
     engine = ["--engine", args.engine] if args.engine == "ct2" else ["--precision", args.precision]
     results = {}
     for mode in args.modes.split(","):
