@@ -124,7 +124,7 @@ def test_release_free_memory_gives_pages_back():
 @pytest.mark.parametrize("description, name, detail", [
     ("average of the last 5 checkpoints (step_0000100 .. step_0000500) of /srv/runs/multi30k-en-de",
      "multi30k-en-de", "average of the last 5 checkpoints (step_0000100 .. step_0000500)"),
-    ("/tmp/x/runs/multi30k-en-de/avg_last5", "avg_last5", "model directory"),
+    ("/srv/x/runs/multi30k-en-de/avg_last5", "avg_last5", "model directory"),
     ("/srv/runs/m30k/model", "m30k", "final weights"),
     ("runs/m30k/checkpoints/step_0000300", "m30k", "checkpoint step_0000300"),
     ("CTranslate2 model /srv/m30k-ct2 (int8, computed float32)", "m30k-ct2", "CTranslate2 export (int8, computed float32)"),
