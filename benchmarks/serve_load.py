@@ -155,7 +155,7 @@ def soak_requests(lines: list[str], seed: int, max_beam: int = 12):
 
 
 def soak(httpx, url: str, pid: int, lines: list[str], clients: int, requests: int, warmup: int, every: int,
-         seed: int, csv_path: Path) -> tuple[list[dict], list[str]]:
+         seed: int, csv_path: Path, max_seconds: float = float('inf')) -> tuple[list[dict], list[str]]:
     """Send `warmup + requests` varied requests from `clients` threads; RSS against requests served
     (each sample also appended to `csv_path` as it is taken)."""
     fields = ["requests", "seconds", "rss_mb", "vms_mb", "hwm_mb"]
@@ -180,7 +180,7 @@ def soak(httpx, url: str, pid: int, lines: list[str], clients: int, requests: in
         with httpx.Client(timeout=600) as c:
             while True:
                 with lock:
-                    if state["sent"] >= total or len(errors) > 10:
+                    if state["sent"] >= total or len(errors) > 10 or time.perf_counter() - t0 > max_seconds:
                         return
                     state["sent"] += 1
                     path, body = next(stream)
@@ -229,7 +229,7 @@ def run_soak(args, lines: list[str]) -> int:
         loaded = proc_memory(proc.pid)
         stem = out / f"soak-{label}"
         samples, errors = soak(httpx, url, proc.pid, lines, args.clients, args.requests, args.warmup, args.sample_every,
-                               args.seed, Path(f"{stem}.csv"))
+                               args.seed, Path(f"{stem}.csv"), max_seconds=args.soak_minutes * 60 if args.soak_minutes else float("inf"))
         info = httpx.get(url + "/info").json()
         rss_metric = metric(httpx, url, "process_resident_memory_bytes")
     finally:
@@ -287,6 +287,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=8, help="concurrent clients (default 8)")
     p.add_argument("--requests", type=int, default=400, help="requests per mode at most (default 400)")
     p.add_argument("--seconds", type=float, default=90, help="seconds per mode at most (default 90)")
+    p.add_argument("--soak-minutes", type=float, help="--soak: stop sending after this many minutes (default: none)")
     p.add_argument("--per-request", type=int, default=1, help="sentences per request (default 1)")
     p.add_argument("--threads", type=int, default=2, help="the server's CPU threads (default 2)")
     p.add_argument("--beam", type=int, default=4)
