@@ -450,7 +450,7 @@ def test_transduce_serve_warns_of_bf16_emulated_on_an_avx2_only_cpu(model_dir):
     out, err = proc.communicate(timeout=30)
     assert "transduce serve: precision: bf16 (as asked;" in out, out
     warnings = [line for line in err.splitlines() if line.startswith("transduce serve: warning: bf16 is emulated")]
-    assert len(warnings) == 1 and "slower than fp32 here; --precision auto would use fp32" in warnings[0], err
+    assert len(warnings) == 1 and "slower than fp32; --precision auto would use fp32" in warnings[0], err
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "65536"])
