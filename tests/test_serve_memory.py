@@ -21,7 +21,7 @@ from tiny_models import make_model  # noqa: E402
 from transduce.serve.app import create_app, torch_engine  # noqa: E402
 from transduce.serve.batcher import Batcher  # noqa: E402
 from transduce.serve.engines import model_name, public_model, scrub  # noqa: E402
-from transduce.serve.memory import malloc_stats, release_free_memory  # noqa: E402
+from transduce.memory import malloc_stats, release_free_memory  # noqa: E402
 from transduce.translate import load_translation_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -30,7 +30,7 @@ SHAPES = """
 import os, sys, torch
 import transduce.serve  # bounds the caches, as `transduce serve` does, before the first product
 from transduce.fast.decode import PackedWeight, can_pack
-from transduce.serve.memory import malloc_stats
+from transduce.memory import malloc_stats
 if not can_pack(torch.float32, "cpu"):
     print("null"); sys.exit()
 torch.set_num_threads(1)
@@ -46,8 +46,8 @@ with torch.inference_mode():
 
 def grown_mb(cache: str) -> float | None:
     """malloc's memory in use after products of 200 shapes, less before, in a fresh process
-    with TRANSDUCE_SERVE_KERNEL_CACHE=cache (MB; None where oneDNN does not pack)."""
-    env = {**os.environ, "PYTHONPATH": SRC, "TRANSDUCE_SERVE_KERNEL_CACHE": cache, "OMP_NUM_THREADS": "1"}
+    with TRANSDUCE_KERNEL_CACHE=cache (MB; None where oneDNN does not pack)."""
+    env = {**os.environ, "PYTHONPATH": SRC, "TRANSDUCE_KERNEL_CACHE": cache, "OMP_NUM_THREADS": "1"}
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         env.pop(name, None)
     out = subprocess.run([sys.executable, "-c", SHAPES], env=env, capture_output=True, text=True, timeout=300)
@@ -68,11 +68,11 @@ def test_kernel_caches_are_bounded_so_new_shapes_do_not_grow_the_heap():
 def test_importing_serve_sets_the_bound_and_keeps_the_users_own():
     code = "import os, transduce.serve; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
     base = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY",
-                                                              "TRANSDUCE_SERVE_KERNEL_CACHE")}
+                                                              "TRANSDUCE_KERNEL_CACHE")}
     run = lambda **env: subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": SRC, **env},  # noqa: E731
                                        capture_output=True, text=True, timeout=120).stdout.split()
     assert run() == ["256", "256"]  # transduce's training default (16384) replaced
-    assert run(TRANSDUCE_SERVE_KERNEL_CACHE="1000") == ["1000", "1000"]
+    assert run(TRANSDUCE_KERNEL_CACHE="1000") == ["1000", "1000"]
     assert run(ONEDNN_PRIMITIVE_CACHE_CAPACITY="4096") == ["4096", "256"]  # the user's own value stays
 
 

@@ -1,6 +1,6 @@
-"""What the server costs to keep running: its memory held to what the model and the limits need.
+"""What a decoding process costs to keep running: its memory held to what the model and the limits need.
 
-Where a serving process's memory went (docs/serve.md, "Memory", has the measurement): oneDNN,
+Where a serving (or translating) process's memory went (docs/serve.md, "Memory", has the measurement): oneDNN,
 which computes PyTorch's bf16 products and the pre-packed linear layers (`transduce.fast.decode`),
 builds a primitive for every shape of a product and keeps it in two caches, its own primitive
 cache (`ONEDNN_PRIMITIVE_CACHE_CAPACITY` entries; `transduce` raises it to 16,384 for training)
@@ -17,9 +17,10 @@ blocks still in use, and returns none of it to the system. `release_free_memory`
 `malloc_trim(0)`) gives its free pages back after each round.
 
 `bound_kernel_caches(n)` sets both caches to `n` shapes (the environment variable
-`TRANSDUCE_SERVE_KERNEL_CACHE`, default `DEFAULT_KERNEL_CACHE`), unless the user set them
-otherwise; it takes effect only before the process's first oneDNN product (importing
-`transduce.serve` calls it, so `transduce serve` is bounded from its start). A larger cache is
+`TRANSDUCE_KERNEL_CACHE`, default `DEFAULT_KERNEL_CACHE`), unless the user set them
+otherwise; it takes effect only before the process's first oneDNN product
+(`transduce.ready.load_for_decoding` calls it, so `translate`, its workers, `evaluate`, `parse`
+and `serve` are bounded from their start; importing `transduce.serve` calls it too). A larger cache is
 faster where the traffic has more shapes than it holds, and costs about half a megabyte a shape.
 """
 
@@ -30,7 +31,7 @@ import ctypes.util
 import functools
 import os
 
-KERNEL_CACHE_ENV = "TRANSDUCE_SERVE_KERNEL_CACHE"
+KERNEL_CACHE_ENV = "TRANSDUCE_KERNEL_CACHE"
 """Product shapes whose oneDNN primitives the server keeps (both caches)."""
 
 DEFAULT_KERNEL_CACHE = 256
@@ -42,7 +43,7 @@ _TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}
 
 
 def kernel_cache_size() -> int:
-    """The bound asked for: `TRANSDUCE_SERVE_KERNEL_CACHE`, else `DEFAULT_KERNEL_CACHE`."""
+    """The bound asked for: `TRANSDUCE_KERNEL_CACHE`, else `DEFAULT_KERNEL_CACHE`."""
     value = os.environ.get(KERNEL_CACHE_ENV, "").strip()
     if not value:
         return DEFAULT_KERNEL_CACHE

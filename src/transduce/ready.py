@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .device import resolve_device
+from .memory import bound_kernel_caches
 from .precision import Choice, choose_decoding_precision
 from .translate import LoadedModel, choose_workers, load_translation_model
 
@@ -43,7 +44,13 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
     (auto, cpu, cuda, cuda:N), with `threads` CPU threads where given, in `precision`
     (`transduce.precision.DECODING_PRECISIONS`; the choice and its reason in `.precision`), and
     with `workers` (a number or "auto") the CPU decoding processes chosen (`.workers`, and why in
-    `.workers_line`). Raises FileNotFoundError, ValueError or DataError with a one-line message."""
+    `.workers_line`). Raises FileNotFoundError, ValueError or DataError with a one-line message.
+
+    Decoding meets a new product shape at almost every step, so oneDNN's per-shape kernel caches
+    are bounded first (`transduce.memory.bound_kernel_caches`), which holds when this comes before
+    the process's first product, as in every command: without it a long input or a server's
+    traffic fills them without end."""
+    bound_kernel_caches()
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(device) if isinstance(device, str) else device

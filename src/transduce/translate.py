@@ -45,6 +45,7 @@ from .data.batching import batch_for_decoding
 from .data.vocab import BOS, EOS, PAD, Vocab
 from .decode import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
+from .memory import Trimmer
 from .errors import DataError
 from .fast.decode import apply as apply_speedups
 
@@ -181,7 +182,12 @@ def _worker_start(threads: int) -> None:
 
 def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
     assert _WORKER_SEARCH is not None
-    return _WORKER_SEARCH(sources)
+    result = _WORKER_SEARCH(sources)
+    _WORKER_TRIM(idle=False)  # at most once a second: what a batch freed goes back to the system
+    return result
+
+
+_WORKER_TRIM = Trimmer(interval=1.0)
 
 
 WORKERS_MAX_D_MODEL = 512

@@ -59,7 +59,7 @@ from .batcher import Batcher, ShuttingDown
 from .common import (LIMIT_OF_FIELD, Limits, check_sentences, enqueue, error, number, search_fields,
                      unavailable, wait_for_job)
 from .engines import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
-from .memory import Trimmer, memory_info
+from ..memory import Trimmer, memory_info
 
 log = logging.getLogger("transduce.serve")
 

@@ -20,7 +20,7 @@ on the model (the attention weights of `serve.demo`) never runs beside a decodin
 `fail_queued(exception)` fails the jobs still waiting (a shutdown whose grace period is over);
 `on_round(jobs, seconds, results, error)` is told of every round (the server's metrics);
 `after_round(idle)` runs on the decoding thread after every round and call, `idle` saying whether
-no job waits (the server gives its free memory back then: `serve.memory`).
+no job waits (the server gives its free memory back then: `transduce.memory`).
 """
 
 from __future__ import annotations
