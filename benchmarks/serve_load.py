@@ -13,9 +13,10 @@ requests/s, sentences/s, p50/p99 latency, and the jobs per decoding round the se
 Every answer is checked to be a 200 with one translation per sentence.
 
 Soak (`--soak`): what the server costs to keep running. One server, N clients sending varied
-requests (seeded): 1 to 32 sentences of Multi30k's English (single lines, and two to four joined
-into long ones), beams 1 to 12, n-best up to 4, greedy now and then, scores or not, and one
-request in ten to /attention (weights, and now and then the page). After every `--sample-every`
+requests (seeded), shaped like an API's traffic: mostly 1 to 4 sentences of Multi30k's English
+(single lines, and two to four joined into long ones), now and then 6 to 16, one in fifty 32;
+beams mostly 1 to 6, now and then 8, one in fifty 12; n-best up to 4, greedy now and then, scores
+or not, and one request in ten to /attention (weights, and now and then the page). After every `--sample-every`
 requests answered, the server process's resident set (VmRSS of /proc/PID/status, with VmSize
 and VmHWM) is recorded against requests served; every answer must be a 200.
 
@@ -143,12 +144,14 @@ def soak_requests(lines: list[str], seed: int, max_beam: int = 12):
         def sentence() -> str:
             return " ".join(rng.choice(lines) for _ in range(rng.choice((1, 1, 1, 1, 2, 3, 4))))
 
-        beam = rng.choice([b for b in (1, 2, 3, 4, 4, 4, 5, 6, 8, 12) if b <= max_beam])
+        beam = 12 if rng.random() < 0.02 else rng.choice((1, 2, 3, 4, 4, 4, 5, 6, 8))
+        beam = min(beam, max_beam)
         if rng.random() < 0.1:
             yield "/attention", {"source": sentence(), "beam": beam, "weights": True, "page": rng.random() < 0.3}
             continue
         greedy = rng.random() < 0.05
-        body = {"sentences": [sentence() for _ in range(rng.choice((1, 1, 1, 2, 2, 3, 4, 4, 6, 8, 16, 32)))],
+        count = 32 if rng.random() < 0.02 else rng.choice((1, 1, 1, 1, 2, 2, 3, 4, 4, 6, 8, 16))
+        body = {"sentences": [sentence() for _ in range(count)],
                 "beam": beam, "n_best": 1 if greedy else rng.randint(1, min(beam, 4)), "greedy": greedy,
                 "scores": rng.random() < 0.5}
         yield "/translate", body
