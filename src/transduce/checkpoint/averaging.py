@@ -22,10 +22,9 @@ from .run_dir import checkpoint_name, latest_checkpoint, list_checkpoints, on_in
 
 
 def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--last") -> list[Path]:
-    """The newest `k` complete checkpoints of a run written at its checkpoint interval, oldest
-    first (6.1: "the last 5 checkpoints, which were written at 10-minute intervals"). A
-    checkpoint forced off the interval (the end of a run that did not end on it) is left out,
-    unless the run has no other. `flag` is the caller's option for `k`, named in the errors."""
+    """The newest `k` checkpoints of a run written at its interval, oldest first (6.1: "the last
+    5 checkpoints, which were written at 10-minute intervals"); one forced off the interval is
+    left out unless the run has no other. `flag`: the caller's option for `k`, for the errors."""
     found = list_checkpoints(run_dir)
     if not found:
         raise FileNotFoundError(f"{Path(run_dir) / CHECKPOINTS}: no checkpoints")
@@ -41,10 +40,9 @@ def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--last") -
 
 
 def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch.Tensor], Config]:
-    """The elementwise mean of the weights of the model directories `paths` (same architecture),
-    read straight from their model.safetensors (no model is built): taken tensor by tensor in
-    float64 and rounded once to the tensors' dtype; a tied embedding is stored, and averaged,
-    once. Returns (tensors under the file's own names, the config of the last checkpoint)."""
+    """The elementwise mean of the weights of the model directories `paths` (6.1), tensor by
+    tensor from their model.safetensors in float64, rounded once to the tensors' dtype. Returns
+    (tensors under the file's own names, the config of the last checkpoint)."""
     if not paths:
         raise ValueError("no checkpoints to average")
     total: dict[str, torch.Tensor] = {}
@@ -71,9 +69,8 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch
 
 
 def default_average(run_dir: Path) -> int | None:
-    """For a run directory with checkpoints: how many of the last to average by default, the run's
-    own train.average_last (6.1: 5 for base, 20 for big), or all it has if fewer. None when
-    it has no checkpoints."""
+    """How many of a run's last checkpoints to average by default: its train.average_last (6.1:
+    5 for base, 20 for big), or all it has if fewer; None when it has none."""
     found = list_checkpoints(run_dir)
     if not found:
         return None
@@ -110,10 +107,8 @@ NOT_A_MODEL = "neither a model directory (model.safetensors + config.json) nor a
 
 
 def check_model_path(path: Path) -> None:
-    """Raise FileNotFoundError unless `path` can be a MODEL argument given alone (no --checkpoint,
-    no --average): a model directory, or a run directory with a model/ or checkpoints, as
-    `load_for_inference` resolves it. Nothing is read: a command that loads its model late
-    (`transduce serve`, on a thread once it listens) refuses a wrong path first with this."""
+    """Raise FileNotFoundError unless `path` can be a MODEL argument given alone, reading nothing
+    (for a command that loads its model late, as `transduce serve`)."""
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
     if not (is_model_dir(path) or is_model_dir(path / "model") or list_checkpoints(path)):
@@ -124,21 +119,17 @@ def check_model_path(path: Path) -> None:
 class Resolved:
     """What a MODEL argument stands for, loaded."""
 
-    model: Transformer
-    """In eval mode, on the device asked for."""
+    model: Transformer  # in eval mode, on the device asked for
     config: Config
-    description: str
-    """For the user: a model directory's path, or 'average of the last 5 checkpoints (...)'."""
-    search_dirs: list[Path]
-    """Where files that belong with the model (data.json, the vocabulary) are looked for."""
+    description: str  # a model directory's path, or 'average of the last 5 checkpoints (...)'
+    search_dirs: list[Path]  # where data.json and the vocabulary are looked for
 
 
 def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
                        device: str | torch.device = "cpu") -> Resolved:
-    """The model a MODEL argument names: a model directory itself; or, for a run directory, the
-    average of its last `average` checkpoints (by default its train.average_last, as for the paper's
-    Table 2, 6.1; Table 3's variations, 6.2, had none), or one `checkpoint` (`resolve_checkpoint`), or its model/ when it has no
-    checkpoints. Raises FileNotFoundError or ValueError with a one-line message."""
+    """The model a MODEL argument names: a model directory; or, for a run directory, the average
+    of its last `average` checkpoints (by default `default_average`, as for Table 2), one
+    `checkpoint` (`resolve_checkpoint`), or its model/ when it has no checkpoints."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")

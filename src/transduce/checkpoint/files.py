@@ -1,14 +1,6 @@
-"""The files of a model directory or checkpoint: their names, atomic writes, and checksums.
-
-Atomicity: every file is written to a temporary name, fsync'ed and moved into place with
-`os.replace` (`atomic_write_text`, `atomic_dir`). The commands' output files (`translate -o`,
-`evaluate --json`, ...) go through `AtomicOutput` and `atomic_write_text`, which treat the name
-as the shell's `>` does (`output_target`): a symlink is followed (its target replaced, the link
-kept), and what is not a regular file (a FIFO, /dev/null, /dev/stdout) is written in place;
-`check_output` says before any work, naming the user's path, why it cannot be written. Integrity: `verify` checks a directory's files
-against the SHA-256 and size recorded beside them and raises `DamagedCheckpoint`, one line naming
-the file. The layouts these files make are described in `transduce.checkpoint`.
-"""
+"""The files of a model directory or checkpoint: their names, atomic writes (a temporary name,
+fsync, `os.replace`), and checksums (`verify`). The commands' output files go through
+`AtomicOutput`, which treats a name as the shell's `>` does (`output_target`)."""
 
 from __future__ import annotations
 
@@ -51,11 +43,9 @@ def _error(code: int, path: str | os.PathLike) -> OSError:
 
 def output_target(path: str | os.PathLike) -> Path | None:
     """Where an output file named `path` is written, as the shell's `>` would write it: the
-    regular file to replace atomically (a symlink followed to its target, a dangling one
-    included; a name not there yet), or None for a name to write in place, streaming (a FIFO, a
-    character device such as /dev/null, a socket, anything under /dev or /proc). Raises OSError
-    naming `path` (never a temporary name) where it cannot be written: a directory, a missing
-    directory, a directory or file that cannot be written to, a read-only file system."""
+    regular file to replace atomically (a symlink followed to its target, dangling or not), or
+    None for a name to write in place, streaming (a FIFO, a device, anything under /dev or /proc).
+    Raises OSError naming `path` (never a temporary name) where it cannot be written."""
     name = str(path)
     try:
         st = os.stat(path)  # follows symlinks
@@ -93,11 +83,10 @@ def check_output(path: str | os.PathLike | None) -> None:
 
 
 class AtomicOutput:
-    """An output file written whole or not at all: bytes written to a temporary file beside the
-    target (`output_target`: a symlink's target), renamed into place by `commit()`; `discard()`
-    removes it, leaving the target as it was. A name that is not a regular file (a FIFO,
-    /dev/null) is written in place, streaming, with no temporary file. gzip if the name ends in
-    .gz. Every OSError names the user's path, not the temporary one."""
+    """An output file written whole or not at all: a temporary file beside the target
+    (`output_target`), renamed into place by `commit()`, removed by `discard()`. A name that is
+    not a regular file is written in place. gzip if the name ends in .gz. Every OSError names the
+    user's path, not the temporary one."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -140,8 +129,7 @@ class AtomicOutput:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` (UTF-8) to `path` whole or not at all: through a temporary file beside it,
-    fsync'ed and moved into place with `os.replace` (`AtomicOutput`; a FIFO or device in place)."""
+    """Write `text` (UTF-8) to `path` whole or not at all, fsync'ed (`AtomicOutput`)."""
     out = AtomicOutput(path)
     try:
         out.write(text.encode("utf-8"))
@@ -153,11 +141,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 @contextlib.contextmanager
 def atomic_dir(out: str | os.PathLike):
-    """A directory written whole or not at all (the exports, a model directory made from another
-    format): yields a hidden temporary directory beside `out`, which replaces `out` (an existing
-    one included) when the block ends without an error; on an error it is removed and `out` is
-    left as it was. Raises OSError naming `out` (not the temporary name) where it cannot be
-    made: a file there, a missing or read-only directory."""
+    """A directory written whole or not at all: yields a hidden temporary directory beside `out`,
+    which replaces `out` when the block ends without an error (removed on an error). Raises
+    OSError naming `out` where it cannot be made."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise _error(errno.ENOTDIR, out)
@@ -168,16 +154,21 @@ def atomic_dir(out: str | os.PathLike):
     try:
         yield tmp
         fsync_dir(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
+        replace_dir(tmp, out)
         fsync_dir(out.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Rename the finished directory `tmp` to `out`, replacing an existing `out`."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
 
 
 def fsync_dir(path: Path) -> None:
@@ -202,8 +193,7 @@ def readable(path: Path) -> None:
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """Write tensors as a safetensors file, fsync'ed and readable (not moved: callers write into
-    a temporary directory)."""
+    """Write tensors as a safetensors file, fsync'ed and readable (into a temporary directory)."""
     save_file(tensors, str(path), metadata={"format": "pt", "transduce": str(FORMAT)})
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -224,8 +214,7 @@ def digests(directory: Path, names) -> dict[str, dict]:
 
 
 def as_os_error(e: Exception, path: Path) -> OSError:
-    """safetensors reports a failed write as "... I/O error: No space left on device (os error
-    28)": the OSError it stands for."""
+    """The OSError a safetensors write error ("... (os error 28)") stands for."""
     m = re.search(r"os error (\d+)", str(e))
     if m:
         code = int(m.group(1))
@@ -234,13 +223,12 @@ def as_os_error(e: Exception, path: Path) -> OSError:
 
 
 class DamagedCheckpoint(ValueError):
-    """A model directory or checkpoint whose files are missing, truncated or altered: one line
-    naming the file."""
+    """A model directory or checkpoint whose files are missing, truncated or altered."""
 
 
 def expected_digests(directory: Path) -> dict[str, dict] | None:
-    """The checksums recorded in a directory: a checkpoint's trainer_state.json, else a model
-    directory's checksums.json; None for a directory written before checksums (nothing to check)."""
+    """The checksums recorded in a checkpoint's trainer_state.json, else in checksums.json; None
+    for a directory written before checksums."""
     for name, key in ((STATE, "files"), (CHECKSUMS, None)):
         path = directory / name
         if path.is_file():

@@ -16,6 +16,8 @@ from ..config import Config
 from ..model import Transformer
 from .files import CHECKSUMS, CONFIG, WEIGHTS, atomic_write_text, digests, readable, verify
 
+_METADATA = {"format": "pt", "transduce": "1"}
+
 
 def is_model_dir(path: Path) -> bool:
     return (path / WEIGHTS).is_file() and (path / CONFIG).is_file()
@@ -23,18 +25,18 @@ def is_model_dir(path: Path) -> bool:
 
 def save_model(model: torch.nn.Module, config: Config, directory: str | os.PathLike) -> Path:
     """Save weights (safetensors) and config (JSON) into `directory`; returns it."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     model = getattr(model, "module", model)  # unwrap DDP
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
-    tmp = directory / (WEIGHTS + ".tmp")
-    _st_save_model(model, str(tmp), metadata={"format": "pt", "transduce": "1"})
-    _finish_model_dir(directory, tmp, config)
-    return directory
+    return _write_model_dir(directory, config, lambda tmp: _st_save_model(model, tmp, metadata=_METADATA))
 
 
-def _finish_model_dir(directory: Path, weights_tmp: Path, config: Config) -> None:
-    """Move the written weights into place, write config.json, then checksums.json (last)."""
+def _write_model_dir(directory: str | os.PathLike, config: Config, write_weights) -> Path:
+    """`write_weights(temporary file name)`, then move the weights into place, write config.json,
+    then checksums.json (last)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    weights_tmp = directory / (WEIGHTS + ".tmp")
+    write_weights(str(weights_tmp))
     with open(weights_tmp, "rb") as f:
         os.fsync(f.fileno())
     readable(weights_tmp)
@@ -42,16 +44,13 @@ def _finish_model_dir(directory: Path, weights_tmp: Path, config: Config) -> Non
     os.replace(weights_tmp, directory / WEIGHTS)
     atomic_write_text(directory / CONFIG, config.to_json() + "\n")
     atomic_write_text(directory / CHECKSUMS, json.dumps(digests(directory, (WEIGHTS, CONFIG)), indent=2) + "\n")
+    return directory
 
 
 def save_tensors_as_model(tensors: dict[str, torch.Tensor], config: Config, directory: str | os.PathLike) -> Path:
     """Write `tensors` (named as in model.safetensors, e.g. an average) as a model directory."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (WEIGHTS + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt", "transduce": "1"})
-    _finish_model_dir(directory, tmp, config)
-    return directory
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    return _write_model_dir(directory, config, lambda tmp: save_file(tensors, tmp, metadata=_METADATA))
 
 
 def load_config(directory: str | os.PathLike) -> Config:

@@ -1,6 +1,5 @@
-"""A training run's directory: its layout (`prepare_run_dir`), training checkpoints (written
-whole or not at all, found, loaded), and the one-writer lock (`RunLock`). The layout is drawn in
-`transduce.checkpoint`."""
+"""A training run's directory (drawn in `transduce.checkpoint`): its files, training
+checkpoints written whole or not at all, and the one-writer lock (`RunLock`)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from ..config import Config
 from ..errors import TrainingStopped, UsageError
 from .files import (
     CHECKPOINTS, CHECKSUMS, CONFIG, DAMAGED, FORMAT, LATEST, LOCK, OPTIMIZER, RNG, STATE, WEIGHTS,
-    DamagedCheckpoint, as_os_error, atomic_write_text, digests, fsync_dir, save_tensors, verify,
+    DamagedCheckpoint, as_os_error, atomic_write_text, digests, fsync_dir, replace_dir, save_tensors, verify,
 )
 from .model_dir import save_model
 
@@ -35,8 +34,7 @@ _NAME = re.compile(r"^step_(\d+)$")
 
 def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -> None:
     """Create the run directory: config.json, data.json (with the data directory's absolute
-    path) and copies of the vocabulary files (replacing stale copies of another vocabulary left
-    by an earlier run without checkpoints; a resumed run has the same ones, `check_vocabulary`)."""
+    path) and copies of the vocabulary files (replacing stale ones)."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.json", config.to_json() + "\n")
     atomic_write_text(run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n")
@@ -48,9 +46,8 @@ def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -
 
 
 def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) -> None:
-    """Refuse to resume a run (whose model is `config`) on prepared data of another vocabulary:
-    other sizes, shared where the run's was separate or the reverse, or a sentencepiece model
-    whose bytes differ from the run's copy. The same data at another path passes."""
+    """Refuse to resume a run on prepared data of another vocabulary (other sizes, sharing, or
+    sentencepiece bytes); the same data at another path passes."""
     vocab = meta["vocab"]
     size = (int(vocab["size"]["src"]), int(vocab["size"]["tgt"]))
     shared = bool(vocab.get("shared", vocab["files"]["src"] == vocab["files"]["tgt"]))
@@ -86,38 +83,24 @@ def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) 
 class TrainingState:
     """The scalars of a checkpoint (trainer_state.json)."""
 
-    step: int
-    """Optimizer steps taken."""
-    epoch: int = 0
-    """Epoch of the next micro-batch."""
-    position: int = 0
-    """Index of the next micro-batch in this epoch's list of (per-rank) batches."""
+    step: int  # optimizer steps taken
+    epoch: int = 0  # of the next micro-batch
+    position: int = 0  # index of the next micro-batch in this epoch's list of (per-rank) batches
     world_size: int = 1
-    max_tokens: int = 0
-    """Padded tokens per micro-batch per rank (the batching parameter)."""
+    max_tokens: int = 0  # padded tokens per micro-batch per rank
     update_freq: int = 1
     seed: int = 0
-    lr: float = 0.0
-    """The learning rate of the last step taken."""
-    train_seconds: float = 0.0
-    """Training wall-clock time so far, over all sessions of the run."""
-    target_tokens: int = 0
-    """Non-pad target tokens trained on so far (all ranks), as of the last log line."""
-    scaler: dict | None = None
-    """torch.amp.GradScaler state (fp16), None otherwise."""
-    schedule: dict = field(default_factory=dict)
-    """The learning-rate schedule (equation 3): d_model, warmup_steps, scale."""
-    optimizer: dict = field(default_factory=dict)
-    """Adam's hyperparameters (for the record; the trainer rebuilds them from the config)."""
+    lr: float = 0.0  # of the last step taken
+    train_seconds: float = 0.0  # wall-clock, over all sessions of the run
+    target_tokens: int = 0  # non-pad target tokens trained on (all ranks), as of the last log line
+    scaler: dict | None = None  # torch.amp.GradScaler state (fp16)
+    schedule: dict = field(default_factory=dict)  # equation 3: d_model, warmup_steps, scale
+    optimizer: dict = field(default_factory=dict)  # Adam's hyperparameters, for the record
     on_interval: bool = True
-    """Written at the checkpoint interval (6.1: "written at 10-minute intervals"); False for a
-    checkpoint forced off the interval (the end of a run or a stop by --max-minutes), which
-    "the last K" of averaging leaves out so that the averaged checkpoints stay evenly spaced."""
-    files: dict = field(default_factory=dict)
-    """{file name: {"sha256", "bytes"}} of every other file of the checkpoint (`verify`)."""
-    precision: str = ""
-    """The precision the run trained in (fp32, bf16, fp16), which `--precision auto` keeps when
-    the run resumes; "" in checkpoints written before it was recorded."""
+    """False for a checkpoint forced off the interval (6.1: "written at 10-minute intervals"),
+    which averaging's "last K" leaves out so that the averaged checkpoints stay evenly spaced."""
+    files: dict = field(default_factory=dict)  # {file name: {"sha256", "bytes"}} of the others
+    precision: str = ""  # fp32, bf16, fp16, kept by `--precision auto` on resume; "" if older
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, **self.__dict__}, indent=2)
@@ -140,9 +123,8 @@ def checkpoint_step(path: str | os.PathLike) -> int:
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """The complete checkpoints of a run as (step, directory), oldest first. A directory
-    counts as complete when it has its name's form and its trainer_state.json (the last file
-    written before the rename); temporary directories are skipped."""
+    """The complete checkpoints of a run (named step_N, with trainer_state.json) as (step,
+    directory), oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -163,10 +145,8 @@ def on_interval(path: str | os.PathLike) -> bool:
 
 
 def recorded_precision(run_dir: str | os.PathLike) -> tuple[str, Path] | None:
-    """The precision the run's newest intact checkpoint that records one trained in, and that
-    checkpoint (`latest` first, then newest first); None if none records it. A damaged one is
-    passed over here as `restore` will pass over it, so that the checkpoint named is the one
-    the run resumes from (which costs reading its files once more)."""
+    """(precision, checkpoint) of the run's newest intact checkpoint that records one (`latest`
+    first, then newest first; damaged ones passed over as `restore` will); None if none does."""
     latest = latest_checkpoint(run_dir)
     for path in ([latest] if latest else []) + [p for _, p in reversed(list_checkpoints(run_dir)) if p != latest]:
         try:
@@ -180,8 +160,8 @@ def recorded_precision(run_dir: str | os.PathLike) -> tuple[str, Path] | None:
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint `latest` points to; if that pointer is missing or broken (a crash between
-    the rename and the pointer write, or a deleted directory), the newest complete one."""
+    """The checkpoint `latest` points to; if that pointer is missing or broken, the newest
+    complete one."""
     root = Path(run_dir) / CHECKPOINTS
     pointer = root / LATEST
     if pointer.is_file():
@@ -246,13 +226,9 @@ def save_checkpoint(
     rng: dict[str, torch.Tensor],
     keep_last: int = 0,
 ) -> Path:
-    """Write checkpoint `step_{state.step}` atomically, point `latest` at it, then delete all
-    but the newest `keep_last` checkpoints written at the interval and this one (`prune`; 0
-    keeps all). Returns its directory.
-
-    `model` is the plain module (not the DDP/compiled wrapper); `rng` maps names such as
-    "cpu/rank0" to RNG state tensors (see `transduce.train.distributed.gather_rng_states`).
-    """
+    """Write checkpoint `step_{state.step}` atomically, point `latest` at it, then `prune` to
+    `keep_last` (0 keeps all). Returns its directory. `model` is the plain module; `rng` maps
+    names such as "cpu/rank0" to RNG state tensors (`train.distributed.gather_rng_states`)."""
     root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(state.step)
@@ -267,13 +243,7 @@ def save_checkpoint(
         state = dataclasses.replace(state, files=files)
         atomic_write_text(tmp / STATE, state.to_json() + "\n")  # last: marks the directory complete
         fsync_dir(tmp)
-        if final.exists():  # the same step saved again (e.g. a resumed run that ends at once)
-            old = root / f".old-{name}-{os.getpid()}"
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_dir(tmp, final)  # final exists when the same step is saved again
         fsync_dir(root)
     except SafetensorError as e:  # safetensors' own error for a failed write (a full disk)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -292,9 +262,7 @@ def save_checkpoint(
 
 def prune(run_dir: str | os.PathLike, keep_last: int, newest: Path) -> None:
     """Delete all checkpoints but the newest `keep_last` written at the run's interval and
-    `newest`. A checkpoint forced off the interval (the end of a run between two, a signal) is
-    one that averaging leaves out (6.1: checkpoints "written at 10-minute intervals"), so it does
-    not take the place of one: with K = train.average_last, `transduce average` finds its K."""
+    `newest`: one forced off the interval, which averaging leaves out (6.1), takes no one's place."""
     found = [p for _, p in list_checkpoints(run_dir)]
     keep = {p for p in found if on_interval(p)}
     keep = set(sorted(keep, key=found.index)[-keep_last:]) | {newest}
@@ -329,9 +297,7 @@ def load_checkpoint(
     verify(path)
     try:
         _st_load_model(model, str(path / WEIGHTS), strict=True, device=str(device))
-        if optimizer is not None:
-            # Read on the CPU: load_state_dict moves each tensor where its parameter's policy wants
-            # it (Adam keeps a non-fused `step` on the CPU).
+        if optimizer is not None:  # read on the CPU: load_state_dict moves each tensor where it belongs
             load_optimizer_tensors(optimizer, model, load_file(str(path / OPTIMIZER)))
         rng = load_file(str(path / RNG)) if (path / RNG).is_file() else {}
     except (OSError, ValueError):
@@ -358,8 +324,7 @@ def set_aside(path: Path) -> Path:
 
 class RunLock:
     """An exclusive `flock` on RUN_DIR/.lock for as long as a trainer runs: the kernel releases
-    it when the process ends, however it ends (kill -9 included), so a stale lock never blocks.
-    The file says who holds it (pid, host, since when), for the error a second trainer gets.
+    it however the process ends, so a stale lock never blocks. The file says who holds it.
     Where `fcntl` does not exist (Windows) there is no lock."""
 
     def __init__(self, run_dir: str | os.PathLike):
