@@ -1,13 +1,13 @@
 """Restricted self-attention (Section 4, Table 1's fourth row; `ModelConfig.attention_window`, off
 by default): each query sees the keys within r positions, in the decoder only the r before it and
 itself; encoder-decoder attention stays full. The window is part of the one mask convention, so
-the teacher-forced pass, the cached decoding steps (the plain and the `transduce.kernels` attention)
+the teacher-forced pass, the cached decoding steps (the plain and the `transduce.fast.decode` attention)
 and the attention weights all apply it; the exports that cannot represent it refuse."""
 
 import pytest
 import torch
 
-from transduce import kernels
+from transduce.fast import decode as kernels
 from transduce.checkpoint import load_model, save_model
 from transduce.cli import main
 from transduce.config import Config, ModelConfig, apply_overrides, get_preset

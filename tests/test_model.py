@@ -126,8 +126,8 @@ def test_padding_does_not_leak():
 @pytest.fixture(params=["sdpa", "decode_attention"])
 def step_attention(request):
     """Decoding steps attend through the model's default (`scaled_dot_product_attention`) or
-    through `transduce.kernels.decode_attention`, what translate sets on the CPU."""
-    from transduce.kernels import decode_attention
+    through `transduce.fast.decode.decode_attention`, what translate sets on the CPU."""
+    from transduce.fast.decode import decode_attention
 
     return None if request.param == "sdpa" else decode_attention
 
