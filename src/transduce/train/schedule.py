@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 
 def noam_lr(step: int, d_model: int, warmup_steps: int = 4000, scale: float = 1.0) -> float:
     """lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)   (equation 3)
@@ -24,15 +22,3 @@ def cooldown_factor(progress: float, fraction: float) -> float:
         return 1.0
     return min(1.0, max(0.0, (1.0 - progress) / fraction))
 
-
-def noam_scheduler(
-    optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int = 4000, scale: float = 1.0
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR applying equation 3; create the optimizer with lr=1.0 so the lambda is the rate.
-    The scheduler's internal counter starts at 0; step s of training uses noam_lr(s + 1)."""
-    for group in optimizer.param_groups:
-        group["lr"] = 1.0
-        group["initial_lr"] = 1.0
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda i: noam_lr(i + 1, d_model, warmup_steps, scale)
-    )
