@@ -4,17 +4,10 @@ Section 5.1: "Sentence pairs were batched together by approximate sequence lengt
 batch contained a set of sentence pairs containing approximately 25000 source tokens and 25000
 target tokens."
 
-`batch_by_tokens` works from the two arrays of sentence sizes alone (it never reads a token):
-pairs are sorted by length, so that a batch holds sentences of similar length and little
-padding, then cut into batches whose *padded* size, batch_size * longest sentence, stays within
-`max_tokens` on both sides. Padded tokens count because they are what the hardware computes.
-So `max_tokens=25000` gives at most 25000 source and 25000 target positions per batch, which is
-the paper's budget summed over its 8 GPUs (use `max_tokens / num_gpus` per GPU, or accumulate
-gradients).
-
-Decoding cuts source sentences the same way, longest first (`batch_for_decoding`).
-
-`collate` turns one batch into the model's inputs (all right-padded with PAD):
+`batch_by_tokens` works from the sentence sizes alone: pairs sorted by length, cut into batches
+whose *padded* size, batch_size * longest sentence, stays within `max_tokens` on both sides
+(`max_tokens=25000` is the paper's budget summed over its 8 GPUs). `collate` turns one batch into
+the model's inputs (all right-padded with PAD):
 
     src      (B, S)  stored source, ends with EOS          x1 x2 x3 EOS
     tgt_in   (B, T)  BOS + stored target without its EOS   BOS y1 y2 y3
@@ -52,25 +45,13 @@ def batch_by_tokens(
     num_shards: int = 1,
     shard_id: int = 0,
 ) -> list[np.ndarray]:
-    """Group pair indices into batches of at most `max_tokens` padded tokens per side.
+    """Group pair indices into batches of at most `max_tokens` padded tokens per side: pairs
+    sorted by (target size, source size), ties broken at random by (seed, epoch), cut greedily,
+    and the batches shuffled (if `shuffle`; without it the order depends on nothing else).
 
-    1. Sort pairs by (target size, source size); ties are broken at random (seeded by `seed`
-       and `epoch`), so equal-length pairs meet different neighbours each epoch.
-    2. Walk the sorted pairs, closing a batch when one more pair would make
-       batch_size * max(size) exceed `max_tokens` on the source or the target side.
-    3. Shuffle the list of batches (if `shuffle`); the result depends only on (seed, epoch).
-
-    With `shuffle=False` (evaluation) the order is fully deterministic and does not depend on
-    the seed or the epoch.
-
-    Sharding for data-parallel training: every rank calls this with the same arguments except
-    `shard_id`, and gets every `num_shards`-th batch of the same list. To keep the ranks in
-    lockstep each shard gets the same number of batches: the list is padded at the end with
-    its first batches again (at most num_shards - 1 repeats per epoch; different ones each
-    epoch since the list is shuffled). Nothing is dropped.
-
-    Raises ValueError if a single pair is longer than `max_tokens`.
-    """
+    Data-parallel ranks call this alike but for `shard_id`, each getting every `num_shards`-th
+    batch of the same list, padded at the end with its first batches so that every shard has as
+    many (nothing is dropped). Raises ValueError if a single pair is longer than `max_tokens`."""
     src_sizes = np.asarray(src_sizes, dtype=np.int64)
     tgt_sizes = np.asarray(tgt_sizes, dtype=np.int64)
     if src_sizes.shape != tgt_sizes.shape or src_sizes.ndim != 1:
@@ -100,8 +81,7 @@ def batch_by_tokens(
 def _pack(order: np.ndarray, src: Sequence[int], tgt: Sequence[int], max_tokens: int,
           max_sentences: int | None = None) -> list[np.ndarray]:
     """Cut `order` (pair indices, with their sizes `src`, `tgt`) greedily into batches of at most
-    `max_tokens` padded tokens per side and `max_sentences` pairs; a pair longer than
-    `max_tokens` alone forms a batch of its own."""
+    `max_tokens` padded tokens per side and `max_sentences` pairs (a longer pair alone)."""
     batches = []
     start, longest_src, longest_tgt = 0, 0, 0
     for k in range(len(order)):
@@ -117,10 +97,8 @@ def _pack(order: np.ndarray, src: Sequence[int], tgt: Sequence[int], max_tokens:
 
 
 def batch_for_decoding(sizes: Sequence[int], max_tokens: int, max_sentences: int) -> list[np.ndarray]:
-    """Batches of source sentences to decode: indices into `sizes` (each sentence's length),
-    longest first (equal lengths in their order), cut into batches of at most `max_tokens` padded
-    tokens (sentences x the longest) and `max_sentences` sentences, as `batch_by_tokens` cuts
-    training pairs; a sentence longer than `max_tokens` is decoded in a batch of its own."""
+    """Batches of source sentences to decode (indices into `sizes`), longest first, cut as
+    `batch_by_tokens` cuts training pairs, at most `max_sentences` each."""
     if max_tokens < 1 or max_sentences < 1:
         raise ValueError("max_tokens and max_sentences must be positive")
     sizes = np.asarray(sizes, dtype=np.int64)
@@ -141,11 +119,8 @@ def _shard(batches: list[np.ndarray], num_shards: int, shard_id: int) -> list[np
 def collate(
     src_list: Sequence[np.ndarray], tgt_list: Sequence[np.ndarray], pad_id: int = PAD, bos_id: int = BOS
 ) -> dict:
-    """Pad stored sentences into the model's tensors (see the module docstring).
-
-    Returns {"src": (B, S), "tgt_in": (B, T), "tgt_out": (B, T)} as LongTensors, and
-    "ntokens": the number of non-pad target tokens (the loss normalizer).
-    """
+    """Pad stored sentences into the model's LongTensors (see the module docstring), with
+    "ntokens": the number of non-pad target tokens (the loss normalizer)."""
     if len(src_list) != len(tgt_list) or not src_list:
         raise ValueError(f"need equal, non-zero numbers of sentences, got {len(src_list)} and {len(tgt_list)}")
     batch = len(src_list)

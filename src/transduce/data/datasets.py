@@ -1,46 +1,19 @@
-"""Datasets known by name: where each text file comes from and how to check it.
+"""Datasets known by name (DATASETS): where each text file comes from and how to check it.
 
 `fetch(name, split, lang)` returns the path of one side of one split, as a (possibly .gz) text
-file, looking in this order:
+file, from the first of: a local mirror (`data_dir`, else $TRANSDUCE_DATA_DIR, else
+`../shared/data` beside the repository), laid out as `<data_dir>/<name>/<mirror path>` (a plain
+file may stand in for a .gz one and vice versa); the cache (`cache_dir`, else
+$TRANSDUCE_CACHE_DIR, else ~/.cache/transduce); a download into the cache, written under a
+temporary name, checked, then renamed into place. Every file with a known checksum is verified
+by the sha256 of its *uncompressed* text, so a gzip mirror copy and the plain original agree.
 
-1. a local mirror: the `data_dir` argument (`--data-dir`), else the environment variable
-   TRANSDUCE_DATA_DIR, else `../shared/data` next to the repository if that folder exists.
-   Its layout is `<data_dir>/<name>/<mirror path>` (the mirror paths below; a plain file may
-   stand in for a .gz one and vice versa). A mirror named explicitly must hold the file
-   (unless it is a corpus loaded through Hugging Face, below);
-2. the cache: `cache_dir`, else TRANSDUCE_CACHE_DIR, else ~/.cache/transduce; files there were
-   verified when they were downloaded;
-3. a download from the original source into the cache (written under a temporary name, checked
-   against its sha256, then renamed into place). When it fails (no network), the error names the
-   URL and the file to put in a mirror instead (`--data-dir DIR` / TRANSDUCE_DATA_DIR).
-
-Every file with a known checksum is verified by the sha256 of its *uncompressed* text, so a
-gzip-compressed mirror copy and the plain original check out the same.
-
-Registered datasets (DATASETS):
-
-- multi30k: Multi30k Task 1 (Elliott et al., 2016; 2017), en/de/fr image descriptions; splits
-  train (29000), val (1014), test_2016_flickr (1000), test_2017_flickr (1000),
-  test_2017_mscoco (461); variants "raw" (cased, untokenized) and "tok" (lowercased,
-  normalized, Moses-tokenized, as produced upstream). Source: github.com/multi30k/dataset.
-- wmt14-en-de, wmt14-en-fr: the WMT 2014 news test sets, newstest2012/2013/2014 (2013 is the
-  paper's development set, 2014 its test set), extracted from the SGML files of statmt.org's
-  dev.tgz and test-full.tgz; for en-de also newstest2014-filtered (the 2737-segment official
-  test set of test-filtered.tgz, sacreBLEU's "wmt14") and train-sample (10000 pairs of
-  Moses-tokenized WMT training text from harvardnlp/seq2seq-attn, for smoke tests only).
-  Their split "train" is the full WMT14 training corpus (4.5M pairs for en-de, about 40M for
-  en-fr): it is not downloaded by this module but loaded through Hugging Face `datasets`
-  ("wmt/wmt14", config "de-en" / "fr-en") when that package is installed, or read from a
-  mirror as `train-full.<lang>.gz`.
-
-  The WMT checksums are those of the plain text in Helsinki-NLP/OPUS-MT-testsets (the mirror's
-  source). That `sgml_to_lines` reproduces it from the statmt.org archives could not be checked
-  without network access; the tests check it on archives rebuilt from that text. Likewise
-  newstest2014-filtered in the mirror is a reconstruction (see its PROVENANCE.md).
-- ptb-wsj: the Penn Treebank's Wall Street Journal trees (a treebank, `kind="treebank"`: one
-  file of trees per split, language "trees"), splits by section 02-21 (train), 22 (dev), 23
-  (test), and 22-auto-pos / 23-auto-pos with predicted tags. Licensed by the LDC, so only ever
-  read from a mirror (`<data_dir>/ptb-wsj/`), never downloaded.
+Registered: multi30k (Task 1, en/de/fr, variants "raw" and "tok"); wmt14-en-de, wmt14-en-fr
+(newstest2012-2014 from statmt.org's SGML files, newstest2013 the paper's development set; for
+en-de also newstest2014-filtered and a 10,000-pair train-sample for smoke tests; "train", the full
+WMT14 corpus, comes through Hugging Face `datasets` or a mirror's `train-full.<lang>.gz`); ptb-wsj
+(the Penn Treebank's WSJ trees, LDC licensed: only ever read from a mirror). The WMT checksums are
+those of Helsinki-NLP/OPUS-MT-testsets' plain text.
 """
 
 from __future__ import annotations
@@ -235,9 +208,8 @@ def _wmt14(pair: str, description: str, splits: tuple[str, ...], tests: tuple[st
 
 # --- Penn Treebank WSJ (Section 6.3) ------------------------------------------------------------
 
-# Licensed by the LDC: never downloaded, only read from a mirror (<data_dir>/ptb-wsj/, see its
-# PROVENANCE.md). One tree per line, root TOP, traces and function tags removed. Splits by WSJ
-# section: 02-21 train, 22 dev, 23 test; "22-auto-pos", "23-auto-pos" carry Stanford-tagger tags.
+# Mirror only (see its PROVENANCE.md): one tree per line, root TOP, traces and function tags removed;
+# "22-auto-pos", "23-auto-pos" carry Stanford-tagger tags.
 PTB_WSJ_FILES = {  # split -> (mirror file, sha256 of the uncompressed text, trees)
     "02-21": ("train.trees.gz", "43179085595e2a70c60926674c3c9c3969ad6820c5aa71a39f0720a530f3b07e", 39832),
     "22": ("dev.trees.gz", "b3cd4fe25519d131c2291c731939fbaab7baaf3f1657b1a228f554d555b87ff2", 1700),
@@ -285,8 +257,7 @@ def get_dataset(name: str) -> DatasetInfo:
 
 
 def default_data_dir() -> Path | None:
-    """`shared/data` beside the repository (src/transduce/data/datasets.py -> ../shared/data), if
-    it exists."""
+    """`shared/data` beside the repository, if it exists."""
     repo = Path(__file__).resolve().parents[3]
     mirror = repo.parent / "shared" / "data"
     return mirror if mirror.is_dir() else None
@@ -416,18 +387,11 @@ _ASCII_SPACES = re.compile(r"[ \t\r\f\v]+")
 
 
 def sgml_to_lines(text: str) -> list[str]:
-    """The sentences of a WMT "SGML" file: the text of each <seg> line.
-
-    These files are not well-formed SGML, so this is line-based, like Moses' input-from-sgm.perl
-    and sacreBLEU: entities are left as they are, runs of ASCII whitespace become one space and
-    the ends are stripped. Unicode spaces (no-break, thin) are kept: they are part of the
-    reference text.
-    """
-    lines = []
-    for line in text.splitlines():
-        if m := _SEG.match(line):
-            lines.append(_ASCII_SPACES.sub(" ", m.group(1)).strip(" "))
-    return lines
+    """The sentences of a WMT "SGML" file, line-based as Moses' input-from-sgm.perl and sacreBLEU:
+    the text of each <seg> line, entities left as they are, runs of ASCII whitespace made one space
+    and the ends stripped (Unicode spaces are part of the reference text: kept)."""
+    matches = (_SEG.match(line) for line in text.splitlines())
+    return [_ASCII_SPACES.sub(" ", m.group(1)).strip(" ") for m in matches if m]
 
 
 def _extract_sgml(archive: Path, member: str, dest: Path, sha256: str | None) -> None:

@@ -1,20 +1,12 @@
 """Token arrays on disk, read through a memory map (like fairseq's mmap dataset or nanoGPT's .bin).
 
-A split of one language is two files:
+    {prefix}.bin   all sentences' token ids, concatenated, no header: uint16 if the vocabulary
+                   has fewer than 65536 entries, else int32 (told apart by the file's size)
+    {prefix}.idx   a numpy .npy file of N + 1 int64 offsets: sentence i is
+                   tokens[offsets[i]:offsets[i + 1]]
 
-    {prefix}.bin   all sentences' token ids, concatenated: uint16 if the vocabulary has fewer
-                   than 65536 entries, else int32. No header.
-    {prefix}.idx   a numpy .npy file of int64 offsets, length N + 1: sentence i is
-                   tokens[offsets[i]:offsets[i + 1]].
-
-The token dtype is not written down: it follows from the file sizes, since the .bin file holds
-exactly offsets[-1] tokens of 2 or 4 bytes each (the reader checks this).
-
-CONTRACT: each stored sentence is its subword ids followed by EOS (3), and `sizes` include that
-EOS. `IndexedWriter.add` appends the EOS itself.
-
-The reader never loads the tokens: `sizes` (from the .idx) is all that batching needs, and
-`dataset[i]` copies one sentence out of the memory map.
+Each stored sentence is its subword ids followed by EOS, and `sizes` include that EOS. Batching
+needs only `sizes`; `dataset[i]` copies one sentence out of the memory map.
 """
 
 from __future__ import annotations
@@ -36,16 +28,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 class IndexedWriter:
-    """Streams sentences into `{prefix}.bin` / `{prefix}.idx`.
-
-    Writes go to temporary names; `finalize()` renames them into place with `os.replace`, so a
-    reader never sees a half-written file. Used as a context manager, it finalizes on success
-    and deletes the temporary files if an exception escapes.
-
-        with IndexedWriter("out/train.src", vocab_size=len(vocab)) as w:
-            for line in lines:
-                w.add(vocab.encode(line))
-    """
+    """Streams sentences into `{prefix}.bin` / `{prefix}.idx`, through temporary names that
+    `finalize()` renames into place; as a context manager, it finalizes on success and discards
+    the files if an exception escapes."""
 
     def __init__(self, prefix: str | Path, vocab_size: int):
         self.prefix = Path(prefix)
@@ -113,11 +98,8 @@ class IndexedWriter:
 
 
 class IndexedDataset:
-    """Read-only view of `{prefix}.bin` / `{prefix}.idx`.
-
-    `sizes[i]` is the stored length of sentence i (EOS included); `dataset[i]` is an int64 copy
-    of its tokens.
-    """
+    """Read-only view of `{prefix}.bin` / `{prefix}.idx`: `sizes[i]` is the stored length of
+    sentence i (EOS included), `dataset[i]` an int64 copy of its tokens."""
 
     def __init__(self, prefix: str | Path):
         self.prefix = Path(prefix)
@@ -155,9 +137,6 @@ class IndexedDataset:
             raise IndexError(f"sentence {i} out of range for {n} sentences in {self.prefix}")
         i = int(i) % n
         return self.tokens[self.offsets[i] : self.offsets[i + 1]].astype(np.int64)
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
 
     def __repr__(self) -> str:
         return f"IndexedDataset({str(self.prefix)!r}, sentences={len(self)}, tokens={int(self.offsets[-1])})"

@@ -1,26 +1,13 @@
-"""`transduce prepare`: parallel text -> subword vocabulary -> memory-mapped token arrays.
+"""`transduce prepare` (Section 5.1): parallel text -> a BPE vocabulary (shared unless
+--separate-vocab) -> memory-mapped token arrays, in a directory of:
 
-    transduce prepare --dataset multi30k --src en --tgt de --out data/multi30k-en-de
-    transduce prepare --train-src train.en --train-tgt train.de \\
-                      --valid-src dev.en --valid-tgt dev.de --src en --tgt de --out data/mine
-
-Steps (Section 5.1 of the paper):
-1. train a BPE vocabulary with sentencepiece on a sample of the training text, shared by source
-   and target unless --separate-vocab;
-2. encode every split and store it with `IndexedWriter` ({split}.src/.tgt .bin/.idx): subword
-   ids + EOS per sentence. Training pairs go through the length filter (--max-len,
-   --max-ratio; see text.py); evaluation splits are kept whole;
-3. write data.json: languages, vocabulary files, per-split counts, the filter report and the
-   absolute paths of the original text files (the references for BLEU).
-
-Output directory:
     spm.model (or spm.src.model + spm.tgt.model), spm*.vocab
     train.src.bin/.idx  train.tgt.bin/.idx  valid.*  test.*  (+ extra test sets by name)
-    data.json
+    data.json           languages, vocabulary files, per-split counts, the filter report and
+                        the original text files (the references for BLEU)
 
-Everything is written into a temporary directory beside the output directory and renamed into
-place at the end, so a failure leaves nothing behind. Errors in the input raise `DataError`, one
-line naming the file and line (`transduce prepare: error: <file>:<line>: <what>`, exit status 2).
+Only training pairs go through the length filter (text.py). Everything is written into a
+temporary directory beside the output and renamed into place at the end.
 """
 
 from __future__ import annotations
@@ -99,9 +86,8 @@ def prepare(
     tgt_vocab_type: str = "bpe",
 ) -> dict:
     """Build the output directory `out` from `splits` (the first is the training split) and
-    return its metadata (also written to out/data.json). `tgt_vocab_type="word"`: the target
-    side gets a closed word-level vocabulary of its own (one piece per symbol, not BPE; implies
-    `separate_vocab`), e.g. linearized trees (transduce.parsing)."""
+    return its metadata (out/data.json). `tgt_vocab_type="word"`: a closed word-level target
+    vocabulary of its own (implies `separate_vocab`), e.g. linearized trees."""
     if not splits or splits[0].name != "train":
         raise ValueError("the first split must be 'train'")
     out = Path(out).absolute()
@@ -185,10 +171,8 @@ def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sampl
         files = {"src": model.name, "tgt": model.name}
     else:
         src_model = train_vocab(out_dir / "spm.src", lines(read_lines(train.src), "vocab: read train source"), **options)
-        if tgt_type == "word":
-            tgt_options = {**options, "vocab_size": WORD_VOCAB_LIMIT, "sample_size": 0, "model_type": "word"}
-        else:
-            tgt_options = options
+        word = {"vocab_size": WORD_VOCAB_LIMIT, "sample_size": 0, "model_type": "word"} if tgt_type == "word" else {}
+        tgt_options = {**options, **word}
         tgt_model = train_vocab(out_dir / "spm.tgt", lines(read_lines(train.tgt), "vocab: read train target"), **tgt_options)
         src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
         files = {"src": src_model.name, "tgt": tgt_model.name}

@@ -1,16 +1,9 @@
-"""Reading line-aligned parallel text, and the length filter applied to training pairs.
+"""Reading line-aligned parallel text (plain or gzip, UTF-8, streamed line by line), and the length
+filter applied to training pairs. Bad input raises `DataError`, one line naming the file and line.
 
-A parallel corpus is two files, one sentence per line, where line i of the source file translates
-line i of the target file (plain text or gzip, UTF-8). Everything here streams line by line: no
-function ever holds a whole corpus in memory.
-
-Bad input raises `DataError` (defined in `transduce.errors`, importable from here too), whose
-message is one line that names the file and, where it applies, the line:
-``train.de:29001: train.en has only 29000 lines (line counts differ)``.
-
-Lines are split on b"\\n" only (a trailing "\\r" is removed). Python's text mode and
-`str.splitlines` would also split on "\\r", U+0085, U+2028 and U+2029, which do occur inside
-sentences of web-crawled corpora and would silently break the line alignment.
+Lines are split on b"\\n" only: Python's text mode and `str.splitlines` would also split on "\\r",
+U+0085, U+2028 and U+2029, which occur inside sentences of web-crawled corpora and would silently
+break the line alignment.
 """
 
 from __future__ import annotations
@@ -41,10 +34,9 @@ def open_text(path: str | Path) -> BinaryIO:
 
 
 def iter_lines(f: BinaryIO, name: str | Path) -> Iterator[str]:
-    """The lines of a binary stream (plain, or gzip as `open_text` opens it), decoded as UTF-8,
-    without their line endings: split on b"\\n" only, a trailing "\\r" and a leading byte-order
-    mark dropped. Invalid UTF-8 and corrupt or truncated gzip data raise DataError naming `name`
-    and the line. An empty stream is zero lines."""
+    """The lines of a binary stream (`open_text`), decoded as UTF-8, without their line endings
+    (a trailing "\\r" and a leading byte-order mark dropped). Invalid UTF-8 and corrupt gzip data
+    raise DataError naming `name` and the line."""
     n = 0
     try:
         for n, raw in enumerate(f, start=1):
@@ -65,11 +57,8 @@ def iter_lines(f: BinaryIO, name: str | Path) -> Iterator[str]:
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or .gz) without their line ending.
-
-    Raises DataError for a missing file, an empty file (no lines at all), invalid UTF-8
-    (naming the line) and corrupt gzip data.
-    """
+    """Yield the lines of a UTF-8 text file (plain or .gz) without their line ending; an empty
+    file is a DataError."""
     path = Path(path)
     n = 0
     with open_text(path) as f:
@@ -80,11 +69,8 @@ def read_lines(path: str | Path) -> Iterator[str]:
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
-    """Yield (source line, target line) pairs; raise DataError if the line counts differ.
-
-    The error names the file that is longer, at its first line without a counterpart, and the
-    file that ended.
-    """
+    """Yield (source line, target line) pairs; DataError if the line counts differ (naming the
+    longer file at its first line without a counterpart)."""
     src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
     n = 0
     while True:
@@ -99,14 +85,7 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[
         yield src, tgt
 
 
-# ---------------------------------------------------------------------------------------------
-# Length filter
-#
-# Lengths are counted in subword tokens (what the model sees and what batching pays for), not
-# counting the EOS appended when the sentence is stored. So the filter runs after encoding.
-# Only training pairs are filtered: evaluation sets are kept whole, since BLEU is defined on
-# the complete test set.
-# ---------------------------------------------------------------------------------------------
+# --- the length filter: subword tokens without EOS, training pairs only (BLEU needs whole test sets)
 
 DEFAULT_MAX_LEN = 256
 """Pairs with more subword tokens than this on either side are dropped from training."""
@@ -116,12 +95,8 @@ DEFAULT_MAX_RATIO = 9.0
 dropped from training (the default of Moses' clean-corpus-n.perl, there counted in words)."""
 
 def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
-    """Why a training pair of these token lengths is dropped, or None to keep it.
-
-    "empty": either side has no tokens (an empty or whitespace-only line);
-    "too_long": either side has more than `max_len` tokens;
-    "bad_ratio": max(src_len, tgt_len) / min(src_len, tgt_len) > `max_ratio`.
-    """
+    """Why a training pair of these token lengths is dropped ("empty", "too_long", "bad_ratio"),
+    or None to keep it."""
     if src_len == 0 or tgt_len == 0:
         return "empty"
     if src_len > max_len or tgt_len > max_len:
@@ -133,11 +108,8 @@ def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) ->
 
 @dataclass
 class FilterReport:
-    """What the length filter did to one split: every dropped pair is counted, never silent.
-
-    `examples` keeps the first few (1-based) line numbers dropped for each reason, so the user
-    can look at them.
-    """
+    """What the length filter did to one split; `examples`: the first few (1-based) line numbers
+    dropped for each reason."""
 
     max_len: int = DEFAULT_MAX_LEN
     max_ratio: float = DEFAULT_MAX_RATIO

@@ -1,21 +1,9 @@
 """Subword vocabularies: sentencepiece BPE models with fixed special ids.
 
 Section 5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target
-vocabulary of about 37000 tokens" (En-De); for En-Fr, "32000 word-piece vocabulary". By default
-one vocabulary is trained on both sides of the training data and shared; separate source and
-target vocabularies are an option.
-
-The special ids are the same in every vocabulary, so the model, the batches and the decoder can
-rely on them without looking anything up:
-
-    PAD = 0   padding (never a real token)
-    UNK = 1   unknown piece
-    BOS = 2   begin of sentence: the first decoder input
-    EOS = 3   end of sentence: stored after every sentence, the last decoder output
-
-Training reads a random sample of `sample_size` sentences from a stream (sentencepiece's
-reservoir sampling: `input_sentence_size` + `shuffle_input_sentence`), so corpora of any size
-work in bounded memory.
+vocabulary of about 37000 tokens" (En-De). The special ids are the same in every vocabulary:
+PAD = 0 (padding), UNK = 1, BOS = 2 (the first decoder input), EOS = 3 (stored after every
+sentence, the last decoder output).
 """
 
 from __future__ import annotations
@@ -56,18 +44,11 @@ def train_vocab(
     num_threads: int | None = None,
     model_type: str = "bpe",
 ) -> Path:
-    """Train a sentencepiece BPE model on a sample of `sentences`; return `{model_prefix}.model`.
-
-    `model_type="word"`: a closed word-level vocabulary instead, one piece per distinct
-    whitespace-separated symbol of the sample, taken as it is (no normalization, no splitting),
-    for targets made of a small set of symbols such as linearized trees (Section 6.3);
-    `vocab_size` is then an upper bound (every symbol seen gets a piece if it fits).
-
-    `sentences` is consumed once, as a stream; a DataError raised while reading it is re-raised
-    as is. `character_coverage` is the share of character occurrences the vocabulary must cover
-    (the rarest characters beyond it become UNK).
-    Raises DataError if `vocab_size` is more than the corpus can provide.
-    """
+    """Train a sentencepiece BPE model on a random sample of `sample_size` of `sentences` (a
+    stream, read once in bounded memory); return `{model_prefix}.model`. `model_type="word"`: a
+    closed word-level vocabulary instead, one piece per distinct symbol taken as it is, for
+    targets such as linearized trees (Section 6.3; `vocab_size` is then an upper bound).
+    Raises DataError if `vocab_size` does not fit the corpus."""
     model_prefix = Path(model_prefix)
     read_error: list[DataError] = []
 
@@ -162,21 +143,7 @@ class Vocab:
 
         return torch.tensor([self.sp.id_to_piece(i).startswith("▁") for i in range(len(self))])
 
-    @property
-    def pad(self) -> int:
-        return PAD
-
-    @property
-    def unk(self) -> int:
-        return UNK
-
-    @property
-    def bos(self) -> int:
-        return BOS
-
-    @property
-    def eos(self) -> int:
-        return EOS
+    pad, unk, bos, eos = PAD, UNK, BOS, EOS
 
     def __repr__(self) -> str:
         return f"Vocab({str(self.path)!r}, size={len(self)})"
