@@ -1,9 +1,7 @@
 """A transduce model as a CTranslate2 model directory, and CTranslate2 as a decoding engine.
 
-`export_ct2` writes the directory through `ctranslate2.specs.TransformerSpec` and a `Converter`
-of our own (`TransduceConverter`, one setter per part, as CTranslate2's own converters for
-fairseq and OpenNMT-py), not through CTranslate2's Hugging Face path (which starts the decoder
-with Marian's PAD where transduce starts with BOS). The mapping is one to one:
+`export_ct2` fills a `ctranslate2.specs.TransformerSpec` through a `Converter` of our own, one
+setter per part (CTranslate2's Hugging Face path would start the decoder with PAD, not BOS):
 
     transduce                                  CTranslate2 TransformerSpec
     encoder.embed.weight (x sqrt(d_model))     encoder.embeddings[0] (scale_embeddings)
@@ -17,28 +15,11 @@ with Marian's PAD where transduce starts with BOS). The mapping is one to one:
     the shared embedding as W_out (3.4)        decoder.projection
     layer_norm_eps, post-norm (pre-norm)       config.layer_norm_epsilon, pre_norm=False (True)
 
-Two traps, both handled here and described in docs/export.md:
-
-* **Positions.** Given no table, CTranslate2 computes its own sinusoids with sin in the first half
-  of the dimensions and cos in the second ([sin | cos], tensor2tensor's layout); the paper (3.5)
-  and transduce interleave them (sin on even dimensions, cos on odd). The table is therefore
-  always written explicitly (`max_positions` rows): without it the model would run, and be wrong.
-* **Length penalty.** CTranslate2's beam search divides a hypothesis' log-probability by
-  |Y|^alpha (|Y| without EOS unless `return_end_token`); the paper's (6.1, GNMT's) is
-  ((5 + |Y|) / 6)^alpha with |Y| counting EOS. `CT2Model.translate_stream` with
-  `length_penalty="paper"` (the default) asks CTranslate2 for all `beam` finished hypotheses with
-  their log-probabilities and ranks them by the paper's penalty; `"ct2"` keeps CTranslate2's.
-
-Other differences from transduce's own search, all small: PAD and BOS are suppressed before
-CTranslate2's softmax (so the rest is renormalised; transduce removes them after it, without
-renormalising); the maximum output length is one per batch (its longest source + offset) where
-transduce has one per sentence (greedy outputs are cut to each sentence's own maximum, which is
-exact; beam search differs only for hypotheses that reach the maximum).
-
-The directory holds CTranslate2's files (model.bin, config.json, the vocabulary as
-shared_vocabulary.json or source/target_vocabulary.json), the sentencepiece model(s) and
-transduce.json (the transduce config and what was exported), so that `transduce translate
---engine ct2 DIR` and `transduce serve --engine ct2 DIR` need nothing else.
+Two traps (docs/export.md): CTranslate2's own sinusoids are [sin | cos] halves where 3.5's
+interleave, so the position table is always written; its length penalty is |Y|^alpha, so
+`length_penalty="paper"` ranks all `beam` finished hypotheses by ((5 + |Y|) / 6)^alpha (6.1).
+The directory also holds the sentencepiece model(s) and transduce.json, so that `--engine ct2
+DIR` needs nothing else.
 """
 
 from __future__ import annotations
@@ -86,9 +67,6 @@ def pieces(vocab: Vocab) -> list[str]:
     return [vocab.sp.id_to_piece(i) for i in range(len(vocab))]
 
 
-# -- the Converter ------------------------------------------------------------------------------
-
-
 def _set_linear(spec, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     spec.weight = _np(weight)
     if bias is not None:
@@ -120,8 +98,7 @@ def _set_ffn(spec, ffn, norm: torch.nn.LayerNorm) -> None:
 
 
 def _position_table(stack, config, rows: int) -> np.ndarray:
-    """The positions the stack adds, as an explicit table: 3.5's interleaved sinusoids (never
-    CTranslate2's own [sin | cos]), or the learned table (Table 3 row E)."""
+    """The positions the stack adds, as an explicit table: 3.5's sinusoids, or the learned table."""
     if config.positional == "sinusoidal":
         return _np(sinusoidal_positions(rows, config.d_model))
     return _np(stack.positions.weight)
@@ -190,8 +167,7 @@ def _converter_class():
     from ctranslate2.converters.converter import Converter
 
     class TransduceConverter(Converter):
-        """CTranslate2's `Converter` for a transduce model in memory: `convert(output_dir,
-        quantization=...)` validates, quantizes and writes the spec `build_spec` fills."""
+        """CTranslate2's `Converter` for a transduce model in memory (the spec `build_spec` fills)."""
 
         def __init__(self, model: Transformer, config: Config, src_vocab: Vocab | list[str], tgt_vocab: Vocab | list[str],
                      max_positions: int | None = None):
@@ -215,9 +191,8 @@ def TransduceConverter(*args, **kwargs):
 def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: Vocab, out: str | os.PathLike, *,
                quantization: str = "float32", max_positions: int | None = None, force: bool = False,
                description: str = "") -> Path:
-    """Write `model` as a CTranslate2 model directory `out` (see the module docstring), whole or
-    not at all: it is written beside `out` and renamed into place. `force` replaces an existing
-    `out`. Returns `out`."""
+    """Write `model` as a CTranslate2 model directory `out`, whole or not at all; `force` replaces
+    an existing `out`. Returns `out`."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     out = Path(out)
@@ -239,9 +214,6 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
     return out
 
 
-# -- CTranslate2 as the decoding engine -----------------------------------------------------------
-
-
 def is_ct2_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / INFO).is_file() and (Path(path) / "model.bin").is_file()
 
@@ -250,8 +222,7 @@ def is_ct2_dir(path: str | os.PathLike) -> bool:
 class CT2Model:
     """An exported CTranslate2 model, loaded: what `--engine ct2` runs."""
 
-    translator: object
-    """The `ctranslate2.Translator`."""
+    translator: object  # the ctranslate2.Translator
     config: Config
     src_vocab: Vocab
     tgt_vocab: Vocab
@@ -280,8 +251,7 @@ class _Precision:
 
 def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str = "default",
              threads: int = 0) -> CT2Model:
-    """Load a directory written by `export_ct2`. `compute_type`: CTranslate2's (default: what
-    was exported); `threads`: CTranslate2's intra_threads (0: its default)."""
+    """Load a directory written by `export_ct2` (`compute_type`, `threads`: CTranslate2's)."""
     ctranslate2 = require("ctranslate2", "the ct2 engine")
     path = Path(path)
     if not is_ct2_dir(path):
@@ -348,10 +318,10 @@ def translate_stream(
     workers: int = 1,
 ) -> Iterator[list[Candidate]]:
     """`transduce.translate.translate_stream` with CTranslate2 as the engine: the same input
-    handling (empty lines, truncation with a warning, chunks sorted by length and cut into
-    batches, results in input order) and the same options; `length_penalty` "paper" (default)
-    or "ct2" (see the module docstring). `bf16` is ignored (the precision is the exported one or
-    `load_ct2`'s compute_type)."""
+    handling and options; `length_penalty` "paper" (default) or "ct2" (its own). `bf16` is
+    ignored (the precision is the exported one or `load_ct2`'s compute_type). PAD and BOS are
+    suppressed before CTranslate2's softmax, and the output limit is one per batch (greedy
+    outputs are cut to each sentence's own)."""
     if greedy and n_best != 1:
         raise ValueError("greedy decoding gives one hypothesis per line: n_best must be 1")
     if not greedy and not 1 <= n_best <= beam:

@@ -4,36 +4,14 @@
 `MarianTokenizer.from_pretrained` load offline; `import_marian` reads such a directory back into
 a transduce model (a round trip is bitwise identical).
 
-MarianMT is the paper's architecture as Hugging Face runs it: post-norm layers, embeddings times
-sqrt(d_model) (`scale_embedding`), fixed sinusoidal positions, one embedding matrix for source,
-target and output (`share_encoder_decoder_embeddings`, `tie_word_embeddings`), ReLU in the FFN.
-What differs, and how the export keeps the function exact:
-
-* **Positions: halves, not interleaved.** Marian's sinusoids put sin(pos / 10000^(2i/d)) in
-  dimension i and the cosines in dimension d/2 + i ([sin | cos]); the paper (3.5) interleaves
-  them (sin in 2i, cos in 2i + 1). Marian's table is computed, not stored, so the export permutes
-  the hidden dimension instead: dimension j of Marian's residual stream carries transduce's
-  dimension `perm[j]` (perm = 0, 2, 4, ..., 1, 3, 5, ...). Every weight that reads the residual
-  stream has its input columns permuted (embeddings, W^Q, W^K, W^V, W_1, the output projection),
-  every weight that writes to it has its output rows permuted (W^O, W_2 and their biases), and
-  the LayerNorms' gains and biases are permuted (LayerNorm commutes with a permutation). The
-  logits are unchanged, and so is every attention score (a permutation inside a dot product).
-  `tests/test_export_marian.py` shows that without this step the logits are wrong.
-* **Attention biases.** Marian's projections always have biases; the paper's have none
-  (`ModelConfig.attention_bias` False): they are written as zeros.
-* **The decoder's first token.** Marian starts decoding with PAD (`decoder_start_token_id` =
-  `pad_token_id`); transduce starts with BOS. The config says BOS (id 2), so `generate` and the
-  teacher-forced `labels` shift start as transduce does.
-* **LayerNorm epsilon.** Hugging Face's Marian layers use `nn.LayerNorm`'s 1e-5; transduce's is
-  1e-6 (tensor2tensor's). This cannot be folded into the weights; the logits differ by that
-  alone, ~1e-6 relative (measured by the tests), which is float tolerance.
-* **Length penalty.** `generate` ranks beams by log P / |Y|^alpha; the paper's is
-  ((5 + |Y|)/6)^alpha (see docs/export.md).
-
-The directory also holds transduce.json (the transduce config), so that `import_marian` restores
-exactly what was exported (epsilon, attention biases off); a Marian directory without it is read
-with Hugging Face's own settings (epsilon 1e-5, biases on), when its vocabulary numbers pieces as
-transduce's sentencepiece models do (PAD 0, UNK 1, BOS 2, EOS 3, every piece at its own id).
+MarianMT is the paper's architecture as Hugging Face runs it. What differs (docs/export.md):
+Marian's sinusoids are [sin | cos] halves, computed, not stored, so the export permutes the hidden
+dimension instead (`hidden_permutation`: weights reading the residual stream get their columns
+permuted, weights and biases writing to it their rows, LayerNorms theirs; the logits are the
+same); Marian's attention biases are written as zeros; the decoder starts with BOS, not PAD; its
+LayerNorm epsilon is 1e-5, not 1e-6 (float tolerance). transduce.json lets `import_marian`
+restore exactly what was exported; a Marian directory without it is read with Hugging Face's
+settings, when its vocabulary numbers pieces as transduce's sentencepiece models do.
 """
 
 from __future__ import annotations
@@ -61,6 +39,20 @@ def hidden_permutation(d_model: int) -> torch.Tensor:
     """perm with marian_vector = transduce_vector[perm]: transduce's interleaved dimensions
     (sin 0, cos 1, sin 2, ...) in Marian's order (sin 0, 2, 4, ... | cos 1, 3, 5, ...)."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def _layer_parts(n_layers: int):
+    """(kind, transduce name, MarianMTModel name) of every part of every layer."""
+    for side in ("encoder", "decoder"):
+        for i in range(n_layers):
+            t, m = f"{side}.layers.{i}", f"model.{side}.layers.{i}"
+            yield "attention", f"{t}.self_attn", f"{m}.self_attn"
+            yield "norm", f"{t}.norm1", f"{m}.self_attn_layer_norm"
+            if side == "decoder":
+                yield "attention", f"{t}.cross_attn", f"{m}.encoder_attn"
+                yield "norm", f"{t}.norm2", f"{m}.encoder_attn_layer_norm"
+            yield "ffn", f"{t}.feed_forward", m
+            yield "norm", f"{t}.norm{3 if side == 'decoder' else 2}", f"{m}.final_layer_norm"
 
 
 def _check_exportable(c: ModelConfig) -> None:
@@ -115,20 +107,9 @@ def marian_state_dict(model: Transformer, permute_hidden: bool = True) -> dict[s
         sd[f"{prefix}.fc1.weight"], sd[f"{prefix}.fc1.bias"] = reads(ff.w_1.weight), ff.w_1.bias.detach().clone()
         sd[f"{prefix}.fc2.weight"], sd[f"{prefix}.fc2.bias"] = writes(ff.w_2.weight), writes(ff.w_2.bias)
 
-    for i, layer in enumerate(model.encoder.layers):
-        p = f"model.encoder.layers.{i}"
-        attention(f"{p}.self_attn", layer.self_attn)
-        norm(f"{p}.self_attn_layer_norm", layer.norm1)
-        ffn(p, layer.feed_forward)
-        norm(f"{p}.final_layer_norm", layer.norm2)
-    for i, layer in enumerate(model.decoder.layers):
-        p = f"model.decoder.layers.{i}"
-        attention(f"{p}.self_attn", layer.self_attn)
-        norm(f"{p}.self_attn_layer_norm", layer.norm1)
-        attention(f"{p}.encoder_attn", layer.cross_attn)
-        norm(f"{p}.encoder_attn_layer_norm", layer.norm2)
-        ffn(p, layer.feed_forward)
-        norm(f"{p}.final_layer_norm", layer.norm3)
+    setters = {"attention": attention, "norm": norm, "ffn": ffn}
+    for kind, name, marian_name in _layer_parts(c.n_layers):
+        setters[kind](marian_name, model.get_submodule(name))
     src_embed, tgt_embed = reads(model.encoder.embed.weight), reads(model.decoder.embed.weight)
     if c.share_embeddings:
         sd["model.shared.weight"] = src_embed
@@ -163,8 +144,7 @@ def marian_config(c: ModelConfig, max_positions: int = DEFAULT_MAX_POSITIONS):
 def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: Vocab, out: str | os.PathLike, *,
                   max_positions: int = DEFAULT_MAX_POSITIONS, force: bool = False, permute_hidden: bool = True,
                   description: str = "") -> Path:
-    """Write a MarianMT directory (weights, config, generation config, tokenizer files,
-    transduce.json), whole or not at all. Returns `out`."""
+    """Write a MarianMT directory with its tokenizer files, whole or not at all. Returns `out`."""
     transformers = require("transformers", "exporting to Hugging Face")
     out = Path(out)
     if out.exists() and not force:
@@ -311,19 +291,9 @@ def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, 
         tensors[f"{dst}.w_1.weight"], tensors[f"{dst}.w_1.bias"] = reads(sd[f"{src}.fc1.weight"]), sd[f"{src}.fc1.bias"].clone()
         tensors[f"{dst}.w_2.weight"], tensors[f"{dst}.w_2.bias"] = writes(sd[f"{src}.fc2.weight"]), writes(sd[f"{src}.fc2.bias"])
 
-    for i in range(c.n_layers):
-        p = f"model.encoder.layers.{i}"
-        attention(f"encoder.layers.{i}.self_attn", f"{p}.self_attn")
-        norm(f"encoder.layers.{i}.norm1", f"{p}.self_attn_layer_norm")
-        ffn(f"encoder.layers.{i}.feed_forward", p)
-        norm(f"encoder.layers.{i}.norm2", f"{p}.final_layer_norm")
-        p = f"model.decoder.layers.{i}"
-        attention(f"decoder.layers.{i}.self_attn", f"{p}.self_attn")
-        norm(f"decoder.layers.{i}.norm1", f"{p}.self_attn_layer_norm")
-        attention(f"decoder.layers.{i}.cross_attn", f"{p}.encoder_attn")
-        norm(f"decoder.layers.{i}.norm2", f"{p}.encoder_attn_layer_norm")
-        ffn(f"decoder.layers.{i}.feed_forward", p)
-        norm(f"decoder.layers.{i}.norm3", f"{p}.final_layer_norm")
+    setters = {"attention": attention, "norm": norm, "ffn": ffn}
+    for kind, name, marian_name in _layer_parts(c.n_layers):
+        setters[kind](name, marian_name)
     tensors["encoder.embed.weight"] = reads(sd["model.encoder.embed_tokens.weight"])
     tensors["decoder.embed.weight"] = reads(sd["model.decoder.embed_tokens.weight"])
     if not (c.share_embeddings or c.tie_output):
@@ -337,8 +307,7 @@ def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, 
 
 
 def _check_vocab_layout(vocab_json: Path, vocab: Vocab) -> None:
-    """Marian's vocab.json must number every piece as the sentencepiece model does (transduce
-    decodes ids with the sentencepiece model)."""
+    """Marian's vocab.json must number every piece as the sentencepiece model does."""
     mapping = json.loads(vocab_json.read_text(encoding="utf-8"))
     wrong = [p for p, i in mapping.items() if vocab.sp.piece_to_id(p) != i]
     if wrong or len(mapping) != len(vocab):
