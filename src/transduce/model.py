@@ -1,47 +1,29 @@
-"""The Transformer of Section 3 of "Attention Is All You Need", in one file.
+"""The Transformer of Section 3 of "Attention Is All You Need", in one file, read next to the paper:
 
-Read it next to the paper:
+* 3.1   `Encoder`, `Decoder`: stacks of N identical layers (`EncoderLayer`, `DecoderLayer`), each
+        sub-layer wrapped as LayerNorm(x + Dropout(Sublayer(x))) (post-norm; pre-norm is an option,
+        `ModelConfig.norm_first`, never the default).
+* 3.2.1 `attention_reference`: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (equation 1).
+* 3.2.2 `MultiHeadAttention`: h heads, concatenated and projected by W^O; `StackedLinear` holds
+        [W^Q; W^K; W^V]. 3.2.3: its three uses (encoder, masked decoder, encoder-decoder).
+* 3.3   `PositionwiseFeedForward`: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (equation 2).
+* 3.4   `Embeddings`, scaled by sqrt(d_model); one matrix shared by both embeddings and the
+        pre-softmax projection. 3.5: `sinusoidal_positions` (`LearnedPositions`: Table 3 row E).
+* 5.4   dropout (P_drop) on every sub-layer output before the residual add, and on the sums of
+        the embeddings and the positional encodings.
 
-* 3.1   `Encoder`, `EncoderLayer`, `Decoder`, `DecoderLayer`: stacks of N identical layers,
-        each sub-layer wrapped as LayerNorm(x + Dropout(Sublayer(x))) (post-norm; pre-norm is
-        an option, `ModelConfig.norm_first`, never the default).
-* 3.2.1 `attention_reference`: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (eq. 1).
-* 3.2.2 `MultiHeadAttention`: h heads with their own d_k and d_v, concatenated and projected
-        by W^O; the fast path is `torch.nn.functional.scaled_dot_product_attention`.
-        `StackedLinear` holds [W^Q; W^K; W^V].
-* 3.2.3 its three uses: encoder self-attention, masked decoder self-attention, encoder-decoder.
-* 3.3   `PositionwiseFeedForward`: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (eq. 2).
-* 3.4   `Embeddings`: learned embeddings multiplied by sqrt(d_model); one matrix shared by the
-        source embedding, the target embedding and the pre-softmax projection.
-* 3.5   `sinusoidal_positions`: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),
-        PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); `LearnedPositions` for Table 3 row E.
-* 5.4   dropout (P_drop) on every sub-layer output before the residual add, and on the sums
-        of the embeddings and the positional encodings.
-
-Not in the paper, an option off by default (`ModelConfig.word_positions`): the parser's word
-positions, `transduce.word_positions.WordPositions`, added beside 3.5's positions.
-
-The mask convention
--------------------
-Every mask in transduce is a **boolean tensor, True = may attend**, broadcastable to the
-attention scores' shape (B, h, T_query, T_key). It is the convention of
-`torch.nn.functional.scaled_dot_product_attention`. Masks are built in one place,
-`make_masks`, from the source padding, the target padding and the causal ("subsequent
-positions", 3.1; masked inside equation 1, 3.2.3) mask:
+Every mask is a **boolean tensor, True = may attend**, broadcastable to the scores' shape
+(B, h, T_query, T_key), the convention of `scaled_dot_product_attention` (PyTorch's
+`nn.Transformer` has the opposite: docs/masks.md). `make_masks` builds them in one place:
 
     src_mask  (B, 1, 1, S)  = padding_mask(src, pad)                  encoder self-attn, cross-attn
     tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
 
-With `ModelConfig.attention_window` r (Section 4's restricted self-attention, off by default,
-`transduce.restricted`), `Encoder` and `Decoder` narrow their self-attention masks to |i - j| <= r.
-
-PyTorch's `nn.Transformer` uses the opposite polarity (True = may NOT attend); the conversion
-both ways is "The mask convention" in docs/paper_map.md and docs/masks.md, checked numerically
-by tests/test_masks.py. Query positions that are padding are never masked: their outputs are
-computed and ignored (the loss skips them), so every row of the scores has an allowed key.
-
-CPU speed-ups (pre-packed weights, a faster decoding-step attention, a cheaper dropout) are not
-here: `transduce.kernels` applies them to a built model from the outside.
+Query positions that are padding are never masked: their outputs are computed and ignored (the
+loss skips them), so every row of the scores has an allowed key. Options off by default, not in
+the paper: the parser's word positions (`ModelConfig.word_positions`) and Section 4's restricted
+self-attention (`ModelConfig.attention_window`). CPU speed-ups are applied from the outside by
+`transduce.fast`.
 """
 
 from __future__ import annotations
@@ -127,7 +109,7 @@ class MultiHeadAttention(nn.Module):
 
     `step_attention` / `sequence_attention`: how a decoding step's queries / all others attend
     (equation 1 all the same); None, the default, is `scaled_dot_product_attention`;
-    `transduce.kernels` sets faster ones for the CPU (decoding; bf16 training)."""
+    `transduce.fast` sets faster ones for the CPU (decoding; bf16 training)."""
 
     step_attention = sequence_attention = None
 
@@ -185,11 +167,12 @@ class MultiHeadAttention(nn.Module):
         elif incremental and self.step_attention is not None:
             out, weights = self.step_attention(q, k, v, mask), None
         else:
-            out, weights = (self.sequence_attention or F.scaled_dot_product_attention)(q, k, v, attn_mask=mask, dropout_p=p), None
+            attention = self.sequence_attention or F.scaled_dot_product_attention
+            out, weights = attention(q, k, v, attn_mask=mask, dropout_p=p), None
         if group > 1:  # unfold: (R / group, h, group * n, .) -> (R, h, n, .)
-            out = out.view(R // group, h, group, n, -1).transpose(1, 2).reshape(R, h, n, -1)
-            if weights is not None:
-                weights = weights.view(R // group, h, group, n, -1).transpose(1, 2).reshape(R, h, n, -1)
+            folded = (R // group, h, group, n, -1)
+            out = out.view(folded).transpose(1, 2).reshape(R, h, n, -1)
+            weights = None if weights is None else weights.view(folded).transpose(1, 2).reshape(R, h, n, -1)
         out = out.transpose(1, 2).reshape(R, n, self.n_heads * self.d_v)  # Concat(head_1..h)
         return self.out_proj(out), weights
 
@@ -225,12 +208,9 @@ class PositionwiseFeedForward(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """Learned token embeddings, multiplied by sqrt(d_model) (3.4).
-
-    Initialised normal with standard deviation d_model^-1/2, so that after the sqrt(d_model) scale the embeddings have unit
-    variance, like the sinusoids they are added to; as the pre-softmax projection the same matrix
-    then gives logits of unit scale (the tensor2tensor convention for shared embeddings).
-    """
+    """Learned token embeddings, multiplied by sqrt(d_model) (3.4). Initialised normal with
+    standard deviation d_model^-1/2: after the scale, unit variance like the sinusoids they are
+    added to, and logits of unit scale as the pre-softmax projection (tensor2tensor's convention)."""
 
     def __init__(self, vocab_size: int, d_model: int, scale: bool = True):
         super().__init__()
@@ -286,90 +266,94 @@ class LearnedPositions(nn.Module):
 # -- 3.1 Encoder and decoder stacks ------------------------------------------------------------
 
 
-class EncoderLayer(nn.Module):
-    """Multi-head self-attention, then the position-wise FFN (3.1), each wrapped as
-    LayerNorm(x + Dropout(Sublayer(x)))  (post-norm, the paper), or
-    x + Dropout(Sublayer(LayerNorm(x)))  (pre-norm, `norm_first`)."""
+def _attention(c: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout,
+                              c.attention_bias)
+
+
+def _norm(c: ModelConfig) -> nn.LayerNorm:
+    return nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+
+
+class _Sublayers(nn.Module):
+    """3.1's residual connection around each sub-layer: LayerNorm(x + Dropout(Sublayer(x)))
+    (post-norm, the paper), or x + Dropout(Sublayer(LayerNorm(x))) (pre-norm, `norm_first`)."""
+
+    def _input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.norm_first else x
+
+    def _output(self, x: Tensor, sublayer_out: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = x + self.dropout(sublayer_out)
+        return x if self.norm_first else norm(x)
+
+
+class EncoderLayer(_Sublayers):
+    """Multi-head self-attention, then the position-wise FFN (3.1), each in its residual connection."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout, c.attention_bias)
+        self.self_attn = _attention(c)
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
-        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm1, self.norm2 = _norm(c), _norm(c)
         self.dropout = nn.Dropout(c.dropout)
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, src_mask: Tensor | None, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        h = self.norm1(x) if self.norm_first else x
-        a, weights = self.self_attn(h, mask=src_mask, need_weights=need_weights)
-        x = x + self.dropout(a)
-        if not self.norm_first:
-            x = self.norm1(x)
-
-        h = self.norm2(x) if self.norm_first else x
-        x = x + self.dropout(self.feed_forward(h))
-        if not self.norm_first:
-            x = self.norm2(x)
-        return x, weights
+        a, weights = self.self_attn(self._input(x, self.norm1), mask=src_mask, need_weights=need_weights)
+        x = self._output(x, a, self.norm1)
+        return self._output(x, self.feed_forward(self._input(x, self.norm2)), self.norm2), weights
 
 
-class DecoderLayer(nn.Module):
-    """Masked multi-head self-attention, encoder-decoder attention, then the FFN (3.1), each
-    wrapped like the encoder's sub-layers. With a `LayerCache`, self-attention keys/values are
-    appended to the cache and encoder-decoder keys/values are read from it."""
+class DecoderLayer(_Sublayers):
+    """Masked multi-head self-attention, encoder-decoder attention, then the FFN (3.1), each in its
+    residual connection. With a `LayerCache`, self-attention keys/values are appended to the cache
+    and encoder-decoder keys/values are read from it."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()
-        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout, c.attention_bias)
-        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout, c.attention_bias)
+        self.self_attn, self.cross_attn = _attention(c), _attention(c)
         self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
-        self.norm1 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.norm2 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
-        self.norm3 = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps)
+        self.norm1, self.norm2, self.norm3 = _norm(c), _norm(c), _norm(c)
         self.dropout = nn.Dropout(c.dropout)
         self.norm_first = c.norm_first
 
     def forward(self, x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None, src_mask: Tensor | None,
                 cache: LayerCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Masked self-attention (3.2.3): each position sees itself and earlier positions.
-        h = self.norm1(x) if self.norm_first else x
-        q, k, v = self.self_attn.project_qkv(h)
+        q, k, v = self.self_attn.project_qkv(self._input(x, self.norm1))
         incremental = cache is not None
         if incremental:
             k, v = cache.append(k, v)
         a, self_weights = self.self_attn.attend(q, k, v, tgt_mask, need_weights, incremental)
-        x = x + self.dropout(a)
-        if not self.norm_first:
-            x = self.norm1(x)
-
+        x = self._output(x, a, self.norm1)
         # Encoder-decoder attention (3.2.3): queries from the decoder, keys/values from the encoder.
-        h = self.norm2(x) if self.norm_first else x
-        q = self.cross_attn.project_q(h)
+        q = self.cross_attn.project_q(self._input(x, self.norm2))
         k, v = (cache.cross_k, cache.cross_v) if incremental else self.cross_attn.project_kv(memory)
         a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights, incremental)
-        x = x + self.dropout(a)
-        if not self.norm_first:
-            x = self.norm2(x)
-
-        h = self.norm3(x) if self.norm_first else x
-        x = x + self.dropout(self.feed_forward(h))
-        if not self.norm_first:
-            x = self.norm3(x)
+        x = self._output(x, a, self.norm2)
+        x = self._output(x, self.feed_forward(self._input(x, self.norm3)), self.norm3)
         return x, self_weights, cross_weights
 
 
-class Encoder(nn.Module):
-    """Embeddings + positions (with dropout, 5.4), then N encoder layers (3.1)."""
+class _Stack(nn.Module):
+    """Embeddings + positions (with dropout, 5.4), then N identical `Layer`s (3.1)."""
+
+    Layer: type[nn.Module]
 
     def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module, words: WordPositions | None = None):
         super().__init__()
         self.embed, self.positions, self.words = embed, positions, words
         self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(self.Layer(c) for _ in range(c.n_layers))
         # Pre-norm leaves the last residual sum un-normalised; post-norm needs no final norm.
-        self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
+        self.final_norm = _norm(c) if c.norm_first else None
         self.window = c.attention_window  # Table 1's restricted self-attention; None: the paper
+
+
+class Encoder(_Stack):
+    """Embeddings + positions (with dropout, 5.4), then N encoder layers (3.1)."""
+
+    Layer = EncoderLayer
 
     def forward(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> tuple[Tensor, list[Tensor]]:
         self_mask = within_window(src_mask, self.window, src.size(1), src.size(1), src.device)
@@ -386,16 +370,10 @@ class Encoder(nn.Module):
         return x, all_weights
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
     """Embeddings + positions (with dropout, 5.4), then N decoder layers (3.1)."""
 
-    def __init__(self, c: ModelConfig, embed: Embeddings, positions: nn.Module, words: WordPositions | None = None):
-        super().__init__()
-        self.embed, self.positions, self.words = embed, positions, words
-        self.dropout = nn.Dropout(c.dropout)
-        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
-        self.final_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else None
-        self.window = c.attention_window  # Table 1's restricted self-attention; None: the paper
+    Layer = DecoderLayer
 
     def forward(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor, tgt_mask: Tensor | None,
                 cache: DecoderCache | None = None, need_weights: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
