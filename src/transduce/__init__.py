@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import os as _os
 
-# oneDNN (PyTorch's CPU kernels for bf16 and int8) compiles a kernel per product shape and keeps
-# 1024 of them; batches of varying length give more shapes than that, and CPU training then spends
-# a good part of its time compiling the same kernels again (measured in docs/speed.md, "CPU
-# threads and workers", and docs/RESULTS.md). A larger cache, unless the user set one; read by
-# oneDNN at its first product, so set before any.
+# oneDNN compiles a kernel per product shape and keeps 1024; CPU training's batches give more
+# shapes, and recompiling them cost a good part of its time (docs/speed.md). A larger cache, unless
+# the user set one; read at oneDNN's first product, so set before any.
 _os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
 
 
 def _version() -> str:
-    """The version written once, as pyproject.toml's `version`: from the installed distribution's
-    metadata, or, in a source tree that was never installed, from pyproject.toml itself;
-    "0+unknown" where neither is found."""
+    """pyproject.toml's `version`: from the installed distribution, or in a source tree never
+    installed from pyproject.toml itself; "0+unknown" where neither is found."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -41,9 +38,8 @@ _EXPORTS = {"Config": "config", "ModelConfig": "config", "TrainConfig": "config"
 
 
 def __getattr__(name: str):
-    """`transduce.Transformer` and the config names, imported when first asked for (PEP 562): so
-    that `import transduce.cli` does not import torch (a slow import), and the command can treat a
-    Ctrl-C during that import as every other ("interrupted", 130) instead of a traceback."""
+    """`transduce.Transformer` and the config names, imported when first asked for (PEP 562), so
+    that `import transduce.cli` does not import torch."""
     if name in _EXPORTS:
         import importlib
 

@@ -1,21 +1,12 @@
 """The decoding cache: an explicit object passed to the decoder, never state hidden on modules.
 
-During incremental decoding (Section 3.1: the decoder is auto-regressive) each decoder layer
-needs, for every position decoded so far, the keys and values of its self-attention, and the
-keys and values of its encoder-decoder attention over the source. The cache holds both:
-
-* self-attention keys/values grow by one position per step. Each step writes them into a new
-  buffer of exactly the positions so far, so that attention reads one contiguous block (a strided
-  view would be copied inside the batched matrix product, every step);
-* encoder-decoder keys/values are projected once per source, when the cache is made
-  (`Transformer.init_cache`), and reused at every step;
-* `reorder(index)` selects rows of the batch, which is how beam search keeps the cache in step
-  with its surviving hypotheses. The self-attention rows are not moved at once: the index waits
-  for the next step, whose append gathers the selected rows into its new buffer, so a step of
-  beam search copies each cached position once; `repeat_rows(k)` turns each row into k rows that
-  read the same source (beam search: B sources -> B * k hypotheses). The encoder-decoder
-  keys/values keep one row per source: the decoder folds the k rows of a source into the query
-  dimension of encoder-decoder attention, so nothing on the source side is ever copied per beam.
+Incremental decoding (Section 3.1: the decoder is auto-regressive) needs, in each decoder layer,
+the self-attention keys/values of the positions so far, which grow by one position a step into
+one contiguous buffer (a strided view would be copied inside the batched product every step),
+and the encoder-decoder keys/values, projected once per source (`Transformer.init_cache`).
+Beam search keeps the cache in step with its hypotheses through `reorder` (applied lazily, by
+the next step's append: one copy of each position a step) and `repeat_rows`; the source side
+keeps one row per source, never copied per beam.
 """
 
 from __future__ import annotations
@@ -40,12 +31,9 @@ class LayerCache:
     self_v: Tensor | None = None
     """Self-attention values, (B', h, length, d_v)."""
     _flat: list = field(default_factory=lambda: [None, None])
-    """The flat buffers `self_k` and `self_v` are views of (kept here, not found through
-    `Tensor._base`, which inference mode does not set)."""
+    """The flat buffers `self_k` and `self_v` are views of (inference mode sets no `Tensor._base`)."""
     _spare: list = field(default_factory=lambda: [None, None])
-    """Flat memory for the next step's keys and values: the memory of the step before, reused
-    (allocating fresh megabytes every step costs page faults that exceed the copy itself; see
-    docs/history/RESULTS-log-2026-11.md)."""
+    """The step before's memory, reused for the next step's (fresh megabytes cost page faults)."""
     pending: Tensor | None = None
     """The reorder this layer's next `append` applies (handed over by `DecoderCache.begin_step`)."""
 
@@ -74,12 +62,10 @@ class DecoderCache:
     encoder-decoder keys/values and `src_mask` have one row per source, the self-attention
     keys/values one per row."""
     word_count: Tensor | None = None
-    """(B,) words emitted so far by each row: the decoder's state for `ModelConfig.word_positions`
-    (not in the paper); None otherwise. Reordered at once with the rows."""
+    """(B,) words emitted so far by each row, for `ModelConfig.word_positions`; else None."""
     pending: Tensor | None = None
-    """A reorder not yet applied to the self-attention keys/values: row i of the batch continues
-    their row `pending[i]`. The next step hands it to every layer (`begin_step`), whose
-    `LayerCache.append` applies it."""
+    """A reorder not yet applied to the self-attention keys/values (row i continues their row
+    `pending[i]`); `begin_step` hands it to every layer's `append`."""
 
     @property
     def batch_size(self) -> int:
@@ -132,8 +118,7 @@ def _extend(
     """cached[rows] (all of it if rows is None) followed by `new` along the position axis (2), in
     one contiguous tensor, a view of `spare` (flat) when it is large enough: one copy of the cache
     per step. Returns the tensor and the flat buffer it is a view of (None where autograd may
-    still need the memory). (index_select writes straight into the prefix of the result: faster
-    than selecting first and copying after; see docs/history/RESULTS-log-2026-11.md.)"""
+    still need the memory)."""
     tracked = torch.is_grad_enabled() and (new.requires_grad or (cached is not None and cached.requires_grad))
     if cached is None:  # a copy (never a view of `new`: its memory becomes a spare later)
         out = new.clone(memory_format=torch.contiguous_format)

@@ -1,12 +1,6 @@
-"""Dataclass configs and the paper's named presets.
-
-`ModelConfig` holds every architectural knob of Table 3 (N, d_model, d_ff, h, d_k, d_v,
-P_drop, positional encoding); `TrainConfig` holds the Section 5 training regime, including
-eps_ls (label smoothing, Table 3 row D) and the number of training steps.
-
-Presets are a plain dict of named `Config`s: the paper's `base` and `big` (Table 3), and every
-row of Table 3 named after its row (`table3-A1` ... `table3-E`), each differing from `base`
-only where the table says.
+"""Dataclass configs and the paper's named presets: `ModelConfig` (Table 3's knobs),
+`TrainConfig` (Section 5's regime) and `PRESETS`, the paper's `base` and `big` and every row of
+Table 3 (`table3-A1` ... `table3-E`), each differing from `base` only where the table says.
 """
 
 from __future__ import annotations
@@ -24,10 +18,7 @@ from .data.vocab import PAD
 
 @dataclass
 class ModelConfig:
-    """The Transformer's architecture (Section 3; the knobs of Table 3).
-
-    Defaults are the paper's base model.
-    """
+    """The Transformer's architecture (Section 3; the knobs of Table 3); defaults: the base model."""
 
     src_vocab_size: int = 37000
     """Source vocabulary size. With `share_embeddings` this is the shared BPE vocabulary (5.1)."""
@@ -50,9 +41,7 @@ class ModelConfig:
     attention_dropout: float = 0.0
     """Dropout on the attention weights; not in the paper's base model, an option (parsing, 6.3)."""
     attention_bias: bool = False
-    """Biases on the projections W^Q, W^K, W^V and W^O. The paper's equations (3.2.2) and
-    tensor2tensor have none (False); True is an option (fairseq, OpenNMT-py, Marian and
-    `nn.MultiheadAttention` add them)."""
+    """Biases on W^Q, W^K, W^V and W^O: the paper's equations (3.2.2) have none; True is an option."""
     positional: str = "sinusoidal"
     """'sinusoidal' (3.5) or 'learned' (Table 3 row E)."""
     max_positions: int = 1024
@@ -68,17 +57,11 @@ class ModelConfig:
     """False: the paper's post-norm, LayerNorm(x + Dropout(Sublayer(x))) (3.1).
     True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), a deviation offered as an option."""
     word_positions: bool = False
-    """Not in the paper (an option for parsing, docs/parsing.md): add to both sides' inputs a
-    learned vector for the index of the word a position is at, one table for both sides: on the
-    source, the word each subword belongs to; on the target, the words emitted so far (the leaves
-    of a linearized tree), i.e. the word the next leaf stands for. Which symbols start or are
-    words is stored with the model (`WordPositions`). False: the paper."""
+    """Not in the paper (parsing, docs/parsing.md): add to both sides' inputs a learned vector for
+    the index of the word a position is at (`transduce.word_positions`). False: the paper."""
     attention_window: int | None = None
-    """r of restricted self-attention (Section 4, Table 1's fourth row): each position attends
-    only to the positions within r of it (|i - j| <= r; in the decoder, itself and the r before
-    it), in the encoder's and the decoder's self-attention; encoder-decoder attention stays full.
-    The paper's "neighborhood of size r centered around the respective output position" read as
-    r on each side. None: full self-attention, the paper's models."""
+    """r of restricted self-attention (Section 4, Table 1's fourth row): self-attention sees only
+    |i - j| <= r (the decoder: itself and the r before it). None: full, the paper's models."""
     layer_norm_eps: float = 1e-6
     """LayerNorm epsilon (not stated in the paper; tensor2tensor's value)."""
     pad_id: int = PAD
@@ -134,8 +117,7 @@ class TrainConfig:
     """The training regime of Section 5. Defaults are the paper's base model."""
 
     max_tokens: int = 25000
-    """Approximate source tokens and target tokens per batch (5.1), summed over GPUs and
-    gradient-accumulation steps."""
+    """Approximate source and target tokens per batch (5.1), over all GPUs and accumulation steps."""
     adam_betas: tuple[float, float] = (0.9, 0.98)
     """Adam beta1, beta2 (5.3)."""
     adam_eps: float = 1e-9
@@ -147,10 +129,8 @@ class TrainConfig:
     label_smoothing: float = 0.1
     """eps_ls (5.4; Table 3 row D)."""
     smooth_all_classes: bool = False
-    """False: the smoothing mass eps is spread over the classes the model can emit (every token
-    but PAD and BOS). True: over all V classes, PAD and BOS included
-    (`F.cross_entropy(label_smoothing=eps)`; tensor2tensor spreads it over the V - 1 classes other
-    than the target, PAD included). The paper says only eps_ls = 0.1."""
+    """False: eps is spread over the classes the model can emit (all but PAD and BOS). True: over
+    all V (`F.cross_entropy(label_smoothing=eps)`). The paper says only eps_ls = 0.1."""
     max_steps: int = 100_000
     """Training steps: 100K for base, 300K for big (5.2)."""
     checkpoint_minutes: float = 10.0
@@ -249,53 +229,30 @@ PRESETS: dict[str, Config] = {
     # Not in the paper: a laptop-CPU size (the paper's architecture, smaller), for small corpora
     # such as Multi30k and for benchmarks. Everything not listed is base.
     "small": _variant(model=dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4)),
-    # Not in the paper: the main job's recipe for Multi30k (scripts/multi30k.sh), `small` trained
-    # by updates: batches of 2048 tokens, warmup 600 and scale 0.4 (equation 3 peaks at 1.0e-3),
-    # 5,200 updates, the last 5 checkpoints averaged. Chosen on the validation split (the record:
-    # docs/history/RESULTS-log-2026-11.md), and fixed in updates so that every machine trains the
-    # same model.
+    # Not in the paper: `small` as scripts/multi30k.sh trains it (equation 3 peaks at 1.0e-3),
+    # chosen on the validation split, fixed in updates so that every machine trains the same model.
     "multi30k": _variant(
         model=dict(n_layers=3, d_model=256, d_ff=1024, n_heads=4),
         train=dict(max_tokens=2048, warmup_steps=600, lr_scale=0.4, max_steps=5200, average_last=5),
     ),
     # Not in the paper: Transformer-Tiny, the literature's recipe for Multi30k (Wu et al. 2021,
-    # "Good for Misconceived Reasons", ACL: 4 layers, d_model 128, d_ff 256, 4 heads, dropout
-    # 0.3, peak learning rate 0.005 after 2000 warmup updates, 4096-token batches, 8k updates, the
-    # last 10 checkpoints averaged). Equation 3 peaks at d_model^-0.5 * warmup^-0.5 * lr_scale,
-    # so lr_scale = 0.005 * sqrt(128 * 2000) = 2.53 gives their 0.005. Here that rate stalls the
-    # post-norm model, where a lower peak (`--lr-scale 0.506`) or pre-norm at their rate
-    # (`--set model.norm_first=true`) trains (docs/RESULTS.md, Table 2). Kept as the literature states it.
+    # ACL), as it states it: lr_scale = 0.005 * sqrt(128 * 2000) gives their peak of 0.005, which
+    # stalls the post-norm model here (docs/RESULTS.md, Table 2).
     "tiny": _variant(
         model=dict(n_layers=4, d_model=128, d_ff=256, n_heads=4, dropout=0.3),
         train=dict(max_tokens=4096, warmup_steps=2000, lr_scale=2.53, max_steps=8000, average_last=10),
     ),
-    # Section 6.3, Table 4: "a 4-layer transformer with d_model = 1024" on WSJ only (40K
-    # sentences), separate source (16K subwords) and target (tree symbols) vocabularies. What the
-    # paper leaves open follows tensor2tensor's `transformer_parsing_base` (t2t
-    # models/transformer.py: transformer_base with attention_dropout 0.2,
-    # layer_prepostprocess_dropout 0.2, hidden_size 1024, learning_rate_warmup_steps 16000,
-    # learning_rate 0.05, shared_embedding_and_softmax_weights False, max_length 512): d_ff stays
-    # base's 2048 and h base's 8; t2t's legacy "noam" rate is 5000 * 0.002 * learning_rate times
-    # equation 3, so learning_rate 0.05 is lr_scale 0.5; batches of 4096 tokens on each of 8 GPUs.
-    # The number of steps is not stated: base's 100K.
+    # Section 6.3, Table 4: "a 4-layer transformer with d_model = 1024" on WSJ only, separate
+    # vocabularies; what the paper leaves open follows tensor2tensor's `transformer_parsing_base`
+    # (its learning_rate 0.05 is lr_scale 0.5; 4096 tokens on each of 8 GPUs); steps: base's.
     "parse-wsj": _variant(
         model=dict(n_layers=4, d_model=1024, d_ff=2048, n_heads=8, dropout=0.2, attention_dropout=0.2,
                    share_embeddings=False, tie_output=False),
         train=dict(max_tokens=8 * 4096, warmup_steps=16000, lr_scale=0.5),
     ),
-    # Not in the paper: parsing on a 2-core CPU in about an hour (scripts/wsj.sh; docs/parsing.md).
-    # parse-wsj's shape (4 layers, untied vocabularies) at a quarter of its width, and a regime
-    # for the 9 epochs an hour allows (5,500 updates of 4096 tokens; docs/parsing.md): warmup 600, equation 3 scaled to a
-    # peak of 2.0e-3 (warmup 1000 and a peak of 1.1e-3 scored lower on section 22; pre-norm
-    # takes the higher rate), dropout 0.1 on sub-layers and on attention weights (parse-wsj's
-    # 0.2 is for many more epochs), and pre-norm (3.1's post-norm is the option's default): in
-    # this regime the post-norm encoder collapsed (the same output at every position; the model
-    # became a language model of trees, F1 12), the pre-norm one did not (docs/history/RESULTS-log-2026-11.md,
-    # "Parsing: why the first run failed"), and word positions (`word_positions`, not in the
-    # paper: the decoder sees which word it is at instead of counting leaves; section 22 greedy
-    # F1 76.6 after 1,000 updates, where the same recipe without them had 22.0, and 71.2 after
-    # 5,500; docs/history/RESULTS-log-2026-11.md, "Parsing: word positions"). scripts/wsj.sh also prepares the data
-    # with the part-of-speech tags kept in the target (tensor2tensor's variant, `prepare --keep-tags`).
+    # Not in the paper: parsing on a 2-core CPU in about an hour (scripts/wsj.sh): parse-wsj's shape
+    # at a quarter of its width, a regime for the 9 epochs an hour allows, pre-norm (the post-norm
+    # encoder collapsed here) and word positions; why each: docs/parsing.md.
     "parse-cpu": _variant(
         model=dict(n_layers=4, d_model=256, d_ff=1024, n_heads=4, dropout=0.1, attention_dropout=0.1,
                    share_embeddings=False, tie_output=False, norm_first=True, word_positions=True),
@@ -313,8 +270,7 @@ TABLE3_PARAMS_M: dict[str, float] = {
 
 
 def closest(name: str, known: typing.Iterable[str]) -> str | None:
-    """The name of `known` closest to a misspelled `name` (difflib), or None if none is close:
-    what `--preset` and `--set` suggest."""
+    """The name of `known` closest to a misspelled `name` (difflib), or None if none is close."""
     close = difflib.get_close_matches(name, list(known), n=1)
     return close[0] if close else None
 
@@ -361,9 +317,8 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
 
 
 def parse_value(hint: Any, raw: str) -> Any:
-    """`raw` as type `hint`: bool (true or false, in any case), int, float (an int too, finite),
-    str, `X | None` (null or None for None) and tuple[float, ...] (a JSON list such as
-    [0.9,0.98]). ValueError saying what was expected."""
+    """`raw` as type `hint` (bool, int, float, str, `X | None` with null, tuple[float, ...] as a
+    JSON list); ValueError saying what was expected."""
     text = raw.strip()
     options = [a for a in typing.get_args(hint) if a is not type(None)]
     if len(options) < len(typing.get_args(hint)):  # X | None

@@ -1,10 +1,6 @@
-"""Decoding: stepping the model through its cache (Section 6.1).
-
-`greedy_decode` is the beam-1 case, `beam_search` the paper's (in phases: `prefill`, then
-`beam_step` per output token). Maximum output length is input length + `max_len_offset` (the
-paper: 50; parsing: 300), terminating early when every sentence has emitted EOS. BOS and EOS are
-the vocabulary's (`transduce.data.vocab`: the same ids in every vocabulary `transduce prepare`
-makes); a model of other conventions passes its own.
+"""Decoding: stepping the model through its cache (Section 6.1). `greedy_decode` is the beam-1
+case, `beam_search` the paper's (`prefill`, then `beam_step` per output token, as gpt-fast names
+the phases). Output length is at most input length + `max_len_offset` (the paper: 50).
 """
 
 from __future__ import annotations
@@ -27,9 +23,8 @@ def greedy_decode(
     eos_id: int = EOS,
     max_len_offset: int = 50,
 ) -> list[list[int]]:
-    """Greedy search for a batch of right-padded sources (B, S). Returns, per sentence, the output
-    token ids without BOS/EOS. Sentences that have finished are dropped from the batch (and from
-    the cache), so the work per step shrinks as they finish."""
+    """Greedy search for a batch of right-padded sources (B, S): per sentence, the output ids
+    without BOS/EOS. Finished sentences leave the batch and the cache."""
     pad_id = model.config.pad_id
     src_mask = padding_mask(src, pad_id)
     memory = model.encode(src, src_mask)
@@ -58,10 +53,8 @@ def greedy_decode(
 
 
 def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
-    """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), the one the paper
-    cites in 6.1 (alpha = 0.6; parsing 0.3). Not |Y|^alpha, which fairseq, Marian and Hugging
-    Face use. |Y| counts the tokens generated including EOS, as tensor2tensor (the paper's code)
-    does."""
+    """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), the one 6.1 cites
+    (not fairseq's |Y|^alpha); |Y| counts the tokens generated including EOS, as tensor2tensor."""
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -70,11 +63,8 @@ CPU_CHUNK_ELEMENTS = 1 << 20
 
 
 def search_chunk_elements(device: torch.device) -> int:
-    """How many log-probabilities `_best_extensions` ranks at a time on `device`, 0 for all at once.
-    Chunks keep a CPU's log-probabilities in its cache. A GPU has no use for them: each chunk is
-    some 25 more kernel launches and a host synchronisation (`only_eos.any()`) per step, which
-    a decoding step, bound by launches there, pays in full (base, 64 sentences x beam 4 over
-    37,000 tokens: 10 chunks a step)."""
+    """How many log-probabilities `_best_extensions` ranks at a time on `device`, 0 for all at once:
+    chunks keep them in a CPU's cache; on a GPU each chunk would add launches and a synchronisation."""
     return CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
 
 
@@ -92,16 +82,11 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
     scores (b, n), best first, the hypothesis each extends (b, n) and its token (b, n).
 
     Exact in the scores without ranking all r * V extensions: the n best lie in the n blocks (of
-    `block` tokens of one hypothesis) whose best score, the block's maximum plus alive_lp, are
-    the n highest, or in the short tail of V columns past the last full block; only those are
-    ranked (ties may pick other tokens of equal score than a full `topk` would). Sentences go a
-    chunk of about `chunk_elements` log-probabilities at a time, so that with a large vocabulary
-    each chunk's log-probabilities are still in cache when they are ranked; a small vocabulary
-    takes all at once (fewer, larger operations). None: `search_chunk_elements(device)`.
-
-    `consume=True`: the caller has no further use for `logits`; fp32 logits are then overwritten
-    by their log-probabilities (the same kernel, the same bits, no fresh buffer of b * r * V
-    floats every step: 4 MB for 128 hypotheses over 8,000 tokens, 19 MB over 37,000).
+    `block` tokens of one hypothesis) whose best scores are the n highest, or in the tail of V
+    past the last full block; only those are ranked (ties may pick other tokens of equal score
+    than a full `topk`). Sentences go about `chunk_elements` log-probabilities at a time (None:
+    `search_chunk_elements(device)`). `consume=True`: fp32 `logits` are overwritten by their
+    log-probabilities (the same bits, no fresh buffer every step).
     """
     b, r = alive_lp.shape
     V = logits.size(-1)
@@ -155,8 +140,7 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
 
 @dataclass
 class Hypothesis:
-    """One output of the search for one source sentence (what `transduce.translate` yields too,
-    with its text)."""
+    """One output of the search for one source sentence."""
 
     tokens: list[int]
     """Output token ids, without BOS and EOS."""
@@ -186,8 +170,8 @@ def beam_search(
     alpha = 0.6 ... maximum output length ... input length + 50, but terminate early when
     possible."
 
-    src (B, S) right-padded. Each sentence keeps `beam_size` live hypotheses and up to
-    `beam_size` finished ones, as in tensor2tensor's beam search:
+    src (B, S) right-padded. Each sentence keeps k = `beam_size` live hypotheses and up to k
+    finished ones, as in tensor2tensor:
 
     * each step extends every live hypothesis by every token and keeps the 2k best extensions by
       log-probability, so that k of them can still be live if the others end in EOS;
@@ -200,18 +184,12 @@ def beam_search(
     * finished sentences leave the batch (and the cache), so later steps do less work;
     * PAD and BOS are never generated (their probability mass is not renormalised away).
 
-    `model` needs `config.pad_id`, `encode(src, src_mask)`, `init_cache(memory, src_mask)`
-    and `decode_step(tokens, cache)` (logits); the cache needs `repeat_rows(k)` and
-    `reorder(index, same_sources)`.
-    Returns, per sentence, the `n_best` best finished hypotheses, best first.
-    `early_stop=False` searches to the maximum length (for testing that stopping early is exact).
-    `constraint`: an object that restricts the symbols each hypothesis may take next, with
-    `start(src, k)`, `allowed(state)` -> (b, k, V) bool and `advance(state, parent, token)`, and
-    states with `select(keep)` (e.g. `transduce.parsing.constrain.TreeConstraint`: only
-    well-formed trees; not in the paper). None: the paper's free search.
-
-    The phases, as gpt-fast names them: `prefill` (encode, the cache, the first hypothesis),
-    `beam_step` (one token for every live hypothesis), and this loop over the steps.
+    `model`: `config.pad_id`, `encode`, `init_cache`, `decode_step`; its cache: `repeat_rows`, `reorder`.
+    Returns, per sentence, the `n_best` best finished hypotheses, best first. `early_stop=False`
+    searches to the maximum length (testing that stopping early is exact). `constraint` (not in
+    the paper) restricts each hypothesis's next symbols: `start(src, k)`, `allowed(state)` ->
+    (b, k, V) bool, `advance(state, parent, token)`, states with `select(keep)` (e.g.
+    `transduce.parsing.constrain.TreeConstraint`).
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), not {n_best}")

@@ -10,14 +10,9 @@ DEVICES = "auto, cpu, cuda or cuda:N"
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """The device `name` means for the process of local rank `local_rank`:
-
-    * "auto": CUDA if it is available, else the CPU;
-    * "cpu";
-    * "cuda": the local rank's GPU (cuda:0 for a single process); "cuda:N": GPU N.
-
-    A one-line `UsageError` if CUDA is asked for but absent (or has no GPU N), or the name is
-    none of these. A CUDA device is first set up by `setup_cuda`."""
+    """The device `name` means for the process of local rank `local_rank`: "auto" (CUDA if available,
+    else the CPU), "cpu", "cuda" (the local rank's GPU) or "cuda:N"; a CUDA device set up by
+    `setup_cuda`. A one-line `UsageError` if CUDA is asked for but absent, or the name is none of these."""
     key = str(name).strip().lower()
     if key == "auto":
         key = "cuda" if torch.cuda.is_available() else "cpu"
@@ -36,11 +31,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
 
 
 def setup_cuda() -> None:
-    """The process-wide CUDA settings of every command (not in the paper; speed only):
-
-    * cuDNN's attention is left out of `scaled_dot_product_attention`'s choices (flash,
-      memory-efficient and math remain). PyTorch 2.11 puts cuDNN first on Hopper, and cuDNN
-      builds an execution graph for every new shape, hundreds of milliseconds each; batches of
-      sentences come in hundreds of shapes and every decoding step is a new one: training and
-      decoding ran several times slower with it first (benchmarks/gpu.py; docs/speed.md, "On a GPU")."""
+    """The process-wide CUDA settings of every command (speed only): cuDNN's attention left out of
+    `scaled_dot_product_attention`'s choices, since it builds a graph for every new shape, hundreds
+    of milliseconds each, and decoding meets a new one every step (docs/speed.md, "On a GPU")."""
     torch.backends.cuda.enable_cudnn_sdp(False)

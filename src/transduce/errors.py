@@ -1,15 +1,6 @@
-"""The one error vocabulary of transduce.
-
-`TransduceError` is a problem of the user's input: the `transduce` command reports it as one
-line, ``transduce SUBCOMMAND: error: MESSAGE``, with exit status 2 and no traceback
-(`transduce.cli.report_errors`). Its two kinds:
-
-* `DataError`: a problem with the user's data (text files, prepared data, vocabularies,
-  datasets), whose message names the file and, where it applies, the line;
-* `UsageError`: bad command-line input (flags that contradict each other or the run).
-
-Library code also raises ValueError and FileNotFoundError where a caller passed a bad value or
-a missing path; the command reports those the same way.
+"""The one error vocabulary of transduce: a `TransduceError` is a problem of the user's input,
+which the `transduce` command reports as one line, ``transduce SUBCOMMAND: error: MESSAGE``, exit
+status 2, no traceback (`transduce.cli.report_errors`), as it does ValueError and FileNotFoundError.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""`transduce evaluate`: BLEU as the paper computed it, and as it should be reported today.
+"""`transduce evaluate`'s scores: BLEU as the paper computed it, and as it should be reported today
+(docs/evaluation.md). Each convention, step by step:
 
-    transduce evaluate --hyp hyp.de --ref newstest2014.de --tgt de
-    transduce evaluate --hyp hyp.de --dataset wmt14-en-de --src en --tgt de --split newstest2014
-    transduce evaluate runs/base --dataset multi30k --src en --tgt de --average 5 --json scores.json
-    transduce evaluate runs/base --src-file test.en --ref test.de --tgt de --save-hyp hyp.de
-
-Scores reported (every one in the table, and in the JSON under `scores`):
-
-``sacrebleu``  sacreBLEU (Post, 2018) on the detokenized output against the untouched
-    reference: `sacrebleu.metrics.BLEU` with its defaults (13a tokenization, cased, exponential
-    smoothing), with its signature. The number to compare across papers today.
-``chrf``  chrF (`sacrebleu.metrics.CHRF`, character 6-grams, beta 2), with its signature.
+``sacrebleu``, ``chrf``  `sacrebleu.metrics.BLEU` (13a, cased) and `CHRF` with their defaults,
+    on the detokenized output against the untouched reference, with their signatures.
 ``paper_bleu``  the paper's convention. Table 2's 27.3 / 28.4 (En-De) were computed by
     tensor2tensor's ``get_ende_bleu.sh``, which runs, on the hypotheses and on the reference:
 
@@ -29,26 +21,16 @@ Scores reported (every one in the table, and in the JSON under `scores`):
        sum of the closest reference lengths. `multi_bleu` implements it (and equals
        `sacrebleu.corpus_bleu(..., tokenize="none", smooth_method="none", force=True)`).
 
-    Escaping does not change the score (it maps whole tokens one to one and never creates or
-    removes a hyphen or a space), so it is kept as tokenizer.perl does it by default. The same
-    steps are applied with ``-l`` set to the target language for other pairs (the paper does
-    not say how its En-Fr scores were tokenized). This is the number to compare with Table 2;
-    tokenization and compound splitting both add matches, so it is usually higher than
-    sacreBLEU's and the two must never be compared with each other.
+    Escaping does not change the score (it maps whole tokens one to one), so it is kept as
+    tokenizer.perl's default. Other pairs: ``-l`` the target language (the paper does not say
+    how its En-Fr scores were tokenized).
 ``multi30k_lc_tok_bleu``  Multi30k's convention in the literature: lowercased tokenized BLEU
     against the official `tok` references (``data/task1/tok/*.lc.norm.tok.*``, made with
     ``lowercase.perl | normalize-punctuation.perl -l L | tokenizer.perl -l L``). The
     hypotheses go through the same three steps (`str.lower`, `sacremoses.MosesPunctNormalizer`,
-    `sacremoses.MosesTokenizer` with escaping), then `multi_bleu`. Reported for
-    ``--dataset multi30k`` (reference fetched with variant "tok") or with ``--tok-ref FILE``.
-    (Checked: sacremoses 0.2 reproduces the official tok files from the raw ones on the val and
-    test splits of en, de and fr, 10,425 lines, except 3, where the older (2017) Moses
-    normalizer Multi30k used differs: twice a period moved behind a closing quote, once "’"
-    normalized to a double quote.)
-
-Named test sets: ``--dataset wmt14-en-de --split newstest2014`` is the full 3003-sentence
-newstest2014 that the paper and tensor2tensor used; ``newstest2014-filtered`` is the 2737-line
-official set that sacreBLEU calls "wmt14". ``--dataset multi30k`` defaults to test_2016_flickr.
+    `sacremoses.MosesTokenizer` with escaping), then `multi_bleu`. (Checked: sacremoses 0.2
+    reproduces the official tok files of val and test, en, de and fr, 10,425 lines, but for 3
+    where Multi30k's older Moses normalizer differs.)
 """
 
 from __future__ import annotations
@@ -72,10 +54,6 @@ CONVENTIONS = {
                             "(lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG, "
                             "applied to the hypotheses too), multi-bleu.perl",
 }
-
-# ---------------------------------------------------------------------------------------------
-# Tokenization conventions
-# ---------------------------------------------------------------------------------------------
 
 # Perl without -C matches bytes: \S is any byte but ASCII whitespace (a no-break space, bytes
 # C2 A0, is \S), and one byte, not one character, is consumed on each side of the hyphen.
@@ -123,10 +101,6 @@ def multi30k_tokenize(line: str, lang: str) -> str:
     Multi30k `tok` files were made (multi30k/dataset scripts/task1-tokenize.sh)."""
     return moses_tokenize(_normalizer(lang).normalize(line.lower()), lang)
 
-
-# ---------------------------------------------------------------------------------------------
-# multi-bleu.perl
-# ---------------------------------------------------------------------------------------------
 
 _ASCII_SPACE = re.compile(r"[ \t\n\r\f\v]+")
 
@@ -208,11 +182,6 @@ def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]
                       hyp_len, ref_len, correct, total)
 
 
-# ---------------------------------------------------------------------------------------------
-# All the scores
-# ---------------------------------------------------------------------------------------------
-
-
 def sacrebleu_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a") -> dict:
     """sacreBLEU BLEU and chrF on detokenized text, with their signatures."""
     from sacrebleu.metrics import BLEU, CHRF
@@ -249,14 +218,11 @@ def score(
     tokenized: bool = False,
 ) -> dict:
     """Every score of the module docstring: {"sacrebleu", "chrf", "paper_bleu"} and, with the
-    lowercased tokenized references `tok_refs`, "multi30k_lc_tok_bleu". `lang` is the target
-    language (for the Moses tokenizer).
+    lowercased tokenized references `tok_refs`, "multi30k_lc_tok_bleu"; `lang`: the target's.
 
-    `tokenized`: the hypotheses are already lowercased and Moses-tokenized (a model trained on
-    Multi30k's `tok` variant). They are then scored against `tok_refs` as they are (multi-bleu.perl
-    on the literature's text, nothing re-tokenized), and detokenized for the other scores, which
-    are computed lowercased ("sacrebleu_lc", "chrf_lc"): their cased forms would only measure the
-    missing capitals."""
+    `tokenized`: the hypotheses are lowercased and Moses-tokenized (Multi30k's `tok` variant):
+    scored against `tok_refs` as they are, and detokenized for the other scores, computed
+    lowercased ("sacrebleu_lc", "chrf_lc"): cased, they would only measure the missing capitals."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
     if tokenized:

@@ -1,12 +1,10 @@
 """Model FLOPs, counted from shapes (Table 2's "Training Cost (FLOPs)"), and the peak they are
 compared with (model-FLOPs utilisation, MFU).
 
-Table 2 estimated its training cost "by multiplying the training time, the number of GPUs used,
-and an estimate of the sustained single-precision floating-point capacity of each GPU". Here the
-cost is counted instead, from the padded batch shapes the run trained on: every matrix product
-counts 2*m*n*k; a training step is 3x the forward pass (backward = 2x forward). Forward, with
-source length S, target length T, batch B, d = d_model, f = d_ff, a = h*d_k, c = h*d_v, N layers,
-target vocabulary V:
+Table 2 estimated its cost from training time, GPUs and their sustained capacity; here it is
+counted from the padded batch shapes the run trained on: every matrix product counts 2*m*n*k; a
+training step is 3x the forward pass (backward = 2x forward). Forward, with source length S,
+target length T, batch B, d = d_model, f = d_ff, a = h*d_k, c = h*d_v, N layers, target vocabulary V:
 
     encoder  B*S*N*2*(d*(2a + c) + c*d + 2*d*f) + B*N*2*(S*S*a + S*S*c)
     decoder  B*T*N*2*(d*(2a + c) + c*d + d*a + c*d + 2*d*f) + B*S*N*2*d*(a + c)
@@ -50,9 +48,8 @@ def training_flops(dm: dict, B: int, S: int, T: int) -> int:
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: str | torch.device = "cpu") -> float:
-    """Best FLOP/s of an n^3 matrix product in `dtype` on `device`, measured: `torch.mm`, and on
-    the CPU also oneDNN with the second matrix pre-packed (`transduce.fast.ops.linear`, what the
-    decoding layers use) where this CPU has it, since on some CPUs the latter is the faster: the
+    """Best FLOP/s of an n^3 matrix product in `dtype` on `device`, measured: `torch.mm`, and on the
+    CPU also the pre-packed oneDNN product (`transduce.fast.ops.linear`), faster on some CPUs: the
     peak must be the best the machine does, or MFU overstates."""
     from .fast import ops
     from .fast.decode import can_pack

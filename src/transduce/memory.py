@@ -1,27 +1,11 @@
-"""What a decoding process costs to keep running: its memory held to what the model and the limits need.
+"""A decoding process's memory, held to what the model and the limits need (docs/serve.md, "Memory").
 
-Where a serving (or translating) process's memory went (docs/serve.md, "Memory", has the measurement): oneDNN,
-which computes PyTorch's bf16 products and the pre-packed linear layers (`transduce.fast.decode`),
-builds a primitive for every shape of a product and keeps it in two caches, its own primitive
-cache (`ONEDNN_PRIMITIVE_CACHE_CAPACITY` entries; `transduce` raises it to 16,384 for training)
-and ideep's (PyTorch's oneDNN layer: `LRU_CACHE_CAPACITY`, 1,024 by default). A primitive of a
-bf16 matrix product holds a copy of its descriptor of about a quarter of a megabyte, and each
-cache holds one, so every new shape costs about half a megabyte. Decoding sees a new shape at
-almost every step (the self-attention's products grow with the positions decoded, and the rows
-with the batch and the beam), and a server sees every mix of them: the caches fill for thousands
-of requests. Bounded, they hold the shapes in use (a decode's steps, the common batch sizes)
-and rebuild the others, which costs a fraction of a millisecond each.
-
-The rest is glibc's: the decoding thread's arena keeps what a round freed, scattered between the
-blocks still in use, and returns none of it to the system. `release_free_memory` (glibc's
-`malloc_trim(0)`) gives its free pages back after each round.
-
-`bound_kernel_caches(n)` sets both caches to `n` shapes (the environment variable
-`TRANSDUCE_KERNEL_CACHE`, default `DEFAULT_KERNEL_CACHE`), unless the user set them
-otherwise; it takes effect only before the process's first oneDNN product
-(`transduce.ready.load_for_decoding` calls it, so `translate`, its workers, `evaluate`, `parse`
-and `serve` are bounded from their start; importing `transduce.serve` calls it too). A larger cache is
-faster where the traffic has more shapes than it holds, and costs about half a megabyte a shape.
+oneDNN (PyTorch's bf16 and pre-packed products) keeps a primitive of about half a megabyte for
+every product shape in two caches, its own (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) and ideep's
+(`LRU_CACHE_CAPACITY`); decoding sees a new shape at almost every step, so unbounded they fill
+for thousands of requests. `bound_kernel_caches` bounds both before the process's first product
+(`transduce.ready.load_for_decoding` and importing `transduce.serve` call it). glibc's arenas keep
+what a round freed: `release_free_memory` (`malloc_trim(0)`) gives the free pages back.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Choosing the arithmetic precision from what the device has: `--precision auto`.
+"""Choosing the arithmetic precision from what the device has: `--precision auto` (docs/precision.md).
 
-bf16 halves the bytes moved and, where the hardware computes it natively, multiplies faster;
-where it is emulated it is far slower than fp32. int8 (decoding only, on the CPU; not exact)
-pays where the CPU multiplies int8 pairs in int32 (VNNI, AMX). So `auto` (the default of
-`train`, `translate`, `evaluate`, `serve`, `parse`) and `auto-int8` (decoding: int8 also allowed)
-look the device up in a table, `CPU_TABLE` (or, for a GPU, its compute capability): the same
-choice on every run of one command on one machine. What each row says was measured with
-`benchmarks/precision_table.py` (docs/speed.md); a CPU matching no measured row gets fp32,
-which is exact.
-
-An explicit precision is obeyed; bf16 on a CPU that emulates it comes with a warning. Everything
-here takes the capability as an argument, so that every row can be tested on any machine.
+bf16 is fast where the hardware computes it natively and far slower than fp32 where emulated;
+int8 (decoding on the CPU; not exact) pays with VNNI or AMX. `auto` and `auto-int8` look the
+device up in `CPU_TABLE` (a GPU: its compute capability), rows measured with
+`benchmarks/precision_table.py`; a CPU matching no row gets fp32. An explicit precision is
+obeyed (emulated bf16 with a warning). The capability is an argument, so every row is testable.
 """
 
 from __future__ import annotations
@@ -26,8 +20,7 @@ from .fast.ops import onednn_isa_limit
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")
-"""What `translate`, `evaluate` and `serve` offer: int8 is for decoding on the CPU only, and
-`auto` chooses between fp32 and bf16, `auto-int8` among fp32, bf16 and int8."""
+"""What decoding offers: int8 on the CPU only; `auto-int8` chooses among fp32, bf16 and int8."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +32,8 @@ class Capability:
     name: str
     """The processor or GPU, for messages."""
     features: frozenset = frozenset()
-    """CPU: the flags `CPU_TABLE` reads (avx512_bf16, amx_bf16, amx_int8, avx512_vnni, avx_vnni),
-    those oneDNN may use (`ONEDNN_MAX_CPU_ISA` can hold it below the CPU); CUDA: "bf16" where
-    the GPU computes it (compute capability 8.0 and newer)."""
+    """CPU: the `CPU_FLAGS` oneDNN may use (`ONEDNN_MAX_CPU_ISA` can hold it below the CPU);
+    CUDA: "bf16" from compute capability 8.0."""
     detail: str = ""
     """The features in words, e.g. 'avx512_bf16, avx512_vnni' or 'compute capability 9.0'."""
 
@@ -96,8 +88,7 @@ class Choice:
     reason: str
     warning: str | None = None
     base: str = "fp32"
-    """int8: the dtype of everything the int8 products leave as is (embeddings, LayerNorm,
-    attention, the cache, the source side): bf16 where the CPU computes it natively, else fp32."""
+    """int8: the dtype of all but the int8 products: bf16 where the CPU computes it natively, else fp32."""
     int8_decoder: bool = True
     """int8: whether the decoder's linear layers are in int8 (False: the pre-softmax projection alone)."""
 
@@ -161,8 +152,7 @@ def _capability(device: torch.device, capability: Capability | None) -> Capabili
 def choose_precision(requested: str, device: torch.device | str = "cpu", *, capability: Capability | None = None,
                      **_sizes) -> Choice:
     """The precision to train (or evaluate a loss) in: `requested` itself (with a warning where
-    bf16 is emulated), or for 'auto' the table's choice for the device. (The model's sizes that
-    callers pass are not needed: the table decides by the device.)"""
+    bf16 is emulated), or for 'auto' the table's choice (the sizes callers pass are unused)."""
     if requested not in PRECISIONS + ("int8",):
         raise ValueError(f"unknown precision {requested!r} ({', '.join(PRECISIONS + ('int8',))})")
     device = torch.device(device)

@@ -16,11 +16,9 @@ from .translate import LoadedModel, choose_workers, load_translation_model
 
 
 def make_ready(model: nn.Module, choice: Choice, speedups: bool = False) -> Callable[[], None]:
-    """Put `model` (on its device, in fp32) in the precision `choice` says: bf16 weights for bf16
-    (no per-step casts, faster than autocast), and for int8 the decoding step's products in int8
-    (`transduce.fast.int8.quantize_int8`) over weights in `choice.base`. With `speedups`, also
-    the decoding speed-ups (`transduce.fast.decode.apply`, which `translate_stream` applies by
-    itself); returns their undo (nothing to undo without)."""
+    """Put `model` (fp32) in the precision `choice` says: bf16 weights (faster than autocast), or
+    int8 products over weights in `choice.base`. With `speedups`, also `transduce.fast.decode.apply`;
+    returns their undo."""
     if choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16"):
         model.to(torch.bfloat16)
     if choice.precision == "int8":
@@ -39,17 +37,11 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
                       average: int | None = None, vocab: str | os.PathLike | None = None,
                       src_vocab: str | os.PathLike | None = None, tgt_vocab: str | os.PathLike | None = None,
                       ) -> LoadedModel:
-    """The model a MODEL argument names (`transduce.translate.load_translation_model`: a run
-    directory averaged or one checkpoint, a model directory; its vocabularies), on `device`
-    (auto, cpu, cuda, cuda:N), with `threads` CPU threads where given, in `precision`
-    (`transduce.precision.DECODING_PRECISIONS`; the choice and its reason in `.precision`), and
-    with `workers` (a number or "auto") the CPU decoding processes chosen (`.workers`, and why in
-    `.workers_line`). Raises FileNotFoundError, ValueError or DataError with a one-line message.
-
-    Decoding meets a new product shape at almost every step, so oneDNN's per-shape kernel caches
-    are bounded first (`transduce.memory.bound_kernel_caches`), which holds when this comes before
-    the process's first product, as in every command: without it a long input or a server's
-    traffic fills them without end."""
+    """The model a MODEL argument names (`load_translation_model`) on `device`, with `threads` CPU
+    threads where given, in `precision` (the choice in `.precision`), and with `workers` (a number
+    or "auto") the CPU decoding processes (`.workers`, why in `.workers_line`). Raises
+    FileNotFoundError, ValueError or DataError. oneDNN's kernel caches are bounded first
+    (`bound_kernel_caches`), before the process's first product."""
     bound_kernel_caches()
     if threads:
         torch.set_num_threads(threads)

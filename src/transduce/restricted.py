@@ -11,11 +11,8 @@ from torch import Tensor
 
 
 def window_mask(q_len: int, k_len: int | None = None, window: int = 0, device: torch.device | None = None) -> Tensor:
-    """(1, 1, q_len, k_len): query i may attend key j iff |i + (k_len - q_len) - j| <= window.
-
-    Restricted self-attention (Section 4, Table 1's fourth row; `ModelConfig.attention_window`,
-    off by default): each position attends to the positions within `window` of it; with the causal
-    mask, to itself and the `window` positions before it. Offsets as in `causal_mask`."""
+    """(1, 1, q_len, k_len): query i may attend key j iff |i + (k_len - q_len) - j| <= window
+    (offsets as in `causal_mask`)."""
     k_len = q_len if k_len is None else k_len
     q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]

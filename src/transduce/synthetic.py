@@ -1,13 +1,10 @@
 """A synthetic task that proves the pieces fit: copy or reverse random token sequences.
 
-Masks, the right shift of the decoder input, the loss, the schedule and the decoding cache all
-have to be right for a small Transformer to reach ~100% exact match on held-out sequences after
-a short training run on a CPU. Used by the test suite and by `transduce synthetic`.
-
-The sequences are generated in memory, so the task does not go through the trainer's `train`
-(which reads a prepared directory), but it trains with the trainer's pieces: the model made
-ready by `prepare_for_training`, Adam from `build_optimizer` (5.3), and `train_step` with the rate
-of equation 3 (`noam_lr`; the loss summed over the non-pad target tokens, divided by their number).
+Masks, the right shift, the loss, the schedule and the decoding cache all have to be right for a
+small Transformer to reach ~100% exact match on held-out sequences after a short CPU run. The
+sequences are made in memory, so it trains with the trainer's pieces (`prepare_for_training`,
+`build_optimizer`, `train_step`, `noam_lr`) rather than its `train`. Used by the tests and by
+`transduce synthetic`.
 """
 
 from __future__ import annotations
@@ -73,12 +70,9 @@ def train_synthetic(
     model_config: ModelConfig | None = None,
     progress: bool = False,
 ) -> tuple[Transformer, SyntheticResult]:
-    """Train a small Transformer on the task, then greedy-decode `n_eval` held-out sequences and
-    report exact match.
-
-    Training stops when greedy exact match on `n_dev` development sequences, checked every
-    `eval_every` steps, reaches 100%, or after `max_steps` steps, or after `seconds`. Training,
-    development and held-out sequences come from three separately seeded random streams."""
+    """Train a small Transformer on the task, then report greedy exact match on `n_eval` held-out
+    sequences. Stops when exact match on `n_dev` development sequences (every `eval_every` steps)
+    reaches 100%, or after `max_steps`, or after `seconds`; the three sets are seeded apart."""
     if task not in ("copy", "reverse"):
         raise ValueError(f"task must be 'copy' or 'reverse', not {task!r}")
     torch.manual_seed(seed)

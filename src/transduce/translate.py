@@ -1,30 +1,11 @@
 """Translation: text in, translations out, line for line (Section 6.1's decoding).
 
-`load_translation_model` loads what a MODEL argument names, with its vocabulary: a training run
-directory (by default the average of its last checkpoints, as for the paper's Table 2, 6.1;
-Table 3's variations, 6.2, had none; or one checkpoint) or a model directory (`transduce.checkpoint.load_for_inference`), the
-vocabulary given or found beside it (a data.json or spm.model in the directory, its parent or
-its grandparent).
-
-`translate_stream` translates any iterable of lines and yields, for every line in order, its
-best candidates (`Candidate`: text, score, log-probability, tokens); `translate_lines` returns
-the best translation of each. Decoding is Section 6.1's: beam search with beam 4, length
-penalty alpha = 0.6 (GNMT's ((5+|Y|)/6)^alpha), maximum output length input length + 50
-(`transduce.decode.beam_search`); `greedy=True` is the fast beam-1 path
-(`transduce.decode.greedy_decode`).
-
-Always one result per input line: an empty (or whitespace-only) line gives an empty
-translation without running the model; a line longer than the limit (`input_token_limit`:
-`max_input_tokens` subword tokens, default 1024, and with learned positions what the position
-table allows) is cut to the limit, with a warning naming the line. The input is streamed:
-`chunk_lines` lines (2000) at a time, each chunk sorted by length and cut into batches of at
-most `batch_tokens` padded source tokens and `batch_size` sentences
-(`transduce.data.batching.batch_for_decoding`), translated and put back in input order, so
-memory does not grow with the input.
-
-`AtomicOutput` (`transduce.checkpoint.files`, imported here for its callers) writes a file
-that appears whole or not at all. The command, with its input and output handling, is
-`transduce.cli.translate`.
+`load_translation_model` loads what a MODEL argument names (a run directory, by default the
+average of its last checkpoints, or a model directory) with the vocabulary found beside it.
+`translate_stream` yields every line's best candidates in input order, streamed `chunk_lines` at
+a time in length-sorted batches, so memory does not grow with the input; `translate_lines`
+returns the best translations. Every line gets one result: an empty line an empty translation,
+a line over `input_token_limit` is cut to it with a warning. The command is `transduce.cli.translate`.
 """
 
 from __future__ import annotations
@@ -40,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .checkpoint.files import AtomicOutput  # noqa: F401  (an output file written whole: here for its callers)
+from .checkpoint.files import AtomicOutput  # noqa: F401  (here for its callers)
 from .data.batching import batch_for_decoding
 from .data.vocab import BOS, EOS, PAD, Vocab
 from .decode import Hypothesis, beam_search, greedy_decode
@@ -54,22 +35,15 @@ DEFAULT_ALPHA = 0.6
 DEFAULT_MAX_LEN_OFFSET = 50
 DEFAULT_MAX_INPUT_TOKENS = 1024
 DEFAULT_BATCH_TOKENS = 4096
-"""Padded source tokens per batch (sentences x longest sentence, EOS included). The decoder
-works on beam x batch rows."""
+"""Padded source tokens per batch (sentences x longest sentence, EOS included)."""
 DEFAULT_BATCH_SIZE = 128
 """Sentences per batch at most."""
 DEFAULT_CHUNK_LINES = 2000
 """Lines read, sorted and translated at a time."""
 
 
-# ---------------------------------------------------------------------------------------------
-# Lines -> translations
-# ---------------------------------------------------------------------------------------------
-
-
 Candidate = Hypothesis
-"""One translation hypothesis of one input line: `text`, `score`, `logprob`, `tokens` (the
-search's `transduce.decode.Hypothesis`, with its text)."""
+"""One translation hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)."""
 
 
 def input_token_limit(model_config, max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
@@ -86,6 +60,14 @@ def input_token_limit(model_config, max_input_tokens: int | None = DEFAULT_MAX_I
             f"--max-len-offset is {max_len_offset}; lower --max-len-offset"
         )
     return limit
+
+
+def pad_batch(rows: list[list[int]], pad: int = PAD) -> torch.Tensor:
+    """(len(rows), longest) token ids, right-padded with `pad`."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
 
 
 def _clean(text: str) -> str:
@@ -121,21 +103,16 @@ def translate_stream(
     constraint=None,
     workers: int = 1,
 ) -> Iterator[list[Candidate]]:
-    """Translate `lines` (any iterable, consumed `chunk_lines` at a time); yield, for every
-    line in order, its `n_best` best candidates (best first; one empty candidate for an empty
-    line). Lines longer than the limit (see `input_token_limit`) are truncated and reported
-    through `warn("SOURCE:LINE: ...")`; `advance(n)` is called as lines are done.
+    """Translate `lines` (any iterable); yield, for every line in order, its `n_best` best
+    candidates (best first; one empty candidate for an empty line). Lines over the limit
+    (`input_token_limit`) are cut and reported through `warn("SOURCE:LINE: ...")`; `advance(n)`
+    is called as lines are done.
 
-    The model is put in eval mode for the duration (and restored; on the CPU the speed-ups of
-    `transduce.fast.decode` are applied meanwhile, `apply_speedups`). It decodes on the device of
-    its parameters and in their dtype: bf16 weights (what `--bf16` loads) run in bf16; with fp32
-    weights, `bf16=True` runs the forward passes under bf16 autocast. The search's
-    log-probabilities and scores are fp32 either way. `constraint` restricts the beam search
-    (`transduce.decode.beam_search`; e.g. parsing's well-formed trees); not with `greedy`.
-
-    `workers` > 1 (CPU, Linux): that many batches are decoded at once, each in its own process
-    forked from this one (the model shared copy-on-write) with PyTorch's threads divided among
-    them (`Workers`); the output is the same, in the same order.
+    The model runs in eval mode (restored after), with `transduce.fast.decode`'s speed-ups on the
+    CPU, on its parameters' device and dtype; with fp32 weights `bf16=True` runs under bf16
+    autocast. Scores are fp32 either way. `constraint` restricts the beam search (not with
+    `greedy`). `workers` > 1 (CPU, Linux): batches decoded in that many forked processes
+    (`Workers`), the output unchanged.
     """
     if greedy and constraint is not None:
         raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
@@ -151,9 +128,7 @@ def translate_stream(
     search = _Search(model, tgt_vocab, greedy, beam, alpha, max_len_offset, n_best, bf16, constraint)
     was_training = model.training
     model.eval()
-    # CPU: weights pre-packed and decoding steps' attention for the duration, unless the caller
-    # has set them already (the undo undoes only what `apply` did).
-    undo_speedups = apply_speedups(model)
+    undo_speedups = apply_speedups(model)  # undoes only what it did
     pool = None
     try:
         if workers > 1:
@@ -191,9 +166,7 @@ _WORKER_TRIM = Trimmer(interval=1.0)
 
 
 WORKERS_MAX_D_MODEL = 512
-"""`choose_workers`'s bound: up to this width, one worker per CPU thread decodes faster than
-one process using every thread for its products (docs/speed.md: measured on 2 cores, small and
-base sizes); above it (big, 1024) one process, not measured."""
+"""Up to this width one worker per CPU thread decodes faster than one process (docs/speed.md)."""
 
 
 def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
@@ -212,14 +185,11 @@ def choose_workers(requested: int | str, device: torch.device, threads: int, d_m
 
 
 class Workers:
-    """CPU workers (what Marian and CTranslate2 call inter-op workers): `n` processes forked
-    from this one, each with PyTorch's threads divided among them (`threads` in all, default
-    this process's), each running `search` on whole batches. Separate processes rather than
-    threads, because a decoding step's many small operations hold Python's lock between
-    products (docs/speed.md, "CPU threads and workers"). The model is shared copy-on-write, not
-    copied. `map(batches)` yields the results in the order of `batches`; fewer batches than
-    workers (a short input, a chunk's last lines) are decoded here, with every thread, since a
-    worker's share of the threads decodes one batch slower than all of them do."""
+    """CPU workers (Marian's and CTranslate2's inter-op workers): `n` processes forked from this
+    one (the model shared copy-on-write), PyTorch's `threads` divided among them, each running
+    `search` on whole batches; processes, since a decoding step holds Python's lock between
+    products (docs/speed.md). `map(batches)` yields results in order; fewer batches than workers
+    are decoded here, with every thread."""
 
     def __init__(self, search: Callable[[list[list[int]]], list[list[Candidate]]], n: int, threads: int | None = None):
         import multiprocessing
@@ -255,13 +225,10 @@ def stream_lines(search: Callable[[list[list[int]]], list[list[Candidate]]], src
                  advance: Callable[[int], None] | None = None,
                  map_batches: Callable[[Iterable[list[list[int]]]], Iterable[list[list[Candidate]]]] | None = None,
                  ) -> Iterator[list[Candidate]]:
-    """What translating a stream is, whatever the engine: `chunk_lines` lines at a time, their
-    subword ids with EOS (cut to `limit` with a warning naming SOURCE:LINE), batches of similar
-    length, `search(sources)` on each batch (a list of candidate lists, one per source), and the
-    candidates yielded in input order (one empty candidate for an empty line). `translate_stream`
-    runs transduce's own search through it; `transduce.export.ct2` runs CTranslate2's.
-    `map_batches(batches)`, if given, runs the search on a chunk's batches instead (in order;
-    e.g. `Workers.map`)."""
+    """Translating a stream, whatever the engine (transduce's search or CTranslate2's):
+    `chunk_lines` lines at a time, their ids with EOS (cut to `limit` with a warning), batches
+    of similar length, `search(sources)` on each (or `map_batches(batches)`, e.g. `Workers.map`),
+    the candidates yielded in input order."""
     it = iter(lines)
     first_line = 1
     while chunk := list(islice(it, chunk_lines)):
@@ -272,8 +239,7 @@ def stream_lines(search: Callable[[list[list[int]]], list[list[Candidate]]], src
 
 def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str, first_line: int,
                 warn: Callable[[str], None] | None) -> list[list[int]]:
-    """The lines' subword ids with EOS ([] for an empty line), each cut to `limit` tokens with a
-    warning naming its line (SOURCE:LINE; the chunk's first line is `first_line`)."""
+    """The lines' subword ids with EOS ([] for an empty line), each cut to `limit` with a warning."""
     ids = src_vocab.encode_batch(chunk) if len(chunk) > 1 else [src_vocab.encode(chunk[0])]
     out = []
     for i, toks in enumerate(ids):
@@ -289,8 +255,7 @@ def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str
 def _translate_chunk(search: _Search, ids: list[list[int]], batch_tokens: int, batch_size: int,
                      advance: Callable[[int], None] | None, map_batches=None) -> Iterator[list[Candidate]]:
     """The candidates of each line of a chunk, in input order: empty lines at once, the others
-    in batches of similar length (`transduce.data.batching.batch_for_decoding`), through
-    `map_batches` if given (else one after another)."""
+    in batches of similar length."""
     results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
     work = [i for i, toks in enumerate(ids) if toks]
     if advance is not None and len(work) < len(ids):
@@ -325,11 +290,7 @@ class _Search:
     def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
         model = self.model
         param = next(model.parameters())
-        pad = getattr(model.config, "pad_id", PAD)
-        src = torch.full((len(sources), max(len(t) for t in sources)), pad, dtype=torch.long)
-        for row, toks in enumerate(sources):
-            src[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
-        src = src.to(param.device)
+        src = pad_batch(sources, getattr(model.config, "pad_id", PAD)).to(param.device)
         with torch.inference_mode(), _autocast(param.device, self.bf16, param.dtype):
             if self.greedy:
                 nan = float("nan")
@@ -363,37 +324,19 @@ def translate_lines(
     chunk_lines: int = DEFAULT_CHUNK_LINES,
     workers: int = 1,
 ) -> list[str]:
-    """Translate sentences; returns one translation per input line, in order (the best
-    hypothesis; "" for an empty line). Same decoding as `transduce translate` (see
-    `translate_stream` for the options). `warn` defaults to printing on stderr; warnings name
-    lines as `source_name`:LINE; `progress` shows a tqdm bar."""
+    """The best translation of each line, in order ("" for an empty line), as `translate_stream`
+    decodes it. `warn` defaults to printing on stderr; `progress` shows a tqdm bar."""
     lines = list(lines)
     if warn is None:
         warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=len(lines), desc="translate", unit=" lines", mininterval=1)
-    try:
-        out = [
-            c[0].text
-            for c in translate_stream(
-                model, src_vocab, tgt_vocab, lines, beam=beam, alpha=alpha, max_len_offset=max_len_offset,
-                greedy=greedy, batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_input_tokens,
-                bf16=bf16, chunk_lines=chunk_lines, source_name=source_name, warn=warn, advance=bar.update if bar is not None else None,
-                workers=workers,
-            )
-        ]
-    finally:
-        if bar is not None:
-            bar.close()
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Finding the model and the vocabulary
-# ---------------------------------------------------------------------------------------------
+    with tqdm(total=len(lines), desc="translate", unit=" lines", mininterval=1, disable=not progress) as bar:
+        return [c[0].text for c in translate_stream(
+            model, src_vocab, tgt_vocab, lines, beam=beam, alpha=alpha, max_len_offset=max_len_offset, greedy=greedy,
+            batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_input_tokens, bf16=bf16,
+            chunk_lines=chunk_lines, source_name=source_name, warn=warn, advance=bar.update, workers=workers,
+        )]
 
 
 @dataclass
@@ -403,16 +346,14 @@ class LoadedModel:
     src_vocab: Vocab
     tgt_vocab: Vocab
     description: str
-    """What was loaded, for the user: e.g. 'runs/base/checkpoints/step_0100000' or
-    'average of the last 5 checkpoints (step_... .. step_...)'."""
+    """What was loaded, for the user (a checkpoint, or the average of the last ones)."""
     precision: object = None
-    """The `transduce.precision.Choice` it runs in (set by `transduce.ready.load_for_decoding`)."""
+    """The `transduce.precision.Choice` it runs in; this and the workers set by `transduce.ready`."""
     metadata: dict | None = None
-    """The data.json found beside the model (what it was trained on: e.g. "task": "parsing"), if any."""
+    """The data.json found beside the model (e.g. "task": "parsing"), if any."""
     workers: int = 1
-    """How many CPU processes decode (set by `transduce.ready.load_for_decoding`)."""
     workers_line: str = ""
-    """How many CPU workers decode, and why (set by `transduce.ready.load_for_decoding`)."""
+    """How many CPU workers decode, and why."""
 
 
 def _find_metadata(dirs: Sequence[Path]) -> dict | None:
@@ -457,9 +398,8 @@ def load_translation_model(
     tgt_vocab: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
 ) -> LoadedModel:
-    """The model and vocabularies `transduce translate MODEL` uses (see the module docstring).
-    `device` is a torch.device or a name (`transduce.device.resolve_device`: auto, cpu, cuda,
-    cuda:N). Raises FileNotFoundError, ValueError or DataError with a one-line message."""
+    """The model and vocabularies `transduce translate MODEL` uses, on `device` (a name for
+    `resolve_device` or a torch.device). Raises FileNotFoundError, ValueError or DataError."""
     from .checkpoint import load_for_inference
 
     if isinstance(device, str):

@@ -1,11 +1,5 @@
-"""Word positions: not in the paper, an option for parsing (`ModelConfig.word_positions`).
-
-The Transformer of Section 3 knows a token only by its position (3.5). For constituency
-parsing (Section 6.3) a decoder position that emits a leaf must find the source word that leaf
-stands for; `WordPositions` gives both stacks a learned vector for the *word index* each
-position is at, added beside 3.5's positions, so that finding the word is matching one vector
-instead of counting. `transduce.model.Transformer` builds it (attribute `word_positions`, so
-saved weights keep the keys `word_positions.*`) when the option is on; off, the default, the
+"""Word positions: not in the paper, an option for parsing (`ModelConfig.word_positions`), built
+by `transduce.model.Transformer` as its `word_positions` attribute when on; off, the default, the
 model is the paper's.
 """
 

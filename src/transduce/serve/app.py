@@ -1,44 +1,12 @@
 """The HTTP API: FastAPI on uvicorn, one model, one decoding thread (`serve.batcher`).
 
-    POST /translate   {"sentences": [...], "beam": 4, "alpha": 0.6, "max_len_offset": 50,
-                       "n_best": 1, "greedy": false, "scores": false}
-                      -> {"translations": [{"text": ..., "score": ..., "logprob": ...,
-                                            "n_best": [{"text", "score", "logprob"}, ...]}]}
-                      (a parsing model: each with its "tree", as `transduce parse` prints it)
-    POST /attention   {"source": ..., "target": ... or null, search settings, "weights": true,
-                       "page": false} -> the attention weights of that sentence and translation
-                      (`transduce attention`'s JSON), the page that draws them, the tree's SVG
-    GET  /            the demo page (serve.demo): translate, the n-best, the attention, the tree
-    GET  /health      200 {"status": "ok"} once the model is loaded, 503 before and while shutting down
-    GET  /info        the model, its vocabulary, the engine, the search defaults and every limit
-    GET  /metrics     Prometheus's text format (serve.ops)
-    GET  /openapi.json   generated from the request and response schemas
-
-The GET routes answer HEAD too (their status and headers, no body), as monitors and `curl -I` ask.
-
-Translations equal `transduce translate`'s for the same sentences and settings: the same
-`translate_stream` (or CTranslate2 engine) decodes them, with the same token budget.
-
-Every error is JSON, {"error": CODE, "message": ..., and for a limit "limit": NAME, "value": N}:
-
-    400 invalid_json        the body is not JSON (or not UTF-8)
-    401 unauthorized        an API key is set and the request does not carry it
-    413 limit_exceeded      max_body_bytes (checked before the body is parsed)
-    415 unsupported_media_type  the body is not sent as JSON: no `Content-Type: application/json`
-                            (curl -d without -H sends application/x-www-form-urlencoded)
-    422 limit_exceeded      max_sentences, max_chars, max_tokens, max_beam, max_len_offset
-    422 invalid_request     anything else the schema refuses (a missing field, a wrong type, ...)
-    429 queue_full          max_queue requests are waiting; Retry-After says when to try again
-    500 decoding_failed     decoding failed (the exception is named); the server goes on serving
-    501 not_supported       attention weights from an engine that has none (CTranslate2)
-    503 loading             the model is not loaded yet; Retry-After
-    503 shutting_down       SIGTERM came: new work is refused, and work still unfinished when the
-                            grace period (--graceful-timeout) ends is answered so
-
-A client that disconnects before its answer has its job dropped from the queue (or its results
-discarded): the other requests and the decoding thread go on. Shutting down (SIGTERM, Ctrl-C):
-the server stops accepting connections, finishes the requests it has for at most the grace
-period, answers the rest 503 and ends; a decode stuck past it is left to its daemon thread.
+POST /translate and /attention, GET / (the demo page), /health, /info, /metrics and
+/openapi.json; the GET routes answer HEAD too. The routes, fields and error codes: docs/serve.md.
+Translations equal `transduce translate`'s for the same sentences and settings (the same
+`translate_stream`, or CTranslate2 engine, and token budget). Every error is JSON, {"error":
+CODE, "message": ..., and for a limit "limit": NAME, "value": N}. A client that disconnects has
+its job dropped; a shutdown (SIGTERM, Ctrl-C) finishes the requests it has for at most the grace
+period, answers the rest 503 and ends.
 """
 
 from __future__ import annotations
@@ -56,8 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from ..translate import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
-from .common import (LIMIT_OF_FIELD, Limits, check_sentences, enqueue, error, number, search_fields,
-                     unavailable, wait_for_job)
+from .common import LIMIT_OF_FIELD, Limits, check_sentences, error, number, run_job, search_fields, unavailable
 from .engines import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
 from ..memory import Trimmer, memory_info
 
@@ -211,23 +178,21 @@ def _add_error_handlers(app, limits: Limits) -> None:
 def _response(req, results, sources: list[str], tree=None) -> dict:
     """The JSON answer: per sentence its best text, with scores and the n-best when asked (and a
     parsing model's trees)."""
+    def hypothesis(source: str, c, scores: bool) -> dict:
+        h = {"text": c.text}
+        if scores:
+            h["score"], h["logprob"] = number(c.score), number(c.logprob)
+        if tree is not None:
+            parsed = tree(source, c.text)
+            h["tree"] = "" if parsed is None else str(parsed)
+        return h
+
     out = []
     for source, cands in zip(sources, results):
-        best = cands[0]
-        t = {"text": best.text}
-        if req.scores:
-            t["score"], t["logprob"] = number(best.score), number(best.logprob)
-        if tree is not None:
-            t["tree"] = _tree_text(tree(source, best.text))
+        out.append(hypothesis(source, cands[0], req.scores))
         if req.n_best > 1:
-            t["n_best"] = [{"text": c.text, "score": number(c.score), "logprob": number(c.logprob),
-                            **({"tree": _tree_text(tree(source, c.text))} if tree is not None else {})} for c in cands]
-        out.append(t)
+            out[-1]["n_best"] = [hypothesis(source, c, True) for c in cands]
     return {"translations": out}
-
-
-def _tree_text(tree) -> str:
-    return "" if tree is None else str(tree)
 
 
 def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_batch_tokens: int, max_wait: float,
@@ -264,12 +229,11 @@ def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_b
 def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None, defaults: Search | None = None,
                max_batch_tokens: int = DEFAULT_BATCH_TOKENS, max_wait: float = 0.01, poll_disconnect: float = 0.05,
                on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None):
-    """The ASGI app (the FastAPI app inside the request log and the body-size limit; `.fastapi` is
-    the FastAPI app, `.state["batcher"]` the batcher, `.metrics` its metrics, `.begin_drain(grace)`
-    what a shutdown calls, `.end_grace(forced=True)` what cuts its grace short). `engine`: an Engine, or a function that loads one (called on a thread at
-    startup; /health says `loading` until it returns; if it fails, /health says so and
-    `on_load_error(exception)` is called; `.state["loader"]` is that thread, which a process joins
-    before it exits). `api_key`: required on /translate and /attention."""
+    """The ASGI app: the FastAPI app (`.fastapi`) inside the request log and the body-size limit;
+    `.state` (its "batcher", its "loader" thread), `.metrics`, `.begin_drain(grace)` (what a
+    shutdown calls) and `.end_grace(forced=True)`. `engine`: an Engine, or a function that loads
+    one on a thread at startup (/health says `loading` until then, and a failure, which
+    `on_load_error(exception)` is told of). `api_key`: required on /translate and /attention."""
     from fastapi import FastAPI, Request
 
     from .demo import add_demo_routes
@@ -313,9 +277,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
                   description="Translation with a Transformer of 'Attention Is All You Need' (Vaswani et al., 2017): "
                               "beam search with the paper's length penalty, requests batched dynamically.",
                   lifespan=lifespan,
-                  # FastAPI's /docs and /redoc pages load their scripts from a CDN: nothing is
-                  # loaded from the internet, so they are off; /openapi.json is the document.
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None)  # their pages load scripts from a CDN
     app.state.transduce = state
     if isinstance(engine, Engine):
         install(engine)
@@ -337,11 +299,9 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
             return problem
         request.scope.setdefault("state", {})["log_sentences"] = f"sentences={len(req.sentences)} tokens={tokens}"
         search = Search(req.beam, req.alpha, req.max_len_offset, req.n_best, req.greedy)
-        job, problem = enqueue(lambda: batcher.submit(req.sentences, search, tokens), state, limits,
-                               _retry_after(batcher))
-        if problem is not None:
-            return problem
-        results, problem = await wait_for_job(job, batcher, state, request, poll_disconnect)
+        retry_after = max(1, math.ceil(batcher.queued * batcher.max_wait))  # the queue drained a little
+        results, problem = await run_job(lambda: batcher.submit(req.sentences, search, tokens), state, limits,
+                                         request, poll_disconnect, retry_after)
         if problem is not None:
             return problem
         return _response(req, results, req.sentences, e.tree)
@@ -384,9 +344,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
 
 
 def _answer_head(app) -> None:
-    """HEAD on every GET route (/, /health, /info, /metrics) as its GET, the body left out by the
-    server: monitors and `curl -I` ask so. Kept out of the OpenAPI document, which would repeat
-    each GET operation under the same id."""
+    """HEAD on every GET route as its GET, the body left out (monitors, `curl -I`); kept out of
+    the OpenAPI document, which would repeat each GET operation under the same id."""
     from fastapi.routing import APIRoute
 
     for route in [r for r in app.routes if isinstance(r, APIRoute) and r.methods == {"GET"}]:
@@ -394,18 +353,11 @@ def _answer_head(app) -> None:
                           include_in_schema=False)
 
 
-def _retry_after(batcher: Batcher) -> int:
-    """Seconds until the queue has likely drained a little: at least 1."""
-    return max(1, math.ceil(batcher.queued * batcher.max_wait))
-
-
 def bind_sockets(host: str, port: int) -> list:
-    """Sockets bound to HOST:PORT, one per address the host stands for (as uvicorn's asyncio binds
-    them), for `server(...).run(sockets=...)`. Binding first, before the server and the model's
-    loading thread start, makes a port in use or not allowed an OSError here, which the caller
-    reports in one line (inside uvicorn it is a traceback and an exit with torch busy on the
-    loading thread: std::terminate). Port 0: the system chooses a free port, the same one for
-    every address (`sockets[0].getsockname()[1]`)."""
+    """Sockets bound to HOST:PORT, one per address of the host (as uvicorn binds them), for
+    `server(...).run(sockets=...)`: bound before the model loads, a port in use is an OSError the
+    caller reports in one line (inside uvicorn: a traceback, std::terminate with torch busy loading).
+    Port 0: one free port for every address (`sockets[0].getsockname()[1]`)."""
     import socket
 
     sockets: list[socket.socket] = []
@@ -429,11 +381,9 @@ def bind_sockets(host: str, port: int) -> list:
 
 def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
            graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT):
-    """A uvicorn server for the app (its own request log instead of uvicorn's access log): `.run()`
-    blocks until Ctrl-C / SIGTERM or until `.should_exit` is set. A shutdown stops accepting
-    connections, gives the requests in flight `graceful_timeout` seconds (`app.begin_drain`), then
-    they are answered 503 and the server ends (uvicorn cancels what is left 5 s later still); Ctrl-C
-    again (uvicorn's force quit) answers them 503 at once."""
+    """A uvicorn server for the app (its own request log, not uvicorn's): `.run()` blocks until
+    Ctrl-C / SIGTERM or `.should_exit`. A shutdown gives the requests in flight `graceful_timeout`
+    seconds (`app.begin_drain`), then answers them 503; Ctrl-C again answers them 503 at once."""
     import uvicorn
 
     class Server(uvicorn.Server):

@@ -1,26 +1,12 @@
 """Dynamic batching: requests that arrive together are decoded together, by one thread.
 
-Each request becomes a `Job` (its sentences, their search settings, its source tokens) queued in
-arrival order. The decoding thread takes the oldest job, waits until `max_wait` seconds after that
-job arrived or until the queued jobs with the same settings hold `max_batch_tokens` source tokens,
-then decodes the sentences of all those jobs in one call of `translate` (which sorts them by
-length and cuts them into batches of at most the token budget: `transduce.translate.translate_stream`
-or the CTranslate2 engine's), and hands each job its own results, in its own order. Jobs with other
-settings (another beam size, alpha, ...) wait for the next round, which starts with the oldest
-job, so none starves.
-
-A job can be cancelled (its client went away): if it has not started, it is dropped; if it is
-being decoded, its results are thrown away. The queue holds at most `max_queue` jobs waiting
-(`QueueFull` beyond). A failure of `translate` (or of anything else in a round) fails only the
-jobs of that round, with that exception, and the thread goes on; should the thread itself end,
-every queued job fails and later submissions are refused, so that no caller waits forever.
-
-`call(fn)` runs a function on the decoding thread, in its turn, as a round of its own: other work
-on the model (the attention weights of `serve.demo`) never runs beside a decoding round.
-`fail_queued(exception)` fails the jobs still waiting (a shutdown whose grace period is over);
-`on_round(jobs, seconds, results, error)` is told of every round (the server's metrics);
-`after_round(idle)` runs on the decoding thread after every round and call, `idle` saying whether
-no job waits (the server gives its free memory back then: `transduce.memory`).
+Each request is a `Job` queued in arrival order. The decoding thread takes the oldest job, waits
+until `max_wait` seconds after it arrived or until the jobs with its settings hold
+`max_batch_tokens` source tokens, decodes all their sentences in one call of `translate`, and
+hands each job its own results. Jobs with other settings wait for the next round, which starts
+with the oldest job, so none starves. A cancelled job is dropped, or its results thrown away. A
+failure fails only that round's jobs; should the thread itself end, every queued job fails and
+later submissions are refused, so that no caller waits forever.
 """
 
 from __future__ import annotations
@@ -73,11 +59,10 @@ class Stats:
 
 
 class Batcher:
-    """One decoding thread over a queue of jobs (see the module docstring).
-
-    `translate(sentences, settings)` returns one result per sentence, in order; it runs on the
-    batcher's thread only, so the model is used by one thread.
-    """
+    """One decoding thread over a queue of jobs. `translate(sentences, settings)`, run on that
+    thread only, returns one result per sentence; `on_round(jobs, seconds, results, error)` is told
+    of every round (metrics); `after_round(idle)` runs after every round and call (`idle`: no job
+    waits)."""
 
     def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = 4096,
                  max_wait: float = 0.01, max_queue: int = 256,
@@ -93,8 +78,6 @@ class Batcher:
         self._stopping = False
         self._ended: str | None = None  # why the decoding thread ended, if it did
         self._thread: threading.Thread | None = None
-
-    # -- the callers' side ------------------------------------------------------------------------
 
     def start(self) -> "Batcher":
         if self._thread is None:
@@ -128,8 +111,8 @@ class Batcher:
         return self._put(Job(list(sentences), settings, tokens))
 
     def call(self, fn: Callable[[], object], tokens: int = 0) -> Job:
-        """Queue `fn` to run on the decoding thread in its turn (a round of its own); its future
-        holds what it returns, or its exception."""
+        """Queue `fn` to run on the decoding thread in its turn, a round of its own (other work on
+        the model never runs beside a decoding round); its future holds what it returns."""
         return self._put(Job([], object(), tokens, call=fn))
 
     def _put(self, job: Job) -> Job:
@@ -165,8 +148,6 @@ class Batcher:
     def queued(self) -> int:
         with self._cond:
             return len(self._queue)
-
-    # -- the decoding thread ----------------------------------------------------------------------
 
     def _take_round(self) -> list[Job] | None:
         """Wait for work, then take the oldest job and those with its settings that fit the budget."""

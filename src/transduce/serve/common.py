@@ -119,11 +119,11 @@ def unavailable(state: dict):
     return shutting_down(state) if state["draining"] else None
 
 
-def enqueue(submit, state: dict, limits: Limits, retry_after: int):
-    """(job, None) from `submit()`, or (None, the JSON error): 429 with a full queue, 503 while
-    shutting down, 500 once the decoding thread has ended (say so, never wait)."""
+async def run_job(submit, state: dict, limits: Limits, request, poll: float, retry_after: int = 1):
+    """(the result of the job `submit()` queues, None) or (None, the JSON error): 429 with a full
+    queue, 503 while shutting down, 500 once the decoding thread has ended; then `wait_for_job`."""
     try:
-        return submit(), None
+        job = submit()
     except QueueFull as exc:
         return None, error(429, "queue_full", str(exc), headers={"Retry-After": str(retry_after)},
                            limit="max_queue", value=limits.max_queue)
@@ -131,6 +131,7 @@ def enqueue(submit, state: dict, limits: Limits, retry_after: int):
         return None, shutting_down(state)
     except RuntimeError as exc:
         return None, error(500, "decoding_failed", str(exc))
+    return await wait_for_job(job, state["batcher"], state, request, poll)
 
 
 def search_fields(limits: Limits, defaults) -> dict:

@@ -1,23 +1,12 @@
-"""The demo a person can look at: GET / is one page (demo.html beside this module, styles and
-script inline, nothing loaded from anywhere but the server itself: its Content-Security-Policy
-says so) to type or paste sentences, see each translation with its n-best and their scores, and
-click one to see what the model attends to: the page of `transduce attention`
-(`transduce.views.page`) for that sentence and that translation, and for a parsing model the
-tree as SVG (`transduce.parsing.svg`).
+"""The demo a person can look at, GET /: one page (demo.html beside this module, nothing loaded
+from anywhere but the server: its Content-Security-Policy says so) to translate sentences, see
+their n-best and scores, and click one to see its attention (`transduce.views.page`) and, for a
+parsing model, its tree as SVG (`transduce.parsing.svg`).
 
-POST /attention is the API under it:
-
-    {"source": "A dog runs .", "target": "Ein Hund rennt ." or null, "beam": 4, "alpha": 0.6,
-     "max_len_offset": 50, "greedy": false, "weights": true, "page": false}
-    -> {"attention": {... `transduce attention --json`'s format, transduce-attention/1 ...},
-        "page": "<!DOCTYPE html>..." or null, "tree": "(TOP ...)" or null, "svg": "<svg ...>" or null}
-
-The target is teacher-forced through the model (`transduce.views.weights.attention_data`, as
-`transduce attention --target` does); without one, the model's own translation with the search
-settings given is. A target may be as long as an output of the server (max_tokens +
-max_len_offset subword tokens). Sentences are cut to 64 subword tokens per side (the views' cap;
-the JSON and the page note it). It runs on the decoding thread, in its turn (`Batcher.call`), under the same limits,
-queue and API key as /translate.
+POST /attention is the API under it (docs/serve.md): the weights of one source and a target,
+teacher-forced (`transduce.views.weights.attention_data`), or the model's own translation; run on
+the decoding thread in its turn (`Batcher.call`), under the same limits, queue and API key as
+/translate.
 """
 
 from __future__ import annotations
@@ -27,13 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from .common import Limits, check_sentences, enqueue, error, search_fields, unavailable, wait_for_job
+from .common import Limits, check_sentences, error, run_job, search_fields, unavailable
 from .engines import Search
 
 CSP = ("default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data:; frame-src 'self'; base-uri 'none'; form-action 'none'")
-"""The page's Content-Security-Policy: nothing but the server's own origin, no external script,
-style, image or frame (the attention view is an iframe written from the page itself)."""
+"""The page's Content-Security-Policy: nothing from anywhere but the server's own origin."""
 
 
 class AttentionResponse(BaseModel):
@@ -94,11 +82,8 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
         if problem is not None:
             return problem
         search = Search(req.beam, req.alpha, req.max_len_offset, 1, req.greedy)
-        job, problem = enqueue(lambda: batcher.call(lambda: e.attention(req.source, req.target, search), tokens),
-                               state, limits, 1)
-        if problem is not None:
-            return problem
-        data, problem = await wait_for_job(job, batcher, state, request, poll)
+        job = lambda: batcher.call(lambda: e.attention(req.source, req.target, search), tokens)  # noqa: E731
+        data, problem = await run_job(job, state, limits, request, poll)
         if problem is not None:
             return problem
         out: dict[str, Any] = {"attention": data if req.weights else None, "page": None, "tree": None, "svg": None}

@@ -1,19 +1,9 @@
 """What the server decodes with: an `Engine` over a PyTorch model (`transduce translate`'s own
 decoding) or over a CTranslate2 export, and a request's search settings (`Search`).
 
-An engine's `translate(sentences, search)` runs on the decoding thread only (`serve.batcher`);
-`encode(sentence)` gives the source token ids the limits count. A PyTorch engine also gives the
-attention weights of one sentence and a translation (`attention`: the JSON of
-`transduce.views.weights`, what `transduce attention` draws), and, for a parsing model (its
-data.json says "task": "parsing", Section 6.3), the tree of an output (`tree`): the sentence is
-tokenized the Penn Treebank way and the output repaired into a tree over exactly its words, as
-`transduce parse` does.
-
-What an engine tells clients (`Engine.info`, /info, the demo page's header, the attention JSON)
-names the model without the server's file system: its name (the model directory's, or the run's
-with which checkpoints were averaged), its languages, its size in parameters and its precision
-(`public_model`); error messages pass through `scrub`, which keeps the last part of any absolute
-path.
+What an engine tells clients (`Engine.info`, /info, the demo page, the attention JSON) names the
+model without the server's file system (`public_model`); error messages pass through `scrub`,
+which keeps the last part of any absolute path.
 """
 
 from __future__ import annotations
@@ -85,9 +75,8 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
 
         tree = None
 
-    # The decoding speed-ups (weights pre-packed for oneDNN, the one-function decoding step) set
-    # once, for the server's life: `translate_stream` would otherwise set them and take them
-    # away again at every round, a new packed copy of every weight matrix each time.
+    # The decoding speed-ups set once, for the server's life: `translate_stream` would otherwise
+    # set and undo them every round, a new packed copy of every weight matrix each time.
     from ..fast.decode import apply
 
     apply(loaded.model)
@@ -153,12 +142,9 @@ def scrub(text: str) -> str:
 
 
 def model_name(description: str) -> tuple[str, str]:
-    """(name, what it is) of a loaded model, from its loader's description
-    (`transduce.checkpoint.load_for_inference`, `transduce.export.ct2.load_ct2`), without the
-    directories above it: a run averaged -> (the run's name, "average of the last 5 checkpoints
-    (step_.. .. step_..)"); RUN/model -> (the run's name, "final weights"); RUN/checkpoints/step_N
-    -> (the run's name, "checkpoint step_N"); any other model directory -> (its name, "model
-    directory")."""
+    """(name, what it is) of a loaded model from its loader's description, without the directories
+    above it: (the run's name, "average of the last 5 checkpoints (..)", "final weights" or
+    "checkpoint step_N"), or (a model directory's name, "model directory")."""
     if m := _AVERAGE.fullmatch(description):
         n, first, last, run = m.groups()
         what = f"checkpoint {last}" if n == "1" else f"average of the last {n} checkpoints ({first} .. {last})"
@@ -188,9 +174,8 @@ def _size(n: int) -> str:
 
 
 def public_model(description: str, config, metadata: dict | None, precision: str) -> dict:
-    """What /info says of the model: "model" (its name), "model_detail" (which weights), the
-    languages (from its data.json, when there is one), "parameters" (and "size", e.g. "7.6M"),
-    "precision". Never a path of the server's."""
+    """What /info says of the model: its name, which weights, languages, parameters (and "size",
+    e.g. "7.6M"), precision. Never a path of the server's."""
     name, detail = model_name(description)
     try:
         n = parameter_count(config)

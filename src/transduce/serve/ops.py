@@ -1,38 +1,8 @@
-"""Watching the server: its metrics (Prometheus, through the maintained client library), one log
-line per request with its id, and the optional API key.
-
-Metrics (GET /metrics, Prometheus's text format), each app with a registry of its own:
-
-    transduce_requests_total{endpoint,status}        requests answered
-    transduce_request_duration_seconds{endpoint}     latency, a histogram
-    transduce_requests_in_flight                     requests being answered
-    transduce_queue_depth                            requests waiting for the decoding thread
-    transduce_batch_sentences, transduce_batch_requests
-                                                     sentences / requests decoded together per round
-    transduce_source_tokens_total, transduce_output_tokens_total
-                                                     tokens decoded (sources with EOS; the best
-                                                     output of each sentence with EOS)
-    transduce_decode_seconds_total                   time the decoding thread spent decoding
-    transduce_output_tokens_per_second               output tokens per second of decoding over the
-                                                     rounds of the last minute (0 when idle)
-    transduce_decode_failures_total                  rounds that failed (their callers got 500)
-
-`rate(transduce_output_tokens_total[1m])` is the throughput; the gauge is the decoding speed.
-
-The process itself, as prometheus-client's ProcessCollector reports it (Linux, from /proc):
-
-    process_resident_memory_bytes, process_virtual_memory_bytes   its memory
-    process_cpu_seconds_total                                     user + system CPU time
-    process_open_fds, process_max_fds                             open files and their limit
-    process_start_time_seconds                                    when it started (Unix time)
-
-The request log: one line per request, "id=ID METHOD PATH STATUS SECONDS" and what the endpoint
-noted (sentences, a failure), on the logger "transduce.serve.requests". The id is the request's
-X-Request-ID header when it is a sane one (1 to 128 letters, digits and ._:-), else a new one;
-the response carries it in X-Request-ID.
-
-The API key, when set: required on /translate and /attention, as `Authorization: Bearer KEY` or
-`X-API-Key: KEY` (compared in constant time); without it, 401 JSON.
+"""Watching the server: its Prometheus metrics (GET /metrics, each app with a registry of its own,
+the process's own from prometheus-client's ProcessCollector), one log line per request with its
+id (X-Request-ID), and the optional API key (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
+Every metric, the log line and the key: docs/serve.md. `rate(transduce_output_tokens_total[1m])`
+is the throughput; the tokens-per-second gauge is the decoding speed.
 """
 
 from __future__ import annotations
@@ -58,7 +28,7 @@ request_log = logging.getLogger("transduce.serve.requests")
 
 
 class Metrics:
-    """The server's Prometheus metrics, in a registry of their own (see the module docstring)."""
+    """The server's Prometheus metrics, in a registry of their own."""
 
     def __init__(self, queue_depth):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector

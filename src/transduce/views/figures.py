@@ -1,19 +1,9 @@
-"""PNG figures of attention weights, drawn with matplotlib from the JSON of `weights.to_json`.
-
-* `lines_figure`: the paper's figures (Figures 3-5 of the appendix): the tokens twice, queries
-  on one side and keys on the other, a line from query to key whose opacity is the weight, one
-  colour per head; optionally one query token only (Figure 3 shows the word "making" alone).
-  `layout="columns"` puts the two copies side by side (tensor2tensor's viewer), `"rows"` one
-  above the other with the text turned upright, as the paper prints them.
-* `heatmap_figure`: one query x key grid per head.
-* `masks_figure`: the masks applied to the batch, per sentence and attention type: which
-  positions may attend where, what padding blocks, what the causal mask blocks, what a restricted
-  self-attention window blocks (`attention_window`, Table 1), and which query rows are padding
-  (computed, then ignored).
-
-Layers and heads are numbered from 1, as in the paper. Each token is its own position, so a
-repeated token appears twice. The PNG bytes are the same for the same input: the Agg renderer,
-the DejaVu Sans font shipped with matplotlib, a fixed DPI, no "Software" metadata.
+"""PNG figures of attention weights, drawn with matplotlib from the JSON of `weights.to_json`:
+`lines_figure` (the paper's Figures 3-5: a line from query to key whose opacity is the weight, one
+colour per head, the two copies side by side or, as the paper prints them, in rows),
+`heatmap_figure` (one grid per head) and `masks_figure` (the masks applied to the batch).
+Layers and heads are numbered from 1, as in the paper. The same input gives the same PNG bytes
+(Agg, matplotlib's DejaVu Sans, a fixed DPI, no "Software" metadata).
 """
 
 from __future__ import annotations
@@ -94,16 +84,20 @@ def check_choice(data: dict, sentence: int, kind: str, layer: int, heads: list[i
         raise UsageError(f"query position {query + 1}: out of range")
 
 
+def _chosen(data: dict, sentence: int, kind: str, layer: int, heads: list[int] | None, query: int | None):
+    """(heads, query labels, key labels, the layer's weights) of a checked choice; matplotlib required."""
+    require_matplotlib()
+    heads = list(range(data["n_heads"])) if heads is None else heads
+    check_choice(data, sentence, kind, layer, heads, query)
+    return (heads, *_side_tokens(data, sentence, kind), data["sentences"][sentence]["attention"][kind][layer])
+
+
 def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer: int = 0, heads: list[int] | None = None,
                  query: int | None = None, layout: str = "columns") -> bytes:
     """The paper's figure: PNG bytes (layer, heads, query, sentence from 0)."""
-    require_matplotlib()
     from matplotlib import rc_context
 
-    heads = list(range(data["n_heads"])) if heads is None else heads
-    check_choice(data, sentence, kind, layer, heads, query)
-    q_tok, k_tok = _side_tokens(data, sentence, kind)
-    w = data["sentences"][sentence]["attention"][kind][layer]
+    heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)
     rows = [query] if query is not None else range(len(q_tok))
     n = max(len(q_tok), len(k_tok))
     with rc_context(STYLE):
@@ -161,14 +155,10 @@ def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer:
 def heatmap_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer: int = 0,
                    heads: list[int] | None = None, query: int | None = None) -> bytes:
     """One query x key heatmap per head: PNG bytes (a query is outlined, all rows shown)."""
-    require_matplotlib()
     from matplotlib import rc_context
     from matplotlib.patches import Rectangle
 
-    heads = list(range(data["n_heads"])) if heads is None else heads
-    check_choice(data, sentence, kind, layer, heads, query)
-    q_tok, k_tok = _side_tokens(data, sentence, kind)
-    w = data["sentences"][sentence]["attention"][kind][layer]
+    heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)
     cols = min(4, len(heads))
     nrows = (len(heads) + cols - 1) // cols
     cell = 0.16
@@ -204,10 +194,8 @@ def outside_window(data: dict, kind: str, i: int, j: int) -> bool:
 
 def mask_categories(data: dict, sentence: int, kind: str) -> tuple[list[list[str]], list[bool]]:
     """For one sentence of the padded batch: each (query, key) cell of the mask applied, as
-    "allowed", "padding" (blocked: the key is padding), "causal" (blocked: a later position),
-    "both", or "window" (blocked: more than r positions away, restricted self-attention,
-    `attention_window`); and which query rows are padding (computed, then ignored by the loss and
-    the search)."""
+    "allowed", or blocked by "padding", "causal", "both" or "window" (restricted self-attention);
+    and which query rows are padding (computed, then ignored)."""
     b = data["batch"]
     src_pad = [p == "<pad>" for p in b["source"][sentence]]
     tgt_pad = [p == "<pad>" for p in b["target"][sentence]]

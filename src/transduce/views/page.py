@@ -1,10 +1,6 @@
-"""The interactive page: one self-contained HTML file, the weights embedded as JSON.
-
-It works from `file://` with no network: the styles and the script are inline, nothing is
-loaded from anywhere (its Content-Security-Policy forbids it), so a saved copy keeps working.
-The page offers the sentence, the attention type, the layer and the heads; three views: the
-paper's lines, a heatmap per head, and the masks applied to the padded batch; hovering a query
-token shows its row alone, with the values. The template is page.html beside this module.
+"""The interactive page: one self-contained HTML file (page.html beside this module), the weights
+embedded as JSON. It works from `file://` with no network: nothing is loaded from anywhere (its
+Content-Security-Policy forbids it), so a saved copy keeps working.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""The attention weights of a teacher-forced pass, as tensors and as JSON.
+"""The attention weights of a teacher-forced pass, as tensors and as JSON (docs/attention.md).
 
-`compute_attention(model, sources, targets)` runs the model once on a padded batch, with
-`Transformer.forward(..., return_attention=True)`, and keeps, for each of the three uses of
-attention (3.2.3), every layer's and head's weights (B, h, Tq, Tk), with the masks
-`make_masks` built for that batch (the masks the model applied):
-
-    encoder        encoder self-attention       queries: source, keys: source
-    decoder_self   masked decoder self-attention queries: decoder inputs, keys: decoder inputs
-    decoder_cross  encoder-decoder attention    queries: decoder inputs, keys: source
-
-The source is the sentence's subword ids followed by EOS (what `transduce translate` feeds the
-encoder); the decoder inputs are BOS followed by the target's ids: decoder position i reads
-`target[i]` and predicts `predicts[i]` (the next target token, EOS at the end).
-
-`to_json` gives, per sentence, the weights cut to its real tokens (layer x head x query x key,
-rounded to `DECIMALS`), the token labels, and the batch's masks broadcast to (query, key); for a
-model with restricted self-attention (`ModelConfig.attention_window` r, Table 1) the
-self-attention masks include the window and `attention_window` says r.
+`compute_attention` runs the model once on a padded batch (`forward(..., return_attention=True)`)
+and keeps, for each of the three uses of attention (3.2.3: "encoder", "decoder_self",
+"decoder_cross"), every layer's and head's weights (B, h, Tq, Tk) with the masks the model
+applied (with the window of restricted self-attention, if any). The source is the subword ids
+and EOS; the decoder inputs are BOS and the target: position i predicts `predicts[i]`. `to_json`
+gives, per sentence, the weights cut to its real tokens and rounded to `DECIMALS`, its labels,
+and the batch's masks.
 """
 
 from __future__ import annotations
@@ -26,9 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..data.vocab import BOS, EOS, PAD
+from ..data.vocab import BOS, EOS
 from ..model import make_masks
 from ..restricted import within_window
+from ..translate import pad_batch
 
 TYPES = ("encoder", "decoder_self", "decoder_cross")
 """The three uses of attention (3.2.3), as named in the JSON and by `forward(return_attention=True)`."""
@@ -43,10 +34,7 @@ FORMAT = "transduce-attention/1"
 
 
 def readable(piece: str) -> str:
-    """A subword piece as a label: a word-initial piece ("▁mak") without its marker ("mak"), a
-    piece that continues a word ("ing") with a leading "·" ("·ing"); special pieces as they are; a
-    word start with nothing after it (before an unknown character: "▁", "<unk>") as a visible space,
-    "␣"."""
+    """A subword piece as a label: "▁mak" -> "mak", "ing" -> "·ing", "<unk>" as is, a bare "▁" -> "␣"."""
     if piece.startswith("<") and piece.endswith(">"):
         return piece
     if piece.startswith("\u2581"):
@@ -86,14 +74,6 @@ class AttentionBatch:
         q = self.src_lengths[i] if kind == "encoder" else self.tgt_lengths[i]
         k = self.tgt_lengths[i] if kind == "decoder_self" else self.src_lengths[i]
         return torch.stack([w[i, :, :q, :k] for w in self.weights[kind]])
-
-
-def pad_batch(rows: list[list[int]], pad: int = PAD) -> Tensor:
-    width = max(len(r) for r in rows)
-    out = torch.full((len(rows), width), pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
 
 
 @torch.no_grad()
@@ -183,11 +163,6 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
         },
     }
 
-
-# ---------------------------------------------------------------------------------------------
-# Sentences in, weights out: what `transduce attention` does
-# ---------------------------------------------------------------------------------------------
-
 MAX_TOKENS = 64
 """Subword tokens per side kept by default: longer sentences are cut (and the page says so), so
 that a page stays a few MB (layers x heads x 3 x tokens^2 numbers)."""
@@ -202,9 +177,8 @@ MAX_WEIGHTS = 4_000_000
 def attention_data(loaded, sources: list[str], targets: list[str | None] | None = None, *, beam: int = 4,
                    alpha: float = 0.6, greedy: bool = False, max_len_offset: int = 50,
                    max_tokens: int = MAX_TOKENS) -> tuple[AttentionBatch, dict]:
-    """Weights and JSON for `sources` with their `targets` (None: the model's own translation,
-    beam search or greedy, as `transduce translate` decodes). `loaded` is a
-    `transduce.translate.LoadedModel`."""
+    """Weights and JSON for `sources` with their `targets` (None: the model's own translation, as
+    `transduce translate` decodes) from a `transduce.translate.LoadedModel`: what `transduce attention` does."""
     from ..translate import translate_stream
 
     targets = list(targets) if targets is not None else [None] * len(sources)
