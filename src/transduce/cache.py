@@ -73,21 +73,16 @@ class DecoderCache:
         return self.src_mask.size(0) * self.rows_per_source
 
     def repeat_rows(self, k: int) -> None:
-        """Each row becomes k consecutive rows reading the same source (beam search's B -> B * k);
-        the source side is not copied."""
+        """Each row becomes k consecutive rows reading the same source (B -> B * k), not copied."""
         self._select_rows(torch.arange(self.batch_size, device=self.src_mask.device).repeat_interleave(k))
         self.rows_per_source *= k
 
     def reorder(self, index: Tensor, same_sources: bool = False) -> None:
-        """Keep the batch rows `index` (a LongTensor of row numbers; may repeat rows).
-
-        The self-attention keys/values are not copied here: the next step gathers the rows as it
-        appends (`pending`). With `same_sources=True` the caller promises that every new row reads
-        the same source as the row it replaces (beam search moving hypotheses between the beams
-        of one sentence), so the encoder-decoder keys/values and the source mask stay as they
-        are: nothing to copy. Otherwise, with `rows_per_source` g > 1, the new rows must come in
-        groups of g that each read one source (rows [i*g, (i+1)*g) from the same source).
-        """
+        """Keep the batch rows `index` (row numbers; may repeat rows); the next step's append gathers
+        the self-attention keys/values (`pending`). `same_sources=True`: the caller promises every new
+        row reads the same source as the row it replaces (beams of one sentence), so the source side
+        stays as it is. Otherwise, with `rows_per_source` g > 1, the new rows must come in groups of g
+        that each read one source."""
         if not same_sources:
             g = self.rows_per_source
             sources = index if g == 1 else _group_sources(index, g)

@@ -47,8 +47,7 @@ class ModelConfig:
     max_positions: int = 1024
     """Learned positions: table size. Sinusoids are computed for any length."""
     share_embeddings: bool = True
-    """One matrix for source embedding, target embedding and pre-softmax projection (3.4).
-    Requires one shared vocabulary."""
+    """One matrix for both embeddings and the pre-softmax projection (3.4); needs one shared vocabulary."""
     tie_output: bool = True
     """With separate vocabularies: still tie the target embedding and the pre-softmax projection."""
     scale_embeddings: bool = True
@@ -289,8 +288,7 @@ def get_preset(name: str) -> Config:
 
 
 def apply_overrides(config: Config, overrides: list[str]) -> Config:
-    """Apply `section.field=value` overrides, e.g. ``model.n_layers=3`` or
-    ``train.warmup_steps=8000``, each value read as its field's declared type (`parse_value`)."""
+    """Apply `section.field=value` overrides (``model.n_layers=3``), each read as its field's type."""
     d = config.to_dict()
     sections = {"model": ModelConfig, "train": TrainConfig}
     for item in overrides:

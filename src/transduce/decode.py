@@ -74,12 +74,10 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
     """The n best one-token extensions of each sentence's live hypotheses, by log-probability.
 
     logits (b * r, V): the next-token logits of r hypotheses for each of b sentences (consecutive
-    rows); alive_lp (b, r): their log-probabilities so far. A hypothesis extended by token v
-    scores alive_lp + log_softmax(logits)[v], the log-softmax over all V in fp32; PAD and BOS
-    (`banned`) are then excluded without renormalising, as are the tokens `allowed` (b * r, V)
-    bool forbids (a constraint's choice, EOS included), and for the sentences where `only_eos`
-    (b,) is set, every token but EOS (the maximum length). Returns, per sentence, the n best
-    scores (b, n), best first, the hypothesis each extends (b, n) and its token (b, n).
+    rows); alive_lp (b, r): their log-probabilities so far. Extending by token v scores alive_lp +
+    log_softmax(logits)[v] (fp32, over all V); then excluded, without renormalising: `banned`
+    (PAD, BOS), what `allowed` (b * r, V) forbids, and all but EOS where `only_eos` (b,) is set.
+    Returns the n best scores (b, n), best first, the hypothesis each extends and its token.
 
     Exact in the scores without ranking all r * V extensions: the n best lie in the n blocks (of
     `block` tokens of one hypothesis) whose best scores are the n highest, or in the tail of V
@@ -166,11 +164,8 @@ def beam_search(
     early_stop: bool = True,
     constraint=None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search (Section 6.1): "beam search with a beam size of 4 and length penalty
-    alpha = 0.6 ... maximum output length ... input length + 50, but terminate early when
-    possible."
-
-    src (B, S) right-padded. Each sentence keeps k = `beam_size` live hypotheses and up to k
+    """Batched beam search (Section 6.1: beam 4, alpha 0.6, "maximum output length ... input
+    length + 50, but terminate early when possible"). src (B, S) right-padded. Each sentence keeps k = `beam_size` live hypotheses and up to k
     finished ones, as in tensor2tensor:
 
     * each step extends every live hypothesis by every token and keeps the 2k best extensions by
@@ -207,7 +202,6 @@ class Beams:
     sentence."""
 
     k: int
-    bos_id: int
     eos_id: int
     banned: list[int]
     """Tokens never generated: PAD and BOS."""
@@ -262,7 +256,7 @@ def prefill(model, src: Tensor, k: int, max_len_offset: int, bos_id: int, eos_id
     alive_lp = torch.full((B, k), float("-inf"), device=device)
     alive_lp[:, 0] = 0.0  # one initial hypothesis, not k copies of it
     return Beams(
-        k=k, bos_id=bos_id, eos_id=eos_id, banned=[model.config.pad_id, bos_id], max_lens=max_lens, cache=cache,
+        k=k, eos_id=eos_id, banned=[model.config.pad_id, bos_id], max_lens=max_lens, cache=cache,
         active=torch.arange(B, device=device), alive_seq=torch.full((B, k, 1), bos_id, dtype=torch.long, device=device),
         alive_lp=alive_lp, fin_seq=torch.full((B, k, T + 1), eos_id, dtype=torch.long, device=device),
         fin_score=torch.full((B, k), float("-inf"), device=device), fin_lp=torch.full((B, k), float("-inf"), device=device),

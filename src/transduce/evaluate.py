@@ -11,11 +11,8 @@
        `sacremoses.MosesTokenizer(lang).tokenize(escape=True)`;
     2. ``perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'``: "compound splitting" (GNMT, ConvS2S
        and Stanford's NMT did the same "for historical reasons"): a hyphen between two
-       non-space characters becomes its own token, marked ##AT##-##AT##. The /g matches do
-       not overlap, so "a-b-c" becomes "a ##AT##-##AT## b-c", as in Perl. Perl reads bytes
-       here (no -C), so its \\S is "not ASCII whitespace" (a no-break space counts as \\S)
-       and a match consumes one byte of a multi-byte character; `compound_split` works on the
-       UTF-8 bytes to do exactly the same (checked against perl in the tests);
+       non-space characters becomes its own token; `compound_split` does it byte for byte, as
+       Perl does (checked against perl in the tests);
     3. ``multi-bleu.perl``: corpus BLEU on whitespace tokens, case-sensitive, 4-grams, no
        smoothing (a zero n-gram precision gives 0), brevity penalty exp(1 - r/c) with r the
        sum of the closest reference lengths. `multi_bleu` implements it (and equals
@@ -86,9 +83,9 @@ def _normalizer(lang: str):
     return _sacremoses().MosesPunctNormalizer(lang=lang)
 
 
-def moses_tokenize(line: str, lang: str, escape: bool = True) -> str:
+def moses_tokenize(line: str, lang: str) -> str:
     """Moses ``tokenizer.perl -l LANG`` with its defaults (escaping on, no -a)."""
-    return _tokenizer(lang).tokenize(line, aggressive_dash_splits=False, return_str=True, escape=escape)
+    return _tokenizer(lang).tokenize(line, aggressive_dash_splits=False, return_str=True, escape=True)
 
 
 def paper_tokenize(line: str, lang: str) -> str:
@@ -153,21 +150,13 @@ def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]
     hyp_len = ref_len = 0
     for i, hyp in enumerate(hyps):
         words = _words(hyp.lower() if lowercase else hyp)
-        ref_max: dict[tuple, int] = {}
-        closest_diff, closest_len = -1, 0
-        for stream in streams:
-            ref_words = _words(stream[i].lower() if lowercase else stream[i])
-            diff = abs(len(words) - len(ref_words))
-            if closest_diff == -1 or diff < closest_diff:
-                closest_diff, closest_len = diff, len(ref_words)
-            elif diff == closest_diff and len(ref_words) < closest_len:
-                closest_len = len(ref_words)
+        refs_words = [_words(stream[i].lower() if lowercase else stream[i]) for stream in streams]
+        ref_max: Counter = Counter()  # each n-gram's largest count in any reference
+        for ref_words in refs_words:
             for n in range(1, 5):
-                for g, c in _ngrams(ref_words, n).items():
-                    if ref_max.get(g, 0) < c:
-                        ref_max[g] = c
+                ref_max |= _ngrams(ref_words, n)
         hyp_len += len(words)
-        ref_len += closest_len
+        ref_len += min((len(r) for r in refs_words), key=lambda n: (abs(len(words) - n), n), default=0)  # closest
         for n in range(1, 5):
             for g, c in _ngrams(words, n).items():
                 total[n - 1] += c
@@ -200,12 +189,8 @@ def sacrebleu_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "
     }
 
 
-def _bleu_entry(r: BleuResult, convention: str, **extra) -> dict:
-    d = asdict(r)
-    d["text"] = str(r)
-    d["convention"] = convention
-    d.update(extra)
-    return d
+def _bleu_entry(r: BleuResult, convention: str) -> dict:
+    return {**asdict(r), "text": str(r), "convention": convention}
 
 
 def score(

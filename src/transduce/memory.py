@@ -64,8 +64,7 @@ def _libc():
 
 
 def release_free_memory() -> bool:
-    """Give the pages malloc holds free back to the system (glibc's `malloc_trim(0)`, every
-    arena); False where the C library has no such call."""
+    """Give malloc's free pages back to the system (glibc's `malloc_trim(0)`); False without it."""
     libc = _libc()
     if libc is None:
         return False
@@ -96,21 +95,19 @@ class Trimmer:
     faults of the pages it returned: under load, not after every round)."""
 
     def __init__(self, interval: float = 1.0):
-        self.interval, self.last, self.trims = interval, 0.0, 0
+        self.interval, self.last = interval, 0.0
 
     def __call__(self, idle: bool) -> None:
         import time
 
         now = time.monotonic()
         if idle or now - self.last >= self.interval:
-            if release_free_memory():
-                self.trims += 1
+            release_free_memory()
             self.last = time.monotonic()
 
 
 def memory_info() -> dict:
-    """For /info: the kernel caches' bounds as this process's environment sets them, and the
-    heap as glibc sees it (MB)."""
+    """For /info: the kernel caches' bounds as set, and the heap as glibc sees it (MB)."""
     stats = malloc_stats()
     return {"kernel_cache": {name: os.environ.get(name) for name in _CACHES},
             "malloc_in_use_mb": round(stats["in_use"] / 2**20, 1) if stats else None,

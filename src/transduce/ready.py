@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-from typing import Callable
 
 import torch
 from torch import nn
@@ -15,21 +14,15 @@ from .precision import Choice, choose_decoding_precision
 from .translate import LoadedModel, choose_workers, load_translation_model
 
 
-def make_ready(model: nn.Module, choice: Choice, speedups: bool = False) -> Callable[[], None]:
+def make_ready(model: nn.Module, choice: Choice) -> None:
     """Put `model` (fp32) in the precision `choice` says: bf16 weights (faster than autocast), or
-    int8 products over weights in `choice.base`. With `speedups`, also `transduce.fast.decode.apply`;
-    returns their undo."""
+    int8 products over weights in `choice.base`."""
     if choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16"):
         model.to(torch.bfloat16)
     if choice.precision == "int8":
         from .fast.int8 import quantize_int8
 
         quantize_int8(model, decoder=choice.int8_decoder)
-    if speedups:
-        from .fast.decode import apply
-
-        return apply(model)
-    return lambda: None
 
 
 def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", device: str | torch.device = "cpu",

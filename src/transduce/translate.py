@@ -254,8 +254,7 @@ def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str
 
 def _translate_chunk(search: _Search, ids: list[list[int]], batch_tokens: int, batch_size: int,
                      advance: Callable[[int], None] | None, map_batches=None) -> Iterator[list[Candidate]]:
-    """The candidates of each line of a chunk, in input order: empty lines at once, the others
-    in batches of similar length."""
+    """The candidates of a chunk's lines, in input order: empty lines at once, the others in batches."""
     results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
     work = [i for i, toks in enumerate(ids) if toks]
     if advance is not None and len(work) < len(ids):
@@ -371,14 +370,11 @@ def _find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
     from .data.batching import METADATA, load_vocabs
 
     for d in dirs:
-        meta = d / METADATA
-        if meta.is_file():
+        if (d / METADATA).is_file():
             try:
                 return load_vocabs(d)
             except DataError:  # vocabulary files not copied beside it: try the recorded data dir
-                import json
-
-                data_dir = json.loads(meta.read_text(encoding="utf-8")).get("data_dir")
+                data_dir = _find_metadata([d]).get("data_dir")
                 if data_dir and Path(data_dir).is_dir():
                     return load_vocabs(data_dir)
                 raise

@@ -14,15 +14,12 @@ from .config import ModelConfig
 
 
 class WordPositions(nn.Module):
-    """Not in the paper (`ModelConfig.word_positions`): a learned vector per word index, added to
-    the inputs of both stacks, so that a decoder position can find the source word it is at by
-    matching one vector instead of counting (parsing: the i-th leaf of the tree is the i-th word).
-
-    On the source, the index of the word a subword belongs to (a word starts at a piece marked
-    `src_word_start`); on the target, the number of word symbols (`tgt_is_word`: leaves of a
-    linearized tree) up to and including the input position: the index of the word the next
-    leaf stands for. The two tables of symbols are buffers saved with the weights; the training
-    sets them from the vocabularies (`set_symbols`). Indices past the table use its last row."""
+    """A learned vector per word index, added to both stacks' inputs, so that a decoder position
+    finds the source word it is at by matching one vector instead of counting (parsing: the i-th
+    leaf is the i-th word). Source: the word a subword belongs to (words start at `src_word_start`
+    pieces); target: the word symbols (`tgt_is_word`) so far, the word the next leaf stands for.
+    The symbol tables are buffers saved with the weights (`set_symbols`); indices past the table
+    use its last row."""
 
     def __init__(self, c: ModelConfig):
         super().__init__()

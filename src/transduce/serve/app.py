@@ -34,9 +34,6 @@ DEFAULT_GRACEFUL_TIMEOUT = 30.0
 """Seconds a shutdown waits for the requests in flight (Kubernetes' default grace is 30 s too)."""
 
 
-# -- schemas -------------------------------------------------------------------------------------
-
-
 class Hypothesis(BaseModel):
     text: str
     score: float | None = Field(None, description="log P(Y|X) / ((5+|Y|)/6)^alpha; null for greedy")
@@ -133,7 +130,6 @@ class _BodyLimit:
         await send({"type": "http.response.body", "body": content})
 
 
-
 def _is_json(content_type: str | None) -> bool:
     """Whether a Content-Type says JSON, as FastAPI decides it (application/json, application/*+json)."""
     media = (content_type or "").split(";")[0].strip().lower()
@@ -176,8 +172,7 @@ def _add_error_handlers(app, limits: Limits) -> None:
 
 
 def _response(req, results, sources: list[str], tree=None) -> dict:
-    """The JSON answer: per sentence its best text, with scores and the n-best when asked (and a
-    parsing model's trees)."""
+    """The JSON answer: per sentence its best text, with scores, the n-best and trees as asked."""
     def hypothesis(source: str, c, scores: bool) -> dict:
         h = {"text": c.text}
         if scores:
@@ -197,8 +192,7 @@ def _response(req, results, sources: list[str], tree=None) -> dict:
 
 def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_batch_tokens: int, max_wait: float,
                        metrics, api_key: bool) -> None:
-    """GET /health (is the model loaded?), GET /info (the model, the defaults, the limits, the
-    queue) and GET /metrics (Prometheus)."""
+    """GET /health, GET /info (the model, defaults, limits, queue) and GET /metrics (Prometheus)."""
     from fastapi import Response
     from fastapi.responses import JSONResponse
 
@@ -217,7 +211,7 @@ def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_b
         return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(defaults),
                 "limits": asdict(limits), "batching": {"max_batch_tokens": max_batch_tokens, "max_wait_ms": max_wait * 1000},
                 "api_key_required": api_key, "queue": b.queued if b is not None else 0, "memory": memory_info(),
-                "stats": {k: v for k, v in asdict(b.stats).items() if k != "round_sizes"} if b is not None else {}}
+                "stats": asdict(b.stats) if b is not None else {}}
 
     @app.get("/metrics", response_class=Response, summary="metrics in Prometheus's text format",
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
@@ -316,8 +310,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     _answer_head(app)
 
     def begin_drain(grace: float) -> None:
-        """A shutdown began (on the event loop): refuse new work, and once `grace` seconds have
-        passed answer what is still waiting or decoding 503."""
+        """A shutdown began: refuse new work, and after `grace` seconds answer what is left 503."""
         if state["draining"]:
             return
         state.update(draining=True, grace=grace, deadline=time.monotonic() + grace)
@@ -326,8 +319,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         asyncio.get_running_loop().call_later(grace, end_grace)
 
     def end_grace(forced: bool = False) -> None:
-        """The grace period is over, or was cut short (`forced`: a second Ctrl-C): what is still
-        waiting or decoding is answered 503."""
+        """The grace period is over, or cut short (`forced`: Ctrl-C again): what is left gets 503."""
         if state["expired"]:
             return
         state.update(expired=True, forced=forced)

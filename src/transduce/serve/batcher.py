@@ -54,8 +54,6 @@ class Stats:
     sentences: int = 0
     cancelled: int = 0
     failed_rounds: int = 0
-    round_sizes: list[int] = field(default_factory=list)
-    """Jobs per round, the last 1000 rounds."""
 
 
 class Batcher:
@@ -246,7 +244,6 @@ class Batcher:
         self.stats.rounds += 1
         self.stats.jobs += len(jobs)
         self.stats.sentences += len(sentences)
-        self.stats.round_sizes = (self.stats.round_sizes + [len(jobs)])[-1000:]
         start = 0
         for j in jobs:
             j.future.set_result(results[start : start + len(j.sentences)])

@@ -52,8 +52,7 @@ class Engine:
 
 def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_tokens: int = DEFAULT_MAX_TOKENS, bf16: bool = False) -> Engine:
-    """An engine over a `transduce.translate.LoadedModel`: `translate_stream`, exactly as
-    `transduce translate` runs it (for a parsing model, exactly as `transduce parse` does)."""
+    """An engine over a `LoadedModel`: `translate_stream` as `transduce translate` (or `parse`) runs it."""
     from ..parsing.parse import is_parsing_model, predicts_tags
     from ..translate import translate_stream
 
@@ -111,8 +110,7 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
 
 def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                max_tokens: int = DEFAULT_MAX_TOKENS, length_penalty: str = "paper") -> Engine:
-    """An engine over a `transduce.export.ct2.CT2Model` (no attention weights: CTranslate2 does not
-    give them)."""
+    """An engine over a `transduce.export.ct2.CT2Model` (CTranslate2 gives no attention weights)."""
 
     def translate(sentences: list[str], s: Search) -> list:
         return list(model.translate_stream(

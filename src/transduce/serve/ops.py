@@ -124,8 +124,7 @@ class RequestLog:
 
 
 def api_key_dependency(key: str):
-    """A FastAPI dependency requiring `key` (as a bearer token or X-API-Key): both schemes appear in
-    the OpenAPI document."""
+    """A FastAPI dependency requiring `key` as a bearer token or X-API-Key (both in the OpenAPI document)."""
     from fastapi import Depends, HTTPException
     from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
