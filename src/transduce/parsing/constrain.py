@@ -1,23 +1,10 @@
 """Constrained beam search for parsing: every hypothesis is a well-formed tree (not in the paper).
 
-The paper decodes freely and output that is not a tree must be repaired afterwards
-(`trees.delinearize`). With `TreeConstraint`, `transduce.decode.beam_search` only extends a
-hypothesis by a symbol that keeps it the prefix of a well-formed linearized tree over the
-sentence's words:
-
-* an opening bracket ``(X``: only before the root has closed, and while a word is left for it;
-* a word's symbol (``XX``, or a tag): only inside the root, while words are left;
-* a closing bracket: only ``)X`` for the innermost open ``(X``, only once that constituent holds
-  something, and, for the root, only when every word is placed;
-* EOS: only once the root has closed.
-
-Disallowed symbols get log-probability -inf, after the softmax (the allowed ones are not
-renormalised), as PAD and BOS are banned. The number of words of a sentence is read from its
-source pieces (sentencepiece marks the first piece of each word with "▁"). Nesting is limited to
-`max_depth` open constituents.
-
-The state of each hypothesis is a few tensors (depth, words placed, the stack of open labels and
-of their sizes), gathered with the hypotheses when the beam reorders them.
+With `TreeConstraint`, `transduce.decode.beam_search` only extends a hypothesis by a symbol that
+keeps it the prefix of a well-formed linearized tree over the sentence's words (counted from the
+source pieces that start a word), where the paper repairs free output afterwards. Disallowed
+symbols get log-probability -inf after the softmax, as PAD and BOS do. Each hypothesis' state is
+a few tensors, gathered with the hypotheses when the beam reorders them.
 """
 
 from __future__ import annotations
@@ -54,8 +41,7 @@ def leaf_symbols(tgt_vocab, tags: bool) -> Tensor:
 
 
 class TreeConstraint:
-    """What `beam_search(constraint=...)` asks: `start`, `allowed`, `advance` (see the module
-    docstring). `src_vocab` tells where words start; `tgt_vocab` which symbols are brackets."""
+    """What `beam_search(constraint=...)` asks: `start`, `allowed`, `advance`."""
 
     def __init__(self, tgt_vocab, *, tags: bool = False, src_vocab=None, max_depth: int = 64):
         V = len(tgt_vocab)
@@ -63,16 +49,8 @@ class TreeConstraint:
         specials = {tgt_vocab.pad, tgt_vocab.unk, tgt_vocab.bos, tgt_vocab.eos}
         kinds, labels, names = [], [], {}
         for i, p in enumerate(pieces):
-            if i in specials or p in UNKNOWN:
-                kinds.append(OTHER)
-            elif p.startswith("("):
-                kinds.append(OPEN)
-            elif p.startswith(")"):
-                kinds.append(CLOSE)
-            elif is_leaf_symbol(p, tags):
-                kinds.append(LEAF)
-            else:
-                kinds.append(OTHER)
+            kind = {"(": OPEN, ")": CLOSE}.get(p[:1], LEAF if is_leaf_symbol(p, tags) else OTHER)
+            kinds.append(OTHER if i in specials or p in UNKNOWN else kind)
             labels.append(names.setdefault(p[1:], len(names)) if kinds[-1] in (OPEN, CLOSE) else -1)
         self.kind = torch.tensor(kinds)
         self.label = torch.tensor(labels)
@@ -98,7 +76,10 @@ class TreeConstraint:
                                torch.zeros(B, k, D, dtype=torch.long, device=dev))
 
     def allowed(self, s: ConstraintState) -> Tensor:
-        """(b, k, V) bool: the symbols each hypothesis may take next."""
+        """(b, k, V) bool: the symbols each hypothesis may take next: ``(X`` before the root has
+        closed while a word is left for it; a word's symbol inside the root while words are left;
+        ``)X`` for the innermost open ``(X`` once it holds something (the root's once every word
+        is placed); EOS once the root has closed."""
         kind, label = self.kind.to(s.depth.device), self.label.to(s.depth.device)
         top = (s.depth - 1).clamp(min=0)[..., None]  # (b, k, 1)
         cur_label = s.labels.gather(2, top)[..., 0]
@@ -116,8 +97,7 @@ class TreeConstraint:
         return out
 
     def advance(self, s: ConstraintState, parent: Tensor, token: Tensor) -> ConstraintState:
-        """The states of the new hypotheses: hypothesis (i, j) extends (i, parent[i, j]) by
-        token[i, j]."""
+        """The new hypotheses' states: hypothesis (i, j) extends (i, parent[i, j]) by token[i, j]."""
         idx = parent[..., None].expand(-1, -1, s.labels.size(2))
         depth, words, done = s.depth.gather(1, parent), s.words.gather(1, parent), s.done.gather(1, parent)
         labels, sizes = s.labels.gather(1, idx).clone(), s.sizes.gather(1, idx).clone()

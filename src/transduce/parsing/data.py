@@ -1,18 +1,7 @@
-"""`transduce prepare` for a treebank: trees -> (words, linearized tree) pairs -> the usual
-prepared directory (Section 6.3).
-
-    transduce prepare --dataset ptb-wsj --out data/wsj
-    transduce prepare --train-trees 02-21.mrg --valid-trees 22.trees --test-trees 23.trees --out data/mine
-
-Each tree is cleaned (`transduce.parsing.trees.clean`: the standard WSJ preprocessing, a no-op on
-the mirror's trees), then written as a pair: the source is its words, space-separated; the target
-its linearization (`linearize`: ``(S (NP XX XX )NP ... )S``, or with `tags` the part-of-speech
-tags instead of XX). The pairs go through `transduce.data.prepare.prepare` like any parallel
-text, with two vocabularies: the source a subword (BPE) vocabulary of `vocab_size` pieces (the
-paper: 16K for WSJ only), the target a closed word-level vocabulary of the bracket and tag
-symbols, not BPE'd (about 60 symbols with XX, about 100 with tags). data.json records
-``"task": "parsing"``, the linearization, and each split's tree file, which `transduce evaluate`
-scores against. The pair texts are written to a temporary directory and removed at the end.
+"""`transduce prepare` for a treebank (Section 6.3): each cleaned tree becomes a pair, its words
+and its linearization, prepared like any parallel text with a BPE source vocabulary and a closed
+word-level target vocabulary (about 60 symbols with XX, 100 with tags). data.json records
+``"task": "parsing"``, the linearization and each split's tree file, which `evaluate` scores against.
 """
 
 from __future__ import annotations
@@ -38,8 +27,7 @@ MAX_RATIO = 1e9
 
 
 def dataset_tree_splits(name: str, data_dir: str | None = None) -> list[tuple[str, Path, str]]:
-    """(split name in the prepared directory, tree file, origin) of a registered treebank:
-    train, valid, test, then its other test sets under their own names."""
+    """(split name, tree file, origin) of a registered treebank: train, valid, test, other tests."""
     info = get_dataset(name)
     if info.kind != "treebank":
         raise DataError(f"{name} is not a treebank")
@@ -61,8 +49,7 @@ def prepare_treebank(
     **prepare_options,
 ) -> dict:
     """Prepare `splits` ((name, tree file, origin), train first) into `out`; return data.json's
-    content. Other keyword arguments go to `transduce.data.prepare.prepare` (sample_size, seed,
-    character_coverage)."""
+    content. Other options are `transduce.data.prepare.prepare`'s."""
     out = Path(out).absolute()
     check_output_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)

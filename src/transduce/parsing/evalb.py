@@ -5,43 +5,24 @@ in the literature, Table 4's included, computed count for count as the C program
     result.all.f1, result.short.f1                  # all sentences, and those of <= 40 words
     print(format_report(result))                    # the C program's summary
 
-What the C program does (evalb.c, as distributed with COLLINS.prm; each rule below is one of
-its functions, and `tests/test_parsing_evalb.py` pins them with hand-checked counts):
+Each step is one of evalb.c's functions, named in its docstring or comment; the non-obvious rules:
+a terminal labelled DELETE_LABEL (COLLINS: punctuation, ``-NONE-``) is removed with its word, yet
+punctuation counts in the sentence length of the <= 40 cut (only DELETE_LABEL_FOR_LENGTH does
+not); labels are cut at the first ``-`` or ``=``; brackets match as a multiset; recall, precision
+and F1 are over the corpus, not averaged per sentence.
 
-* reading a line (`read_line`): ``(LABEL word)`` is a terminal; a terminal whose label is a
-  DELETE_LABEL (COLLINS: ``, : `` '' .`` and ``-NONE-``) is removed with its word, so punctuation
-  is neither a word nor inside any span; every other bracket is a constituent spanning the
-  remaining words under it. The sentence length used for the <= 40 cut is the gold tree's
-  number of terminals except those labelled DELETE_LABEL_FOR_LENGTH (``-NONE-``): punctuation
-  counts there;
-* errors (`calc_result`): a test tree with no word is *skipped*; a different number of words,
-  or a different word at some position (EQ_WORD pairs aside), or a line that cannot be read
-  (unbalanced brackets, a bracket with two words) is an *error*. Skipped and error sentences add
-  nothing to the bracket counts;
-* brackets (`massage_data`): a constituent spanning no word is deleted; labels are cut at the
-  first ``-`` or ``=`` (``NP-SBJ`` -> ``NP``, ``-NONE-`` -> empty); a constituent whose (cut)
-  label is a DELETE_LABEL (``TOP``) is deleted, its children kept;
-* matching: each gold bracket, in order, takes the first unmatched test bracket with the same
-  span and an equal label (EQ_LABEL: ``ADVP`` = ``PRT``): brackets are a multiset;
-* crossing: test brackets that cross some gold bracket; tagging accuracy over the words kept;
-* totals: recall = matched / gold, precision = matched / test, F1 = 2PR / (P + R), over the
-  corpus (not averaged per sentence); the same for sentences of at most CUTOFF_LEN (40) words.
-
-Where this differs from the C program, only on input it cannot handle: it reads lines of any
-length (evalb.c reads 4999 characters at a time and would split a longer line in two), sentences
-of any size (evalb.c has room for 200 words and 200 brackets), a line it cannot read is an error
-sentence (evalb.c loops until its error limit, then exits), different numbers of lines are a
-`DataError` (evalb.c stops at the shorter file), F1 with no bracket at all is 0 (evalb.c prints
-nan), and it never stops early: evalb.c exits, printing no summary, at its twelfth error
-(MAX_ERROR 10); `EvalbResult.c_program_stops_at` says where that would have happened. QUOTE_LABEL
-(unused by COLLINS.prm) is not implemented.
+It differs from the C program only on input that program cannot handle: lines and sentences of
+any size, an unreadable line is an error sentence, differing line counts are a `DataError`, F1
+with no bracket is 0 (not nan), and it never stops early (`EvalbResult.c_program_stops_at` says
+where evalb.c would have exited, past MAX_ERROR). QUOTE_LABEL (unused by COLLINS.prm) is not
+implemented.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from ..errors import DataError
 
@@ -89,12 +70,8 @@ class EvalbParams:
                     number = int(value)
                 except ValueError:
                     raise DataError(f"{key} needs a number, not {value!r}", path, n) from None
-                if key == "CUTOFF_LEN":
-                    values["cutoff_len"] = number
-                elif key == "MAX_ERROR":
-                    values["max_error"] = number
-                elif key == "LABELED":
-                    values["labeled"] = bool(number)
+                if key != "DEBUG":
+                    values[key.lower()] = bool(number) if key == "LABELED" else number
             elif key == "QUOTE_LABEL":
                 raise DataError("QUOTE_LABEL is not implemented (COLLINS.prm does not use it)", path, n)
             else:
@@ -190,10 +167,8 @@ class SentenceResult:
     """One line of the C program's table."""
 
     line: int
-    length: int
-    """The gold sentence's length for the <= CUTOFF_LEN cut (punctuation included)."""
-    status: int
-    """0 scored, 1 error, 2 skipped (the test tree has no word)."""
+    length: int  # the gold sentence's, for the <= CUTOFF_LEN cut (punctuation included)
+    status: int  # 0 scored, 1 error, 2 skipped (the test tree has no word)
     matched: int = 0
     gold: int = 0
     test: int = 0
@@ -277,13 +252,13 @@ class EvalbTotals:
 
 @dataclass
 class EvalbResult:
+    """The C program's summary for all sentences and the short ones, and its table."""
+
     all: EvalbTotals
-    short: EvalbTotals
-    """Sentences of at most `cutoff_len` words (punctuation counted, as evalb.c does)."""
+    short: EvalbTotals  # sentences of at most `cutoff_len` words (punctuation counted)
     cutoff_len: int
     sentences: list[SentenceResult] = field(repr=False)
-    c_program_stops_at: int | None = None
-    """The line at which evalb.c would exit without a summary (its MAX_ERROR + 2-th error)."""
+    c_program_stops_at: int | None = None  # where evalb.c would exit without a summary
 
     def as_dict(self) -> dict:
         return {"all": self.all.as_dict(), f"len<={self.cutoff_len}": self.short.as_dict(),
@@ -292,24 +267,27 @@ class EvalbResult:
 
 
 def score_sentence(gold_line: str, test_line: str, line: int = 0, params: EvalbParams = COLLINS) -> tuple[SentenceResult, int]:
-    """evalb.c's calc_result for one pair of lines; also the number of errors it reports."""
+    """evalb.c's calc_result for one pair of lines; also the number of errors it reports. A test
+    tree with no word is skipped; other words, or an unreadable line, an error."""
     gold, test = read_sentence(gold_line, params), read_sentence(test_line, params)
     errors = gold.errors + test.errors
-    status = 1 if errors else 0
-    result = SentenceResult(line, gold.length, status)
+    result = SentenceResult(line, gold.length, 1 if errors else 0)
+    unmatched = [f"Words unmatch ({gw}|{tw})" for (gw, _), (tw, _) in zip(gold.words, test.words)
+                 if not params.word_eq(gw, tw)]
     if not test.words:
         result.status = 2
-        result.error = "; ".join(errors)
-        return result, len(errors)
-    if len(gold.words) != len(test.words):
-        errors.append(f"Length unmatch ({len(gold.words)}|{len(test.words)})")
-        result.status, result.error = 1, "; ".join(errors)
-        return result, len(errors)
-    for (gw, _), (tw, _) in zip(gold.words, test.words):
-        if not params.word_eq(gw, tw):
-            errors.append(f"Words unmatch ({gw}|{tw})")
-            result.status, result.error = 1, "; ".join(errors)
-            return result, len(errors)
+    elif len(gold.words) != len(test.words) or unmatched:
+        errors.append(unmatched[0] if len(gold.words) == len(test.words) else
+                      f"Length unmatch ({len(gold.words)}|{len(test.words)})")
+        result.status = 1
+    else:
+        _score_brackets(gold, test, params, result)
+    result.error = "; ".join(errors)
+    return result, len(errors)
+
+
+def _score_brackets(gold: _Sentence, test: _Sentence, params: EvalbParams, result: SentenceResult) -> None:
+    """evalb.c's massage_data, the matching and the crossing brackets, counted into `result`."""
     for brackets in (gold.brackets, test.brackets):  # massage_data
         for b in brackets:
             b.result = 0
@@ -337,8 +315,6 @@ def score_sentence(gold_line: str, test_line: str, line: int = 0, params: EvalbP
     result.test = sum(t.result != 5 for t in test.brackets)
     result.words = len(gold.words)
     result.correct_tags = sum(params.label_eq(gt, tt) for (_, gt), (_, tt) in zip(gold.words, test.words))
-    result.error = "; ".join(errors)
-    return result, len(errors)
 
 
 def _cut_label(label: str) -> str:
@@ -351,8 +327,7 @@ def _cut_label(label: str) -> str:
 
 def evalb(gold: Sequence[str], test: Sequence[str], params: EvalbParams = COLLINS,
           names: tuple[str, str] = ("gold", "test")) -> EvalbResult:
-    """Score `test` trees against `gold` trees, one bracketed tree per line (an empty test line
-    is a skipped sentence). DataError if the numbers of lines differ."""
+    """Score `test` trees against `gold` trees, one bracketed tree per line, line for line."""
     gold, test = list(gold), list(test)
     if len(gold) != len(test):
         longer = names[0] if len(gold) > len(test) else names[1]
@@ -405,10 +380,3 @@ def format_report(result: EvalbResult) -> str:
         out.append(f"note: evalb.c would have stopped at line {result.c_program_stops_at} (past its MAX_ERROR), "
                    "printing no summary")
     return "\n".join(out).rstrip("\n")
-
-
-def iter_errors(result: EvalbResult) -> Iterable[str]:
-    """``LINE : MESSAGE`` for each error sentence, as evalb.c writes them on stderr."""
-    for s in result.sentences:
-        if s.status == 1:
-            yield f"{s.line} : {s.error}"

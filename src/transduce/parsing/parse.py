@@ -1,12 +1,8 @@
 """Parsing with a trained model, and scoring it on a treebank split (Section 6.3).
 
-`parse_stream` takes sentences as lists of words (Penn Treebank tokens), decodes each with the
-model exactly as `transduce.translate.translate_stream` translates (the same batching and beam
-search; the paper's parsing settings by default: beam 21, alpha 0.3, maximum output length input
-+ 300), and turns each output into a tree over exactly those words (`trees.delinearize`, repairs
-counted). `evaluate_parser` does that for a treebank split and scores it with EVALB
-(COLLINS.prm) the publication way, the gold part-of-speech tags put back before scoring, and,
-for a model trained to predict tags (`prepare --keep-tags`), also with its own tags.
+Sentences (lists of Penn Treebank tokens) are decoded as `transduce.translate.translate_stream`
+translates, with the paper's parsing settings, and each output is repaired into a tree over
+exactly those words. Scores are EVALB's the publication way, gold tags put back before scoring.
 """
 
 from __future__ import annotations
@@ -32,11 +28,9 @@ DEFAULT_BATCH_SIZE = 16
 class Parse:
     """One sentence's parse."""
 
-    tree: Tree | None
-    """``(TOP ...)`` over exactly the sentence's words; None for an empty sentence."""
+    tree: Tree | None  # (TOP ...) over exactly the sentence's words; None for an empty sentence
     repairs: Repairs
-    symbols: list[str]
-    """The model's output sequence, as it came out (before any repair)."""
+    symbols: list[str]  # the model's output sequence, before any repair
 
 
 def is_parsing_model(metadata: dict | None) -> bool:
@@ -64,10 +58,8 @@ def parse_stream(
     **options,
 ) -> Iterator[Parse]:
     """Parse `sentences` (each a list of words), one `Parse` per sentence, in order. `tags`: the
-    model outputs part-of-speech tags rather than XX (its data.json says; `predicts_tags`).
-    `constrained`: a beam search that can only produce well-formed trees
-    (`transduce.parsing.constrain`; not in the paper). Other options (greedy, batch_tokens,
-    bf16, chunk_lines, warn, advance, source_name, max_input_tokens) are `translate_stream`'s."""
+    model outputs part-of-speech tags rather than XX (`predicts_tags`). `constrained`: only
+    well-formed trees (`constrain`; not in the paper). Other options are `translate_stream`'s."""
     from ..translate import translate_stream
 
     sentences = (list(s) for s in sentences)
@@ -101,12 +93,9 @@ def parse_stream(
 class ParserScores:
     """EVALB of a parser on a treebank split."""
 
-    gold_tags: EvalbResult
-    """The gold part-of-speech tags put back before scoring: how publications report F1."""
-    own_tags: EvalbResult | None
-    """With the tags the parser produced (None when it produced XX)."""
-    repairs: Repairs | None
-    """What turning the outputs into trees took (None: trees read from a file, unknown)."""
+    gold_tags: EvalbResult  # the gold tags put back before scoring: how publications report F1
+    own_tags: EvalbResult | None  # with the parser's own tags (None when it produced XX)
+    repairs: Repairs | None  # what turning the outputs into trees took (None: read from a file)
     repaired_sentences: int
     sentences: int
 
@@ -120,8 +109,7 @@ class ParserScores:
 
 def score_parses(gold: Sequence[Tree], parsed: Sequence[Tree | None], *, own_tags: bool,
                  repairs: Sequence[Repairs] | None = None, params: EvalbParams = COLLINS) -> ParserScores:
-    """EVALB of `parsed` against `gold`: with the gold tags put back (when a parse has exactly
-    the gold words), and with the parses' own tags if `own_tags`."""
+    """EVALB of `parsed` against `gold`, the gold tags put back (and with their own if `own_tags`)."""
     gold_lines = [str(t) for t in gold]
     with_gold_tags = []
     for g, p in zip(gold, parsed):
@@ -161,8 +149,7 @@ def format_scores(s: ParserScores, cutoff: int = 40) -> str:
 def evaluate_parser(loaded, gold: Sequence[Tree], *, progress: bool = False,
                     warn: Callable[[str], None] | None = None, source_name: str = "treebank",
                     **options) -> tuple[ParserScores, list[Parse]]:
-    """Parse the words of `gold` with `loaded` (a `transduce.translate.LoadedModel`) and score
-    the parses; `options` are `parse_stream`'s."""
+    """Parse the words of `gold` with `loaded` (a `LoadedModel`) and score the parses."""
     tags = predicts_tags(loaded.metadata)
     bar = None
     if progress:

@@ -1,15 +1,9 @@
 """Raw English -> Penn Treebank tokens, for `transduce parse` (the parser was trained on them).
 
 A port of the Treebank's own tokenizer, Robert MacIntyre's tokenizer.sed (1995), rule for rule
-in its order, with the two refinements that make its output match the WSJ trees' leaves (the
-same as NLTK's TreebankWordTokenizer): a comma or colon inside a number stays (``1,000``,
-``3:30``), and brackets are written as the treebank writes them (``-LRB-`` ``-RRB-`` ``-LCB-``
-``-RCB-``; tokenizer.sed's "parsed-file version", its commented-out MXPOST lines). Double quotes
-become `` and '' by position, as in the treebank; contractions split as it does (``do n't``,
-``John 's``, ``can not``, ``gon na``). One sentence per line is assumed: only a final period
-is split off (``Mr.`` and ``U.S.`` inside a sentence stay whole).
-
-(sacremoses' ``penn_tokenize`` would do, but fails with an AttributeError in sacremoses 0.1.1.)
+in its order, with NLTK's TreebankWordTokenizer's two refinements that match the WSJ trees'
+leaves: a comma or colon inside a number stays (``1,000``), and brackets are written as the
+treebank writes them (``-LRB-``). One sentence per line: only a final period is split off.
 """
 
 from __future__ import annotations

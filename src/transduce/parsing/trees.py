@@ -1,31 +1,12 @@
-"""Constituency trees: reading them, cleaning raw treebank trees, and Vinyals et al.'s
-linearization there and back (Section 6.3).
-
-Reading. `parse_tree` reads one bracketed tree, `read_trees` a file of them: one tree per line
-(the mirror's format, ``(TOP (S (NP (NNP Ms.) (NNP Haag)) (VP ...) (. .)))``) or the Penn
-Treebank's multi-line ``.mrg`` files (``( (S (NP-SBJ ...`` spread over lines); both are read the
-same way, one complete bracket at a time. Bad input is a `DataError` naming the file and line.
-
-Cleaning (`clean`), the standard preprocessing of parsers trained on the WSJ: traces and other
-empty elements (``-NONE-``) removed with any constituent left empty, function tags and
-co-indices cut from phrase labels (``NP-SBJ-2`` -> ``NP``, ``PP-LOC=3`` -> ``PP``; labels that
-start with ``-``, e.g. ``-LRB-``, are kept), the unlabelled outer bracket of a ``.mrg`` tree
-named ``TOP``. The mirror's trees are already clean: `clean` leaves them as they are.
-
-Linearization (`linearize`), Vinyals et al. (2015, "Grammar as a Foreign Language"), which the
-paper follows: a depth-first walk writing ``(LABEL`` on entering a constituent and ``)LABEL`` on
-leaving it, and ``XX`` for each word (its part-of-speech tag normalised away)::
+"""Constituency trees (Section 6.3): reading them (one per line, or PTB .mrg trees over many
+lines), cleaning raw treebank trees (`clean`), and Vinyals et al.'s (2015) linearization, which
+the paper follows, there and back::
 
     (TOP (S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .)))
-    ->  (S (NP XX XX )NP (VP XX )VP XX )S
+    ->  (S (NP XX XX )NP (VP XX )VP XX )S        (with tags: (S (NP DT NN )NP (VP VBD )VP . )S)
 
-The outer ``TOP`` (or ``ROOT``, or the unlabelled bracket) is left out when it has one child.
-`tags=True` writes the part-of-speech tag instead of ``XX`` (the variant that keeps the tags,
-``(S (NP DT NN )NP (VP VBD )VP . )S``), so that the parser also predicts them.
-
-The way back (`delinearize`): the words are put back in order, one per ``XX`` (or tag), and any
-output is repaired into a well-formed tree that holds exactly the input words; each repair is
-counted by kind in `Repairs`. `is_well_formed` says whether a sequence needs none.
+The way back (`delinearize`) repairs any output into a well-formed tree over exactly the input
+words, counting each repair by kind (`Repairs`).
 """
 
 from __future__ import annotations
@@ -49,8 +30,7 @@ _TOKEN = re.compile(r"\(|\)|[^\s()]+")
 
 @dataclass
 class Tree:
-    """A constituent: a label and its children, which are constituents or (for a part-of-speech
-    tag, a preterminal) a single word."""
+    """A constituent: a label and its children, constituents or (a preterminal) a single word."""
 
     label: str
     children: list[Union["Tree", str]] = field(default_factory=list)
@@ -60,8 +40,8 @@ class Tree:
         return len(self.children) == 1 and isinstance(self.children[0], str)
 
     def bottom_up(self) -> list["Tree"]:
-        """Every node, each after all of its children. A loop, not recursion, as every walk over a
-        tree here: a model's output may nest deeper than Python's recursion limit (1,000)."""
+        """Every node, each after all of its children. A loop, as every walk here: a model's output
+        may nest deeper than Python's recursion limit."""
         order: list[Tree] = []
         stack: list[Tree] = [self]
         while stack:
@@ -118,9 +98,6 @@ class Tree:
                 for c in reversed(node.children):
                     stack += [c, " "]
         return "".join(parts)
-
-
-# --- reading ---------------------------------------------------------------------------------------
 
 
 class _Reader:
@@ -188,15 +165,13 @@ def read_trees(path: str | Path) -> Iterator[Tree]:
     from ..data.text import read_lines
 
     reader = _Reader(path)
-    n = 0
     for n, line in enumerate(read_lines(path), start=1):
         yield from reader.feed(line, n)
     reader.finish()
 
 
 def read_tree_lines(path: str | Path) -> list[Tree | None]:
-    """A file of one tree per line, line for line: an empty line (a sentence a parser gave up
-    on) is None. For scoring, where line i must stay sentence i."""
+    """A file of one tree per line, line for line (an empty line is None), for scoring."""
     from ..data.text import read_lines
 
     out: list[Tree | None] = []
@@ -213,9 +188,6 @@ def read_tree_lines(path: str | Path) -> list[Tree | None]:
     return out
 
 
-# --- cleaning --------------------------------------------------------------------------------------
-
-
 def strip_function_tags(label: str) -> str:
     """``NP-SBJ-2`` -> ``NP``, ``PP-LOC=3`` -> ``PP``; labels that start with ``-`` stay."""
     if label.startswith("-"):
@@ -224,9 +196,9 @@ def strip_function_tags(label: str) -> str:
 
 
 def clean(tree: Tree) -> Tree | None:
-    """The tree with empty elements (``-NONE-``) and the constituents left empty removed, function
-    tags cut from phrase labels and an unlabelled root named ``TOP`` (None if nothing is left)."""
-
+    """The standard WSJ preprocessing: empty elements (``-NONE-``) and the constituents left empty
+    removed, function tags cut from phrase labels and an unlabelled root named ``TOP`` (None if
+    nothing is left). The mirror's trees are already clean."""
     cleaned: dict[int, Tree | None] = {}
     for node in tree.bottom_up():
         if node.is_preterminal:
@@ -240,9 +212,6 @@ def clean(tree: Tree) -> Tree | None:
     return out
 
 
-# --- linearization ---------------------------------------------------------------------------------
-
-
 def _sentence_root(tree: Tree) -> Tree:
     """The tree without its outer TOP/ROOT bracket, when that bracket has one constituent."""
     if tree.label in WRAPPERS and len(tree.children) == 1 and isinstance(tree.children[0], Tree) \
@@ -252,8 +221,9 @@ def _sentence_root(tree: Tree) -> Tree:
 
 
 def linearize(tree: Tree, tags: bool = False) -> list[str]:
-    """Vinyals et al.'s sequence for `tree`: ``(S (NP XX XX )NP ... )S`` (see the module
-    docstring); with `tags`, each word's part-of-speech tag instead of ``XX``."""
+    """Vinyals et al.'s sequence for `tree`: ``(LABEL`` entering a constituent, ``)LABEL`` leaving
+    it, ``XX`` for a word (with `tags`, its part-of-speech tag); an outer TOP over one constituent
+    is left out."""
     def children(node: Tree) -> list[Tree]:
         for c in node.children:
             if not isinstance(c, Tree):
@@ -284,23 +254,14 @@ def linearize(tree: Tree, tags: bool = False) -> list[str]:
 class Repairs:
     """What `delinearize` changed to turn an output sequence into a well-formed tree, by kind."""
 
-    unknown_symbols: int = 0
-    """Symbols that are neither a bracket nor a word's symbol (e.g. an unknown-token mark): dropped."""
-    unmatched_closes: int = 0
-    """``)X`` with no open constituent: dropped."""
-    mismatched_closes: int = 0
-    """``)X`` closing a constituent opened with another label: it closes it; the open label stays."""
-    extra_leaves: int = 0
-    """Word symbols beyond the number of words: dropped."""
-    missing_leaves: int = 0
-    """Words without a symbol: added at the end, in the innermost open constituent (or the last
-    top-level one)."""
-    unclosed: int = 0
-    """Constituents still open at the end: closed."""
-    empty_constituents: int = 0
-    """Constituents holding no word: dropped."""
-    extra_roots: int = 0
-    """Top-level constituents beyond the first: kept side by side under TOP."""
+    unknown_symbols: int = 0  # neither a bracket nor a word's symbol: dropped
+    unmatched_closes: int = 0  # )X with no open constituent: dropped
+    mismatched_closes: int = 0  # )X closing a constituent opened with another label: closes it
+    extra_leaves: int = 0  # word symbols beyond the number of words: dropped
+    missing_leaves: int = 0  # words without a symbol: added at the end
+    unclosed: int = 0  # constituents still open at the end: closed
+    empty_constituents: int = 0  # holding no word: dropped
+    extra_roots: int = 0  # top-level constituents beyond the first: kept side by side under TOP
 
     @property
     def total(self) -> int:
@@ -319,8 +280,7 @@ class Repairs:
 
 
 def is_leaf_symbol(symbol: str, tags: bool) -> bool:
-    """Whether an output symbol stands for a word: ``XX``, or with `tags` any symbol that is not
-    a bracket and not an unknown-token mark."""
+    """Whether an output symbol stands for a word: ``XX``, or with `tags` any but a bracket or UNK."""
     if tags:
         return bool(symbol) and symbol[0] not in "()" and symbol not in UNKNOWN
     return symbol == XX
@@ -333,13 +293,9 @@ def delinearize(
     tags: bool = False,
     pos: Sequence[str] | None = None,
 ) -> tuple[Tree, Repairs]:
-    """The tree an output sequence describes, over exactly `words`, and what it took.
-
-    `symbols`: the sequence (a list, or a string split on whitespace). `tags`: the sequence
-    carries part-of-speech tags as its word symbols (else ``XX``). Each word's tag is then: the
-    tag from `pos` if given (e.g. the gold tags, put back before scoring as publications do),
-    else the tag the sequence gave (`tags`), else ``XX``. Always a tree ``(TOP ...)`` whose
-    leaves are `words`, in order; the repairs made are counted in the `Repairs` returned."""
+    """The tree ``(TOP ...)`` an output sequence (a list, or a string split on whitespace)
+    describes, over exactly `words` in order, and the `Repairs` it took. Each word's tag: from
+    `pos` if given (e.g. the gold tags), else the sequence's own (`tags`), else ``XX``."""
     if isinstance(symbols, str):
         symbols = symbols.split()
     words = list(words)
