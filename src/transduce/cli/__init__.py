@@ -1,13 +1,10 @@
 """The `transduce` command: one entry point, thin.
 
-Each subcommand is a module of this package: `DESCRIPTION` and `EPILOG` (its help page, one
-screen: the long explanations are in docs/), `add_args(parser)` (its flags, the shared groups
-from `transduce.cli.options`) and `run(args)` (a call into the library); its one-line summary is
-in `SUMMARIES`. `main` imports only the subcommand named on the command line (`transduce --help`
-and `--version` import none, nor torch), parses it and runs it through `report_errors`, the one place where errors become what the user sees:
-a problem of the user's input is one line, ``transduce SUBCOMMAND: error: MESSAGE``, and exit
-status 2, never a traceback.
-"""
+Each subcommand is a module of this package: `DESCRIPTION` and `EPILOG` (its one-screen help),
+`add_args(parser)` (its flags, the shared groups from `transduce.cli.options`) and `run(args)` (a
+call into the library). `main` imports only the subcommand named on the command line and runs it
+through `report_errors`, where bad input becomes one line, ``transduce SUBCOMMAND: error: MESSAGE``,
+and exit status 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -67,9 +64,7 @@ class _Version(argparse.Action):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser of the `transduce` command. With `only`, only that subcommand's module is
-    imported and its flags added (the others parse nothing: `main` builds the parser for the
-    subcommand on its command line); without, every subcommand's."""
+    """The parser of the `transduce` command; with `only`, only that subcommand's module imported."""
     from .options import HelpFormatter, usage
 
     listing = "\n\nsubcommands:\n" + "".join(f"  {name:<11} {line}\n" for name, line in SUMMARIES.items())
@@ -92,8 +87,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _add_help(parser: argparse.ArgumentParser) -> None:
-    """-h, --help, in the parser's own options if it has any, else in its first group (a help page
-    without an "options:" section of one line)."""
+    """-h, --help, in the parser's own options if it has any, else in its first group."""
     own, groups = parser._action_groups[1], [g for g in parser._action_groups[2:] if g._group_actions]
     target = own if own._group_actions or not groups else groups[0]
     target.add_argument("-h", "--help", action="help", help="show this help and exit")
@@ -108,22 +102,20 @@ def chosen(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: the process's); returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:  # a subcommand's module imports torch: a Ctrl-C in those seconds ends as any other
-        return _main(sys.argv[1:] if argv is None else list(argv))
+        command = chosen(argv)
+        parser = build_parser(only=command or "")
+        args = parser.parse_args(argv)
+        if not getattr(args, "run", None):
+            parser.print_help()
+            return 2
+        _note_old_spellings(parser, command, argv)
+        return report_errors(f"transduce {args.command}", args.run, args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def _main(argv: list[str]) -> int:
-    command = chosen(argv)
-    parser = build_parser(only=command or "")
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 2
-    _note_old_spellings(parser, command, argv)
-    return report_errors(f"transduce {args.command}", args.run, args)
 
 
 def _note_old_spellings(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> None:
@@ -150,9 +142,8 @@ def error_message(e: BaseException) -> str:
 
 
 def report_errors(prog: str, run: Callable[..., int | None], *args) -> int:
-    """`run(*args)`, returning its exit status. Bad input (TransduceError, and the ValueError,
-    KeyError and OSError, FileNotFoundError included, that library code raises for it) is one
-    line on stderr, ``PROG: error: MESSAGE``, and status 2; a closed stdout (`| head`) ends
+    """`run(*args)`, returning its exit status. Bad input (TransduceError, ValueError, KeyError,
+    OSError) is one line, ``PROG: error: MESSAGE``, and status 2; a closed stdout (`| head`) ends
     quietly with 0; Ctrl-C is "interrupted" and 130."""
     try:
         return int(run(*args) or 0)

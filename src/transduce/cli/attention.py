@@ -1,19 +1,16 @@
-"""`transduce attention`: what the model attends to, as PNG, an offline HTML page and JSON.
-
-The flags and one call into `transduce.views.weights.attention_data`, then the figure, page or
-JSON written; what the outputs hold, the token labels and the limits: docs/attention.md.
-"""
+"""`transduce attention`: what the model attends to (`transduce.views.weights.attention_data`)
+as PNG, an offline HTML page and JSON; what they hold: docs/attention.md."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import json
 import sys
 from pathlib import Path
 
 from ..errors import DataError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from .common import check_search_args, load_from_args
 from .options import add_hardware_args, add_model_args, add_search_args, epilog
 
 DESCRIPTION = """\
@@ -102,10 +99,9 @@ def parse_heads(spec: str | None) -> list[int] | None:
 
 
 def write_bytes(path: Path, data: bytes) -> None:
+    """`data` into `path`, whole or not at all."""
     from ..translate import AtomicOutput
 
-    if not path.absolute().parent.is_dir():
-        raise DataError("no such directory", path.absolute().parent)
     out = AtomicOutput(path)
     try:
         out.write(data)
@@ -132,28 +128,16 @@ def run(args: argparse.Namespace) -> int:
         if figure_only:
             raise UsageError(f"{', '.join(figure_only)} choose what the PNG figure shows: add --png FILE "
                              "(the HTML page and the JSON hold every type, layer and head)")
-    if args.beam < 1 or args.max_len_offset < 0:
-        raise UsageError("--beam must be at least 1 and --max-len-offset not negative")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be at least 1, not {args.threads}")
-    if not (math.isfinite(args.alpha) and args.alpha >= 0):
-        raise UsageError(f"--alpha must be a finite number >= 0, not {args.alpha}")
+    check_search_args(args)
     for path in (args.html, args.json, args.png):
         if path is not None and not path.absolute().parent.is_dir():
             raise DataError("no such directory", path.absolute().parent)
     sources, targets = read_input(args)
     heads = parse_heads(args.heads)
 
-    from ..device import resolve_device
-    from ..translate import load_translation_model
     from ..views.weights import attention_data, find_token
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    loaded = load_translation_model(args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
-                                    src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device=resolve_device(args.device))
+    loaded = load_from_args(args)  # fp32: the weights as trained
     print(f"{PROG}: model {loaded.description}", file=sys.stderr)
     _, data = attention_data(loaded, sources, targets, beam=args.beam, alpha=args.alpha, greedy=args.greedy,
                              max_len_offset=args.max_len_offset, max_tokens=args.max_input_tokens)
@@ -163,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         for note in s["notes"]:
             print(f"{PROG}: note: sentence {i}: {note}", file=sys.stderr)
 
+    outputs = []
     if args.png:
         from ..views import figures
 
@@ -184,14 +169,14 @@ def run(args: argparse.Namespace) -> int:
             png = figures.heatmap_figure(data, sentence=sentence, kind=kind, layer=layer, heads=heads, query=query)
         else:
             png = figures.masks_figure(data)
-        write_bytes(args.png, png)
-        print(f"{PROG}: wrote {args.png}", file=sys.stderr)
+        outputs.append((args.png, png))
     if args.json:
-        write_bytes(args.json, (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
-        print(f"{PROG}: wrote {args.json}", file=sys.stderr)
+        outputs.append((args.json, (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()))
     if args.html:
         from ..views.page import render_page
 
-        write_bytes(args.html, render_page(data, title=" / ".join(sources)[:80]).encode("utf-8"))
-        print(f"{PROG}: wrote {args.html}", file=sys.stderr)
+        outputs.append((args.html, render_page(data, title=" / ".join(sources)[:80]).encode("utf-8")))
+    for path, content in outputs:
+        write_bytes(path, content)
+        print(f"{PROG}: wrote {path}", file=sys.stderr)
     return 0

@@ -32,11 +32,9 @@ MODEL_FILES = {"config.json", "model.safetensors", "checksums.json"}
 
 
 def check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
-    """Refuse an --out where the model files would change what the run is: the run directory
-    (`translate RUN_DIR` would then load them) or its checkpoints; and, without `overwrite`, any
-    directory that is not empty (a prepared data directory, another model) but an earlier
-    average of the same run in the run directory (`RUN_DIR/avg_lastK`, as a rerun of
-    scripts/multi30k.sh writes it again)."""
+    """Refuse an --out that is the run directory or one of its checkpoints (`translate RUN_DIR`
+    would then load the average) and, without `overwrite`, a directory that is not empty but an
+    earlier average of the same run (`RUN_DIR/avg_lastK`)."""
     o, r = out.resolve(), run_dir.resolve()
     if o == r or o == r / CHECKPOINTS or r / CHECKPOINTS in o.parents:
         raise UsageError(f"--out {out} is the run directory or one of its checkpoints: write the average into a "

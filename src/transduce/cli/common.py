@@ -1,6 +1,5 @@
-"""What the commands that decode share once their flags are parsed (the flags themselves are
-`transduce.cli.options`): checking the decoding flags, loading the model they choose, and the
-keyword arguments of the decoding calls."""
+"""What the commands that decode share once their flags (`transduce.cli.options`) are parsed:
+their checks, the model they choose, the decoding calls' keyword arguments, line-for-line streams."""
 
 from __future__ import annotations
 
@@ -8,11 +7,14 @@ import argparse
 import contextlib
 import math
 import sys
+from pathlib import Path
 
 import torch
 
+from ..checkpoint.files import AtomicOutput
+from ..data.text import iter_lines, open_text
 from ..device import resolve_device
-from ..translate import LoadedModel, choose_workers, load_translation_model
+from ..translate import LoadedModel, _find_metadata
 
 
 def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
@@ -22,43 +24,50 @@ def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
             setattr(args, name, value)
 
 
-def check_decoding_args(args: argparse.Namespace) -> None:
-    """Refuse, before anything loads, the model and decoding flags that cannot work."""
+def check_search_args(args: argparse.Namespace, *at_least_1: str) -> None:
+    """Refuse --threads, --alpha, --beam, --max-len-offset and the flags `at_least_1` out of range."""
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, not {args.threads}")
     if not (math.isfinite(args.alpha) and args.alpha >= 0):  # nan: every line runs to the maximum length
         raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
-    for name in ("beam", "batch_tokens", "batch_size", "max_input_tokens", "chunk_lines"):
+    for name in ("beam", *at_least_1):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.max_len_offset < 0:
         raise ValueError("--max-len-offset must not be negative")
+
+
+def check_decoding_args(args: argparse.Namespace) -> None:
+    """Refuse, before anything loads, the model and decoding flags that cannot work."""
+    check_search_args(args, "batch_tokens", "batch_size", "max_input_tokens", "chunk_lines")
     if getattr(args, "constrained", False) and args.greedy:  # parse, evaluate
         raise ValueError("--constrained is a beam search: give --beam 1 rather than --greedy")
     if args.workers != "auto" and args.workers > 1 and resolve_device(args.device).type != "cpu":
         raise ValueError("--workers is for the CPU: on a GPU, decode with one process")
     if args.precision == "int8" and resolve_device(args.device).type != "cpu":
         raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
-    if args.precision == "bf16":
-        dev = resolve_device(args.device)
-        if dev.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ValueError("this GPU does not support bf16")
+    if args.precision == "bf16" and resolve_device(args.device).type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("this GPU does not support bf16")
 
 
 def load_from_args(args: argparse.Namespace) -> LoadedModel:
-    """The model the model flags choose, in the precision --precision chooses
-    (`transduce.ready.load_for_decoding`); `args.workers` is set to the workers chosen and
+    """The model the model flags choose, in the precision --precision chooses (fp32 without one;
+    `transduce.ready.load_for_decoding`); `args.workers` is set to the workers chosen and
     `args.bf16` to whether the precision is bf16."""
     from ..ready import load_for_decoding
 
-    loaded = load_for_decoding(args.model_path, precision=args.precision, device=args.device, threads=args.threads,
-                               workers=getattr(args, "workers", None), checkpoint=args.checkpoint,
-                               average=args.average, vocab=args.vocab, src_vocab=args.src_vocab,
-                               tgt_vocab=args.tgt_vocab)
+    loaded = load_for_decoding(args.model_path, precision=getattr(args, "precision", "fp32"), device=args.device,
+                               threads=args.threads, workers=getattr(args, "workers", None), checkpoint=args.checkpoint,
+                               average=args.average, vocab=args.vocab, src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab)
     if getattr(args, "workers", None) is not None:  # translate, evaluate, parse
         args.workers = loaded.workers
     args.bf16 = loaded.precision.precision == "bf16"
     return loaded
+
+
+def model_metadata(path: Path) -> dict | None:
+    """The data.json a model is loaded with (its directory's, or the run's above it)."""
+    return _find_metadata([path, path.parent, path.parent.parent])
 
 
 def decoding_options(args: argparse.Namespace) -> dict:
@@ -70,11 +79,8 @@ def decoding_options(args: argparse.Namespace) -> dict:
 
 @contextlib.contextmanager
 def exit_on_sigterm(prog: str):
-    """While entered (in the main thread; elsewhere it does nothing), SIGTERM ends the command as
-    Ctrl-C does, through its `finally` blocks (an output's temporary file is discarded, the
-    file it would replace left as it was), with "terminated" and the status the signal's own
-    action gives, 143 (128 + 15). Forked decoding workers go back to the default action
-    (`transduce.translate`)."""
+    """While entered (in the main thread), SIGTERM ends the command as Ctrl-C does, through its
+    `finally` blocks (an output's temporary file discarded), with "terminated" and status 143."""
     import signal
     import threading
 
@@ -92,3 +98,51 @@ def exit_on_sigterm(prog: str):
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def to_file(path: Path | None) -> bool:
+    """Whether --input or --out names a file (not stdin or stdout: none, or "-")."""
+    return path is not None and str(path) != "-"
+
+
+class LineStreams:
+    """The streams of a command that writes a line per input line: --input (or stdin) opened now,
+    --out (or stdout) by `output()`, once the model has loaded, written whole or not at all. As a
+    context manager: `commit()` at the end; leaving otherwise discards the output."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.out = args, None
+        if to_file(args.input):
+            self.infile, self.name, self.interactive = open_text(args.input), str(args.input), False
+        else:
+            self.infile, self.name, self.interactive = sys.stdin.buffer, "<stdin>", sys.stdin.isatty()
+
+    def lines(self):
+        return iter_lines(self.infile, self.name)
+
+    def options(self) -> dict:
+        """`decoding_options`, one line at a time in an interactive session, and the source's name."""
+        one = self.interactive
+        return {**decoding_options(self.args), "chunk_lines": 1 if one else self.args.chunk_lines,
+                "workers": 1 if one else self.args.workers, "source_name": self.name}
+
+    def output(self):
+        """(write, flush) of --out, or of stdout."""
+        if to_file(self.args.out):
+            self.out = AtomicOutput(self.args.out)
+            return self.out.write, lambda: None
+        return sys.stdout.buffer.write, sys.stdout.buffer.flush
+
+    def commit(self) -> None:
+        if self.out is not None:
+            self.out.commit()
+            self.out = None
+
+    def __enter__(self) -> LineStreams:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.out is not None:
+            self.out.discard()
+        if self.infile is not sys.stdin.buffer:
+            self.infile.close()

@@ -1,5 +1,4 @@
-"""`transduce evaluate`: its flags; the hypotheses read (or translated by MODEL) and scored by
-`transduce.evaluate.score`, the report printed as a table or JSON."""
+"""`transduce evaluate`: hypotheses read (or made by MODEL) and scored (`transduce.evaluate.score`, EVALB)."""
 
 from __future__ import annotations
 
@@ -9,12 +8,12 @@ import sys
 from pathlib import Path
 
 from .. import evaluate
-from ..checkpoint.files import AtomicOutput, atomic_write_text, check_output
+from ..checkpoint.files import atomic_write_text, check_output
 from ..data.datasets import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .common import check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args
+from .common import check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args, model_metadata
 from .options import add_decoding_args, add_quiet, epilog
 
 DESCRIPTION = """\
@@ -63,14 +62,10 @@ def is_parsing(args: argparse.Namespace) -> bool:
     """Trees to score: a treebank dataset, --trees, or a MODEL trained on a treebank."""
     from ..data.datasets import get_dataset
     from ..parsing.parse import is_parsing_model
-    from ..translate import _find_metadata
 
     if args.trees or (args.dataset and get_dataset(args.dataset).kind == "treebank"):
         return True
-    if args.model_path is not None:
-        p = Path(args.model_path)
-        return is_parsing_model(_find_metadata([p, p.parent, p.parent.parent]))
-    return False
+    return args.model_path is not None and is_parsing_model(model_metadata(Path(args.model_path)))
 
 
 def _read(path: str | Path) -> list[str]:
@@ -78,9 +73,8 @@ def _read(path: str | Path) -> list[str]:
 
 
 def check_direction(model_path: Path, src: str | None, tgt: str) -> None:
-    """Refuse languages the other way round from the model's: the languages its training data
-    recorded (data.json in a run directory, or beside a model directory inside one, such as
-    RUN/avg_last5). A model directory on its own records none: nothing to check."""
+    """Refuse languages other than those the model's training data recorded (data.json in a run
+    directory, or beside a model directory inside one; a lone model directory records none)."""
     for meta_path in (model_path / "data.json", model_path.parent / "data.json"):
         if meta_path.is_file():
             try:
@@ -133,10 +127,7 @@ def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Pa
 
 
 def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: Path, n_refs: int, report: dict) -> list[str]:
-    """MODEL's translations of the source (saved to --out if given); what was loaded and
-    how it decoded goes into `report`."""
-    from tqdm import tqdm
-
+    """MODEL's translations of the source (saved to --out if given), noted in `report`."""
     from ..translate import translate_lines
 
     if src_path is None:
@@ -145,46 +136,61 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     srcs = _read(src_path)
     if len(srcs) != n_refs:
         raise DataError(f"{len(srcs)} lines, but the reference {ref_path} has {n_refs}", src_path)
-    loaded = load_from_args(args)
-    print(f"{PROG}: translating {len(srcs):,} sentences with {loaded.description}; {loaded.precision.line()}; "
-          f"{loaded.workers_line}", file=sys.stderr)
+    loaded = load_model(args, f"translating {len(srcs):,} sentences", report)
     if loaded.precision.warning:
-        tqdm.write(f"{PROG}: warning: {loaded.precision.warning}", file=sys.stderr)
-    hyps = translate_lines(
-        loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **decoding_options(args),
-        warn=lambda m: tqdm.write(f"{PROG}: warning: {m}", file=sys.stderr),
-        progress=not args.quiet and sys.stderr.isatty(), source_name=str(src_path),
-    )
-    report["model"] = loaded.description
-    report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
-                          "max_len_offset": args.max_len_offset, "bf16": args.bf16,
-                          "precision": loaded.precision.precision, "workers": args.workers}
+        warn(loaded.precision.warning)
+    hyps = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **decoding_options(args), warn=warn,
+                           progress=not args.quiet and sys.stderr.isatty(), source_name=str(src_path))
+    report["decoding"] = decoding_report(args, loaded, bf16=args.bf16)
     if args.out:
-        write_output(args.out, hyps)
+        atomic_write_text(args.out, "".join(h + "\n" for h in hyps))
     return hyps
 
 
-def check_outputs(args: argparse.Namespace) -> None:
-    """Before any work: --out and --json FILE can be written (`check_output`: their
-    directory exists and can be written to, they are not directories), or one line naming them."""
-    for path in (args.out, args.json):
-        check_output(path)
+def warn(msg: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)  # above the progress bar, if any
 
 
-def write_output(path: str | Path, lines: list[str]) -> None:
-    """`lines` into `path`, whole or not at all (`AtomicOutput`)."""
-    out = AtomicOutput(path)
-    try:
-        out.write("".join(line + "\n" for line in lines).encode("utf-8"))
-        out.commit()
-    except BaseException:
-        out.discard()
-        raise
+def load_model(args: argparse.Namespace, doing: str, report: dict, parsing_model: bool = False):
+    """MODEL (`load_from_args`; with `parsing_model`, refused unless trained on a treebank), said on
+    stderr with what it is `doing`, and named in `report`."""
+    from ..parsing.parse import is_parsing_model
+
+    loaded = load_from_args(args)
+    if parsing_model and not is_parsing_model(loaded.metadata):
+        raise DataError("not a parsing model (its data.json does not say task: parsing)", args.model_path)
+    print(f"{PROG}: {doing} with {loaded.description}; {loaded.precision.line()}; {loaded.workers_line}",
+          file=sys.stderr)
+    report["model"] = loaded.description
+    return loaded
+
+
+def decoding_report(args: argparse.Namespace, loaded, **task) -> dict:
+    """How MODEL decoded, for the report (`task`: what only the task has)."""
+    return {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
+            "max_len_offset": args.max_len_offset, **task, "precision": loaded.precision.precision,
+            "workers": args.workers}
+
+
+def print_report(args: argparse.Namespace, report: dict, table: str, ensure_ascii: bool = True) -> int:
+    """The report as JSON on stdout (--json alone), else `table`, then the JSON into --json FILE
+    (after the table: a file that fails to be written loses nothing shown)."""
+    text = json.dumps(report, indent=2, ensure_ascii=ensure_ascii)
+    if args.json == "-":
+        print(text)
+        return 0
+    print(table, flush=True)
+    if args.json:
+        atomic_write_text(args.json, text + "\n")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     """Score --hyp (or MODEL's translations) against the reference; print the table, or JSON."""
-    check_outputs(args)
+    for path in (args.out, args.json):  # before any work: one line naming an output that cannot be written
+        check_output(path)
     if is_parsing(args):
         return run_parsing(args)
     fill_decoding_defaults(args, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
@@ -208,14 +214,7 @@ def run(args: argparse.Namespace) -> int:
     report["scores"] = evaluate.score(hyps, refs, lang=args.tgt, tok_refs=tok_refs, sacrebleu_tokenize=args.sacrebleu_tokenize,
                                       tokenized=args.variant == "tok")
     report["conventions"] = {k: v["convention"] for k, v in report["scores"].items()}
-    text = json.dumps(report, indent=2, ensure_ascii=False)
-    if args.json == "-":
-        print(text)
-        return 0
-    print(evaluate.format_table(report), flush=True)  # first: a --json FILE that fails to be written loses nothing shown
-    if args.json:
-        atomic_write_text(args.json, text + "\n")
-    return 0
+    return print_report(args, report, evaluate.format_table(report), ensure_ascii=False)
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -224,9 +223,8 @@ TREEBANK_SPLIT_ALIASES = {"dev": "22", "valid": "22", "test": "23", "train": "02
 
 
 def warn_other_words(hyp_path: Path, gold: list, parsed: list, shown: int = 10) -> None:
-    """Name the --hyp lines whose tree holds other words than the gold tree's (another
-    tokenization, a word dropped, a file out of step): EVALB makes each an error sentence, left out
-    of the scores, or, where only punctuation differs, scores it as if nothing did."""
+    """Name the --hyp lines whose tree holds other words than the gold tree's: EVALB makes each an
+    error sentence, left out of the scores (unless only punctuation differs)."""
     other = [(n, g.leaves(), p.leaves()) for n, (g, p) in enumerate(zip(gold, parsed), start=1)
              if p is not None and p.leaves() != g.leaves()]
     for n, gw, pw in other[:shown]:
@@ -243,8 +241,6 @@ def warn_other_words(hyp_path: Path, gold: list, parsed: list, shown: int = 10) 
 
 def run_parsing(args: argparse.Namespace) -> int:
     """EVALB of MODEL's parses (or of --hyp trees) against a treebank split (or --ref trees)."""
-    from tqdm import tqdm
-
     from ..data.datasets import fetch, get_dataset
     from ..parsing import parse as parsing
     from ..parsing.evalb import COLLINS, EvalbParams
@@ -284,28 +280,13 @@ def run_parsing(args: argparse.Namespace) -> int:
         fill_decoding_defaults(args, beam=parsing.DEFAULT_BEAM, alpha=parsing.DEFAULT_ALPHA,
                                max_len_offset=parsing.DEFAULT_MAX_LEN_OFFSET, batch_size=parsing.DEFAULT_BATCH_SIZE)
         check_decoding_args(args)
-        loaded = load_from_args(args)
-        if not parsing.is_parsing_model(loaded.metadata):
-            raise DataError("not a parsing model (its data.json does not say task: parsing)", args.model_path)
-        print(f"{PROG}: parsing {len(gold):,} sentences with {loaded.description}; {loaded.precision.line()}; "
-              f"{loaded.workers_line}", file=sys.stderr)
+        loaded = load_model(args, f"parsing {len(gold):,} sentences", report, parsing_model=True)
         scores, parses = parsing.evaluate_parser(
-            loaded, gold, progress=not args.quiet and sys.stderr.isatty(), source_name=str(ref_path),
-            warn=lambda m: tqdm.write(f"{PROG}: warning: {m}", file=sys.stderr), constrained=args.constrained,
-            **decoding_options(args),
-        )
-        report["model"] = loaded.description
-        report["decoding"] = {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
-                              "max_len_offset": args.max_len_offset, "constrained": args.constrained,
-                              "precision": loaded.precision.precision, "workers": args.workers}
+            loaded, gold, progress=not args.quiet and sys.stderr.isatty(), source_name=str(ref_path), warn=warn,
+            constrained=args.constrained, **decoding_options(args))
+        report["decoding"] = decoding_report(args, loaded, constrained=args.constrained)
         if args.out:
-            write_output(args.out, list(tree_lines(p.tree for p in parses)))
+            atomic_write_text(args.out, "".join(line + "\n" for line in tree_lines(p.tree for p in parses)))
     report["n_sentences"] = len(gold)
     report["scores"] = scores.as_dict()
-    if args.json == "-":
-        print(json.dumps(report, indent=2))
-        return 0
-    print(parsing.format_scores(scores, params.cutoff_len), flush=True)
-    if args.json:
-        atomic_write_text(args.json, json.dumps(report, indent=2) + "\n")
-    return 0
+    return print_report(args, report, parsing.format_scores(scores, params.cutoff_len))

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from .. import experiments
 from ..errors import UsageError
 from ..train.signals import EXIT_INTERRUPTED
-from .options import add_hardware_args, add_quiet, epilog
+from .options import add_hardware_args, add_quiet, add_schedule_args, epilog
 
 DESCRIPTION = """\
 Table 3's variants (and Table 2's cost) as one rerunnable experiment: each variant a
@@ -24,10 +23,6 @@ EPILOG = epilog(
 ) + f"""
 
 exit status: 0 done; 2 bad input; {EXIT_INTERRUPTED} a run stopped by a signal: run it again"""
-
-RENAMED = {"--updates": "--max-steps", "--max-tokens": "--update-tokens", "--save-every": "--save-every-steps"}
-"""The recipe's old flag names, as `experiments.Recipe` still says them: the names of the vocabulary."""
-
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     from ..precision import PRECISIONS
@@ -43,13 +38,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="optimizer steps of base (the paper 100000; big 3x)")
     g.add_argument("--update-tokens", "--max-tokens", type=int, default=25000, metavar="N",
                    help="tokens per optimizer update, each side (default 25000)")
-    g.add_argument("--warmup", type=int, default=4000, metavar="N", help="warmup_steps of equation 3 (default 4000)")
-    g.add_argument("--lr-scale", type=float, default=1.0, metavar="X", help="factor on equation 3 (default 1.0)")
-    g.add_argument("--cooldown", type=float, default=0.0, metavar="F",
-                   help="not the paper: decay to 0 over the last F (default 0)")
+    add_schedule_args(g)
     g.add_argument("--save-every-steps", "--save-every", type=int, default=0, metavar="N",
                    help="checkpoint interval (default: steps / 72, as 6.1)")
-    g.add_argument("--seed", type=int, default=1, help="training seed (default 1)")
     g.add_argument("--scale", type=float, default=1.0, metavar="X", help="widths times X (default 1: the paper's)")
     g.add_argument("--depth-scale", type=float, metavar="X", help="layers times X (default: --scale, >= 0.5)")
 
@@ -68,14 +59,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        recipe = experiments.Recipe(
-            updates=args.max_steps, max_tokens=args.update_tokens, warmup=args.warmup, lr_scale=args.lr_scale,
-            cooldown=args.cooldown, save_every=args.save_every_steps, seed=args.seed, scale=args.scale,
-            depth_scale=args.depth_scale,
-        )
-    except UsageError as e:  # said with the recipe's field names: say the flags'
-        raise UsageError(re.sub(r"--(updates|max-tokens|save-every)\b(?!-)", lambda m: RENAMED[m.group(0)], str(e))) from None
+    schedule = {name: getattr(args, name) for name in ("warmup", "lr_scale") if getattr(args, name) is not None}
+    recipe = experiments.Recipe(updates=args.max_steps, max_tokens=args.update_tokens, cooldown=args.cooldown,
+                                save_every=args.save_every_steps, seed=args.seed, scale=args.scale,
+                                depth_scale=args.depth_scale, **schedule)  # unset: the paper's (Table 3's presets')
     machine = experiments.Machine(device=args.device, precision=args.precision, threads=args.threads,
                                   update_freq=args.update_freq, nproc=args.nproc,
                                   progress=not args.quiet and sys.stderr.isatty())

@@ -1,9 +1,5 @@
-"""`transduce export`: a trained model as a CTranslate2 or Hugging Face MarianMT directory, or a
-MarianMT directory back as a transduce model directory.
-
-The flags and one call into `transduce.export.ct2.export_ct2`, `transduce.export.marian.export_marian`
-or `import_marian`; what each format holds and where it differs from transduce: docs/export.md.
-"""
+"""`transduce export`: a trained model as a CTranslate2 or Hugging Face MarianMT directory
+(`transduce.export`), or a MarianMT directory back; what each format holds: docs/export.md."""
 
 from __future__ import annotations
 
@@ -12,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+from ..errors import UsageError
 from .options import add_model_args, epilog
 
 DESCRIPTION = """\
@@ -47,8 +44,6 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--max-positions must be at least 2")
     _check_options_apply(args)
     if args.out.name in ("", ".", ".."):  # the current directory or a parent: never replaced whole
-        from ..errors import UsageError
-
         raise UsageError(f"--out {args.out}: name the new directory to write (not . or ..)")
     if args.out.exists() and not args.overwrite:
         raise FileExistsError(f"{args.out}: exists (use --overwrite to replace it)")
@@ -82,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
 def _check_options_apply(args: argparse.Namespace) -> None:
     """One line for an option the format does not use (an `export marian --quantization int8`
     would otherwise write a float32 model without a word)."""
-    from ..errors import UsageError
-
     given = {"--quantization": args.quantization, "--max-positions": args.max_positions,
              "--checkpoint": args.checkpoint, "--average": args.average, "--vocab": args.vocab,
              "--src-vocab": args.src_vocab, "--tgt-vocab": args.tgt_vocab}
@@ -94,11 +87,8 @@ def _check_options_apply(args: argparse.Namespace) -> None:
 
 
 def _check_not_replacing_inputs(args: argparse.Namespace) -> None:
-    """`--overwrite` replaces --out whole: refuse where --out is (or holds) the model being exported
-    (a run directory's model/ and checkpoints/ included) or its vocabulary, which the replacement
-    would delete."""
-    from ..errors import UsageError
-
+    """Refuse an --out that is (or holds) the model being exported or its vocabulary, which
+    `--overwrite` would delete."""
     if not args.out.exists():
         return
     out = args.out.resolve()

@@ -1,12 +1,7 @@
-"""Flags derived from dataclass fields, so that an option is declared once, on its field.
-
-`add_field_flags` adds one flag per field: `--keep-last` for `keep_last`, of the field's type
-(`int | None` gives int) and default; the field's metadata holds the rest of what argparse
-takes (help, metavar, choices). A boolean field that is off by default is a `--NAME` switch;
-one that is on by default is turned off by `--no-NAME`. `from_args` builds the dataclass back
-from the parsed flags. A command may give a field another name (train's `--batch-tokens` for
-`max_tokens`, the project's one name for the concept) and a one-line help.
-"""
+"""Flags derived from dataclass fields, so that an option is declared once, on its field:
+`--keep-last` for `keep_last`, of the field's type and default, the rest (help, metavar, choices)
+from its metadata; a boolean on by default is turned off by `--no-NAME`. `from_args` builds the
+dataclass back from the parsed flags."""
 
 from __future__ import annotations
 
@@ -28,9 +23,7 @@ def field_type(cls: type, name: str) -> type:
 
 
 def add_field_flag(parser, cls: type, f: dataclasses.Field, names: tuple[str, ...] = (), help: str | None = None) -> None:
-    """The flag of one field of dataclass `cls` (`parser` may be an argument group); `names`, if
-    given, are its option strings instead of the field's (the first the one shown), `help` its
-    help instead of the metadata's."""
+    """The flag of one field of dataclass `cls`; `names` and `help`, if given, replace the field's."""
     kwargs = dict(f.metadata)
     if help is not None:
         kwargs["help"] = help

@@ -1,10 +1,6 @@
-"""The flags that several subcommands take, each group declared once, and the help's layout.
-
-One name per concept across the subcommands (`VOCABULARY`, docs/cli.md); an old spelling stays
-an alias of the new flag, hidden from the help, for a release (`OLD_SPELLINGS`; `main` prints a
-one-line note when one is used). Every help page is one screen: `HelpFormatter` draws each option
-on one line at a fixed width, whatever the terminal's, and the long explanations live in docs/.
-"""
+"""The flags that several subcommands take, each group declared once, and the help's layout:
+one name per concept (`VOCABULARY`, docs/cli.md), old spellings hidden aliases for a release, each
+option on one line at a fixed width (`HelpFormatter`)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ WIDTH = 80
 
 @dataclass(frozen=True)
 class Concept:
-    """One concept's flag: its name (and short form), the destination it sets in the commands
-    that take it, and its old spellings, hidden aliases of the name."""
+    """One concept's flag: its name, short form, destination, and old spellings (hidden aliases)."""
 
     what: str
     name: str
@@ -58,8 +53,7 @@ SHORT_FORMS = frozenset({"--bf16", "--int8"})
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Each option on one line: "-o, --out FILE   help"; hidden option strings (the old
-    spellings) left out; a fixed width."""
+    """Each option on one line, "-o, --out FILE   help", old spellings left out; a fixed width."""
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, width=WIDTH, max_help_position=30)
@@ -125,9 +119,8 @@ def add_model_args(g) -> None:
 
 
 def add_hardware_args(g, *, precisions: tuple[str, ...] | None = None, training: bool = False) -> None:
-    """--precision (auto and the precisions `precisions` lists, default decoding's; () for none;
-    docs/precision.md), --device, --threads. --bf16 and --int8, the short forms of decoding's
-    --precision, are kept hidden."""
+    """--precision (of `precisions`, default decoding's; () for none), --device, --threads;
+    decoding's --bf16 and --int8 hidden."""
     if precisions is None:
         from ..precision import DECODING_PRECISIONS as precisions
     if precisions:
@@ -206,6 +199,19 @@ def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None, alph
     add_batch_args(g, batch_size=batch_size, note=note, old=old_batch)
     add_stream_args(g)
     return g
+
+
+def add_schedule_args(g) -> None:
+    """Equation 3's warmup and factor (default: the preset's), the cooldown and the seed: the
+    flags of `train` and `experiment` alike, with TrainOptions' defaults."""
+    from ..train.trainer import TrainOptions
+
+    d = TrainOptions()
+    g.add_argument("--warmup", type=int, metavar="N", help="warmup_steps of equation 3 (default: the preset's)")
+    g.add_argument("--lr-scale", type=float, metavar="X", help="factor on equation 3 (default: the preset's, 1.0)")
+    g.add_argument("--cooldown", type=float, default=d.cooldown, metavar="F",
+                   help=f"not the paper: decay to 0 over the last F (default {d.cooldown:g})")
+    g.add_argument("--seed", type=int, default=d.seed, help=f"training seed (default {d.seed})")
 
 
 def add_quiet(g, what: str = "no progress bar") -> None:

@@ -1,8 +1,5 @@
-"""`transduce parse`: English sentences in, constituency trees out, line for line (Section 6.3).
-
-The flags and one call into `transduce.parsing.parse.parse_stream`; what the command does for
-the user (tokenization, repairs, tags, --svg): docs/parsing.md.
-"""
+"""`transduce parse`: English sentences in, constituency trees out, line for line (Section 6.3),
+through `transduce.parsing.parse.parse_stream`; details: docs/parsing.md."""
 
 from __future__ import annotations
 
@@ -10,11 +7,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..data.text import iter_lines, open_text
 from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
-from ..checkpoint.files import AtomicOutput, check_output
-from .common import check_decoding_args, decoding_options, exit_on_sigterm, load_from_args
+from ..checkpoint.files import check_output
+from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, model_metadata
 from .options import add_decoding_args, add_quiet, epilog
 
 DESCRIPTION = """\
@@ -51,8 +47,7 @@ def check_parsing_model(model_path: Path, metadata: dict | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Parse --input (or stdin) into --out (or stdout). An error, Ctrl-C or SIGTERM leaves no
-    output file (nor changes the one there)."""
+    """Parse --input (or stdin) into --out (or stdout); an error, Ctrl-C or SIGTERM leaves no output."""
     with exit_on_sigterm(PROG):
         return _parse(args)
 
@@ -63,25 +58,17 @@ def _parse(args: argparse.Namespace) -> int:
     from ..parsing.svg import tree_svg
     from ..parsing.tokenize import escape_brackets, ptb_tokenize
     from ..parsing.trees import Repairs
-    from ..translate import _find_metadata
 
     def warn(msg: str) -> None:
         tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)
 
     check_decoding_args(args)
     check_output(args.out)  # before the model loads: a path that cannot be written, named
-    p = args.model_path  # its data.json, in it or in the run directory above: checked before the model loads
-    if (meta := _find_metadata([p, p.parent, p.parent.parent])) is not None:
-        check_parsing_model(p, meta)
+    if (meta := model_metadata(args.model_path)) is not None:  # checked before the model loads
+        check_parsing_model(args.model_path, meta)
     if args.svg is not None and args.svg.exists() and not args.svg.is_dir():
         raise UsageError(f"--svg {args.svg}: not a directory")
-    out: AtomicOutput | None = None
-    infile = None
-    try:
-        if args.input is not None and str(args.input) != "-":
-            infile, name, interactive = open_text(args.input), str(args.input), False
-        else:
-            infile, name, interactive = sys.stdin.buffer, "<stdin>", sys.stdin.isatty()
+    with LineStreams(args) as streams:
         loaded = load_from_args(args)
         check_parsing_model(args.model_path, loaded.metadata)
         if args.svg is not None:  # only now: a model refused leaves no directory behind
@@ -89,7 +76,7 @@ def _parse(args: argparse.Namespace) -> int:
         tags = parsing.predicts_tags(loaded.metadata)
         if not args.quiet:
             print(f"{PROG}: model {loaded.description}; {loaded.precision.line()}", file=sys.stderr)
-            if not interactive:
+            if not streams.interactive:
                 print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
             if not tags:
                 print(f"{PROG}: note: this model was trained on XX sequences (the paper's): its trees carry no "
@@ -97,36 +84,23 @@ def _parse(args: argparse.Namespace) -> int:
                       "predicts them.", file=sys.stderr)
         if loaded.precision.warning:
             warn(loaded.precision.warning)
-        if args.out is not None and str(args.out) != "-":
-            out = AtomicOutput(args.out)
-            write, flush = out.write, lambda: None
-        else:
-            write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
+        write, flush = streams.output()
         sentences = (escape_brackets(line.split()) if args.tokenized else ptb_tokenize(line)
-                     for line in iter_lines(infile, name))
-        options = {**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines,
-                   "workers": 1 if interactive else args.workers}
+                     for line in streams.lines())
         total, repaired, n = Repairs(), 0, 0
         for n, p in enumerate(parsing.parse_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sentences,
                                                    tags=tags, constrained=args.constrained, warn=warn,
-                                                   source_name=name, **options), start=1):
+                                                   **streams.options()), start=1):
             write(((str(p.tree) if p.tree is not None else "") + "\n").encode("utf-8"))
-            if interactive:
+            if streams.interactive:
                 flush()
             total += p.repairs
             repaired += p.repairs.total > 0
             if args.svg is not None and p.tree is not None:
                 (args.svg / f"{n}.svg").write_text(tree_svg(p.tree, title=" ".join(p.tree.leaves())), encoding="utf-8")
         flush()
-        if out is not None:
-            out.commit()
-            out = None
+        streams.commit()
         if not args.quiet:
             print(f"{PROG}: {n} lines; {repaired} outputs were not well-formed trees and were repaired "
                   f"({total.summary()})", file=sys.stderr)
-    finally:
-        if out is not None:
-            out.discard()
-        if infile is not None and infile is not sys.stdin.buffer:
-            infile.close()
     return 0

@@ -1,70 +1,24 @@
-"""`transduce serve`: a trained model behind an HTTP JSON API, requests batched dynamically.
-
-    transduce serve runs/m30k                                   # http://127.0.0.1:8000
-    transduce serve runs/m30k --host 0.0.0.0 --port 9000 --max-wait-ms 20
-    transduce serve runs/m30k --port 0                          # a free port; the first line names it
-    transduce serve m30k-ct2 --engine ct2                       # an exported CTranslate2 model
-    curl -s localhost:8000/translate -H 'content-type: application/json' \\
-         -d '{"sentences": ["A man is riding a bike."], "beam": 4, "scores": true}'
-
-MODEL is what `transduce translate` takes (a run directory: the average of its last checkpoints;
-a model directory), or with --engine ct2 a directory written by `transduce export ct2`. A parsing
-model (trained on a treebank, Section 6.3) is served as `transduce parse` runs it: sentences
-tokenized the Penn Treebank way, each output with its tree, beam 21, alpha 0.3, input + 300.
-
-Endpoints:
-  GET  /             a page to try the model in a browser (offline: nothing is loaded but this
-                     server): type or paste sentences, see the translations, their n-best and
-                     scores; click one to see what the model attends to (`transduce attention`'s
-                     view of that sentence and that translation) and, for a parser, the tree
-  POST /translate    sentences, with optional beam, alpha, max_len_offset, n_best, greedy, scores
-  POST /attention    the attention weights of one sentence and a translation (JSON, or the page)
-  GET  /health       200 once the model is loaded; 503 while loading and while shutting down
-  GET  /info         the model, the defaults, the limits
-  GET  /metrics      Prometheus's text format: requests, latency, batch sizes, queue depth, tokens/s
-  GET  /openapi.json the API, generated from its schemas
-  (each GET route answers HEAD too: its headers, no body)
-
-Dynamic batching: requests that arrive within --max-wait-ms of each other (and fit in
---batch-tokens source tokens) are decoded together by the one decoding thread, sorted by length;
-each caller gets its own translations, in its order. The translations equal `transduce translate`'s
-for the same sentences and settings.
-
-Limits: a body over --max-body-bytes is refused with 413; more sentences than --max-sentences,
-a sentence over --max-chars characters or --max-input-tokens subword tokens, a beam over --max-beam or
-a max_len_offset over --max-len-offset-limit with 422; all as JSON naming the limit. With
---max-queue requests waiting, more get 429 and a Retry-After header. Invalid JSON or UTF-8 is a
-400; a body not sent with `Content-Type: application/json` (curl -d without -H) a 415. A decoding that fails answers its callers 500 (JSON naming the exception) and the server
-goes on serving.
-
-API key: with --api-key KEY (or $TRANSDUCE_API_KEY, which `ps` does not show), /translate and
-/attention require `Authorization: Bearer KEY` or `X-API-Key: KEY` (else 401); the page asks for it.
-
-Shutting down (SIGTERM, as orchestrators send on a deploy; or Ctrl-C): the server stops accepting
-connections, /health says 503, the requests in flight are finished for at most --graceful-timeout
-seconds; those still unfinished then get 503 JSON (shutting_down) and the process ends, so that a
-stuck decode cannot hold a deploy. Give the orchestrator a grace period longer than this. Ctrl-C
-again cuts the grace period short: what is in flight gets the 503 at once.
-
-Logs (stderr): one line per request, "id=ID METHOD PATH STATUS SECONDS", with the request's
-X-Request-ID (or a new id; the response carries it), and what failed. Needs `pip install
-'transduce[serve]'` (FastAPI, uvicorn, prometheus-client).
-"""
+"""`transduce serve`: a trained model behind an HTTP JSON API (`transduce.serve.app`), requests
+batched dynamically; the endpoints, limits, API key, shutdown and logs: docs/serve.md."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-import json
-import math
 import os
 import signal
 import sys
 import threading
 
+from ..checkpoint import check_model_path
+from ..device import resolve_device
 from ..errors import TransduceError, UsageError
+from ..extras import require
+from ..parsing import parse
+from ..serve.common import Limits
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from .common import check_search_args, fill_decoding_defaults, load_from_args, model_metadata
 from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
 
 DESCRIPTION = """\
@@ -81,8 +35,6 @@ PROG = "transduce serve"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    from ..serve.common import Limits
-
     g = parser.add_argument_group("server")
     g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model directory (ct2: an export)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -97,8 +49,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and search defaults (a request may override them)")
     add_model_args(g)
     add_search_args(g, beam=None, alpha=None, max_len_offset=None, greedy=False,
-                    note=(f"{DEFAULT_BEAM}; parser {PARSING[0]}", f"{DEFAULT_ALPHA}; parser {PARSING[1]}",
-                          f"{DEFAULT_MAX_LEN_OFFSET}; parser {PARSING[2]}"))
+                    note=(f"{DEFAULT_BEAM}; parser {parse.DEFAULT_BEAM}", f"{DEFAULT_ALPHA}; parser {parse.DEFAULT_ALPHA}",
+                          f"{DEFAULT_MAX_LEN_OFFSET}; parser {parse.DEFAULT_MAX_LEN_OFFSET}"))
     add_hardware_args(g)
     g.add_argument("--ct2-compute-type", default="default", metavar="TYPE", help="ct2: its precision (default: exported)")
     g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper", metavar="LP",
@@ -125,32 +77,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help=f"largest max_len_offset (default {d.max_len_offset} or more)")
 
 
-PARSING = (21, 0.3, 300)
-"""A parsing model's search (Section 6.3: beam 21, alpha 0.3, input + 300), as `transduce parse`'s."""
-
-
-def model_task(path: Path) -> str:
-    """"parsing" when the data.json the model is loaded with says so (looked for where the loader
-    looks: a run directory, a model directory, or the run above RUN/checkpoints/step_*)."""
-    for d in (path, path.parent, path.parent.parent):
-        if (d / "data.json").is_file():
-            try:
-                return json.loads((d / "data.json").read_text(encoding="utf-8")).get("task") or "translation"
-            except (OSError, ValueError, AttributeError):
-                return "translation"
-    return "translation"
-
-
 def resolve_defaults(args: argparse.Namespace) -> None:
     """Search defaults not given: the paper's for the model's task (6.1, or 6.3 for a parser); the
     limits on beam and max_len_offset at least as large as them."""
-    from ..serve.common import Limits
-
-    parsing = args.engine == "torch" and model_task(args.model_path) == "parsing"
-    beam, alpha, offset = PARSING if parsing else (DEFAULT_BEAM, DEFAULT_ALPHA, DEFAULT_MAX_LEN_OFFSET)
-    args.beam = beam if args.beam is None else args.beam
-    args.alpha = alpha if args.alpha is None else args.alpha
-    args.max_len_offset = offset if args.max_len_offset is None else args.max_len_offset
+    try:  # a data.json that cannot be read is the loader's to report
+        parsing = args.engine == "torch" and parse.is_parsing_model(model_metadata(args.model_path))
+    except (OSError, ValueError, AttributeError):
+        parsing = False
+    beam, alpha, offset = ((parse.DEFAULT_BEAM, parse.DEFAULT_ALPHA, parse.DEFAULT_MAX_LEN_OFFSET) if parsing
+                           else (DEFAULT_BEAM, DEFAULT_ALPHA, DEFAULT_MAX_LEN_OFFSET))
+    fill_decoding_defaults(args, beam=beam, alpha=alpha, max_len_offset=offset)
     d = Limits()
     if args.max_beam is None:
         args.max_beam = max(d.max_beam, args.beam)
@@ -159,29 +95,21 @@ def resolve_defaults(args: argparse.Namespace) -> None:
 
 
 def limits_from_args(args: argparse.Namespace):
-    from ..serve.common import Limits
-
     limits = Limits(args.max_body_bytes, args.max_sentences, args.max_chars, args.max_input_tokens, args.max_queue,
                     args.max_beam, args.max_len_offset_limit)
     for name, value in vars(limits).items():
         if value < 1:
             flag = "max_input_tokens" if name == "max_tokens" else name  # the Limits field's flag
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
-    for name in ("beam", "batch_tokens", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-    if not 1 <= args.beam <= limits.max_beam:
+    check_search_args(args, "batch_tokens", "batch_size")
+    if args.beam > limits.max_beam:
         raise ValueError(f"--beam must be between 1 and --max-beam ({limits.max_beam})")
-    if not 0 <= args.max_len_offset <= limits.max_len_offset:
+    if args.max_len_offset > limits.max_len_offset:
         raise ValueError(f"--max-len-offset must be between 0 and --max-len-offset-limit ({limits.max_len_offset})")
     for flag, value, scale in (("--max-wait-ms", args.max_wait_ms, 1000), ("--graceful-timeout", args.graceful_timeout, 1)):
         # a wait that can end: not NaN, not infinite, not past what Python can wait for (an error at shutdown)
         if not 0 <= value <= threading.TIMEOUT_MAX * scale:
             raise ValueError(f"{flag} must be a finite number >= 0 (at most {threading.TIMEOUT_MAX * scale:.0f}), not {value}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, not {args.threads}")
-    if not (math.isfinite(args.alpha) and args.alpha >= 0):
-        raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
     return limits
 
 
@@ -197,8 +125,6 @@ def engine_loader(args: argparse.Namespace, limits):
             engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens,
                                 length_penalty=args.ct2_length_penalty)
         else:
-            from .common import load_from_args
-
             loaded = load_from_args(args)
             engine = torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
                                   max_tokens=limits.max_tokens, bf16=args.bf16)
@@ -212,8 +138,6 @@ def engine_loader(args: argparse.Namespace, limits):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..extras import require
-
     require("fastapi", "transduce serve")
     require("uvicorn", "transduce serve")
     require("prometheus_client", "transduce serve")
@@ -240,21 +164,14 @@ def check_args(args: argparse.Namespace):
         raise UsageError("--api-key is empty")
     resolve_defaults(args)
     limits = limits_from_args(args)
-    if args.engine == "torch" and args.precision == "int8":
-        from ..device import resolve_device
-
-        if resolve_device(args.device).type != "cpu":
-            raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
+    if args.engine == "torch" and args.precision == "int8" and resolve_device(args.device).type != "cpu":
+        raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
     if not args.model_path.is_dir():
         raise FileNotFoundError(f"{args.model_path}: no such directory")
     if args.engine == "torch" and args.checkpoint is None and args.average is None:
         # not a model: one line now, not after the server has started and announced itself
-        from ..checkpoint import check_model_path
-
         check_model_path(args.model_path)
     if args.engine == "ct2":
-        from ..extras import require
-
         require("ctranslate2", "--engine ct2")
         from ..export.ct2 import is_ct2_dir
 

@@ -1,8 +1,5 @@
-"""`transduce train`: its flags, and one call into `transduce.train.trainer.train`.
-
-The flags of `TrainOptions` come from its fields (`transduce.cli.fields`); the few that set a
-field of the preset's `TrainConfig` are the table `CONFIG_FLAGS`.
-"""
+"""`transduce train`: its flags (TrainOptions' fields, and `CONFIG_FLAGS`, which set the preset's
+TrainConfig), and one call into `transduce.train.trainer.train`."""
 
 from __future__ import annotations
 
@@ -19,7 +16,7 @@ from ..errors import UsageError
 from ..train.signals import EXIT_INTERRUPTED
 from ..train.trainer import TrainOptions, config_for_data, train
 from .fields import add_field_flags, field_type, flag, from_args
-from .options import add_hardware_args, epilog
+from .options import add_hardware_args, add_schedule_args, epilog
 
 DESCRIPTION = """\
 Train on `transduce prepare` output into RUN_DIR (config, checkpoints, logs, model/): Adam
@@ -34,10 +31,10 @@ EPILOG = epilog(
 
 CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, metavar, help); unset: the preset's value
     "max_steps": ("max_steps", "N", "optimizer steps (default: the preset's; base 100K)"),
-    "warmup": ("warmup_steps", "N", "warmup_steps of equation 3 (default: the preset's)"),
-    "lr_scale": ("lr_scale", "X", "factor on equation 3 (default: the preset's, 1.0)"),
+    "warmup": ("warmup_steps", None, None),  # declared by options.add_schedule_args
+    "lr_scale": ("lr_scale", None, None),
     "label_smoothing": ("label_smoothing", "EPS", "eps_ls (default: the preset's, 0.1)"),
-    "save_every_minutes": ("checkpoint_minutes", None, None),  # also a TrainOptions field, whose flag it is
+    "save_every_minutes": ("checkpoint_minutes", "M", "checkpoint every M minutes (default: the preset's, 10)"),
 }
 
 RENAMED = {  # TrainOptions field -> its flags: the vocabulary's name first, then the old spellings (hidden)
@@ -50,11 +47,8 @@ HELPS = {  # TrainOptions field -> its one line in --help (the field's own help 
     "update_freq": "micro-batches per optimizer step (default 1)",
     "max_minutes": "stop after M minutes (a cap; default none)",
     "clip_norm": "clip the gradient norm (default 0: off, the paper)",
-    "cooldown": "not the paper: decay to 0 over the last F (default 0)",
-    "seed": "seed (default 1)",
     "valid_every": "validation every N steps (default 1000; 0: at the end)",
     "save_every_steps": "checkpoint every N steps (default 0: off)",
-    "save_every_minutes": "checkpoint every M minutes (default: the preset's, 10)",
     "keep_last": "checkpoints kept (default: the preset's; 0: all)",
     "resume": "continue from RUN_DIR's latest checkpoint, exactly",
     "compile": "torch.compile the model",
@@ -64,9 +58,12 @@ HELPS = {  # TrainOptions field -> its one line in --help (the field's own help 
     "max_nonfinite": "stop after N non-finite steps in a row (default 5)",
 }
 
+SCHEDULE = ("warmup", "lr_scale", "cooldown", "seed")
+"""The flags `options.add_schedule_args` declares, experiment's too."""
+
 GROUPS = {  # the sections of --help: TrainOptions fields and CONFIG_FLAGS, in this order
     "batching (5.1) and hardware (5.2)": ("max_tokens", "update_freq", "max_steps", "max_minutes", "compile"),
-    "optimizer (5.3) and regularization (5.4)": ("warmup", "lr_scale", "label_smoothing", "cooldown", "clip_norm", "seed"),
+    "optimizer (5.3) and regularization (5.4)": (*SCHEDULE, "label_smoothing", "clip_norm"),
     "validation, checkpoints (6.1), logs":
         ("valid_every", "save_every_steps", "save_every_minutes", "keep_last", "log_every", "tensorboard", "progress"),
 }
@@ -85,19 +82,21 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--set", action="append", default=[], metavar="S.F=V",
                    help="override a config field, e.g. model.n_layers=3")
     add_field_flags(g, TrainOptions, ["resume"], RENAMED, HELPS)
-    options = {f.name for f in dataclasses.fields(TrainOptions)}
     listed = {"resume", *HARDWARE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
         for name in names:
-            if name in options:
-                add_field_flags(g, TrainOptions, [name], RENAMED, HELPS)
-            else:
+            if name == SCHEDULE[0]:
+                add_schedule_args(g)
+            elif name in CONFIG_FLAGS and name not in SCHEDULE:
                 field, metavar, help = CONFIG_FLAGS[name]
                 g.add_argument(flag(name), type=field_type(TrainConfig, field), metavar=metavar, help=help)
+            elif name not in SCHEDULE:
+                add_field_flags(g, TrainOptions, [name], RENAMED, HELPS)
         if title.startswith("batching"):
             add_hardware_args(g, precisions=PRECISIONS, training=True)
         listed.update(names)
+    options = {f.name for f in dataclasses.fields(TrainOptions)}
     add_field_flags(g, TrainOptions, sorted(options - listed), RENAMED, HELPS)  # a new field is a flag even if not placed
 
 

@@ -1,22 +1,19 @@
-"""`transduce translate`: text in, translations out, line for line (Section 6.1's decoding).
-
-The flags and one call into `transduce.translate.translate_stream` (or an exported CTranslate2
-model's); what the command does for the user, input and output, the N-best format: docs/decoding.md.
-"""
+"""`transduce translate`: text in, translations out, line for line (Section 6.1), through
+`transduce.translate.translate_stream` (or a CTranslate2 export's); details: docs/decoding.md."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
 from .. import translate
-from ..data.text import iter_lines, open_text
 from ..checkpoint.files import check_output
-from ..translate import AtomicOutput, Candidate
+from ..translate import Candidate
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .common import check_decoding_args, decoding_options, exit_on_sigterm, load_from_args
+from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, to_file
 from .options import add_decoding_args, add_quiet, epilog
 
 DESCRIPTION = """\
@@ -54,13 +51,8 @@ CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
 """--precision (--bf16, --int8) with --engine ct2: the CTranslate2 compute type it stands for."""
 
 
-def _to_file(path: Path | None) -> bool:
-    return path is not None and str(path) != "-"
-
-
 def check_args(args: argparse.Namespace) -> None:
-    """Refuse, before anything loads, flags that cannot work together and an output that
-    cannot be written."""
+    """Refuse, before anything loads, flags that cannot work together or an unwritable output."""
     check_decoding_args(args)
     if args.engine == "ct2" and args.precision != "auto":
         compute_type = CT2_COMPUTE_TYPES.get(args.precision)
@@ -80,7 +72,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
         if not args.greedy and not 1 <= args.n_best <= args.beam:
             raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
-    if _to_file(args.out):
+    if to_file(args.out):
         check_output(args.out)
 
 
@@ -92,50 +84,30 @@ def run(args: argparse.Namespace) -> int:
         tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)  # above the progress bar, if any
 
     check_args(args)
-    out: AtomicOutput | None = None
-    bar = infile = None
-    with exit_on_sigterm(PROG):
-        try:
-            if _to_file(args.input):
-                infile, name, interactive = open_text(args.input), str(args.input), False
-            else:
-                infile, name, interactive = sys.stdin.buffer, "<stdin>", sys.stdin.isatty()
-            loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
-            if not args.quiet:
-                print(f"{PROG}: model {loaded.description}", file=sys.stderr)
-                print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
-                if args.engine != "ct2" and not interactive:
-                    print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
-            if loaded.precision.warning:
-                warn(loaded.precision.warning)
-            if _to_file(args.out):
-                out = AtomicOutput(args.out)
-                write, flush = out.write, lambda: None
-            else:
-                write, flush = sys.stdout.buffer.write, sys.stdout.buffer.flush
-            if _to_file(args.input) and not args.quiet and sys.stderr.isatty():
-                bar = tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
-            options = dict(**{**decoding_options(args), "chunk_lines": 1 if interactive else args.chunk_lines,
-                              "workers": 1 if interactive else args.workers},
-                           n_best=args.n_best or 1, source_name=name, warn=warn, advance=bar.update if bar is not None else None)
-            if args.engine == "ct2":
-                stream = loaded.translate_stream(iter_lines(infile, name), **options,
-                                                 length_penalty=args.ct2_length_penalty or "paper")
-            else:
-                stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, iter_lines(infile, name),
-                                                    **options)
-            _write(stream, args.n_best, write, flush if interactive else None)
-            flush()
-            if out is not None:
-                out.commit()
-                out = None
-        finally:
-            if out is not None:
-                out.discard()
-            if bar is not None:
-                bar.close()
-            if infile is not None and infile is not sys.stdin.buffer:
-                infile.close()
+    with exit_on_sigterm(PROG), LineStreams(args) as streams, contextlib.ExitStack() as stack:
+        loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
+        if not args.quiet:
+            print(f"{PROG}: model {loaded.description}", file=sys.stderr)
+            print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
+            if args.engine != "ct2" and not streams.interactive:
+                print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
+        if loaded.precision.warning:
+            warn(loaded.precision.warning)
+        write, flush = streams.output()
+        bar = None
+        if to_file(args.input) and not args.quiet and sys.stderr.isatty():
+            bar = stack.enter_context(tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines",
+                                           mininterval=1))
+        options = dict(streams.options(), n_best=args.n_best or 1, warn=warn,
+                       advance=bar.update if bar is not None else None)
+        if args.engine == "ct2":
+            stream = loaded.translate_stream(streams.lines(), **options, length_penalty=args.ct2_length_penalty or "paper")
+        else:
+            stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, streams.lines(),
+                                                **options)
+        _write(stream, args.n_best, write, flush if streams.interactive else None)
+        flush()
+        streams.commit()
     return 0
 
 

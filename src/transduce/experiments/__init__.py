@@ -1,40 +1,15 @@
 """Table 3 and Table 2 as an experiment anyone can rerun: `transduce experiment`.
 
-Table 3 ("Variations on the Transformer architecture") trains the base model and its variations
-(A: heads and d_k, d_v at constant computation; B: smaller d_k; C: depth and widths; D: dropout
-and label smoothing; E: learned positions; big) and reports, on the development set, perplexity
-per subword token and BLEU: "We used beam search as described in the previous section, but no
-checkpoint averaging" (Section 6.2). So here by default: the final model of each run, beam 4,
-alpha 0.6, maximum length input + 50 (6.1); `average=True` (--average) measures the average of
-the last checkpoints instead (6.1: 5, big 20), as Table 2's models were. Table 2 reports the
-training cost of each model in FLOPs; here the cost is counted from the batches each run trained
-on (`transduce.flops`), with the wall time, the device, the precision and the model-FLOPs
-utilisation.
-
-    transduce experiment --data data/m30k --out exp/t3 --updates 2000 --scale 0.25 --variants base,A1,C1,big
-    transduce experiment ... --dry-run        # the `transduce train` commands, one per variant
-
-The pieces, each reusing the pipeline (prepare -> train -> average -> decode -> score):
-
-* `plan`: the variants (Table 3's rows are presets of `transduce.config.PRESETS`), the `Recipe`
-  they share (updates, tokens per update, schedule; never minutes), the scale (every width and
-  depth times a stated factor for a smaller machine, the ratios between rows kept, the output
-  saying it is not the paper's scale), and each variant's `transduce train` command.
-* `run`: each variant is an ordinary `transduce train` run in OUT/runs/NAME, trained through
-  `transduce.train.trainer.train` (what the command calls), resumed if interrupted, skipped if
-  done; then its final model (or the average of its last checkpoints, `transduce.checkpoint`,
-  6.1) loaded as `transduce translate` loads it, its dev perplexity
-  (`transduce.train.step.evaluate`), its dev translations (`transduce.translate`) and BLEU
-  (`transduce.evaluate`), its cost.
-* `table`: Markdown, CSV, JSON and a PNG.
-
-Beyond one machine: `--dry-run` prints the commands (torchrun lines with --nproc); `--slurm`
-submits each as a Slurm job through `submitit` (the `slurm` extra); then the same
-`transduce experiment` command measures the finished runs and writes the table.
+Each variant (a Table 3 row, a preset) is an ordinary `transduce train` run under a shared
+`plan.Recipe`, optionally at a stated reduced scale; `run` trains, resumes or skips it, then
+measures its dev perplexity and BLEU (6.1's search, 6.2's "no checkpoint averaging" by default)
+and its training cost (Table 2); `table` writes Markdown, CSV, JSON and a PNG. `--dry-run` prints
+the train commands, `--slurm` submits them; details: docs/experiments.md.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +17,7 @@ from typing import Callable
 
 from ..errors import UsageError
 from ..extras import require
-from .plan import TABLE3, Machine, Recipe, Variant, plan, show, train_command, train_setup
+from .plan import TABLE3, Machine, Recipe, Variant, plan, train_command, train_setup
 from .run import check_data, check_run_dir, open_experiment, rows_measured_beside, run_variant, trained
 from .table import write_table
 
@@ -72,7 +47,7 @@ def prepare(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine
 def dry_run(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine) -> list[str]:
     """The `transduce train` command of every variant, as lines for a shell; writes nothing."""
     _, variants = prepare(data_dir, out, names, recipe, machine)
-    return [show(train_command(v, recipe, data_dir, out, machine)) for v in variants]
+    return [shlex.join(train_command(v, recipe, data_dir, out, machine)) for v in variants]
 
 
 def run_experiment(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine, *,
@@ -104,10 +79,8 @@ def run_experiment(data_dir: Path, out: Path, names: list[str], recipe: Recipe, 
 
 def submit_slurm(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine, *,
                  partition: str | None, minutes: int, cpus_per_task: int | None = None, cluster: str | None = None) -> dict:
-    """Submit each variant not yet trained as one Slurm job running its `transduce train` command
-    (torchrun for --nproc > 1), through submitit's AutoExecutor (logs in OUT/slurm). Returns
-    {variant: submitit job} (`.job_id`, `.result()`). Run `transduce experiment` again, without
-    --slurm, to measure them."""
+    """Submit each variant not yet trained as a Slurm job running its `transduce train` command,
+    through submitit (logs in OUT/slurm); returns {variant: submitit job}."""
     submitit = require("submitit", "--slurm")
     if cluster is None:  # submitit's own choice would be its local executor where there is no Slurm
         if shutil.which("sbatch") is None:

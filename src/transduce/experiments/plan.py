@@ -1,16 +1,10 @@
-"""What an experiment runs: the rows of Table 3 as variants, the recipe they share, the scale, and
-each variant's `transduce train` command.
-
-A variant is a named preset of `transduce.config.PRESETS` (Table 3's rows are presets already:
-`base`, `table3-A1` ... `table3-E`, `big`), made smaller by the scale, trained by the recipe.
-Everything it becomes is expressed as flags of `transduce train` (`train_command`), so that the
-command printed by `--dry-run` and the run done here (`train_setup`) are the same training.
-"""
+"""What an experiment runs: the rows of Table 3 as variants (each a preset of
+`transduce.config.PRESETS`, made smaller by the scale), the recipe they share, and each variant's
+`transduce train` command (`train_command`), which the run done here (`train_setup`) equals."""
 
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,8 +45,7 @@ class Recipe:
     same models, only the time differs), and the scale. Defaults are the paper's (5.1-5.3)."""
 
     updates: int
-    """Optimizer steps of the base row (the paper: 100K); a row the paper trained longer trains
-    longer in the same ratio (big: 3x, 300K in 5.2)."""
+    """Optimizer steps of the base row (the paper: 100K); big trains 3x as long, as in 5.2."""
     max_tokens: int = 25000
     """Source and target tokens per update, each side (5.1: ~25000)."""
     warmup: int = 4000
@@ -62,18 +55,16 @@ class Recipe:
     cooldown: float = 0.0
     """Not in the paper: the rate decays linearly to 0 over this last fraction of the steps."""
     save_every: int = 0
-    """Updates between checkpoints. The paper wrote one every 10 minutes of a 12-hour base run
-    (6.1): 0 means the same share, updates // 72 (at least 1)."""
+    """Updates between checkpoints; 0: updates // 72 (6.1: every 10 minutes of a 12-hour run)."""
     seed: int = 1
     scale: float = 1.0
     """Widths (d_model, d_ff, d_k, d_v) times this; 1.0 is the paper's scale."""
     depth_scale: float | None = None
-    """Layers (N) times this, rounded half up, at least 1; None: `scale`, but at least
-    `MIN_DEPTH_SCALE`, so that Table 3's depths (N = 2, 4, 6, 8) stay four different depths."""
+    """Layers (N) times this, rounded half up, at least 1; None: `scale`, at least `MIN_DEPTH_SCALE`."""
 
     def __post_init__(self) -> None:
         if self.updates < 1 or self.max_tokens < 1 or self.warmup < 1 or self.save_every < 0:
-            raise UsageError("need --updates, --max-tokens and --warmup of at least 1, --save-every >= 0")
+            raise UsageError("need --max-steps, --update-tokens and --warmup of at least 1, --save-every-steps >= 0")
         if not 0 < self.scale <= 1 or not 0 <= self.cooldown < 1 or self.lr_scale <= 0:
             raise UsageError("need 0 < --scale <= 1, 0 <= --cooldown < 1 and --lr-scale > 0")
         self.depth_scale = max(self.scale, MIN_DEPTH_SCALE) if self.depth_scale is None else self.depth_scale
@@ -123,10 +114,9 @@ class Variant:
 
 
 def scaled_sets(preset: str, scale: float, depth_scale: float) -> list[str]:
-    """`--set` overrides that make `preset` smaller: d_model, d_ff, d_k and d_v times `scale`
-    (d_model rounded to an even number, the others to at least 1), N times `depth_scale`
-    (rounded half up, at least 1); heads, dropout, label smoothing and positions unchanged. The
-    ratios between Table 3's rows stay (A1's h=1, d_k=512 against base's h=8, d_k=64, ...)."""
+    """`--set` overrides that make `preset` smaller: d_model (rounded to an even number), d_ff, d_k
+    and d_v times `scale`, N times `depth_scale` (rounded half up, at least 1); the rest, and the
+    ratios between Table 3's rows, unchanged."""
     if scale == 1 and depth_scale == 1:
         return []
     m = PRESETS[preset].model
@@ -152,8 +142,7 @@ def plan(names: list[str], recipe: Recipe) -> list[Variant]:
 
 def _refuse_twins(variants: list[Variant], recipe: Recipe) -> None:
     """A one-line UsageError where the scale makes two rows the same training (the same model and
-    regime): the table would then compare a row with itself (e.g. C3's N=8 and base's N=6 both
-    N=2 at --depth-scale 0.25)."""
+    regime), e.g. C3's N=8 and base's N=6 both N=2 at --depth-scale 0.25."""
     seen: dict[str, Variant] = {}
     for v in variants:
         config = apply_overrides(get_preset(v.preset), v.sets).to_dict()
@@ -173,8 +162,7 @@ def _refuse_twins(variants: list[Variant], recipe: Recipe) -> None:
 
 
 def keep_last(variant: Variant) -> int:
-    """Checkpoints kept at the interval: the ones averaged (6.1: 5, big 20); a last checkpoint
-    written off the interval is kept besides them (`transduce.checkpoint.run_dir.prune`)."""
+    """Checkpoints kept at the interval: the ones averaged (6.1: 5, big 20)."""
     return PRESETS[variant.preset].train.average_last
 
 
@@ -201,10 +189,6 @@ def train_command(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, m
     if machine.threads:
         cmd += ["--threads", str(machine.threads)]
     return cmd
-
-
-def show(cmd: list[str]) -> str:
-    return shlex.join(cmd)
 
 
 def train_setup(variant: Variant, recipe: Recipe, meta: dict, machine: Machine) -> tuple[Config, TrainOptions]:

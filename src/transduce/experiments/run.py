@@ -1,15 +1,7 @@
 """Running an experiment: each variant trained (or resumed, or skipped when done) in its own run
-directory, then measured as Table 3 and Table 2 report it.
-
-    OUT/experiment.json     the recipe and the data (a second run with another recipe is refused)
-    OUT/runs/NAME/          an ordinary `transduce train` run directory per variant, plus
-        row.json            its measured row (reused when the recipe and decoding are the same)
-        dev.hyp             its translations of the development set
-    OUT/table.md, .csv, .json, .png   the table (`transduce.experiments.table`)
-
-Nothing trained is overwritten: a run directory whose config.json (or seed, cooldown) is not the
-variant's under this recipe is a one-line error before anything runs.
-"""
+directory OUT/runs/NAME, then measured as Table 3 and Table 2 report it (its row.json and
+dev.hyp beside it; OUT/experiment.json records the recipe). A run directory or experiment of
+another recipe is a one-line error before anything runs: nothing trained is overwritten."""
 
 from __future__ import annotations
 
@@ -32,10 +24,11 @@ from ..errors import DataError, UsageError
 from ..flops import dims, matmul_peak, training_flops
 from ..model import count_parameters
 from ..precision import choose_precision
+from ..ready import make_ready
 from ..train.state import BatchStream
 from ..train.step import evaluate as validation_loss
 from ..train.trainer import train
-from ..translate import AtomicOutput, load_translation_model, translate_lines
+from ..translate import load_translation_model, translate_lines
 from .plan import Machine, Recipe, Variant, train_setup
 
 DECODING = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}
@@ -101,15 +94,13 @@ def config_differences(have: Config, want: Config) -> list[str]:
     return diffs
 
 
-def first_start(run_dir: Path) -> dict | None:
-    """The first "start" record of a run's log (its options), if any."""
+def starts(run_dir: Path) -> list[dict]:
+    """The "start" records of a run's log (one a session: its options, device, precision)."""
     log = run_dir / "logs" / "train.jsonl"
-    if log.is_file():
-        for line in log.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line) if line.strip() else {}
-            if record.get("type") == "start":
-                return record
-    return None
+    if not log.is_file():
+        return []
+    records = map(json.loads, filter(str.strip, log.read_text(encoding="utf-8").splitlines()))
+    return [r for r in records if r.get("type") == "start"]
 
 
 def check_run_dir(variant: Variant, config: Config, recipe: Recipe, out: Path) -> None:
@@ -119,8 +110,7 @@ def check_run_dir(variant: Variant, config: Config, recipe: Recipe, out: Path) -
     if not path.is_file():
         return
     diffs = config_differences(Config.from_dict(json.loads(path.read_text(encoding="utf-8"))), config)
-    start = first_start(run_dir)
-    if start is not None:
+    for start in starts(run_dir)[:1]:
         for name in ("seed", "cooldown"):
             if start["options"].get(name) != getattr(recipe, name):
                 diffs.append(f"{name} {start['options'].get(name)!r}, not {getattr(recipe, name)!r}")
@@ -148,9 +138,8 @@ def made_with(variant: Variant, recipe: Recipe, average: bool) -> dict:
 
 
 def rows_measured_beside(out: Path, names: list[str], recipe: Recipe, average: bool) -> list[dict]:
-    """The rows in OUT that other calls measured under the same recipe, decoding and averaging
-    (another list of variants run side by side into the same OUT), except `names`; in Table 3's
-    order. An unreadable or other-recipe row.json is left out."""
+    """The rows in OUT but `names` measured under the same recipe, decoding and averaging (by
+    another list of variants run side by side); an unreadable or other-recipe row.json left out."""
     rows = []
     for path in sorted((out / "runs").glob(f"*/{ROW}")):
         if path.parent.name in names:
@@ -205,9 +194,8 @@ def run_variant(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, mac
 
 def measure(variant: Variant, run_dir: Path, data_dir: Path, meta: dict, machine: Machine,
             *, average: bool = False, peak_flops: float | None = None) -> dict:
-    """Table 3's row (dev perplexity and BLEU, with 6.1's beam search, of the final model as 6.2
-    says: "no checkpoint averaging"; with `average`, of the average of the last checkpoints as
-    6.1 does for Table 2) and Table 2's cost (training FLOPs, time, device, precision, MFU)."""
+    """Table 3's row (dev perplexity and BLEU of the final model, 6.2: "no checkpoint averaging";
+    with `average`, of the last checkpoints' average) and Table 2's cost (FLOPs, time, MFU)."""
     device = resolve_device(machine.device)
     loaded = load_translation_model(run_dir, checkpoint=None if average else "model", device=device)
     config, m = loaded.config, loaded.config.model
@@ -219,14 +207,11 @@ def measure(variant: Variant, run_dir: Path, data_dir: Path, meta: dict, machine
     srcs, refs = list(read_lines(split["src_file"])), list(read_lines(split["tgt_file"]))
     if len(srcs) != len(refs):
         raise DataError(f"{len(srcs)} source lines but {len(refs)} references in {split['tgt_file']}", split["src_file"])
-    bf16 = choice.precision == "bf16"
-    if bf16:
-        loaded.model.to(torch.bfloat16)
-    hyps = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **DECODING, bf16=bf16,
+    make_ready(loaded.model, choice)  # bf16 weights for a bf16 run
+    hyps = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **DECODING,
+                           bf16=choice.precision == "bf16",
                            progress=machine.progress, source_name=split["src_file"], warn=lambda _: None)
-    out = AtomicOutput(run_dir / "dev.hyp")
-    out.write("".join(h + "\n" for h in hyps).encode("utf-8"))
-    out.commit()
+    atomic_write_text(run_dir / "dev.hyp", "".join(h + "\n" for h in hyps))
     scores = bleu.score(hyps, refs, lang=meta.get("tgt_lang") or "en")
     return {
         "variant": variant.name, "preset": variant.preset,
@@ -243,10 +228,9 @@ def measure(variant: Variant, run_dir: Path, data_dir: Path, meta: dict, machine
 
 
 def counted_flops(config: Config, run_dir: Path, data_dir: Path) -> tuple[int, TrainingState]:
-    """The model FLOPs of the batches the run trained on (`transduce.flops`), counted by
-    replaying its batch order from the sizes alone: the same seed, tokens per batch, processes
-    and micro-batches as its latest checkpoint records (exact unless batching changed on a
-    resume, or steps were skipped for non-finite values)."""
+    """The model FLOPs of the batches the run trained on (`transduce.flops`), its batch order
+    replayed from the sizes alone as its latest checkpoint records it (exact unless batching
+    changed on a resume, or non-finite steps were skipped)."""
     state = checkpoint_state(latest_checkpoint(run_dir))
     dm = dims(config.model)
     train_set = ParallelDataset.load(data_dir, "train")
@@ -283,20 +267,17 @@ def measured_peak(device: str, precision: str, threads: int | None) -> float | N
 
 
 def cost(config: Config, run_dir: Path, data_dir: Path, peak_flops: float | None) -> dict:
-    """Table 2's columns for a run, measured: training FLOPs, wall time (all sessions, validation
-    and checkpoints included), device, precision, and MFU against `peak_flops` per process
-    (stated) or the matmul peak measured here."""
+    """Table 2's columns for a run: training FLOPs, wall time (all sessions), device, precision,
+    and MFU against `peak_flops` per process or the matmul peak measured here."""
     flops, state = counted_flops(config, run_dir, data_dir)
-    log = run_dir / "logs" / "train.jsonl"
-    starts = [r for r in map(json.loads, filter(str.strip, log.read_text(encoding="utf-8").splitlines()))
-              if r.get("type") == "start"] if log.is_file() else []
-    last = starts[-1] if starts else {}
+    sessions = starts(run_dir)
+    last = sessions[-1] if sessions else {}
     device, precision = last.get("device", "?"), last.get("precision", "?")
-    precisions = sorted({r.get("precision", "?") for r in starts})
+    precisions = sorted({r.get("precision", "?") for r in sessions})
     if peak_flops is not None:
         peak, source = peak_flops, "stated (--peak-tflops)"
     else:
-        peak = measured_peak(device, precision, last.get("threads")) if starts else None
+        peak = measured_peak(device, precision, last.get("threads")) if sessions else None
         source = (f"measured: best {precision} matmul (2048^3) on this machine, {last.get('threads')} threads"
                   if peak else "unknown (the device is not here: give --peak-tflops)")
     seconds = state.train_seconds
