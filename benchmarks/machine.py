@@ -1,32 +1,14 @@
 """What machine a benchmark table was measured on: the CPU, its ISA features, the environment
-variables that hold libraries to a lower ISA, and the ISA each library actually runs.
+variables that hold libraries to a lower ISA, and the ISA each library actually runs, as it reports
+it itself (docs/speed.md, "Which kernels run"). `describe()` returns the lines; the speed benchmarks
+print them at the top of their output and store them in their JSON.
 
-A CPU timing table is only readable with this: the same command gives other ratios on a CPU with
-AMX, with AVX512_BF16 only, or AVX2 only (and `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2
-CT2_FORCE_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` imitates the
-last on a newer one). `describe()` returns the lines;
-`benchmarks/decode_speed.py` prints them at the top of its output and stores them in its JSON.
-
-Each library's effective ISA is what it reports itself, not inferred from the CPU:
-
-* oneDNN inside PyTorch (fp32/bf16 packed products, int8): the `isa:` line oneDNN prints with
-  `ONEDNN_VERBOSE=1` when it first runs a primitive (in a subprocess with this environment);
-* PyTorch's ATen kernels (softmax, copies, element-wise): `torch.backends.cpu.get_cpu_capability()`;
-* MKL inside PyTorch (fp32 products outside oneDNN: `torch.mm`, attention's batched products):
-  the code path oneMKL names in its first `MKL_VERBOSE=1` line (held down by
-  `MKL_ENABLE_INSTRUCTIONS`, which the oneDNN and ATen variables do not reach);
-* CTranslate2: the ISA of its own kernels and its GEMM backends (its `CT2_VERBOSE=1` log when a
-  model loads), the ISA of its bundled oneDNN (`ONEDNN_VERBOSE=1`) and of its bundled MKL
-  (`MKL_VERBOSE=1`; its GEMM backend on Intel CPUs), in a subprocess that loads a tiny model
-  exported here; `ctranslate2.get_supported_compute_types("cpu")`.
-
-So the AVX2 imitation on an Intel CPU needs `MKL_ENABLE_INSTRUCTIONS=AVX2` as well: there both
-PyTorch's and CTranslate2's MKL otherwise run AVX-512 and AMX (seen on a Xeon with AMX,
-2026-11-26). On other vendors' CPUs (AMD) MKL names no ISA, only its generic path ("Intel(R)
-Architecture processors"), whatever `MKL_ENABLE_INSTRUCTIONS` says (seen on an EPYC Zen 5 with
-oneMKL 2024.0, 2026-11-28), and CTranslate2 does not use its MKL at all (it chooses by vendor):
-`CT2_USE_MKL=0` on Intel gives it the GEMMs it would have on an AMD CPU. `cpu_vendor()` says
-which case a machine is.
+Each library is asked in a subprocess with this environment: PyTorch's oneDNN (`ONEDNN_VERBOSE=1`),
+ATen (`torch.backends.cpu.get_cpu_capability()`), PyTorch's MKL (its first `MKL_VERBOSE=1` line;
+held down only by `MKL_ENABLE_INSTRUCTIONS`), and CTranslate2 (its own kernels and GEMM backends,
+`CT2_VERBOSE=1`; its bundled oneDNN and MKL) loading a tiny model exported here. On AMD CPUs MKL
+names no ISA, only its generic path, and CTranslate2 does not use its MKL (`CT2_USE_MKL=0` gives it
+on Intel the GEMMs it has on AMD): `cpu_vendor()` says which case a machine is.
 """
 
 from __future__ import annotations
@@ -64,33 +46,29 @@ print("compute types:", sorted(ctranslate2.get_supported_compute_types("cpu")), 
 """
 
 
-def cpu_flags() -> tuple[str, list[str]]:
-    """The CPU's model name and which of `FEATURES` it has (/proc/cpuinfo)."""
-    name, flags = "unknown CPU", set()
+def _cpuinfo() -> dict[str, str]:
+    """The first value of each key of /proc/cpuinfo ({} where it cannot be read)."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "model name" and name == "unknown CPU":
-                name = value.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
-                flags = set(value.split())
+            info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return name, [f for f in FEATURES if f in flags]
+    return info
+
+
+def cpu_flags() -> tuple[str, list[str]]:
+    """The CPU's model name and which of `FEATURES` it has (/proc/cpuinfo)."""
+    info = _cpuinfo()
+    flags = set(info.get("flags", info.get("Features", "")).split())
+    return info.get("model name", "unknown CPU"), [f for f in FEATURES if f in flags]
 
 
 def cpu_vendor() -> str:
     """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD", ...; "unknown"
-    where there is no such line, e.g. on ARM or off Linux). Which ISA a vendor's library reports
-    depends on it: oneMKL names its AVX2/AVX-512/AMX paths on Intel CPUs only."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "vendor_id":
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown"
+    where there is no such line, e.g. on ARM or off Linux): oneMKL names its ISA on Intel CPUs only."""
+    return _cpuinfo().get("vendor_id", "unknown")
 
 
 def _run(code: str, env: dict) -> str:

@@ -1,69 +1,28 @@
-"""Table 1 of "Attention Is All You Need" (Section 4, "Why Self-Attention"), measured on this CPU.
+"""Table 1 of "Attention Is All You Need" (Section 4, "Why Self-Attention"), measured on this CPU:
+per layer type, counted FLOPs, time, peak memory and their exponents of n, sequential operations
+and the maximum path length (how each is measured: docs/table1.md).
 
     python benchmarks/table1.py --out DIR                 # d = 512, n = 16 ... 4096 (a few minutes)
     python benchmarks/table1.py --out DIR --max-n 1024    # a shorter range
     python benchmarks/table1.py --out DIR --quick         # n = 64 ... 1024, one repeat: seconds
 
-Table 1 compares layer types by complexity per layer, sequential operations and maximum path
-length. Each layer type here maps a sequence of n vectors of width d to n vectors of width d, batch
-1, fp32, on the CPU, with torch's threads as `--threads` says:
-
-    self-attention            transduce.model.MultiHeadAttention, h = 8, d_k = d_v = d/h (SDPA)
-    restricted (masked)       the same with ModelConfig.attention_window's mask (|i - j| <= r): the
-                              model's implementation, n x n scores of which all but 2r+1 per row masked
-    restricted (banded)       the same projections, equation 1 over the keys within r only, in
-                              blocks of r queries against their 3r neighbouring keys: O(r n d)
-    recurrent                 nn.LSTM(d, d), one layer (oneDNN's kernel)
-    convolution               nn.Conv1d(d, d, k = 3), padding 1
-    separable                 depthwise nn.Conv1d(d, d, 3, groups=d) then pointwise nn.Conv1d(d, d, 1)
-
-What is measured, per layer type and n (d = 512, r = 64, k = 3 unless the options say otherwise):
-
-* FLOPs, forward and backward, counted by torch.utils.flop_counter.FlopCounterMode (2 m n k per
-  product). It has no formula for two kernels these layers use, so they are registered here:
-  the CPU flash-attention kernel (`_scaled_dot_product_flash_attention_for_cpu` and its backward:
-  torch's own SDPA formulas; the kernel computes every masked score too) and oneDNN's LSTM layer
-  (`mkldnn_rnn_layer`: 2 T B 4h (d + h) forward, twice that backward; checked against the count of
-  torch's step-by-step LSTM by tests/test_table1_bench.py). Element-wise work is not counted.
-* wall time, forward and backward (the backward of a random gradient of the output), each the
-  fastest of several repeats after a warm-up (fewer repeats where a point takes long; the
-  medians are in the JSON): the fastest, because other work on the machine only adds time.
-* peak memory: the process's peak resident set (VmHWM, /proc/self/status) above its resident
-  set before the forward, the peak reset before each point (/proc/self/clear_refs, "5"), with
-  glibc's mmap threshold fixed at 64 KiB so that tensor memory goes back to the system when
-  freed, and glibc's free heap memory given back first (malloc_trim). A separate pass after the
-  timings (mapping every allocation afresh would slow them). Weights and the input are excluded.
-  tracemalloc does not see torch's allocations, and torch keeps no CPU allocator statistics.
-* the exponent of n: least squares of log(value) on log(n) over the larger half of the n's.
-* sequential operations: the longest chain of matrix products (mm, bmm, addmm, convolution,
-  attention kernels) each of which needs the result of the one before, traced op by op in a
-  forward pass at two lengths (the LSTM through torch's step-by-step kernel, which shows its steps).
-* maximum path length: L layers of a type stacked (d = 16, no residual), fp64, at n = --path-n:
-  the fewest L for which the gradient of output position n with respect to input position 1 is
-  non-zero (and of output 1 with respect to input n, for the layers that are not causal), with
-  the traced chain of dependent products from input to output of that stack. A convolution of
-  width k = 3 without dilation reaches one more position per layer: n - 1 layers; the paper's
-  O(log_k(n)) is for dilated convolutions, measured too: causal, dilation k^l in layer l (ByteNet,
-  WaveNet). (A symmetric one with dilation k^l cannot reach across: its path would leave the
-  sequence; the paper's bound is the causal construction.)
-
-A layer type stops at the first n whose forward + backward takes more than --time-limit seconds
-or --memory-limit GiB (or is predicted to, from the point before): the output says so.
-Writes DIR/table1.json (every point), DIR/table1.md (the tables) and DIR/table1.png (log-log time
-and FLOPs against n).
+Layer types, each mapping n vectors of width d to n (batch 1, fp32, --threads threads): self-attention
+(transduce's MultiHeadAttention, h = 8, SDPA), restricted self-attention as the model masks it
+(|i - j| <= r, n x n scores) and banded (`banded_attention`: O(r n d)), recurrent (nn.LSTM(d, d),
+oneDNN's kernel), convolution (nn.Conv1d, k = 3) and separable (depthwise k, then pointwise). A
+layer type stops at the first n whose forward + backward takes more than --time-limit seconds or
+--memory-limit GiB (or is predicted to). Writes DIR/table1.json (every point), DIR/table1.md (the
+tables) and DIR/table1.png (log-log time and FLOPs against n).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime
 import gc
 import json
 import math
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -78,18 +37,10 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from transduce.model import MultiHeadAttention
 from transduce.restricted import window_mask
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from table1_report import figure, machine, markdown, summarize  # noqa: E402
+
 KINDS = ["self-attention", "restricted (masked)", "restricted (banded)", "recurrent", "convolution", "separable"]
-PAPER = {  # Table 1: complexity per layer, sequential operations, maximum path length
-    "self-attention": ("O(n²·d)", "O(1)", "O(1)"),
-    "restricted (masked)": ("O(r·n·d)", "O(1)", "O(n/r)"),
-    "restricted (banded)": ("O(r·n·d)", "O(1)", "O(n/r)"),
-    "recurrent": ("O(n·d²)", "O(n)", "O(n)"),
-    "convolution": ("O(k·n·d²)", "O(1)", "O(log_k(n))"),
-    "separable": ("O(k·n·d + n·d²)", "O(1)", "O(log_k(n))"),
-}
-
-
-# -- the layers ---------------------------------------------------------------------------------
 
 
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, r: int) -> Tensor:
@@ -170,9 +121,6 @@ def make_layer(kind: str, d: int, heads: int = 8, r: int = 64, k: int = 3, dilat
     raise ValueError(f"unknown layer type {kind!r}")
 
 
-# -- FLOPs ----------------------------------------------------------------------------------------
-
-
 def _flash_cpu(query, key, value, *args, out_shape=None, **kwargs) -> int:
     return sdpa_flop_count(query, key, value)
 
@@ -207,9 +155,6 @@ def count_flops(layer: nn.Module, x: Tensor) -> tuple[int, int]:
     with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as bwd:
         y.backward(torch.randn_like(y))
     return fwd.get_total_flops(), bwd.get_total_flops()
-
-
-# -- time and memory ------------------------------------------------------------------------------
 
 
 def time_point(layer: nn.Module, x: Tensor, budget_s: float, max_repeats: int) -> tuple[list[float], list[float]]:
@@ -272,8 +217,6 @@ def peak_memory(layer: nn.Module, x: Tensor) -> int:
     return max(0, _status_kib("VmHWM") - base) * 1024
 
 
-# -- sequential operations and path length ------------------------------------------------------------
-
 PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "convolution", "_scaled_dot_product", "mkldnn_rnn", "linear", "matmul")
 
 
@@ -329,142 +272,6 @@ def path_layers(kind: str, n: int, d: int, r: int, k: int, max_layers: int, back
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if reaches(mid) else (mid, hi)
     return {"layers": hi, "products_on_path": product_depth(nn.Sequential(*layers[:hi]), x.detach())}
-
-
-# -- fits, tables, figure --------------------------------------------------------------------------
-
-
-def exponent(ns: list[int], values: list[float]) -> float | None:
-    """Least-squares slope of log(value) on log(n) over the larger half of the points (at least 3)."""
-    pts = [(n, v) for n, v in zip(ns, values) if v and v > 0]
-    pts = pts[len(pts) // 2:] if len(pts) >= 6 else pts[-3:]
-    if len(pts) < 2:
-        return None
-    xs, ys = [math.log(n) for n, _ in pts], [math.log(v) for _, v in pts]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sum((a - mx) ** 2 for a in xs)
-
-
-def machine() -> dict:
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor() or "unknown CPU")
-    caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
-    isa = [f for f in ("avx2", "fma3", "avx512_f", "avx512_bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                       "amx_tile", "amx_bf16", "amx_int8") if caps.get(f)]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = ""
-    return {"cpu": name, "isa": isa, "torch_capability": torch.backends.cpu.get_cpu_capability(),
-            "cores": caps.get("num_physical_cores"), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "commit": commit, "date": datetime.date.today().isoformat(), "command": " ".join(["python", *sys.argv])}
-
-
-def fmt(v, unit=""):
-    if v is None:
-        return "–"
-    if isinstance(v, float) and unit == "":
-        return f"{v:.2f}"
-    return f"{v}{unit}"
-
-
-def summarize(result: dict) -> dict:
-    """Per layer type: the fitted exponents, and the crossover lengths (attention vs the rest)."""
-    out = {}
-    for kind, pts in result["points"].items():
-        ns = [p["n"] for p in pts]
-        out[kind] = {
-            "flops_exponent": exponent(ns, [p["flops_fwd"] for p in pts]),
-            "time_exponent": exponent(ns, [p["time_fwd"] + p["time_bwd"] for p in pts]),
-            "time_fwd_exponent": exponent(ns, [p["time_fwd"] for p in pts]),
-            "memory_exponent": exponent(ns, [p.get("memory") for p in pts]),
-        }
-        if kind.startswith("self") or kind.startswith("restricted"):
-            out[kind]["attention_flops_exponent"] = exponent(ns, [p["flops_attention_fwd"] for p in pts])
-    cross = {}
-    att = {p["n"]: p["time_fwd"] + p["time_bwd"] for p in result["points"].get("self-attention", [])}
-    for other in ("recurrent", "convolution", "separable", "restricted (banded)"):
-        o = {p["n"]: p["time_fwd"] + p["time_bwd"] for p in result["points"].get(other, [])}
-        both = sorted(set(att) & set(o))
-        first = None  # the smallest n from which attention is slower at every larger n measured
-        for n in reversed(both):
-            if att[n] <= o[n]:
-                break
-            first = n
-        cross[other] = first
-    return {"fits": out, "attention_slower_from_n": cross}
-
-
-def markdown(result: dict) -> str:
-    m, s = result["machine"], result["summary"]
-    lines = [f"CPU: {m['cpu']} ({m['cores']} cores; ISA: {', '.join(m['isa'])}; torch {m['torch']}, "
-             f"capability {m['torch_capability']}, {m['threads']} threads), {m['date']}, commit {m['commit']}.",
-             f"Command: `{m['command']}`. d = {result['d']}, r = {result['r']}, k = {result['k']}, batch 1, fp32.", "",
-             "| layer type | Table 1: complexity | FLOPs exponent (fwd; eq. 1 alone) | time exponent (fwd+bwd; fwd) | "
-             f"FLOPs fwd at n = {result['largest']} | time fwd+bwd | peak memory | Table 1: sequential ops | "
-             "traced dependent products (n₁ → n₂) | Table 1: max path | layers needed (n→1; 1→n) | products on the path |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    seq, path = result["sequential"], result["path"]
-    for kind in result["points"]:
-        f, pts = s["fits"][kind], result["points"][kind]
-        last = pts[-1]
-        att = f.get("attention_flops_exponent")
-        pl = path.get(kind.replace(" (banded)", " (masked)"), {})
-        lines.append(
-            f"| {kind} | {PAPER[kind][0]} | {fmt(f['flops_exponent'])}{'; ' + fmt(att) if att is not None else ''} | "
-            f"{fmt(f['time_exponent'])}; {fmt(f['time_fwd_exponent'])} | {last['flops_fwd'] / 1e9:.2f} G (n = {last['n']}) | "
-            f"{(last['time_fwd'] + last['time_bwd']) * 1e3:.1f} ms | "
-            f"{fmt(None if last.get('memory') is None else round(last['memory'] / 2**20, 1), ' MiB')} | {PAPER[kind][1]} | "
-            f"{seq[kind][0]} → {seq[kind][1]} | {PAPER[kind][2]} | {fmt(pl.get('forward', {}).get('layers'))}; "
-            f"{fmt(pl.get('backward', {}).get('layers'))} | {fmt(pl.get('forward', {}).get('products_on_path'))} |")
-    for kind in ("dilated convolution",):
-        pl = path.get(kind, {})
-        lines.append(f"| {kind} (path only) | O(k·n·d²) | | | | | | O(1) | | O(log_k(n)) | "
-                     f"{fmt(pl.get('forward', {}).get('layers'))}; {fmt(pl.get('backward', {}).get('layers'))} | "
-                     f"{fmt(pl.get('forward', {}).get('products_on_path'))} |")
-    lines += ["", f"Sequential products traced at n₁ = {result['seq_n'][0]} and n₂ = {result['seq_n'][1]} (d = 16); "
-              f"path lengths at n = {result['path_n']} (d = 16, r = {result['path_r']} for the restricted layers, "
-              f"k = {result['k']}, the dilated one causal with dilation k^l in layer l), '–': never (a causal layer) or not measured.", ""]
-    ns = sorted({p["n"] for pts in result["points"].values() for p in pts})
-    lines += ["Forward + backward time (ms) by n:", "", "| layer type | " + " | ".join(map(str, ns)) + " |",
-              "|---|" + "---|" * len(ns)]
-    for kind, pts in result["points"].items():
-        by = {p["n"]: (p["time_fwd"] + p["time_bwd"]) * 1e3 for p in pts}
-        lines.append(f"| {kind} | " + " | ".join(f"{by[n]:.2f}" if n in by else "–" for n in ns) + " |")
-    lines += ["", "The smallest n from which self-attention (forward + backward) is slower than each other layer type "
-              "at every larger n measured: " + "; ".join(f"{k} from n = {fmt(v)}" for k, v in s["attention_slower_from_n"].items())
-              + " ('–': not even at the largest n measured for both)."]
-    if result["stopped"]:
-        lines += ["", "Stopped: " + "; ".join(f"{k} after n = {v['n']} ({v['why']})" for k, v in result["stopped"].items())]
-    return "\n".join(lines) + "\n"
-
-
-def figure(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for kind, pts in result["points"].items():
-        ns = [p["n"] for p in pts]
-        axes[0].loglog(ns, [(p["time_fwd"] + p["time_bwd"]) * 1e3 for p in pts], "o-", label=kind, markersize=3)
-        axes[1].loglog(ns, [p["flops_fwd"] for p in pts], "o-", label=kind, markersize=3)
-    axes[0].set(xlabel="n (positions)", ylabel="forward + backward time (ms)", title="time per layer")
-    axes[1].set(xlabel="n (positions)", ylabel="forward FLOPs (counted)", title="FLOPs per layer")
-    for ax in axes:
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
-    m = result["machine"]
-    fig.suptitle(f"Table 1 measured: d = {result['d']}, r = {result['r']}, k = {result['k']}, fp32, "
-                 f"{m['cpu']}, {m['threads']} threads", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-# -- the run ------------------------------------------------------------------------------------------
 
 
 def run(args) -> dict:
@@ -547,11 +354,7 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " Per layer type (self-attention, restricted "
-                                "self-attention masked and banded, LSTM, convolution, separable convolution): counted "
-                                "FLOPs, time, peak memory and their exponents in n, sequential operations and the "
-                                "maximum path length. See the module docstring for how each is measured.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="directory for table1.json, table1.md, table1.png")
     p.add_argument("--max-n", type=int, default=4096, help="largest sequence length (default 4096; n = 16, 32, ...)")
     p.add_argument("--quick", action="store_true", help="n = 64 ... 1024 at most, one timed repeat: seconds")
