@@ -210,6 +210,8 @@ def score(
     lowercased ("sacrebleu_lc", "chrf_lc"): cased, they would only measure the missing capitals."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    if tok_refs is not None and len(tok_refs) != len(hyps):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(tok_refs)} tokenized references")
     if tokenized:
         return _tokenized_scores(hyps, refs, lang=lang, tok_refs=tok_refs, sacrebleu_tokenize=sacrebleu_tokenize)
     scores = sacrebleu_scores(hyps, refs, sacrebleu_tokenize)
@@ -218,8 +220,6 @@ def score(
         CONVENTIONS["paper_bleu"].replace("LANG", lang),
     )
     if tok_refs is not None:
-        if len(tok_refs) != len(hyps):
-            raise ValueError(f"{len(hyps)} hypotheses but {len(tok_refs)} tokenized references")
         scores["multi30k_lc_tok_bleu"] = _bleu_entry(
             multi_bleu([multi30k_tokenize(h, lang) for h in hyps], list(tok_refs)),
             CONVENTIONS["multi30k_lc_tok_bleu"].replace("LANG", lang),
@@ -232,8 +232,6 @@ def _tokenized_scores(hyps, refs, *, lang, tok_refs, sacrebleu_tokenize) -> dict
 
     scores: dict = {}
     if tok_refs is not None:
-        if len(tok_refs) != len(hyps):
-            raise ValueError(f"{len(hyps)} hypotheses but {len(tok_refs)} tokenized references")
         scores["multi30k_lc_tok_bleu"] = _bleu_entry(
             multi_bleu(list(hyps), list(tok_refs), lowercase=True),
             "Multi30k: multi-bleu.perl -lc on the lowercased tokenized output against the official tok references",

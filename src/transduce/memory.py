@@ -41,10 +41,8 @@ def kernel_cache_size() -> int:
 
 
 def bound_kernel_caches(n: int | None = None) -> dict[str, str]:
-    """Set oneDNN's primitive cache and ideep's to `n` shapes (default `kernel_cache_size()`),
-    leaving a value the user set (other than transduce's training default) as it is. Returns
-    both variables as they now are. Read by oneDNN at the process's first product: afterwards
-    this changes nothing."""
+    """Set oneDNN's primitive cache and ideep's to `n` shapes (default `kernel_cache_size()`) unless
+    the user set them; returns both as they now are. Read at the process's first product only."""
     n = kernel_cache_size() if n is None else n
     for name in _CACHES:
         current = os.environ.get(name)
@@ -90,9 +88,8 @@ def malloc_stats() -> dict[str, int] | None:
 
 
 class Trimmer:
-    """`Batcher(after_round=...)`: free memory back to the system after a round when no job
-    waits, and otherwise at most every `interval` seconds (a trim costs the next round the page
-    faults of the pages it returned: under load, not after every round)."""
+    """`Batcher(after_round=...)`: free memory back to the system when no job waits, else at most
+    every `interval` seconds (a trim costs the next round page faults)."""
 
     def __init__(self, interval: float = 1.0):
         self.interval, self.last = interval, 0.0

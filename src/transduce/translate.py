@@ -170,9 +170,8 @@ WORKERS_MAX_D_MODEL = 512
 
 
 def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
-    """How many CPU workers decode (`translate_stream`'s `workers`), and why, in words:
-    `requested` as given, or for "auto" one per thread on the CPU for models up to
-    `WORKERS_MAX_D_MODEL` wide, else 1."""
+    """(how many CPU workers decode, why in words): `requested`, or for "auto" one per CPU thread
+    for models up to `WORKERS_MAX_D_MODEL` wide, else 1."""
     if requested != "auto":
         return int(requested), "as asked"
     if device.type != "cpu":

@@ -70,10 +70,9 @@ def note(request, text: str) -> None:
 
 
 async def wait_for_job(job, batcher, state: dict, request, poll: float):
-    """(the job's result, None) or (None, a JSON error response): 499 when the client goes away
-    (its job is dropped), 503 shutting_down when the shutdown's grace period is over (or the job
-    was never decoded because of it), 422 for a `RequestError`, 500 decoding_failed naming the
-    exception for any other failure of the decoding thread."""
+    """(the job's result, None) or (None, a JSON error): 499 when the client goes away (the job is
+    dropped), 503 once a shutdown's grace period is over, 422 for a `RequestError`, 500
+    decoding_failed naming the exception of any other failure."""
     future = asyncio.wrap_future(job.future)
     while True:
         done, _ = await asyncio.wait({future}, timeout=poll)

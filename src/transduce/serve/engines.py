@@ -36,11 +36,10 @@ class RequestError(ValueError):
 
 @dataclass
 class Engine:
-    """What the server decodes with: `translate(sentences, search)` -> candidates per sentence
-    (called on the decoding thread only), `encode(sentence)` -> source token ids (for the limits),
-    and what /info shows. Optional: `attention(source, target, search)` -> the attention JSON of one
-    sentence with `target` (None: the model's own translation with `search`), on the decoding
-    thread; `tree(source, output)` -> the parse tree of an output (a parsing model)."""
+    """What the server decodes with: `translate(sentences, search)` -> candidates per sentence (on
+    the decoding thread only), `encode(sentence)` -> source ids (for the limits), what /info shows;
+    optional: `attention(source, target or None, search)` -> the attention JSON (on the decoding
+    thread), `tree(source, output)` -> a parsing model's tree."""
 
     translate: Callable[[list[str], Search], list]
     encode: Callable[[str], list[int]]
