@@ -95,9 +95,9 @@ def _chosen(data: dict, sentence: int, kind: str, layer: int, heads: list[int] |
 def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer: int = 0, heads: list[int] | None = None,
                  query: int | None = None, layout: str = "columns") -> bytes:
     """The paper's figure: PNG bytes (layer, heads, query, sentence from 0)."""
+    heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)  # matplotlib checked first
     from matplotlib import rc_context
 
-    heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)
     rows = [query] if query is not None else range(len(q_tok))
     n = max(len(q_tok), len(k_tok))
     with rc_context(STYLE):
@@ -155,10 +155,10 @@ def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer:
 def heatmap_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer: int = 0,
                    heads: list[int] | None = None, query: int | None = None) -> bytes:
     """One query x key heatmap per head: PNG bytes (a query is outlined, all rows shown)."""
+    heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)  # matplotlib checked first
     from matplotlib import rc_context
     from matplotlib.patches import Rectangle
 
-    heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)
     cols = min(4, len(heads))
     nrows = (len(heads) + cols - 1) // cols
     cell = 0.16
