@@ -1,21 +1,13 @@
-"""Speed-ups for decoding, applied to a built `transduce.model.Transformer` from the outside.
+"""Speed-ups for decoding, applied to a built `transduce.model.Transformer` from the outside: the
+same products and the same equation 1 as the paper's, with less overhead (docs/speed.md).
 
-None of this is in the paper: the same products and the same equation 1, computed with less
-overhead (docs/speed.md). `transduce.model` works without any of it.
-
-* `pack_weights(model)` replaces every linear layer (`nn.Linear`, the stacked [W^Q; W^K; W^V] of
-  `transduce.model.StackedLinear`, the pre-softmax projection with the shared embedding matrix)
-  by a `PackedLinear`: the same parameters, plus a copy of each weight matrix in oneDNN's blocked
-  layout (`transduce.fast.ops`), so that no product re-lays out its weight at every call.
-  `unpack_weights` puts the original layers back.
-* `decode_attention`: equation 1 for the few queries of a CPU decoding step.
-* `apply(model)`: all of it, and the decoding step as one function (`transduce.fast.step`);
-  it returns the function that undoes exactly what it did.
-* int8 decoding lives in `transduce.fast.int8`: its layers are `PackedLinear`s whose weight
-  blocks are int8, packed and replaced by the functions here.
-
-Parameters keep their names (`state_dict` is unchanged) and stay shared: an optimizer step or
-`load_state_dict` on a packed model retires the stale copies, which are then ignored.
+`pack_weights(model)` replaces every linear layer (the pre-softmax projection with the shared
+embedding matrix included) by a `PackedLinear`: the same parameters, plus a copy of each weight in
+oneDNN's blocked layout, so that no product re-lays out its weight at every call (`transduce.fast.int8`'s
+layers are `PackedLinear`s too). `decode_attention` is equation 1 for a CPU decoding step's few
+queries; `apply(model)` does all of it and returns its undo. Parameters keep their names
+(`state_dict` is unchanged) and stay shared: an optimizer step or `load_state_dict` retires the
+stale copies, which are then ignored.
 """
 
 from __future__ import annotations
@@ -28,30 +20,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model import MultiHeadAttention, PositionwiseFeedForward, Transformer
-from . import ops
+from . import ops, step
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Equation 1 (3.2.1) for the few queries of one CPU decoding step (3.1: the decoder is
-    auto-regressive): `product_attention`, except one query per row with no mask (self-attention
-    over the cache) on one thread, as every `--workers` process decodes, where PyTorch's fused
-    kernel (`scaled_dot_product_attention`, what the model itself calls) is the faster
-    (docs/speed.md, "One query on one thread")."""
+    """Equation 1 (3.2.1) for the few queries of one CPU decoding step: `product_attention`, except
+    one query per row with no mask (self-attention over the cache) on one thread, where PyTorch's
+    fused kernel is the faster (docs/speed.md, "One query on one thread")."""
     if q.size(2) == 1 and mask is None and torch.get_num_threads() == 1:
         return F.scaled_dot_product_attention(q, k, v)
     return product_attention(q, k, v, mask)
 
 
 def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Equation 1 written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the softmax (and
-    the scaling before it) in fp32.
-
-    Same shapes and mask convention as `transduce.model.attention_reference`; no dropout. The
-    scores as Q K^T, so that the softmax runs along contiguous rows; for one query in bf16
-    (self-attention) where oneDNN runs AMX, as K q^T instead, which reads the keys in their stored
-    layout (what AMX's bf16 products need to be fast; elsewhere the slower one: docs/speed.md) and
-    is, in memory, the same row q K^T.
-    """
+    """Equation 1 written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the scaling and
+    softmax in fp32; shapes and masks as `transduce.model.attention_reference`'s, no dropout. For one
+    bf16 query where oneDNN runs AMX the scores are K q^T, the same row in memory, which reads the
+    keys in their stored layout (docs/speed.md)."""
     B, h, Tq, d = q.shape
     Tk = k.size(2)
     # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
@@ -87,11 +72,8 @@ def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
 
 class PackedWeight:
     """A weight matrix W (out, in), or the block `rows` of it, copied into oneDNN's blocked layout
-    for y = x W^T + b.
-
-    It stands for `source[rows]` only while that parameter is unchanged (same storage, same
-    version counter: an optimizer step or `load_state_dict` retires it), and only without
-    autograd, autocast, or a change of dtype or device (`usable`)."""
+    for y = x W^T + b. It stands for `source[rows]` only while that parameter is unchanged (same
+    storage and version counter), without autograd, autocast, or a change of dtype or device."""
 
     def __init__(self, source: Tensor, rows: slice | None = None, bias: Tensor | None = None):
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
@@ -100,6 +82,7 @@ class PackedWeight:
         self.weight = ops.pack(w)
 
     def usable(self, x: Tensor) -> bool:
+        """Whether this copy computes what F.linear would for `x` now."""
         return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
                 and self.source._version == self.version and self.source.data_ptr() == self.ptr
                 and not torch.is_autocast_enabled("cpu"))
@@ -111,15 +94,15 @@ class PackedWeight:
 
 
 def block_key(rows: slice | None):
+    """A hashable key for the block `rows` of a weight (None: all of it)."""
     return None if rows is None else (rows.start, rows.stop, rows.step)
 
 
 class PackedLinear(nn.Module):
     """Stands in for a linear layer: x W^T + b (or, like `StackedLinear`, the block `rows` of it)
-    through a `PackedWeight` where one is usable, else `F.linear`: the same computation as the
-    layer it replaces. Holds the layer's own parameters under the same names; for the tied
-    pre-softmax projection (`layer` None) it refers to the embedding matrix without registering it
-    a second time. The replaced layer's forward hooks do not run while it stands in."""
+    through a `PackedWeight` where one is usable, else `F.linear`. Holds the layer's own parameters
+    under the same names; for the tied pre-softmax projection (`layer` None) it refers to the
+    embedding matrix without registering it again. The replaced layer's forward hooks do not run."""
 
     make = PackedWeight
     """What stands for each weight block: `PackedWeight` (fp32/bf16, exact) or `int8.Int8Weight`."""
@@ -155,10 +138,8 @@ class PackedLinear(nn.Module):
 
 class PackedFeedForward(nn.Module):
     """Stands in for a `PositionwiseFeedForward`: equation 2, max(0, x W_1 + b_1) W_2 + b_2, with
-    the max(0, .) computed by the first packed product as it writes its output, instead of by a
-    separate pass over the (rows, d_ff) activations (bit for bit the same; a separate ReLU is slow
-    in bf16 on the CPU). Holds the same `w_1` and `w_2` (`PackedLinear`s): `state_dict` is
-    unchanged."""
+    the max(0, .) computed by the first packed product as it writes its output (bit for bit the
+    same, without a separate pass). Holds the same `w_1` and `w_2`: `state_dict` is unchanged."""
 
     def __init__(self, ffn: nn.Module):
         super().__init__()
@@ -169,8 +150,13 @@ class PackedFeedForward(nn.Module):
         return self.w_2(self.w_1.relu(x))
 
 
+def _children(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
+
+
 def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+    """(parent, name, layer) of every linear layer of `model`, replaced or not."""
+    return [(parent, name, child) for parent, name, child in _children(model)
             if isinstance(child, (nn.Linear, PackedLinear))]
 
 
@@ -197,29 +183,23 @@ def replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = Tr
 
 
 def restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
-    for parent, name, child in [(p, n, c) for p in model.modules() for n, c in p.named_children()]:
+    """Put back the layers (and feed-forward networks) that `cls`es stand in for."""
+    for parent, name, child in _children(model):
         if type(child) is PackedFeedForward and type(child.w_1) is cls:
             setattr(parent, name, child.original[0])
     for parent, name, layer in linear_layers(model):
         if type(layer) is cls:
             setattr(parent, name, layer.original[0])
-    _refresh_step(model)
-
-
-def _refresh_step(model: nn.Module) -> None:
-    """A `transduce.fast.step.FastStep` installed on the model is rebuilt on the layers it has now."""
-    from . import step
-
-    step.refresh(model)
+    step.refresh(model)  # a FastStep installed on the model is rebuilt on the layers it has now
 
 
 def fuse_relu(model: nn.Module) -> None:
     """Every `PositionwiseFeedForward` whose W_1 is packed (fp32/bf16) or int8 becomes a
     `PackedFeedForward`."""
-    for parent, name, child in [(p, n, c) for p in model.modules() for n, c in p.named_children()]:
+    for parent, name, child in _children(model):
         if isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear):
             setattr(parent, name, PackedFeedForward(child))
-    _refresh_step(model)
+    step.refresh(model)
 
 
 def pack_weights(model: nn.Module) -> bool:
@@ -253,8 +233,6 @@ def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
     for m in unset:
         m.step_attention = decode_attention
     packed_here = pack and pack_weights(model)
-    from . import step
-
     stepped = (isinstance(model, Transformer) and not isinstance(model.__dict__.get("decode_step"), step.FastStep)
                and step.install(model))
 

@@ -1,15 +1,7 @@
 """int8 decoding on the CPU (`--precision int8`), applied to a built `transduce.model.Transformer`
-from the outside, reusing the packed layers of `transduce.fast.decode`. Not in the paper, and not
-exact (docs/speed.md, "int8 decoding"; docs/RESULTS.md, "int8 quality").
-
-`quantize_int8(model)` replaces the linear layers of a decoding step (the decoder's and the
-pre-softmax projection, or with `decoder=False` the projection alone) by `Int8Linear`s: each
-weight quantized to int8 per output channel, the activations quantized per tensor at every call,
-the products in int8 through oneDNN's int8 linear (`transduce.fast.ops.int8_linear`), the FFN's
-ReLU inside the first. Everything else (embeddings, LayerNorm, equation 1, the cache, the source
-side, computed once per sentence) stays in the weights' dtype (fp32, or bf16), the search's
-log-softmax and scores in fp32. It composes with `decode.apply`: the layers left in the float
-type are packed.
+from the outside through the packed layers of `transduce.fast.decode`: each weight quantized per
+output channel, the activations per tensor at every call, the products in oneDNN's int8 linear.
+Not in the paper, and not exact (docs/speed.md, "int8 decoding"; docs/RESULTS.md, "int8 quality").
 """
 
 from __future__ import annotations
@@ -33,12 +25,9 @@ def can_int8() -> bool:
 @functools.cache
 def int8_saturates() -> bool:
     """Whether oneDNN's int8 products here add u8 x s8 pairs in int16 with saturation (x86 without
-    VNNI or AMX, e.g. AVX2 only, or with ONEDNN_MAX_CPU_ISA holding it to such an ISA): then the
-    weights are quantized to 7 bits (q in [-63, 63] per output channel) and the activations keep
-    8 bits, so that no pair overflows (254 * 63 * 2 = 32,004 <= 32,767); taking the bit from the
-    weights, each row with a scale of its own, halves the error of taking it from the activations
-    (docs/speed.md). A feature test, not a guess from the CPU's name: one product whose pairs
-    overflow int16 with 8-bit activations and weights (255 * 127 * 2 > 32767)."""
+    VNNI or AMX): then the weights are quantized to 7 bits, [-63, 63], so that no pair overflows
+    (254 * 63 * 2 <= 32,767), which halves the error of taking the bit from the activations
+    (docs/speed.md). A feature test: one product whose pairs overflow int16 with 8-bit weights."""
     qw = ops.int8_pack(torch.full((1, 64), 127, dtype=torch.int8))
     y = ops.int8_linear(torch.full((1, 64), 255, dtype=torch.uint8), 1.0, 0, qw, torch.ones(1),
                         torch.zeros(1, dtype=torch.long), None, torch.float32)
@@ -66,13 +55,11 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, float, int]:
 
 
 class Int8Weight:
-    """W (out, in), or the block `rows` of it, for y = x W^T + b in int8: each output channel
-    (row) i quantized symmetrically, W_i ~ s_i q_i with s_i = max|W_i| / Q and q_i in [-Q, Q],
-    Q = 127 (63 where `int8_saturates`); at every call the activations quantized per tensor
-    (`quantize_activations`), multiplied in int8 with int32 sums, rescaled and the bias added by
-    oneDNN, the output in x's dtype, or in `out_dtype` where one is set (the pre-softmax
-    projection: fp32 logits). Usable, like `PackedWeight`, only while weight and bias are
-    unchanged, for input in the model's dtype on the CPU without autograd or autocast."""
+    """W (out, in), or the block `rows` of it, for y = x W^T + b in int8: each output channel i
+    quantized symmetrically, W_i ~ s_i q_i with s_i = max|W_i| / Q, Q = 127 (63 where
+    `int8_saturates`); the activations quantized per tensor at every call, int32 sums rescaled and
+    the bias added by oneDNN, the output in x's dtype or `out_dtype`. Usable, like `PackedWeight`,
+    only while weight and bias are unchanged."""
 
     out_dtype: torch.dtype | None = None
     """The output's dtype where it is not x's."""
@@ -89,6 +76,7 @@ class Int8Weight:
         self.zeros = torch.zeros(w.size(0), dtype=torch.long)
 
     def usable(self, x: Tensor) -> bool:
+        """Whether this copy applies to `x` now (an empty `x` goes to F.linear)."""
         return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
                 and self.source._version == self.version and self.source.data_ptr() == self.ptr
                 and (self.bias is None or self.bias._version == self.bias_version)
@@ -109,19 +97,15 @@ class Int8Linear(PackedLinear):
 
 
 def quantize_int8(model: nn.Module, decoder: bool = True) -> int:
-    """Replace the linear layers of every decoding step of `model` by `Int8Linear`s (and the FFN by
-    a `PackedFeedForward`: the ReLU in the int8 product): the decoder's and the pre-softmax
-    projection (tied or not), or with `decoder=False` the projection alone (where bf16 products
-    beat int8 ones with their quantization at the decoder's sizes: `transduce.precision`). On the
-    CPU, after loading, with the weights in fp32 or bf16: the int8 products then take and give that
-    dtype. The source side (the encoder, and the keys and values of encoder-decoder attention,
-    `MultiHeadAttention.project_kv`), computed once per sentence, stays in the float type, where
-    `decode.apply` packs it: it costs little and takes a third of int8's error away
-    (docs/RESULTS.md, "int8 quality"). The pre-softmax projection writes fp32 logits whatever the
-    model's dtype: oneDNN rescales the int32 sums in fp32 anyway, the search's log-softmax reads
-    fp32, and bf16 logits moved beam search's choices as much as a quantized layer does. The
-    parameters and `state_dict` are unchanged (the int8 copies come beside them). Returns how many
-    layers were replaced; `dequantize_int8` puts them back."""
+    """Replace the linear layers of every decoding step of `model` by `Int8Linear`s (the FFN's ReLU
+    inside the first product): the decoder's and the pre-softmax projection (tied or not), or with
+    `decoder=False` the projection alone (`transduce.precision` chooses). On the CPU, after loading,
+    with the weights in fp32 or bf16, the dtype the int8 products then take and give. The source
+    side (the encoder, and encoder-decoder attention's keys and values), computed once per
+    sentence, stays in the float type, where `decode.apply` packs it (docs/RESULTS.md, "int8
+    quality"). The pre-softmax projection writes fp32 logits whatever the model's dtype (bf16
+    logits moved beam search's choices as much as a quantized layer does). `state_dict` is
+    unchanged. Returns how many layers were replaced; `dequantize_int8` puts them back."""
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})")
@@ -150,6 +134,7 @@ def quantize_int8(model: nn.Module, decoder: bool = True) -> int:
 
 
 def is_int8(model: nn.Module) -> bool:
+    """Whether `quantize_int8` has replaced layers of `model`."""
     return any(isinstance(m, Int8Linear) for m in model.modules())
 
 

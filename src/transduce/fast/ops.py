@@ -1,12 +1,8 @@
-"""The private PyTorch operators the CPU speed-ups call, in one place.
-
-`torch.ops.mkldnn._linear_pointwise` (a product with a weight pre-packed by
-`torch.ops.mkldnn._reorder_linear_weight`, optionally with its ReLU) and oneDNN's int8 linear
-(`torch.ops.onednn.qlinear_prepack`, `torch.ops.onednn.qlinear_pointwise`, what Inductor's x86
-int8 quantization lowers to) are not public API: their signatures may change between PyTorch
-releases. Every call goes through the functions here, and `has` says whether this torch build
-has them; where one is missing, the callers take the public path (`F.linear`; int8 refuses in one
-line), and `warn_missing` says so once per process.
+"""The private PyTorch operators the CPU speed-ups call, in one place: oneDNN's packed products
+(`torch.ops.mkldnn._linear_pointwise`, `_reorder_linear_weight`) and int8 linear
+(`torch.ops.onednn.qlinear_prepack`, `qlinear_pointwise`). Not public API: `has` says whether this
+torch build has them; where one is missing the callers take the public path (`F.linear`; int8
+refuses in one line), and `warn_missing` says so once per process.
 """
 
 from __future__ import annotations

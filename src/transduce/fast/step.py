@@ -1,27 +1,19 @@
 """One decoding step without the module layers around it: `Transformer.decode_step` for one new
-position per row, as one flat function. Not in the paper, and not a different computation.
+position per row (3.1's auto-regressive decoder, then 3.4's pre-softmax projection), as one flat
+function. Not in the paper, and not a different computation.
 
-A decoding step of beam search runs a few hundred small PyTorch operations, and the Python around
-them (nn.Module calls, the packed layers' per-call checks, the attention's folding and unfolding,
-dropout that does nothing in eval mode) costs a good part of a small model's step, on the CPU and
-on a GPU, where the host's time between kernel launches bounds it (docs/speed.md). `FastStep`
-runs the same operations in the same order on the same weights (the packed or int8 copies of
-`transduce.fast`), so its logits are bit for bit the model's (tests/test_fast_step.py, on the
-CPU with and without packed weights, in int8, and on CUDA by scripts/gpu_check.sh), with the
-checks made once per step instead of once per product and nothing else in between.
+The Python around a step's few hundred small operations (module calls, the packed layers'
+per-call checks, the attention's folding) costs a good part of a small model's step, on the CPU
+and on a GPU (docs/speed.md). `FastStep` runs the same operations in the same order on the same
+weights, so its logits are bit for bit the model's (tests/test_fast_step.py), with the checks
+made once per step instead of once per product.
 
-What it covers is what every decoding step of the paper's model is: one new position per row
-(Section 3.1's auto-regressive decoder: masked self-attention over the cache, encoder-decoder
-attention, the FFN, each in its residual and LayerNorm, post- or pre-norm), then the pre-softmax
-projection (3.4). Every field of `ModelConfig` is either in `HANDLED` (what the step does with it)
-or in `FALLBACK` (the options that change the step, with the value under which the step still
-covers them); a model with any other value, or a field in neither table, decodes through the
-model's own `decode_step`, as do several positions at once, training mode, autograd, autocast, a
-packed weight gone stale (an optimizer step, `load_state_dict`) and a dtype the packed weights
-are not in.
-
-`decode.apply(model)` sets it as the model's `decode_step` (an attribute of the instance, so
-`decode.py`, `translate`, `serve` and `parse` pick it up with no change) and its undo removes it;
+Every field of `ModelConfig` is either in `HANDLED` (what the step does with it) or in `FALLBACK`
+(the options that change the step, with the value under which the step still covers them); a
+model with any other value, or a field in neither table, decodes through the model's own
+`decode_step`, as do several positions at once, training mode, autograd, autocast, a packed
+weight gone stale and a dtype the packed weights are not in. `decode.apply(model)` sets it as the
+instance's `decode_step` (so decoding, `translate`, `serve` and `parse` pick it up unchanged);
 `transduce.model` knows nothing of it.
 """
 
@@ -68,19 +60,14 @@ values (the paper's); any other goes to the model's own step."""
 def covers(config: ModelConfig) -> bool:
     """Whether the step computes what the model's own does for models of `config`: every field
     in `HANDLED`, or in `FALLBACK` at its covered value."""
-    for f in dataclasses.fields(config):
-        if f.name in FALLBACK:
-            if getattr(config, f.name) != FALLBACK[f.name]:
-                return False
-        elif f.name not in HANDLED:
-            return False
-    return True
+    return all(getattr(config, f.name) == FALLBACK[f.name] if f.name in FALLBACK else f.name in HANDLED
+               for f in dataclasses.fields(config))
 
 
 def _linear(layer, rows: slice | None = None):
-    """(fn, checks): fn(x, activation) = x W[rows]^T + b[rows], the operation `layer` itself runs
-    for input in the dtype its packed copies are in (`transduce.fast.decode.PackedLinear.forward`), and
-    the packed copy it relies on (None for a plain `nn.Linear`)."""
+    """(fn, packed): fn(x, activation) = x W[rows]^T + b[rows], the operation `layer` itself runs
+    for input in its packed copies' dtype (`decode.PackedLinear.forward`), and the packed copy it
+    relies on (None for a plain `nn.Linear`)."""
     w, b = layer.weight, layer.bias
     if rows is not None:
         w, b = w[rows], None if b is None else b[rows]
@@ -193,14 +180,14 @@ def install(model: Transformer) -> bool:
 
 
 def uninstall(model: Transformer) -> None:
+    """Take away the `FastStep` that `install` set."""
     if isinstance(model.__dict__.get("decode_step"), FastStep):
         del model.__dict__["decode_step"]
 
 
 def refresh(model) -> None:
-    """Rebuild the `FastStep` of every model inside `model` that has one: after its layers were
-    packed, unpacked, quantized or put back (`transduce.fast.decode` calls this), so that it never runs
-    on layers the model no longer has."""
+    """Rebuild the `FastStep` of every model inside `model` that has one, after its layers were
+    packed, unpacked, quantized or put back: it never runs on layers the model no longer has."""
     for m in model.modules():
         if isinstance(m, Transformer) and isinstance(m.__dict__.get("decode_step"), FastStep):
             uninstall(m)

@@ -1,13 +1,7 @@
 """Speed-ups for training on the CPU, applied to a built `transduce.model.Transformer` from the
-outside (by the trainer and `transduce.synthetic`). Not in the paper: the same dropout (5.4) and
-the same equation 1, computed faster (docs/speed.md, "CPU training", has the measurements).
-
-* `fast_dropout(model)` replaces every `nn.Dropout` by a `BitDropout`, which draws a quarter of
-  the random numbers on the CPU (the random stream of a seeded run is BitDropout's).
-* `fast_attention(model)`, for bf16 training on the CPU: equation 1 with the scores and the
-  softmax in fp32 and the second product in bf16 (`autocast_attention`), in place of PyTorch's
-  math kernel, which upcasts both products to fp32.
-* `keep_freed_memory()`: glibc keeps freed memory for reuse instead of unmapping it.
+outside (`transduce.train.step.prepare_for_training`): the same dropout (5.4) and equation 1,
+computed faster (docs/speed.md, "CPU training"): `fast_dropout`, `fast_attention` (bf16), and
+`keep_freed_memory`.
 """
 
 from __future__ import annotations
@@ -24,11 +18,9 @@ class BitDropout(nn.Module):
     p and the rest scaled by 1 / (1 - p); the identity in eval mode.
 
     On the CPU the mask comes from 15 random bits per element, four elements per 64-bit draw of
-    the default generator (`random_`), instead of `bernoulli_`'s one draw per element: a quarter
-    of the random numbers, for faster training steps. p is thereby rounded
-    to a multiple of 2^-15 (0.1 becomes 0.1000061). Elsewhere (CUDA) `torch.nn.functional.dropout`,
-    as `nn.Dropout`. It draws another random stream than `nn.Dropout`: a seeded run repeats bit
-    for bit only with the same choice.
+    the default generator, instead of `bernoulli_`'s one draw per element; p is thereby rounded to
+    a multiple of 2^-15 (0.1 becomes 0.1000061). Elsewhere `F.dropout`. Its random stream is not
+    `nn.Dropout`'s: a seeded run repeats bit for bit only with the same choice.
     """
 
     def __init__(self, p: float):
@@ -52,22 +44,18 @@ class BitDropout(nn.Module):
         return x * keep.to(x.dtype).mul_(1.0 / (1.0 - self.p))
 
     def extra_repr(self) -> str:
+        """p, as `nn.Dropout` prints it."""
         return f"p={self.p}"
 
 
 def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                        dropout_p: float = 0.0) -> Tensor:
     """Equation 1 (3.2.1), softmax(Q K^T / sqrt(d_k)) V, for training under bf16 autocast on the
-    CPU: Q K^T in fp32 (from q and k as they are, bf16 out of their projections: the scores the
-    math kernel computes, up to the order of the sums), the scaling, mask and softmax in fp32, then
+    CPU: Q K^T, the scaling, mask and softmax in fp32 (the scores SDPA's math kernel computes), then
     the weights rounded to V's dtype for the second product, in bf16 like every other product under
-    autocast. Same arguments and mask convention as `scaled_dot_product_attention` (bool, True =
-    may attend); dropout on the weights as it applies it. In fp32 it is equation 1 in fp32.
-
-    Why: PyTorch's flash kernel's backward in bf16 is several times slower than its math kernel
-    on the CPU, and the math kernel upcasts q, k and v and computes both products and their
-    gradients in fp32; this keeps the fp32 scores and runs the second product in bf16 (faster
-    training steps: docs/speed.md, "CPU training")."""
+    autocast. Arguments and masks as `scaled_dot_product_attention`'s. Why: on the CPU SDPA's flash
+    kernel's bf16 backward is slow and its math kernel computes both products in fp32
+    (docs/speed.md, "CPU training")."""
     # fp32 copies laid out (B, h, T, d) contiguously: q and k come as views of (B, T, h, d), and a
     # copy that kept their strides would be copied again inside the batched product
     q32, k32 = (x.to(torch.float32, memory_format=torch.contiguous_format) for x in (q, k))
@@ -83,9 +71,8 @@ def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
 
 def fast_attention(model: nn.Module) -> int:
     """Every `MultiHeadAttention` of `model` computes equation 1 outside decoding steps through
-    `autocast_attention` (`MultiHeadAttention.sequence_attention`; decoding steps keep theirs). For
-    bf16 training on the CPU (what the trainer and `benchmarks/bench.py` do); call it once, on the
-    model that trains. Returns how many layers it set."""
+    `autocast_attention` (`MultiHeadAttention.sequence_attention`), for bf16 training on the CPU.
+    Returns how many layers it set."""
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     for m in layers:
         m.sequence_attention = autocast_attention
@@ -94,12 +81,10 @@ def fast_attention(model: nn.Module) -> int:
 
 def keep_freed_memory() -> bool:
     """glibc: serve every allocation from the heap and keep what is freed there for reuse, instead
-    of mapping each large block afresh (glibc maps every block over 32 MB, and many smaller ones)
-    and unmapping it when freed. A training step allocates and frees the same large tensors every
-    step (the logits and their gradient, the embedding matrix's gradient and its bf16 copy); mapped
-    afresh, the first touch of each of their pages is a page fault (docs/speed.md, "CPU threads and
-    workers"). The process keeps its peak memory, which the next step needs again anyway. For the
-    CPU trainer (`transduce.train.trainer`); returns whether it took (elsewhere nothing changes)."""
+    of mapping each large block afresh and unmapping it when freed: a training step allocates the
+    same large tensors every step, and each first touch of a fresh page is a page fault
+    (docs/speed.md, "CPU threads and workers"). The process keeps its peak memory, which the next
+    step needs again anyway. Returns whether it took (elsewhere nothing changes)."""
     import ctypes
     import ctypes.util
 
@@ -113,9 +98,8 @@ def keep_freed_memory() -> bool:
 
 
 def fast_dropout(model: nn.Module) -> int:
-    """Replace every `nn.Dropout` in `model` by a `BitDropout` of the same p (in place; dropout has
-    no parameters, so `state_dict` is unchanged). Call it once, on the model that trains, before
-    its first step. Returns how many were replaced."""
+    """Replace every `nn.Dropout` in `model` by a `BitDropout` of the same p (in place; `state_dict`
+    is unchanged), before the first step. Returns how many were replaced."""
     swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
              if isinstance(child, nn.Dropout)]
     for parent, name, child in swaps:
