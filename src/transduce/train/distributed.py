@@ -51,10 +51,9 @@ class DistEnv:
 
 
 def setup_distributed(device: str = "auto") -> DistEnv:
-    """Read the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT) and join the process group: NCCL on CUDA, gloo on CPU (5.2).
-    Multi-node works the same way (`torchrun --nnodes ... --rdzv-endpoint ...`). `device` is
-    resolved by `transduce.device.resolve_device` ("cuda": this process's local rank's GPU)."""
+    """Read the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, ...) and join the process
+    group (5.2): NCCL on CUDA, gloo on CPU, on one node or several. `device` is resolved by
+    `transduce.device.resolve_device` ("cuda": this process's local rank's GPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -62,16 +61,15 @@ def setup_distributed(device: str = "auto") -> DistEnv:
     dev = resolve_device(device, local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    owns = False
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if world > 1 and not dist.is_initialized():
+    owns = world > 1 and not dist.is_initialized()
+    if owns:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         store = attempt_store(world, local_world, restart)
         if store is None:
             dist.init_process_group(backend=backend)
         else:
             dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
-        owns = True
     return DistEnv(rank, world, local_rank, local_world, dev, owns, restart)
 
 
@@ -79,14 +77,11 @@ def attempt_store(world: int, local_world: int, restart: int) -> dist.Store | No
     """The store the process group is set up through after a torchrun restart (--max-restarts),
     or None for torchrun's own (the first attempt, or no torchrun).
 
-    torchrun shares its rendezvous TCPStore with the workers (TORCHELASTIC_USE_AGENT_STORE) and
-    keeps it across restarts, so the keys the killed attempt's workers wrote to set up their process
-    group are still there: a restarted worker can read a dead peer's address from them before the
-    peer's new self overwrites it, and the group fails to form (gloo: "connectFullMesh failed ...
-    Connection refused"; pytorch/pytorch#135712). On one node every worker sees the same restart
-    count, so a store prefixed with it gives each attempt keys of its own. Across nodes the counts
-    can differ: there torchrun must not share its store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
-    docs/cluster.md)."""
+    torchrun keeps its rendezvous TCPStore, shared with the workers, across restarts: a restarted
+    worker can read a dead peer's address from the killed attempt's keys, and the group fails to
+    form (gloo: "connectFullMesh failed"; pytorch/pytorch#135712). On one node every worker sees
+    the same restart count, so a store prefixed with it gives each attempt keys of its own (across
+    nodes: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, docs/cluster.md)."""
     if restart == 0 or local_world != world or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return None
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,

@@ -14,29 +14,24 @@ def label_smoothed_nll(
 ) -> tuple[Tensor, Tensor]:
     """Cross-entropy against the smoothed distribution q = (1 - eps) * onehot + eps / K on the
     K = V - len(exclude) classes not excluded (Section 5.4, "label smoothing of value
-    eps_ls = 0.1"; Szegedy et al. 2016).
+    eps_ls = 0.1"; Szegedy et al. 2016). The uniform part includes the target itself.
 
     `exclude`: classes that receive no smoothing mass. The trainer passes PAD and BOS, which the
-    model can never emit (`TrainConfig.smooth_all_classes` = False); with `exclude=()` the mass is
-    spread over all V classes, as `F.cross_entropy(label_smoothing=eps)` does. (tensor2tensor, the
-    paper's code, spreads it over the V - 1 classes other than the target, PAD included: the target
-    keeps exactly 1 - eps, here 1 - eps + eps / K.)
+    model never emits (`TrainConfig.smooth_all_classes` = False); with `exclude=()` the mass is
+    spread over all V classes, as `F.cross_entropy(label_smoothing=eps)` does (tensor2tensor: over
+    the V - 1 classes other than the target, PAD included).
 
-    logits (B, T, V), target (B, T). Padding positions (target == pad_id) contribute nothing.
+    logits (B, T, V), target (B, T); padding positions (target == pad_id) contribute nothing.
     Returns (loss, nll): the smoothed loss that is optimised and the plain negative
-    log-likelihood of the targets (for perplexity), both fp32 (fp64 for fp64 logits) and summed over non-pad tokens by
-    default (`reduction='sum'`), or averaged over them (`'mean'`).
+    log-likelihood (for perplexity), fp32 (fp64 for fp64 logits), summed over non-pad tokens
+    (`reduction='sum'`) or averaged over them (`'mean'`).
 
-    The uniform part includes the target itself. With lse = log sum_v exp(z_v) (over all V:
-    the model's distribution is unchanged), the per-token terms are nll = lse - z_y and
-    smooth = lse - mean_{v not excluded} z_v, and loss = (1 - eps) nll + eps smooth; its
-    gradient is softmax(z) - q. Both are computed a block of rows at a time in fp32 without
-    materialising the (B, T, V) log-probabilities, in one of two ways that agree to rounding:
-    on the CPU `_SmoothedCrossEntropy`, blocks that stay in cache (through log_softmax, its
-    backward and the casts around them the loss was a large part of a bf16 training step; this
-    way a small one); elsewhere `_FusedSmoothedCrossEntropy`, PyTorch's fused log-softmax
-    kernels, fewer passes over memory (measured: docs/history/RESULTS-log-2026-11.md for the CPU,
-    docs/speed.md, "The GPU command", for the GPU).
+    With lse = log sum_v exp(z_v), nll = lse - z_y and smooth = lse - mean_{v not excluded} z_v,
+    loss = (1 - eps) nll + eps smooth, whose gradient is softmax(z) - q: computed a block of rows
+    at a time in fp32 without materialising the (B, T, V) log-probabilities, on the CPU by
+    `_SmoothedCrossEntropy` (blocks that stay in cache), elsewhere by `_FusedSmoothedCrossEntropy`
+    (PyTorch's fused log-softmax kernels, fewer passes over memory; docs/speed.md). The two agree
+    to rounding.
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"reduction must be 'sum' or 'mean', not {reduction!r}")
@@ -118,15 +113,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
 
 class _FusedSmoothedCrossEntropy(torch.autograd.Function):
-    """`_SmoothedCrossEntropy`'s loss, nll and gradient through PyTorch's fused log-softmax kernels:
-    the loss off the CPU. On a GPU every pass over the (N, V) logits goes to memory, and the blocked
-    loss's ~11 single-purpose passes per block (counting each read or write of the fp32 logits as
-    one, about 21.5 a step) took most of a base bf16 step's kernel time on a GPU (docs/speed.md).
-    Here: forward `log_softmax` (one read, one write) and a sum; backward the gradient with respect
-    to the log-probabilities written once (-eps/K on the classes not excluded, minus (1 - eps) more
-    at the target, zero on padding rows) and `_log_softmax_backward_data` (g - softmax * rowsum(g)),
-    the log-probabilities recomputed rather than kept: about 13.5. On the CPU it is the slower of
-    the two (docs/speed.md, "The GPU command"), so the CPU keeps the blocked loss."""
+    """`_SmoothedCrossEntropy`'s loss, nll and gradient through PyTorch's fused log-softmax kernels,
+    for devices other than the CPU, where every pass over the (N, V) logits goes to memory: forward
+    `log_softmax` and a sum; backward the gradient with respect to the log-probabilities written
+    once (-eps/K on the classes not excluded, minus (1 - eps) more at the target, zero on padding
+    rows) and `_log_softmax_backward_data` (g - softmax * rowsum(g)), the log-probabilities
+    recomputed rather than kept: fewer passes than the blocked loss (docs/speed.md, "The GPU
+    command"), which is the faster on the CPU."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, exclude: tuple[int, ...]):

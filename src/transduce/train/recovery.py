@@ -1,18 +1,7 @@
-"""What interrupts a training run, and what the trainer does about it (docs/cluster.md).
-
-The trainer's loop (`transduce.train.trainer`) calls these at its phases:
-
-* set up: `take_lock`, one trainer per run directory (`transduce.checkpoint.RunLock`);
-* restore: `restore`, a fresh start or exact resume; a damaged latest checkpoint (a checksum
-  differs, a file is missing or truncated) is set aside and the run continues from the newest
-  intact one (`load_newest_intact`), saying how many steps that loses;
-* the loop: `skipped`, a step whose loss or gradient norm is not finite is not taken, logged
-  with its batches, and `max_nonfinite` in a row stop the run with a checkpoint of the weights
-  from before them; `checkpoint`, a training checkpoint written by rank 0, where a write that
-  fails (a full disk) stops the run with the previous checkpoints and `latest` intact;
-* finish: `interrupted`, SIGTERM or SIGINT (`transduce.train.signals`) stop the run at a step
-  boundary with a checkpoint, without the final validation or model directory.
-
+"""What interrupts a training run, and what the trainer does about it (docs/cluster.md), in the
+order of the trainer's phases: one trainer per run directory (`take_lock`), a fresh start or exact
+resume from the newest intact checkpoint (`restore`), a step whose loss or gradient is not finite
+(`skipped`), a checkpoint that cannot be written (`checkpoint`), SIGTERM or SIGINT (`interrupted`).
 What a checkpoint holds and where it lies is `transduce.checkpoint`'s.
 """
 
@@ -117,7 +106,7 @@ def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
 def skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list, indices: list) -> None:
     """A step not taken (`state.skipped_in_a_row` counted by the trainer): logged with its batches
     (epoch, index in the epoch, first pair indices); `max_nonfinite` in a row stop the run with a
-    checkpoint of the weights from before them (the batch order goes on after them)."""
+    checkpoint of the weights from before them."""
     env = run.env
     overflow = run.scaler is not None
     loss, grad_norm = float(sums[0]), float(norm)

@@ -1,21 +1,13 @@
-"""Stopping on request: SIGTERM and SIGINT end a training run at a step boundary, with a
-checkpoint, instead of killing it between two checkpoints.
+"""Stopping on request: SIGTERM (Slurm, `docker stop`, systemd, Kubernetes) and SIGINT (Ctrl-C) end
+a training run at a step boundary, with a checkpoint, instead of killing it between two (docs/cluster.md).
 
-SIGTERM is what Slurm's preemption and time limit (`--signal`), `docker stop`, systemd and
-Kubernetes send; SIGINT is Ctrl-C. The first signal only sets `StopSignals.requested`: the current
-step finishes, the trainer writes a checkpoint (with several processes: at the same step on every
-rank, agreed by one all-reduce per step) and exits with status `EXIT_INTERRUPTED`; the run goes on
-with `--resume`. A second signal ends the process at once, as the signal's default action would
-(a checkpoint being written then is abandoned whole: `latest` keeps pointing at the previous one).
-
-One exception to "a second signal ends at once": a signal arriving within `SAME_REQUEST_S`
-seconds of the first is the same request when it cannot be a person's second press: one of the
-other kind (a terminal's SIGINT beside a service manager's SIGTERM), or, in a worker of torchrun,
-any. Under torchrun a worker is often sent the same signal twice at once: torchrun forwards the
-signal it gets (SIGTERM or SIGINT) to its workers, which run in sessions of their own, and Slurm
-(`--signal`) or systemd (`KillMode=control-group`) signal every process of the job as well; both
-copies must count as the one request to stop with a checkpoint (torchrun then waits 30 s before
-SIGKILL).
+The first signal only sets `StopSignals.requested`: the step finishes, the trainer writes a
+checkpoint (at the same step on every rank) and exits with `EXIT_INTERRUPTED`; `--resume` goes on.
+A second signal ends the process at once, as its default action would (a checkpoint being written
+is abandoned whole). Except within `SAME_REQUEST_S` seconds of the first, where it cannot be a
+person's second press: a signal of the other kind, or any in a torchrun worker, which is often
+sent the same signal twice at once (torchrun forwards it to its workers, and Slurm or systemd
+signal every process of the job as well).
 """
 
 from __future__ import annotations

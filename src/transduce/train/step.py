@@ -1,10 +1,6 @@
-"""One optimizer step and the validation loss, and what they need: the model made ready to train
-on its device (`prepare_for_training`), the precision (fp32, bf16 or fp16 autocast), Adam (5.3),
-batches on the device.
-
-`transduce.train.trainer` calls these in its loop; `transduce.synthetic` and benchmarks/bench.py
-train with the same `prepare_for_training`, `build_optimizer` and `train_step`.
-"""
+"""One optimizer step (`train_step`) and the validation loss, and what they need: the model made
+ready to train on its device, the precision (fp32, bf16 or fp16 autocast), Adam (5.3). The trainer,
+`transduce.synthetic` and benchmarks/bench.py all train through these."""
 
 from __future__ import annotations
 
@@ -43,19 +39,17 @@ def autocast_for(device: torch.device, precision: str):
 def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
                       recorded: tuple[str, Path] | None = None) -> str:
     """The precision this run trains in: `requested`, or for 'auto' the hardware's choice
-    (`transduce.precision.choose_precision`), said on one line. Rank 0 decides; every rank
+    (`transduce.precision.choose_precision`), said on one line. Rank 0 decides and every rank
     follows, so that a probe's timing noise cannot split a job between two precisions.
 
-    Resuming (`recorded`: the precision the run's checkpoint trained in, and that checkpoint),
-    'auto' keeps the run's precision without probing again, so that a probe's noise cannot change
-    it midway either (a resumed run then ends bitwise as if never stopped), unless this device
-    cannot compute it natively (bf16 where the CPU emulates it, fp16 off CUDA): then it chooses
-    again and says so. An explicit precision is obeyed, with a note where it differs."""
+    Resuming (`recorded`: the precision of the run's checkpoint, and that checkpoint), 'auto' keeps
+    it without probing again (a resumed run then ends bitwise as if never stopped), unless this
+    device does not compute it natively: then it chooses again and says so. An explicit precision
+    is obeyed, with a note where it differs."""
     if requested not in PRECISIONS:
         raise UsageError(f"unknown precision {requested!r} ({', '.join(PRECISIONS)})")
     check_precision(env.device, requested)
-    note = None
-    choice = None
+    note = choice = None
     if recorded is not None and recorded[0] in PRECISIONS:
         kept, where = recorded
         if requested == "auto" and _computes_natively(env.device, kept):
@@ -91,6 +85,7 @@ def _computes_natively(device: torch.device, precision: str) -> bool:
 
 
 def check_precision(device: torch.device, precision: str) -> None:
+    """Refuse a precision `device` cannot train in."""
     if precision == "fp16" and device.type != "cuda":
         raise UsageError("--precision fp16 needs CUDA (it trains with a GradScaler); use bf16 on CPU")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -108,11 +103,10 @@ def make_grad_scaler(device: torch.device, precision: str):
 
 
 def prepare_for_training(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
-    """`model` on `device`, in training mode, with the training speed-ups applied from outside
-    (`transduce.fast.train`, the same math): dropout (5.4) from fewer random numbers, and on the
-    CPU in bf16 equation 1 with fp32 scores and a bf16 second product (autocast itself is applied
-    per forward pass: `autocast_for`). The one way the trainer, `transduce.synthetic` and
-    benchmarks/bench.py prepare a model; call it once, before the optimizer is built."""
+    """`model` on `device`, in training mode, with the training speed-ups of `transduce.fast.train`
+    (the same math): dropout (5.4) from fewer random numbers and, on the CPU in bf16, equation 1
+    with fp32 scores. The one way the trainer, `transduce.synthetic` and benchmarks/bench.py
+    prepare a model; call it once, before the optimizer is built."""
     model = model.to(device)
     fast_dropout(model)
     if device.type == "cpu" and precision == "bf16":
@@ -125,8 +119,7 @@ def prepare_for_training(model: nn.Module, device: torch.device, precision: str)
 
 def build_optimizer(model: nn.Module, config: Config) -> torch.optim.Adam:
     """Adam, beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (5.3), fused where this torch build and the
-    device support it (one kernel for all parameters), else the multi-tensor (foreach) version.
-    The learning rate is set before each step by `set_lr` (equation 3)."""
+    device support it, else the multi-tensor (foreach) version; the rate is set by `set_lr`."""
     t = config.train
     params = [p for p in model.parameters() if p.requires_grad]
     kwargs = dict(lr=0.0, betas=tuple(t.adam_betas), eps=t.adam_eps)
@@ -137,6 +130,7 @@ def build_optimizer(model: nn.Module, config: Config) -> torch.optim.Adam:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Set every parameter group's learning rate to `lr`."""
     for group in optimizer.param_groups:
         group["lr"] = lr
 
@@ -183,14 +177,16 @@ def train_step(
     autocast, the label-smoothed loss (5.4), backward (gradients accumulate); then the gradient
     norm (clipped with `clip_norm`), the check that the loss and the norm are finite, Adam's step.
 
-    The loss is normalised by the non-pad target tokens of all micro-batches of all ranks (see
-    `transduce.train.trainer`'s docstring), so a single process given the union of the ranks' micro-batches
-    computes the same update. With DDP (`model` wrapped), gradients are all-reduced only on the
-    last micro-batch (`no_sync()` on the others).
+    Loss normalisation: the loss summed over the non-pad target tokens of every micro-batch is
+    divided by N_total, the non-pad target tokens of all micro-batches of all ranks (known before
+    the forward passes, summed by one small all-reduce). Each rank scales its sum by
+    world_size / N_total and DDP's all-reduce averages over world_size, so the gradient is exactly
+    d(sum of token losses) / N_total however the step is split across ranks and micro-batches.
+    With DDP, gradients are all-reduced on the last micro-batch only (`no_sync()` on the others).
 
     A step whose loss or gradient norm is not finite is not taken: no parameter and no optimizer
-    state changes (`StepResult.updated` False; the decision costs one host sync per step, as a
-    GradScaler's does, and with several processes one small all-reduce so that all skip together).
+    state changes (`StepResult.updated` False; one host sync per step, as a GradScaler's, and with
+    several processes one small all-reduce so that all skip together).
     """
     env = env or DistEnv(device=micro_batches[0]["src"].device)
     if lr is not None:
@@ -217,10 +213,7 @@ def train_step(
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for g in optimizer.param_groups for p in g["params"]]
-    if clip_norm > 0:
-        grad_norm = nn.utils.clip_grad_norm_(params, clip_norm)
-    else:
-        grad_norm = gradient_norm(params)
+    grad_norm = nn.utils.clip_grad_norm_(params, clip_norm) if clip_norm > 0 else gradient_norm(params)
     if scaler is not None:  # fp16: the scaler skips an overflowing step itself, and lowers its scale
         scale = scaler.get_scale()
         scaler.step(optimizer)
@@ -262,12 +255,9 @@ def evaluate(
     pad_id: int = PAD,
     smooth_exclude: tuple[int, ...] = (PAD, BOS),
 ) -> dict:
-    """Loss on a whole split, in eval mode (no dropout). Returns per target token: `loss` (the
-    label-smoothed loss, what training minimises), `nll` (plain negative log-likelihood) and
-    `ppl` = exp(nll), the per-token perplexity; and `tokens`. With several ranks each takes
-    every world-th batch (no padding, nothing counted twice) and the sums are all-reduced.
-
-    `model` should be the plain module (not the DDP wrapper: no collectives in its forward)."""
+    """Loss on a whole split, in eval mode: per target token `loss` (label-smoothed, what training
+    minimises), `nll` and `ppl` = exp(nll); and `tokens`. With several ranks each takes every
+    world-th batch and the sums are all-reduced. `model`: the plain module, not the DDP wrapper."""
     env = env or DistEnv(device=next(model.parameters()).device)
     was_training = model.training
     model.eval()

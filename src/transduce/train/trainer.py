@@ -1,61 +1,25 @@
-"""`transduce train`: the training loop of Section 5, in one place.
+"""`transduce train`: the training loop of Section 5 (docs/training.md), in one place.
 
-    transduce train --data data/wmt14-en-de --run-dir runs/base --preset base --update-freq 8
-    torchrun --nproc_per_node 8 -m transduce train --data ... --run-dir ... --preset base
+What the paper says, and where it is done:
 
-What the paper says, and where it is done here:
+* 5.1 batches of about 25000 source and 25000 target tokens: one optimizer step is `update_freq`
+  micro-batches of at most `max_tokens` padded tokens on each of `world_size` processes (8 GPUs x
+  3125, or one process with --update-freq 8), drawn by `BatchStream` epoch after epoch.
+* 5.2 8 GPUs, 100K steps (base) / 300K (big): torchrun + DistributedDataParallel
+  (`transduce.train.distributed.setup_distributed`); --max-steps and --max-minutes bound the run.
+* 5.3 Adam (`transduce.train.step.build_optimizer`) at the rate of equation 3, set before every
+  optimizer step (`transduce.train.schedule.noam_lr`; not in the paper, an option: --cooldown).
+* 5.4 dropout (on the CPU `transduce.fast.train.BitDropout`) and label smoothing eps_ls = 0.1
+  (`transduce.train.loss.label_smoothed_nll`).
+* 6.1 checkpoints every 10 minutes (train.checkpoint_minutes) or N steps, the last K kept for
+  averaging (`transduce average`); what is written where: `transduce.checkpoint`.
 
-* 5.1 Training data and batching. "Each training batch contained a set of sentence pairs
-  containing approximately 25000 source tokens and 25000 target tokens": `BatchStream` walks
-  the token-budget batches of `transduce.data.batching` epoch after epoch. One optimizer step
-  uses `update_freq` micro-batches of at most `max_tokens` padded tokens on each of
-  `world_size` processes; the paper's batch is max_tokens * update_freq * world_size ~ 25000
-  (8 GPUs x 3125, or one process with --update-freq 8).
-* 5.2 Hardware and schedule. 8 GPUs, 100K steps (base) / 300K (big): torchrun +
-  DistributedDataParallel (`transduce.train.distributed.setup_distributed`); each rank trains
-  on its shard of the batches. config.train.max_steps and `TrainOptions.max_minutes`
-  (--max-steps, --max-minutes) bound the run.
-* 5.3 Optimizer. Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9
-  (`transduce.train.step.build_optimizer`); the learning rate of equation 3 set before every
-  optimizer step (`transduce.train.schedule.noam_lr`).
-  Not in the paper, an option: `TrainOptions.cooldown` (--cooldown F) decays it linearly to 0
-  over the last fraction F of the step budget (`cooldown_factor`).
-* 5.4 Regularization. Dropout P_drop from the model config (active in `model.train()` only;
-  on the CPU drawn by `transduce.fast.train.BitDropout`: `transduce.train.step.prepare_for_training`);
-  label smoothing eps_ls = 0.1 (`transduce.train.loss.label_smoothed_nll`).
-* 6.1 Checkpoints every 10 minutes (config.train.checkpoint_minutes, --save-every-minutes) or N
-  steps, the last K kept for averaging (`transduce average`); what is written where:
-  `transduce.checkpoint`.
-
-Loss normalisation (documented because every toolkit does it differently; done by
-`transduce.train.step.train_step`): the label-smoothed loss is summed over the non-pad target
-tokens of every micro-batch and divided by the number of non-pad target tokens in the whole
-optimizer step, i.e. over all micro-batches of all ranks.
-Each rank scales its summed loss by world_size / N_total before backward, and DDP's gradient
-all-reduce averages over world_size, so the gradient is exactly d(sum of token losses) / N_total
-however the step is split across ranks and accumulation steps. (N_total is known before the
-forward passes: it comes from the collated batches, summed over ranks by one small all-reduce.)
-
-The run directory's layout (config, data.json, vocabulary copies, checkpoints/, logs/, model/)
-is described once, in `transduce.checkpoint`.
-
-What interrupts a run (signals, a damaged checkpoint, a full disk, non-finite steps, a second
-trainer) and what the trainer does about it: `transduce.train.recovery` and docs/cluster.md.
-
-Only rank 0 writes. Exact resume (`TrainOptions.resume`, --resume) restores the weights, Adam's
-moments, the step, the position in the epoch's batch order and every rank's RNG state (dropout),
-so an interrupted and resumed run ends with the same parameters as an uninterrupted one.
-
-Where the code is: `train` reads top to bottom: set up (threads, precision, batching, the data,
-the model made ready by `transduce.train.step.prepare_for_training`, Adam), restore (a fresh
-start or exact resume), the steps (each one call of `transduce.train.step.train_step`: the rate,
-the micro-batches, loss, backward, clip, the non-finite check, Adam's step; then the decisions to
-stop, logging, validation, checkpoints), finish (the final validation, checkpoint and model
-directory). What the phases share is in `transduce.train.state`: the options, the batch stream,
-the log, `Run` (fixed at set-up) and `LoopState` (what the loop changes, changed only here). The
-precision and the validation loss are in `transduce.train.step`; the process group, the
-collectives and the RNG states in `transduce.train.distributed`; restore, checkpoints, skipped
-steps, interruptions and the run directory's lock in `transduce.train.recovery`.
+`train` reads top to bottom: set up, restore (a fresh start, or exact resume: weights, Adam's
+moments, the step, the position in the batch order and every rank's RNG state, so that a resumed
+run ends as if never stopped), the steps (one `transduce.train.step.train_step` each, which also
+documents the loss normalisation; then the decisions to stop, logging, validation, checkpoints),
+finish. Only rank 0 writes. What the phases share is in `transduce.train.state`; what interrupts
+a run and what the trainer does about it, in `transduce.train.recovery` (docs/cluster.md).
 """
 
 from __future__ import annotations
