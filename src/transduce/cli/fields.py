@@ -22,29 +22,20 @@ def field_type(cls: type, name: str) -> type:
     return args[0] if len(args) == 1 else hint
 
 
-def add_field_flag(parser, cls: type, f: dataclasses.Field, names: tuple[str, ...] = (), help: str | None = None) -> None:
-    """The flag of one field of dataclass `cls`; `names` and `help`, if given, replace the field's."""
-    kwargs = dict(f.metadata)
-    if help is not None:
-        kwargs["help"] = help
-    if field_type(cls, f.name) is bool:
-        if f.default:
-            parser.add_argument(*(names or ["--no-" + f.name.replace("_", "-")]), dest=f.name, action="store_false",
-                                **kwargs)
-        else:
-            parser.add_argument(*(names or [flag(f.name)]), dest=f.name, action="store_true", **kwargs)
-        return
-    parser.add_argument(*(names or [flag(f.name)]), dest=f.name, type=field_type(cls, f.name), default=f.default,
-                        **kwargs)
-
-
 def add_field_flags(parser, cls: type, names: typing.Iterable[str] | None = None,
                     flags: dict[str, tuple[str, ...]] | None = None, helps: dict[str, str] | None = None) -> None:
     """Flags for the fields `names` of dataclass `cls` (default: all of them), in that order;
-    `flags` and `helps` give a field other option strings or another help (`add_field_flag`)."""
+    `flags` and `helps` give a field other option strings or another help."""
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     for name in by_name if names is None else names:
-        add_field_flag(parser, cls, by_name[name], (flags or {}).get(name, ()), (helps or {}).get(name))
+        f, kind = by_name[name], field_type(cls, name)
+        kwargs = dict(f.metadata, **({"help": helps[name]} if helps and name in helps else {}))
+        if kind is bool:  # a switch: --NAME, or --no-NAME for a field on by default
+            kwargs["action"] = "store_false" if f.default else "store_true"
+        else:
+            kwargs.update(type=kind, default=f.default)
+        shown = ["--no-" + name.replace("_", "-")] if kind is bool and f.default else [flag(name)]
+        parser.add_argument(*((flags or {}).get(name) or shown), dest=name, **kwargs)
 
 
 def from_args(cls: type, args: argparse.Namespace):

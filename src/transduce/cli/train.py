@@ -58,12 +58,11 @@ HELPS = {  # TrainOptions field -> its one line in --help (the field's own help 
     "max_nonfinite": "stop after N non-finite steps in a row (default 5)",
 }
 
-SCHEDULE = ("warmup", "lr_scale", "cooldown", "seed")
-"""The flags `options.add_schedule_args` declares, experiment's too."""
+SCHEDULE = ("warmup", "lr_scale", "cooldown", "seed")  # declared by options.add_schedule_args, experiment's too
 
 GROUPS = {  # the sections of --help: TrainOptions fields and CONFIG_FLAGS, in this order
     "batching (5.1) and hardware (5.2)": ("max_tokens", "update_freq", "max_steps", "max_minutes", "compile"),
-    "optimizer (5.3) and regularization (5.4)": (*SCHEDULE, "label_smoothing", "clip_norm"),
+    "optimizer (5.3) and regularization (5.4)": ("label_smoothing", "clip_norm"),  # after SCHEDULE
     "validation, checkpoints (6.1), logs":
         ("valid_every", "save_every_steps", "save_every_minutes", "keep_last", "log_every", "tensorboard", "progress"),
 }
@@ -82,16 +81,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--set", action="append", default=[], metavar="S.F=V",
                    help="override a config field, e.g. model.n_layers=3")
     add_field_flags(g, TrainOptions, ["resume"], RENAMED, HELPS)
-    listed = {"resume", *HARDWARE}
+    listed = {"resume", *HARDWARE, *SCHEDULE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
+        if title.startswith("optimizer"):
+            add_schedule_args(g)
         for name in names:
-            if name == SCHEDULE[0]:
-                add_schedule_args(g)
-            elif name in CONFIG_FLAGS and name not in SCHEDULE:
+            if name in CONFIG_FLAGS:
                 field, metavar, help = CONFIG_FLAGS[name]
                 g.add_argument(flag(name), type=field_type(TrainConfig, field), metavar=metavar, help=help)
-            elif name not in SCHEDULE:
+            else:
                 add_field_flags(g, TrainOptions, [name], RENAMED, HELPS)
         if title.startswith("batching"):
             add_hardware_args(g, precisions=PRECISIONS, training=True)
