@@ -97,8 +97,7 @@ def _pack(order: np.ndarray, src: Sequence[int], tgt: Sequence[int], max_tokens:
 
 
 def batch_for_decoding(sizes: Sequence[int], max_tokens: int, max_sentences: int) -> list[np.ndarray]:
-    """Batches of source sentences to decode (indices into `sizes`), longest first, cut as
-    `batch_by_tokens` cuts training pairs, at most `max_sentences` each."""
+    """Batches of sentences to decode (indices into `sizes`), longest first, cut as `_pack` cuts."""
     if max_tokens < 1 or max_sentences < 1:
         raise ValueError("max_tokens and max_sentences must be positive")
     sizes = np.asarray(sizes, dtype=np.int64)
@@ -119,8 +118,7 @@ def _shard(batches: list[np.ndarray], num_shards: int, shard_id: int) -> list[np
 def collate(
     src_list: Sequence[np.ndarray], tgt_list: Sequence[np.ndarray], pad_id: int = PAD, bos_id: int = BOS
 ) -> dict:
-    """Pad stored sentences into the model's LongTensors (see the module docstring), with
-    "ntokens": the number of non-pad target tokens (the loss normalizer)."""
+    """The model's LongTensors (module docstring), and "ntokens": the non-pad target tokens."""
     if len(src_list) != len(tgt_list) or not src_list:
         raise ValueError(f"need equal, non-zero numbers of sentences, got {len(src_list)} and {len(tgt_list)}")
     batch = len(src_list)
@@ -149,6 +147,7 @@ class ParallelDataset:
         if len(src) != len(tgt):
             raise DataError(f"{len(src)} source but {len(tgt)} target sentences", src.prefix)
         self.src, self.tgt = src, tgt
+        self.src_sizes, self.tgt_sizes = src.sizes, tgt.sizes
 
     @classmethod
     def load(cls, data_dir: str | Path, split: str) -> "ParallelDataset":
@@ -159,14 +158,6 @@ class ParallelDataset:
             have = f"prepared splits: {', '.join(found)}" if found else "run `transduce prepare` first"
             raise DataError(f"no split {split!r} here ({have})", data_dir)
         return cls(IndexedDataset(data_dir / f"{split}.src"), IndexedDataset(data_dir / f"{split}.tgt"))
-
-    @property
-    def src_sizes(self) -> np.ndarray:
-        return self.src.sizes
-
-    @property
-    def tgt_sizes(self) -> np.ndarray:
-        return self.tgt.sizes
 
     def __len__(self) -> int:
         return len(self.src)

@@ -8,12 +8,8 @@ $TRANSDUCE_CACHE_DIR, else ~/.cache/transduce); a download into the cache, writt
 temporary name, checked, then renamed into place. Every file with a known checksum is verified
 by the sha256 of its *uncompressed* text, so a gzip mirror copy and the plain original agree.
 
-Registered: multi30k (Task 1, en/de/fr, variants "raw" and "tok"); wmt14-en-de, wmt14-en-fr
-(newstest2012-2014 from statmt.org's SGML files, newstest2013 the paper's development set; for
-en-de also newstest2014-filtered and a 10,000-pair train-sample for smoke tests; "train", the full
-WMT14 corpus, comes through Hugging Face `datasets` or a mirror's `train-full.<lang>.gz`); ptb-wsj
-(the Penn Treebank's WSJ trees, LDC licensed: only ever read from a mirror). The WMT checksums are
-those of Helsinki-NLP/OPUS-MT-testsets' plain text.
+The full WMT14 training corpora come through Hugging Face `datasets` (or a mirror); the Penn
+Treebank, LDC licensed, only ever from a mirror.
 """
 
 from __future__ import annotations
@@ -44,15 +40,12 @@ class Source:
     url: str | None = None  # a .gz or plain text file, or a .tgz archive holding `member`
     sha256: str | None = None  # of the uncompressed text; None: cannot be verified
     member: str | None = None  # the SGML file to extract from the .tgz at `url`
-    lines: int | None = None
     hf: tuple[str, str] | None = None  # (Hugging Face dataset, config) to load it from instead
 
     @property
     def cache_name(self) -> str:
         """Name in the cache: the mirror path, without .gz unless the download is gzip."""
-        if self.url and self.url.endswith(".gz"):
-            return self.mirror
-        return self.mirror[:-3] if self.mirror.endswith(".gz") else self.mirror
+        return self.mirror if self.url and self.url.endswith(".gz") else self.mirror.removesuffix(".gz")
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,6 @@ class DatasetInfo:
 
 MULTI30K_COMMIT = "a3d2e0d26b56f3846f66a952536ffed4e401d05a"
 MULTI30K_URL = f"https://raw.githubusercontent.com/multi30k/dataset/{MULTI30K_COMMIT}/data/task1"
-MULTI30K_LINES = {"train": 29000, "val": 1014, "test_2016_flickr": 1000, "test_2017_flickr": 1000, "test_2017_mscoco": 461}
 
 # sha256 of the uncompressed files (also in shared/data/multi30k/PROVENANCE.md)
 MULTI30K_SHA256 = {
@@ -131,9 +123,9 @@ MULTI30K_SHA256 = {
 def _multi30k_source(variant: str, split: str, lang: str, sha256: str) -> Source:
     if variant == "raw":  # gzip upstream
         name = f"raw/{split}.{lang}.gz"
-        return Source(mirror=name, url=f"{MULTI30K_URL}/{name}", sha256=sha256, lines=MULTI30K_LINES[split])
+        return Source(mirror=name, url=f"{MULTI30K_URL}/{name}", sha256=sha256)
     name = f"tok/{split}.lc.norm.tok.{lang}"  # plain text upstream, gzip in the mirror
-    return Source(mirror=name + ".gz", url=f"{MULTI30K_URL}/{name}", sha256=sha256, lines=MULTI30K_LINES[split])
+    return Source(mirror=name + ".gz", url=f"{MULTI30K_URL}/{name}", sha256=sha256)
 
 
 MULTI30K = DatasetInfo(
@@ -174,7 +166,6 @@ WMT14_SHA256 = {
     ("en-fr", "newstest2014", "en"): "9a12cb6e8efb3509ebede627e4a9c83ee64935509d561ff70f4b7bd5f93f6096",
     ("en-fr", "newstest2014", "fr"): "2bd07dc204f965bf88e90adb6223a8cb850f9bf9840df6af1f4945195936656e",
 }
-WMT14_LINES = {"newstest2012": 3003, "newstest2013": 3000, "newstest2014": 3003, "newstest2014-filtered": 2737, "train-sample": 10000}
 
 
 def _wmt14_source(pair: str, split: str, lang: str) -> Source:
@@ -182,19 +173,17 @@ def _wmt14_source(pair: str, split: str, lang: str) -> Source:
     other = pair.split("-")[1]
     role = "src" if lang == "en" else "ref"
     sha256 = WMT14_SHA256.get((pair, split, lang))
-    lines = WMT14_LINES.get(split)
-    if split in ("newstest2012", "newstest2013"):
-        member = f"dev/{split}-{role}.{lang}.sgm"
-        return Source(f"{split}.{lang}.gz", WMT14_DEV, sha256, member, lines)
-    if split == "newstest2014":
-        member = f"test-full/newstest2014-{other}en-{role}.{lang}.sgm"
-        return Source(f"{split}.{lang}.gz", WMT14_TEST_FULL, sha256, member, lines)
-    if split == "newstest2014-filtered":
-        member = f"test/newstest2014-{other}en-{role}.{lang}.sgm"
-        return Source(f"{split}.{lang}.gz", WMT14_TEST_FILTERED, sha256, member, lines)
+    archives = {
+        "newstest2012": (WMT14_DEV, f"dev/{split}-{role}.{lang}.sgm"),
+        "newstest2013": (WMT14_DEV, f"dev/{split}-{role}.{lang}.sgm"),
+        "newstest2014": (WMT14_TEST_FULL, f"test-full/newstest2014-{other}en-{role}.{lang}.sgm"),
+        "newstest2014-filtered": (WMT14_TEST_FILTERED, f"test/newstest2014-{other}en-{role}.{lang}.sgm"),
+    }
+    if split in archives:
+        return Source(f"{split}.{lang}.gz", archives[split][0], sha256, archives[split][1])
     if split == "train-sample":
         name = "src-train.txt" if lang == "en" else "targ-train.txt"
-        return Source(f"train.{lang}.gz", f"{SEQ2SEQ_ATTN_URL}/{name}", sha256, None, lines)
+        return Source(f"train.{lang}.gz", f"{SEQ2SEQ_ATTN_URL}/{name}", sha256)
     if split == "train":
         return Source(f"train-full.{lang}.gz", hf=(HF_WMT14, f"{other}-en"))
     raise ValueError(split)
@@ -210,12 +199,12 @@ def _wmt14(pair: str, description: str, splits: tuple[str, ...], tests: tuple[st
 
 # Mirror only (see its PROVENANCE.md): one tree per line, root TOP, traces and function tags removed;
 # "22-auto-pos", "23-auto-pos" carry Stanford-tagger tags.
-PTB_WSJ_FILES = {  # split -> (mirror file, sha256 of the uncompressed text, trees)
-    "02-21": ("train.trees.gz", "43179085595e2a70c60926674c3c9c3969ad6820c5aa71a39f0720a530f3b07e", 39832),
-    "22": ("dev.trees.gz", "b3cd4fe25519d131c2291c731939fbaab7baaf3f1657b1a228f554d555b87ff2", 1700),
-    "23": ("test.trees.gz", "9cfa902d91f48ee06c6a7ca8caf682c46e30a1c143e88a34f93a7a186d0e3873", 2416),
-    "22-auto-pos": ("dev.auto-pos.trees.gz", "920bbd9a8c2456c862eee65523af84903974b81993173e62fc87f739479c700b", 1700),
-    "23-auto-pos": ("test.auto-pos.trees.gz", "fa3259764017bed5be4afc68e226fff2f753a463d30c0eaffc6ebfda95456db2", 2416),
+PTB_WSJ_FILES = {  # split -> (mirror file, sha256 of the uncompressed text)
+    "02-21": ("train.trees.gz", "43179085595e2a70c60926674c3c9c3969ad6820c5aa71a39f0720a530f3b07e"),
+    "22": ("dev.trees.gz", "b3cd4fe25519d131c2291c731939fbaab7baaf3f1657b1a228f554d555b87ff2"),
+    "23": ("test.trees.gz", "9cfa902d91f48ee06c6a7ca8caf682c46e30a1c143e88a34f93a7a186d0e3873"),
+    "22-auto-pos": ("dev.auto-pos.trees.gz", "920bbd9a8c2456c862eee65523af84903974b81993173e62fc87f739479c700b"),
+    "23-auto-pos": ("test.auto-pos.trees.gz", "fa3259764017bed5be4afc68e226fff2f753a463d30c0eaffc6ebfda95456db2"),
 }
 PTB_WSJ = DatasetInfo(
     name="ptb-wsj",
@@ -224,7 +213,7 @@ PTB_WSJ = DatasetInfo(
     train="02-21",
     valid="22",
     tests=("23",),
-    files={("raw", split, "trees"): Source(mirror=m, sha256=h, lines=n) for split, (m, h, n) in PTB_WSJ_FILES.items()},
+    files={("raw", split, "trees"): Source(mirror=m, sha256=h) for split, (m, h) in PTB_WSJ_FILES.items()},
     kind="treebank",
 )
 
@@ -251,9 +240,6 @@ def get_dataset(name: str) -> DatasetInfo:
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
     return DATASETS[name]
-
-
-# --- where files are looked for -------------------------------------------------------------------
 
 
 def default_data_dir() -> Path | None:
@@ -314,7 +300,6 @@ def fetch(
     except DataError as e:
         if not e.message.startswith("download failed"):
             raise
-        # offline, most likely: say how to do without the network
         raise DataError(f"{e.message}; without network, put {source.mirror} in DIR/{name}/ and pass --data-dir DIR "
                         f"(or set ${ENV_DATA_DIR}=DIR)", e.path) from None
     return cached
@@ -324,9 +309,6 @@ def _find_in_mirror(path: Path) -> Path | None:
     """`path`, or its plain / .gz counterpart, if it exists."""
     other = path.with_name(path.name[:-3]) if path.name.endswith(".gz") else path.with_name(path.name + ".gz")
     return next((p for p in (path, other) if p.is_file()), None)
-
-
-# --- checksums and downloads ----------------------------------------------------------------------
 
 
 def sha256_text(path: str | Path) -> str:

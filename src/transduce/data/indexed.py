@@ -98,8 +98,7 @@ class IndexedWriter:
 
 
 class IndexedDataset:
-    """Read-only view of `{prefix}.bin` / `{prefix}.idx`: `sizes[i]` is the stored length of
-    sentence i (EOS included), `dataset[i]` an int64 copy of its tokens."""
+    """Read-only view of `{prefix}.bin` / `{prefix}.idx`: `sizes`, and `dataset[i]` (int64 tokens)."""
 
     def __init__(self, prefix: str | Path):
         self.prefix = Path(prefix)
@@ -120,11 +119,8 @@ class IndexedDataset:
         if n_tokens == 0 and n_bytes == 0:
             self.tokens = np.zeros(0, dtype=np.uint16)
             return
-        if n_bytes == 2 * n_tokens:
-            dtype = np.uint16
-        elif n_bytes == 4 * n_tokens:
-            dtype = np.int32
-        else:
+        dtype = {2 * n_tokens: np.uint16, 4 * n_tokens: np.int32}.get(n_bytes)
+        if dtype is None:
             raise DataError(f"{n_bytes} bytes do not hold the {n_tokens} tokens of {idx_path.name}", bin_path)
         self.tokens = np.memmap(bin_path, dtype=dtype, mode="r")
 

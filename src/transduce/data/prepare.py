@@ -50,8 +50,7 @@ class Split:
 
 def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train_split: str | None = None,
                    data_dir: str | None = None, cache_dir: str | None = None) -> list[Split]:
-    """The splits of a registered dataset, fetched: train (its usual split, or `train_split`),
-    valid, test, then its other test sets under their own names."""
+    """The splits of a registered dataset, fetched: train, valid, test, then its other tests."""
     info = get_dataset(name)
     wanted = [("train", train_split or info.train), ("valid", info.valid), ("test", info.tests[0])]
     wanted += [(test, test) for test in info.tests[1:]]
@@ -62,9 +61,6 @@ def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train
         )
         splits.append(Split(split, src_file, tgt_file, f"{info.name}:{origin}"))
     return splits
-
-
-# --- the work ---------------------------------------------------------------------------------------
 
 
 def prepare(
@@ -171,8 +167,8 @@ def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sampl
         files = {"src": model.name, "tgt": model.name}
     else:
         src_model = train_vocab(out_dir / "spm.src", lines(read_lines(train.src), "vocab: read train source"), **options)
-        word = {"vocab_size": WORD_VOCAB_LIMIT, "sample_size": 0, "model_type": "word"} if tgt_type == "word" else {}
-        tgt_options = {**options, **word}
+        word = {"vocab_size": WORD_VOCAB_LIMIT, "sample_size": 0, "model_type": "word"}
+        tgt_options = {**options, **word} if tgt_type == "word" else options
         tgt_model = train_vocab(out_dir / "spm.tgt", lines(read_lines(train.tgt), "vocab: read train target"), **tgt_options)
         src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
         files = {"src": src_model.name, "tgt": tgt_model.name}
@@ -236,22 +232,18 @@ def print_report(meta: dict, file=None) -> None:
     """What was written, and for the training split what the filter kept and dropped."""
     file = file or sys.stdout
     v = meta["vocab"]
-    kind = "shared" if v["shared"] else "separate"
     sizes = f"{v['size']['src']}" if v["shared"] else f"{v['size']['src']} source, {v['size']['tgt']} target"
-    if v.get("tgt_type") == "sentencepiece-word":
-        kind, sizes = "source BPE, target closed word-level", f"{v['size']['src']} source, {v['size']['tgt']} target"
-    else:
-        kind += " BPE"
+    kind = f"{'shared' if v['shared'] else 'separate'} BPE"
+    if v.get("tgt_type") == "sentencepiece-word":  # never shared
+        kind = "source BPE, target closed word-level"
     print(f"prepared {meta['src_lang']}->{meta['tgt_lang']} in {meta['out']} ({meta['seconds']} s)", file=file)
     print(f"  vocabulary: {kind}, {sizes} pieces ({', '.join(sorted(set(v['files'].values())))})", file=file)
     for name, s in meta["splits"].items():
-        r = s["filter_report"]
         counts = f"{s['pairs']:,} pairs, {s['src_tokens']:,} / {s['tgt_tokens']:,} tokens"
         origin = s["origin"].partition(":")[2]  # the dataset's own split name, e.g. newstest2013
         if origin and origin != name:
             name += f" ({origin})"
         if s["filtered"]:
-            report = FilterReport(**r)
-            print(f"  {name}: {counts}; {report.summary()}", file=file)
+            print(f"  {name}: {counts}; {FilterReport(**s['filter_report']).summary()}", file=file)
         else:
             print(f"  {name}: {counts} (evaluation split: kept whole)", file=file)

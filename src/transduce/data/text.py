@@ -18,8 +18,7 @@ from ..errors import DataError
 
 
 def open_text(path: str | Path) -> BinaryIO:
-    """Open a plain or gzip (by the magic bytes, not the name) file for binary reading; read it
-    with `iter_lines`. Raises DataError for a missing file, a directory or no permission."""
+    """Open a plain or gzip (by the magic bytes, not the name) file for `iter_lines`."""
     path = Path(path)
     if not path.exists():
         raise DataError("no such file", path)
@@ -45,20 +44,14 @@ def iter_lines(f: BinaryIO, name: str | Path) -> Iterator[str]:
             except UnicodeDecodeError as e:
                 # the byte's position counts from 1, as the line's does
                 raise DataError(f"invalid UTF-8 (byte {e.start + 1} of the line)", name, n) from None
-            if line.endswith("\n"):
-                line = line[:-1]
-            if line.endswith("\r"):
-                line = line[:-1]
-            if n == 1 and line.startswith("\ufeff"):  # byte-order mark
-                line = line[1:]
-            yield line
+            line = line.removesuffix("\n").removesuffix("\r")
+            yield line.removeprefix("\ufeff") if n == 1 else line  # a byte-order mark
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:  # a truncated or damaged gzip stream
         raise DataError(f"corrupt gzip data ({e or type(e).__name__})", name, n + 1) from None
 
 
 def read_lines(path: str | Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or .gz) without their line ending; an empty
-    file is a DataError."""
+    """Yield the lines of a text file (`iter_lines`); an empty file is a DataError."""
     path = Path(path)
     n = 0
     with open_text(path) as f:
@@ -69,8 +62,7 @@ def read_lines(path: str | Path) -> Iterator[str]:
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
-    """Yield (source line, target line) pairs; DataError if the line counts differ (naming the
-    longer file at its first line without a counterpart)."""
+    """Yield (source line, target line) pairs; DataError if the line counts differ."""
     src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
     n = 0
     while True:
@@ -95,8 +87,7 @@ DEFAULT_MAX_RATIO = 9.0
 dropped from training (the default of Moses' clean-corpus-n.perl, there counted in words)."""
 
 def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
-    """Why a training pair of these token lengths is dropped ("empty", "too_long", "bad_ratio"),
-    or None to keep it."""
+    """Why a pair of these token lengths is dropped ("empty", "too_long", "bad_ratio"), or None."""
     if src_len == 0 or tgt_len == 0:
         return "empty"
     if src_len > max_len or tgt_len > max_len:
@@ -108,8 +99,7 @@ def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) ->
 
 @dataclass
 class FilterReport:
-    """What the length filter did to one split; `examples`: the first few (1-based) line numbers
-    dropped for each reason."""
+    """What the length filter did to one split, with the first few lines dropped for each reason."""
 
     max_len: int = DEFAULT_MAX_LEN
     max_ratio: float = DEFAULT_MAX_RATIO

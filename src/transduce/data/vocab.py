@@ -28,9 +28,8 @@ DEFAULT_SAMPLE_SIZE = 1_000_000
 """Sentences sampled for training a vocabulary (all of them if the corpus is smaller)."""
 
 DEFAULT_CHARACTER_COVERAGE = 1.0
-"""Every character seen in the sample gets a piece: right for the paper's Latin-script languages
-(sentencepiece's default, 0.9995, maps digits and letters such as "Ä" to UNK on a corpus the
-size of Multi30k). Lower it (e.g. 0.9999) for noisy web text full of rare scripts."""
+"""Every character seen in the sample gets a piece (sentencepiece's 0.9995 maps letters such as "Ä"
+to UNK on a corpus the size of Multi30k); lower it for noisy web text full of rare scripts."""
 
 
 def train_vocab(
