@@ -20,6 +20,7 @@ implemented.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -319,10 +320,7 @@ def _score_brackets(gold: _Sentence, test: _Sentence, params: EvalbParams, resul
 
 def _cut_label(label: str) -> str:
     """evalb.c's modify_label: the label up to its first '-' or '='."""
-    for i, ch in enumerate(label):
-        if ch in "-=":
-            return label[:i]
-    return label
+    return re.split(r"[-=]", label, maxsplit=1)[0]
 
 
 def evalb(gold: Sequence[str], test: Sequence[str], params: EvalbParams = COLLINS,
