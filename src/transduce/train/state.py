@@ -1,8 +1,6 @@
-"""What a training run holds, shared by the loop's phases (`transduce.train.trainer`) and by what
-recovers it (`transduce.train.recovery`): the options of `transduce train` (`TrainOptions`),
-the batches in order (`BatchStream`, 5.1), the log (`RunLog`), what a run fixes before its first
-step (`Run`, frozen) and what the loop changes step after step (`LoopState`: only the trainer
-changes it)."""
+"""What a training run holds, shared by the trainer's phases and by `transduce.train.recovery`:
+the options of `transduce train`, the batches in order (5.1), the log, what a run fixes before its
+first step (`Run`) and what the loop changes step after step (`LoopState`)."""
 
 from __future__ import annotations
 
@@ -28,16 +26,11 @@ from .distributed import DistEnv
 from .signals import StopSignals
 
 
-# --- options --------------------------------------------------------------------------------------
-
-
 @dataclass
 class TrainOptions:
-    """How to run the training (the regime itself, Section 5, is `Config.train`).
-
-    Every field is a flag of `transduce train` (`--max-tokens` for max_tokens; a boolean that
-    is on by default is turned off by `--no-NAME`), declared here once: the flag's help (and
-    metavar, choices) is the field's metadata (`transduce.cli.fields`)."""
+    """How to run the training (the regime itself, Section 5, is `Config.train`). Every field is a
+    flag of `transduce train` (`--no-NAME` turns off a boolean on by default), its help, metavar and
+    choices the field's metadata (`transduce.cli.fields`)."""
 
     max_tokens: int | None = field(default=None, metadata={"metavar": "N", "help": (
         "padded tokens per micro-batch per process, each side (default: train.max_tokens, "
@@ -121,9 +114,6 @@ class TrainOptions:
             keep_last=t.average_last if self.keep_last is None else self.keep_last)
 
 
-# --- batches (5.1) --------------------------------------------------------------------------------
-
-
 class BatchStream:
     """This rank's training micro-batches, epoch after epoch, as lists of pair indices.
 
@@ -162,9 +152,6 @@ class BatchStream:
     def take(self, n: int) -> list[tuple[np.ndarray, tuple[int, int]]]:
         """The next n micro-batches, each with where it lies: (epoch, index in the epoch)."""
         return [(self.next(), (self.epoch, self.position - 1)) for _ in range(n)]
-
-
-# --- logging --------------------------------------------------------------------------------------
 
 
 class RunLog:
@@ -207,18 +194,13 @@ class RunLog:
             self.tb.close()
 
 
-# --- the run and the loop's state --------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Run:
     """What a run fixes before its first step (`_set_up`, completed by `_open`); every phase reads
     it, none changes it."""
 
     config: Config
-    opts: TrainOptions
-    """The options with the config's defaults filled in (`TrainOptions.resolve`): max_tokens is
-    padded tokens per micro-batch per rank."""
+    opts: TrainOptions  # `TrainOptions.resolve`d: max_tokens is padded tokens per micro-batch per rank
     env: DistEnv
     data_dir: Path
     run_dir: Path
@@ -227,18 +209,13 @@ class Run:
     meta: dict
     train_set: ParallelDataset
     valid_set: ParallelDataset | None
-    model: Transformer
-    """The plain module: what is validated and saved."""
+    model: Transformer  # the plain module: what is validated and saved
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None
-    signals: StopSignals | None = None
-    """SIGTERM / SIGINT: a request to stop after the current step (`transduce.train.signals`)."""
-    train_model: nn.Module | None = None
-    """The module that trains: `model`, optionally compiled, wrapped in DDP for several processes."""
-    log: RunLog | None = None
-    """Rank 0's log (None on the other ranks)."""
-    bar: object = None
-    """Rank 0's progress bar, when stderr is a terminal."""
+    signals: StopSignals | None = None  # SIGTERM / SIGINT: a request to stop after the current step
+    train_model: nn.Module | None = None  # `model`, optionally compiled, wrapped in DDP for several processes
+    log: RunLog | None = None  # rank 0's (None on the other ranks)
+    bar: object = None  # rank 0's progress bar, when stderr is a terminal
 
 
 @dataclass
@@ -248,34 +225,22 @@ class LoopState:
 
     step: int
     stream: BatchStream
-    lr: float
-    """The rate of the latest step (before the first, equation 3 at the current step)."""
+    lr: float  # the rate of the latest step (before the first, equation 3 at the current step)
     stop: bool
-    train_seconds: float
-    """Training time of the earlier sessions (from the checkpoint)."""
-    tokens_seen: int
-    """Target tokens trained on, earlier sessions included."""
-    saved_at: int
-    """The step of the newest checkpoint of this run (-1: none)."""
-    first_step: int
-    """The step this session started at."""
-    start: float
-    """The clocks (time.perf_counter): this session's start, the last checkpoint, the last log."""
+    train_seconds: float  # training time of the earlier sessions (from the checkpoint)
+    tokens_seen: int  # target tokens trained on, earlier sessions included
+    saved_at: int  # the step of the newest checkpoint of this run (-1: none)
+    first_step: int  # the step this session started at
+    start: float  # the clocks (time.perf_counter): this session's start, the last checkpoint, the last log
     last_save: float
     last_log: float
-    interval_sums: Tensor
-    """[smoothed loss, nll] summed over this rank's tokens since the last log (on the device)."""
+    interval_sums: Tensor  # [smoothed loss, nll] summed over this rank's tokens since the last log
     interval_tokens: int = 0
-    grad_norm: Tensor | None = None
-    """The gradient norm of the latest step that measured it, since the last log."""
-    step_seconds: float = 0.0
-    """Time in training steps in this session (no validation, no checkpoints)."""
+    grad_norm: Tensor | None = None  # of the latest step that measured it, since the last log
+    step_seconds: float = 0.0  # time in training steps in this session (no validation, no checkpoints)
     session_tokens: int = 0
     valid: dict | None = None
     validated_at: int = -1
-    capped_at: int | None = None
-    """The step at which --max-minutes stopped the run short of max_steps."""
-    interrupted: str | None = None
-    """The signal that stopped the run (SIGTERM, SIGINT), agreed by every rank."""
-    skipped_in_a_row: int = 0
-    """Steps in a row not taken for a non-finite loss or gradient (`train_step`)."""
+    capped_at: int | None = None  # the step at which --max-minutes stopped the run short of max_steps
+    interrupted: str | None = None  # the signal that stopped the run, agreed by every rank
+    skipped_in_a_row: int = 0  # steps in a row not taken for a non-finite loss or gradient

@@ -24,9 +24,6 @@ from .distributed import DistEnv, all_reduce_
 from .loss import label_smoothed_nll
 
 
-# --- precision ------------------------------------------------------------------------------------
-
-
 def autocast_for(device: torch.device, precision: str):
     """A fresh autocast context for the forward pass: bf16 on CPU or CUDA, fp16 on CUDA, or
     nothing for fp32. (Adam's master weights and the loss's log-softmax stay fp32.)"""
@@ -93,13 +90,8 @@ def check_precision(device: torch.device, precision: str) -> None:
 
 
 def make_grad_scaler(device: torch.device, precision: str):
-    """torch.amp.GradScaler for fp16 (None otherwise); torch >= 2.3 spells it torch.amp."""
-    if precision != "fp16":
-        return None
-    return torch.amp.GradScaler(device.type)
-
-
-# --- the model on its device ---------------------------------------------------------------------
+    """torch.amp.GradScaler for fp16 (None otherwise)."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
 
 def prepare_for_training(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
@@ -112,9 +104,6 @@ def prepare_for_training(model: nn.Module, device: torch.device, precision: str)
     if device.type == "cpu" and precision == "bf16":
         fast_attention(model)
     return model.train()
-
-
-# --- optimizer (5.3) ------------------------------------------------------------------------------
 
 
 def build_optimizer(model: nn.Module, config: Config) -> torch.optim.Adam:
@@ -135,17 +124,11 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-# --- batches on the device ------------------------------------------------------------------------
-
-
 def to_device(batch: dict, device: torch.device) -> dict:
     """Move a collated batch's tensors to `device` (pinned + non-blocking on CUDA)."""
     if device.type != "cuda":
         return batch
     return {k: v.pin_memory().to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-# --- one optimizer step ---------------------------------------------------------------------------
 
 
 class StepResult(NamedTuple):
@@ -238,9 +221,6 @@ def gradient_norm(params: list[Tensor]) -> Tensor:
     if hasattr(nn.utils, "get_total_norm"):  # torch >= 2.6
         return nn.utils.get_total_norm(grads)
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
-
-
-# --- validation -----------------------------------------------------------------------------------
 
 
 @torch.no_grad()

@@ -93,15 +93,14 @@ def word_symbols(data_dir: Path, meta: dict) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class TrainResult:
-    model: Transformer
-    """The trained model (the plain module, on its device)."""
+    """What `train` returns."""
+
+    model: Transformer  # the plain module, on its device
     step: int
-    valid: dict | None
-    """The last validation: loss, nll, ppl per target token."""
+    valid: dict | None  # the last validation: loss, nll, ppl per target token
     run_dir: Path
     target_tokens_per_s: float
-    interrupted: str | None = None
-    """The signal that stopped the run (after its checkpoint), e.g. "SIGTERM"; None if it ran to the end."""
+    interrupted: str | None = None  # the signal that stopped the run (after its checkpoint), e.g. "SIGTERM"
 
 
 # --- the loop: set up, restore, the steps, finish -------------------------------------------------
@@ -115,11 +114,9 @@ def train(
     *,
     log_extra: dict | None = None,
 ) -> TrainResult:
-    """Train `config` on the prepared data in `data_dir`, writing into `run_dir`.
-
-    Launched by torchrun, joins the process group itself (see `setup_distributed`). With
-    `opts.resume` and a checkpoint in `run_dir`, continues it exactly (the config must then be
-    the run's own, as `transduce.cli.train.resolve_config` makes it)."""
+    """Train `config` on the prepared data in `data_dir`, writing into `run_dir`. Launched by
+    torchrun, joins the process group itself. With `opts.resume` and a checkpoint in `run_dir`,
+    continues it exactly (the config must then be the run's own)."""
     given = opts or TrainOptions()
     env = setup_distributed(given.device)
     lock = RunLock(run_dir)
@@ -184,12 +181,9 @@ def _remove_if_only_the_lock(run_dir: Path, lock: RunLock) -> None:
         pass
 
 
-# Set up: device threads, precision, batching, the data, the model, Adam, the GradScaler; then,
-# once restored, the batch stream, the run directory, the module that trains, the log.
-
-
 def _set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, env: DistEnv,
             signals: StopSignals) -> Run:
+    """Device threads, precision, the data, the model made ready to train, Adam, the GradScaler."""
     set_threads(env, given.threads)
     precision = resolve_precision(env, given.precision, config.model,
                                   recorded=recorded_precision(run_dir) if given.resume else None)
@@ -274,23 +268,18 @@ def _announce(run: Run, stream: BatchStream, step: int, given: TrainOptions, log
             f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")
 
 
-# The steps' decisions, logging and validation.
-
-
 def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
     """Whether to stop (state.stop; state.capped_at if --max-minutes binds first). Returns (now,
-    whether a timed checkpoint is due). The decisions that depend on the clock are taken by rank 0
-    (every step alone, at log intervals with several processes, to avoid a host sync per step)
-    and shared."""
+    whether a timed checkpoint is due). Rank 0's clock decides, with several processes at log
+    intervals only (no host sync per step)."""
     opts, t = run.opts, run.config.train
     now = time.perf_counter()
     time_up = opts.max_minutes is not None and now - state.start >= 60 * opts.max_minutes
     save_due = opts.save_every_minutes > 0 and now - state.last_save >= 60 * opts.save_every_minutes
     if run.env.distributed:
         time_up, save_due = agree(run.env, [time_up, save_due]) if log_now else (False, False)
-    signalled = run.signals is not None and run.signals.requested is not None
-    if run.env.distributed:  # every rank stops at the same step, whichever got the signal
-        signalled = any_rank(run.env, signalled)
+    # every rank stops at the same step, whichever got the signal
+    signalled = any_rank(run.env, run.signals is not None and run.signals.requested is not None)
     if signalled and state.interrupted is None:
         state.interrupted = (run.signals.requested if run.signals and run.signals.requested else "a signal to another rank")
     state.stop = state.step >= t.max_steps or time_up or signalled
@@ -346,10 +335,8 @@ def _validate(run: Run, state: LoopState) -> dict | None:
     return r
 
 
-# Finish: the final validation, checkpoint and model directory.
-
-
 def _finish(run: Run, state: LoopState) -> TrainResult:
+    """The final validation, checkpoint and model directory (an interrupted run: its checkpoint)."""
     env, opts, t, step = run.env, run.opts, run.config.train, state.step
     if state.capped_at is not None:
         env.say(f"note: --max-minutes {opts.max_minutes:g} stopped training at step {step} of {t.max_steps}: "
@@ -399,7 +386,6 @@ def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: in
     h, m = divmod(m, 60)
     text = f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
     return f"ETA {text}" + (" (--max-minutes)" if capped else "")
-
 
 
 def _progress_bar(env: DistEnv, opts: TrainOptions, step: int, total: int):
