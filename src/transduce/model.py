@@ -73,11 +73,8 @@ def attention_reference(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, equation 1, written out: softmax(Q K^T / sqrt(d_k)) V.
-
-    q (B, h, Tq, d_k), k (B, h, Tk, d_k), v (B, h, Tk, d_v), mask broadcastable to
-    (B, h, Tq, Tk) with True = may attend. Returns the output (B, h, Tq, d_v) and the attention
-    weights (B, h, Tq, Tk) before dropout. The slow path: used when weights are asked for.
-    """
+    q (B, h, Tq, d_k), k (B, h, Tk, d_k), v (B, h, Tk, d_v); returns the output (B, h, Tq, d_v)
+    and the weights (B, h, Tq, Tk) before dropout. The slow path: used when weights are asked for."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -101,15 +98,12 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention (3.2.2): Concat(head_1, ..., head_h) W^O,
     head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
-    The projections W^Q, W^K, W^V of all heads are stacked into one matrix `in_proj`
-    (rows: h*d_k for Q, h*d_k for K, h*d_v for V), so self-attention projects with one matmul;
-    encoder-decoder attention uses the Q rows on the decoder states and the K, V rows on the
-    encoder output (views of the same parameter, no copy). d_k and d_v are independent of
-    d_model / h (Table 3 rows A and B).
-
-    `step_attention` / `sequence_attention`: how a decoding step's queries / all others attend
-    (equation 1 all the same); None, the default, is `scaled_dot_product_attention`;
-    `transduce.fast` sets faster ones for the CPU (decoding; bf16 training)."""
+    W^Q, W^K, W^V of all heads are stacked into one matrix `in_proj` (rows: h*d_k for Q, h*d_k for
+    K, h*d_v for V): self-attention projects with one matmul, encoder-decoder attention uses the Q
+    rows on the decoder states and the K, V rows on the encoder output. d_k and d_v are independent
+    of d_model / h (Table 3 rows A and B). `step_attention` / `sequence_attention`: how a decoding
+    step's queries / all others attend (None: `scaled_dot_product_attention`; `transduce.fast`
+    sets faster ones for the CPU)."""
 
     step_attention = sequence_attention = None
 
@@ -154,9 +148,8 @@ class MultiHeadAttention(nn.Module):
                incremental: bool = False) -> tuple[Tensor, Tensor | None]:
         """Equation 1 on every head, then Concat and W^O: (B, Tq, d_model) and, if asked, the weights
         (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`step_attention`).
-        Where k, v and mask have fewer rows than q, q's rows come in groups of q.size(0) // k.size(0)
-        that share one of theirs (a sentence's beams in encoder-decoder attention,
-        `DecoderCache.rows_per_source`), folded into one row's queries: keys are never repeated."""
+        Where k and v have fewer rows than q (a sentence's beams in encoder-decoder attention), each
+        group of q's rows that shares one is folded into one row's queries: keys are never repeated."""
         R, h, n, _ = q.shape
         group = R // k.size(0)
         if group > 1:  # (R, h, n, d) -> (R / group, h, group * n, d)
@@ -399,11 +392,8 @@ class Decoder(_Stack):
 
 class Transformer(nn.Module):
     """The encoder-decoder Transformer (Figure 1). `forward(src, tgt)` returns logits over the
-    target vocabulary; the loss lives in `transduce.train.loss`.
-
-    Token batches are (B, L) LongTensors right-padded with `config.pad_id`; `tgt` is the decoder
-    input (BOS followed by the target shifted right).
-    """
+    target vocabulary (the loss: `transduce.train.loss`). Token batches are (B, L) LongTensors
+    right-padded with `config.pad_id`; `tgt` is the decoder input (BOS, then the target shifted right)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -438,12 +428,9 @@ class Transformer(nn.Module):
         return self.encoder(src, src_mask)[0]
 
     def forward(self, src: Tensor, tgt: Tensor, return_attention: bool = False):
-        """Teacher-forced pass: logits (B, T, V) for every target position.
-
-        With `return_attention=True`, returns (logits, attention) where attention holds the
-        weights (B, h, Tq, Tk) of every layer: {"encoder": [...], "decoder_self": [...],
-        "decoder_cross": [...]} (computed by the reference path; slower).
-        """
+        """Teacher-forced pass: logits (B, T, V) for every target position. With `return_attention`,
+        (logits, attention), the weights (B, h, Tq, Tk) of every layer (by the slower reference path):
+        {"encoder": [...], "decoder_self": [...], "decoder_cross": [...]}."""
         src_mask, tgt_mask = make_masks(src, tgt, self.config.pad_id)
         memory, enc_w = self.encoder(src, src_mask, return_attention)
         x, self_w, cross_w = self.decoder(tgt, memory, src_mask, tgt_mask, need_weights=return_attention)

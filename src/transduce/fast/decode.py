@@ -1,13 +1,11 @@
 """Speed-ups for decoding, applied to a built `transduce.model.Transformer` from the outside: the
 same products and the same equation 1 as the paper's, with less overhead (docs/speed.md).
 
-`pack_weights(model)` replaces every linear layer (the pre-softmax projection with the shared
-embedding matrix included) by a `PackedLinear`: the same parameters, plus a copy of each weight in
-oneDNN's blocked layout, so that no product re-lays out its weight at every call (`transduce.fast.int8`'s
-layers are `PackedLinear`s too). `decode_attention` is equation 1 for a CPU decoding step's few
-queries; `apply(model)` does all of it and returns its undo. Parameters keep their names
-(`state_dict` is unchanged) and stay shared: an optimizer step or `load_state_dict` retires the
-stale copies, which are then ignored.
+`pack_weights(model)` replaces every linear layer (the tied pre-softmax projection included) by a
+`PackedLinear`: the same parameters, plus a copy of each weight in oneDNN's blocked layout, so that
+no product re-lays out its weight at every call; `state_dict` is unchanged, and an optimizer step
+or `load_state_dict` retires the stale copies. `decode_attention` is equation 1 for a CPU
+decoding step's few queries; `apply(model)` does all of it and returns its undo.
 """
 
 from __future__ import annotations
@@ -52,11 +50,9 @@ def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
     return torch.bmm(weights, v3).view(B, h, Tq, -1)
 
 
-@functools.cache
-def _keys_first() -> bool:
-    """Whether one bf16 query's scores are computed as K q^T: where oneDNN runs AMX
-    (`ops.amx_products`; not the CPU's flag alone, which a CPU held to AVX2 still reports)."""
-    return ops.amx_products()
+_keys_first = functools.cache(ops.amx_products)
+"""Whether one bf16 query's scores are computed as K q^T: where oneDNN runs AMX (not the CPU's
+flag alone, which a CPU held to AVX2 still reports)."""
 
 
 def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:

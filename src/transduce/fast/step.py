@@ -2,11 +2,9 @@
 position per row (3.1's auto-regressive decoder, then 3.4's pre-softmax projection), as one flat
 function. Not in the paper, and not a different computation.
 
-The Python around a step's few hundred small operations (module calls, the packed layers'
-per-call checks, the attention's folding) costs a good part of a small model's step, on the CPU
-and on a GPU (docs/speed.md). `FastStep` runs the same operations in the same order on the same
-weights, so its logits are bit for bit the model's (tests/test_fast_step.py), with the checks
-made once per step instead of once per product.
+The Python around a step's few hundred small operations costs a good part of a small model's
+step (docs/speed.md). `FastStep` runs the same operations in the same order on the same weights,
+so its logits are bit for bit the model's, with the checks made once per step, not per product.
 
 Every field of `ModelConfig` is either in `HANDLED` (what the step does with it) or in `FALLBACK`
 (the options that change the step, with the value under which the step still covers them); a

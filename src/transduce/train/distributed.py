@@ -1,6 +1,5 @@
 """This process's place in a training job (Section 5.2: 8 GPUs): torchrun's variables, the process
-group, CPU threads, the few collectives the loop needs, and every rank's RNG state (dropout) for
-exact resume."""
+group, CPU threads, the few collectives the loop needs, every rank's RNG state for exact resume."""
 
 from __future__ import annotations
 
@@ -25,9 +24,7 @@ class DistEnv:
     local_world_size: int = 1
     device: torch.device = torch.device("cpu")
     owns_group: bool = False
-    restart: int = 0
-    """How many times torchrun has restarted the job's workers (`--max-restarts`): 0 on the first
-    attempt and without torchrun."""
+    restart: int = 0  # how many times torchrun restarted the job's workers (--max-restarts)
 
     @property
     def is_main(self) -> bool:

@@ -16,14 +16,11 @@ def label_smoothed_nll(
     K = V - len(exclude) classes not excluded (Section 5.4, "label smoothing of value
     eps_ls = 0.1"; Szegedy et al. 2016). The uniform part includes the target itself.
 
-    `exclude`: classes that receive no smoothing mass. The trainer passes PAD and BOS, which the
-    model never emits (`TrainConfig.smooth_all_classes` = False); with `exclude=()` the mass is
-    spread over all V classes, as `F.cross_entropy(label_smoothing=eps)` does (tensor2tensor: over
-    the V - 1 classes other than the target, PAD included).
-
-    logits (B, T, V), target (B, T); padding positions (target == pad_id) contribute nothing.
-    Returns (loss, nll): the smoothed loss that is optimised and the plain negative
-    log-likelihood (for perplexity), fp32 (fp64 for fp64 logits), summed over non-pad tokens
+    `exclude`: classes that receive no smoothing mass; the trainer passes PAD and BOS, which the
+    model never emits (with `exclude=()` the mass is spread over all V classes, as
+    `F.cross_entropy(label_smoothing=eps)` does). logits (B, T, V), target (B, T); padding
+    positions contribute nothing. Returns (loss, nll), the smoothed loss that is optimised and the
+    plain negative log-likelihood, fp32 (fp64 for fp64 logits), summed over non-pad tokens
     (`reduction='sum'`) or averaged over them (`'mean'`).
 
     With lse = log sum_v exp(z_v), nll = lse - z_y and smooth = lse - mean_{v not excluded} z_v,

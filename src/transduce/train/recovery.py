@@ -40,13 +40,10 @@ class Start:
 
     step: int = 0
     epoch: int = 0
-    position: int = 0
-    """The index of the next batch in the epoch's order."""
-    train_seconds: float = 0.0
-    """Training time of the earlier sessions."""
+    position: int = 0  # the index of the next batch in the epoch's order
+    train_seconds: float = 0.0  # training time of the earlier sessions
     target_tokens: int = 0
-    saved_at: int = -1
-    """The step of the newest checkpoint (-1: none)."""
+    saved_at: int = -1  # the step of the newest checkpoint (-1: none)
 
 
 def restore(run: Run) -> Start:

@@ -115,13 +115,10 @@ class TrainOptions:
 
 
 class BatchStream:
-    """This rank's training micro-batches, epoch after epoch, as lists of pair indices.
-
-    Epoch e's batches are `dataset.batches(max_tokens, seed=seed, epoch=e, num_shards=world,
-    shard_id=rank)`: shuffled length-sorted batches, the same list on every rank, rank r taking
-    every world-th one (equal counts on every rank). The position (epoch, index of the next
-    batch) is all a checkpoint needs to continue the same order.
-    """
+    """This rank's training micro-batches (5.1), epoch after epoch, as arrays of pair indices: epoch
+    e's shuffled length-sorted batches (`dataset.batches`), the same list on every rank, rank r
+    taking every world-th one. The position (epoch, index of the next batch) is all a checkpoint
+    needs to continue the same order."""
 
     def __init__(self, dataset: ParallelDataset, max_tokens: int, *, seed: int, num_shards: int = 1,
                  shard_id: int = 0, epoch: int = 0, position: int = 0):
@@ -142,6 +139,7 @@ class BatchStream:
         return len(self._batches)
 
     def next(self) -> np.ndarray:
+        """The next micro-batch, starting the next epoch's order where this one ends."""
         if self.position >= len(self._batches):
             self.epoch, self.position = self.epoch + 1, 0
             self._batches = self._load(self.epoch)
