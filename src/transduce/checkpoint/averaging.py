@@ -18,9 +18,6 @@ from .model_dir import guarded, is_model_dir, load_config, load_model, model_fro
 from .run_dir import checkpoint_name, latest_checkpoint, list_checkpoints, on_interval
 
 
-# --- averaging (6.1) ------------------------------------------------------------------------------
-
-
 def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--last") -> list[Path]:
     """The newest `k` checkpoints of a run written at its interval, oldest first (6.1: "the last
     5 checkpoints, which were written at 10-minute intervals"); one forced off the interval is
@@ -69,8 +66,7 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch
 
 
 def default_average(run_dir: Path) -> int | None:
-    """How many of a run's last checkpoints to average by default: its train.average_last (6.1:
-    5 for base, 20 for big), or all it has if fewer; None when it has none."""
+    """Checkpoints to average by default: train.average_last (6.1), or all if fewer; None if none."""
     found = list_checkpoints(run_dir)
     if not found:
         return None
@@ -79,12 +75,8 @@ def default_average(run_dir: Path) -> int | None:
     return max(1, min(k, len(regular)))
 
 
-# --- the MODEL argument of the inference commands ------------------------------------------------
-
-
 def resolve_checkpoint(run_dir: Path, name: str) -> Path:
-    """A checkpoint given as a path, a name under RUN_DIR/checkpoints, a step number, `latest`
-    or `model`."""
+    """A checkpoint given as a path, a name under RUN_DIR or its checkpoints/, a step number or `latest`."""
     as_path = Path(name)
     if is_model_dir(as_path):
         return as_path
@@ -107,8 +99,7 @@ NOT_A_MODEL = "neither a model directory (model.safetensors + config.json) nor a
 
 
 def check_model_path(path: Path) -> None:
-    """Raise FileNotFoundError unless `path` can be a MODEL argument given alone, reading nothing
-    (for a command that loads its model late, as `transduce serve`)."""
+    """Raise FileNotFoundError unless `path` can be a MODEL argument given alone, reading nothing."""
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
     if not (is_model_dir(path) or is_model_dir(path / "model") or list_checkpoints(path)):

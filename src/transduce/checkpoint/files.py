@@ -76,8 +76,7 @@ def _check_parent(parent: Path, name: str) -> None:
 
 
 def check_output(path: str | os.PathLike | None) -> None:
-    """Before the work: raise OSError naming `path` if it cannot be written as an output file
-    (`output_target`). None and "-" (stdout) pass."""
+    """Before the work: raise OSError naming `path` if it cannot be an output file ("-" passes)."""
     if path is not None and str(path) != "-":
         output_target(path)
 
@@ -178,9 +177,8 @@ def fsync_dir(path: Path) -> None:
     except OSError:  # e.g. Windows: directories cannot be opened
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -227,8 +225,7 @@ class DamagedCheckpoint(ValueError):
 
 
 def expected_digests(directory: Path) -> dict[str, dict] | None:
-    """The checksums recorded in a checkpoint's trainer_state.json, else in checksums.json; None
-    for a directory written before checksums."""
+    """The checksums in a checkpoint's trainer_state.json, else checksums.json; None if neither."""
     for name, key in ((STATE, "files"), (CHECKSUMS, None)):
         path = directory / name
         if path.is_file():
@@ -243,8 +240,7 @@ def expected_digests(directory: Path) -> dict[str, dict] | None:
 
 
 def verify(directory: str | os.PathLike, names=None) -> None:
-    """Check the files of a model directory or checkpoint (all, or `names`) against their
-    recorded SHA-256 and size; raise DamagedCheckpoint naming the first that differs."""
+    """Raise DamagedCheckpoint naming the first file (of all, or `names`) that is not as recorded."""
     directory = Path(directory)
     expected = expected_digests(directory)
     if expected is None:

@@ -31,8 +31,7 @@ def save_model(model: torch.nn.Module, config: Config, directory: str | os.PathL
 
 
 def _write_model_dir(directory: str | os.PathLike, config: Config, write_weights) -> Path:
-    """`write_weights(temporary file name)`, then move the weights into place, write config.json,
-    then checksums.json (last)."""
+    """`write_weights(temporary name)`, moved into place, then config.json, then checksums.json."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     weights_tmp = directory / (WEIGHTS + ".tmp")
@@ -61,8 +60,7 @@ def load_config(directory: str | os.PathLike) -> Config:
 
 
 def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Transformer, Config]:
-    """Build the model from `config.json` and load `model.safetensors` into it (strictly: every
-    tensor must be present with its shape). Returns (model in eval mode, config)."""
+    """(the model in eval mode, its config), its weights loaded strictly from a model directory."""
     directory = Path(directory)
     config = load_config(directory)
     model = Transformer(config.model)
@@ -75,8 +73,7 @@ def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu")
 
 
 def model_from_tensors(tensors: dict[str, torch.Tensor], config: Config, where) -> Transformer:
-    """A Transformer holding `tensors` (named as in model.safetensors, where a tied embedding
-    is stored once under one of its names); every parameter must be covered."""
+    """A Transformer holding `tensors` (named as in model.safetensors); every parameter covered."""
     model = Transformer(config.model)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     state = model.state_dict()
@@ -88,8 +85,7 @@ def model_from_tensors(tensors: dict[str, torch.Tensor], config: Config, where) 
 
 
 def guarded(load, *args, **kwargs):
-    """Loading errors (a damaged or mismatched safetensors file, a bad config.json) as a
-    one-line ValueError naming the first argument (the path)."""
+    """`load(*args, ...)`, its errors a one-line ValueError naming `args[0]` (the path)."""
     try:
         return load(*args, **kwargs)
     except (FileNotFoundError, ValueError):  # DamagedCheckpoint included

@@ -29,12 +29,8 @@ from .model_dir import save_model
 _NAME = re.compile(r"^step_(\d+)$")
 
 
-# --- run directories ------------------------------------------------------------------------------
-
-
 def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -> None:
-    """Create the run directory: config.json, data.json (with the data directory's absolute
-    path) and copies of the vocabulary files (replacing stale ones)."""
+    """Create the run directory: config.json, data.json (+ "data_dir") and the vocabulary files."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.json", config.to_json() + "\n")
     atomic_write_text(run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n")
@@ -46,8 +42,7 @@ def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -
 
 
 def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) -> None:
-    """Refuse to resume a run on prepared data of another vocabulary (other sizes, sharing, or
-    sentencepiece bytes); the same data at another path passes."""
+    """Refuse to resume a run on prepared data of another vocabulary (the same at another path passes)."""
     vocab = meta["vocab"]
     size = (int(vocab["size"]["src"]), int(vocab["size"]["tgt"]))
     shared = bool(vocab.get("shared", vocab["files"]["src"] == vocab["files"]["tgt"]))
@@ -74,9 +69,6 @@ def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) 
         raise UsageError(f"{data_dir} has another vocabulary than the run being resumed ({run_dir}): "
                          f"{'; '.join(dict.fromkeys(differences))}; resume on the run's data ({used}) "
                          "or start a new --run-dir")
-
-
-# --- training checkpoints -------------------------------------------------------------------------
 
 
 @dataclass
@@ -123,8 +115,7 @@ def checkpoint_step(path: str | os.PathLike) -> int:
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """The complete checkpoints of a run (named step_N, with trainer_state.json) as (step,
-    directory), oldest first."""
+    """The complete checkpoints of a run (with trainer_state.json) as (step, directory), oldest first."""
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
@@ -160,8 +151,7 @@ def recorded_precision(run_dir: str | os.PathLike) -> tuple[str, Path] | None:
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The checkpoint `latest` points to; if that pointer is missing or broken, the newest
-    complete one."""
+    """The checkpoint `latest` points to, else (a missing or broken pointer) the newest one."""
     root = Path(run_dir) / CHECKPOINTS
     pointer = root / LATEST
     if pointer.is_file():
@@ -181,8 +171,7 @@ def _param_names(model: torch.nn.Module) -> dict[int, str]:
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Flatten the optimizer's per-parameter state into {"<state>/<parameter name>": tensor}
-    (e.g. "exp_avg_sq/decoder.layers.0.feed_forward.w_2.weight"), on the CPU."""
+    """The optimizer's per-parameter state as {"<state>/<parameter name>": CPU tensor}."""
     names = _param_names(model)
     out = {}
     for group in optimizer.param_groups:
@@ -195,26 +184,18 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) 
 
 
 def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Inverse of `optimizer_tensors`: restore the per-parameter state, keeping the optimizer's
-    current hyperparameters (they come from the config)."""
+    """Inverse of `optimizer_tensors`, keeping the optimizer's hyperparameters (from the config)."""
     names = _param_names(model)
     by_name: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         state_key, _, pname = key.partition("/")
         by_name.setdefault(pname, {})[state_key] = value
-    sd = optimizer.state_dict()
-    state = {}
-    index = 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            saved = by_name.pop(names[id(p)], None)
-            if saved is not None:
-                state[index] = saved
-            index += 1
+    params = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    state = {i: by_name.pop(name) for i, name in enumerate(params) if name in by_name}
     if by_name:
         raise ValueError(f"optimizer state for unknown parameters: {sorted(by_name)[:3]} ...")
-    sd["state"] = state
-    optimizer.load_state_dict(sd)  # moves each tensor to its parameter's device (step stays fp32)
+    # load_state_dict moves each tensor to its parameter's device (step stays fp32)
+    optimizer.load_state_dict({**optimizer.state_dict(), "state": state})
 
 
 def save_checkpoint(
@@ -284,8 +265,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     device: str | torch.device = "cpu",
 ) -> LoadedCheckpoint:
-    """Load a checkpoint directory's weights into `model` (strictly), its state into
-    `optimizer` (if given); return its TrainingState and RNG tensors."""
+    """Load a checkpoint's weights into `model` (strictly) and `optimizer`; return the rest."""
     path = Path(path)
     for f in (WEIGHTS, CONFIG, STATE):
         if not (path / f).is_file():
@@ -317,9 +297,6 @@ def set_aside(path: Path) -> Path:
         target = path.with_name(f"{path.name}{DAMAGED}.{n}")
     os.replace(path, target)
     return target
-
-
-# --- one writer per run directory -----------------------------------------------------------------
 
 
 class RunLock:
