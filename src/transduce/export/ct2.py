@@ -1,20 +1,7 @@
 """A transduce model as a CTranslate2 model directory, and CTranslate2 as a decoding engine.
 
 `export_ct2` fills a `ctranslate2.specs.TransformerSpec` through a `Converter` of our own, one
-setter per part (CTranslate2's Hugging Face path would start the decoder with PAD, not BOS):
-
-    transduce                                  CTranslate2 TransformerSpec
-    encoder.embed.weight (x sqrt(d_model))     encoder.embeddings[0] (scale_embeddings)
-    positions: sinusoids of 3.5, interleaved   encoder/decoder.position_encodings.encodings
-    self_attn.in_proj  [W^Q; W^K; W^V]         self_attention.linear[0] (fused QKV)
-    self_attn.out_proj W^O                     self_attention.linear[1]
-    cross_attn.in_proj rows Q / rows K, V      attention.linear[0] / attention.linear[1]
-    cross_attn.out_proj                        attention.linear[2]
-    norm1, norm2 (, norm3)                     self_attention / attention / ffn .layer_norm
-    feed_forward.w_1, w_2                      ffn.linear_0, ffn.linear_1
-    the shared embedding as W_out (3.4)        decoder.projection
-    layer_norm_eps, post-norm (pre-norm)       config.layer_norm_epsilon, pre_norm=False (True)
-
+setter per part, `build_spec` (CTranslate2's Hugging Face path would start the decoder with PAD).
 Two traps (docs/export.md): CTranslate2's own sinusoids are [sin | cos] halves where 3.5's
 interleave, so the position table is always written; its length penalty is |Y|^alpha, so
 `length_penalty="paper"` ranks all `beam` finished hypotheses by ((5 + |Y|) / 6)^alpha (6.1).
@@ -39,6 +26,7 @@ import torch
 from ..checkpoint import atomic_dir
 from ..config import Config
 from ..data.vocab import BOS, EOS, PAD, SPECIAL_PIECES, Vocab
+from ..decode import length_penalty as paper_length_penalty
 from ..extras import require
 from ..model import Transformer, sinusoidal_positions
 from ..translate import (
@@ -47,12 +35,10 @@ from ..translate import (
 )
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
-"""What `export_ct2` offers: float32 weights (exact), int8 weights (computed int8 where the
-hardware can), int8 weights computed in float32."""
+"""float32 (exact), int8 weights (computed in int8 where the hardware can, or in float32)."""
 
 DEFAULT_SINUSOID_POSITIONS = 1536
-"""Rows of the position table written for sinusoidal models: the 1024-token input limit plus its
-EOS and output offsets up to 511. (The paper's sinusoids have no limit; CTranslate2's table has.)"""
+"""Rows of the position table of sinusoidal models: the 1024-token input limit, EOS, offsets to 511."""
 
 INFO = "transduce.json"
 """Written beside CTranslate2's files: the transduce config, the vocabulary files, the export."""
@@ -77,14 +63,16 @@ def _set_layer_norm(spec, norm: torch.nn.LayerNorm) -> None:
     spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
 
 
-def _set_self_attention(spec, attn) -> None:
+def _set_self_attention(spec, attn, norm: torch.nn.LayerNorm) -> None:
     """[W^Q; W^K; W^V] is already CTranslate2's fused QKV matrix (the same row order)."""
+    _set_layer_norm(spec.layer_norm, norm)
     _set_linear(spec.linear[0], attn.in_proj.weight, attn.in_proj.bias)
     _set_linear(spec.linear[1], attn.out_proj.weight, attn.out_proj.bias)
 
 
-def _set_cross_attention(spec, attn) -> None:
+def _set_cross_attention(spec, attn, norm: torch.nn.LayerNorm) -> None:
     """Queries from the decoder (the Q rows), keys and values from the encoder (K, V rows)."""
+    _set_layer_norm(spec.layer_norm, norm)
     b = attn.in_proj.bias
     _set_linear(spec.linear[0], attn.in_proj.weight[attn.q_rows], None if b is None else b[attn.q_rows])
     _set_linear(spec.linear[1], attn.in_proj.weight[attn.kv_rows], None if b is None else b[attn.kv_rows])
@@ -115,7 +103,7 @@ def _set_stack_inputs(spec, stack, config, rows: int) -> None:
 
 def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pieces: list[str],
                max_positions: int | None = None):
-    """The CTranslate2 TransformerSpec holding `model` (see the module docstring for the map)."""
+    """The CTranslate2 TransformerSpec holding `model`: one setter per part (3.1-3.5 to its names)."""
     require("ctranslate2", "exporting to CTranslate2")
     from ctranslate2.specs import transformer_spec
 
@@ -139,16 +127,13 @@ def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pi
 
     _set_stack_inputs(spec.encoder, model.encoder, c, max_positions)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder.layers):
-        _set_self_attention(layer_spec.self_attention, layer.self_attn)
-        _set_layer_norm(layer_spec.self_attention.layer_norm, layer.norm1)
+        _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
         _set_ffn(layer_spec.ffn, layer.feed_forward, layer.norm2)
 
     _set_stack_inputs(spec.decoder, model.decoder, c, max_positions)
     for layer_spec, layer in zip(spec.decoder.layer, model.decoder.layers):
-        _set_self_attention(layer_spec.self_attention, layer.self_attn)
-        _set_layer_norm(layer_spec.self_attention.layer_norm, layer.norm1)
-        _set_cross_attention(layer_spec.attention, layer.cross_attn)
-        _set_layer_norm(layer_spec.attention.layer_norm, layer.norm2)
+        _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
+        _set_cross_attention(layer_spec.attention, layer.cross_attn, layer.norm2)
         _set_ffn(layer_spec.ffn, layer.feed_forward, layer.norm3)
     out = model.decoder.embed.weight if model.output_proj is None else model.output_proj.weight
     _set_linear(spec.decoder.projection, out, None)
@@ -163,7 +148,9 @@ def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pi
     return spec
 
 
-def _converter_class():
+def TransduceConverter(*args, **kwargs):
+    """A `ctranslate2.converters.Converter` for a transduce model (see `build_spec`)."""
+    require("ctranslate2", "exporting to CTranslate2")
     from ctranslate2.converters.converter import Converter
 
     class TransduceConverter(Converter):
@@ -179,20 +166,13 @@ def _converter_class():
             with torch.no_grad():
                 return build_spec(self.model, self.config, self.src_pieces, self.tgt_pieces, self.max_positions)
 
-    return TransduceConverter
-
-
-def TransduceConverter(*args, **kwargs):
-    """A `ctranslate2.converters.Converter` for a transduce model (see `build_spec`)."""
-    require("ctranslate2", "exporting to CTranslate2")
-    return _converter_class()(*args, **kwargs)
+    return TransduceConverter(*args, **kwargs)
 
 
 def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: Vocab, out: str | os.PathLike, *,
                quantization: str = "float32", max_positions: int | None = None, force: bool = False,
                description: str = "") -> Path:
-    """Write `model` as a CTranslate2 model directory `out`, whole or not at all; `force` replaces
-    an existing `out`. Returns `out`."""
+    """Write `model` as a CTranslate2 model directory `out`, whole or not at all. Returns `out`."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     out = Path(out)
@@ -290,11 +270,6 @@ def ct2_input_limit(model: CT2Model, max_input_tokens: int | None, max_len_offse
         raise ValueError(f"no input fits: the position table has {model.max_positions} rows and --max-len-offset "
                          f"is {max_len_offset}")
     return limit
-
-
-def paper_length_penalty(length: int, alpha: float) -> float:
-    """((5 + |Y|) / 6)^alpha, |Y| with EOS (`transduce.decode.length_penalty`)."""
-    return ((5.0 + length) / 6.0) ** alpha
 
 
 def translate_stream(

@@ -4,14 +4,10 @@
 `MarianTokenizer.from_pretrained` load offline; `import_marian` reads such a directory back into
 a transduce model (a round trip is bitwise identical).
 
-MarianMT is the paper's architecture as Hugging Face runs it. What differs (docs/export.md):
+MarianMT is the paper's architecture as Hugging Face runs it; what differs is in docs/export.md.
 Marian's sinusoids are [sin | cos] halves, computed, not stored, so the export permutes the hidden
-dimension instead (`hidden_permutation`: weights reading the residual stream get their columns
-permuted, weights and biases writing to it their rows, LayerNorms theirs; the logits are the
-same); Marian's attention biases are written as zeros; the decoder starts with BOS, not PAD; its
-LayerNorm epsilon is 1e-5, not 1e-6 (float tolerance). transduce.json lets `import_marian`
-restore exactly what was exported; a Marian directory without it is read with Hugging Face's
-settings, when its vocabulary numbers pieces as transduce's sentencepiece models do.
+dimension instead (`hidden_permutation`): weights reading the residual stream get their columns
+permuted, weights and biases writing to it their rows, LayerNorms theirs; the logits are the same.
 """
 
 from __future__ import annotations
@@ -165,11 +161,9 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
         shared = src_vocab is tgt_vocab or src_vocab.path == tgt_vocab.path
         shutil.copy(src_vocab.path, tmp / "source.spm")
         shutil.copy(tgt_vocab.path, tmp / "target.spm")
-        src_map = {src_vocab.sp.id_to_piece(i): i for i in range(len(src_vocab))}
-        (tmp / "vocab.json").write_text(json.dumps(src_map, ensure_ascii=False, indent=1), encoding="utf-8")
-        if not shared:
-            tgt_map = {tgt_vocab.sp.id_to_piece(i): i for i in range(len(tgt_vocab))}
-            (tmp / "target_vocab.json").write_text(json.dumps(tgt_map, ensure_ascii=False, indent=1), encoding="utf-8")
+        for name, v in [("vocab.json", src_vocab)] + ([] if shared else [("target_vocab.json", tgt_vocab)]):
+            mapping = {v.sp.id_to_piece(i): i for i in range(len(v))}
+            (tmp / name).write_text(json.dumps(mapping, ensure_ascii=False, indent=1), encoding="utf-8")
         tok_config = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": not shared, "model_max_length": max_positions,
                       "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>"}
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
@@ -180,8 +174,7 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
 
 
 def _config_from_marian(mc, train: dict | None = None) -> Config:
-    """A transduce Config for a Marian directory that has no transduce.json: Hugging Face's
-    settings (attention biases, LayerNorm epsilon 1e-5)."""
+    """A Config for a Marian directory without transduce.json: Hugging Face's settings."""
     if mc.encoder_layers != mc.decoder_layers or mc.encoder_ffn_dim != mc.decoder_ffn_dim \
             or mc.encoder_attention_heads != mc.decoder_attention_heads:
         raise ValueError("transduce's encoder and decoder have the same N, d_ff and h; this Marian model's differ")
@@ -232,8 +225,7 @@ def check_marian_dir(path: Path) -> None:
 
 
 def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, Vocab]:
-    """Read a MarianMT directory (one `export_marian` wrote, or any whose vocabulary follows
-    transduce's layout) into a transduce model (eval mode), its config and vocabularies."""
+    """A MarianMT directory (whose vocabulary follows transduce's) as a model, config and vocabularies."""
     transformers = require("transformers", "importing from Hugging Face")
     path = Path(path)
     check_marian_dir(path)
