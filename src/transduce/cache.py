@@ -21,21 +21,18 @@ from torch import Tensor
 class LayerCache:
     """Keys and values of one decoder layer."""
 
-    cross_k: Tensor
-    """Encoder-decoder attention keys, (B, h, S, d_k), projected once from the encoder output."""
-    cross_v: Tensor
-    """Encoder-decoder attention values, (B, h, S, d_v)."""
+    cross_k: Tensor  # Encoder-decoder attention keys, (B, h, S, d_k), projected once from the encoder output
+    cross_v: Tensor  # Encoder-decoder attention values, (B, h, S, d_v)
+    # Self-attention keys of the positions so far, (B', h, length, d_k), contiguous; B' = B rows,
+    # or the rows before a pending reorder (`DecoderCache.pending`)
     self_k: Tensor | None = None
-    """Self-attention keys of the positions so far, (B', h, length, d_k), contiguous; B' = B rows,
-    or the rows before a pending reorder (`DecoderCache.pending`)."""
-    self_v: Tensor | None = None
-    """Self-attention values, (B', h, length, d_v)."""
+    self_v: Tensor | None = None  # Self-attention values, (B', h, length, d_v)
+    # The flat buffers `self_k` and `self_v` are views of (inference mode sets no `Tensor._base`)
     _flat: list = field(default_factory=lambda: [None, None])
-    """The flat buffers `self_k` and `self_v` are views of (inference mode sets no `Tensor._base`)."""
+    # The step before's memory, reused for the next step's (fresh megabytes cost page faults)
     _spare: list = field(default_factory=lambda: [None, None])
-    """The step before's memory, reused for the next step's (fresh megabytes cost page faults)."""
+    # The reorder this layer's next `append` applies (handed over by `DecoderCache.begin_step`)
     pending: Tensor | None = None
-    """The reorder this layer's next `append` applies (handed over by `DecoderCache.begin_step`)."""
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values (B, h, n, d); return all positions so far,
@@ -53,19 +50,18 @@ class DecoderCache:
     """Everything the decoder needs to take one more step."""
 
     layers: list[LayerCache]
+    # Source padding mask, (B, 1, 1, S), True = may attend (see `transduce.model.make_masks`)
     src_mask: Tensor
-    """Source padding mask, (B, 1, 1, S), True = may attend (see `transduce.model.make_masks`)."""
-    length: int = 0
-    """Target positions decoded so far (the next position's index)."""
+    length: int = 0  # Target positions decoded so far (the next position's index)
+    # Consecutive rows that read the same source (the beam size in beam search). The
+    # encoder-decoder keys/values and `src_mask` have one row per source, the self-attention
+    # keys/values one per row
     rows_per_source: int = 1
-    """Consecutive rows that read the same source (the beam size in beam search). The
-    encoder-decoder keys/values and `src_mask` have one row per source, the self-attention
-    keys/values one per row."""
+    # (B,) words emitted so far by each row, for `ModelConfig.word_positions`; else None
     word_count: Tensor | None = None
-    """(B,) words emitted so far by each row, for `ModelConfig.word_positions`; else None."""
+    # A reorder not yet applied to the self-attention keys/values (row i continues their row
+    # `pending[i]`); `begin_step` hands it to every layer's `append`
     pending: Tensor | None = None
-    """A reorder not yet applied to the self-attention keys/values (row i continues their row
-    `pending[i]`); `begin_step` hands it to every layer's `append`."""
 
     @property
     def batch_size(self) -> int:

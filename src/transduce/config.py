@@ -20,51 +20,40 @@ from .data.vocab import PAD
 class ModelConfig:
     """The Transformer's architecture (Section 3; the knobs of Table 3); defaults: the base model."""
 
+    # Source vocabulary size. With `share_embeddings` this is the shared BPE vocabulary (5.1)
     src_vocab_size: int = 37000
-    """Source vocabulary size. With `share_embeddings` this is the shared BPE vocabulary (5.1)."""
+    # Target vocabulary size; None means the same vocabulary as the source (the paper)
     tgt_vocab_size: int | None = None
-    """Target vocabulary size; None means the same vocabulary as the source (the paper)."""
-    n_layers: int = 6
-    """N: identical layers in the encoder and in the decoder (3.1)."""
-    d_model: int = 512
-    """Width of every sub-layer output and of the embeddings (3.1)."""
-    d_ff: int = 2048
-    """Inner width of the position-wise feed-forward network (3.3, eq. 2)."""
-    n_heads: int = 8
-    """h: parallel attention heads (3.2.2)."""
-    d_k: int | None = None
-    """Query/key width per head; None means d_model / h (3.2.2)."""
-    d_v: int | None = None
-    """Value width per head; None means d_model / h (3.2.2)."""
-    dropout: float = 0.1
-    """P_drop: applied to each sub-layer output and to embeddings + positions (5.4)."""
+    n_layers: int = 6  # N: identical layers in the encoder and in the decoder (3.1)
+    d_model: int = 512  # Width of every sub-layer output and of the embeddings (3.1)
+    d_ff: int = 2048  # Inner width of the position-wise feed-forward network (3.3, eq. 2)
+    n_heads: int = 8  # h: parallel attention heads (3.2.2)
+    d_k: int | None = None  # Query/key width per head; None means d_model / h (3.2.2)
+    d_v: int | None = None  # Value width per head; None means d_model / h (3.2.2)
+    dropout: float = 0.1  # P_drop: applied to each sub-layer output and to embeddings + positions (5.4)
+    # Dropout on the attention weights; not in the paper's base model, an option (parsing, 6.3)
     attention_dropout: float = 0.0
-    """Dropout on the attention weights; not in the paper's base model, an option (parsing, 6.3)."""
+    # Biases on W^Q, W^K, W^V and W^O: the paper's equations (3.2.2) have none; True is an option
     attention_bias: bool = False
-    """Biases on W^Q, W^K, W^V and W^O: the paper's equations (3.2.2) have none; True is an option."""
-    positional: str = "sinusoidal"
-    """'sinusoidal' (3.5) or 'learned' (Table 3 row E)."""
-    max_positions: int = 1024
-    """Learned positions: table size. Sinusoids are computed for any length."""
+    positional: str = "sinusoidal"  # 'sinusoidal' (3.5) or 'learned' (Table 3 row E)
+    max_positions: int = 1024  # Learned positions: table size. Sinusoids are computed for any length
+    # One matrix for both embeddings and the pre-softmax projection (3.4); needs one shared vocabulary
     share_embeddings: bool = True
-    """One matrix for both embeddings and the pre-softmax projection (3.4); needs one shared vocabulary."""
+    # With separate vocabularies: still tie the target embedding and the pre-softmax projection
     tie_output: bool = True
-    """With separate vocabularies: still tie the target embedding and the pre-softmax projection."""
-    scale_embeddings: bool = True
-    """Multiply embeddings by sqrt(d_model) (3.4)."""
+    scale_embeddings: bool = True  # Multiply embeddings by sqrt(d_model) (3.4)
+    # False: the paper's post-norm, LayerNorm(x + Dropout(Sublayer(x))) (3.1).
+    # True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), a deviation offered as an option
     norm_first: bool = False
-    """False: the paper's post-norm, LayerNorm(x + Dropout(Sublayer(x))) (3.1).
-    True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), a deviation offered as an option."""
+    # Not in the paper (parsing, docs/parsing.md): add to both sides' inputs a learned vector for
+    # the index of the word a position is at (`transduce.word_positions`). False: the paper
     word_positions: bool = False
-    """Not in the paper (parsing, docs/parsing.md): add to both sides' inputs a learned vector for
-    the index of the word a position is at (`transduce.word_positions`). False: the paper."""
+    # r of restricted self-attention (Section 4, Table 1's fourth row): self-attention sees only
+    # |i - j| <= r (the decoder: itself and the r before it). None: full, the paper's models
     attention_window: int | None = None
-    """r of restricted self-attention (Section 4, Table 1's fourth row): self-attention sees only
-    |i - j| <= r (the decoder: itself and the r before it). None: full, the paper's models."""
-    layer_norm_eps: float = 1e-6
-    """LayerNorm epsilon (not stated in the paper; tensor2tensor's value)."""
+    layer_norm_eps: float = 1e-6  # LayerNorm epsilon (not stated in the paper; tensor2tensor's value)
+    # Padding token id, the vocabulary's (`transduce.data.vocab.PAD`); masks are built from it
     pad_id: int = PAD
-    """Padding token id, the vocabulary's (`transduce.data.vocab.PAD`); masks are built from it."""
 
     @property
     def target_vocab_size(self) -> int:
@@ -115,27 +104,19 @@ class ModelConfig:
 class TrainConfig:
     """The training regime of Section 5. Defaults are the paper's base model."""
 
+    # Approximate source and target tokens per batch (5.1), over all GPUs and accumulation steps
     max_tokens: int = 25000
-    """Approximate source and target tokens per batch (5.1), over all GPUs and accumulation steps."""
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    """Adam beta1, beta2 (5.3)."""
-    adam_eps: float = 1e-9
-    """Adam epsilon (5.3)."""
-    warmup_steps: int = 4000
-    """warmup_steps of equation 3 (5.3)."""
-    lr_scale: float = 1.0
-    """Factor on equation 3 (1.0 is the paper)."""
-    label_smoothing: float = 0.1
-    """eps_ls (5.4; Table 3 row D)."""
+    adam_betas: tuple[float, float] = (0.9, 0.98)  # Adam beta1, beta2 (5.3)
+    adam_eps: float = 1e-9  # Adam epsilon (5.3)
+    warmup_steps: int = 4000  # warmup_steps of equation 3 (5.3)
+    lr_scale: float = 1.0  # Factor on equation 3 (1.0 is the paper)
+    label_smoothing: float = 0.1  # eps_ls (5.4; Table 3 row D)
+    # False: eps is spread over the classes the model can emit (all but PAD and BOS). True: over
+    # all V (`F.cross_entropy(label_smoothing=eps)`). The paper says only eps_ls = 0.1
     smooth_all_classes: bool = False
-    """False: eps is spread over the classes the model can emit (all but PAD and BOS). True: over
-    all V (`F.cross_entropy(label_smoothing=eps)`). The paper says only eps_ls = 0.1."""
-    max_steps: int = 100_000
-    """Training steps: 100K for base, 300K for big (5.2)."""
-    checkpoint_minutes: float = 10.0
-    """Checkpoint interval; the paper wrote one every 10 minutes (6.1)."""
-    average_last: int = 5
-    """Checkpoints averaged for evaluation: last 5 for base, 20 for big (6.1)."""
+    max_steps: int = 100_000  # Training steps: 100K for base, 300K for big (5.2)
+    checkpoint_minutes: float = 10.0  # Checkpoint interval; the paper wrote one every 10 minutes (6.1)
+    average_last: int = 5  # Checkpoints averaged for evaluation: last 5 for base, 20 for big (6.1)
 
     def __post_init__(self) -> None:
         self.check()
@@ -193,6 +174,7 @@ def _variant(model: dict[str, Any] | None = None, train: dict[str, Any] | None =
     return Config(model=ModelConfig(**(model or {})), train=TrainConfig(**(train or {})))
 
 
+# Named presets. Table 3's `train steps` column is 100K for every row but big (300K)
 PRESETS: dict[str, Config] = {
     # Table 3, first row, and Section 6.1.
     "base": _variant(),
@@ -258,14 +240,13 @@ PRESETS: dict[str, Config] = {
         train=dict(max_tokens=4096, warmup_steps=600, lr_scale=0.8, max_steps=5500, average_last=5),
     ),
 }
-"""Named presets. Table 3's `train steps` column is 100K for every row but big (300K)."""
 
+# Table 3's params column (x 10^6), for the rows that list one
 TABLE3_PARAMS_M: dict[str, float] = {
     "base": 65, "table3-B1": 58, "table3-B2": 60,
     "table3-C1": 36, "table3-C2": 50, "table3-C3": 80, "table3-C4": 28,
     "table3-C5": 168, "table3-C6": 53, "table3-C7": 90, "big": 213,
 }
-"""Table 3's params column (x 10^6), for the rows that list one."""
 
 
 def closest(name: str, known: typing.Iterable[str]) -> str | None:

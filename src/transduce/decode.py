@@ -58,8 +58,7 @@ def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-CPU_CHUNK_ELEMENTS = 1 << 20
-"""Log-probabilities ranked at a time on a CPU (4 MB of fp32: a core's L2 cache)."""
+CPU_CHUNK_ELEMENTS = 1 << 20  # Log-probabilities ranked at a time on a CPU (4 MB of fp32: a core's L2 cache)
 
 
 def search_chunk_elements(device: torch.device) -> int:
@@ -140,14 +139,10 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
 class Hypothesis:
     """One output of the search for one source sentence."""
 
-    tokens: list[int]
-    """Output token ids, without BOS and EOS."""
-    score: float
-    """log P(Y|X) / lp(Y): the length-normalised score the search ranks by (nan for greedy)."""
-    logprob: float
-    """log P(Y|X), including EOS (nan for greedy)."""
-    text: str = ""
-    """The detokenized output, once a vocabulary has decoded `tokens` (`transduce.translate`)."""
+    tokens: list[int]  # Output token ids, without BOS and EOS
+    score: float  # log P(Y|X) / lp(Y): the length-normalised score the search ranks by (nan for greedy)
+    logprob: float  # log P(Y|X), including EOS (nan for greedy)
+    text: str = ""  # The detokenized output, once a vocabulary has decoded `tokens` (`transduce.translate`)
 
 
 @torch.no_grad()
@@ -203,27 +198,17 @@ class Beams:
 
     k: int
     eos_id: int
-    banned: list[int]
-    """Tokens never generated: PAD and BOS."""
-    max_lens: Tensor
-    """(B,): the maximum output length of each sentence, EOS included."""
+    banned: list[int]  # Tokens never generated: PAD and BOS
+    max_lens: Tensor  # (B,): the maximum output length of each sentence, EOS included
     cache: object
-    active: Tensor
-    """(b,): the sentence of each row still searched."""
-    alive_seq: Tensor
-    """(b, k, t + 1): BOS and the tokens of each live hypothesis."""
-    alive_lp: Tensor
-    """(b, k): their log-probabilities."""
-    fin_seq: Tensor
-    """(B, k, max_len + 1): the finished hypotheses, EOS-padded."""
-    fin_score: Tensor
-    """(B, k): their scores (-inf: none yet)."""
-    fin_lp: Tensor
-    """(B, k): their log-probabilities."""
-    constraint: object = None
-    """What restricts the next symbols (see `beam_search`), or None."""
-    cstate: object = None
-    """The constraint's state of each live hypothesis."""
+    active: Tensor  # (b,): the sentence of each row still searched
+    alive_seq: Tensor  # (b, k, t + 1): BOS and the tokens of each live hypothesis
+    alive_lp: Tensor  # (b, k): their log-probabilities
+    fin_seq: Tensor  # (B, k, max_len + 1): the finished hypotheses, EOS-padded
+    fin_score: Tensor  # (B, k): their scores (-inf: none yet)
+    fin_lp: Tensor  # (B, k): their log-probabilities
+    constraint: object = None  # What restricts the next symbols (see `beam_search`), or None
+    cstate: object = None  # The constraint's state of each live hypothesis
 
     @property
     def max_len(self) -> int:

@@ -111,10 +111,8 @@ def _words(line: str) -> list[str]:
 class BleuResult:
     """multi-bleu.perl's numbers: `str()` prints its line."""
 
-    score: float
-    """BLEU x 100."""
-    precisions: list[float]
-    """Modified n-gram precisions x 100, n = 1..4."""
+    score: float  # BLEU x 100
+    precisions: list[float]  # Modified n-gram precisions x 100, n = 1..4
     bp: float
     ratio: float
     hyp_len: int

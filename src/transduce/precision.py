@@ -19,23 +19,20 @@ import torch
 from .fast.ops import onednn_isa_limit
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# What decoding offers: int8 on the CPU only; `auto-int8` chooses among fp32, bf16 and int8
 DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")
-"""What decoding offers: int8 on the CPU only; `auto-int8` chooses among fp32, bf16 and int8."""
 
 
 @dataclass(frozen=True)
 class Capability:
     """What a device offers."""
 
-    device: str
-    """'cpu' or 'cuda'."""
-    name: str
-    """The processor or GPU, for messages."""
+    device: str  # 'cpu' or 'cuda'
+    name: str  # The processor or GPU, for messages
+    # CPU: the `CPU_FLAGS` oneDNN may use (`ONEDNN_MAX_CPU_ISA` can hold it below the CPU);
+    # CUDA: "bf16" from compute capability 8.0
     features: frozenset = frozenset()
-    """CPU: the `CPU_FLAGS` oneDNN may use (`ONEDNN_MAX_CPU_ISA` can hold it below the CPU);
-    CUDA: "bf16" from compute capability 8.0."""
-    detail: str = ""
-    """The features in words, e.g. 'avx512_bf16, avx512_vnni' or 'compute capability 9.0'."""
+    detail: str = ""  # The features in words, e.g. 'avx512_bf16, avx512_vnni' or 'compute capability 9.0'
 
     @property
     def native_bf16(self) -> bool:
@@ -49,14 +46,13 @@ class Row:
     needs: frozenset
     auto: str
     auto_int8: str
+    # int8: the decoder's linear layers in int8 too (False: the pre-softmax projection alone)
     int8_decoder: bool
-    """int8: the decoder's linear layers in int8 too (False: the pre-softmax projection alone)."""
-    why: str
-    """Why `auto`, in words."""
-    why_int8: str
-    """Why `auto-int8` (and `--precision int8`'s layers), in words."""
+    why: str  # Why `auto`, in words
+    why_int8: str  # Why `auto-int8` (and `--precision int8`'s layers), in words
 
 
+# Rows in order, the first whose flags the CPU has decides (docs/speed.md has the measurements)
 CPU_TABLE = (
     Row(frozenset({"amx_bf16", "amx_int8"}), "bf16", "int8", False, "AMX: bf16 products faster than fp32",
         "int8 for the output projection alone, where bf16 beats int8 with its quantization at the decoder's sizes"),
@@ -66,18 +62,17 @@ CPU_TABLE = (
     Row(frozenset(), "fp32", "fp32", True, "no bf16 instructions: bf16 emulated, far slower",
         "int8 no faster than fp32 without VNNI"),
 )
-"""Rows in order, the first whose flags the CPU has decides (docs/speed.md has the measurements)."""
 
 CPU_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni")
 
+# `ONEDNN_MAX_CPU_ISA` values that hold oneDNN below some of `CPU_FLAGS`: the flags left to it
+# (e.g. AVX2, to imitate a CPU without bf16). Any other value (unset, ALL, the AMX ones) leaves all
 ONEDNN_ISA_FLAGS = {
     "SSE41": (), "AVX": (), "AVX2": (), "AVX2_VNNI": ("avx_vnni",), "AVX2_VNNI_2": ("avx_vnni",),
     "AVX512_CORE": (), "AVX512_CORE_VNNI": ("avx512_vnni", "avx_vnni"),
     "AVX512_CORE_BF16": ("avx512_vnni", "avx_vnni", "avx512_bf16"),
     "AVX10_1_512": ("avx512_vnni", "avx_vnni", "avx512_bf16"),
 }
-"""`ONEDNN_MAX_CPU_ISA` values that hold oneDNN below some of `CPU_FLAGS`: the flags left to it
-(e.g. AVX2, to imitate a CPU without bf16). Any other value (unset, ALL, the AMX ones) leaves all."""
 
 
 @dataclass(frozen=True)
@@ -87,10 +82,10 @@ class Choice:
     precision: str
     reason: str
     warning: str | None = None
+    # int8: the dtype of all but the int8 products: bf16 where the CPU computes it natively, else fp32
     base: str = "fp32"
-    """int8: the dtype of all but the int8 products: bf16 where the CPU computes it natively, else fp32."""
+    # int8: whether the decoder's linear layers are in int8 (False: the pre-softmax projection alone)
     int8_decoder: bool = True
-    """int8: whether the decoder's linear layers are in int8 (False: the pre-softmax projection alone)."""
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""

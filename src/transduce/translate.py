@@ -34,16 +34,13 @@ DEFAULT_BEAM = 4
 DEFAULT_ALPHA = 0.6
 DEFAULT_MAX_LEN_OFFSET = 50
 DEFAULT_MAX_INPUT_TOKENS = 1024
-DEFAULT_BATCH_TOKENS = 4096
-"""Padded source tokens per batch (sentences x longest sentence, EOS included)."""
-DEFAULT_BATCH_SIZE = 128
-"""Sentences per batch at most."""
-DEFAULT_CHUNK_LINES = 2000
-"""Lines read, sorted and translated at a time."""
+DEFAULT_BATCH_TOKENS = 4096  # Padded source tokens per batch (sentences x longest sentence, EOS included)
+DEFAULT_BATCH_SIZE = 128  # Sentences per batch at most
+DEFAULT_CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
 
 
+# One translation hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)
 Candidate = Hypothesis
-"""One translation hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)."""
 
 
 def input_token_limit(model_config, max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
@@ -143,8 +140,8 @@ def translate_stream(
         model.train(was_training)
 
 
+# The search a forked worker runs (set in the parent just before forking; inherited)
 _WORKER_SEARCH: Callable[[list[list[int]]], list[list[Candidate]]] | None = None
-"""The search a forked worker runs (set in the parent just before forking; inherited)."""
 
 
 def _worker_start(threads: int) -> None:
@@ -165,8 +162,8 @@ def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
 _WORKER_TRIM = Trimmer(interval=1.0)
 
 
+# Up to this width one worker per CPU thread decodes faster than one process (docs/speed.md)
 WORKERS_MAX_D_MODEL = 512
-"""Up to this width one worker per CPU thread decodes faster than one process (docs/speed.md)."""
 
 
 def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
@@ -343,15 +340,12 @@ class LoadedModel:
     config: object
     src_vocab: Vocab
     tgt_vocab: Vocab
-    description: str
-    """What was loaded, for the user (a checkpoint, or the average of the last ones)."""
+    description: str  # What was loaded, for the user (a checkpoint, or the average of the last ones)
+    # The `transduce.precision.Choice` it runs in; this and the workers set by `transduce.ready`
     precision: object = None
-    """The `transduce.precision.Choice` it runs in; this and the workers set by `transduce.ready`."""
-    metadata: dict | None = None
-    """The data.json found beside the model (e.g. "task": "parsing"), if any."""
+    metadata: dict | None = None  # The data.json found beside the model (e.g. "task": "parsing"), if any
     workers: int = 1
-    workers_line: str = ""
-    """How many CPU workers decode, and why."""
+    workers_line: str = ""  # How many CPU workers decode, and why
 
 
 def _find_metadata(dirs: Sequence[Path]) -> dict | None:

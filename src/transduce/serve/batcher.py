@@ -34,22 +34,19 @@ class ShuttingDown(RuntimeError):
 @dataclass(eq=False)
 class Job:
     sentences: list[str]
-    settings: Hashable
-    """Search settings; only jobs with equal settings are decoded together."""
-    tokens: int
-    """Source tokens of its sentences (each with EOS): what counts against the token budget."""
+    settings: Hashable  # Search settings; only jobs with equal settings are decoded together
+    tokens: int  # Source tokens of its sentences (each with EOS): what counts against the token budget
+    # Its result: one list of candidates per sentence, in order
     future: Future = field(default_factory=Future)
-    """Its result: one list of candidates per sentence, in order."""
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    # A function to run on the decoding thread instead of decoding (`Batcher.call`)
     call: Callable[[], object] | None = None
-    """A function to run on the decoding thread instead of decoding (`Batcher.call`)."""
 
 
 @dataclass
 class Stats:
-    rounds: int = 0
-    """Calls of `translate`: each decodes the sentences of one or more jobs."""
+    rounds: int = 0  # Calls of `translate`: each decodes the sentences of one or more jobs
     jobs: int = 0
     sentences: int = 0
     cancelled: int = 0

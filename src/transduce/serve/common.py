@@ -17,17 +17,12 @@ class Limits:
     """What one request may ask for."""
 
     max_body_bytes: int = 1 << 20
-    max_sentences: int = 64
-    """Sentences per request."""
-    max_chars: int = 2000
-    """Characters per sentence."""
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    """Subword tokens per sentence (EOS not counted)."""
-    max_queue: int = 256
-    """Requests waiting to be decoded; more are answered 429."""
+    max_sentences: int = 64  # Sentences per request
+    max_chars: int = 2000  # Characters per sentence
+    max_tokens: int = DEFAULT_MAX_TOKENS  # Subword tokens per sentence (EOS not counted)
+    max_queue: int = 256  # Requests waiting to be decoded; more are answered 429
     max_beam: int = 16
-    max_len_offset: int = 256
-    """The largest max_len_offset a request may ask for."""
+    max_len_offset: int = 256  # The largest max_len_offset a request may ask for
 
 
 def error(status: int, code: str, message: str, headers: dict | None = None, **extra):
@@ -148,5 +143,5 @@ def search_fields(limits: Limits, defaults) -> dict:
     }
 
 
+# Pydantic errors over a limit, by the field: the limit each names (a string too long: max_chars)
 LIMIT_OF_FIELD = {"sentences": "max_sentences", "beam": "max_beam", "max_len_offset": "max_len_offset", "n_best": "max_beam"}
-"""Pydantic errors over a limit, by the field: the limit each names (a string too long: max_chars)."""

@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from .common import Limits, check_sentences, error, run_job, search_fields, unavailable
 from .engines import Search
 
+# The page's Content-Security-Policy: nothing from anywhere but the server's own origin
 CSP = ("default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
        "img-src data:; frame-src 'self'; base-uri 'none'; form-action 'none'")
-"""The page's Content-Security-Policy: nothing from anywhere but the server's own origin."""
 
 
 class AttentionResponse(BaseModel):

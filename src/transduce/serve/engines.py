@@ -15,8 +15,8 @@ from typing import Callable
 
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 
+# Subword tokens per sentence a request may send (EOS not counted): `Limits.max_tokens`
 DEFAULT_MAX_TOKENS = 256
-"""Subword tokens per sentence a request may send (EOS not counted): `Limits.max_tokens`."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +128,8 @@ def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: i
 
 _AVERAGE = re.compile(r"average of the last (\d+) checkpoints \((\S+) \.\. (\S+)\) of (.+)")
 _CT2 = re.compile(r"CTranslate2 model (.+) \(([^()]*(?:, computed [^()]*)?)\)")
+# An absolute POSIX path of two parts or more (a lone /info or /translate is a route, kept)
 _ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:/[^\s/'\"()<>:,;]+){2,}/?")
-"""An absolute POSIX path of two parts or more (a lone /info or /translate is a route, kept)."""
 
 
 def scrub(text: str) -> str:

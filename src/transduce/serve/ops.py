@@ -14,13 +14,12 @@ import time
 import uuid
 from collections import deque
 
+# Paths counted by name in the metrics; any other is counted as "other"
 ENDPOINTS = ("/", "/translate", "/attention", "/health", "/info", "/metrics", "/openapi.json")
-"""Paths counted by name in the metrics; any other is counted as "other"."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-SPEED_WINDOW = 60.0
-"""Seconds of rounds the tokens/s gauge is computed over."""
+SPEED_WINDOW = 60.0  # Seconds of rounds the tokens/s gauge is computed over
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 

@@ -14,9 +14,9 @@ from ..errors import UsageError
 from .weights import TYPE_NAMES, TYPES
 
 DPI = 150
+# One colour per head (head 1 first); more heads than colours reuse them
 HEAD_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
                "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
-"""One colour per head (head 1 first); more heads than colours reuse them."""
 
 MASK_COLORS = {"allowed": "#2b6cb0", "padding": "#d0d0d0", "causal": "#fbd38d", "both": "#a0a0a0", "window": "#606060"}
 STYLE = {"font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 9, "figure.titlesize": 10}
