@@ -31,8 +31,7 @@ class LayerCache:
     _flat: list = field(default_factory=lambda: [None, None])
     # The step before's memory, reused for the next step's (fresh megabytes cost page faults)
     _spare: list = field(default_factory=lambda: [None, None])
-    # The reorder this layer's next `append` applies (handed over by `DecoderCache.begin_step`)
-    pending: Tensor | None = None
+    pending: Tensor | None = None  # the reorder this layer's next `append` applies (`begin_step`)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values (B, h, n, d); return all positions so far,
@@ -50,15 +49,13 @@ class DecoderCache:
     """Everything the decoder needs to take one more step."""
 
     layers: list[LayerCache]
-    # Source padding mask, (B, 1, 1, S), True = may attend (see `transduce.model.make_masks`)
-    src_mask: Tensor
+    src_mask: Tensor  # (B, 1, 1, S) source padding mask, True = may attend
     length: int = 0  # Target positions decoded so far (the next position's index)
     # Consecutive rows that read the same source (the beam size in beam search). The
     # encoder-decoder keys/values and `src_mask` have one row per source, the self-attention
     # keys/values one per row
     rows_per_source: int = 1
-    # (B,) words emitted so far by each row, for `ModelConfig.word_positions`; else None
-    word_count: Tensor | None = None
+    word_count: Tensor | None = None  # (B,) words emitted so far by each row (`ModelConfig.word_positions`)
     # A reorder not yet applied to the self-attention keys/values (row i continues their row
     # `pending[i]`); `begin_step` hands it to every layer's `append`
     pending: Tensor | None = None

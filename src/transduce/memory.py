@@ -15,14 +15,12 @@ import ctypes.util
 import functools
 import os
 
-# Product shapes whose oneDNN primitives the server keeps (both caches)
-KERNEL_CACHE_ENV = "TRANSDUCE_KERNEL_CACHE"
+KERNEL_CACHE_ENV = "TRANSDUCE_KERNEL_CACHE"  # product shapes oneDNN's two caches keep
 
 DEFAULT_KERNEL_CACHE = 256  # The bound: a decode's steps and the common batch sizes fit; about 130 MB at most
 
 _CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-# What `transduce/__init__` sets for training, which a server replaces
-_TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}
+_TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}  # transduce/__init__'s, for training
 
 
 def kernel_cache_size() -> int:

@@ -19,8 +19,7 @@ import torch
 from .fast.ops import onednn_isa_limit
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# What decoding offers: int8 on the CPU only; `auto-int8` chooses among fp32, bf16 and int8
-DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")
+DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")  # int8: on the CPU only
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,8 @@ class Choice:
     precision: str
     reason: str
     warning: str | None = None
-    # int8: the dtype of all but the int8 products: bf16 where the CPU computes it natively, else fp32
-    base: str = "fp32"
-    # int8: whether the decoder's linear layers are in int8 (False: the pre-softmax projection alone)
-    int8_decoder: bool = True
+    base: str = "fp32"  # int8: the dtype of all but the int8 products (bf16 where native, else fp32)
+    int8_decoder: bool = True  # int8: the decoder's linear layers too (else the output projection alone)
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""

@@ -39,8 +39,7 @@ DEFAULT_BATCH_SIZE = 128  # Sentences per batch at most
 DEFAULT_CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
 
 
-# One translation hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)
-Candidate = Hypothesis
+Candidate = Hypothesis  # one hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)
 
 
 def input_token_limit(model_config, max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
@@ -162,8 +161,7 @@ def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
 _WORKER_TRIM = Trimmer(interval=1.0)
 
 
-# Up to this width one worker per CPU thread decodes faster than one process (docs/speed.md)
-WORKERS_MAX_D_MODEL = 512
+WORKERS_MAX_D_MODEL = 512  # up to this width one worker per CPU thread is faster (docs/speed.md)
 
 
 def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
@@ -341,8 +339,7 @@ class LoadedModel:
     src_vocab: Vocab
     tgt_vocab: Vocab
     description: str  # What was loaded, for the user (a checkpoint, or the average of the last ones)
-    # The `transduce.precision.Choice` it runs in; this and the workers set by `transduce.ready`
-    precision: object = None
+    precision: object = None  # its `transduce.precision.Choice`; it and the workers set by `transduce.ready`
     metadata: dict | None = None  # The data.json found beside the model (e.g. "task": "parsing"), if any
     workers: int = 1
     workers_line: str = ""  # How many CPU workers decode, and why

@@ -30,8 +30,7 @@ from ..memory import Trimmer, memory_info
 
 log = logging.getLogger("transduce.serve")
 
-# Seconds a shutdown waits for the requests in flight (Kubernetes' default grace is 30 s too)
-DEFAULT_GRACEFUL_TIMEOUT = 30.0
+DEFAULT_GRACEFUL_TIMEOUT = 30.0  # seconds a shutdown waits for the requests in flight (as Kubernetes)
 
 
 class Hypothesis(BaseModel):

@@ -36,12 +36,10 @@ class Job:
     sentences: list[str]
     settings: Hashable  # Search settings; only jobs with equal settings are decoded together
     tokens: int  # Source tokens of its sentences (each with EOS): what counts against the token budget
-    # Its result: one list of candidates per sentence, in order
-    future: Future = field(default_factory=Future)
+    future: Future = field(default_factory=Future)  # one list of candidates per sentence, in order
     arrived: float = field(default_factory=time.monotonic)
     cancelled: bool = False
-    # A function to run on the decoding thread instead of decoding (`Batcher.call`)
-    call: Callable[[], object] | None = None
+    call: Callable[[], object] | None = None  # run on the decoding thread instead (`Batcher.call`)
 
 
 @dataclass

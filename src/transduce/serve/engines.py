@@ -15,8 +15,7 @@ from typing import Callable
 
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 
-# Subword tokens per sentence a request may send (EOS not counted): `Limits.max_tokens`
-DEFAULT_MAX_TOKENS = 256
+DEFAULT_MAX_TOKENS = 256  # subword tokens per sentence a request may send (EOS not counted)
 
 
 @dataclass(frozen=True)

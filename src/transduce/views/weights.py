@@ -21,8 +21,7 @@ from ..model import make_masks
 from ..restricted import within_window
 from ..translate import pad_batch
 
-# The three uses of attention (3.2.3), as named in the JSON and by `forward(return_attention=True)`
-TYPES = ("encoder", "decoder_self", "decoder_cross")
+TYPES = ("encoder", "decoder_self", "decoder_cross")  # the three uses of attention (3.2.3)
 
 TYPE_NAMES = {"encoder": "encoder self-attention", "decoder_self": "decoder self-attention (masked)",
               "decoder_cross": "encoder-decoder attention"}
@@ -48,14 +47,11 @@ class AttentionBatch:
     src: Tensor  # (B, S) source ids, EOS-terminated, right-padded with PAD
     tgt: Tensor  # (B, T) decoder inputs (BOS + target), right-padded with PAD
     weights: dict[str, list[Tensor]]  # Per type, one (B, h, Tq, Tk) tensor per layer, float32 on the CPU
-    # Per type, the mask applied (True = may attend), broadcast to (B, Tq, Tk) (shared by the heads)
-    masks: dict[str, Tensor]
+    masks: dict[str, Tensor]  # per type, the mask applied (True = may attend), (B, Tq, Tk): all heads alike
     src_lengths: list[int]
     tgt_lengths: list[int]
-    # Per sentence, what the user should know (e.g. a cut to the token cap)
-    notes: list[list[str]] = field(default_factory=list)
-    # The model's restricted self-attention window r (`ModelConfig.attention_window`), None: full
-    attention_window: int | None = None
+    notes: list[list[str]] = field(default_factory=list)  # per sentence, what the user should know
+    attention_window: int | None = None  # the model's restricted self-attention r; None: full
 
     @property
     def n_layers(self) -> int:
@@ -159,14 +155,11 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
         },
     }
 
-# Subword tokens per side kept by default: longer sentences are cut (and the page says so), so
-# that a page stays a few MB (layers x heads x 3 x tokens^2 numbers)
-MAX_TOKENS = 64
+MAX_TOKENS = 64  # subword tokens per side kept by default (the page says so): a page stays a few MB
 
 MAX_SENTENCES = 8  # Sentences in one batch (one page) at most
 
-# Weights in one page at most (about 25 MB of text): more is refused with what to do instead
-MAX_WEIGHTS = 4_000_000
+MAX_WEIGHTS = 4_000_000  # weights in one page at most (about 25 MB of text)
 
 
 def attention_data(loaded, sources: list[str], targets: list[str | None] | None = None, *, beam: int = 4,
