@@ -34,8 +34,7 @@ class Report:
 
 
 def prepare(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine) -> tuple[dict, list[Variant]]:
-    """Every check before anything runs: the data (with a validation split), the variants' names,
-    and that no run directory under OUT holds a run of another recipe. Returns (metadata, variants)."""
+    """(metadata, variants), every check made first: the data, the names, OUT's runs' recipes."""
     meta = check_data(data_dir)
     variants = plan(names, recipe)
     open_experiment(out, data_dir, recipe, write=False)

@@ -25,8 +25,7 @@ PAPER_STEPS = PRESETS["base"].train.max_steps
 
 
 def preset_of(name: str) -> str:
-    """The preset of a variant name: `base`, `big`, a Table 3 row (`A1` or `table3-A1`), or any
-    other preset. A one-line UsageError for an unknown name."""
+    """The preset of a variant name (`base`, `A1` or `table3-A1`, any preset); a UsageError if none."""
     for candidate in (name, f"table3-{name}"):
         if candidate in PRESETS:
             return candidate
@@ -192,8 +191,7 @@ def train_command(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, m
 
 
 def train_setup(variant: Variant, recipe: Recipe, meta: dict, machine: Machine) -> tuple[Config, TrainOptions]:
-    """The Config and TrainOptions `train_command` gives `transduce train` (`cli.train.resolve_config`
-    and its flags), for the run done in this process."""
+    """The Config and TrainOptions that `train_command` gives `transduce train`, for a run here."""
     config = config_for_data(variant.preset, variant.sets + [f"train.max_tokens={recipe.max_tokens}"], meta)
     t = config.train
     t.max_steps, t.warmup_steps, t.lr_scale, t.checkpoint_minutes = (

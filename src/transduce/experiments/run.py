@@ -32,8 +32,7 @@ from ..translate import load_translation_model, translate_lines
 from .plan import Machine, Recipe, Variant, train_setup
 
 DECODING = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}
-"""Section 6.1's search, for the development BLEU of every row: beam 4, length penalty 0.6,
-maximum output length input + 50."""
+"""Section 6.1's search, for every row's dev BLEU: beam 4, length penalty 0.6, length input + 50."""
 
 EXPERIMENT = "experiment.json"
 ROW = "row.json"
@@ -60,8 +59,7 @@ def check_data(data_dir: Path) -> dict:
 
 
 def open_experiment(out: Path, data_dir: Path, recipe: Recipe, *, write: bool = True) -> None:
-    """OUT/experiment.json: written the first time; later, the same recipe and data or a one-line
-    error (another recipe needs another OUT)."""
+    """OUT/experiment.json: written the first time; later, the same recipe and data or a one-line error."""
     path = out / EXPERIMENT
     mine = {"recipe": recipe.to_dict(), "data_dir": str(data_dir.absolute()), "decoding": DECODING}
     if path.is_file():
@@ -160,8 +158,7 @@ class Outcome:
     row: dict | None
     """The measured row; None when training was interrupted (a signal): resume by running again."""
     what: str
-    """'skipped' (trained and measured before), 'measured' (trained before), 'trained', 'resumed' or
-    'interrupted'."""
+    """'skipped' (done before), 'measured' (trained before), 'trained', 'resumed' or 'interrupted'."""
 
 
 def run_variant(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, machine: Machine, meta: dict,
@@ -248,8 +245,8 @@ _PEAKS: dict[tuple[str, str, int], float] = {}
 
 
 def measured_peak(device: str, precision: str, threads: int | None) -> float | None:
-    """The best matmul FLOP/s of this machine in the run's device, precision and threads
-    (`flops.matmul_peak`), measured once per process; None where the device is not here."""
+    """This machine's best matmul FLOP/s (`flops.matmul_peak`) in the run's device, precision and
+    threads, measured once per process; None where the device is not here."""
     key = (device, precision, threads or 0)
     if key not in _PEAKS:
         dev = torch.device(device)

@@ -1,6 +1,5 @@
-"""The experiment's table, as Table 3 prints it plus Table 2's cost columns measured: Markdown for
-people, CSV and JSON for scripts, a PNG of dev BLEU against parameters and against training FLOPs.
-Every file is written whole or not at all."""
+"""The experiment's table, Table 3 plus Table 2's cost measured: Markdown, CSV, JSON and a PNG of
+dev BLEU against parameters and training FLOPs, each file written whole or not at all."""
 
 from __future__ import annotations
 
@@ -144,8 +143,7 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def plot_png(rows: list[dict], recipe: Recipe) -> bytes | None:
-    """Dev BLEU against parameters and against training FLOPs, each point named; None without
-    matplotlib (the `views` extra)."""
+    """Dev BLEU against parameters and against training FLOPs; None without matplotlib."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -178,8 +176,7 @@ def plot_png(rows: list[dict], recipe: Recipe) -> bytes | None:
 
 def write_table(out: Path, rows: list[dict], recipe: Recipe, data_dir: Path, planned: int,
                 average: bool = False) -> list[Path]:
-    """OUT/table.md, table.csv, table.json and table.png (when matplotlib is installed); returns
-    the paths written."""
+    """OUT/table.md, .csv, .json and .png (with matplotlib); returns the paths written."""
     written = []
     summary = {"scale": recipe.scale_note(), "reduced_scale": recipe.reduced, "recipe": recipe.to_dict(),
                "data_dir": str(data_dir), "decoding": DECODING, "checkpoint_average": average, "rows": rows,
