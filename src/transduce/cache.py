@@ -23,9 +23,7 @@ class LayerCache:
 
     cross_k: Tensor  # Encoder-decoder attention keys, (B, h, S, d_k), projected once from the encoder output
     cross_v: Tensor  # Encoder-decoder attention values, (B, h, S, d_v)
-    # Self-attention keys of the positions so far, (B', h, length, d_k), contiguous; B' = B rows,
-    # or the rows before a pending reorder (`DecoderCache.pending`)
-    self_k: Tensor | None = None
+    self_k: Tensor | None = None  # self-attention keys so far, (B', h, length, d_k); B': rows before pending
     self_v: Tensor | None = None  # Self-attention values, (B', h, length, d_v)
     # The flat buffers `self_k` and `self_v` are views of (inference mode sets no `Tensor._base`)
     _flat: list = field(default_factory=lambda: [None, None])
@@ -51,14 +49,11 @@ class DecoderCache:
     layers: list[LayerCache]
     src_mask: Tensor  # (B, 1, 1, S) source padding mask, True = may attend
     length: int = 0  # Target positions decoded so far (the next position's index)
-    # Consecutive rows that read the same source (the beam size in beam search). The
-    # encoder-decoder keys/values and `src_mask` have one row per source, the self-attention
-    # keys/values one per row
+    # Consecutive rows that read the same source (the beam size): the source side (cross keys/values,
+    # `src_mask`) has one row per source, the self-attention keys/values one per row
     rows_per_source: int = 1
     word_count: Tensor | None = None  # (B,) words emitted so far by each row (`ModelConfig.word_positions`)
-    # A reorder not yet applied to the self-attention keys/values (row i continues their row
-    # `pending[i]`); `begin_step` hands it to every layer's `append`
-    pending: Tensor | None = None
+    pending: Tensor | None = None  # a reorder not yet applied to self_k/self_v: row i continues `pending[i]`
 
     @property
     def batch_size(self) -> int:

@@ -20,10 +20,8 @@ from .data.vocab import PAD
 class ModelConfig:
     """The Transformer's architecture (Section 3; the knobs of Table 3); defaults: the base model."""
 
-    # Source vocabulary size. With `share_embeddings` this is the shared BPE vocabulary (5.1)
-    src_vocab_size: int = 37000
-    # Target vocabulary size; None means the same vocabulary as the source (the paper)
-    tgt_vocab_size: int | None = None
+    src_vocab_size: int = 37000  # with `share_embeddings`, the one shared BPE vocabulary (5.1)
+    tgt_vocab_size: int | None = None  # None: the source's vocabulary (the paper)
     n_layers: int = 6  # N: identical layers in the encoder and in the decoder (3.1)
     d_model: int = 512  # Width of every sub-layer output and of the embeddings (3.1)
     d_ff: int = 2048  # Inner width of the position-wise feed-forward network (3.3, eq. 2)
@@ -31,16 +29,12 @@ class ModelConfig:
     d_k: int | None = None  # Query/key width per head; None means d_model / h (3.2.2)
     d_v: int | None = None  # Value width per head; None means d_model / h (3.2.2)
     dropout: float = 0.1  # P_drop: applied to each sub-layer output and to embeddings + positions (5.4)
-    # Dropout on the attention weights; not in the paper's base model, an option (parsing, 6.3)
-    attention_dropout: float = 0.0
-    # Biases on W^Q, W^K, W^V and W^O: the paper's equations (3.2.2) have none; True is an option
-    attention_bias: bool = False
+    attention_dropout: float = 0.0  # on the attention weights: not in the base model (parsing, 6.3)
+    attention_bias: bool = False  # biases on W^Q, W^K, W^V and W^O: the paper's (3.2.2) have none
     positional: str = "sinusoidal"  # 'sinusoidal' (3.5) or 'learned' (Table 3 row E)
     max_positions: int = 1024  # Learned positions: table size. Sinusoids are computed for any length
-    # One matrix for both embeddings and the pre-softmax projection (3.4); needs one shared vocabulary
-    share_embeddings: bool = True
-    # With separate vocabularies: still tie the target embedding and the pre-softmax projection
-    tie_output: bool = True
+    share_embeddings: bool = True  # one matrix: both embeddings and the pre-softmax projection (3.4)
+    tie_output: bool = True  # separate vocabularies: the target embedding still tied to the projection
     scale_embeddings: bool = True  # Multiply embeddings by sqrt(d_model) (3.4)
     # False: the paper's post-norm, LayerNorm(x + Dropout(Sublayer(x))) (3.1).
     # True: pre-norm, x + Dropout(Sublayer(LayerNorm(x))), a deviation offered as an option
@@ -52,8 +46,7 @@ class ModelConfig:
     # |i - j| <= r (the decoder: itself and the r before it). None: full, the paper's models
     attention_window: int | None = None
     layer_norm_eps: float = 1e-6  # LayerNorm epsilon (not stated in the paper; tensor2tensor's value)
-    # Padding token id, the vocabulary's (`transduce.data.vocab.PAD`); masks are built from it
-    pad_id: int = PAD
+    pad_id: int = PAD  # the vocabulary's padding id; masks are built from it
 
     @property
     def target_vocab_size(self) -> int:
@@ -104,8 +97,7 @@ class ModelConfig:
 class TrainConfig:
     """The training regime of Section 5. Defaults are the paper's base model."""
 
-    # Approximate source and target tokens per batch (5.1), over all GPUs and accumulation steps
-    max_tokens: int = 25000
+    max_tokens: int = 25000  # source and target tokens per batch, about (5.1): all GPUs and accumulations
     adam_betas: tuple[float, float] = (0.9, 0.98)  # Adam beta1, beta2 (5.3)
     adam_eps: float = 1e-9  # Adam epsilon (5.3)
     warmup_steps: int = 4000  # warmup_steps of equation 3 (5.3)
