@@ -4,45 +4,23 @@
     python benchmarks/bench.py --presets small --precisions bf16 --systems transduce,hf
     python benchmarks/bench.py --decode-sentences 0 --json bench.json   # training only
 
-What is measured, in one run, on the same batches for every system
--------------------------------------------------------------------
-* Training-step throughput: forward, the label-smoothed loss (eps 0.1, padding excluded; the same
-  function, `transduce.train.loss.label_smoothed_nll`, for every system), backward and an Adam
-  step (beta 0.9/0.98, eps 1e-9, the fused implementation, the same for every system), dropout 0.1
-  on, batches of about --max-tokens padded tokens. Target tokens/s = non-pad target tokens of the
-  timed steps / their time; the median of --repeats rounds of --steps steps each, after --warmup
-  steps.
-* Beam-4 decoding throughput (sentences/s): see `benchmarks/decode_speed.py` (forced equal output
-  lengths, the first --decode-sentences sentences of newstest2014, batches of 32).
+Training-step throughput, the same batches in the same order for every system: forward, the
+label-smoothed loss (eps 0.1, padding excluded, `transduce.train.loss.label_smoothed_nll` for all),
+backward and a fused Adam step (0.9/0.98, eps 1e-9), dropout 0.1, in fp32 and in bf16 autocast
+(fp32 weights and Adam). Target tokens/s: non-pad target tokens of the timed steps / their time,
+the median of --repeats rounds of --steps steps after --warmup. Batches: newstest2014 En-De's
+sentence pairs hashed into the vocabulary (`decoding.encode`; a BPE gives ~10-20% more tokens),
+sorted by length, cut into at most --max-tokens padded tokens per side. Beam-4 decoding
+(sentences/s): `decode_speed.py`'s forced lengths on the first --decode-sentences, batches of 32.
 
-Batches of realistic sentence lengths: the sentence pairs of newstest2014 En-De (3003, from the
-dataset mirror or download), each side split into words and punctuation and hashed into the
-vocabulary (`decode_speed.encode`; a BPE gives ~10-20% more tokens), sorted by length and cut
-into batches of at most --max-tokens padded tokens per side. Every system gets the same batches
-in the same order.
-
-Systems (all post-norm, sinusoidal positions, embeddings shared between encoder, decoder and the
-pre-softmax layer, scaled by sqrt(d_model); random init):
-* transduce: `transduce.model.Transformer` of the preset made ready by the trainer's own
-  `transduce.train.step.prepare_for_training`: attention through SDPA in fp32, in bf16 through
-  `transduce.fast.train.autocast_attention`; the trainer's dropout, `BitDropout`.
-* hf: Hugging Face `MarianMTModel` of the same dimensions (`decode_speed.build_marian`), SDPA
-  attention, dropout 0.1 (attention/activation dropout 0, as in transduce).
-* torch: `torch.nn.Transformer` (batch_first, the same dimensions and dropout) with shared scaled
-  embeddings, sinusoidal positions and a tied output layer: the floor. (Its layers also apply
-  dropout to the attention weights and inside the FFN, and it adds final LayerNorms.)
-
-Precisions: fp32, and bf16 = torch.autocast("cpu", torch.bfloat16) with fp32 weights and Adam
-(mixed precision training, the same for every system).
-
-FLOPs and MFU. Model FLOPs per step are counted from the padded batch shapes by `transduce.flops`
-(the one formula, which `transduce experiment` uses too; a training step is 3x the forward pass).
-The bench prints FLOPs per target token, the achieved FLOP/s, and the model-FLOPs utilisation
-against a matmul peak measured in the same run and dtype (`transduce.flops.matmul_peak`).
-
-The output starts with the machine (`benchmarks/machine.py`, as in `decode_speed.py`): the CPU, its
-ISA features, the environment variables that hold libraries to an ISA, and the ISA PyTorch and
-oneDNN run (also in `--json`, under `machine`), so that a table is never read for another machine.
+Systems (post-norm, sinusoidal positions, shared embeddings scaled by sqrt(d_model), random init):
+transduce (the preset's `Transformer` made ready by the trainer's `prepare_for_training`: SDPA in
+fp32, `fast.train.autocast_attention` in bf16, `BitDropout`), hf (`MarianMTModel` of the same
+dimensions, SDPA, attention/activation dropout 0 as in transduce) and torch (`nn.Transformer` with
+the paper's embeddings, the floor; its layers also drop out attention weights and inside the FFN,
+and add final LayerNorms). MFU: model FLOPs from the padded shapes (`transduce.flops`, a training
+step 3x the forward) per second over a matmul peak measured in the same run and dtype
+(`transduce.flops.matmul_peak`). The output starts with the machine (`benchmarks/machine.py`).
 """
 
 from __future__ import annotations
@@ -78,13 +56,23 @@ from transduce.model import Transformer, sinusoidal_positions  # noqa: E402
 from transduce.train.loss import label_smoothed_nll  # noqa: E402
 from transduce.train.step import prepare_for_training  # noqa: E402
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+PAD, BOS = 0, 2
 VOCAB = {"small": 8000, "base": 37000}
 SYSTEMS = ("transduce", "hf", "torch")
 NAMES = {"transduce": "transduce", "hf": "HF MarianMTModel", "torch": "nn.Transformer"}
 
 
-# --- batches ---------------------------------------------------------------------------------------
+def length_batches(items: list, max_tokens: int, size) -> list[list]:
+    """`items` sorted by (target, source) length and cut into batches of at most `max_tokens` padded
+    tokens per side; `size(item)` is its (source, target) length."""
+    batches, cur, longest = [], [], 0
+    for item in sorted(items, key=lambda x: size(x)[::-1]):
+        if cur and (len(cur) + 1) * max(longest, *size(item)) > max_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(item)
+        longest = max(longest, *size(item))
+    return batches + [cur] if cur else batches
 
 
 def make_batches(vocab: int, max_tokens: int, data_dir: str | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -93,17 +81,7 @@ def make_batches(vocab: int, max_tokens: int, data_dir: str | None) -> list[tupl
     de = list(read_lines(fetch("wmt14-en-de", "newstest2014", "de", data_dir=data_dir)))
     pairs = [(decode_speed.encode(s, vocab), [BOS] + decode_speed.encode(t, vocab)) for s, t in zip(en, de)]
     pairs = [p for p in pairs if len(p[0]) <= 128 and len(p[1]) <= 129]
-    pairs.sort(key=lambda p: (len(p[1]), len(p[0])))
-    batches, cur = [], []
-    for p in pairs:
-        s_max = max([len(p[0])] + [len(q[0]) for q in cur])
-        t_max = max([len(p[1])] + [len(q[1]) for q in cur])
-        if cur and (len(cur) + 1) * max(s_max, t_max) > max_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(p)
-    if cur:
-        batches.append(cur)
+    batches = length_batches(pairs, max_tokens, lambda p: (len(p[0]), len(p[1])))
 
     def pad(seqs):
         out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
@@ -116,20 +94,11 @@ def make_batches(vocab: int, max_tokens: int, data_dir: str | None) -> list[tupl
     return [(pad([p[0] for p in batches[i]]), pad([p[1] for p in batches[i]])) for i in order]
 
 
-# --- systems ---------------------------------------------------------------------------------------
-
-
-def dims(preset: str) -> dict:
+def model_config(preset: str):
+    """The preset's model config with the bench's vocabulary and dropout 0.1."""
     c = get_preset(preset).model
-    c.src_vocab_size = VOCAB[preset]
-    return model_dims(c)
-
-
-def build_transduce(preset: str) -> nn.Module:
-    config = get_preset(preset)
-    config.model.src_vocab_size = VOCAB[preset]
-    config.model.dropout = 0.1
-    return Transformer(config.model)
+    c.src_vocab_size, c.dropout = VOCAB[preset], 0.1
+    return c
 
 
 class TorchTransformer(nn.Module):
@@ -156,9 +125,9 @@ class TorchTransformer(nn.Module):
 
 def build(system: str, preset: str) -> nn.Module:
     torch.manual_seed(0)
-    dm = dims(preset)
+    dm = model_dims(model_config(preset))
     if system == "transduce":
-        return build_transduce(preset)
+        return Transformer(model_config(preset))
     if system == "hf":
         return decode_speed.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=dm["V"])
     return TorchTransformer(dm)
@@ -171,9 +140,6 @@ def forward_logits(system: str, model: nn.Module, src: torch.Tensor, tgt_in: tor
     return model(src, tgt_in)
 
 
-# --- training throughput ---------------------------------------------------------------------------
-
-
 PRODUCT_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
                "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
 """What `--profile` counts as products: with the rest of a step free, a step costs at least these."""
@@ -184,11 +150,10 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
     model = build(system, preset).train()
     if system == "transduce":
         model = prepare_for_training(model, torch.device("cpu"), precision)  # as the trainer does
-    compile_s = None
     if compile and system == "transduce":
         model = torch.compile(model, dynamic=True)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
-    dm = dims(preset)
+    dm = model_dims(model_config(preset))
 
     def amp():
         return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
@@ -212,8 +177,7 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
     for _ in range(warmup - 1):
         step()
     if profile:
-        from torch.profiler import ProfilerActivity
-        from torch.profiler import profile as torch_profile
+        from torch.profiler import ProfilerActivity, profile as torch_profile
 
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             step()
@@ -237,9 +201,6 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
     return {"tokens_per_s": statistics.median(rates), "flops_per_s": statistics.median(flops_rates),
             "flops_per_token": statistics.median(per_token), "rounds": rates,
             "params": sum(p.numel() for p in model.parameters() if p.requires_grad), "first_step_s": compile_s}
-
-
-# --- main ------------------------------------------------------------------------------------------
 
 
 def git_commit() -> str:
@@ -344,7 +305,7 @@ def decode(preset: str, precision: str, systems: list[str], n: int, data_dir: st
     out = {}
     for system in systems:
         if system == "transduce":
-            m = decode_speed.ForcedLength(build_transduce(preset).eval())
+            m = decode_speed.ForcedLength(Transformer(model_config(preset)).eval())
             decode_speed.cast(m.model, precision)
             fast_decode.apply(m.model)  # what `translate` does (a no-op under autocast's fp32 weights)
         else:

@@ -1,4 +1,5 @@
-"""Beam-search translation speed: transduce vs Hugging Face `MarianMTModel`, same model, same work.
+"""Beam-search translation speed: transduce against Hugging Face `MarianMTModel` and CTranslate2,
+the same model, the same work.
 
     python benchmarks/decode_speed.py --n-sentences 300            # a stable subset (minutes on 2 cores)
     python benchmarks/decode_speed.py                              # all 3003 sentences of newstest2014
@@ -6,90 +7,34 @@
     python benchmarks/decode_speed.py --presets small,base --systems transduce,ct2 \
         --precisions fp32,bf16,int8 --n-sentences 128 --repeats 2   # against CTranslate2
 
-What is measured
-----------------
-Beam-4 search (Section 6.1) over the English side of newstest2014 En->De
-(`fetch("wmt14-en-de", "newstest2014", "en")`, 3003 sentences; `--n-sentences` takes the first
-N) with a base-size Transformer (preset `base`: N=6, d_model 512, d_ff 2048, h=8, post-norm,
-sinusoidal positions, shared/tied 37000-token embeddings scaled by sqrt(d_model)), random
-weights, in three precisions, the same for both systems:
+Beam-4 search (Section 6.1) over the first --n-sentences of newstest2014's English side, random
+weights, a model of preset `base` (37000-token shared vocabulary) or `small` (8000). Systems:
+transduce (`decode.beam_search`, made ready as `translate` does: `transduce.ready.make_ready`,
+`fast.decode.apply`; `transduce-nopack`: plain `F.linear`); Hugging Face (`MarianMTModel` of the
+same dimensions, `generate(num_beams=4)`); CTranslate2 (`ct2`: the same transduce model exported by
+`transduce.export.ct2`, compute type float32 or int8, `intra_threads` = the threads). Precisions:
+fp32; bf16 (bf16 weights; transduce keeps the search's scores in fp32); bf16-autocast (fp32 weights
+under autocast); int8 (`translate --precision int8`; CTranslate2's int8; no HF row). CTranslate2
+has no bf16 on the CPU.
 
-* fp32;
-* bf16: the weights cast to bf16 (`model.to(torch.bfloat16)`, Hugging Face's usual
-  `torch_dtype=torch.bfloat16`; transduce's `translate --bf16`); transduce keeps the search's
-  log-probabilities and scores in fp32;
-* bf16-autocast: fp32 weights, the forward passes under `torch.autocast("cpu", torch.bfloat16)`.
+Equal work: every hypothesis is forced to the same length L per batch (the longest source + 10, at
+most the shortest + 50): transduce through `ForcedLength`, HF through min/max_new_tokens and
+forced_eos_token_id, CTranslate2 through min/max_decoding_length; every output's length is
+checked. Source ids: words and punctuation hashed into the vocabulary (`decoding.encode`; a BPE
+gives ~10-20% more tokens). Sentences sorted by length, cut into batches of --batch-size. Each
+system runs in a process of its own (CTranslate2's OpenMP runtime slows transduce's in one
+process: docs/speed.md), --repeats rounds with the order reversed every other round, each batch
+counting its fastest round; `--same-process` alternates the systems batch by batch in this one.
+`--workers W` decodes W batches at once with threads / W threads each (transduce and HF in forked
+processes, as `translate --workers`; CTranslate2 with inter_threads=W); `--schedule` stream (each
+worker takes the next batch when free, the pass's wall time counts) or groups (W consecutive
+batches at a time, each group's wall time).
 
-* transduce: `transduce.decode.beam_search` on `transduce.model.Transformer` (what
-  `transduce translate` runs per batch), timed from source ids to finished hypotheses
-  (encoder included), made ready as `translate` does (`transduce.ready.make_ready`, the speed-ups
-  of `transduce.fast.decode.apply`; once per precision, untimed like the casts).
-  `--systems transduce-nopack,...` adds the same model through plain `F.linear` (its decoding
-  steps' attention still `fast.decode.decode_attention`).
-* Hugging Face: `MarianMTModel` built from a `MarianConfig` with the same dimensions (6+6
-  layers, 8 heads, FFN 2048, ReLU, post-norm, static sinusoidal positions, scale_embedding,
-  shared and tied embeddings, vocabulary 37000), random init, `generate(num_beams=4, ...)`,
-  timed the same way.
-
-* CTranslate2 (`--systems ct2`): the same transduce model (same seed, same weights), exported by
-  `transduce.export.ct2` (`TransduceConverter`, float32) into a temporary directory and loaded
-  with compute type float32 (precision fp32) or int8 (precision int8; int8 weights and products,
-  what CTranslate2 does on the CPU with `compute_type="int8"`), `intra_threads` = the torch
-  threads, one inter-op worker (W with `--workers W`); tokens as CTranslate2's strings, `translate_batch(beam_size=4,
-  min_decoding_length=L, max_decoding_length=L)`: L decoder steps, as for the others (checked:
-  every hypothesis has L tokens). CTranslate2 has no bf16 on the CPU: no bf16 rows.
-* int8 (`--precisions int8`): transduce's `--precision int8` (`transduce.fast.int8`: the linear
-  layers of a decoding step in int8 through oneDNN's int8 linear as this CPU's row of
-  `transduce.precision.CPU_TABLE` says, the source side and the rest in bf16 where the CPU
-  computes it natively, else fp32); CTranslate2 int8 (every layer); no Hugging Face row.
-
-Sizes (`--presets`, default base): base as above; small = the `small` preset (N=3, d_model 256,
-d_ff 1024, h=4) with an 8000-token vocabulary (what `benchmarks/bench.py` and the Multi30k model
-use). The table's last column compares each row with CTranslate2's fastest row of its size.
-
-Equal work. The weights are random, so the outputs would be of arbitrary length; every
-hypothesis is therefore forced to the same length L, per batch: EOS is forbidden before L
-and the only choice at L. transduce: a wrapper model whose `decode_step` edits the logits
-(`ForcedLength`, here; decode.py is untouched). Hugging Face: `min_new_tokens=L-1,
-max_new_tokens=L, forced_eos_token_id=EOS`. Both run exactly L decoder steps on batch x 4
-rows, and the benchmark checks that every output has length L. L = the longest source in the
-batch (tokens, EOS included) + 10, at most the shortest + 50 (transduce's maximum output
-length). Sentences are sorted by source length and cut into batches of --batch-size
-sentences; both systems get the same batches. Each system runs in a process of its own (a
-fresh interpreter), one pass over the batches per round, --repeats R rounds with the systems'
-order reversed every other round, so that a machine whose speed drifts slows all alike; each
-batch counts its fastest round (the usual defence against interference). Not one process for
-all: CTranslate2 brings its own OpenMP runtime, and with both loaded in one process transduce's
-decoding slows down (docs/speed.md). `--same-process` measures that way, the systems alternating
-batch by batch in this process.
-
-Source ids: the weights are random, so ids only need realistic lengths: each sentence is split
-into words and punctuation (regex \\w+|[^\\w\\s], about what Moses gives) and each piece is mapped
-to 4 + crc32(piece) mod 36996 (0-3 are PAD, UNK, BOS, EOS), plus EOS. A 37000-piece BPE would
-give roughly 10-20% more tokens per sentence.
-
-Output: a table of system, precision, sentences/s, target tokens/s (sum of L over sentences,
-EOS included) and the speedup of transduce over Hugging Face in the same precision. The
-target: >= 2x Hugging Face's sentences/s in the same precision.
-`--workers W` runs W batches at a time (what Marian and CTranslate2 call CPU workers or inter-op
-threads), for every system alike, with threads / W threads each: transduce and Hugging Face in W
-processes forked after the model is prepared (`transduce translate --workers W`'s way,
-`transduce.translate.Workers`), CTranslate2 with `inter_threads=W, intra_threads=threads/W`
-and the batches submitted at once (`asynchronous=True`, its workers taking them from one queue).
-How the batches reach the workers (`--schedule`): stream (the default) gives each system, in
-every round, all batches, longest first, and each worker takes the next when it is free (as
-`translate --workers` and CTranslate2's queue do); the pass's wall time counts, the fastest
-round. groups times W consecutive batches at a time, each group its
-fastest round; a group lasts as long as its slowest batch, so with few batches of unequal
-lengths a core idles (base, 64 sentences in 2 batches: one group of a short and a long batch)
-and W > 1 looked slower than it decodes a longer input.
-
-The output starts with the machine (`benchmarks/machine.py`): the CPU, its ISA features, the
-environment variables that hold libraries to a lower ISA, and the ISA oneDNN, ATen and
-CTranslate2 each report they run.
-
-`--profile` runs torch.profiler over one batch (the middle one; `--profile-batches 5,25,45`
-picks others, summed) of each system and prints where the time goes.
+Output: the machine (`benchmarks/machine.py`: the CPU, its ISA features, the ISA overrides and the
+ISA each library runs), then per size, system and precision: time, sentences/s, target tokens/s
+(the sum of L) and the speed over Hugging Face's in the same precision and over CTranslate2's
+fastest row. `--profile` prints torch.profiler's top ops over one batch (the middle one;
+`--profile-batches 5,25,45` picks others, summed) of each system.
 """
 
 from __future__ import annotations
@@ -113,8 +58,7 @@ from transduce.data.text import read_lines  # noqa: E402
 from transduce.model import count_parameters  # noqa: E402
 from decoding import (  # noqa: E402
     BEAM, PRECISIONS, SIZES, SYSTEMS, ForcedLength, build_ct2, build_marian, build_transduce, cast, ct2_pieces, encode,
-    make_batches, marian_dims, pad_batch, prepare_transduce, profile_hf, profile_transduce, run_ct2, run_ct2_group,
-    run_hf, run_transduce, runs,
+    make_batches, marian_dims, pad_batch, prepare_transduce, profile_ops, run_ct2_group, run_hf, run_transduce, runs,
 )
 
 _POOL_CALL = None
@@ -147,14 +91,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="run every batch R times per system (alternating) and keep the fastest: "
                              "steadier on a shared machine (default 1)")
     parser.add_argument("--workers", type=int, default=1,
-                        help="batches decoded at once, each with threads/workers threads: transduce and HF in "
-                             "forked processes, CTranslate2 with inter_threads=workers; "
-                             "for every system alike (default 1)")
+                        help="batches decoded at once, each with threads/workers threads: transduce and HF in forked "
+                             "processes, CTranslate2 with inter_threads=workers; for every system alike (default 1)")
     parser.add_argument("--schedule", choices=("stream", "groups"), default="stream",
-                        help="with --workers > 1: stream (default): each round passes every batch, longest first, to "
-                             "workers that each take the next one when free (translate --workers' pool, CTranslate2's "
-                             "queue), and the pass's wall time counts; groups: W consecutive batches at a time, each "
-                             "group's wall time (its slowest batch) counts, which leaves cores idle when the lengths differ")
+                        help="with --workers > 1: stream (default): every batch, longest first, to workers that each "
+                             "take the next one when free, the pass's wall time counts; groups: W consecutive batches "
+                             "at a time, each group's wall time (its slowest batch) counts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     parser.add_argument("--profile", action="store_true", help="profile one batch of each system and precision, print the top ops")
@@ -162,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --profile: the batches to profile (0-based, sorted by length; default the middle one)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--same-process", action="store_true",
-                        help="measure every system in this one process, alternating batch by batch (the default "
-                             "runs each system in a process of its own: two OpenMP runtimes in one process slow "
-                             "each other's threads)")
+                        help="measure every system in this one process, alternating batch by batch (the default: "
+                             "a process each, since two OpenMP runtimes in one process slow each other's threads)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one system's process of a run
     args = parser.parse_args(argv)
 
@@ -301,21 +242,11 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
 
     def call(system: str, idx: list[int], L: int, precision: str) -> float:
         if system == "ct2":
-            return run_ct2(models["ct2"][precision], [tokens[i] for i in idx], L)
+            return run_ct2_group(models["ct2"][precision], [([tokens[i] for i in idx], L)])
         src, mask = pad_batch(srcs, idx)
         if system.startswith("transduce"):
             return run_transduce(models[system], src, L, precision)
         return run_hf(models[system], src, mask, L, precision)
-
-    def call_group(system: str, group: list[tuple[list[int], int]], precision: str, pool) -> float:
-        """Wall time of decoding `group`'s batches at once (--workers): CTranslate2's workers, or
-        the forked processes of `pool`."""
-        if system == "ct2":
-            return run_ct2_group(models["ct2"][precision], [([tokens[i] for i in idx], L) for idx, L in group])
-        t0 = time.perf_counter()
-        for _ in pool.imap_unordered(_pool_call, [(system, idx, L, precision) for idx, L in group], chunksize=1):
-            pass
-        return time.perf_counter() - t0
 
     results = []
     for precision in precisions:
@@ -335,59 +266,65 @@ def run_preset(preset: str, lines: list[str], source: str, args, threads: int, p
             for system in active:
                 print(f"\n--- profile: {system} {precision}, batches {profile_batches}: {what} ---")
                 if system.startswith("transduce"):
-                    print(profile_transduce(models[system], work, precision))
+                    print(profile_ops(lambda src, _, L: run_transduce(models[system], src, L, precision), work))
                 elif system == "hf":
-                    print(profile_hf(models[system], work, precision))
-        times = {s: 0.0 for s in active}
-        per_batch: dict[str, list[float]] = {s: [] for s in active}  # best time of each batch (or group)
+                    print(profile_ops(lambda src, mask, L: run_hf(models[system], src, mask, L, precision), work))
+        pool = None
         if args.workers > 1:
             import multiprocessing
 
             global _POOL_CALL
             _POOL_CALL = call  # the forked workers inherit the prepared models
             pool = multiprocessing.get_context("fork").Pool(args.workers, _pool_start, (threads // args.workers,))
-            if args.schedule == "stream":
-                # All batches, longest first, to W workers that each take the next one when free
-                # (`translate --workers`' pool; CTranslate2's queue): the pass's wall time, best of the rounds.
-                stream = sorted(batches, key=lambda b: -b[1] * len(b[0]))
-                best = {s: float("inf") for s in active}
-                for r in range(args.repeats):
-                    for system in active if r % 2 == 0 else active[::-1]:
-                        best[system] = min(best[system], call_group(system, stream, precision, pool))
-                    print(f"\r{preset} {precision}: round {r + 1}/{args.repeats} " + " ".join(
-                        f"{s} {t:.1f}s" for s, t in best.items()), end="", file=sys.stderr, flush=True)
-                for system in active:
-                    times[system], per_batch[system] = best[system], [best[system]]
-            else:  # groups: W consecutive batches at a time, the group's wall time (the slowest batch) counts
-                groups = [batches[i : i + args.workers] for i in range(0, len(batches), args.workers)]
-                for g, group in enumerate(groups):
-                    best = {s: float("inf") for s in active}
-                    for r in range(args.repeats):
-                        for system in active if (g + r) % 2 == 0 else active[::-1]:  # alternate who goes first
-                            best[system] = min(best[system], call_group(system, group, precision, pool))
-                    for system in active:
-                        times[system] += best[system]
-                        per_batch[system].append(best[system])
-                    done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
-                    print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
-                          end="", file=sys.stderr, flush=True)
-            pool.terminate()
-            pool.join()
-            batches_left = []
-        else:
-            batches_left = batches
-        for b, (idx, L) in enumerate(batches_left):
+
+        def call_group(system: str, group: list[tuple[list[int], int]]) -> float:
+            """Wall time of decoding `group`'s batches at once: one batch in this process, or with
+            --workers CTranslate2's workers or the forked processes of `pool`."""
+            if pool is None:
+                ((idx, L),) = group
+                return call(system, idx, L, precision)
+            if system == "ct2":
+                return run_ct2_group(models["ct2"][precision], [([tokens[i] for i in idx], L) for idx, L in group])
+            t0 = time.perf_counter()
+            for _ in pool.imap_unordered(_pool_call, [(system, idx, L, precision) for idx, L in group], chunksize=1):
+                pass
+            return time.perf_counter() - t0
+
+        def fastest(group: list, first: int, progress=None) -> dict[str, float]:
+            """Each system's fastest of --repeats rounds of `group`, who goes first alternating."""
             best = {s: float("inf") for s in active}
             for r in range(args.repeats):
-                order = active if (b + r) % 2 == 0 else active[::-1]  # alternate who goes first
-                for system in order:
-                    best[system] = min(best[system], call(system, idx, L, precision))
+                for system in active if (first + r) % 2 == 0 else active[::-1]:
+                    best[system] = min(best[system], call_group(system, group))
+                if progress:
+                    progress(r, best)
+            return best
+
+        times = {s: 0.0 for s in active}
+        per_batch: dict[str, list[float]] = {s: [] for s in active}  # best time of each batch (or group)
+        if pool is not None and args.schedule == "stream":
+            # All batches, longest first, to W workers that each take the next one when free
+            # (`translate --workers`' pool; CTranslate2's queue): the pass's wall time, best of the rounds.
+            def progress(r: int, best: dict) -> None:
+                print(f"\r{preset} {precision}: round {r + 1}/{args.repeats} " + " ".join(
+                    f"{s} {t:.1f}s" for s, t in best.items()), end="", file=sys.stderr, flush=True)
+
+            best = fastest(sorted(batches, key=lambda b: -b[1] * len(b[0])), 0, progress)
             for system in active:
-                times[system] += best[system]
-                per_batch[system].append(best[system])
-            done = sum(len(i) for i, _ in batches[: b + 1])
-            print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
-                  end="", file=sys.stderr, flush=True)
+                times[system], per_batch[system] = best[system], [best[system]]
+        else:  # W consecutive batches at a time (one without --workers), the group's wall time counts
+            groups = [batches[i : i + args.workers] for i in range(0, len(batches), args.workers)]
+            for g, group in enumerate(groups):
+                best = fastest(group, g)
+                for system in active:
+                    times[system] += best[system]
+                    per_batch[system].append(best[system])
+                done = sum(len(i) for grp in groups[: g + 1] for i, _ in grp)
+                print(f"\r{preset} {precision}: {done}/{n} sentences " + " ".join(f"{s} {t:.1f}s" for s, t in times.items()),
+                      end="", file=sys.stderr, flush=True)
+        if pool is not None:
+            pool.terminate()
+            pool.join()
         print(file=sys.stderr)
         for system, t in times.items():
             results.append({"preset": preset, "system": system, "precision": precision, "seconds": t, "sentences": n,

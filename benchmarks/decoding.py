@@ -23,7 +23,7 @@ from transduce.model import Transformer  # noqa: E402
 from transduce.precision import choose_decoding_precision  # noqa: E402
 from transduce.ready import make_ready  # noqa: E402
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
+PAD, BOS, EOS = 0, 2, 3
 VOCAB = 37000
 BEAM = 4
 ALPHA = 0.6
@@ -124,10 +124,6 @@ def build_ct2(model: Transformer, directory: Path, threads: int, workers: int = 
             for p, t in (("fp32", "float32"), ("int8", "int8"))}
 
 
-def run_ct2(translator, tokens: list[list[str]], L: int) -> float:
-    return run_ct2_group(translator, [(tokens, L)])
-
-
 def run_ct2_group(translator, group: list[tuple[list[list[str]], int]]) -> float:
     """Wall time of CTranslate2 decoding the batches of `group` ((tokens, L) each), all submitted
     at once: with inter_threads > 1 its workers take them in parallel."""
@@ -157,8 +153,7 @@ def build_marian(seed: int, d_model: int = 512, layers: int = 6, heads: int = 8,
         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS,
     )
     torch.manual_seed(seed)
-    model = MarianMTModel(config).eval()
-    return model
+    return MarianMTModel(config).eval()
 
 
 PRECISIONS = ("fp32", "bf16", "bf16-autocast", "int8")
@@ -221,21 +216,11 @@ def run_hf(marian, src: torch.Tensor, mask: torch.Tensor, L: int, precision: str
     return dt
 
 
-def profile_transduce(forced: ForcedLength, work: list, precision: str, rows: int = 25) -> str:
-    """torch.profiler's top ops over the batches `work` ((src, mask, L) each), summed."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-        for src, _, L in work:
-            run_transduce(forced, src, L, precision)
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
-
-
-def profile_hf(marian, work: list, precision: str, rows: int = 25) -> str:
-    """The same for Hugging Face."""
+def profile_ops(run, work: list, rows: int = 25) -> str:
+    """torch.profiler's top ops over run(src, mask, L) of each batch of `work` ((src, mask, L) each), summed."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
         for src, mask, L in work:
-            run_hf(marian, src, mask, L, precision)
+            run(src, mask, L)
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)

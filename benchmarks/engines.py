@@ -44,11 +44,10 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     from transduce import evaluate
     from transduce.data.datasets import fetch
+    from transduce.data.text import read_lines
     from transduce.export.ct2 import export_ct2, load_ct2, pieces
     from transduce.precision import choose_precision
     from transduce.translate import load_translation_model, translate_stream
-
-    from transduce.data.text import read_lines
 
     read = lambda path: list(read_lines(Path(path)))  # noqa: E731  (plain or gzip)
     src = read(fetch("multi30k", args.split, "en"))

@@ -1,66 +1,35 @@
 """The GPU path measured in one run: training throughput and MFU of `base` and `big`, and beam-4
-decoding against Hugging Face `generate`. `scripts/gpu_check.sh` runs it after the
-CUDA tests; `--dry` runs every part tiny on the CPU, to check the plumbing before GPU minutes.
+decoding against Hugging Face `generate` (docs/speed.md, "The GPU command"); `--dry` runs every
+part tiny on the CPU, to check the plumbing before GPU minutes.
 
     python benchmarks/gpu.py --out results/                 # on a CUDA machine (minutes)
     python benchmarks/gpu.py --out /tmp/dry --dry           # the same code, tiny, on the CPU
 
-No data set is read (the GPU machine may have none): batches are random token ids with realistic
-lengths (sentence lengths drawn from a log-normal around 27 tokens, about newstest2014's with a
-37k BPE, 3-120 tokens; the target 1.1x the source), sorted by length and cut into batches of
-about --max-tokens padded tokens per side (25,000 in 5.1), then shuffled, as the trainer does.
+Batches: random token ids, log-normal lengths around 27 tokens (3-120; the target 1.1x the
+source), sorted by length, cut into about --max-tokens padded tokens per side (25,000 in 5.1),
+shuffled. Training: the trainer's own step (`train_step`, label smoothing 0.1, fused Adam) per
+preset and setting: bf16 (autocast, SDPA without cuDNN's attention, as `transduce.device.setup_cuda`
+sets it), bf16-torch-default (every SDPA backend in PyTorch's order: cuDNN first on Hopper),
+bf16-blocked-loss (the CPU's blocked loss, not the fused one), bf16-math (math attention), fp16
+(GradScaler), bf16-compile (`torch.compile(dynamic=True)`, compile time apart); peers on the same
+batches and loss: `MarianMTModel` (`hf`) and `nn.Transformer` (`torch`), autocast bf16, with every
+SDPA backend and with transduce's. Tokens/s: non-pad target tokens / time (CUDA-synchronised). MFU:
+model FLOPs (`transduce.flops`, training 3x the forward) per second / the dense bf16 peak, nominal
+(`NOMINAL_BF16_PEAK`) and measured (an 8192^3 product). Table 2's cost, projected: the best bf16
+step scaled to 25,000 target tokens, 100K (base) or 300K (big) steps on one GPU and on 8.
 
-Training (the trainer's own step: `transduce.train.step.train_step`, label smoothing 0.1, fused
-Adam, dropout as the preset says; the loss and the step exactly as `transduce train` runs them),
-for each preset and each setting:
-
-* bf16: autocast bf16, SDPA choosing among flash, memory-efficient and math (with a padding mask:
-  memory-efficient; the flash kernel takes no mask), the default of `transduce train` on a GPU
-  (`transduce.device.setup_cuda` leaves cuDNN's attention out);
-* bf16-torch-default: the same with every SDPA backend allowed, in PyTorch's own order (cuDNN
-  first on Hopper in torch 2.11: a new execution graph for every new shape);
-* bf16-blocked-loss: bf16 with the CPU's blocked label-smoothed loss (`transduce.train.loss`:
-  about 21.5 passes over the fp32 logits, against the fused log-softmax loss's 13.5, the GPU's
-  measured faster there): what the fused loss gains;
-* bf16-math: the same with SDPA restricted to the math kernel (what the flash/efficient kernels gain);
-* fp16: autocast fp16 with a GradScaler (`--precision fp16`);
-* bf16-compile: bf16 with `torch.compile(model, dynamic=True)` (the compile time apart).
-
-`--profile` also writes torch.profiler's top operators (by GPU time on CUDA, with the share of the
-wall time the GPU was busy) for one step of each eager bf16 setting and peer and for one decoding
-batch of each system and precision: --out/profile_*.txt, what to read when MFU is low.
-
-Tokens/s = non-pad target tokens of the timed steps / their time (CUDA-synchronised). MFU = model
-FLOPs (counted from the padded shapes as `benchmarks/bench.py` counts them: every product 2mnk,
-training 3x the forward) per second / the GPU's dense bf16 peak: the nominal one where the GPU is
-known (H100/H200 SXM 989 TFLOP/s, A100 312) and the peak measured here (an 8192^3 bf16 product).
-
-Peers, in the same run on the same GPU, batches and loss: Hugging Face's `MarianMTModel`
-(`hf`) and `nn.Transformer` with the paper's embeddings (`torch`, `benchmarks/bench.py`'s), built to
-the preset's shapes, autocast bf16 with their default attention, fused Adam. The ratio column is
-transduce's tokens/s over the best peer's.
-
-Table 2's cost column, projected: for each preset, the measured bf16 step scaled to the paper's
-25,000 target tokens per step (model FLOPs per step from `transduce.flops`, the same formula as MFU),
-the time of 100K (base) or 300K (big) such steps on this one GPU, and on 8 of them with perfect data
-parallelism (the step split 8 ways, communication free): a projection, not a measurement.
-
-Decoding: beam 4 on random weights with every hypothesis forced to the same length L (the
-method of `benchmarks/decoding.py`: L = the batch's longest source + 10), transduce's
-`beam_search` against `MarianMTModel.generate(num_beams=4)` of the same dimensions, in fp32 and
-bf16 weights, batches of --decode-batch sentences, the systems taking turns batch by batch. Beside
-the search as it ships, two variants (`decode_variant`): the ranking in CPU-sized chunks
-(`transduce-chunked`) and the model's own step through its modules (`transduce-modules`); each
-is checked against the first batch's hypotheses of the search as it ships, and one that fails is
-reported and left out.
-
-Output: --out/gpu.json (every figure) and --out/gpu.md (the tables).
+Decoding: beam 4, random weights, every hypothesis forced to the batch's longest source + 10 tokens
+(`benchmarks/decoding.py`), `beam_search` and two variants of it (`decode_variant`, checked against
+its first batch's hypotheses) against `MarianMTModel.generate(num_beams=4)`, fp32 and bf16 weights,
+taking turns batch by batch. `--profile` adds torch.profiler's top operators per setting, peer and
+decoding system: --out/profile_*.txt. Output: --out/gpu.json and --out/gpu.md (the tables).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import platform
@@ -68,24 +37,28 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import decoding  # noqa: E402
-from bench import forward_flops  # noqa: E402
+from bench import TorchTransformer, forward_flops, forward_logits, length_batches  # noqa: E402
+from decoding import BOS, EOS, PAD, VOCAB  # noqa: E402
 from transduce import decode  # noqa: E402
-from transduce.fast.decode import apply as apply_speedups  # noqa: E402
 from transduce.config import Config, get_preset  # noqa: E402
+from transduce.device import setup_cuda  # noqa: E402
+from transduce.fast import step as fast_step  # noqa: E402
+from transduce.fast.decode import apply as apply_speedups  # noqa: E402
+from transduce.flops import dims  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.train import loss as loss_module  # noqa: E402
 from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step  # noqa: E402
 
-PAD, BOS, EOS = 0, 2, 3
-VOCAB = 37000
 NOMINAL_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 """Dense bf16 tensor-core peaks (SXM parts; NVIDIA's data sheets, without sparsity)."""
 SETTINGS = ("bf16", "bf16-blocked-loss", "bf16-torch-default", "bf16-math", "fp16", "bf16-compile")
@@ -96,13 +69,8 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def nominal_peak(name: str) -> float | None:
-    return next((v for k, v in NOMINAL_BF16_PEAK.items() if k in name), None)
-
-
 def measured_peak(device: torch.device, n: int) -> float:
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
     for _ in range(3):
         a @ b
     sync(device)
@@ -111,9 +79,6 @@ def measured_peak(device: torch.device, n: int) -> float:
         a @ b
     sync(device)
     return 10 * 2 * n**3 / (time.perf_counter() - t0)
-
-
-# --- batches -------------------------------------------------------------------------------------
 
 
 def lengths(n: int, g: torch.Generator, mean: float = 27.0) -> list[int]:
@@ -125,19 +90,10 @@ def training_batches(max_tokens: int, n_batches: int, seed: int = 0) -> list[tup
     """(src (B, S), tgt (B, T + 1) with BOS) batches of about max_tokens padded tokens per side."""
     g = torch.Generator().manual_seed(seed)
     pairs = [(s, max(2, round(s * 1.1))) for s in lengths(max(64, n_batches * max_tokens // 20), g)]
-    pairs.sort(key=lambda p: (p[1], p[0]))
-    batches, cur = [], []
-    for p in pairs:
-        if cur and (len(cur) + 1) * max(max(q[0] for q in cur + [p]), max(q[1] + 1 for q in cur + [p])) > max_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(p)
-    if cur:
-        batches.append(cur)
+    batches = length_batches(pairs, max_tokens, lambda p: (p[0], p[1] + 1))
     order = torch.randperm(len(batches), generator=g).tolist()[:n_batches]
     out = []
-    for i in order:
-        b = batches[i]
+    for b in [batches[i] for i in order]:
         S, T = max(p[0] for p in b), max(p[1] for p in b) + 1
         src = torch.full((len(b), S), PAD)
         tgt = torch.full((len(b), T), PAD)
@@ -151,9 +107,6 @@ def training_batches(max_tokens: int, n_batches: int, seed: int = 0) -> list[tup
     return out
 
 
-# --- training ------------------------------------------------------------------------------------
-
-
 def preset_config(preset: str, dry: bool) -> Config:
     config = get_preset(preset)
     config.model.src_vocab_size = VOCAB
@@ -162,34 +115,27 @@ def preset_config(preset: str, dry: bool) -> Config:
     return config
 
 
-def dims(config: Config) -> dict:
-    c = config.model
-    return dict(d=c.d_model, f=c.d_ff, h=c.n_heads, N=c.n_layers, a=c.n_heads * c.head_dim_k,
-                c=c.n_heads * c.head_dim_v, V=VOCAB)
-
-
 def attention_kernels(which: str):
     """SDPA's allowed backends: "ours" (what `transduce.device.setup_cuda` set for the process),
     "all" (every backend, in PyTorch's own order) or "math"."""
     if which == "ours":
         return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     if which == "math":
         return sdpa_kernel([SDPBackend.MATH])
     return sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                         SDPBackend.MATH])
 
 
-@contextlib.contextmanager
 def blocked_loss():
     """The CPU's blocked label-smoothed loss on the GPU too, for the duration (`bf16-blocked-loss`)."""
-    fused = loss_module._FusedSmoothedCrossEntropy
-    loss_module._FusedSmoothedCrossEntropy = loss_module._SmoothedCrossEntropy
-    try:
-        yield
-    finally:
-        loss_module._FusedSmoothedCrossEntropy = fused
+    return mock.patch.object(loss_module, "_FusedSmoothedCrossEntropy", loss_module._SmoothedCrossEntropy)
+
+
+def on_device(batches, device: torch.device):
+    """The batches in turn, endlessly, on `device`: (src, tgt_in, tgt_out, non-pad target tokens)."""
+    for src, tgt in itertools.cycle(batches):
+        src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
+        yield src, tgt[:, :-1], tgt[:, 1:], int((tgt[:, 1:] != PAD).sum())
 
 
 def train_throughput(preset: str, setting: str, batches, device: torch.device, *, steps: int, warmup: int,
@@ -200,64 +146,55 @@ def train_throughput(preset: str, setting: str, batches, device: torch.device, *
     opt = build_optimizer(model, config)
     precision = "fp16" if setting == "fp16" else "bf16"
     scaler = make_grad_scaler(device, precision)
-    run_model = model
-    if setting == "bf16-compile":
-        run_model = torch.compile(model, dynamic=True, backend="eager" if dry else "inductor")
-    def kernel():  # a fresh context each step
-        return attention_kernels({"bf16-math": "math", "bf16-torch-default": "all"}.get(setting, "ours"))
-    dm = dims(config)
-    it = iter(batches * (1 + (warmup + steps) // len(batches)))
+    compiled = setting == "bf16-compile"
+    run_model = torch.compile(model, dynamic=True, backend="eager" if dry else "inductor") if compiled else model
+    kernels_ = {"bf16-math": "math", "bf16-torch-default": "all"}.get(setting, "ours")
+    loss_context = blocked_loss if setting == "bf16-blocked-loss" else contextlib.nullcontext
+    dm = dims(config.model)
+    it = on_device(batches, device)
 
     def step() -> tuple[int, int]:
-        src, tgt = next(it)
-        src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
-        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-        ntok = int((tgt_out != PAD).sum())
+        src, tgt_in, tgt_out, ntok = next(it)
         set_lr(opt, 1e-4)
-        with kernel(), blocked_loss() if setting == "bf16-blocked-loss" else contextlib.nullcontext():
+        with attention_kernels(kernels_), loss_context():
             train_step(run_model, opt, [{"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": ntok}],
                        label_smoothing=0.1, precision=precision, scaler=scaler, pad_id=PAD)
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
 
-    r = timed_steps(step, device, steps=steps, warmup=warmup)
-    if profile_to is not None:
-        profile_to.write_text(f"# one training step: transduce {preset} {setting}\n" + profile_table(step, device))
+    r = timed_steps(step, device, steps=steps, warmup=warmup, profile_to=profile_to,
+                    title=f"transduce {preset} {setting}")
     return {"preset": preset, "setting": setting, **r,
-            "compile_s": r["first_step_s"] if setting == "bf16-compile" else None,
+            "compile_s": r["first_step_s"] if compiled else None,
             "params": sum(p.numel() for p in model.parameters())}
 
 
 def profile_table(fn, device: torch.device, rows: int = 30) -> str:
-    """torch.profiler's top operators of one call of `fn`, by device time on CUDA (self CPU time
-    on the CPU), with the share of the call's wall time the GPU was busy: where the time goes when
-    MFU is low (launch-bound steps, elementwise kernels, host synchronisations)."""
+    """torch.profiler's top operators of one call of `fn`, by device time on CUDA (self CPU time on
+    the CPU), with the share of the call's wall time the GPU was busy: where the time goes when MFU is low."""
     try:
-        return _profile_table(fn, device, rows)
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        sync(device)
+        t0 = time.perf_counter()
+        with profile(activities=activities) as prof:
+            fn()
+            sync(device)
+        wall = time.perf_counter() - t0
+        events = prof.key_averages()
+        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        busy = sum(getattr(e, key, 0) for e in events) / 1e6
+        head = (f"wall {wall * 1e3:.1f} ms (profiled); {'GPU busy' if device.type == 'cuda' else 'operator time'} "
+                f"{busy * 1e3:.1f} ms ({100 * busy / wall:.0f}%); {sum(e.count for e in events)} operator calls\n")
+        return head + events.table(sort_by=key, row_limit=rows)
     except Exception as e:  # noqa: BLE001 - a profile must never cost the figure measured before it
         return f"profiling failed: {e!r}\n{traceback.format_exc()[-2000:]}"
 
 
-def _profile_table(fn, device: torch.device, rows: int) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    sync(device)
-    t0 = time.perf_counter()
-    with profile(activities=activities) as prof:
-        fn()
-        sync(device)
-    wall = time.perf_counter() - t0
-    events = prof.key_averages()
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    busy = sum(getattr(e, key, 0) for e in events) / 1e6
-    head = (f"wall {wall * 1e3:.1f} ms (profiled); {'GPU busy' if device.type == 'cuda' else 'operator time'} "
-            f"{busy * 1e3:.1f} ms ({100 * busy / wall:.0f}%); {sum(e.count for e in events)} operator calls\n")
-    return head + events.table(sort_by=key, row_limit=rows)
-
-
-def timed_steps(step, device: torch.device, *, steps: int, warmup: int) -> dict:
-    """`warmup` untimed calls of `step` (the first timed alone: compiling, with torch.compile), then
-    `steps` timed ones, CUDA-synchronised; `step` returns (target tokens, model FLOPs)."""
+def timed_steps(step, device: torch.device, *, steps: int, warmup: int, profile_to: Path | None,
+                title: str) -> dict:
+    """`warmup` untimed calls of `step` (the first timed alone: compiling), `steps` timed ones, then one
+    profiled into `profile_to` if given; `step` returns (target tokens, model FLOPs)."""
     t0 = time.perf_counter()
     step()
     sync(device)
@@ -275,6 +212,8 @@ def timed_steps(step, device: torch.device, *, steps: int, warmup: int) -> dict:
     mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    if profile_to is not None:
+        profile_to.write_text(f"# one training step: {title}\n" + profile_table(step, device))
     return {"tokens_per_s": tokens / dt, "flops_per_s": flops / dt, "steps": steps, "seconds": dt,
             "first_step_s": first, "max_memory_gib": mem, "batch_tokens": tokens / steps}
 
@@ -284,38 +223,29 @@ def peer_throughput(preset: str, system: str, batches, device: torch.device, *, 
     """A peer's training step on the same batches: autocast bf16, label smoothing 0.1 through the
     same loss function, fused Adam; the peer's own attention (SDPA in both), with every backend
     allowed in PyTorch's order (`kernels_="all"`: as the peer ships) or as transduce sets it ("ours")."""
-    import bench
-    from transduce.train.loss import label_smoothed_nll
-
-    config = preset_config(preset, dry)
-    dm = dims(config)
+    dm = dims(preset_config(preset, dry).model)
     torch.manual_seed(0)
     if system == "hf":
         model = decoding.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=VOCAB)
     else:
-        model = bench.TorchTransformer(dm)
+        model = TorchTransformer(dm)
     model = model.to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                            fused=device.type in ("cuda", "cpu"))
-    it = iter(batches * (1 + (warmup + steps) // len(batches)))
+    it = on_device(batches, device)
 
     def step() -> tuple[int, int]:
-        src, tgt = next(it)
-        src, tgt = src.to(device, non_blocking=True), tgt.to(device, non_blocking=True)
-        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-        ntok = int((tgt_out != PAD).sum())
+        src, tgt_in, tgt_out, ntok = next(it)
         with torch.autocast(device.type, dtype=torch.bfloat16), attention_kernels(kernels_):
-            logits = bench.forward_logits(system, model, src, tgt_in)
-        loss, _ = label_smoothed_nll(logits.float(), tgt_out, 0.1, PAD)
+            logits = forward_logits(system, model, src, tgt_in)
+        loss, _ = loss_module.label_smoothed_nll(logits.float(), tgt_out, 0.1, PAD)
         (loss / ntok).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return ntok, 3 * forward_flops(dm, src.size(0), src.size(1), tgt_in.size(1))
 
     name = f"{system} bf16" + ("" if kernels_ == "all" else " no-cuDNN")
-    r = timed_steps(step, device, steps=steps, warmup=warmup)
-    if profile_to is not None:
-        profile_to.write_text(f"# one training step: {name}, {preset}\n" + profile_table(step, device))
+    r = timed_steps(step, device, steps=steps, warmup=warmup, profile_to=profile_to, title=f"{name}, {preset}")
     return {"preset": preset, "setting": name, "system": system, **r,
             "compile_s": None, "params": sum(p.numel() for p in model.parameters())}
 
@@ -341,42 +271,27 @@ def table2_projection(report: dict) -> list[dict]:
     return rows
 
 
-# --- decoding ------------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def decode_variant(model: Transformer, variant: str):
     """transduce's search as it ships (`transduce`: on a GPU the log-probabilities ranked all at
-    once and the decoding step as one function, `transduce.fast.step.FastStep`, which
-    `fast.decode.apply` installs), or one of two variants measured against it:
-
-    * `transduce-chunked`: the log-probabilities ranked 7 sentences at a time (base, beam 4), as
-      on the CPU (`decode.search_chunk_elements`): what not chunking on the GPU gains;
-    * `transduce-modules`: the model's own `decode_step` through its modules: what the flat step
-      gains."""
-    from transduce.fast import step as fast_step
-
-    undo = []
-    if variant == "transduce-chunked":
-        best = decode._best_extensions
-        decode._best_extensions = lambda *a, **kw: best(*a, **{**kw, "chunk_elements": decode.CPU_CHUNK_ELEMENTS})
-        undo.append(lambda: setattr(decode, "_best_extensions", best))
-    elif variant == "transduce-modules" and isinstance(model.__dict__.get("decode_step"), fast_step.FastStep):
-        fast_step.uninstall(model)
-        undo.append(lambda: fast_step.install(model))
-    try:
+    once, the step `fast.step.FastStep`), or a variant: `transduce-chunked` ranks them in the CPU's
+    chunks (`decode.CPU_CHUNK_ELEMENTS`), `transduce-modules` steps through the model's modules."""
+    with contextlib.ExitStack() as undo:
+        if variant == "transduce-chunked":
+            best = decode._best_extensions
+            undo.enter_context(mock.patch.object(decode, "_best_extensions", lambda *a, **kw: best(
+                *a, **{**kw, "chunk_elements": decode.CPU_CHUNK_ELEMENTS})))
+        elif variant == "transduce-modules" and isinstance(model.__dict__.get("decode_step"), fast_step.FastStep):
+            fast_step.uninstall(model)
+            undo.callback(fast_step.install, model)
         yield
-    finally:
-        for u in reversed(undo):
-            u()
 
 
 DECODE_SYSTEMS = ("transduce", "transduce-chunked", "transduce-modules", "hf")
 
 
 def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, profile_to: Path | None = None) -> list[dict]:
-    config = preset_config("base", dry)
-    c = config.model
+    c = preset_config("base", dry).model
     g = torch.Generator().manual_seed(1)
     srcs = [torch.randint(4, VOCAB, (s - 1,), generator=g).tolist() + [EOS] for s in lengths(n, g)]
     batches = decoding.make_batches(srcs, batch_size)
@@ -426,8 +341,8 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
                 f.write_text(f"# one decoding batch ({len(batches[0][0])} sentences, {batches[0][1]} steps): {system} "
                              f"{precision}\n" + profile_table(lambda: call(system, batches[0][0], batches[0][1]), device))
         for b, (idx, L) in enumerate(batches):  # the systems in turn, each batch starting one further
-            for j in range(len(DECODE_SYSTEMS)):
-                system = DECODE_SYSTEMS[(b + j) % len(DECODE_SYSTEMS)]
+            k = b % len(DECODE_SYSTEMS)
+            for system in DECODE_SYSTEMS[k:] + DECODE_SYSTEMS[:k]:
                 if system in times:
                     dt = attempt(system, lambda: call(system, idx, L))
                     if system in times:
@@ -446,9 +361,6 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
             if system in same:
                 rows[-1]["same_hypotheses"] = same[system]
     return rows
-
-
-# --- main ----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -479,12 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "args": {
         k: str(v) for k, v in vars(args).items()}, "train": [], "decode": [], "errors": []}
     if device.type == "cuda":
-        from transduce.device import setup_cuda
-
         setup_cuda()  # as every transduce command does on a GPU
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 rows only (decoding): TF32 tensor cores
         report["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
-    report["bf16_peak_nominal"] = nominal_peak(name)
+    report["bf16_peak_nominal"] = next((v for k, v in NOMINAL_BF16_PEAK.items() if k in name), None)
     report["bf16_peak_measured"] = measured_peak(device, 512 if args.dry else 8192)
     print(f"{name}: torch {torch.__version__}, bf16 peak measured {report['bf16_peak_measured'] / 1e12:.1f} TFLOP/s, "
           f"nominal {report['bf16_peak_nominal'] and report['bf16_peak_nominal'] / 1e12} TFLOP/s", flush=True)
@@ -492,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         (args.out / "gpu.json").write_text(json.dumps(report, indent=2) + "\n")
         (args.out / "gpu.md").write_text(markdown(report))
+
+    def failed(part: str, e: Exception) -> None:
+        report["errors"].append({"part": part, "error": repr(e), "traceback": traceback.format_exc()[-3000:]})
+        print(f"{part}: FAILED {e!r}", flush=True)
 
     batches = training_batches(args.max_tokens, 40 if not args.dry else 4)
     presets = [x for x in args.presets.split(",") if x]
@@ -506,22 +420,18 @@ def main(argv: list[str] | None = None) -> int:
             prof = None
             if args.profile and setting in ("bf16", "bf16-blocked-loss", f"{system} bf16") and kernels_ == "ours":
                 prof = args.out / f"profile_train_{preset}_{system}{'_blocked-loss' if setting == 'bf16-blocked-loss' else ''}.txt"
+            kw = dict(steps=args.steps, warmup=args.warmup, dry=args.dry, profile_to=prof)
             if system == "transduce":
-                r = train_throughput(preset, setting, batches, device, steps=args.steps, warmup=args.warmup, dry=args.dry,
-                                     profile_to=prof)
+                r = train_throughput(preset, setting, batches, device, **kw)
             else:
-                r = peer_throughput(preset, system, batches, device, steps=args.steps, warmup=args.warmup,
-                                    dry=args.dry, kernels_=kernels_, profile_to=prof)
+                r = peer_throughput(preset, system, batches, device, kernels_=kernels_, **kw)
         except Exception as e:  # noqa: BLE001 - one failing setting must not cost the others
-            report["errors"].append({"part": f"train {preset} {setting}", "error": repr(e),
-                                     "traceback": traceback.format_exc()[-3000:]})
-            print(f"train {preset} {setting}: FAILED {e!r}", flush=True)
+            failed(f"train {preset} {setting}", e)
             save()
             return
-        peak = report["bf16_peak_nominal"] or report["bf16_peak_measured"]
-        r["mfu_nominal"] = r["flops_per_s"] / peak
-        r["mfu_measured_peak"] = r["flops_per_s"] / report["bf16_peak_measured"]
-        r["system"] = system
+        measured = report["bf16_peak_measured"]
+        r.update(mfu_nominal=r["flops_per_s"] / (report["bf16_peak_nominal"] or measured),
+                 mfu_measured_peak=r["flops_per_s"] / measured, system=system)
         report["train"].append(r)
         print(f"train {preset:<5} {r['setting']:<22} {r['tokens_per_s']:>10,.0f} tgt tok/s  MFU {100 * r['mfu_nominal']:5.1f}% "
               f"(of measured peak {100 * r['mfu_measured_peak']:5.1f}%)  {r['batch_tokens']:,.0f} tgt tok/step"
@@ -541,12 +451,10 @@ def main(argv: list[str] | None = None) -> int:
             if "error" not in r:
                 print(f"decode base {r['precision']:<5} {r['system']:<17} {r['sentences_per_s']:>9.1f} sentences/s", flush=True)
     except Exception as e:  # noqa: BLE001
-        report["errors"].append({"part": "decode", "error": repr(e), "traceback": traceback.format_exc()[-3000:]})
-        print(f"decode: FAILED {e!r}", flush=True)
+        failed("decode", e)
     save()
-    for preset in presets:
-        for setting in [st for st in settings if "compile" in st]:
-            train_job(preset, "transduce", setting, "ours")
+    for preset, setting in [(pr, st) for pr in presets for st in settings if "compile" in st]:
+        train_job(preset, "transduce", setting, "ours")
     save()
     print(markdown(report))
     return 1 if report["errors"] else 0

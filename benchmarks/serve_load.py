@@ -311,7 +311,6 @@ def main() -> int:
     import httpx
 
     from transduce.data.datasets import fetch
-
     from transduce.data.text import read_lines
 
     lines = list(read_lines(Path(fetch("multi30k", args.split, "en"))))
