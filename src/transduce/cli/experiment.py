@@ -38,7 +38,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="optimizer steps of base (the paper 100000; big 3x)")
     g.add_argument("--update-tokens", "--max-tokens", type=int, default=25000, metavar="N",
                    help="tokens per optimizer update, each side (default 25000)")
-    add_schedule_args(g)
+    add_schedule_args(g, default=("4000", "1.0"))
     g.add_argument("--save-every-steps", "--save-every", type=int, default=0, metavar="N",
                    help="checkpoint interval (default: steps / 72, as 6.1)")
     g.add_argument("--scale", type=float, default=1.0, metavar="X", help="widths times X (default 1: the paper's)")

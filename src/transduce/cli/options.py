@@ -201,14 +201,14 @@ def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None, alph
     return g
 
 
-def add_schedule_args(g) -> None:
-    """Equation 3's warmup and factor (default: the preset's), the cooldown and the seed: the
-    flags of `train` and `experiment` alike, with TrainOptions' defaults."""
+def add_schedule_args(g, default: tuple[str, str] = ("the preset's", "the preset's, 1.0")) -> None:
+    """Equation 3's warmup and factor (unset: `default`, the words their help gives), the cooldown
+    and the seed: the flags of `train` and `experiment` alike, with TrainOptions' defaults."""
     from ..train.trainer import TrainOptions
 
     d = TrainOptions()
-    g.add_argument("--warmup", type=int, metavar="N", help="warmup_steps of equation 3 (default: the preset's)")
-    g.add_argument("--lr-scale", type=float, metavar="X", help="factor on equation 3 (default: the preset's, 1.0)")
+    g.add_argument("--warmup", type=int, metavar="N", help=f"warmup_steps of equation 3 (default: {default[0]})")
+    g.add_argument("--lr-scale", type=float, metavar="X", help=f"factor on equation 3 (default: {default[1]})")
     g.add_argument("--cooldown", type=float, default=d.cooldown, metavar="F",
                    help=f"not the paper: decay to 0 over the last F (default {d.cooldown:g})")
     g.add_argument("--seed", type=int, default=d.seed, help=f"training seed (default {d.seed})")
