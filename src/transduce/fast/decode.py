@@ -199,11 +199,10 @@ def fuse_relu(model: nn.Module) -> None:
 
 
 def pack_weights(model: nn.Module) -> bool:
-    """Replace every linear layer of `model` and its tied pre-softmax projection by a
-    `PackedLinear` (those not replaced already, e.g. by `int8.quantize_int8`). Call it after loading
-    and casting the weights. Returns False, changing nothing, where it does not apply
-    (`can_pack`) or nothing is left to pack. Costs one more copy of the weights;
-    `unpack_weights` frees it."""
+    """Replace every linear layer of `model` not replaced already (e.g. by `int8.quantize_int8`), and
+    its tied pre-softmax projection, by a `PackedLinear`, after loading and casting the weights.
+    Returns False, changing nothing, where it does not apply (`can_pack`) or nothing is left to
+    pack. Costs one more copy of the weights; `unpack_weights` frees it."""
     p = next(model.parameters())
     if not can_pack(p.dtype, p.device):
         return False
@@ -219,11 +218,9 @@ def unpack_weights(model: nn.Module) -> None:
 
 def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
     """For inference: on the CPU, every attention layer's decoding steps through `decode_attention`
-    (`MultiHeadAttention.step_attention`) and, with `pack`, the weights packed (`pack_weights`; on a
-    model quantized by `int8.quantize_int8`, the layers it left in the float type); on every
-    device, the decoding step as one function (`transduce.fast.step.FastStep`, the same operations
-    without the module layers). Returns the function that undoes exactly this, leaving what the
-    caller had set as it was."""
+    and, with `pack`, the weights packed (on an int8 model, the layers left in the float type); on
+    every device, the decoding step as one function (`step.FastStep`). Returns the function that
+    undoes exactly this, leaving what the caller had set as it was."""
     cpu = next(model.parameters()).device.type == "cpu"
     unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
     for m in unset:

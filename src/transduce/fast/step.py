@@ -125,9 +125,8 @@ class FastStep:
     def usable(self, tgt: Tensor) -> bool:
         """Whether this step computes what the model's would: one position, eval mode, no autograd
         or autocast, activations in the packed weights' dtype, every packed copy current."""
-        if tgt.size(1) != 1 or tgt.numel() == 0 or self.model.training or torch.is_grad_enabled():
-            return False
-        if torch.is_autocast_enabled(tgt.device.type):
+        if (tgt.size(1) != 1 or tgt.numel() == 0 or self.model.training or torch.is_grad_enabled()
+                or torch.is_autocast_enabled(tgt.device.type)):
             return False
         if self.dtype is not None and self.embed.dtype != self.dtype:
             return False
