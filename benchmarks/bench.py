@@ -4,23 +4,7 @@
     python benchmarks/bench.py --presets small --precisions bf16 --systems transduce,hf
     python benchmarks/bench.py --decode-sentences 0 --json bench.json   # training only
 
-Training-step throughput, the same batches in the same order for every system: forward, the
-label-smoothed loss (eps 0.1, padding excluded, `transduce.train.loss.label_smoothed_nll` for all),
-backward and a fused Adam step (0.9/0.98, eps 1e-9), dropout 0.1, in fp32 and in bf16 autocast
-(fp32 weights and Adam). Target tokens/s: non-pad target tokens of the timed steps / their time,
-the median of --repeats rounds of --steps steps after --warmup. Batches: newstest2014 En-De's
-sentence pairs hashed into the vocabulary (`decoding.encode`; a BPE gives ~10-20% more tokens),
-sorted by length, cut into at most --max-tokens padded tokens per side. Beam-4 decoding
-(sentences/s): `decode_speed.py`'s forced lengths on the first --decode-sentences, batches of 32.
-
-Systems (post-norm, sinusoidal positions, shared embeddings scaled by sqrt(d_model), random init):
-transduce (the preset's `Transformer` made ready by the trainer's `prepare_for_training`: SDPA in
-fp32, `fast.train.autocast_attention` in bf16, `BitDropout`), hf (`MarianMTModel` of the same
-dimensions, SDPA, attention/activation dropout 0 as in transduce) and torch (`nn.Transformer` with
-the paper's embeddings, the floor; its layers also drop out attention weights and inside the FFN,
-and add final LayerNorms). MFU: model FLOPs from the padded shapes (`transduce.flops`, a training
-step 3x the forward) per second over a matmul peak measured in the same run and dtype
-(`transduce.flops.matmul_peak`). The output starts with the machine (`benchmarks/machine.py`).
+Method: docs/speed.md, "What the benchmarks measure".
 """
 
 from __future__ import annotations

@@ -7,34 +7,7 @@ the same model, the same work.
     python benchmarks/decode_speed.py --presets small,base --systems transduce,ct2 \
         --precisions fp32,bf16,int8 --n-sentences 128 --repeats 2   # against CTranslate2
 
-Beam-4 search (Section 6.1) over the first --n-sentences of newstest2014's English side, random
-weights, a model of preset `base` (37000-token shared vocabulary) or `small` (8000). Systems:
-transduce (`decode.beam_search`, made ready as `translate` does: `transduce.ready.make_ready`,
-`fast.decode.apply`; `transduce-nopack`: plain `F.linear`); Hugging Face (`MarianMTModel` of the
-same dimensions, `generate(num_beams=4)`); CTranslate2 (`ct2`: the same transduce model exported by
-`transduce.export.ct2`, compute type float32 or int8, `intra_threads` = the threads). Precisions:
-fp32; bf16 (bf16 weights; transduce keeps the search's scores in fp32); bf16-autocast (fp32 weights
-under autocast); int8 (`translate --precision int8`; CTranslate2's int8; no HF row). CTranslate2
-has no bf16 on the CPU.
-
-Equal work: every hypothesis is forced to the same length L per batch (the longest source + 10, at
-most the shortest + 50): transduce through `ForcedLength`, HF through min/max_new_tokens and
-forced_eos_token_id, CTranslate2 through min/max_decoding_length; every output's length is
-checked. Source ids: words and punctuation hashed into the vocabulary (`decoding.encode`; a BPE
-gives ~10-20% more tokens). Sentences sorted by length, cut into batches of --batch-size. Each
-system runs in a process of its own (CTranslate2's OpenMP runtime slows transduce's in one
-process: docs/speed.md), --repeats rounds with the order reversed every other round, each batch
-counting its fastest round; `--same-process` alternates the systems batch by batch in this one.
-`--workers W` decodes W batches at once with threads / W threads each (transduce and HF in forked
-processes, as `translate --workers`; CTranslate2 with inter_threads=W); `--schedule` stream (each
-worker takes the next batch when free, the pass's wall time counts) or groups (W consecutive
-batches at a time, each group's wall time).
-
-Output: the machine (`benchmarks/machine.py`: the CPU, its ISA features, the ISA overrides and the
-ISA each library runs), then per size, system and precision: time, sentences/s, target tokens/s
-(the sum of L) and the speed over Hugging Face's in the same precision and over CTranslate2's
-fastest row. `--profile` prints torch.profiler's top ops over one batch (the middle one;
-`--profile-batches 5,25,45` picks others, summed) of each system.
+Method: docs/speed.md, "What the benchmarks measure".
 """
 
 from __future__ import annotations

@@ -5,24 +5,7 @@ part tiny on the CPU, to check the plumbing before GPU minutes.
     python benchmarks/gpu.py --out results/                 # on a CUDA machine (minutes)
     python benchmarks/gpu.py --out /tmp/dry --dry           # the same code, tiny, on the CPU
 
-Batches: random token ids, log-normal lengths around 27 tokens (3-120; the target 1.1x the
-source), sorted by length, cut into about --max-tokens padded tokens per side (25,000 in 5.1),
-shuffled. Training: the trainer's own step (`train_step`, label smoothing 0.1, fused Adam) per
-preset and setting: bf16 (autocast, SDPA without cuDNN's attention, as `transduce.device.setup_cuda`
-sets it), bf16-torch-default (every SDPA backend in PyTorch's order: cuDNN first on Hopper),
-bf16-blocked-loss (the CPU's blocked loss, not the fused one), bf16-math (math attention), fp16
-(GradScaler), bf16-compile (`torch.compile(dynamic=True)`, compile time apart); peers on the same
-batches and loss: `MarianMTModel` (`hf`) and `nn.Transformer` (`torch`), autocast bf16, with every
-SDPA backend and with transduce's. Tokens/s: non-pad target tokens / time (CUDA-synchronised). MFU:
-model FLOPs (`transduce.flops`, training 3x the forward) per second / the dense bf16 peak, nominal
-(`NOMINAL_BF16_PEAK`) and measured (an 8192^3 product). Table 2's cost, projected: the best bf16
-step scaled to 25,000 target tokens, 100K (base) or 300K (big) steps on one GPU and on 8.
-
-Decoding: beam 4, random weights, every hypothesis forced to the batch's longest source + 10 tokens
-(`benchmarks/decoding.py`), `beam_search` and two variants of it (`decode_variant`, checked against
-its first batch's hypotheses) against `MarianMTModel.generate(num_beams=4)`, fp32 and bf16 weights,
-taking turns batch by batch. `--profile` adds torch.profiler's top operators per setting, peer and
-decoding system: --out/profile_*.txt. Output: --out/gpu.json and --out/gpu.md (the tables).
+Method: docs/speed.md, "What the benchmarks measure".
 """
 
 from __future__ import annotations

@@ -4,31 +4,13 @@ dynamic batching. Measured, not asserted (docs/RESULTS.md, "Serving and export")
     python benchmarks/serve_load.py runs/m30k --clients 8 --requests 400 --seconds 90
     python benchmarks/serve_load.py m30k-ct2 --engine ct2
 
-For each mode (batching: the server's defaults, 10 ms wait; no batching: `--no-batching`, each
-request decoded on its own) the script starts `transduce serve MODEL` as a process of its own,
-waits for /health, then runs N client threads, each sending one request after the other (its
-next sentences of the Multi30k test source, `--per-request` sentences each) until `--requests`
-requests are done or `--seconds` have passed. It records every request's latency and reports
-requests/s, sentences/s, p50/p99 latency, and the jobs per decoding round the server saw (/info).
-Every answer is checked to be a 200 with one translation per sentence.
-
-Soak (`--soak`): what the server costs to keep running. One server, N clients sending varied
-requests (seeded), shaped like an API's traffic: mostly 1 to 4 sentences of Multi30k's English
-(single lines, and two to four joined into long ones), now and then 6 to 16, one in fifty 32;
-beams mostly 1 to 6, now and then 8, one in fifty 12; n-best up to 4, greedy now and then, scores
-or not, and one request in ten to /attention (weights, and now and then the page). After every `--sample-every`
-requests answered, the server process's resident set (VmRSS of /proc/PID/status, with VmSize
-and VmHWM) is recorded against requests served; every answer must be a 200.
+`--soak`: the server's memory (resident set) against requests served, under varied requests.
 
     python benchmarks/serve_load.py RUN --soak --requests 10000 --warmup 1000 --out soak/
     python benchmarks/serve_load.py RUN --soak --server-env ONEDNN_PRIMITIVE_CACHE_CAPACITY=16384 \
         --server-env LRU_CACHE_CAPACITY=16384 --label unbounded --out soak/   # the caches unbounded
 
-It writes OUT/soak-LABEL.csv (requests, seconds, rss_mb, vms_mb, hwm_mb), OUT/soak-LABEL.json
-(the settings, the samples, and the summary: RSS after the warm-up, at the end, its growth in
-percent, and /metrics' process_resident_memory_bytes at the end) and, with matplotlib, OUT/soak-
-LABEL.png (RSS against requests served). `--server-src DIR` serves from another source tree (an
-earlier commit's `src`, from `git archive`) for a before/after comparison on one machine.
+Method: docs/serve.md, "What serve_load.py measures".
 """
 
 from __future__ import annotations
