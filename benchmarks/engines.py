@@ -5,17 +5,7 @@ Measured, not asserted (docs/RESULTS.md, "Exactness of the exports and of reduce
     python benchmarks/engines.py runs/m30k --threads 2
     python benchmarks/engines.py runs/m30k/avg_last5 --alpha 1.5
 
-Rows (beam search, the same beam, alpha and max length for all; greedy rows with --greedy):
-
-* transduce fp32 and, where `--precision auto` chooses it, bf16 (`transduce translate`'s decoding);
-* CTranslate2 float32 and int8 (exported by `transduce export ct2`), each twice: ranking the
-  beam's hypotheses by the paper's penalty ((5+|Y|)/6)^alpha (`--ct2-length-penalty paper`, the
-  engine's default) and by CTranslate2's own |Y|^alpha (`ct2`).
-
-For each: sacreBLEU, Multi30k's lowercased tokenized BLEU, sentences/s (wall clock of the whole
-test set, after a warm-up batch), the share of outputs identical to transduce fp32's, and the mean
-output length. The int8 export's agreement with fp32 is also measured as log-probabilities:
-CTranslate2 `score_batch` of the references, int8 against float32.
+Method: docs/speed.md, "What the benchmarks measure".
 """
 
 from __future__ import annotations
@@ -57,8 +47,7 @@ def main() -> int:
         src, ref, tok_ref = src[: args.limit], ref[: args.limit], tok_ref[: args.limit]
     loaded = load_translation_model(args.model, device="cpu")
     print(f"model: {loaded.description}; {len(src)} sentences of {args.split}", file=sys.stderr)
-    mc = loaded.config.model
-    auto = choose_precision("auto", torch.device("cpu"), d_model=mc.d_model, d_ff=mc.d_ff)
+    auto = choose_precision("auto", torch.device("cpu"))
     print(auto.line(), file=sys.stderr)
 
     tmp = Path(tempfile.mkdtemp(prefix="transduce-engines-"))

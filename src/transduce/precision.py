@@ -137,10 +137,6 @@ def cpu_row(cap: Capability) -> Row:
     return next(row for row in CPU_TABLE if row.needs <= cap.features)
 
 
-def _capability(device: torch.device, capability: Capability | None) -> Capability:
-    return read_capability(device) if capability is None else capability
-
-
 def choose_precision(requested: str, device: torch.device | str = "cpu", *, capability: Capability | None = None,
                      **_sizes) -> Choice:
     """The precision to train (or evaluate a loss) in: `requested` itself (with a warning where
@@ -152,7 +148,7 @@ def choose_precision(requested: str, device: torch.device | str = "cpu", *, capa
         return int8_choice(device, capability)
     if requested in ("fp32", "fp16"):
         return Choice(requested, "as asked")
-    cap = _capability(device, capability)
+    cap = capability or read_capability(device)
     where = f"{cap.name}: {cap.detail}"
     if requested == "bf16":
         warning = None
@@ -178,7 +174,7 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
 
     if not can_int8():
         raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")
-    cap = _capability(torch.device("cpu"), capability)
+    cap = capability or read_capability("cpu")
     row = cpu_row(cap)
     base = "bf16" if cap.native_bf16 else "fp32"
     bits = ("7-bit weights, 8-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates()
@@ -203,7 +199,7 @@ def choose_decoding_precision(requested: str, device: torch.device | str = "cpu"
         return choose_precision("auto" if requested == "auto-int8" else requested, device, capability=capability)
     from .fast.int8 import can_int8
 
-    cap = _capability(device, capability)
+    cap = capability or read_capability(device)
     row = cpu_row(cap)
     why = f"auto-int8: {cap.name}: {cap.detail}: {row.why}; {row.why_int8}"
     if row.auto_int8 == "int8" and can_int8():
