@@ -146,19 +146,14 @@ class Config:
         train = dict(d.get("train", {}))
         if "adam_betas" in train:
             train["adam_betas"] = tuple(train["adam_betas"])
-        return cls(model=model_config_from_dict(d.get("model", {})), train=TrainConfig(**train))
+        model = d.get("model", {})
+        unknown = set(model) - {f.name for f in fields(ModelConfig)}
+        if unknown:
+            raise ValueError(f"unknown model config keys: {sorted(unknown)}")
+        return cls(model=ModelConfig(**model), train=TrainConfig(**train))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
-
-
-def model_config_from_dict(d: dict[str, Any]) -> ModelConfig:
-    """Build a ModelConfig from a dict, rejecting unknown keys with a clear message."""
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = set(d) - known
-    if unknown:
-        raise ValueError(f"unknown model config keys: {sorted(unknown)}")
-    return ModelConfig(**d)
 
 
 def _variant(model: dict[str, Any] | None = None, train: dict[str, Any] | None = None) -> Config:

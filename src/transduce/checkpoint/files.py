@@ -161,13 +161,11 @@ def atomic_dir(out: str | os.PathLike):
 
 def replace_dir(tmp: Path, out: Path) -> None:
     """Rename the finished directory `tmp` to `out`, replacing an existing `out`."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
         os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def fsync_dir(path: Path) -> None:
@@ -214,10 +212,7 @@ def digests(directory: Path, names) -> dict[str, dict]:
 def as_os_error(e: Exception, path: Path) -> OSError:
     """The OSError a safetensors write error ("... (os error 28)") stands for."""
     m = re.search(r"os error (\d+)", str(e))
-    if m:
-        code = int(m.group(1))
-        return OSError(code, os.strerror(code), str(path))
-    return OSError(0, str(e), str(path))
+    return _error(int(m.group(1)), path) if m else OSError(0, str(e), str(path))
 
 
 class DamagedCheckpoint(ValueError):

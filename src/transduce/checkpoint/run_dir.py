@@ -119,12 +119,8 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = []
-    for p in root.iterdir():
-        m = _NAME.match(p.name)
-        if m and p.is_dir() and (p / STATE).is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
+    named = ((_NAME.match(p.name), p) for p in root.iterdir())
+    return sorted((int(m.group(1)), p) for m, p in named if m and p.is_dir() and (p / STATE).is_file())
 
 
 def on_interval(path: str | os.PathLike) -> bool:
@@ -226,11 +222,10 @@ def save_checkpoint(
         fsync_dir(tmp)
         replace_dir(tmp, final)  # final exists when the same step is saved again
         fsync_dir(root)
-    except SafetensorError as e:  # safetensors' own error for a failed write (a full disk)
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise as_os_error(e, tmp) from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, SafetensorError):  # safetensors' own error for a failed write (a full disk)
+            raise as_os_error(e, tmp) from None
         raise
     atomic_write_text(root / LATEST, name + "\n")
     fsync_dir(root)

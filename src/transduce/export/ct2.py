@@ -85,18 +85,14 @@ def _set_ffn(spec, ffn, norm: torch.nn.LayerNorm) -> None:
     _set_linear(spec.linear_1, ffn.w_2.weight, ffn.w_2.bias)
 
 
-def _position_table(stack, config, rows: int) -> np.ndarray:
-    """The positions the stack adds, as an explicit table: 3.5's sinusoids, or the learned table."""
-    if config.positional == "sinusoidal":
-        return _np(sinusoidal_positions(rows, config.d_model))
-    return _np(stack.positions.weight)
-
-
 def _set_stack_inputs(spec, stack, config, rows: int) -> None:
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _np(stack.embed.weight)
     spec.scale_embeddings = bool(config.scale_embeddings)  # True: x sqrt(d_model) (3.4)
-    spec.position_encodings.encodings = _position_table(stack, config, rows)
+    # the positions as an explicit table: 3.5's sinusoids, or the learned table
+    sinusoidal = config.positional == "sinusoidal"
+    spec.position_encodings.encodings = _np(sinusoidal_positions(rows, config.d_model) if sinusoidal
+                                            else stack.positions.weight)
     if stack.final_norm is not None:  # pre-norm only
         _set_layer_norm(spec.layer_norm, stack.final_norm)
 
@@ -154,8 +150,6 @@ def TransduceConverter(*args, **kwargs):
     from ctranslate2.converters.converter import Converter
 
     class TransduceConverter(Converter):
-        """CTranslate2's `Converter` for a transduce model in memory (the spec `build_spec` fills)."""
-
         def __init__(self, model: Transformer, config: Config, src_vocab: Vocab | list[str], tgt_vocab: Vocab | list[str],
                      max_positions: int | None = None):
             """The vocabularies as `Vocab`s, or as their pieces in id order (benchmarks' synthetic ones)."""

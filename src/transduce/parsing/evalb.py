@@ -198,11 +198,9 @@ class EvalbTotals:
 
     def add(self, s: SentenceResult) -> None:
         self.sentences += 1
-        if s.status == 1:
-            self.errors += 1
-            return
-        if s.status == 2:
-            self.skipped += 1
+        self.errors += s.status == 1
+        self.skipped += s.status == 2
+        if s.status:
             return
         self.matched += s.matched
         self.gold += s.gold
@@ -295,7 +293,7 @@ def _score_brackets(gold: _Sentence, test: _Sentence, params: EvalbParams, resul
             if b.start == b.end:
                 b.result = 5
                 continue
-            b.label = _cut_label(b.label)
+            b.label = re.split(r"[-=]", b.label, maxsplit=1)[0]  # modify_label: up to the first - or =
             if any(params.label_eq(b.label, d) for d in params.delete_labels):
                 b.result = 5
     for g in gold.brackets:
@@ -316,11 +314,6 @@ def _score_brackets(gold: _Sentence, test: _Sentence, params: EvalbParams, resul
     result.test = sum(t.result != 5 for t in test.brackets)
     result.words = len(gold.words)
     result.correct_tags = sum(params.label_eq(gt, tt) for (_, gt), (_, tt) in zip(gold.words, test.words))
-
-
-def _cut_label(label: str) -> str:
-    """evalb.c's modify_label: the label up to its first '-' or '='."""
-    return re.split(r"[-=]", label, maxsplit=1)[0]
 
 
 def evalb(gold: Sequence[str], test: Sequence[str], params: EvalbParams = COLLINS,
