@@ -216,17 +216,10 @@ class Beams:
 
     def best(self, n_best: int) -> list[list[Hypothesis]]:
         """Per sentence, the `n_best` best finished hypotheses, best first."""
-        results: list[list[Hypothesis]] = []
-        for i in range(self.fin_seq.size(0)):
-            hyps = []
-            for j in range(n_best):
-                if self.fin_score[i, j] == float("-inf"):
-                    break
-                seq = self.fin_seq[i, j, 1:].tolist()  # drop BOS
-                seq = seq[: seq.index(self.eos_id)] if self.eos_id in seq else seq
-                hyps.append(Hypothesis(seq, self.fin_score[i, j].item(), self.fin_lp[i, j].item()))
-            results.append(hyps)
-        return results
+        seqs = self.fin_seq[:, :n_best, 1:].tolist()  # without BOS, EOS-padded
+        scores, lps = self.fin_score.tolist(), self.fin_lp.tolist()  # best first: -inf (none) last
+        return [[Hypothesis(seq[: seq.index(self.eos_id)] if self.eos_id in seq else seq, scores[i][j], lps[i][j])
+                 for j, seq in enumerate(seqs[i]) if scores[i][j] != float("-inf")] for i in range(len(seqs))]
 
 
 def prefill(model, src: Tensor, k: int, max_len_offset: int, bos_id: int, eos_id: int, constraint=None) -> Beams:
@@ -296,10 +289,10 @@ def _add_finished(beams: Beams, t: int, alpha: float, cand_lp: Tensor, cand_seq:
         return
     active, T = beams.active, beams.max_len
     lp_t = length_penalty(float(t + 1), alpha)
-    new_score = torch.where(is_eos, cand_lp / lp_t, torch.full_like(cand_lp, float("-inf")))
+    eos_lp = torch.where(is_eos, cand_lp, torch.full_like(cand_lp, float("-inf")))
     new_seq = torch.nn.functional.pad(cand_seq, (0, T + 1 - (t + 2)), value=beams.eos_id)
-    all_score = torch.cat([beams.fin_score[active], new_score], 1)
-    all_lp = torch.cat([beams.fin_lp[active], torch.where(is_eos, cand_lp, torch.full_like(cand_lp, float("-inf")))], 1)
+    all_score = torch.cat([beams.fin_score[active], eos_lp / lp_t], 1)  # lp_t > 0: -inf stays -inf
+    all_lp = torch.cat([beams.fin_lp[active], eos_lp], 1)
     all_seq = torch.cat([beams.fin_seq[active], new_seq], 1)
     top_score, top_i = all_score.topk(beams.k, dim=-1)
     beams.fin_score[active] = top_score

@@ -152,7 +152,6 @@ def _worker_start(threads: int) -> None:
 
 
 def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
-    assert _WORKER_SEARCH is not None
     result = _WORKER_SEARCH(sources)
     _WORKER_TRIM(idle=False)  # at most once a second: what a batch freed goes back to the system
     return result
@@ -222,12 +221,24 @@ def stream_lines(search: Callable[[list[list[int]]], list[list[Candidate]]], src
     """Translating a stream, whatever the engine (transduce's search or CTranslate2's):
     `chunk_lines` lines at a time, their ids with EOS (cut to `limit` with a warning), batches
     of similar length, `search(sources)` on each (or `map_batches(batches)`, e.g. `Workers.map`),
-    the candidates yielded in input order."""
+    the candidates yielded in input order (an empty line's at once: one empty candidate)."""
     it = iter(lines)
     first_line = 1
     while chunk := list(islice(it, chunk_lines)):
         ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
-        yield from _translate_chunk(search, ids, batch_tokens, batch_size, advance, map_batches)
+        results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
+        work = [i for i, toks in enumerate(ids) if toks]
+        if advance is not None and len(work) < len(ids):
+            advance(len(ids) - len(work))
+        batches = [[work[j] for j in batch.tolist()] for batch in
+                   batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)]
+        sources = ([ids[i] for i in rows] for rows in batches)
+        for rows, cands in zip(batches, map_batches(sources) if map_batches is not None else map(search, sources)):
+            for i, c in zip(rows, cands):
+                results[i] = c
+            if advance is not None:
+                advance(len(rows))
+        yield from results  # every line has its candidates by now
         first_line += len(chunk)
 
 
@@ -244,26 +255,6 @@ def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str
             toks = toks[:limit]
         out.append(toks + [EOS] if toks else [])
     return out
-
-
-def _translate_chunk(search: _Search, ids: list[list[int]], batch_tokens: int, batch_size: int,
-                     advance: Callable[[int], None] | None, map_batches=None) -> Iterator[list[Candidate]]:
-    """The candidates of a chunk's lines, in input order: empty lines at once, the others in batches."""
-    results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
-    work = [i for i, toks in enumerate(ids) if toks]
-    if advance is not None and len(work) < len(ids):
-        advance(len(ids) - len(work))
-    batches = [[work[j] for j in batch.tolist()] for batch in
-               batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)]
-    sources = ([ids[i] for i in rows] for rows in batches)
-    for rows, cands in zip(batches, map_batches(sources) if map_batches is not None else map(search, sources)):
-        for i, c in zip(rows, cands):
-            results[i] = c
-        if advance is not None:
-            advance(len(rows))
-    for r in results:
-        assert r is not None
-        yield r
 
 
 @dataclass
@@ -297,39 +288,19 @@ class _Search:
         return [hs or [Candidate([], -math.inf, -math.inf, "")] for hs in hyps]
 
 
-def translate_lines(
-    model,
-    src_vocab: Vocab,
-    tgt_vocab: Vocab,
-    lines: Sequence[str] | Iterable[str],
-    *,
-    beam: int = DEFAULT_BEAM,
-    alpha: float = DEFAULT_ALPHA,
-    max_len_offset: int = DEFAULT_MAX_LEN_OFFSET,
-    greedy: bool = False,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
-    bf16: bool = False,
-    warn: Callable[[str], None] | None = None,
-    progress: bool = False,
-    source_name: str = "input",
-    chunk_lines: int = DEFAULT_CHUNK_LINES,
-    workers: int = 1,
-) -> list[str]:
+def translate_lines(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Sequence[str] | Iterable[str], *,
+                    warn: Callable[[str], None] | None = None, progress: bool = False, **options) -> list[str]:
     """The best translation of each line, in order ("" for an empty line), as `translate_stream`
-    decodes it. `warn` defaults to printing on stderr; `progress` shows a tqdm bar."""
+    decodes it with `options` (its keyword arguments). `warn` defaults to printing on stderr;
+    `progress` shows a tqdm bar."""
     lines = list(lines)
     if warn is None:
         warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
     from tqdm import tqdm
 
     with tqdm(total=len(lines), desc="translate", unit=" lines", mininterval=1, disable=not progress) as bar:
-        return [c[0].text for c in translate_stream(
-            model, src_vocab, tgt_vocab, lines, beam=beam, alpha=alpha, max_len_offset=max_len_offset, greedy=greedy,
-            batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_input_tokens, bf16=bf16,
-            chunk_lines=chunk_lines, source_name=source_name, warn=warn, advance=bar.update, workers=workers,
-        )]
+        return [c[0].text for c in translate_stream(model, src_vocab, tgt_vocab, lines, warn=warn, advance=bar.update,
+                                                    **options)]
 
 
 @dataclass
