@@ -121,10 +121,8 @@ def collate(
     """The model's LongTensors (module docstring), and "ntokens": the non-pad target tokens."""
     if len(src_list) != len(tgt_list) or not src_list:
         raise ValueError(f"need equal, non-zero numbers of sentences, got {len(src_list)} and {len(tgt_list)}")
-    batch = len(src_list)
-    src_len = max(len(s) for s in src_list)
-    tgt_len = max(len(t) for t in tgt_list)
-    src = np.full((batch, src_len), pad_id, dtype=np.int64)  # (B, S)
+    batch, tgt_len = len(src_list), max(len(t) for t in tgt_list)
+    src = np.full((batch, max(len(s) for s in src_list)), pad_id, dtype=np.int64)  # (B, S)
     tgt_in = np.full((batch, tgt_len), pad_id, dtype=np.int64)  # (B, T)
     tgt_out = np.full((batch, tgt_len), pad_id, dtype=np.int64)  # (B, T)
     for i, (s, t) in enumerate(zip(src_list, tgt_list)):

@@ -14,6 +14,7 @@ Treebank, LDC licensed, only ever from a mirror.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
@@ -25,6 +26,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from ..errors import DataError
 
@@ -338,23 +340,30 @@ def download(url: str, dest: str | Path, sha256: str | None = None) -> Path:
     """Download `url` to `dest` atomically: into a temporary file, verified, then renamed."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.download-{os.getpid()}")
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
-            shutil.copyfileobj(response, out, 1 << 20)
-        verify(tmp, sha256)
+        with _replacing(dest, "download") as tmp:
+            with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+                shutil.copyfileobj(response, out, 1 << 20)
+            verify(tmp, sha256)
     except (urllib.error.URLError, OSError) as e:
-        tmp.unlink(missing_ok=True)
         reason = getattr(e, "reason", None) or e
         raise DataError(f"download failed ({reason})", url) from None
     except DataError as e:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"downloaded file is corrupt: {e.message}", url) from None
-    except BaseException:  # Ctrl-C, a timeout's signal: no partial file left behind
+    return dest
+
+
+@contextlib.contextmanager
+def _replacing(dest: Path, tag: str) -> Iterator[Path]:
+    """A temporary path beside `dest`, renamed onto it if the block succeeds, else removed (also on
+    Ctrl-C or a timeout's signal: no partial file left behind)."""
+    tmp = dest.with_name(f".{dest.name}.{tag}-{os.getpid()}")
+    try:
+        yield tmp
+    except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, dest)
-    return dest
 
 
 def _download_archive(url: str, archive_dir: Path) -> Path:
@@ -378,26 +387,22 @@ def sgml_to_lines(text: str) -> list[str]:
 
 def _extract_sgml(archive: Path, member: str, dest: Path, sha256: str | None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.extract-{os.getpid()}")
     try:
-        with tarfile.open(archive, "r:gz") as tar:
-            f = tar.extractfile(member)
-            if f is None:
-                raise KeyError(member)
-            lines = sgml_to_lines(f.read().decode("utf-8"))
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        verify(tmp, sha256)
+        with _replacing(dest, "extract") as tmp:
+            with tarfile.open(archive, "r:gz") as tar:
+                f = tar.extractfile(member)
+                if f is None:
+                    raise KeyError(member)
+                lines = sgml_to_lines(f.read().decode("utf-8"))
+            tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            verify(tmp, sha256)
     except KeyError:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"archive has no member {member}", archive) from None
     except (tarfile.TarError, OSError, EOFError, UnicodeDecodeError) as e:
-        tmp.unlink(missing_ok=True)
         archive.unlink(missing_ok=True)  # damaged: download it again next time
         raise DataError(f"cannot extract {member} ({e}); archive deleted, try again", archive) from None
     except DataError as e:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"text extracted from {member} does not match: {e.message}", archive) from None
-    os.replace(tmp, dest)
 
 
 def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_dir: Path,
@@ -419,18 +424,11 @@ def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_d
     except Exception as e:  # network, hub or cache errors of an optional package
         raise DataError(f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed ({e}); "
                         f"without network, put train-full.<lang>.gz files in {folder}") from None
-    paths = {lang: out_dir / info.source(split, lang).cache_name for lang in info.langs}
-    tmps = {lang: p.with_name(f".{p.name}.hf-{os.getpid()}") for lang, p in paths.items()}
-    files = {lang: open(tmps[lang], "w", encoding="utf-8") for lang in info.langs}
-    try:
+    with contextlib.ExitStack() as stack:  # each file closed, then renamed into place (removed on error)
+        files = {}
+        for lang in info.langs:
+            tmp = stack.enter_context(_replacing(out_dir / info.source(split, lang).cache_name, "hf"))
+            files[lang] = stack.enter_context(open(tmp, "w", encoding="utf-8"))
         for row in corpus:
             for lang, f in files.items():
                 f.write(row["translation"][lang].replace("\r", " ").replace("\n", " ") + "\n")
-    except BaseException:
-        for lang, f in files.items():
-            f.close()
-            tmps[lang].unlink(missing_ok=True)
-        raise
-    for lang, f in files.items():
-        f.close()
-        os.replace(tmps[lang], paths[lang])

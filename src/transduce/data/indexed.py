@@ -73,9 +73,7 @@ class IndexedWriter:
     def finalize(self) -> None:
         """Write the index and move both files into place."""
         self._file.close()
-        sizes = np.concatenate(self._sizes) if self._sizes else np.zeros(0, dtype=np.int64)
-        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
+        offsets = np.concatenate([np.zeros(1, dtype=np.int64), *self._sizes]).cumsum()
         with open(self._tmp_idx, "wb") as f:
             np.save(f, offsets)
         os.replace(self._tmp_bin, self.bin_path)

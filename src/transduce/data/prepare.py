@@ -13,10 +13,7 @@ temporary directory beside the output and renamed into place at the end.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from itertools import islice
@@ -25,6 +22,7 @@ from typing import Iterable, Iterator
 
 from tqdm import tqdm
 
+from ..checkpoint.files import atomic_dir
 from ..errors import DataError
 from .batching import METADATA
 from .datasets import fetch, get_dataset
@@ -54,13 +52,11 @@ def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train
     info = get_dataset(name)
     wanted = [("train", train_split or info.train), ("valid", info.valid), ("test", info.tests[0])]
     wanted += [(test, test) for test in info.tests[1:]]
-    splits = []
-    for split, origin in wanted:
-        src_file, tgt_file = (
-            fetch(info.name, origin, lang, variant=variant, data_dir=data_dir, cache_dir=cache_dir) for lang in (src, tgt)
-        )
-        splits.append(Split(split, src_file, tgt_file, f"{info.name}:{origin}"))
-    return splits
+
+    def fetched(origin: str, lang: str) -> Path:
+        return fetch(info.name, origin, lang, variant=variant, data_dir=data_dir, cache_dir=cache_dir)
+
+    return [Split(split, fetched(origin, src), fetched(origin, tgt), f"{info.name}:{origin}") for split, origin in wanted]
 
 
 def prepare(
@@ -89,8 +85,7 @@ def prepare(
     out = Path(out).absolute()
     check_output_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         start = time.perf_counter()
         vocab_meta, src_vocab, tgt_vocab = _train_vocabularies(
             splits[0], tmp, vocab_size, separate_vocab, sample_size, character_coverage, seed, progress, tgt_vocab_type
@@ -115,10 +110,7 @@ def prepare(
             "seconds": round(time.perf_counter() - start, 1),
         }
         (tmp / METADATA).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        _move_into_place(tmp, out, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        check_output_dir(out, overwrite)  # again, before replacing it
     meta["out"] = str(out)
     return meta
 
@@ -130,23 +122,7 @@ def check_output_dir(out: Path, overwrite: bool) -> None:
         raise DataError("output directory is not empty (use --overwrite to replace it)", out)
 
 
-def _move_into_place(tmp: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished temporary directory to `out` (replacing an old one if allowed)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private
-    check_output_dir(out, overwrite)
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, out)
-
-
-WORD_VOCAB_LIMIT = 100_000
-"""A closed word-level target vocabulary takes every symbol of the training targets, up to this many."""
+WORD_VOCAB_LIMIT = 100_000  # A closed word-level target vocabulary: every symbol of the training targets, up to this
 
 
 def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sample_size, coverage, seed, progress,
@@ -164,19 +140,17 @@ def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sampl
         both_sides = (line for pair in read_parallel(train.src, train.tgt) for line in pair)
         model = train_vocab(out_dir / "spm", lines(both_sides, "vocab: read train (both sides)"), **options)
         src_vocab = tgt_vocab = Vocab(model)
-        files = {"src": model.name, "tgt": model.name}
     else:
         src_model = train_vocab(out_dir / "spm.src", lines(read_lines(train.src), "vocab: read train source"), **options)
         word = {"vocab_size": WORD_VOCAB_LIMIT, "sample_size": 0, "model_type": "word"}
         tgt_options = {**options, **word} if tgt_type == "word" else options
         tgt_model = train_vocab(out_dir / "spm.tgt", lines(read_lines(train.tgt), "vocab: read train target"), **tgt_options)
         src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
-        files = {"src": src_model.name, "tgt": tgt_model.name}
     meta = {
         "type": "sentencepiece-bpe",
         **({"tgt_type": "sentencepiece-word"} if tgt_type == "word" else {}),
         "shared": not separate,
-        "files": files,
+        "files": {"src": src_vocab.path.name, "tgt": tgt_vocab.path.name},
         "size": {"src": len(src_vocab), "tgt": len(tgt_vocab)},
         "sample_size": sample_size,
         "character_coverage": coverage,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import zlib
 from dataclasses import asdict, dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -63,24 +64,17 @@ def read_lines(path: str | Path) -> Iterator[str]:
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[str, str]]:
     """Yield (source line, target line) pairs; DataError if the line counts differ."""
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
-    n = 0
-    while True:
-        src, tgt = next(src_lines, None), next(tgt_lines, None)
-        if src is None and tgt is None:
-            return
+    for n, (src, tgt) in enumerate(zip_longest(read_lines(src_path), read_lines(tgt_path))):
         if src is None:
             raise DataError(f"{src_path} has only {n} lines (line counts differ)", tgt_path, n + 1)
         if tgt is None:
             raise DataError(f"{tgt_path} has only {n} lines (line counts differ)", src_path, n + 1)
-        n += 1
         yield src, tgt
 
 
 # --- the length filter: subword tokens without EOS, training pairs only (BLEU needs whole test sets)
 
-DEFAULT_MAX_LEN = 256
-"""Pairs with more subword tokens than this on either side are dropped from training."""
+DEFAULT_MAX_LEN = 256  # Pairs with more subword tokens than this on either side are dropped from training
 
 DEFAULT_MAX_RATIO = 9.0
 """Pairs whose longer side has more than this many times the tokens of the shorter side are

@@ -24,8 +24,7 @@ DEFAULT_VOCAB_SIZE = 8000
 """Default for `transduce prepare`: right for small corpora such as Multi30k (29k pairs).
 The paper uses about 37000 (shared, WMT14 En-De, 4.5M pairs)."""
 
-DEFAULT_SAMPLE_SIZE = 1_000_000
-"""Sentences sampled for training a vocabulary (all of them if the corpus is smaller)."""
+DEFAULT_SAMPLE_SIZE = 1_000_000  # Sentences sampled for training a vocabulary (all of them if the corpus is smaller)
 
 DEFAULT_CHARACTER_COVERAGE = 1.0
 """Every character seen in the sample gets a piece (sentencepiece's 0.9995 maps letters such as "Ä"
@@ -80,10 +79,7 @@ def train_vocab(
             unk_id=UNK,
             bos_id=BOS,
             eos_id=EOS,
-            pad_piece=SPECIAL_PIECES["pad"],
-            unk_piece=SPECIAL_PIECES["unk"],
-            bos_piece=SPECIAL_PIECES["bos"],
-            eos_piece=SPECIAL_PIECES["eos"],
+            **{f"{name}_piece": piece for name, piece in SPECIAL_PIECES.items()},
             num_threads=num_threads or os.cpu_count() or 1,
             minloglevel=2,  # sentencepiece logs every step at INFO; errors still raise
         )
