@@ -126,8 +126,9 @@ class BleuResult:
                 f"(BP={self.bp:.3f}, ratio={self.ratio:.3f}, hyp_len={self.hyp_len}, ref_len={self.ref_len})")
 
 
-def _ngrams(words: list[str], n: int) -> Counter:
-    return Counter(tuple(words[i : i + n]) for i in range(len(words) - n + 1))
+def _ngrams(words: list[str]) -> Counter:
+    """The 1- to 4-grams of `words`, counted."""
+    return Counter(tuple(words[i : i + n]) for n in range(1, 5) for i in range(len(words) - n + 1))
 
 
 def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lowercase: bool = False) -> BleuResult:
@@ -151,14 +152,12 @@ def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]
         refs_words = [_words(stream[i].lower() if lowercase else stream[i]) for stream in streams]
         ref_max: Counter = Counter()  # each n-gram's largest count in any reference
         for ref_words in refs_words:
-            for n in range(1, 5):
-                ref_max |= _ngrams(ref_words, n)
+            ref_max |= _ngrams(ref_words)
         hyp_len += len(words)
         ref_len += min((len(r) for r in refs_words), key=lambda n: (abs(len(words) - n), n), default=0)  # closest
-        for n in range(1, 5):
-            for g, c in _ngrams(words, n).items():
-                total[n - 1] += c
-                correct[n - 1] += min(c, ref_max.get(g, 0))
+        for g, c in _ngrams(words).items():
+            total[len(g) - 1] += c
+            correct[len(g) - 1] += min(c, ref_max.get(g, 0))
     prec = [c / t if t else 0.0 for c, t in zip(correct, total)]
     if ref_len == 0 or hyp_len == 0:
         return BleuResult(0.0, [100 * p for p in prec], 0.0, 0.0 if ref_len == 0 else hyp_len / ref_len,
@@ -272,9 +271,7 @@ def format_table(report: dict) -> str:
     width = max(len(v) for v in LABELS.values())
     lines.append(f"{'metric':<{width}}  {'score':>6}  details")
     for key, s in report["scores"].items():
-        detail = s.get("signature") or s.get("text", "")
-        if key in ("paper_bleu", "multi30k_lc_tok_bleu"):
-            detail = s["text"]
+        detail = s.get("signature") or s.get("text", "")  # multi-bleu's entries: its line
         lines.append(f"{LABELS.get(key, key):<{width}}  {s['score']:>6.2f}  {detail}")
         if key == "sacrebleu":
             lines.append(f"{'':<{width}}  {'':>6}  {s['text']}")

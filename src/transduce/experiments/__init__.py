@@ -27,8 +27,7 @@ __all__ = ["TABLE3", "Machine", "Recipe", "Variant", "Report", "prepare", "dry_r
 @dataclass
 class Report:
     rows: list[dict] = field(default_factory=list)
-    outcomes: dict[str, str] = field(default_factory=dict)
-    """Variant -> 'skipped', 'measured', 'trained', 'resumed' or 'interrupted' (`run.Outcome`)."""
+    outcomes: dict[str, str] = field(default_factory=dict)  # Variant -> its `run.Outcome.what`
     written: list[Path] = field(default_factory=list)
     interrupted: bool = False
 
@@ -99,6 +98,5 @@ def submit_slurm(data_dir: Path, out: Path, names: list[str], recipe: Recipe, ma
         if trained(v.run_dir(out), v.max_steps):
             continue
         executor.update_parameters(name=f"transduce-{v.name}", **params)
-        job = executor.submit(submitit.helpers.CommandFunction(train_command(v, recipe, data_dir, out, machine)))
-        jobs[v.name] = job
+        jobs[v.name] = executor.submit(submitit.helpers.CommandFunction(train_command(v, recipe, data_dir, out, machine)))
     return jobs

@@ -13,15 +13,13 @@ from ..errors import UsageError
 from ..train.trainer import TrainOptions, config_for_data
 
 TABLE3 = ("base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
-          "D1", "D2", "D3", "D4", "E", "big")
-"""Table 3's rows, top to bottom: the default list of variants."""
+          "D1", "D2", "D3", "D4", "E", "big")  # Table 3's rows, top to bottom: the default list of variants
 
 MIN_DEPTH_SCALE = 0.5
 """The default depth scale's floor: at 0.5 Table 3's N = 2, 4, 6, 8 (C1, C2, base, C3) become 1, 2,
 3, 4; at the width scale 0.25 they would become 1, 1, 2, 2, two pairs of identical rows."""
 
-PAPER_STEPS = PRESETS["base"].train.max_steps
-"""Table 3's "train steps" of every row but big: 100K (big: 300K, Section 5.2)."""
+PAPER_STEPS = PRESETS["base"].train.max_steps  # Table 3's "train steps" of every row but big: 100K (big: 300K, 5.2)
 
 
 def preset_of(name: str) -> str:
@@ -43,23 +41,15 @@ class Recipe:
     """What every variant shares: the regime, in updates (never minutes: every machine trains the
     same models, only the time differs), and the scale. Defaults are the paper's (5.1-5.3)."""
 
-    updates: int
-    """Optimizer steps of the base row (the paper: 100K); big trains 3x as long, as in 5.2."""
-    max_tokens: int = 25000
-    """Source and target tokens per update, each side (5.1: ~25000)."""
-    warmup: int = 4000
-    """warmup_steps of equation 3 (5.3)."""
-    lr_scale: float = 1.0
-    """A factor on equation 3 (1.0 is the paper)."""
-    cooldown: float = 0.0
-    """Not in the paper: the rate decays linearly to 0 over this last fraction of the steps."""
-    save_every: int = 0
-    """Updates between checkpoints; 0: updates // 72 (6.1: every 10 minutes of a 12-hour run)."""
+    updates: int  # Optimizer steps of the base row (the paper: 100K); big trains 3x as long, as in 5.2
+    max_tokens: int = 25000  # Source and target tokens per update, each side (5.1: ~25000)
+    warmup: int = 4000  # warmup_steps of equation 3 (5.3)
+    lr_scale: float = 1.0  # A factor on equation 3 (1.0 is the paper)
+    cooldown: float = 0.0  # Not in the paper: the rate decays linearly to 0 over this last fraction of the steps
+    save_every: int = 0  # Updates between checkpoints; 0: updates // 72 (6.1: every 10 minutes of a 12-hour run)
     seed: int = 1
-    scale: float = 1.0
-    """Widths (d_model, d_ff, d_k, d_v) times this; 1.0 is the paper's scale."""
-    depth_scale: float | None = None
-    """Layers (N) times this, rounded half up, at least 1; None: `scale`, at least `MIN_DEPTH_SCALE`."""
+    scale: float = 1.0  # Widths (d_model, d_ff, d_k, d_v) times this; 1.0 is the paper's scale
+    depth_scale: float | None = None  # N times this (rounded half up, >= 1); None: `scale`, >= MIN_DEPTH_SCALE
 
     def __post_init__(self) -> None:
         if self.updates < 1 or self.max_tokens < 1 or self.warmup < 1 or self.save_every < 0:
@@ -94,8 +84,7 @@ class Machine:
     precision: str = "auto"
     threads: int | None = None
     update_freq: int = 1
-    nproc: int = 1
-    """Processes per run (torchrun --nproc_per_node; for --dry-run and Slurm)."""
+    nproc: int = 1  # Processes per run (torchrun --nproc_per_node; for --dry-run and Slurm)
     progress: bool = True
 
 
@@ -198,7 +187,7 @@ def train_setup(variant: Variant, recipe: Recipe, meta: dict, machine: Machine) 
         variant.max_steps, recipe.warmup, recipe.lr_scale, 0.0)
     options = TrainOptions(
         update_freq=machine.update_freq, cooldown=recipe.cooldown, precision=machine.precision, seed=recipe.seed,
-        valid_every=valid_every(variant), save_every_steps=recipe.save_every, save_every_minutes=0.0,
+        valid_every=valid_every(variant), save_every_steps=recipe.save_every,
         keep_last=keep_last(variant), resume=True, threads=machine.threads, device=machine.device,
         progress=machine.progress,
     )

@@ -6,6 +6,7 @@ another recipe is a one-line error before anything runs: nothing trained is over
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -31,8 +32,7 @@ from ..train.trainer import train
 from ..translate import load_translation_model, translate_lines
 from .plan import Machine, Recipe, Variant, train_setup
 
-DECODING = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}
-"""Section 6.1's search, for every row's dev BLEU: beam 4, length penalty 0.6, length input + 50."""
+DECODING = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}  # Section 6.1's search, for every row's dev BLEU
 
 EXPERIMENT = "experiment.json"
 ROW = "row.json"
@@ -155,10 +155,8 @@ def rows_measured_beside(out: Path, names: list[str], recipe: Recipe, average: b
 
 @dataclass
 class Outcome:
-    row: dict | None
-    """The measured row; None when training was interrupted (a signal): resume by running again."""
-    what: str
-    """'skipped' (done before), 'measured' (trained before), 'trained', 'resumed' or 'interrupted'."""
+    row: dict | None  # The measured row; None when training was interrupted (a signal): run again to resume
+    what: str  # 'skipped' (done before), 'measured' (trained before), 'trained', 'resumed' or 'interrupted'
 
 
 def run_variant(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, machine: Machine, meta: dict,
@@ -241,26 +239,20 @@ def counted_flops(config: Config, run_dir: Path, data_dir: Path) -> tuple[int, T
     return total, state
 
 
-_PEAKS: dict[tuple[str, str, int], float] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def measured_peak(device: str, precision: str, threads: int | None) -> float | None:
     """This machine's best matmul FLOP/s (`flops.matmul_peak`) in the run's device, precision and
     threads, measured once per process; None where the device is not here."""
-    key = (device, precision, threads or 0)
-    if key not in _PEAKS:
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            return None
-        n = torch.get_num_threads()
-        if threads and dev.type == "cpu":
-            torch.set_num_threads(threads)
-        try:
-            _PEAKS[key] = matmul_peak({"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32),
-                                      device=dev)
-        finally:
-            torch.set_num_threads(n)
-    return _PEAKS[key]
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return None
+    n = torch.get_num_threads()
+    if threads and dev.type == "cpu":
+        torch.set_num_threads(threads)
+    try:
+        return matmul_peak({"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32), device=dev)
+    finally:
+        torch.set_num_threads(n)
 
 
 def cost(config: Config, run_dir: Path, data_dir: Path, peak_flops: float | None) -> dict:

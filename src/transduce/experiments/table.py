@@ -8,8 +8,7 @@ import io
 import json
 from pathlib import Path
 
-from ..checkpoint import atomic_write_text
-from ..translate import AtomicOutput
+from ..checkpoint.files import AtomicOutput, atomic_write_text
 from .plan import Recipe
 from .run import DECODING
 
@@ -19,14 +18,13 @@ COLUMNS = ("variant", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_
 """The CSV's columns, in order (the JSON has the same keys)."""
 
 
-PAPER = {  # Table 3 of the paper: PPL (dev), BLEU (dev), params x10^6 (newstest2013, English-German)
+PAPER = {  # Table 3 of the paper: PPL (dev), BLEU (dev), params x10^6 (newstest2013, En-De), to compare directions
     "base": (4.92, 25.8, 65), "A1": (5.29, 24.9, None), "A2": (5.00, 25.5, None), "A3": (4.91, 25.8, None),
     "A4": (5.01, 25.4, None), "B1": (5.16, 25.1, 58), "B2": (5.01, 25.4, 60), "C1": (6.11, 23.7, 36),
     "C2": (5.19, 25.3, 50), "C3": (4.88, 25.5, 80), "C4": (5.75, 24.5, 28), "C5": (4.66, 26.0, 168),
     "C6": (5.12, 25.4, 53), "C7": (4.75, 26.2, 90), "D1": (5.77, 24.6, None), "D2": (4.95, 25.5, None),
     "D3": (4.67, 25.3, None), "D4": (5.47, 25.7, None), "E": (4.92, 25.7, None), "big": (4.33, 26.4, 213),
 }
-"""The paper's Table 3, to set each row's direction against base beside ours."""
 
 SAME = {"paper": (0.01, 0.15), "here": (0.02, 0.5)}
 """What counts as no change against base: (relative perplexity, BLEU points). The paper's figures
