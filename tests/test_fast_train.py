@@ -121,9 +121,9 @@ def test_the_cpu_trainer_sets_fast_attention_for_bf16_only(tmp_path):
 
     data = make_data(tmp_path / "data")
     config = Config(model=ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2),
-                    train=TrainConfig(warmup_steps=2, max_steps=2))
+                    train=TrainConfig(warmup_steps=2, max_steps=2, checkpoint_minutes=0))
     for precision, expected in (("bf16", kernels.autocast_attention), ("fp32", None)):
-        opts = TrainOptions(max_tokens=48, threads=1, progress=False, tensorboard=False, save_every_minutes=0,
+        opts = TrainOptions(max_tokens=48, threads=1, progress=False, tensorboard=False,
                             keep_last=0, precision=precision)
         model = train(config, data, tmp_path / precision, opts).model
         assert all(m.sequence_attention is expected for m in model.modules() if isinstance(m, MultiHeadAttention))

@@ -29,11 +29,11 @@ STEPS = 4
 def config() -> Config:
     # dropout off: the ranks draw from different dropout streams than a single process would
     model = ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=0.0)
-    return Config(model=model, train=TrainConfig(warmup_steps=2, max_steps=STEPS))
+    return Config(model=model, train=TrainConfig(warmup_steps=2, max_steps=STEPS, checkpoint_minutes=0))
 
 
 OPTIONS = dict(max_tokens=40, threads=1, progress=False, tensorboard=False, valid_every=0,
-               save_every_minutes=0, log_every=1, seed=5, precision="fp32")  # not auto's timed probe: compared runs
+               log_every=1, seed=5, precision="fp32")  # not auto's timed probe: compared runs
 
 WORKER = """
 import os, sys

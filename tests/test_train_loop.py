@@ -72,14 +72,13 @@ def test_one_way_to_prepare_a_model_for_training():
 
 
 def test_options_fall_back_to_the_config_in_one_place():
-    """--batch-tokens, --save-every-minutes and --keep-last default to config.train's max_tokens
-    (per optimizer step, shared out), checkpoint_minutes and average_last; the total per step is
-    recorded in the config."""
+    """--batch-tokens and --keep-last default to config.train's max_tokens (per optimizer step,
+    shared out) and average_last; the total per step is recorded in the config."""
     config = Config()
     got = TrainOptions(update_freq=2).resolve(config, world_size=4)
-    assert (got.max_tokens, got.save_every_minutes, got.keep_last) == (25000 // 8, 10.0, 5)
+    assert (got.max_tokens, got.keep_last) == (25000 // 8, 5)
     assert config.train.max_tokens == 25000 // 8 * 8
-    given = TrainOptions(max_tokens=100, save_every_minutes=0.0, keep_last=0)
+    given = TrainOptions(max_tokens=100, keep_last=0)
     assert given.resolve(Config(), world_size=1) == given  # what is given is kept, 0 included
     small = Config()
     small.train.max_tokens = 4
@@ -272,7 +271,7 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
         (["--threads", "0"], "--threads must be at least 1"),
         (["--update-freq", "0"], "--update-freq must be at least 1"),
         (["--log-every", "0"], "--log-every must be at least 1"),
-        (["--save-every-minutes", "-1"], "--save-every-minutes must be at least 0"),
+        (["--save-every-minutes", "-1"], "--save-every-minutes -1: train.checkpoint_minutes must be at least 0"),
         (["--set", "model.src_vocab_size=99"], "vocabulary sizes come from the data"),
         (["--precision", "fp16", "--device", "cpu"], "fp16 needs CUDA"),
         (["--batch-tokens", "5"], "max_tokens"),

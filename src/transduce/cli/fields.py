@@ -23,13 +23,13 @@ def field_type(cls: type, name: str) -> type:
 
 
 def add_field_flags(parser, cls: type, names: typing.Iterable[str] | None = None,
-                    flags: dict[str, tuple[str, ...]] | None = None, helps: dict[str, str] | None = None) -> None:
+                    flags: dict[str, tuple[str, ...]] | None = None) -> None:
     """Flags for the fields `names` of dataclass `cls` (default: all of them), in that order;
-    `flags` and `helps` give a field other option strings or another help."""
+    `flags` gives a field other option strings."""
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     for name in by_name if names is None else names:
         f, kind = by_name[name], field_type(cls, name)
-        kwargs = dict(f.metadata, **({"help": helps[name]} if helps and name in helps else {}))
+        kwargs = dict(f.metadata)
         if kind is bool:  # a switch: --NAME, or --no-NAME for a field on by default
             kwargs["action"] = "store_false" if f.default else "store_true"
         else:

@@ -42,22 +42,6 @@ RENAMED = {  # TrainOptions field -> its flags: the vocabulary's name first, the
     "progress": ("--quiet", "-q", "--no-progress"),  # sets progress False
 }
 
-HELPS = {  # TrainOptions field -> its one line in --help (the field's own help is the long form)
-    "max_tokens": "padded tokens per micro-batch (default: the preset's)",
-    "update_freq": "micro-batches per optimizer step (default 1)",
-    "max_minutes": "stop after M minutes (a cap; default none)",
-    "clip_norm": "clip the gradient norm (default 0: off, the paper)",
-    "valid_every": "validation every N steps (default 1000; 0: at the end)",
-    "save_every_steps": "checkpoint every N steps (default 0: off)",
-    "keep_last": "checkpoints kept (default: the preset's; 0: all)",
-    "resume": "continue from RUN_DIR's latest checkpoint, exactly",
-    "compile": "torch.compile the model",
-    "progress": "no progress bar",
-    "log_every": "log every N steps (default 100)",
-    "tensorboard": "no TensorBoard event files",
-    "max_nonfinite": "stop after N non-finite steps in a row (default 5)",
-}
-
 SCHEDULE = ("warmup", "lr_scale", "cooldown", "seed")  # declared by options.add_schedule_args, experiment's too
 
 GROUPS = {  # the sections of --help: TrainOptions fields and CONFIG_FLAGS, in this order
@@ -80,7 +64,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", metavar="NAME", help="model and regime (default base; see `info --all`)")
     g.add_argument("--set", action="append", default=[], metavar="S.F=V",
                    help="override a config field, e.g. model.n_layers=3")
-    add_field_flags(g, TrainOptions, ["resume"], RENAMED, HELPS)
+    add_field_flags(g, TrainOptions, ["resume"], RENAMED)
     listed = {"resume", *HARDWARE, *SCHEDULE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
@@ -91,12 +75,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                 field, metavar, help = CONFIG_FLAGS[name]
                 g.add_argument(flag(name), type=field_type(TrainConfig, field), metavar=metavar, help=help)
             else:
-                add_field_flags(g, TrainOptions, [name], RENAMED, HELPS)
+                add_field_flags(g, TrainOptions, [name], RENAMED)
         if title.startswith("batching"):
             add_hardware_args(g, precisions=PRECISIONS, training=True)
         listed.update(names)
     options = {f.name for f in dataclasses.fields(TrainOptions)}
-    add_field_flags(g, TrainOptions, sorted(options - listed), RENAMED, HELPS)  # a new field is a flag even if not placed
+    add_field_flags(g, TrainOptions, sorted(options - listed), RENAMED)  # a new field is a flag even if not placed
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:

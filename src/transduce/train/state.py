@@ -18,10 +18,8 @@ from torch import Tensor, nn
 
 from ..config import Config
 from ..data.batching import ParallelDataset
-from ..device import DEVICES
 from ..errors import DataError, UsageError
 from ..model import Transformer
-from ..precision import PRECISIONS
 from .distributed import DistEnv
 from .signals import StopSignals
 
@@ -33,50 +31,40 @@ class TrainOptions:
     choices the field's metadata (`transduce.cli.fields`)."""
 
     max_tokens: int | None = field(default=None, metadata={"metavar": "N", "help": (
-        "padded tokens per micro-batch per process, each side (default: train.max_tokens, "
-        "25000 in the paper, divided by processes x update-freq)")})
-    update_freq: int = field(default=1, metadata={"metavar": "K", "help": (
-        "micro-batches accumulated per optimizer step; e.g. 8 on one device emulates the paper's 8 GPUs")})
-    max_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
-        "a cap: stop after M minutes of wall-clock time (this session), saying so when it binds "
-        "before --max-steps (the model is then not the recipe's)")})
-    """Validation and checkpoints on the way count; the final validation and checkpoint follow."""
-    clip_norm: float = field(default=0.0, metadata={"metavar": "X", "help": "clip the gradient norm (0 = off, the paper)"})
-    cooldown: float = field(default=0.0, metadata={"metavar": "F", "help": (
-        "not in the paper: decay the rate linearly to 0 over the last fraction F of "
-        "--max-steps; 0 = equation 3 alone (default)")})
-    """A fraction of max_steps, never of the clock: the schedule is the same on a fast and a slow machine."""
-    precision: str = field(default="auto", metadata={"choices": PRECISIONS, "help": (
-        "auto (default): bf16 where the device computes it natively and a product of the "
-        "model's size is measured faster, else fp32 (the choice and its reason are printed; with "
-        "--resume, the run's own precision, not measured again); "
-        "fp32; bf16 autocast (CPU and CUDA; warns where the CPU only emulates it); "
-        "fp16 autocast + GradScaler (CUDA only)")})
+        "padded tokens per micro-batch (default: the preset's)")})
+    """Per micro-batch per process, each side; unset: train.max_tokens (25000 in the paper) divided by
+    processes x update_freq."""
+    update_freq: int = field(default=1, metadata={"metavar": "K", "help": "micro-batches per optimizer step (default 1)"})
+    """8 on one device emulates the paper's 8 GPUs."""
+    max_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": "stop after M minutes (a cap; default none)"})
+    """Said when it binds before max_steps (the model is then not the recipe's). Validation and
+    checkpoints on the way count; the final validation and checkpoint follow."""
+    clip_norm: float = field(default=0.0, metadata={"metavar": "X", "help": "clip the gradient norm (default 0: off, the paper)"})
+    cooldown: float = 0.0
+    """Not in the paper: decay the rate linearly to 0 over this last fraction of max_steps (0: equation 3
+    alone). A fraction of steps, never of the clock: the same schedule on a fast and a slow machine."""
+    precision: str = "auto"  # one of PRECISIONS: docs/precision.md
     seed: int = 1
     valid_every: int = field(default=1000, metadata={"metavar": "N", "help": (
-        "validation loss and perplexity every N steps (0: at the end only; default %(default)s)")})
-    save_every_steps: int = field(default=0, metadata={"metavar": "N", "help": "checkpoint every N steps (0 = off)"})
-    save_every_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": (
-        "checkpoint every M minutes (default: train.checkpoint_minutes, 10 as in the paper; 0 = off)")})
+        "validation every N steps (default 1000; 0: at the end)")})
+    save_every_steps: int = field(default=0, metadata={"metavar": "N", "help": "checkpoint every N steps (default 0: off)"})
     keep_last: int | None = field(default=None, metadata={"metavar": "K", "help": (
-        "checkpoints written at the interval to keep, besides the newest (default: train.average_last, "
-        "5 base / 20 big: what `transduce average` averages; 0 = all)")})
-    resume: bool = field(default=False, metadata={"help": (
-        "continue from RUN_DIR's latest checkpoint, exactly (starts afresh if there is none)")})
-    threads: int | None = field(default=None, metadata={"metavar": "N", "help": (
-        "CPU threads per process (default: cores / local processes)")})
-    device: str = field(default="auto", metadata={"metavar": "NAME", "help": (
-        f"{DEVICES} (default: auto, CUDA if available; cuda: each process its local rank's GPU)")})
+        "checkpoints kept (default: the preset's; 0: all)")})
+    """Checkpoints written at the interval kept besides the newest; unset: train.average_last (5 base,
+    20 big: what `transduce average` averages)."""
+    resume: bool = field(default=False, metadata={"help": "continue from RUN_DIR's latest checkpoint, exactly"})
+    threads: int | None = None  # CPU threads per process (unset: cores / local processes)
+    device: str = "auto"  # one of DEVICES: auto is CUDA if available, each process its local rank's GPU
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
-    progress: bool = field(default=True, metadata={"help": (
-        "no progress bar (there is none when stderr is not a terminal)")})
-    log_every: int = field(default=100, metadata={"metavar": "N", "help": "log every N steps (default %(default)s)"})
-    """Also, with several processes, the interval at which the time-based decisions
-    (max_minutes, save_every_minutes) are made."""
+    progress: bool = field(default=True, metadata={"help": "no progress bar"})
+    log_every: int = field(default=100, metadata={"metavar": "N", "help": "log every N steps (default 100)"})
+    """Also, with several processes, the interval at which the time-based decisions (max_minutes,
+    train.checkpoint_minutes) are made."""
     tensorboard: bool = field(default=True, metadata={"help": "no TensorBoard event files"})
     max_nonfinite: int = field(default=5, metadata={"metavar": "N", "help": (
-        "stop, with a checkpoint of the weights from before them, after N steps in a row whose loss "
-        "or gradient norm is not finite (each is skipped: no update; default %(default)s)")})
+        "stop after N non-finite steps in a row (default 5)")})
+    """Each such step is skipped (no update); the stop comes with a checkpoint of the weights from
+    before them."""
 
     def __post_init__(self) -> None:
         """Refuse a value out of its flag's range (where 0 means off, 0 is valid)."""
@@ -88,7 +76,6 @@ class TrainOptions:
             ("cooldown", 0 <= self.cooldown <= 1, "a fraction in [0, 1] (0: off)"),
             ("valid_every", self.valid_every >= 0, "at least 0 (0: at the end only)"),
             ("save_every_steps", self.save_every_steps >= 0, "at least 0 (0: off)"),
-            ("save_every_minutes", self.save_every_minutes is None or self.save_every_minutes >= 0, "at least 0 (0: off)"),
             ("keep_last", self.keep_last is None or self.keep_last >= 0, "at least 0 (0: all)"),
             ("threads", self.threads is None or self.threads >= 1, "at least 1"),
             ("log_every", self.log_every >= 1, "at least 1"),
@@ -98,10 +85,10 @@ class TrainOptions:
                 raise UsageError(f"--{name.replace('_', '-')} must be {what}, not {getattr(self, name)}")
 
     def resolve(self, config: Config, world_size: int) -> TrainOptions:
-        """These options with the three that default to the config filled in: the one place where
+        """These options with the two that default to the config filled in: the one place where
         an option falls back to `config.train`. max_tokens: train.max_tokens (per optimizer step)
         shared out over processes x update_freq, the total then recorded in config.train;
-        save_every_minutes: train.checkpoint_minutes; keep_last: train.average_last."""
+        keep_last: train.average_last."""
         t = config.train
         per_batch = self.max_tokens or t.max_tokens // (world_size * self.update_freq)
         if per_batch < 1:
@@ -110,7 +97,6 @@ class TrainOptions:
         t.max_tokens = per_batch * world_size * self.update_freq
         return dataclasses.replace(
             self, max_tokens=per_batch,
-            save_every_minutes=t.checkpoint_minutes if self.save_every_minutes is None else self.save_every_minutes,
             keep_last=t.average_last if self.keep_last is None else self.keep_last)
 
 

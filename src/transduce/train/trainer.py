@@ -275,7 +275,7 @@ def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
     opts, t = run.opts, run.config.train
     now = time.perf_counter()
     time_up = opts.max_minutes is not None and now - state.start >= 60 * opts.max_minutes
-    save_due = opts.save_every_minutes > 0 and now - state.last_save >= 60 * opts.save_every_minutes
+    save_due = t.checkpoint_minutes > 0 and now - state.last_save >= 60 * t.checkpoint_minutes
     if run.env.distributed:
         time_up, save_due = agree(run.env, [time_up, save_due]) if log_now else (False, False)
     # every rank stops at the same step, whichever got the signal
