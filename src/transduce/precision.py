@@ -151,10 +151,9 @@ def choose_precision(requested: str, device: torch.device | str = "cpu", *, capa
     cap = capability or read_capability(device)
     where = f"{cap.name}: {cap.detail}"
     if requested == "bf16":
-        warning = None
-        if cap.device == "cpu" and not cap.native_bf16:
-            warning = (f"bf16 is emulated on this CPU ({where}): many times slower than fp32; "
-                       "--precision auto would use fp32")
+        emulated = cap.device == "cpu" and not cap.native_bf16
+        warning = (f"bf16 is emulated on this CPU ({where}): many times slower than fp32; "
+                   "--precision auto would use fp32") if emulated else None
         return Choice("bf16", f"as asked; {where}", warning=warning)
     if cap.device == "cuda":
         if cap.native_bf16:

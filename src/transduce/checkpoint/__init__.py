@@ -10,7 +10,7 @@ from __future__ import annotations
 from .files import (  # noqa: F401
     CHECKPOINTS, CHECKSUMS, CONFIG, DAMAGED, FORMAT, LATEST, LOCK, OPTIMIZER, RNG, STATE, WEIGHTS,
     DamagedCheckpoint, as_os_error, atomic_dir, atomic_write_text, digests, expected_digests,
-    file_digest, fsync_dir, readable, save_tensors, verify,
+    file_digest, fsync_dir, save_tensors, synced, verify,
 )
 from .model_dir import (  # noqa: F401
     guarded, is_model_dir, load_config, load_model, model_from_tensors, save_model,

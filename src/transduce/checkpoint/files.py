@@ -30,6 +30,7 @@ CHECKSUMS = "checksums.json"
 LOCK = ".lock"
 DAMAGED = ".damaged"
 FORMAT = 1
+METADATA = {"format": "pt", "transduce": str(FORMAT)}  # in every safetensors file written
 
 
 IN_PLACE = ("/dev/", "/proc/")
@@ -181,8 +182,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def readable(path: Path) -> None:
-    """Give a file the permissions the umask allows (safetensors creates files 0600)."""
+def synced(path: str | os.PathLike) -> None:
+    """fsync a file just written and give it the permissions the umask allows (safetensors creates
+    files 0600)."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(path, 0o666 & ~umask)
@@ -190,10 +194,8 @@ def readable(path: Path) -> None:
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     """Write tensors as a safetensors file, fsync'ed and readable (into a temporary directory)."""
-    save_file(tensors, str(path), metadata={"format": "pt", "transduce": str(FORMAT)})
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-    readable(path)
+    save_file(tensors, str(path), metadata=METADATA)
+    synced(path)
 
 
 def file_digest(path: Path) -> dict:

@@ -14,9 +14,7 @@ from safetensors.torch import save_model as _st_save_model
 
 from ..config import Config
 from ..model import Transformer
-from .files import CHECKSUMS, CONFIG, WEIGHTS, atomic_write_text, digests, readable, verify
-
-_METADATA = {"format": "pt", "transduce": "1"}
+from .files import CHECKSUMS, CONFIG, METADATA, WEIGHTS, atomic_write_text, digests, synced, verify
 
 
 def is_model_dir(path: Path) -> bool:
@@ -27,7 +25,7 @@ def save_model(model: torch.nn.Module, config: Config, directory: str | os.PathL
     """Save weights (safetensors) and config (JSON) into `directory`; returns it."""
     model = getattr(model, "module", model)  # unwrap DDP
     model = getattr(model, "_orig_mod", model)  # unwrap torch.compile
-    return _write_model_dir(directory, config, lambda tmp: _st_save_model(model, tmp, metadata=_METADATA))
+    return _write_model_dir(directory, config, lambda tmp: _st_save_model(model, tmp, metadata=METADATA))
 
 
 def _write_model_dir(directory: str | os.PathLike, config: Config, write_weights) -> Path:
@@ -36,9 +34,7 @@ def _write_model_dir(directory: str | os.PathLike, config: Config, write_weights
     directory.mkdir(parents=True, exist_ok=True)
     weights_tmp = directory / (WEIGHTS + ".tmp")
     write_weights(str(weights_tmp))
-    with open(weights_tmp, "rb") as f:
-        os.fsync(f.fileno())
-    readable(weights_tmp)
+    synced(weights_tmp)
     (directory / CHECKSUMS).unlink(missing_ok=True)  # never a stale one beside new files
     os.replace(weights_tmp, directory / WEIGHTS)
     atomic_write_text(directory / CONFIG, config.to_json() + "\n")
@@ -49,7 +45,7 @@ def _write_model_dir(directory: str | os.PathLike, config: Config, write_weights
 def save_tensors_as_model(tensors: dict[str, torch.Tensor], config: Config, directory: str | os.PathLike) -> Path:
     """Write `tensors` (named as in model.safetensors, e.g. an average) as a model directory."""
     tensors = {k: v.contiguous() for k, v in tensors.items()}
-    return _write_model_dir(directory, config, lambda tmp: save_file(tensors, tmp, metadata=_METADATA))
+    return _write_model_dir(directory, config, lambda tmp: save_file(tensors, tmp, metadata=METADATA))
 
 
 def load_config(directory: str | os.PathLike) -> Config:

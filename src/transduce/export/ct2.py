@@ -237,33 +237,16 @@ def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str 
     tv = sv if files["tgt"] == files["src"] else Vocab(path / files["tgt"])
     device = str(device or "auto")
     if device == "auto":
-        device = "cuda" if _cuda() else "cpu"
+        try:
+            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        except Exception:  # noqa: BLE001 - no CUDA runtime at all
+            device = "cpu"
     index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
     translator = ctranslate2.Translator(str(path), device=device.split(":")[0], device_index=index,
                                         compute_type=compute_type, intra_threads=threads)
     return CT2Model(translator, Config.from_dict(info["config"]), sv, tv, f"CTranslate2 model {path} ({info['quantization']}"
                     f"{'' if compute_type == 'default' else ', computed ' + compute_type})", int(info["max_positions"]),
                     info["quantization"], translator.compute_type)
-
-
-def _cuda() -> bool:
-    try:
-        import ctranslate2
-
-        return ctranslate2.get_cuda_device_count() > 0
-    except Exception:  # noqa: BLE001 - no CUDA runtime at all
-        return False
-
-
-def ct2_input_limit(model: CT2Model, max_input_tokens: int | None, max_len_offset: int) -> int:
-    """The most subword tokens (EOS not counted) a source may have: `max_input_tokens`, and what
-    the position table allows for the source (with EOS) and the longest output."""
-    limit = max_input_tokens if max_input_tokens is not None else sys.maxsize
-    limit = min(limit, model.max_positions - 1 - max_len_offset)
-    if limit < 1:
-        raise ValueError(f"no input fits: the position table has {model.max_positions} rows and --max-len-offset "
-                         f"is {max_len_offset}")
-    return limit
 
 
 def translate_stream(
@@ -300,7 +283,13 @@ def translate_stream(
                          "intra-op threads")
     if length_penalty not in ("paper", "ct2"):
         raise ValueError(f"length_penalty must be 'paper' or 'ct2', not {length_penalty!r}")
-    limit = ct2_input_limit(model, max_input_tokens, max_len_offset)
+    # the most subword tokens (EOS not counted) a source may have: `max_input_tokens`, and what the
+    # position table allows for the source (with EOS) and the longest output
+    limit = min(sys.maxsize if max_input_tokens is None else max_input_tokens,
+                model.max_positions - 1 - max_len_offset)
+    if limit < 1:
+        raise ValueError(f"no input fits: the position table has {model.max_positions} rows and --max-len-offset "
+                         f"is {max_len_offset}")
     search = _CT2Search(model, greedy, beam, alpha, max_len_offset, n_best, length_penalty)
     yield from stream_lines(search, model.src_vocab, lines, limit=limit, chunk_lines=chunk_lines,
                             batch_tokens=batch_tokens, batch_size=batch_size, source_name=source_name, warn=warn,

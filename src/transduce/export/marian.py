@@ -37,6 +37,12 @@ def hidden_permutation(d_model: int) -> torch.Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
+def _permuters(perm: torch.Tensor):
+    """(reads, writes): copies of a weight with `perm` applied to its columns (it reads the residual
+    stream) or to its rows (a weight or bias written into it)."""
+    return (lambda w: w.detach()[:, perm].contiguous()), (lambda w: w.detach()[perm].contiguous())
+
+
 def _layer_parts(n_layers: int):
     """(kind, transduce name, MarianMTModel name) of every part of every layer."""
     for side in ("encoder", "decoder"):
@@ -74,13 +80,7 @@ def marian_state_dict(model: Transformer, permute_hidden: bool = True) -> dict[s
     c = model.config
     _check_exportable(c)
     d = c.d_model
-    perm = hidden_permutation(d) if permute_hidden else torch.arange(d)
-
-    def reads(w):  # weight whose input is the residual stream: permute its columns
-        return w.detach()[:, perm].clone()
-
-    def writes(w):  # weight or bias written into the residual stream: permute its rows
-        return w.detach()[perm].clone()
+    reads, writes = _permuters(hidden_permutation(d) if permute_hidden else torch.arange(d))
 
     def zeros_or(b, n):
         return torch.zeros(n) if b is None else b.detach().clone()
@@ -255,14 +255,7 @@ def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, 
     permuted = info.get("hidden_permuted", True) if info else True
     sd = {k: v.detach() for k, v in hf.state_dict().items()}
     d = c.d_model
-    inv = torch.argsort(hidden_permutation(d)) if permuted else torch.arange(d)
-
-    def reads(w):
-        return w[:, inv].contiguous()
-
-    def writes(w):
-        return w[inv].contiguous()
-
+    reads, writes = _permuters(torch.argsort(hidden_permutation(d)) if permuted else torch.arange(d))
     tensors: dict[str, torch.Tensor] = {}
 
     def attention(dst, src):

@@ -58,17 +58,14 @@ class TreeConstraint:
         self.src_vocab = src_vocab
         self._word_start: Tensor | None = None
 
-    def word_starts(self, src_vocab) -> Tensor:
-        if self._word_start is None:
-            self._word_start = src_vocab.word_starts()
-        return self._word_start
-
     def start(self, src: Tensor, k: int) -> ConstraintState:
         """The state before the first symbol, for sources `src` (B, S) and beams of `k`."""
         if self.src_vocab is None:
             raise ValueError("TreeConstraint needs the source vocabulary to count the words")
+        if self._word_start is None:
+            self._word_start = self.src_vocab.word_starts()
         B, dev = src.size(0), src.device
-        n_words = self.word_starts(self.src_vocab).to(dev)[src].sum(1)
+        n_words = self._word_start.to(dev)[src].sum(1)
         zeros = torch.zeros(B, k, dtype=torch.long, device=dev)
         D = self.max_depth
         return ConstraintState(n_words, zeros.clone(), zeros.clone(), zeros.bool(),

@@ -212,14 +212,6 @@ def clean(tree: Tree) -> Tree | None:
     return out
 
 
-def _sentence_root(tree: Tree) -> Tree:
-    """The tree without its outer TOP/ROOT bracket, when that bracket has one constituent."""
-    if tree.label in WRAPPERS and len(tree.children) == 1 and isinstance(tree.children[0], Tree) \
-            and not tree.children[0].is_preterminal:
-        return tree.children[0]
-    return tree
-
-
 def linearize(tree: Tree, tags: bool = False) -> list[str]:
     """Vinyals et al.'s sequence for `tree`: ``(LABEL`` entering a constituent, ``)LABEL`` leaving
     it, ``XX`` for a word (with `tags`, its part-of-speech tag); an outer TOP over one constituent
@@ -231,11 +223,13 @@ def linearize(tree: Tree, tags: bool = False) -> list[str]:
         return node.children  # type: ignore[return-value]
 
     out: list[str] = []
-    root = _sentence_root(tree)
-    if root is tree and tree.label in WRAPPERS and not tree.is_preterminal:
-        stack: list[Tree | str] = children(tree)[::-1]  # an outer bracket over a word, or over several
-    else:                                              # constituents: its children side by side
-        stack = [root]
+    stack: list[Tree | str] = [tree]
+    if tree.label in WRAPPERS and not tree.is_preterminal:
+        first = tree.children[0] if len(tree.children) == 1 else None
+        if isinstance(first, Tree) and not first.is_preterminal:
+            stack = [first]  # the outer bracket over one constituent: left out
+        else:  # an outer bracket over a word, or over several constituents: its children side by side
+            stack = children(tree)[::-1]
     while stack:  # nodes to walk, and closing brackets to write
         node = stack.pop()
         if isinstance(node, str):
