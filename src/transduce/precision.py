@@ -137,10 +137,9 @@ def cpu_row(cap: Capability) -> Row:
     return next(row for row in CPU_TABLE if row.needs <= cap.features)
 
 
-def choose_precision(requested: str, device: torch.device | str = "cpu", *, capability: Capability | None = None,
-                     **_sizes) -> Choice:
+def choose_precision(requested: str, device: torch.device | str = "cpu", *, capability: Capability | None = None) -> Choice:
     """The precision to train (or evaluate a loss) in: `requested` itself (with a warning where
-    bf16 is emulated), or for 'auto' the table's choice (the sizes callers pass are unused)."""
+    bf16 is emulated), or for 'auto' the table's choice."""
     if requested not in PRECISIONS + ("int8",):
         raise ValueError(f"unknown precision {requested!r} ({', '.join(PRECISIONS + ('int8',))})")
     device = torch.device(device)

@@ -194,8 +194,7 @@ def measure(variant: Variant, run_dir: Path, data_dir: Path, meta: dict, machine
     device = resolve_device(machine.device)
     loaded = load_translation_model(run_dir, checkpoint=None if average else "model", device=device)
     config, m = loaded.config, loaded.config.model
-    choice = choose_precision("fp32" if machine.precision == "fp16" else machine.precision, device,
-                              d_model=m.d_model, d_ff=m.d_ff)
+    choice = choose_precision("fp32" if machine.precision == "fp16" else machine.precision, device)
     valid = validation_loss(loaded.model, ParallelDataset.load(data_dir, "valid"), max_tokens=config.train.max_tokens,
                             label_smoothing=config.train.label_smoothing, precision=choice.precision)
     split = meta["splits"]["valid"]

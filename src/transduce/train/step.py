@@ -58,7 +58,7 @@ def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
         elif requested != kept:
             note = f"note: this run trained in {kept} until {where.name}; it continues in {requested}, as asked"
     if choice is None:
-        choice = choose_precision(requested, env.device, d_model=model.d_model, d_ff=model.d_ff)
+        choice = choose_precision(requested, env.device)
     precision = choice.precision
     if env.distributed:
         code = torch.tensor([float(PRECISIONS.index(precision)) if env.is_main else 0.0], device=env.device)
