@@ -1,5 +1,5 @@
 """Load benchmark of `transduce serve` on loopback: N concurrent clients, with and without
-dynamic batching. Measured, not asserted (docs/RESULTS.md, "Serving and export").
+dynamic batching. Measured, not asserted (docs/RESULTS.md, "Serving").
 
     python benchmarks/serve_load.py runs/m30k --clients 8 --requests 400 --seconds 90
     python benchmarks/serve_load.py m30k-ct2 --engine ct2
@@ -7,8 +7,7 @@ dynamic batching. Measured, not asserted (docs/RESULTS.md, "Serving and export")
 `--soak`: the server's memory (resident set) against requests served, under varied requests.
 
     python benchmarks/serve_load.py RUN --soak --requests 10000 --warmup 1000 --out soak/
-    python benchmarks/serve_load.py RUN --soak --server-env ONEDNN_PRIMITIVE_CACHE_CAPACITY=16384 \
-        --server-env LRU_CACHE_CAPACITY=16384 --label unbounded --out soak/   # the caches unbounded
+    python benchmarks/serve_load.py RUN --soak --server-env TRANSDUCE_KERNEL_CACHE=1024 --label k1024 --out soak/
 
 Method: docs/serve.md, "What serve_load.py measures".
 """
