@@ -17,14 +17,16 @@ import logging
 import math
 import threading
 import time
+from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, Field
 
 from ..translate import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
-from .common import LIMIT_OF_FIELD, Limits, check_sentences, error, number, run_job, search_fields, unavailable
+from .common import (LIMIT_OF_FIELD, Limits, check_sentences, error, number, request_model, run_job,
+                     unavailable)
 from .engines import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
 from ..memory import Trimmer, memory_info
 
@@ -69,19 +71,11 @@ class Health(BaseModel):
 
 def request_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
     """The request's schema, the limits in it (so the OpenAPI document states them)."""
-    from typing import Annotated
-
-    from pydantic import StringConstraints
-
-    Sentence = Annotated[str, StringConstraints(max_length=limits.max_chars)]
-    return create_model(
-        "TranslateRequest", __config__=ConfigDict(extra="forbid", strict=True),  # strict: "4" is not a beam size
-        sentences=(list[Sentence], Field(max_length=limits.max_sentences,
-                                         description="sentences to translate, one translation each (empty -> empty)")),
-        **search_fields(limits, defaults),
-        n_best=(int, Field(1, ge=1, le=limits.max_beam, description="hypotheses per sentence (at most beam)")),
-        scores=(bool, Field(False, description="return scores and log-probabilities")),
-    )
+    return request_model("TranslateRequest", limits, defaults, {
+        "sentences": (list[str], Field(max_length=limits.max_sentences,
+                                       description="sentences to translate, one translation each (empty -> empty)"))}, {
+        "n_best": (int, Field(1, ge=1, le=limits.max_beam, description="hypotheses per sentence (at most beam)")),
+        "scores": (bool, Field(False, description="return scores and log-probabilities"))})
 
 
 _TOO_BIG = {"too_long", "string_too_long", "less_than_equal"}
@@ -149,19 +143,18 @@ def _add_error_handlers(app, limits: Limits) -> None:
             given = f"this request's is {content_type}" if content_type else "this request has none"
             return error(415, "unsupported_media_type",
                          f"the body must be JSON, sent with Content-Type: application/json ({given})")
-        errors = exc.errors()
-        for e in errors:
-            loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        errors = exc.errors() or [{}]
+        where = [".".join(str(x) for x in e.get("loc", ()) if x != "body") for e in errors]
+        for e, loc in zip(errors, where):
             if e.get("type") == "json_invalid":
                 return error(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
             if e.get("type") in _TOO_BIG and loc:
-                name = "max_chars" if e.get("type") == "string_too_long" else LIMIT_OF_FIELD.get(loc[0])
+                name = "max_chars" if e.get("type") == "string_too_long" else LIMIT_OF_FIELD.get(loc.split(".")[0])
                 if name is not None:
-                    return error(422, "limit_exceeded", f"{'.'.join(loc)}: {e.get('msg')}", limit=name,
-                                  value=getattr(limits, name), field=".".join(loc))
-        first = errors[0] if errors else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return error(422, "invalid_request", f"{where or 'body'}: {first.get('msg', 'invalid request')}", field=where or None)
+                    return error(422, "limit_exceeded", f"{loc}: {e.get('msg')}", limit=name,
+                                 value=getattr(limits, name), field=loc)
+        return error(422, "invalid_request", f"{where[0] or 'body'}: {errors[0].get('msg', 'invalid request')}",
+                     field=where[0] or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -240,7 +233,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     metrics = Metrics(lambda: state["batcher"].queued if state["batcher"] is not None else 0)
 
     def install(e: Engine) -> None:
-        batcher = Batcher(lambda sentences, s: e.translate(sentences, s), max_batch_tokens=max_batch_tokens,
+        batcher = Batcher(e.translate, max_batch_tokens=max_batch_tokens,
                           max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round,
                           after_round=Trimmer()).start()
         state["batcher"], state["engine"] = batcher, e
@@ -253,11 +246,9 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
             if on_load_error is not None:
                 on_load_error(e)
 
-    from contextlib import asynccontextmanager
-
     @asynccontextmanager
     async def lifespan(app):
-        if state["engine"] is None and callable(engine) and not isinstance(engine, Engine):
+        if not isinstance(engine, Engine):  # an Engine is installed below
             state["loader"] = threading.Thread(target=load, name="transduce-load", daemon=True)
             state["loader"].start()
         yield
@@ -381,12 +372,11 @@ def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "inf
         async def shutdown(self, sockets=None):
             app.begin_drain(graceful_timeout)
             await super().shutdown(sockets)
-            if self.force_exit:  # Ctrl-C again: uvicorn stops waiting, and asyncio would cancel what is left
-                await self._answer_the_rest()
-
-        async def _answer_the_rest(self) -> None:
-            """Answer the requests still in flight 503 (cancelled, they would get a bare 500 and a
-            traceback each), then stop the decoding thread, as the lifespan uvicorn skips does."""
+            if not self.force_exit:
+                return
+            # Ctrl-C again: uvicorn stops waiting, and asyncio would cancel what is left. Answer the
+            # requests still in flight 503 (cancelled, they would get a bare 500 and a traceback
+            # each), then stop the decoding thread, as the lifespan uvicorn skips does.
             app.end_grace(forced=True)
             deadline = time.monotonic() + 1.0  # each notices within its poll interval
             while self.server_state.tasks and time.monotonic() < deadline:
@@ -401,13 +391,12 @@ def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "inf
 
 def _log_requests(level: str) -> None:
     """The server's own lines (the request log, shutting down, failures) on stderr, timestamped."""
-    logger = logging.getLogger("transduce.serve")
-    logger.setLevel(level.upper())
-    if not any(getattr(h, "transduce", False) for h in logger.handlers):
+    log.setLevel(level.upper())
+    if not any(getattr(h, "transduce", False) for h in log.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         handler.transduce = True
-        logger.addHandler(handler)
-        logger.propagate = False
+        log.addHandler(handler)
+        log.propagate = False
 
 

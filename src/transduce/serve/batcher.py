@@ -93,9 +93,7 @@ class Batcher:
         with self._cond:
             jobs = list(self._queue)
             self._queue.clear()
-        for job in jobs:
-            if not job.future.done():
-                job.future.set_exception(error)
+        _fail(jobs, error)
         return len(jobs)
 
     def submit(self, sentences: list[str], settings: Hashable, tokens: int) -> Job:
@@ -124,11 +122,8 @@ class Batcher:
         """The client is gone: drop the job if it is still queued, else ignore its results."""
         with self._cond:
             job.cancelled = True
-            try:
+            if job in self._queue:
                 self._queue.remove(job)
-            except ValueError:
-                pass
-            else:
                 self.stats.cancelled += 1
         job.future.cancel()
 
@@ -166,9 +161,7 @@ class Batcher:
                 if not self._queue or self._queue[0] is not first:  # cancelled while waiting
                     continue
                 taken, tokens = [], 0
-                for job in list(self._queue):
-                    if job.settings != first.settings:
-                        continue
+                for job in (j for j in self._queue if j.settings == first.settings):
                     if taken and tokens + job.tokens > self.max_batch_tokens:
                         break
                     taken.append(job)
@@ -186,9 +179,7 @@ class Batcher:
                 try:
                     self._round(jobs)
                 except BaseException as e:  # noqa: BLE001 - a fault outside `translate`: fail the round's jobs
-                    for j in jobs:
-                        if not j.future.done():
-                            j.future.set_exception(_plain(e))
+                    _fail(jobs, e)
                     if not isinstance(e, Exception):
                         raise
                     log.exception("a decoding round failed")
@@ -230,12 +221,9 @@ class Batcher:
             self.stats.failed_rounds += 1
             log.error("decoding failed for %d request(s), %d sentence(s): %s: %s", len(jobs), len(sentences),
                       type(error).__name__, error, exc_info=error)
-            for j in jobs:
-                j.future.set_exception(_plain(error))
-            return
+            return _fail(jobs, error)
         if jobs[0].call is not None:
-            jobs[0].future.set_result(value)
-            return
+            return jobs[0].future.set_result(value)
         self.stats.rounds += 1
         self.stats.jobs += len(jobs)
         self.stats.sentences += len(sentences)
@@ -245,7 +233,10 @@ class Batcher:
             start += len(j.sentences)
 
 
-def _plain(e: BaseException) -> Exception:
-    """What a caller's future holds: an Exception (a KeyboardInterrupt or SystemExit raised in the
-    decoding thread becomes a RuntimeError naming it, never re-raised in the server's event loop)."""
-    return e if isinstance(e, Exception) else RuntimeError(f"{type(e).__name__} in the decoding thread: {e}")
+def _fail(jobs: list[Job], e: BaseException) -> None:
+    """Fail the jobs not done yet with `e` as an Exception (a KeyboardInterrupt or SystemExit raised in
+    the decoding thread becomes a RuntimeError naming it, never re-raised in the server's event loop)."""
+    e = e if isinstance(e, Exception) else RuntimeError(f"{type(e).__name__} in the decoding thread: {e}")
+    for j in jobs:
+        if not j.future.done():
+            j.future.set_exception(e)

@@ -64,36 +64,6 @@ def note(request, text: str) -> None:
     request.scope.setdefault("state", {})["log_note"] = text
 
 
-async def wait_for_job(job, batcher, state: dict, request, poll: float):
-    """(the job's result, None) or (None, a JSON error): 499 when the client goes away (the job is
-    dropped), 503 once a shutdown's grace period is over, 422 for a `RequestError`, 500
-    decoding_failed naming the exception of any other failure."""
-    future = asyncio.wrap_future(job.future)
-    while True:
-        done, _ = await asyncio.wait({future}, timeout=poll)
-        if done:
-            break
-        if state["expired"]:
-            batcher.cancel(job)
-            future.cancel()
-            return None, shutting_down(state)
-        if await request.is_disconnected():
-            batcher.cancel(job)
-            future.cancel()
-            note(request, "the client went away")
-            return None, error(499, "disconnected", "the client went away")
-    try:
-        return future.result(), None
-    except ShuttingDown:
-        return None, shutting_down(state)
-    except RequestError as e:
-        return None, error(422, "invalid_request", str(e))
-    except Exception as e:  # noqa: BLE001 - the decoding thread's failure, named, as JSON
-        message = f"decoding failed: {type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
-        note(request, message)
-        return None, error(500, "decoding_failed", message, exception=type(e).__name__)
-
-
 def shutting_down(state: dict):
     grace = state.get("grace")
     if state["expired"] and state.get("forced"):
@@ -115,7 +85,9 @@ def unavailable(state: dict):
 
 async def run_job(submit, state: dict, limits: Limits, request, poll: float, retry_after: int = 1):
     """(the result of the job `submit()` queues, None) or (None, the JSON error): 429 with a full
-    queue, 503 while shutting down, 500 once the decoding thread has ended; then `wait_for_job`."""
+    queue, 503 while shutting down or once a shutdown's grace period is over, 499 when the client
+    goes away (the job is dropped), 422 for a `RequestError`, 500 decoding_failed naming the
+    exception of any other failure (or once the decoding thread has ended)."""
     try:
         job = submit()
     except QueueFull as exc:
@@ -125,22 +97,48 @@ async def run_job(submit, state: dict, limits: Limits, request, poll: float, ret
         return None, shutting_down(state)
     except RuntimeError as exc:
         return None, error(500, "decoding_failed", str(exc))
-    return await wait_for_job(job, state["batcher"], state, request, poll)
+    future = asyncio.wrap_future(job.future)
+    while not (await asyncio.wait({future}, timeout=poll))[0]:
+        gone = not state["expired"] and await request.is_disconnected()
+        if state["expired"] or gone:
+            state["batcher"].cancel(job)
+            future.cancel()
+            if gone:
+                note(request, "the client went away")
+                return None, error(499, "disconnected", "the client went away")
+            return None, shutting_down(state)
+    try:
+        return future.result(), None
+    except ShuttingDown:
+        return None, shutting_down(state)
+    except RequestError as e:
+        return None, error(422, "invalid_request", str(e))
+    except Exception as e:  # noqa: BLE001 - the decoding thread's failure, named, as JSON
+        message = f"decoding failed: {type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
+        note(request, message)
+        return None, error(500, "decoding_failed", message, exception=type(e).__name__)
 
 
-def search_fields(limits: Limits, defaults) -> dict:
-    """The search settings a request may give, as pydantic fields (name -> (type, Field)), with the
-    limits in them so that the OpenAPI document states them."""
-    from pydantic import Field
+def request_model(name: str, limits: Limits, defaults, first: dict, last: dict):
+    """A request's pydantic model (strict: "4" is not a beam size; no unknown fields): the fields of
+    `first` (`(type, Field)` by name; `str` is a sentence of at most max_chars), the search settings,
+    then `last`'s, the limits in them so that the OpenAPI document states them."""
+    from typing import Annotated
 
-    return {
-        "beam": (int, Field(defaults.beam, ge=1, le=limits.max_beam, description="beam size (6.1: 4)")),
-        "alpha": (float, Field(defaults.alpha, ge=0.0, le=10.0, allow_inf_nan=False,
-                               description="length penalty ((5+|Y|)/6)^alpha (6.1: 0.6)")),
-        "max_len_offset": (int, Field(defaults.max_len_offset, ge=0, le=limits.max_len_offset,
-                                      description="maximum output length = input length + this (6.1: 50)")),
-        "greedy": (bool, Field(False, description="greedy decoding (beam and alpha ignored)")),
-    }
+    from pydantic import ConfigDict, Field, StringConstraints, create_model
+
+    sentence = Annotated[str, StringConstraints(max_length=limits.max_chars)]
+    first = {k: (list[sentence] if t == list[str] else sentence if t is str else t, f) for k, (t, f) in first.items()}
+    return create_model(
+        name, __config__=ConfigDict(extra="forbid", strict=True), **first,
+        beam=(int, Field(defaults.beam, ge=1, le=limits.max_beam, description="beam size (6.1: 4)")),
+        alpha=(float, Field(defaults.alpha, ge=0.0, le=10.0, allow_inf_nan=False,
+                            description="length penalty ((5+|Y|)/6)^alpha (6.1: 0.6)")),
+        max_len_offset=(int, Field(defaults.max_len_offset, ge=0, le=limits.max_len_offset,
+                                   description="maximum output length = input length + this (6.1: 50)")),
+        greedy=(bool, Field(False, description="greedy decoding (beam and alpha ignored)")),
+        **last,
+    )
 
 
 # Pydantic errors over a limit, by the field: the limit each names (a string too long: max_chars)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, Field
 
-from .common import Limits, check_sentences, error, run_job, search_fields, unavailable
+from .common import Limits, check_sentences, error, request_model, run_job, unavailable
 from .engines import Search
 
 # The page's Content-Security-Policy: nothing from anywhere but the server's own origin
@@ -33,24 +33,12 @@ class AttentionResponse(BaseModel):
 
 
 def attention_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
-    from typing import Annotated
-
-    from pydantic import StringConstraints
-
-    Sentence = Annotated[str, StringConstraints(max_length=limits.max_chars)]
-    return create_model(
-        "AttentionRequest", __config__=ConfigDict(extra="forbid", strict=True),
-        source=(Sentence, Field(description="one source sentence")),
+    return request_model("AttentionRequest", limits, defaults, {
+        "source": (str, Field(description="one source sentence")),
         # as long as an output of the server may be: max_tokens + max_len_offset tokens (checked), any characters
-        target=(str | None, Field(None, description="its translation, teacher-forced; null: the model's own")),
-        **search_fields(limits, defaults),
-        weights=(bool, Field(True, description="return the weights as JSON")),
-        page=(bool, Field(False, description="return the page that draws them (`transduce attention --html`)")),
-    )
-
-
-def page_html() -> str:
-    return resources.files(__package__).joinpath("demo.html").read_text(encoding="utf-8")
+        "target": (str | None, Field(None, description="its translation, teacher-forced; null: the model's own"))}, {
+        "weights": (bool, Field(True, description="return the weights as JSON")),
+        "page": (bool, Field(False, description="return the page that draws them (`transduce attention --html`)"))})
 
 
 def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth: list, errors: dict, poll: float) -> None:
@@ -62,7 +50,8 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def demo():
-        return HTMLResponse(page_html(), headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+        page = resources.files(__package__).joinpath("demo.html").read_text(encoding="utf-8")
+        return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                                                   "Cache-Control": "no-store"})
 
     async def attention(req, request: Request):

@@ -85,7 +85,7 @@ class RequestLog:
     """ASGI middleware, outermost: gives each request its id (echoed in X-Request-ID), counts it in
     the metrics and writes its one log line when it is answered."""
 
-    def __init__(self, app, metrics: Metrics | None):
+    def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
 
     async def __call__(self, scope, receive, send):
@@ -94,7 +94,6 @@ class RequestLog:
         given = dict(scope.get("headers", [])).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         state = scope.setdefault("state", {})
-        state["request_id"] = rid
         status = [500]
 
         async def send_with_id(message):
@@ -106,16 +105,14 @@ class RequestLog:
         path = scope.get("path", "")
         endpoint = path if path in ENDPOINTS else "other"
         started = time.perf_counter()
-        if self.metrics is not None:
-            self.metrics.in_flight.inc()
+        self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
             seconds = time.perf_counter() - started
-            if self.metrics is not None:
-                self.metrics.in_flight.dec()
-                self.metrics.requests.labels(endpoint, str(status[0])).inc()
-                self.metrics.latency.labels(endpoint).observe(seconds)
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(endpoint, str(status[0])).inc()
+            self.metrics.latency.labels(endpoint).observe(seconds)
             client = scope.get("client") or ("-", 0)
             extra = " ".join(x for x in (state.get("log_sentences"), state.get("log_note")) if x)
             request_log.info("id=%s %s %s %d %.3fs client=%s%s", rid, scope.get("method", "-"), path, status[0],
