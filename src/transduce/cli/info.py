@@ -34,9 +34,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:
     """The preset with the flags' changes, and its parameter count."""
-    import torch
-
-    from ..model import Transformer, count_parameters
+    from ..serve.engines import parameter_count
 
     if args.data is not None:
         from ..data.batching import read_metadata
@@ -52,9 +50,7 @@ def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:
         if args.tgt_vocab_size is not None:
             config.model.tgt_vocab_size, config.model.share_embeddings = args.tgt_vocab_size, False
         config = apply_overrides(config, args.set)
-    with torch.device("meta"):  # count parameters without allocating them
-        n = count_parameters(Transformer(config.model))
-    return config, n
+    return config, parameter_count(config)
 
 
 def vocabulary(config: Config) -> str:

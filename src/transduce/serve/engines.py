@@ -51,31 +51,22 @@ class Engine:
 def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_tokens: int = DEFAULT_MAX_TOKENS, bf16: bool = False) -> Engine:
     """An engine over a `LoadedModel`: `translate_stream` as `transduce translate` (or `parse`) runs it."""
+    from ..fast.decode import apply
     from ..parsing.parse import is_parsing_model, predicts_tags
+    from ..parsing.tokenize import ptb_tokenize
+    from ..parsing.trees import delinearize
     from ..translate import translate_stream
 
-    parsing = is_parsing_model(loaded.metadata)
-    if parsing:
-        from ..parsing.tokenize import ptb_tokenize
-        from ..parsing.trees import delinearize
+    parsing, tags = is_parsing_model(loaded.metadata), predicts_tags(loaded.metadata)
 
-        tags = predicts_tags(loaded.metadata)
+    def prepare(sentence: str) -> str:  # what `transduce parse` (or `translate`) feeds the model
+        return " ".join(ptb_tokenize(sentence)) if parsing else sentence
 
-        def prepare(sentence: str) -> str:  # what `transduce parse` feeds the model
-            return " ".join(ptb_tokenize(sentence))
-
-        def tree(source: str, output: str):
-            return delinearize(output.split(), ptb_tokenize(source), tags=tags)[0] if source.strip() else None
-    else:
-        def prepare(sentence: str) -> str:
-            return sentence
-
-        tree = None
+    def tree(source: str, output: str):
+        return delinearize(output.split(), ptb_tokenize(source), tags=tags)[0] if source.strip() else None
 
     # The decoding speed-ups set once, for the server's life: `translate_stream` would otherwise
     # set and undo them every round, a new packed copy of every weight matrix each time.
-    from ..fast.decode import apply
-
     apply(loaded.model)
 
     def translate(sentences: list[str], s: Search) -> list:
@@ -97,13 +88,12 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
         data["model"] = public["model"]  # its name, not where it lies on the server's disk
         return data
 
-    mc = loaded.config.model
     precision = getattr(loaded.precision, "precision", None) or ("bf16" if bf16 else str(next(loaded.model.parameters()).dtype).replace("torch.", ""))
     public = public_model(loaded.description, loaded.config, loaded.metadata, precision)
     info = {"engine": "torch", **public, "task": "parsing" if parsing else "translation", "attention": True,
-            "config": asdict(mc), "vocab": _vocab_info(loaded.src_vocab, loaded.tgt_vocab)}
-    return Engine(translate, lambda x: loaded.src_vocab.encode(prepare(x)), info, attention=attention, tree=tree,
-                  encode_target=loaded.tgt_vocab.encode)
+            "config": asdict(loaded.config.model), "vocab": _vocab_info(loaded.src_vocab, loaded.tgt_vocab)}
+    return Engine(translate, lambda x: loaded.src_vocab.encode(prepare(x)), info, attention=attention,
+                  tree=tree if parsing else None, encode_target=loaded.tgt_vocab.encode)
 
 
 def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -159,10 +149,10 @@ def parameter_count(config) -> int:
     """Parameters of a model of this configuration (built on the meta device: no memory)."""
     import torch
 
-    from ..model import Transformer
+    from ..model import Transformer, count_parameters
 
     with torch.device("meta"):
-        return sum(p.numel() for p in Transformer(config.model).parameters())
+        return count_parameters(Transformer(config.model))
 
 
 def _size(n: int) -> str:
