@@ -4,12 +4,11 @@ batched dynamically; the endpoints, limits, API key, shutdown and logs: docs/ser
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-
 import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from ..checkpoint import check_model_path
 from ..device import resolve_device
@@ -61,16 +60,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-wait-ms", type=float, default=10.0, metavar="MS",
                    help="the first request waits for others (default 10)")
     g.add_argument("--no-batching", action="store_true", help="decode each request on its own")
-    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N",
-                   help=f"request size (default {d.max_body_bytes})")
-    g.add_argument("--max-sentences", type=int, default=d.max_sentences, metavar="N",
-                   help=f"sentences per request (default {d.max_sentences})")
-    g.add_argument("--max-chars", type=int, default=d.max_chars, metavar="N",
-                   help=f"characters per sentence (default {d.max_chars})")
-    g.add_argument("--max-input-tokens", "--max-tokens", type=int, default=d.max_tokens, metavar="N",
-                   help=f"subword tokens per sentence (default {d.max_tokens})")
-    g.add_argument("--max-queue", type=int, default=d.max_queue, metavar="N",
-                   help=f"requests waiting (default {d.max_queue})")
+    for flags, default, what in ((["--max-body-bytes"], d.max_body_bytes, "request size"),
+                                 (["--max-sentences"], d.max_sentences, "sentences per request"),
+                                 (["--max-chars"], d.max_chars, "characters per sentence"),
+                                 (["--max-input-tokens", "--max-tokens"], d.max_tokens, "subword tokens per sentence"),
+                                 (["--max-queue"], d.max_queue, "requests waiting")):
+        g.add_argument(*flags, type=int, default=default, metavar="N", help=f"{what} (default {default})")
     g.add_argument("--max-beam", type=int, metavar="K",
                    help=f"largest beam asked for (default {d.max_beam} or --beam)")
     g.add_argument("--max-len-offset-limit", type=int, metavar="N",
@@ -138,9 +133,8 @@ def engine_loader(args: argparse.Namespace, limits):
 
 
 def run(args: argparse.Namespace) -> int:
-    require("fastapi", "transduce serve")
-    require("uvicorn", "transduce serve")
-    require("prometheus_client", "transduce serve")
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        require(module, "transduce serve")
     from ..serve.app import bind_sockets
 
     limits = check_args(args)

@@ -201,20 +201,13 @@ def mask_categories(data: dict, sentence: int, kind: str) -> tuple[list[list[str
     tgt_pad = [p == "<pad>" for p in b["target"][sentence]]
     q_pad = src_pad if kind == "encoder" else tgt_pad
     k_pad = tgt_pad if kind == "decoder_self" else src_pad
-    mask = b["masks"][kind][sentence]
     cats = []
-    for i, row in enumerate(mask):
+    for i, row in enumerate(b["masks"][kind][sentence]):
         out = []
         for j, allowed in enumerate(row):
             causal = kind == "decoder_self" and j > i
-            if allowed:
-                if k_pad[j] or causal:
-                    raise AssertionError("a mask that allows padding or a later position")  # never: make_masks
-                out.append("allowed")
-            else:
-                outside = outside_window(data, kind, i, j)
-                out.append("both" if k_pad[j] and causal else "padding" if k_pad[j] else "causal" if causal
-                           else "window" if outside else "other")
+            out.append("allowed" if allowed else "both" if k_pad[j] and causal else "padding" if k_pad[j]
+                       else "causal" if causal else "window" if outside_window(data, kind, i, j) else "other")
         cats.append(out)
     return cats, q_pad
 

@@ -155,10 +155,9 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
         },
     }
 
+
 MAX_TOKENS = 64  # subword tokens per side kept by default (the page says so): a page stays a few MB
-
 MAX_SENTENCES = 8  # Sentences in one batch (one page) at most
-
 MAX_WEIGHTS = 4_000_000  # weights in one page at most (about 25 MB of text)
 
 
@@ -190,20 +189,15 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
     for i, (source, target) in enumerate(zip(sources, targets)):
         if not source.strip():
             raise ValueError(f"sentence {i + 1} is empty")
-        ids = loaded.src_vocab.encode(source)
-        note = []
-        if len(ids) > max_tokens:
-            note.append(f"source cut to its first {max_tokens} of {len(ids)} subword tokens (the cap, --max-tokens)")
-            ids = ids[:max_tokens]
         if target is None:
             t_ids, t_text, t_from = translations[i].tokens, translations[i].text, how
         else:
             t_ids, t_text, t_from = loaded.tgt_vocab.encode(target), target, "given"
-        if len(t_ids) > max_tokens:
-            note.append(f"target cut to its first {max_tokens} of {len(t_ids)} subword tokens (the cap, --max-tokens)")
-            t_ids = t_ids[:max_tokens]
-        src_ids.append(ids)
-        tgt_ids.append(t_ids)
+        note = []
+        for side, ids, out in (("source", loaded.src_vocab.encode(source), src_ids), ("target", t_ids, tgt_ids)):
+            if len(ids) > max_tokens:
+                note.append(f"{side} cut to its first {max_tokens} of {len(ids)} subword tokens (the cap, --max-tokens)")
+            out.append(ids[:max_tokens])
         texts.append({"source_text": source, "target_text": t_text, "target_from": t_from})
         notes.append(note)
     mc = loaded.config.model
