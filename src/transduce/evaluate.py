@@ -39,6 +39,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
+from sacrebleu.metrics import BLEU, CHRF
+
 from .errors import DataError
 
 CONVENTIONS = {
@@ -170,8 +172,6 @@ def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]
 
 def sacrebleu_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a") -> dict:
     """sacreBLEU BLEU and chrF on detokenized text, with their signatures."""
-    from sacrebleu.metrics import BLEU, CHRF
-
     bleu = BLEU(tokenize=tokenize)
     b = bleu.corpus_score(list(hyps), [list(refs)])
     chrf = CHRF()
@@ -225,8 +225,6 @@ def score(
 
 
 def _tokenized_scores(hyps, refs, *, lang, tok_refs, sacrebleu_tokenize) -> dict:
-    from sacrebleu.metrics import BLEU, CHRF
-
     scores: dict = {}
     if tok_refs is not None:
         scores["multi30k_lc_tok_bleu"] = _bleu_entry(

@@ -1,18 +1,18 @@
 """Translation: text in, translations out, line for line (Section 6.1's decoding).
 
 `load_translation_model` loads what a MODEL argument names (a run directory, by default the
-average of its last checkpoints, or a model directory) with the vocabulary found beside it.
-`translate_stream` yields every line's best candidates in input order, streamed `chunk_lines` at
-a time in length-sorted batches, so memory does not grow with the input; `translate_lines`
-returns the best translations. Every line gets one result: an empty line an empty translation,
-a line over `input_token_limit` is cut to it with a warning. The command is `transduce.cli.translate`.
+average of its last checkpoints, or a model directory) with the vocabulary found beside it;
+`translate_stream` streams the input in length-sorted batches, so memory does not grow with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import multiprocessing
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from itertools import islice
@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
+from tqdm import tqdm
 
 from .checkpoint.files import AtomicOutput  # noqa: F401  (here for its callers)
-from .data.batching import batch_for_decoding
+from .data.batching import METADATA, batch_for_decoding, load_vocabs
 from .data.vocab import BOS, EOS, PAD, Vocab
 from .decode import Hypothesis, beam_search, greedy_decode
 from .device import resolve_device
@@ -144,8 +145,6 @@ _WORKER_SEARCH: Callable[[list[list[int]]], list[list[Candidate]]] | None = None
 
 
 def _worker_start(threads: int) -> None:
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the pool
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool ends its workers with SIGTERM (not the parent's handler)
     torch.set_num_threads(threads)
@@ -185,8 +184,6 @@ class Workers:
     are decoded here, with every thread."""
 
     def __init__(self, search: Callable[[list[list[int]]], list[list[Candidate]]], n: int, threads: int | None = None):
-        import multiprocessing
-
         if "fork" not in multiprocessing.get_all_start_methods():
             raise ValueError("workers need processes forked from this one (Linux): use one worker here")
         global _WORKER_SEARCH
@@ -296,8 +293,6 @@ def translate_lines(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Sequence[s
     lines = list(lines)
     if warn is None:
         warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
-    from tqdm import tqdm
-
     with tqdm(total=len(lines), desc="translate", unit=" lines", mininterval=1, disable=not progress) as bar:
         return [c[0].text for c in translate_stream(model, src_vocab, tgt_vocab, lines, warn=warn, advance=bar.update,
                                                     **options)]
@@ -317,10 +312,6 @@ class LoadedModel:
 
 
 def _find_metadata(dirs: Sequence[Path]) -> dict | None:
-    import json
-
-    from .data.batching import METADATA
-
     for d in dirs:
         if (d / METADATA).is_file():
             return json.loads((d / METADATA).read_text(encoding="utf-8"))
@@ -328,8 +319,6 @@ def _find_metadata(dirs: Sequence[Path]) -> dict | None:
 
 
 def _find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
-    from .data.batching import METADATA, load_vocabs
-
     for d in dirs:
         if (d / METADATA).is_file():
             try:

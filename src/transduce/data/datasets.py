@@ -15,7 +15,6 @@ Treebank, LDC licensed, only ever from a mirror.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import os
 import re
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import DataError
+from .text import open_text
 
 ENV_DATA_DIR = "TRANSDUCE_DATA_DIR"
 ENV_CACHE_DIR = "TRANSDUCE_CACHE_DIR"
@@ -316,9 +316,7 @@ def _find_in_mirror(path: Path) -> Path | None:
 def sha256_text(path: str | Path) -> str:
     """sha256 of a file's uncompressed content (gunzipped if it is gzip)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-    with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+    with open_text(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

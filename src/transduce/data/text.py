@@ -76,9 +76,8 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[
 
 DEFAULT_MAX_LEN = 256  # Pairs with more subword tokens than this on either side are dropped from training
 
-DEFAULT_MAX_RATIO = 9.0
-"""Pairs whose longer side has more than this many times the tokens of the shorter side are
-dropped from training (the default of Moses' clean-corpus-n.perl, there counted in words)."""
+DEFAULT_MAX_RATIO = 9.0  # Pairs whose longer side has more than this many times the tokens of the shorter
+# side are dropped from training (the default of Moses' clean-corpus-n.perl, there counted in words)
 
 def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
     """Why a pair of these token lengths is dropped ("empty", "too_long", "bad_ratio"), or None."""

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
+import torch
 
 from ..errors import DataError
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
-DEFAULT_VOCAB_SIZE = 8000
-"""Default for `transduce prepare`: right for small corpora such as Multi30k (29k pairs).
-The paper uses about 37000 (shared, WMT14 En-De, 4.5M pairs)."""
+DEFAULT_VOCAB_SIZE = 8000  # Right for small corpora such as Multi30k (29k pairs); the paper: ~37000 (WMT14 En-De)
 
 DEFAULT_SAMPLE_SIZE = 1_000_000  # Sentences sampled for training a vocabulary (all of them if the corpus is smaller)
 
@@ -132,10 +131,8 @@ class Vocab:
     def __len__(self) -> int:
         return self.sp.get_piece_size()
 
-    def word_starts(self) -> "torch.Tensor":
+    def word_starts(self) -> torch.Tensor:
         """(V,) bool: which pieces begin a word (sentencepiece marks them with "▁")."""
-        import torch
-
         return torch.tensor([self.sp.id_to_piece(i).startswith("▁") for i in range(len(self))])
 
     pad, unk, bos, eos = PAD, UNK, BOS, EOS

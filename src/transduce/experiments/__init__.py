@@ -1,10 +1,8 @@
 """Table 3 and Table 2 as an experiment anyone can rerun: `transduce experiment`.
 
 Each variant (a Table 3 row, a preset) is an ordinary `transduce train` run under a shared
-`plan.Recipe`, optionally at a stated reduced scale; `run` trains, resumes or skips it, then
-measures its dev perplexity and BLEU (6.1's search, 6.2's "no checkpoint averaging" by default)
-and its training cost (Table 2); `table` writes Markdown, CSV, JSON and a PNG. `--dry-run` prints
-the train commands, `--slurm` submits them; details: docs/experiments.md.
+`plan.Recipe`, optionally at a stated reduced scale; `run` trains and measures it, `table` writes
+the results. Details: docs/experiments.md.
 """
 
 from __future__ import annotations
