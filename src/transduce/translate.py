@@ -140,8 +140,9 @@ def translate_stream(
         model.train(was_training)
 
 
-# The search a forked worker runs (set in the parent just before forking; inherited)
+# What a forked worker runs: the search (set in the parent just before forking; inherited), and its trimmer
 _WORKER_SEARCH: Callable[[list[list[int]]], list[list[Candidate]]] | None = None
+_WORKER_TRIM = Trimmer(interval=1.0)
 
 
 def _worker_start(threads: int) -> None:
@@ -154,9 +155,6 @@ def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
     result = _WORKER_SEARCH(sources)
     _WORKER_TRIM(idle=False)  # at most once a second: what a batch freed goes back to the system
     return result
-
-
-_WORKER_TRIM = Trimmer(interval=1.0)
 
 
 WORKERS_MAX_D_MODEL = 512  # up to this width one worker per CPU thread is faster (docs/speed.md)
@@ -274,9 +272,8 @@ class _Search:
         src = pad_batch(sources, getattr(model.config, "pad_id", PAD)).to(param.device)
         with torch.inference_mode(), _autocast(param.device, self.bf16, param.dtype):
             if self.greedy:
-                nan = float("nan")
                 outs = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=self.max_len_offset)
-                return [[Candidate(o, nan, nan, _clean(self.tgt_vocab.decode(o)))] for o in outs]
+                return [[Candidate(o, math.nan, math.nan, _clean(self.tgt_vocab.decode(o)))] for o in outs]
             hyps = beam_search(model, src, beam_size=self.beam, alpha=self.alpha, max_len_offset=self.max_len_offset,
                                n_best=self.n_best, bos_id=BOS, eos_id=EOS, constraint=self.constraint)
         for hs in hyps:

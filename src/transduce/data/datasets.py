@@ -72,14 +72,12 @@ class DatasetInfo:
         return sorted({s for _, s, _ in self.files})
 
     def source(self, split: str, lang: str, variant: str = "raw") -> Source:
-        if variant not in self.variants:
-            raise DataError(f"{self.name} has no variant {variant!r} (choose from {', '.join(self.variants)})")
-        if lang not in self.langs:
-            raise DataError(f"{self.name} has no language {lang!r} (choose from {', '.join(self.langs)})")
-        key = (variant, split, lang)
-        if key not in self.files:
+        for what, value, known in (("variant", variant, self.variants), ("language", lang, self.langs)):
+            if value not in known:
+                raise DataError(f"{self.name} has no {what} {value!r} (choose from {', '.join(known)})")
+        if (variant, split, lang) not in self.files:
             raise DataError(f"{self.name} has no split {split!r} (choose from {', '.join(self.splits)})")
-        return self.files[key]
+        return self.files[variant, split, lang]
 
 
 # --- Multi30k ------------------------------------------------------------------------------------
@@ -246,8 +244,7 @@ def get_dataset(name: str) -> DatasetInfo:
 
 def default_data_dir() -> Path | None:
     """`shared/data` beside the repository, if it exists."""
-    repo = Path(__file__).resolve().parents[3]
-    mirror = repo.parent / "shared" / "data"
+    mirror = Path(__file__).resolve().parents[4] / "shared" / "data"  # src/transduce/data/ -> the repository's parent
     return mirror if mirror.is_dir() else None
 
 

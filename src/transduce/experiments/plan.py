@@ -27,13 +27,8 @@ def preset_of(name: str) -> str:
     for candidate in (name, f"table3-{name}"):
         if candidate in PRESETS:
             return candidate
-    rows = ", ".join(TABLE3)
-    raise UsageError(f"unknown variant {name!r}: Table 3's rows are {rows} (or a preset: transduce info --all)")
-
-
-def row_name(preset: str) -> str:
-    """`table3-A1` -> `A1`; other presets keep their name."""
-    return preset.removeprefix("table3-")
+    raise UsageError(f"unknown variant {name!r}: Table 3's rows are {', '.join(TABLE3)} "
+                     "(or a preset: transduce info --all)")
 
 
 @dataclass
@@ -123,7 +118,8 @@ def plan(names: list[str], recipe: Recipe) -> list[Variant]:
     for name in dict.fromkeys(names or TABLE3):
         preset = preset_of(name)
         steps = max(1, recipe.updates * PRESETS[preset].train.max_steps // PAPER_STEPS)
-        variants.append(Variant(row_name(preset), preset, steps, scaled_sets(preset, recipe.scale, recipe.depth_scale)))
+        sets = scaled_sets(preset, recipe.scale, recipe.depth_scale)
+        variants.append(Variant(preset.removeprefix("table3-"), preset, steps, sets))  # table3-A1 -> A1
     _refuse_twins(variants, recipe)
     return variants
 
