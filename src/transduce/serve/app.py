@@ -1,12 +1,7 @@
-"""The HTTP API: FastAPI on uvicorn, one model, one decoding thread (`serve.batcher`).
-
-POST /translate and /attention, GET / (the demo page), /health, /info, /metrics and
-/openapi.json; the GET routes answer HEAD too. The routes, fields and error codes: docs/serve.md.
-Translations equal `transduce translate`'s for the same sentences and settings (the same
-`translate_stream`, or CTranslate2 engine, and token budget). Every error is JSON, {"error":
-CODE, "message": ..., and for a limit "limit": NAME, "value": N}. A client that disconnects has
-its job dropped; a shutdown (SIGTERM, Ctrl-C) finishes the requests it has for at most the grace
-period, answers the rest 503 and ends.
+"""The HTTP API: FastAPI on uvicorn, one model, one decoding thread (`serve.batcher`); the routes,
+fields and error codes: docs/serve.md. Translations equal `transduce translate`'s for the same
+sentences and settings. Every error is JSON. A shutdown (SIGTERM, Ctrl-C) finishes the requests it
+has for at most the grace period, answers the rest 503 and ends.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The demo a person can look at, GET /: one page (demo.html beside this module, nothing loaded
-from anywhere but the server: its Content-Security-Policy says so) to translate sentences, see
-their n-best and scores, and click one to see its attention (`transduce.views.page`) and, for a
-parsing model, its tree as SVG (`transduce.parsing.svg`).
-
-POST /attention is the API under it (docs/serve.md): the weights of one source and a target,
-teacher-forced (`transduce.views.weights.attention_data`), or the model's own translation; run on
-the decoding thread in its turn (`Batcher.call`), under the same limits, queue and API key as
-/translate.
+"""The demo page, GET / (demo.html beside this module; its Content-Security-Policy lets nothing load
+from anywhere but the server), and POST /attention under it (docs/serve.md): the weights of one
+source and a target, teacher-forced, or the model's own translation, run on the decoding thread in
+its turn (`Batcher.call`) under the same limits, queue and API key as /translate.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Watching the server: its Prometheus metrics (GET /metrics, each app with a registry of its own,
-the process's own from prometheus-client's ProcessCollector), one log line per request with its
-id (X-Request-ID), and the optional API key (`Authorization: Bearer KEY` or `X-API-Key: KEY`).
-Every metric, the log line and the key: docs/serve.md. `rate(transduce_output_tokens_total[1m])`
-is the throughput; the tokens-per-second gauge is the decoding speed.
+"""Watching the server: its Prometheus metrics (a registry per app, with the process's own), one
+log line per request with its id (X-Request-ID), and the optional API key (`Authorization: Bearer
+KEY` or `X-API-Key: KEY`). Every metric, the log line and the key: docs/serve.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""PNG figures of attention weights, drawn with matplotlib from the JSON of `weights.to_json`:
-`lines_figure` (the paper's Figures 3-5: a line from query to key whose opacity is the weight, one
-colour per head, the two copies side by side or, as the paper prints them, in rows),
-`heatmap_figure` (one grid per head) and `masks_figure` (the masks applied to the batch).
-Layers and heads are numbered from 1, as in the paper. The same input gives the same PNG bytes
-(Agg, matplotlib's DejaVu Sans, a fixed DPI, no "Software" metadata).
+"""PNG figures of attention weights, drawn with matplotlib from the JSON of `weights.to_json`: the
+paper's Figures 3-5 (`lines_figure`), heatmaps and the batch's masks. Layers and heads are numbered
+from 1, as in the paper. The same input gives the same PNG bytes (Agg, DejaVu Sans, a fixed DPI).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The attention weights of a teacher-forced pass, as tensors and as JSON (docs/attention.md).
-
-`compute_attention` runs the model once on a padded batch (`forward(..., return_attention=True)`)
-and keeps, for each of the three uses of attention (3.2.3: "encoder", "decoder_self",
-"decoder_cross"), every layer's and head's weights (B, h, Tq, Tk) with the masks the model
-applied (with the window of restricted self-attention, if any). The source is the subword ids
-and EOS; the decoder inputs are BOS and the target: position i predicts `predicts[i]`. `to_json`
-gives, per sentence, the weights cut to its real tokens and rounded to `DECIMALS`, its labels,
-and the batch's masks.
+"""The attention weights of a teacher-forced pass, as tensors and as JSON (docs/attention.md): for
+each of the three uses of attention (3.2.3), every layer's and head's weights and the masks the
+model applied. The decoder inputs are BOS and the target: position i predicts `predicts[i]`.
 """
 
 from __future__ import annotations
