@@ -66,8 +66,11 @@ def _title(data: dict, kind: str, layer: int, heads: list[int], query: int | Non
     return t
 
 
-def check_choice(data: dict, sentence: int, kind: str, layer: int, heads: list[int], query: int | None = None) -> None:
-    """Raise UsageError for a choice the data does not have (all from 0)."""
+def _chosen(data: dict, sentence: int, kind: str, layer: int, heads: list[int] | None, query: int | None):
+    """(heads, query labels, key labels, the layer's weights) of a choice (all from 0), matplotlib
+    required; a UsageError for a choice the data does not have."""
+    require_matplotlib()
+    heads = list(range(data["n_heads"])) if heads is None else heads
     if kind not in TYPES:
         raise UsageError(f"unknown attention type {kind!r}: one of {', '.join(TYPES)}")
     if not 0 <= sentence < len(data["sentences"]):
@@ -79,13 +82,6 @@ def check_choice(data: dict, sentence: int, kind: str, layer: int, heads: list[i
         raise UsageError(f"heads {bad or 'none'}: the model has heads 1 to {data['n_heads']}")
     if query is not None and not 0 <= query < len(_side_tokens(data, sentence, kind)[0]):
         raise UsageError(f"query position {query + 1}: out of range")
-
-
-def _chosen(data: dict, sentence: int, kind: str, layer: int, heads: list[int] | None, query: int | None):
-    """(heads, query labels, key labels, the layer's weights) of a checked choice; matplotlib required."""
-    require_matplotlib()
-    heads = list(range(data["n_heads"])) if heads is None else heads
-    check_choice(data, sentence, kind, layer, heads, query)
     return (heads, *_side_tokens(data, sentence, kind), data["sentences"][sentence]["attention"][kind][layer])
 
 
