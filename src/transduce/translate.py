@@ -178,8 +178,7 @@ class Workers:
     """CPU workers (Marian's and CTranslate2's inter-op workers): `n` processes forked from this
     one (the model shared copy-on-write), PyTorch's `threads` divided among them, each running
     `search` on whole batches; processes, since a decoding step holds Python's lock between
-    products (docs/speed.md). `map(batches)` yields results in order; fewer batches than workers
-    are decoded here, with every thread."""
+    products (docs/speed.md)."""
 
     def __init__(self, search: Callable[[list[list[int]]], list[list[Candidate]]], n: int, threads: int | None = None):
         if "fork" not in multiprocessing.get_all_start_methods():
@@ -195,6 +194,7 @@ class Workers:
             raise
 
     def map(self, batches: Iterable[list[list[int]]]) -> Iterator[list[list[Candidate]]]:
+        """`search` of every batch, in order."""
         batches = list(batches)
         if len(batches) < self.n:  # a worker would idle: one process with every thread is faster
             return map(self._search, batches)

@@ -5,9 +5,6 @@
     train.src.bin/.idx  train.tgt.bin/.idx  valid.*  test.*  (+ extra test sets by name)
     data.json           languages, vocabulary files, per-split counts, the filter report and
                         the original text files (the references for BLEU)
-
-Only training pairs go through the length filter (text.py). Everything is written into a
-temporary directory beside the output and renamed into place at the end.
 """
 
 from __future__ import annotations
