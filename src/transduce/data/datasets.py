@@ -270,7 +270,9 @@ def fetch(
     explicit = data_dir or os.environ.get(ENV_DATA_DIR)
     mirror = Path(explicit) if explicit else default_data_dir()
     if mirror is not None:
-        path = _find_in_mirror(mirror / name / source.mirror)
+        want = mirror / name / source.mirror  # or its plain / .gz counterpart
+        other = want.with_name(want.name[:-3]) if want.name.endswith(".gz") else want.with_name(want.name + ".gz")
+        path = next((p for p in (want, other) if p.is_file()), None)
         if path is not None:
             verify(path, source.sha256)
             return path
@@ -291,8 +293,10 @@ def fetch(
         _fetch_huggingface(info, split, source.hf, cached.parent, mirror)
         return cached
     try:
-        if source.member:
-            archive = _download_archive(source.url, cache_root / "archives")
+        if source.member:  # a .tgz downloaded once, e.g. archives/wmt14-dev.tgz; its members verified when extracted
+            archive = cache_root / "archives" / "-".join(Path(urllib.parse.urlparse(source.url).path).parts[-2:])
+            if not archive.is_file():
+                download(source.url, archive)
             _extract_sgml(archive, source.member, cached, source.sha256)
         else:
             download(source.url, cached, source.sha256)
@@ -302,12 +306,6 @@ def fetch(
         raise DataError(f"{e.message}; without network, put {source.mirror} in DIR/{name}/ and pass --data-dir DIR "
                         f"(or set ${ENV_DATA_DIR}=DIR)", e.path) from None
     return cached
-
-
-def _find_in_mirror(path: Path) -> Path | None:
-    """`path`, or its plain / .gz counterpart, if it exists."""
-    other = path.with_name(path.name[:-3]) if path.name.endswith(".gz") else path.with_name(path.name + ".gz")
-    return next((p for p in (path, other) if p.is_file()), None)
 
 
 def sha256_text(path: str | Path) -> str:
@@ -359,13 +357,6 @@ def _replacing(dest: Path, tag: str) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, dest)
-
-
-def _download_archive(url: str, archive_dir: Path) -> Path:
-    """Download a .tgz once; its members are verified when extracted."""
-    parts = Path(urllib.parse.urlparse(url).path).parts
-    dest = archive_dir / "-".join(parts[-2:])  # e.g. wmt14-dev.tgz
-    return dest if dest.is_file() else download(url, dest)
 
 
 _SEG = re.compile(r"^\s*<seg\b[^>]*>(.*)</seg>")
