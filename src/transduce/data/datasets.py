@@ -244,7 +244,7 @@ def get_dataset(name: str) -> DatasetInfo:
 
 def default_data_dir() -> Path | None:
     """`shared/data` beside the repository, if it exists."""
-    mirror = Path(__file__).resolve().parents[4] / "shared" / "data"  # src/transduce/data/ -> the repository's parent
+    mirror = Path(__file__).resolve().parents[4] / "shared" / "data"  # [4]: the repository's parent
     return mirror if mirror.is_dir() else None
 
 
@@ -293,7 +293,7 @@ def fetch(
         _fetch_huggingface(info, split, source.hf, cached.parent, mirror)
         return cached
     try:
-        if source.member:  # a .tgz downloaded once, e.g. archives/wmt14-dev.tgz; its members verified when extracted
+        if source.member:  # a .tgz downloaded once (archives/wmt14-dev.tgz), its members verified when extracted
             archive = cache_root / "archives" / "-".join(Path(urllib.parse.urlparse(source.url).path).parts[-2:])
             if not archive.is_file():
                 download(source.url, archive)
