@@ -76,18 +76,14 @@ def _sacremoses():
 
 
 @functools.lru_cache(maxsize=None)
-def _tokenizer(lang: str):
-    return _sacremoses().MosesTokenizer(lang=lang)
-
-
-@functools.lru_cache(maxsize=None)
-def _normalizer(lang: str):
-    return _sacremoses().MosesPunctNormalizer(lang=lang)
+def _moses(kind: str, lang: str):
+    """One sacremoses `kind` (MosesTokenizer, MosesPunctNormalizer) per language, made once."""
+    return getattr(_sacremoses(), kind)(lang=lang)
 
 
 def moses_tokenize(line: str, lang: str) -> str:
     """Moses ``tokenizer.perl -l LANG`` with its defaults (escaping on, no -a)."""
-    return _tokenizer(lang).tokenize(line, aggressive_dash_splits=False, return_str=True, escape=True)
+    return _moses("MosesTokenizer", lang).tokenize(line, aggressive_dash_splits=False, return_str=True, escape=True)
 
 
 def paper_tokenize(line: str, lang: str) -> str:
@@ -98,7 +94,7 @@ def paper_tokenize(line: str, lang: str) -> str:
 def multi30k_tokenize(line: str, lang: str) -> str:
     """lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG: how the
     Multi30k `tok` files were made (multi30k/dataset scripts/task1-tokenize.sh)."""
-    return moses_tokenize(_normalizer(lang).normalize(line.lower()), lang)
+    return moses_tokenize(_moses("MosesPunctNormalizer", lang).normalize(line.lower()), lang)
 
 
 _ASCII_SPACE = re.compile(r"[ \t\n\r\f\v]+")
