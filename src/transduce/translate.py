@@ -22,7 +22,6 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 from tqdm import tqdm
 
-from .checkpoint.files import AtomicOutput  # noqa: F401  (here for its callers)
 from .data.batching import METADATA, batch_for_decoding, load_vocabs
 from .data.vocab import BOS, EOS, PAD, Vocab
 from .decode import Hypothesis, beam_search, greedy_decode

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..checkpoint.files import AtomicOutput
 from ..errors import DataError, UsageError
 from ..translate import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 from .common import check_search_args, load_from_args
@@ -100,8 +101,6 @@ def parse_heads(spec: str | None) -> list[int] | None:
 
 def write_bytes(path: Path, data: bytes) -> None:
     """`data` into `path`, whole or not at all."""
-    from ..translate import AtomicOutput
-
     out = AtomicOutput(path)
     try:
         out.write(data)
