@@ -298,17 +298,12 @@ def parse_value(hint: Any, raw: str) -> Any:
         if text.lower() in ("true", "false"):
             return text.lower() == "true"
         raise ValueError("true or false")
-    if hint is int:
+    if hint in (int, float):
         try:
-            return int(text)
+            value = hint(text)
         except ValueError:
-            raise ValueError("an integer") from None
-    if hint is float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError("a number") from None
-        if not math.isfinite(value):
+            raise ValueError("an integer" if hint is int else "a number") from None
+        if hint is float and not math.isfinite(value):
             raise ValueError("a finite number")
         return value
     if hint is str:

@@ -28,7 +28,8 @@ from typing import Sequence
 from ..errors import DataError
 
 _SPACE = " \t\n\v\f\r"  # C's isspace in the "C" locale
-_TERMINATORS = _SPACE + "()"
+_SPACES = re.compile(f"[{_SPACE}]*")
+_WORD = re.compile(f"[^{_SPACE}()]*")  # up to a space or a bracket
 
 
 @dataclass(frozen=True)
@@ -116,26 +117,17 @@ def read_sentence(line: str, params: EvalbParams = COLLINS) -> _Sentence:
     errors: list[str] = []
     length = 0
     p, n = 0, len(line)
-
-    def until_terminator(i: int) -> int:
-        while i < n and line[i] not in _TERMINATORS:
-            i += 1
-        return i
-
     while p < n:
         c = line[p]
         if c in _SPACE:
             p += 1
         elif c == "(":
-            q = until_terminator(p + 1)
-            label = line[p + 1 : q]
-            p = q
+            label = _WORD.match(line, p + 1).group()
+            p = q = p + 1 + len(label)
             if p < n and line[p] in _SPACE:
-                while q < n and line[q] in _SPACE:
-                    q += 1
-                w_end = until_terminator(q)
-                word = line[q:w_end]
-                q = w_end
+                q = _SPACES.match(line, q).end()
+                word = _WORD.match(line, q).group()
+                q += len(word)
                 if q < n and line[q] == ")":  # a terminal (LABEL word)
                     if label not in params.delete_labels_for_length:
                         length += 1
@@ -202,15 +194,11 @@ class EvalbTotals:
         self.skipped += s.status == 2
         if s.status:
             return
-        self.matched += s.matched
-        self.gold += s.gold
-        self.test += s.test
+        for name in ("matched", "gold", "test", "words", "crossing", "correct_tags"):
+            setattr(self, name, getattr(self, name) + getattr(s, name))
         self.complete += s.gold == s.test == s.matched
-        self.words += s.words
-        self.crossing += s.crossing
         self.no_crossing += s.crossing == 0
         self.two_or_less_crossing += s.crossing <= 2
-        self.correct_tags += s.correct_tags
 
     @property
     def valid(self) -> int:
@@ -242,11 +230,8 @@ class EvalbTotals:
         return 100.0 * self.correct_tags / self.words if self.words else 0.0
 
     def as_dict(self) -> dict:
-        d = asdict(self)
-        d.update(valid=self.valid, recall=self.recall, precision=self.precision, f1=self.f1,
-                 complete_match=self.complete_match, average_crossing=self.average_crossing,
-                 tagging_accuracy=self.tagging_accuracy)
-        return d
+        rates = ("valid", "recall", "precision", "f1", "complete_match", "average_crossing", "tagging_accuracy")
+        return {**asdict(self), **{name: getattr(self, name) for name in rates}}
 
 
 @dataclass
