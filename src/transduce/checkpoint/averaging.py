@@ -27,8 +27,7 @@ def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--last") -
         raise FileNotFoundError(f"{Path(run_dir) / CHECKPOINTS}: no checkpoints")
     if k < 1:
         raise ValueError(f"{flag} must be at least 1")
-    regular = [(s, p) for s, p in found if on_interval(p)]
-    found = regular or found
+    found = [(s, p) for s, p in found if on_interval(p)] or found
     if len(found) < k:
         raise ValueError(f"asked for the last {k} checkpoints but {run_dir} has {len(found)} "
                          f"({', '.join(p.name for _, p in found)}); use {flag} {len(found)}, or train keeping more "

@@ -92,8 +92,7 @@ class AtomicOutput:
         self.path = Path(path)
         self.target = output_target(self.path)
         self.tmp = None if self.target is None else self.target.with_name(f".{self.target.name}.tmp-{os.getpid()}")
-        raw = self._do(open, self.tmp or self.path, "wb")
-        self._raw = raw
+        self._raw = raw = self._do(open, self.tmp or self.path, "wb")
         self.f: BinaryIO = gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) if self.path.name.endswith(".gz") else raw
 
     def _do(self, fn, *args):
@@ -171,15 +170,12 @@ def replace_dir(tmp: Path, out: Path) -> None:
 
 def fsync_dir(path: Path) -> None:
     """Make a rename inside `path` durable (where directories can be opened)."""
-    try:
+    with contextlib.suppress(OSError):  # e.g. Windows: directories cannot be opened
         fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened
-        return
-    try:
-        with contextlib.suppress(OSError):
+        try:
             os.fsync(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 def synced(path: str | os.PathLike) -> None:

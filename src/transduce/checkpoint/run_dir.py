@@ -173,9 +173,7 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) 
     for group in optimizer.param_groups:
         for p in group["params"]:
             for key, value in optimizer.state.get(p, {}).items():
-                if not torch.is_tensor(value):
-                    value = torch.tensor(value)
-                out[f"{key}/{names[id(p)]}"] = value.detach().to("cpu", copy=True).contiguous()
+                out[f"{key}/{names[id(p)]}"] = torch.as_tensor(value).detach().to("cpu", copy=True).contiguous()
     return out
 
 
@@ -240,8 +238,7 @@ def prune(run_dir: str | os.PathLike, keep_last: int, newest: Path) -> None:
     """Delete all checkpoints but the newest `keep_last` written at the run's interval and
     `newest`: one forced off the interval, which averaging leaves out (6.1), takes no one's place."""
     found = [p for _, p in list_checkpoints(run_dir)]
-    keep = {p for p in found if on_interval(p)}
-    keep = set(sorted(keep, key=found.index)[-keep_last:]) | {newest}
+    keep = set([p for p in found if on_interval(p)][-keep_last:]) | {newest}
     for old in found:
         if old not in keep:
             shutil.rmtree(old, ignore_errors=True)

@@ -111,14 +111,9 @@ def score_parses(gold: Sequence[Tree], parsed: Sequence[Tree | None], *, own_tag
                  repairs: Sequence[Repairs] | None = None, params: EvalbParams = COLLINS) -> ParserScores:
     """EVALB of `parsed` against `gold`, the gold tags put back (and with their own if `own_tags`)."""
     gold_lines = [str(t) for t in gold]
-    with_gold_tags = []
-    for g, p in zip(gold, parsed):
-        if p is None:
-            with_gold_tags.append("")
-        elif p.leaves() == g.leaves():
-            with_gold_tags.append(str(p.with_tags(g.tags())))
-        else:
-            with_gold_tags.append(str(p))  # different words: EVALB counts it as an error
+    # a parse of other words keeps its own tags: EVALB counts it as an error
+    with_gold_tags = ["" if p is None else str(p.with_tags(g.tags()) if p.leaves() == g.leaves() else p)
+                      for g, p in zip(gold, parsed)]
     total = sum(repairs, Repairs()) if repairs is not None else None
     repairs = list(repairs or [])
     return ParserScores(
@@ -150,18 +145,12 @@ def evaluate_parser(loaded, gold: Sequence[Tree], *, progress: bool = False,
                     warn: Callable[[str], None] | None = None, source_name: str = "treebank",
                     **options) -> tuple[ParserScores, list[Parse]]:
     """Parse the words of `gold` with `loaded` (a `LoadedModel`) and score the parses."""
-    tags = predicts_tags(loaded.metadata)
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=len(gold), desc="parse", unit=" sentences", mininterval=1, file=sys.stderr)
-    try:
+    tags = predicts_tags(loaded.metadata)
+    with tqdm(total=len(gold), desc="parse", unit=" sentences", mininterval=1, file=sys.stderr,
+              disable=not progress) as bar:
         parses = list(parse_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, (t.leaves() for t in gold),
-                                   tags=tags, warn=warn, source_name=source_name,
-                                   advance=bar.update if bar is not None else None, **options))
-    finally:
-        if bar is not None:
-            bar.close()
+                                   tags=tags, warn=warn, source_name=source_name, advance=bar.update, **options))
     scores = score_parses(gold, [p.tree for p in parses], own_tags=tags, repairs=[p.repairs for p in parses])
     return scores, parses

@@ -34,8 +34,7 @@ def tree_svg(tree: Tree, title: str | None = None) -> str:
         w = max(len(word), len(node.label)) * CHAR_W
         xs[id(node)] = x = x_next + w / 2
         x_next += w + 2 * PAD
-        nodes.append((x, depth - 1, node.label, False))
-        nodes.append((x, depth, word, True))
+        nodes += [(x, depth - 1, node.label, False), (x, depth, word, True)]
         edges.append((x, depth - 1, x, depth))
     for node in tree.bottom_up():  # children first: each constituent centred above its children
         if node.is_preterminal:

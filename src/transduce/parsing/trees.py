@@ -190,9 +190,7 @@ def read_tree_lines(path: str | Path) -> list[Tree | None]:
 
 def strip_function_tags(label: str) -> str:
     """``NP-SBJ-2`` -> ``NP``, ``PP-LOC=3`` -> ``PP``; labels that start with ``-`` stay."""
-    if label.startswith("-"):
-        return label
-    return re.split(r"[-=]", label, maxsplit=1)[0] or label
+    return label if label.startswith("-") else re.split(r"[-=]", label, maxsplit=1)[0] or label
 
 
 def clean(tree: Tree) -> Tree | None:
@@ -333,8 +331,7 @@ def delinearize(
             node.children = kept  # type: ignore[assignment]
     rep.extra_roots += max(0, len(root.children) - 1)
     if pos is not None:
-        for p, tag in zip(root.preterminals(), pos):
-            p.label = tag
+        root = root.with_tags(pos)
     assert root.leaves() == words
     return root, rep
 
