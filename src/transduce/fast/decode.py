@@ -117,7 +117,7 @@ class PackedLinear(nn.Module):
         w, b = self.weight, self.bias
         if rows is not None:
             w, b = w[rows], None if b is None else b[rows]
-        packed = self.packed.get(block_key(rows))
+        packed = self.packed_for(rows)
         return packed(x, b) if packed is not None and packed.usable(x) else F.linear(x, w, b)
 
     def packed_for(self, rows: slice | None = None):
@@ -127,9 +127,7 @@ class PackedLinear(nn.Module):
     def relu(self, x: Tensor) -> Tensor:
         """max(0, x W^T + b), the ReLU inside the packed product where it is usable."""
         packed = self.packed[None]
-        if packed.usable(x):
-            return packed(x, self.bias, "relu")
-        return F.relu(F.linear(x, self.weight, self.bias))
+        return packed(x, self.bias, "relu") if packed.usable(x) else F.relu(F.linear(x, self.weight, self.bias))
 
 
 class PackedFeedForward(nn.Module):
@@ -150,12 +148,6 @@ def _children(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()]
 
 
-def linear_layers(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """(parent, name, layer) of every linear layer of `model`, replaced or not."""
-    return [(parent, name, child) for parent, name, child in _children(model)
-            if isinstance(child, (nn.Linear, PackedLinear))]
-
-
 def is_packed(model: nn.Module) -> bool:
     """Whether `pack_weights` has packed `model` (int8 layers do not count)."""
     return any(type(m) is PackedLinear for m in model.modules())
@@ -166,7 +158,7 @@ def replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = Tr
     `options`), and with `output` the tied pre-softmax projection too. Returns how many were
     replaced."""
     n = 0
-    for parent, name, layer in linear_layers(model):
+    for parent, name, layer in _children(model):
         if isinstance(layer, nn.Linear):
             blocks = (parent.q_rows, parent.kv_rows) if isinstance(parent, MultiHeadAttention) and name == "in_proj" else ()
             setattr(parent, name, cls(layer, blocks=blocks, **options))
@@ -183,7 +175,7 @@ def restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
     for parent, name, child in _children(model):
         if type(child) is PackedFeedForward and type(child.w_1) is cls:
             setattr(parent, name, child.original[0])
-    for parent, name, layer in linear_layers(model):
+    for parent, name, layer in _children(model):
         if type(layer) is cls:
             setattr(parent, name, layer.original[0])
     step.refresh(model)  # a FastStep installed on the model is rebuilt on the layers it has now

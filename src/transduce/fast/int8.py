@@ -66,8 +66,7 @@ class Int8Weight:
 
     def __init__(self, source: Tensor, rows: slice | None = None, bias: Tensor | None = None):
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
-        self.bias = bias
-        self.bias_version = None if bias is None else bias._version
+        self.bias, self.bias_version = bias, None if bias is None else bias._version
         self.dtype = source.dtype
         w = (source.detach() if rows is None else source.detach()[rows]).float()
         top = 63 if int8_saturates() else 127  # 7-bit weights where pairs add in int16
@@ -77,10 +76,8 @@ class Int8Weight:
 
     def usable(self, x: Tensor) -> bool:
         """Whether this copy applies to `x` now (an empty `x` goes to F.linear)."""
-        return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
-                and self.source._version == self.version and self.source.data_ptr() == self.ptr
-                and (self.bias is None or self.bias._version == self.bias_version)
-                and not torch.is_autocast_enabled("cpu") and x.numel() > 0)
+        return (PackedWeight.usable(self, x) and (self.bias is None or self.bias._version == self.bias_version)
+                and x.numel() > 0)
 
     def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
         """x W^T + b (`activation` "relu": max(0, x W^T + b), applied by oneDNN as it writes)."""
@@ -116,10 +113,8 @@ def quantize_int8(model: nn.Module, decoder: bool = True) -> int:
     n = 0
     for m in [m for m in model.modules() if isinstance(m, Transformer)]:
         n += replace_linears(m.decoder, Int8Linear, output=False) if decoder else 0
-        if isinstance(m.output_proj, nn.Linear):
-            m.output_proj, n = Int8Linear(m.output_proj), n + 1
-        elif m.output_proj is None:
-            m.output_proj, n = Int8Linear(None, weight=m.decoder.embed.weight), n + 1
+        if m.output_proj is None or isinstance(m.output_proj, nn.Linear):  # None: tied to the embedding matrix
+            m.output_proj, n = Int8Linear(m.output_proj, weight=m.decoder.embed.weight), n + 1
         for w in m.output_proj.packed.values():
             w.out_dtype = torch.float32  # fp32 logits (see above)
         for layer in m.decoder.layers:  # encoder-decoder attention's keys and values: once per source

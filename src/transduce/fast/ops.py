@@ -28,9 +28,8 @@ def onednn_isa_limit() -> str:
 def amx_products() -> bool:
     """Whether oneDNN multiplies on AMX tiles here: the CPU has AMX (as PyTorch reports it) and
     `ONEDNN_MAX_CPU_ISA` does not hold oneDNN below it (e.g. AVX2, to imitate a laptop CPU)."""
-    if not bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()):
-        return False
-    return onednn_isa_limit() in ONEDNN_AMX_ISAS
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return amx and onednn_isa_limit() in ONEDNN_AMX_ISAS
 
 
 def has(what: str) -> bool:

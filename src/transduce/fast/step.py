@@ -62,27 +62,6 @@ def covers(config: ModelConfig) -> bool:
                for f in dataclasses.fields(config))
 
 
-def _linear(layer, rows: slice | None = None):
-    """(fn, packed): fn(x, activation) = x W[rows]^T + b[rows], the operation `layer` itself runs
-    for input in its packed copies' dtype (`decode.PackedLinear.forward`), and the packed copy it
-    relies on (None for a plain `nn.Linear`)."""
-    w, b = layer.weight, layer.bias
-    if rows is not None:
-        w, b = w[rows], None if b is None else b[rows]
-    packed = layer.packed_for(rows) if hasattr(layer, "packed_for") else None  # a `decode.PackedLinear`
-    if packed is None:
-        def plain(x: Tensor, activation: str = "none") -> Tensor:
-            y = F.linear(x, w, b)
-            return F.relu(y) if activation == "relu" else y
-        return plain, None
-    return (lambda x, activation="none": packed(x, b, activation)), packed
-
-
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """A step's attention where the layer sets no `step_attention`: the model's own (on a GPU)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
 class FastStep:
     """`model.decode_step` as one function (see the module's doc). Build it after the weights are
     packed or quantized (`decode.apply` does); it then checks, once per step, that what it was
@@ -95,47 +74,50 @@ class FastStep:
         self.norm_first, self.final_norm = model.config.norm_first, dec.final_norm
         self.checks: list = []  # the packed copies relied on: usable only while unchanged
         self.layers = []
+        sdpa = F.scaled_dot_product_attention  # where a layer sets no `step_attention`: the model's own
         for layer in dec.layers:
             sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.feed_forward
-            # W_1 with its ReLU: inside a packed product (`decode.PackedFeedForward`), else after it
-            w_1 = self._add(_linear(ffn.w_1))
             norms = tuple((n.normalized_shape, n.weight, n.bias, n.eps, True) for n in (layer.norm1, layer.norm2, layer.norm3))
             self.layers.append((
-                self._add(_linear(sa.in_proj)), self._add(_linear(sa.out_proj)),
-                self._add(_linear(ca.in_proj, ca.q_rows)), self._add(_linear(ca.out_proj)),
-                w_1, self._add(_linear(ffn.w_2)), norms,
-                sa.step_attention or _sdpa, ca.step_attention or _sdpa, sa.n_heads, sa.d_k, sa.d_v,
+                self._linear(sa.in_proj), self._linear(sa.out_proj), self._linear(ca.in_proj, ca.q_rows),
+                self._linear(ca.out_proj), self._linear(ffn.w_1), self._linear(ffn.w_2), norms,
+                sa.step_attention or sdpa, ca.step_attention or sdpa, sa.n_heads, sa.d_k, sa.d_v,
             ))
         if model.output_proj is None:  # tied to the embedding matrix, unpacked (`Transformer.logits`)
             weight = dec.embed.weight
             self.logits = lambda x: F.linear(x, weight)
         else:
-            self.logits = self._add(_linear(model.output_proj))
+            self.logits = self._linear(model.output_proj)
         dtypes = {c.dtype for c in self.checks}
         self.dtype = dtypes.pop() if len(dtypes) == 1 else (None if not dtypes else "mixed")
         self._versions = [(c.source, c.version, c.ptr, getattr(c, "bias", None), getattr(c, "bias_version", None))
                           for c in self.checks]
 
-    def _add(self, made):
-        fn, packed = made
-        if packed is not None:
-            self.checks.append(packed)
-        return fn
+    def _linear(self, layer, rows: slice | None = None):
+        """fn(x, activation) = x W[rows]^T + b[rows], the operation `layer` itself runs for input in
+        its packed copies' dtype (`decode.PackedLinear.forward`); the packed copy it relies on (none
+        for a plain `nn.Linear`) joins `checks`."""
+        w, b = layer.weight, layer.bias
+        if rows is not None:
+            w, b = w[rows], None if b is None else b[rows]
+        packed = layer.packed_for(rows) if hasattr(layer, "packed_for") else None  # a `decode.PackedLinear`
+        if packed is None:
+            def plain(x: Tensor, activation: str = "none") -> Tensor:
+                y = F.linear(x, w, b)
+                return F.relu(y) if activation == "relu" else y
+            return plain
+        self.checks.append(packed)
+        return lambda x, activation="none": packed(x, b, activation)
 
     def usable(self, tgt: Tensor) -> bool:
         """Whether this step computes what the model's would: one position, eval mode, no autograd
         or autocast, activations in the packed weights' dtype, every packed copy current."""
         if (tgt.size(1) != 1 or tgt.numel() == 0 or self.model.training or torch.is_grad_enabled()
-                or torch.is_autocast_enabled(tgt.device.type)):
+                or torch.is_autocast_enabled(tgt.device.type) or self.dtype not in (None, self.embed.dtype)):
             return False
-        if self.dtype is not None and self.embed.dtype != self.dtype:
-            return False
-        for source, version, ptr, bias, bias_version in self._versions:
-            if source._version != version or source.data_ptr() != ptr:
-                return False
-            if bias is not None and bias._version != bias_version:
-                return False
-        return True
+        return all(source._version == version and source.data_ptr() == ptr
+                   and (bias is None or bias._version == bias_version)
+                   for source, version, ptr, bias, bias_version in self._versions)
 
     def __call__(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
         if not self.usable(tgt):
@@ -159,7 +141,7 @@ class FastStep:
             a = w_oc(a.transpose(1, 2).reshape(R, 1, h * d_v))
             x = x + a if pre else norm(x + a, *n2)
             # the position-wise FFN (equation 2)
-            f = w_2(w_1(norm(x, *n3) if pre else x, "relu"))
+            f = w_2(w_1(norm(x, *n3) if pre else x, "relu"))  # W_1's ReLU inside a packed product, else after it
             x = x + f if pre else norm(x + f, *n3)
         cache.length += 1
         if self.final_norm is not None:
