@@ -17,11 +17,23 @@ from ..device import resolve_device
 from ..translate import LoadedModel, _find_metadata
 
 
-def fill_decoding_defaults(args: argparse.Namespace, **defaults) -> None:
-    """Set the decoding flags left unset (None) to `defaults` (beam=..., alpha=..., ...)."""
-    for name, value in defaults.items():
+def fill_decoding_defaults(args: argparse.Namespace, parsing: bool = False) -> None:
+    """Set the search and batch flags left unset (None) to the task's defaults: translation's
+    (Section 6.1), or with `parsing` the parser's (6.3)."""
+    from .. import translate
+    from ..parsing import parse
+
+    task = parse if parsing else translate
+    for name in ("beam", "alpha", "max_len_offset", "batch_size"):
         if getattr(args, name, None) is None:
-            setattr(args, name, value)
+            setattr(args, name, getattr(task, f"DEFAULT_{name.upper()}"))
+
+
+def warner(prog: str):
+    """A function that prints "PROG: warning: MESSAGE" on stderr, above the progress bar if any."""
+    from tqdm import tqdm
+
+    return lambda msg: tqdm.write(f"{prog}: warning: {msg}", file=sys.stderr)
 
 
 def check_search_args(args: argparse.Namespace, *at_least_1: str) -> None:

@@ -12,8 +12,8 @@ from ..checkpoint.files import atomic_write_text, check_output
 from ..data.datasets import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError, UsageError
-from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .common import check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args, model_metadata
+from .common import (check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args,
+                     model_metadata, warner)
 from .options import add_decoding_args, add_quiet, epilog
 
 DESCRIPTION = """\
@@ -25,6 +25,7 @@ EPILOG = epilog(
     "transduce evaluate runs/base -i test.en --ref test.de --tgt de -o hyp.de",
 )
 PROG = "transduce evaluate"
+warn = warner(PROG)
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -147,12 +148,6 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     return hyps
 
 
-def warn(msg: str) -> None:
-    from tqdm import tqdm
-
-    tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)  # above the progress bar, if any
-
-
 def load_model(args: argparse.Namespace, doing: str, report: dict, parsing_model: bool = False):
     """MODEL (`load_from_args`; with `parsing_model`, refused unless trained on a treebank), said on
     stderr with what it is `doing`, and named in `report`."""
@@ -193,8 +188,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(path)
     if is_parsing(args):
         return run_parsing(args)
-    fill_decoding_defaults(args, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
-                           batch_size=DEFAULT_BATCH_SIZE)
+    fill_decoding_defaults(args)
     report, src_path, ref_path, tok_ref_path = resolve_files(args)
     refs = _read(ref_path)
     tok_refs = _read(tok_ref_path) if tok_ref_path is not None else None
@@ -205,12 +199,8 @@ def run(args: argparse.Namespace) -> int:
             raise DataError(f"{len(hyps)} lines, but the reference {ref_path} has {len(refs)}", args.hyp)
     else:
         hyps = translate_source(args, src_path, ref_path, len(refs), report)
-    report["ref"] = str(ref_path)
-    if src_path is not None:
-        report["src"] = str(src_path)
-    if tok_ref_path is not None:
-        report["tok_ref"] = str(tok_ref_path)
-    report["n_sentences"] = len(hyps)
+    files = {"ref": ref_path, "src": src_path, "tok_ref": tok_ref_path}
+    report.update({name: str(path) for name, path in files.items() if path is not None}, n_sentences=len(hyps))
     report["scores"] = evaluate.score(hyps, refs, lang=args.tgt, tok_refs=tok_refs, sacrebleu_tokenize=args.sacrebleu_tokenize,
                                       tokenized=args.variant == "tok")
     report["conventions"] = {k: v["convention"] for k, v in report["scores"].items()}
@@ -277,8 +267,7 @@ def run_parsing(args: argparse.Namespace) -> int:
         scores = parsing.score_parses(gold, parsed, own_tags=own, params=params)
         report["hyp"] = str(args.hyp)
     else:
-        fill_decoding_defaults(args, beam=parsing.DEFAULT_BEAM, alpha=parsing.DEFAULT_ALPHA,
-                               max_len_offset=parsing.DEFAULT_MAX_LEN_OFFSET, batch_size=parsing.DEFAULT_BATCH_SIZE)
+        fill_decoding_defaults(args, parsing=True)
         check_decoding_args(args)
         loaded = load_model(args, f"parsing {len(gold):,} sentences", report, parsing_model=True)
         scores, parses = parsing.evaluate_parser(

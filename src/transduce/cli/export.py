@@ -109,27 +109,21 @@ def _quiet_transformers() -> None:
 
 
 def _from_marian(args: argparse.Namespace) -> int:
-    from ..checkpoint import atomic_dir
+    from ..checkpoint import atomic_dir, save_model
     from ..export.marian import import_marian
 
     _quiet_transformers()
     model, config, sv, tv = import_marian(args.model_path)
     with atomic_dir(args.out) as out:  # renamed into place at the end
-        _write_model_dir(model, config, sv, tv, out)
+        save_model(model, config, out)
+        if sv is tv:
+            shutil.copy(sv.path, out / "spm.model")
+        else:
+            shutil.copy(sv.path, out / "spm.src.model")
+            shutil.copy(tv.path, out / "spm.tgt.model")
+            meta = {"format": 1, "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+                    "vocab": {"shared": False, "files": {"src": "spm.src.model", "tgt": "spm.tgt.model"},
+                              "size": {"src": len(sv), "tgt": len(tv)}}}
+            (out / "data.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.out}: transduce model directory from {args.model_path}")
     return 0
-
-
-def _write_model_dir(model, config, sv, tv, out: Path) -> None:
-    from ..checkpoint import save_model
-
-    save_model(model, config, out)
-    if sv is tv:
-        shutil.copy(sv.path, out / "spm.model")
-    else:
-        shutil.copy(sv.path, out / "spm.src.model")
-        shutil.copy(tv.path, out / "spm.tgt.model")
-        meta = {"format": 1, "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
-                "vocab": {"shared": False, "files": {"src": "spm.src.model", "tgt": "spm.tgt.model"},
-                          "size": {"src": len(sv), "tgt": len(tv)}}}
-        (out / "data.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -140,15 +140,11 @@ def add_search_args(g, *, beam: int | None, alpha: float | None, max_len_offset:
     """The search of Section 6.1 (6.3 for parsing): defaults as given, or None: the task's, as
     `note` says (one text for the three, or one each)."""
     notes = note if isinstance(note, tuple) else (note,) * 3
-
-    def default(value, i: int) -> str:
-        return f"default {value}" if value is not None else f"default {notes[i]}"
-
-    g.add_argument("--beam", type=int, default=beam, metavar="K", help=f"beam size ({default(beam, 0)})")
-    g.add_argument("--alpha", type=float, default=alpha, metavar="A",
-                   help=f"length penalty alpha ({default(alpha, 1)})")
+    said = [f"default {n if v is None else v}" for v, n in zip((beam, alpha, max_len_offset), notes)]
+    g.add_argument("--beam", type=int, default=beam, metavar="K", help=f"beam size ({said[0]})")
+    g.add_argument("--alpha", type=float, default=alpha, metavar="A", help=f"length penalty alpha ({said[1]})")
     g.add_argument("--max-len-offset", type=int, default=max_len_offset, metavar="N",
-                   help=f"output length <= input + N ({default(max_len_offset, 2)})")
+                   help=f"output length <= input + N ({said[2]})")
     if greedy:
         g.add_argument("--greedy", action="store_true", help="greedy decoding (ignores --beam, --alpha)")
 
@@ -185,6 +181,16 @@ def _workers(value: str) -> int | str:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected auto or a positive number, not {value!r}")
     return n
+
+
+def add_line_args(parser: argparse.ArgumentParser, model: str, out: str):
+    """MODEL, --input and --out of a command that writes a line per input line; returns their group."""
+    g = parser.add_argument_group("input and output")
+    g.add_argument("model_path", type=Path, metavar="MODEL", help=model)
+    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, plain or .gz (default: stdin)")
+    g.add_argument("--out", "-o", "--output", type=Path, metavar="FILE",
+                   help=f"{out} (default: stdout; .gz: gzip)")
+    return g
 
 
 def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None, alpha: float | None,

@@ -10,8 +10,8 @@ from pathlib import Path
 from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
 from ..checkpoint.files import check_output
-from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, model_metadata
-from .options import add_decoding_args, add_quiet, epilog
+from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, model_metadata, warner
+from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
 DESCRIPTION = """\
 Parse raw English (or --tokenized PTB tokens), one sentence per line, into bracketed
@@ -27,10 +27,7 @@ PROG = "transduce parse"
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce parse`."""
-    g = parser.add_argument_group("input and output")
-    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model directory trained on a treebank")
-    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, plain or .gz (default: stdin)")
-    g.add_argument("--out", "-o", "--output", type=Path, metavar="FILE", help="trees (default: stdout; .gz: gzip)")
+    g = add_line_args(parser, "a run or model directory trained on a treebank", "trees")
     g.add_argument("--tokenized", action="store_true", help="the input is PTB tokens (default: raw English)")
     g.add_argument("--svg", type=Path, metavar="DIR", help="also draw each tree as DIR/LINE.svg")
     g.add_argument("--constrained", action="store_true", help="beam search of trees only (not the paper)")
@@ -46,22 +43,14 @@ def check_parsing_model(model_path: Path, metadata: dict | None) -> None:
                         "with `transduce prepare --dataset ptb-wsj`)", model_path)
 
 
+@exit_on_sigterm(PROG)
 def run(args: argparse.Namespace) -> int:
     """Parse --input (or stdin) into --out (or stdout); an error, Ctrl-C or SIGTERM leaves no output."""
-    with exit_on_sigterm(PROG):
-        return _parse(args)
-
-
-def _parse(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from ..parsing.svg import tree_svg
     from ..parsing.tokenize import escape_brackets, ptb_tokenize
     from ..parsing.trees import Repairs
 
-    def warn(msg: str) -> None:
-        tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)
-
+    warn = warner(PROG)
     check_decoding_args(args)
     check_output(args.out)  # before the model loads: a path that cannot be written, named
     if (meta := model_metadata(args.model_path)) is not None:  # checked before the model loads

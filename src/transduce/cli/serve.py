@@ -79,9 +79,7 @@ def resolve_defaults(args: argparse.Namespace) -> None:
         parsing = args.engine == "torch" and parse.is_parsing_model(model_metadata(args.model_path))
     except (OSError, ValueError, AttributeError):
         parsing = False
-    beam, alpha, offset = ((parse.DEFAULT_BEAM, parse.DEFAULT_ALPHA, parse.DEFAULT_MAX_LEN_OFFSET) if parsing
-                           else (DEFAULT_BEAM, DEFAULT_ALPHA, DEFAULT_MAX_LEN_OFFSET))
-    fill_decoding_defaults(args, beam=beam, alpha=alpha, max_len_offset=offset)
+    fill_decoding_defaults(args, parsing)
     d = Limits()
     if args.max_beam is None:
         args.max_beam = max(d.max_beam, args.beam)

@@ -13,8 +13,8 @@ from .. import translate
 from ..checkpoint.files import check_output
 from ..translate import Candidate
 from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, to_file
-from .options import add_decoding_args, add_quiet, epilog
+from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, to_file, warner
+from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
 DESCRIPTION = """\
 Translate one sentence per line, --input (or stdin) to --out (or stdout), as many
@@ -31,11 +31,7 @@ PROG = "transduce translate"
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce translate`."""
-    g = parser.add_argument_group("input and output")
-    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run directory or a model directory")
-    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, plain or .gz (default: stdin)")
-    g.add_argument("--out", "-o", "--output", type=Path, metavar="FILE",
-                   help="translations (default: stdout; .gz: gzip)")
+    g = add_line_args(parser, "a run directory or a model directory", "translations")
     add_quiet(g, "no progress bar, no notes")
     g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E",
                    help="torch or ct2 (an `export ct2` dir; default torch)")
@@ -80,9 +76,7 @@ def run(args: argparse.Namespace) -> int:
     """Translate --input (or stdin) into --out (or stdout). An error leaves no output file."""
     from tqdm import tqdm
 
-    def warn(msg: str) -> None:
-        tqdm.write(f"{PROG}: warning: {msg}", file=sys.stderr)  # above the progress bar, if any
-
+    warn = warner(PROG)
     check_args(args)
     with exit_on_sigterm(PROG), LineStreams(args) as streams, contextlib.ExitStack() as stack:
         loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
