@@ -60,11 +60,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: str
     if device.type == "cpu" and can_pack(dtype, "cpu"):
         packed = ops.pack(b.t())
         products.append(lambda: ops.linear(a, packed, None))
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     best = 0.0
     with torch.inference_mode():
         for product in products:

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from .config import Config, ModelConfig
 from .data.vocab import BOS, EOS, PAD, SPECIAL_PIECES
@@ -85,11 +86,7 @@ def train_synthetic(
     g_dev = torch.Generator().manual_seed(seed + 500_009)
     dev = make_batch(task, n_dev, n_symbols, min_len, max_len, g_dev)
     start, step, loss_value, dev_exact = time.perf_counter(), 0, float("nan"), 0.0
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=max_steps, unit="step", desc=f"synthetic {task}", leave=False)
+    bar = tqdm(total=max_steps, unit="step", desc=f"synthetic {task}", leave=False, disable=not progress)
     while step < max_steps and time.perf_counter() - start < seconds:
         src, tgt_in, tgt_out = make_batch(task, batch_size, n_symbols, min_len, max_len, g_train)
         batch = {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": int((tgt_out != PAD).sum())}
@@ -100,13 +97,11 @@ def train_synthetic(
             loss_value = sums[0].item() / batch["ntokens"]  # per target token
             dev_exact = exact_match(model, dev)
             model.train()
-            if bar is not None:
-                bar.update(eval_every)
-                bar.set_postfix(loss=f"{loss_value:.4f}", dev_exact=f"{dev_exact:.1%}")
+            bar.update(eval_every)
+            bar.set_postfix(loss=f"{loss_value:.4f}", dev_exact=f"{dev_exact:.1%}")
             if dev_exact == 1.0:
                 break
-    if bar is not None:
-        bar.close()
+    bar.close()
     elapsed = time.perf_counter() - start
 
     g_eval = torch.Generator().manual_seed(seed + 1_000_003)
