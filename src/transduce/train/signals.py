@@ -12,6 +12,7 @@ signal every process of the job as well).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -68,7 +69,5 @@ def under_torchrun() -> bool:
 
 def _stderr(text: str) -> None:
     """Write from a signal handler: os.write, never print (a handler may interrupt a print)."""
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, text.encode())
-    except OSError:
-        pass

@@ -4,6 +4,7 @@ first step (`Run`) and what the loop changes step after step (`LoopState`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -147,11 +148,9 @@ class RunLog:
         self.file = open(log_dir / "train.jsonl", "a", encoding="utf-8")
         self.tb = None
         if tensorboard:
-            try:
+            with contextlib.suppress(ImportError):  # tensorboard is optional
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # tensorboard is optional
-                pass
-            else:
+
                 self.tb = SummaryWriter(str(log_dir))
 
     def write(self, kind: str, step: int, **values) -> None:
@@ -170,10 +169,8 @@ class RunLog:
 
     def close(self) -> None:
         if self.file is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.file.close()
-            except OSError:
-                pass
         if self.tb is not None:
             self.tb.close()
 

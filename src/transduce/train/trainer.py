@@ -24,6 +24,7 @@ a run and what the trainer does about it, in `transduce.train.recovery` (docs/cl
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -165,20 +166,12 @@ def train(
     finally:
         held = lock.held
         lock.release()
-        if created and held:  # never a directory another trainer holds
-            _remove_if_only_the_lock(Path(run_dir), lock)
+        if created and held:  # never a directory another trainer holds; nothing but the lock in it: removed
+            with contextlib.suppress(OSError):  # another process wrote into it meanwhile: leave it
+                if [p.name for p in Path(run_dir).iterdir()] == [lock.path.name]:
+                    lock.path.unlink()
+                    Path(run_dir).rmdir()
         env.close()
-
-
-def _remove_if_only_the_lock(run_dir: Path, lock: RunLock) -> None:
-    """Remove a run directory that holds nothing but its lock file (a start that failed, e.g. on
-    bad data), so that no empty run is left behind."""
-    try:
-        if [p.name for p in run_dir.iterdir()] == [lock.path.name]:
-            lock.path.unlink()
-            run_dir.rmdir()
-    except OSError:  # another process wrote into it meanwhile: leave it
-        pass
 
 
 def _set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, env: DistEnv,
@@ -214,7 +207,8 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, 
 
 def _open(run: Run, start: recovery.Start, given: TrainOptions, log_extra: dict) -> tuple[Run, LoopState]:
     """Start the batch stream at `start`, write the run directory (rank 0), make the module that
-    trains, open the log, say what will be done, open the progress bar; the loop's clocks start."""
+    trains (optionally compiled, in DDP for several processes), open the log, say what will be
+    done, open the progress bar; the loop's clocks start."""
     env, opts, config = run.env, run.opts, run.config
     t = config.train
     if start.step > t.max_steps:  # before anything is written: the run is not rewound, nor its model rewritten
@@ -224,10 +218,19 @@ def _open(run: Run, start: recovery.Start, given: TrainOptions, log_extra: dict)
                          epoch=start.epoch, position=start.position)  # first: it refuses an empty split
     if env.is_main:
         prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
-    run = dataclasses.replace(run, train_model=_training_module(run),
+    run.model.train()
+    train_model: nn.Module = torch.compile(run.model) if opts.compile else run.model
+    if env.distributed:
+        train_model = nn.parallel.DistributedDataParallel(
+            train_model, device_ids=[env.device.index] if env.device.type == "cuda" else None, gradient_as_bucket_view=True)
+    run = dataclasses.replace(run, train_model=train_model,
                               log=RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None)
     _announce(run, stream, start.step, given, log_extra)  # before the bar: on a terminal, not on the bar's line
-    run = dataclasses.replace(run, bar=_progress_bar(env, opts, start.step, t.max_steps))
+    if env.is_main and opts.progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        run = dataclasses.replace(run, bar=tqdm(total=t.max_steps, initial=start.step, unit="step", dynamic_ncols=True,
+                                                desc="train"))
     now = time.perf_counter()
     return run, LoopState(
         step=start.step, stream=stream, lr=noam_lr(start.step, config.model.d_model, t.warmup_steps, t.lr_scale),
@@ -235,17 +238,6 @@ def _open(run: Run, start: recovery.Start, given: TrainOptions, log_extra: dict)
         saved_at=start.saved_at, first_step=start.step, start=now, last_save=now, last_log=now,
         interval_sums=torch.zeros(2, device=env.device),
     )
-
-
-def _training_module(run: Run) -> nn.Module:
-    """The module that trains: optionally compiled, wrapped in DDP for several processes."""
-    run.model.train()
-    train_model: nn.Module = torch.compile(run.model) if run.opts.compile else run.model
-    if run.env.distributed:
-        device = run.env.device
-        train_model = nn.parallel.DistributedDataParallel(
-            train_model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
-    return train_model
 
 
 def _announce(run: Run, stream: BatchStream, step: int, given: TrainOptions, log_extra: dict) -> None:
@@ -380,17 +372,9 @@ def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: in
         return "ETA --:--"
     seconds = (max_steps - step) * step_seconds / session_steps
     capped = minutes_left is not None and minutes_left * 60 < seconds
-    if capped:
-        seconds = max(minutes_left * 60, 0.0)
+    seconds = max(minutes_left * 60, 0.0) if capped else seconds
     m, sec = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     text = f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
     return f"ETA {text}" + (" (--max-minutes)" if capped else "")
 
-
-def _progress_bar(env: DistEnv, opts: TrainOptions, step: int, total: int):
-    if not (env.is_main and opts.progress and sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=step, unit="step", dynamic_ncols=True, desc="train")
