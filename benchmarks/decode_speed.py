@@ -24,6 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 from machine import describe  # noqa: E402
 from transduce.data.datasets import fetch  # noqa: E402
