@@ -84,10 +84,10 @@ def test_cpu_presets_are_base_made_smaller(name):
 
 
 def test_tiny_peaks_at_wu_et_al_learning_rate():
-    from transduce.train.schedule import noam_lr
+    from transduce.train.schedule import learning_rate
 
     t, m = get_preset("tiny").train, get_preset("tiny").model
-    assert noam_lr(t.warmup_steps, m.d_model, t.warmup_steps, t.lr_scale) == pytest.approx(0.005, rel=1e-3)
+    assert learning_rate(t.warmup_steps, m.d_model, t.warmup_steps, t.lr_scale) == pytest.approx(0.005, rel=1e-3)
 
 
 @pytest.mark.parametrize("name", sorted(TABLE3_ROWS))

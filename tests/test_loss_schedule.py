@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from transduce.train.loss import label_smoothed_nll
-from transduce.train.schedule import noam_lr
+from transduce.train.schedule import learning_rate
 
 
 def test_label_smoothing_matches_definition_and_excludes_padding():
@@ -36,13 +36,13 @@ def test_label_smoothing_matches_definition_and_excludes_padding():
 
 def test_equation_3():
     d, w = 512, 4000
-    assert noam_lr(1, d, w) == pytest.approx(d**-0.5 * 1 * w**-1.5)
-    assert noam_lr(w, d, w) == pytest.approx(d**-0.5 * w**-0.5)  # the peak, at step = warmup
-    assert noam_lr(4 * w, d, w) == pytest.approx(noam_lr(w, d, w) / 2)  # inverse square root decay
-    assert noam_lr(w // 2, d, w) == pytest.approx(noam_lr(w, d, w) / 2)  # linear warmup
-    assert noam_lr(100, d, w, scale=2.0) == pytest.approx(2 * noam_lr(100, d, w))
-    peak = max(noam_lr(s, d, w) for s in range(1, 20000, 10))
-    assert peak == pytest.approx(noam_lr(w, d, w), rel=1e-3)
+    assert learning_rate(1, d, w) == pytest.approx(d**-0.5 * 1 * w**-1.5)
+    assert learning_rate(w, d, w) == pytest.approx(d**-0.5 * w**-0.5)  # the peak, at step = warmup
+    assert learning_rate(4 * w, d, w) == pytest.approx(learning_rate(w, d, w) / 2)  # inverse square root decay
+    assert learning_rate(w // 2, d, w) == pytest.approx(learning_rate(w, d, w) / 2)  # linear warmup
+    assert learning_rate(100, d, w, scale=2.0) == pytest.approx(2 * learning_rate(100, d, w))
+    peak = max(learning_rate(s, d, w) for s in range(1, 20000, 10))
+    assert peak == pytest.approx(learning_rate(w, d, w), rel=1e-3)
 
 
 def _reference_smoothed(logits, target, eps, pad_id=0):

@@ -15,7 +15,7 @@ from transduce.data.batching import ParallelDataset
 from transduce.errors import UsageError
 from transduce.model import Transformer
 from transduce.train.loss import label_smoothed_nll
-from transduce.train.schedule import cooldown_factor, noam_lr
+from transduce.train.schedule import learning_rate
 from train_data import VOCAB, make_data
 from transduce.cli import main
 from transduce.train.step import autocast_for, build_optimizer, prepare_for_training, set_lr, train_step
@@ -47,10 +47,10 @@ def test_label_smoothed_loss_matches_torch_and_skips_padding():
 
 def test_noam_schedule_is_equation_3():
     d, w = 512, 4000
-    assert noam_lr(w, d) == pytest.approx(d**-0.5 * w**-0.5)  # the peak
-    assert noam_lr(w // 2, d) == pytest.approx(noam_lr(w, d) / 2)  # linear warmup
-    assert noam_lr(4 * w, d) == pytest.approx(noam_lr(w, d) / 2)  # inverse square root decay
-    assert max(noam_lr(s, d) for s in range(1, 3 * w)) == noam_lr(w, d)
+    assert learning_rate(w, d) == pytest.approx(d**-0.5 * w**-0.5)  # the peak
+    assert learning_rate(w // 2, d) == pytest.approx(learning_rate(w, d) / 2)  # linear warmup
+    assert learning_rate(4 * w, d) == pytest.approx(learning_rate(w, d) / 2)  # inverse square root decay
+    assert max(learning_rate(s, d) for s in range(1, 3 * w)) == learning_rate(w, d)
 
 
 def test_one_way_to_prepare_a_model_for_training():
@@ -87,11 +87,14 @@ def test_options_fall_back_to_the_config_in_one_place():
 
 
 def test_cooldown_is_off_by_default_and_linear_to_zero():
-    assert cooldown_factor(0.99, 0.0) == 1.0  # the paper's schedule
-    assert cooldown_factor(0.5, 0.2) == 1.0
-    assert cooldown_factor(0.8, 0.2) == pytest.approx(1.0)
-    assert cooldown_factor(0.9, 0.2) == pytest.approx(0.5)
-    assert cooldown_factor(1.0, 0.2) == 0.0
+    def factor(step, cooldown):  # the rate of step `step` of 100 over equation 3's (warmup 1: it decays alone)
+        return learning_rate(step, 16, 1, cooldown=cooldown, max_steps=100) / learning_rate(step, 16, 1)
+
+    assert factor(100, 0.0) == 1.0  # the paper's schedule
+    assert factor(51, 0.2) == 1.0
+    assert factor(81, 0.2) == pytest.approx(1.0)
+    assert factor(91, 0.2) == pytest.approx(0.5)
+    assert learning_rate(101, 16, 1, cooldown=0.2, max_steps=100) == 0.0
 
 
 def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
@@ -103,9 +106,10 @@ def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
     lrs = [json.loads(line)["lr"] for line in (run / "logs" / "train.jsonl").read_text().splitlines()
            if json.loads(line)["type"] == "train"]
     # step s + 1 uses progress s / 8: full rate up to step 5, then 3/4, 1/2, 1/4 of equation 3
-    expected = [noam_lr(s, 16, 2) * cooldown_factor((s - 1) / 8, 0.5) for s in range(1, 9)]
+    expected = [learning_rate(s, 16, 2, cooldown=0.5, max_steps=8) for s in range(1, 9)]
     assert lrs == pytest.approx(expected)
-    assert expected[-1] == pytest.approx(noam_lr(8, 16, 2) / 4)
+    assert expected[-1] == pytest.approx(learning_rate(8, 16, 2) / 4)
+    assert expected[:5] == pytest.approx([learning_rate(s, 16, 2) for s in range(1, 6)])
 
 
 def test_max_minutes_is_a_cap_that_says_when_it_binds(tmp_path, capsys):
@@ -226,7 +230,7 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("train") == 2
     train_rec = [r for r in records if r["type"] == "train"][-1]
     assert {"loss", "nll", "ppl", "lr", "grad_norm", "target_tokens_per_s"} <= train_rec.keys()
-    assert train_rec["lr"] == pytest.approx(noam_lr(4, 16, 3))
+    assert train_rec["lr"] == pytest.approx(learning_rate(4, 16, 3))
     valid = [r for r in records if r["type"] == "valid"]
     assert [r["step"] for r in valid] == [2, 4]
     assert valid[-1]["ppl"] == pytest.approx(math.exp(valid[-1]["nll"]))

@@ -3,7 +3,7 @@
 Masks, the right shift, the loss, the schedule and the decoding cache all have to be right for a
 small Transformer to reach ~100% exact match on held-out sequences after a short CPU run. The
 sequences are made in memory, so it trains with the trainer's pieces (`prepare_for_training`,
-`build_optimizer`, `train_step`, `noam_lr`) rather than its `train`. Used by the tests and by
+`build_optimizer`, `train_step`, `learning_rate`) rather than its `train`. Used by the tests and by
 `transduce synthetic`.
 """
 
@@ -20,7 +20,7 @@ from .data.vocab import BOS, EOS, PAD, SPECIAL_PIECES
 from .decode import greedy_decode
 from .fast import decode as fast_decode
 from .model import Transformer
-from .train.schedule import noam_lr
+from .train.schedule import learning_rate
 from .train.step import build_optimizer, prepare_for_training, train_step
 
 N_SPECIAL = len(SPECIAL_PIECES)  # symbols start after PAD, UNK, BOS, EOS
@@ -90,7 +90,7 @@ def train_synthetic(
     while step < max_steps and time.perf_counter() - start < seconds:
         src, tgt_in, tgt_out = make_batch(task, batch_size, n_symbols, min_len, max_len, g_train)
         batch = {"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": int((tgt_out != PAD).sum())}
-        lr = noam_lr(step + 1, c.d_model, warmup_steps, lr_scale)  # equation 3, step counted from 1
+        lr = learning_rate(step + 1, c.d_model, warmup_steps, lr_scale)  # equation 3, step counted from 1
         sums = train_step(model, opt, [batch], lr=lr, label_smoothing=0.0, pad_id=PAD, smooth_exclude=()).sums
         step += 1
         if step % eval_every == 0:

@@ -8,7 +8,7 @@ What the paper says, and where it is done:
 * 5.2 8 GPUs, 100K steps (base) / 300K (big): torchrun + DistributedDataParallel
   (`transduce.train.distributed.setup_distributed`); --max-steps and --max-minutes bound the run.
 * 5.3 Adam (`transduce.train.step.build_optimizer`) at the rate of equation 3, set before every
-  optimizer step (`transduce.train.schedule.noam_lr`; not in the paper, an option: --cooldown).
+  optimizer step (`transduce.train.schedule.learning_rate`; not in the paper, an option: --cooldown).
 * 5.4 dropout (on the CPU `transduce.fast.train.BitDropout`) and label smoothing eps_ls = 0.1
   (`transduce.train.loss.label_smoothed_nll`).
 * 6.1 checkpoints every 10 minutes (train.checkpoint_minutes) or N steps, the last K kept for
@@ -45,7 +45,7 @@ from ..fast.train import keep_freed_memory
 from ..model import Transformer, count_parameters
 from . import recovery
 from .distributed import DistEnv, agree, all_reduce_, any_rank, set_threads, setup_distributed
-from .schedule import cooldown_factor, noam_lr
+from .schedule import learning_rate
 from .signals import StopSignals
 from .state import BatchStream, LoopState, Run, RunLog, TrainOptions
 from .step import build_optimizer, evaluate, make_grad_scaler, prepare_for_training, resolve_precision, to_device, train_step
@@ -134,8 +134,8 @@ def train(
             while not state.stop:
                 drawn = state.stream.take(opts.update_freq)  # update_freq micro-batches on every rank (5.1)
                 batches = [to_device(run.train_set.collate(indices), env.device) for indices, _ in drawn]
-                state.lr = (noam_lr(state.step + 1, config.model.d_model, t.warmup_steps, t.lr_scale)  # equation 3
-                            * cooldown_factor(state.step / max(t.max_steps, 1), opts.cooldown))
+                state.lr = learning_rate(state.step + 1, config.model.d_model, t.warmup_steps, t.lr_scale,  # equation 3
+                                         cooldown=opts.cooldown, max_steps=t.max_steps)
                 sums, norm, updated = train_step(
                     run.train_model, run.optimizer, batches, lr=state.lr, label_smoothing=t.label_smoothing, env=env,
                     precision=run.precision, scaler=run.scaler, clip_norm=opts.clip_norm, smooth_exclude=run.smooth_exclude,
@@ -233,7 +233,8 @@ def _open(run: Run, start: recovery.Start, given: TrainOptions, log_extra: dict)
                                                 desc="train"))
     now = time.perf_counter()
     return run, LoopState(
-        step=start.step, stream=stream, lr=noam_lr(start.step, config.model.d_model, t.warmup_steps, t.lr_scale),
+        step=start.step, stream=stream, lr=learning_rate(start.step, config.model.d_model, t.warmup_steps, t.lr_scale,
+                                                         cooldown=opts.cooldown, max_steps=t.max_steps),
         stop=start.step >= t.max_steps, train_seconds=start.train_seconds, tokens_seen=start.target_tokens,
         saved_at=start.saved_at, first_step=start.step, start=now, last_save=now, last_log=now,
         interval_sums=torch.zeros(2, device=env.device),
