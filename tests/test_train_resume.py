@@ -94,11 +94,113 @@ def test_stop_and_resume_is_exact(uninterrupted, data, tmp_path):
     assert [r["step"] for r in records if r["type"] == "start"] == [0, 3]
 
 
-def test_fresh_run_refuses_a_run_dir_with_checkpoints(uninterrupted, data, tmp_path):
+def test_without_resume_a_run_dir_with_checkpoints_is_refused(uninterrupted, data, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(uninterrupted[0], run)
-    with pytest.raises(Exception, match="--resume"):
-        train(tiny_config(9), data, run, options())
+    with pytest.raises(Exception, match="--resume, the default.*--restart"):
+        train(tiny_config(9), data, run, options(resume=False))
+
+
+# --- the command line: run the same command again and it resumes --------------------------------------
+
+CLI = ["--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
+       "--set", "model.n_heads=2", "--set", "model.dropout=0.3", "--warmup", "4", "--max-steps", "9",
+       "--save-every-minutes", "0", "--batch-tokens", "48", "--update-freq", "2", "--valid-every", "3",
+       "--save-every-steps", "2", "--keep-last", "0", "--log-every", "2", "--seed", "3", "--precision", "fp32",
+       "--threads", "1", "--quiet", "--no-tensorboard"]
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+@pytest.fixture(scope="module")
+def cli_run(data, tmp_path_factory):
+    """`transduce train` run through to step 9 by one command."""
+    from transduce.cli import main
+
+    run = tmp_path_factory.mktemp("cli") / "run"
+    assert main(["train", "--data", str(data), "--run-dir", str(run), *CLI]) == 0
+    return run
+
+
+def interrupted_copy(run: Path, to: Path, after: int) -> Path:
+    """`run` as if its process had died after writing the checkpoint of step `after`."""
+    shutil.copytree(run, to)
+    for step, path in list_checkpoints(to):
+        if step > after:
+            shutil.rmtree(path)
+    (to / "checkpoints" / "latest").write_text(f"step_{after:07d}\n")
+    shutil.rmtree(to / "model")
+    return to
+
+
+def test_running_the_same_command_again_resumes_from_the_newest_intact_checkpoint(cli_run, data, tmp_path, capsys):
+    """README: "run the same command again and it resumes from its newest intact checkpoint", and
+    ends with the parameters of the run never stopped."""
+    from transduce.cli import main
+
+    run = interrupted_copy(cli_run, tmp_path / "run", after=6)
+    weights = run / "checkpoints" / "step_0000006" / "model.safetensors"
+    damaged = bytearray(weights.read_bytes())
+    damaged[-1] ^= 0xFF  # the newest checkpoint damaged: step 4 is the newest intact one
+    weights.write_bytes(bytes(damaged))
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--run-dir", str(run), *CLI]) == 0
+    out = capsys.readouterr().out
+    assert "resuming from step_0000004, the newest intact checkpoint: 2 steps lost" in out, out
+    done, _ = load_model(run / "model")
+    never_stopped, _ = load_model(cli_run / "model")
+    assert_identical(params(done), params(never_stopped))
+    records = [json.loads(line) for line in (run / "logs" / "train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "start"] == [0, 4]
+
+    # intact: one line says where it resumes; --resume, the old spelling, is the same command
+    run = interrupted_copy(cli_run, tmp_path / "again", after=8)
+    assert main(["train", "--data", str(data), "--run-dir", str(run), "--resume", *CLI]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("resuming")]
+    assert lines == [f"resuming {run} from step_0000008, its newest checkpoint (step 8)"]
+    assert_identical(params(load_model(run / "model")[0]), params(never_stopped))
+
+
+def test_another_config_is_refused_in_one_line_naming_the_fields(cli_run, data, tmp_path, capsys):
+    from transduce.cli import main
+
+    run = interrupted_copy(cli_run, tmp_path / "run", after=4)
+    before = files(run)
+    changed = [*CLI, "--set", "model.dropout=0.2", "--warmup", "5"]
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--run-dir", str(run), *changed]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"transduce train: error: {run} was trained with another config: "), err
+    assert "model.dropout 0.2 (the run's 0.3)" in err and "train.warmup_steps 5 (the run's 4)" in err, err
+    assert "--restart" in err and "max_steps" not in err
+    assert files(run) == before  # nothing written
+    # a longer run is the same config: it continues
+    assert main(["train", "--data", str(data), "--run-dir", str(run), *CLI, "--max-steps", "10"]) == 0
+    assert latest_checkpoint(run).name == "step_0000010"
+    assert main(["train", "--run-dir", str(run), "--resume", "--restart", *CLI]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_restart_replaces_the_checkpoints_only_once_the_new_run_has_started(cli_run, data, tmp_path, capsys):
+    from transduce.cli import main
+
+    run = interrupted_copy(cli_run, tmp_path / "run", after=6)
+    before = files(run)
+    empty = make_data(tmp_path / "empty", n_train=0)  # the new run cannot start: nothing is replaced
+    assert main(["train", "--data", str(empty), "--run-dir", str(run), "--restart", *CLI]) == 2
+    assert "the training split is empty" in capsys.readouterr().err
+    assert files(run) == before
+    assert main(["train", "--data", str(data), "--run-dir", str(run), "--restart", *CLI,
+                 "--set", "model.dropout=0.2", "--max-steps", "3"]) == 0
+    assert "--restart: the earlier run's checkpoints/ in" in capsys.readouterr().out
+    assert [s for s, _ in list_checkpoints(run)] == [2, 3]
+    assert not [p for p in run.iterdir() if p.name.startswith(".replaced")]
+    records = [json.loads(line) for line in (run / "logs" / "train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["type"] == "start"] == [0, 0]
+    assert load_model(run / "model")[1].model.dropout == 0.2
 
 
 def _tiny_training_objects():

@@ -67,8 +67,8 @@ def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) 
     if differences:
         used = recorded.get("data_dir", "the data it was trained on")
         raise UsageError(f"{data_dir} has another vocabulary than the run being resumed ({run_dir}): "
-                         f"{'; '.join(dict.fromkeys(differences))}; resume on the run's data ({used}) "
-                         "or start a new --run-dir")
+                         f"{'; '.join(dict.fromkeys(differences))}; resume on the run's data ({used}), "
+                         "or start over with --restart or in another --run-dir")
 
 
 @dataclass

@@ -9,10 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..checkpoint import check_vocabulary, latest_checkpoint, load_config
+from ..checkpoint import check_vocabulary, latest_checkpoint
 from ..config import PRESETS, Config, TrainConfig, unknown_preset
 from ..data.batching import read_metadata
 from ..errors import UsageError
+from ..train.recovery import run_config
 from ..train.signals import EXIT_INTERRUPTED
 from ..train.trainer import TrainOptions, config_for_data, train
 from .fields import add_field_flags, field_type, flag, from_args
@@ -20,14 +21,15 @@ from .options import add_hardware_args, add_schedule_args, epilog
 
 DESCRIPTION = """\
 Train on `transduce prepare` output into RUN_DIR (config, checkpoints, logs, model/): Adam
-with equation 3's rate, label smoothing, token-budget batches (Section 5). Regime flags
-default to the preset's; torchrun for many GPUs; --resume continues exactly.
+with equation 3's rate, label smoothing, token-budget batches (Section 5); torchrun for
+many GPUs. Run again, it resumes exactly from its newest intact checkpoint (another config
+is refused; --restart starts over).
 details: docs/training.md, docs/precision.md, docs/cluster.md"""
 EPILOG = epilog(
     "transduce train --data data/m30k --run-dir runs/m30k --preset multi30k",
-    "transduce train --data data/wmt14 --run-dir runs/base --update-freq 8 --resume",
+    "transduce train --data data/wmt14 --run-dir runs/base --update-freq 8",
     "torchrun --nproc_per_node 8 -m transduce train --data DIR --run-dir runs/base",
-) + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: continue with --resume"
+) + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: run it again to continue"
 
 CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, metavar, help); unset: the preset's value
     "max_steps": ("max_steps", "N", "optimizer steps (default: the preset's; base 100K)"),
@@ -61,11 +63,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("input and output")
     g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output (resuming: the run's)")
     g.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="where everything the run writes goes")
-    g.add_argument("--preset", metavar="NAME", help="model and regime (default base; see `info --all`)")
+    g.add_argument("--preset", metavar="NAME", help="model and regime (default base; `info --all`)")
     g.add_argument("--set", action="append", default=[], metavar="S.F=V",
                    help="override a config field, e.g. model.n_layers=3")
-    add_field_flags(g, TrainOptions, ["resume"], RENAMED)
-    listed = {"resume", *HARDWARE, *SCHEDULE}
+    add_field_flags(g, TrainOptions, ["restart"], RENAMED)
+    g.add_argument("--resume", action="store_true", default=None, help=argparse.SUPPRESS)  # the default
+    listed = {"resume", "restart", *HARDWARE, *SCHEDULE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
         if title.startswith("optimizer"):
@@ -84,13 +87,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
-    """The run's Config and data directory from the command line (and, resuming, the run dir)."""
+    """The run's Config and data directory from the command line (and, continuing a run, the run
+    dir: its data when --data is not given, its config when --preset and --set are not given; the
+    trainer refuses a config that differs from the run's, `train.recovery.check_same_config`)."""
     run_dir: Path = args.run_dir
-    resuming = args.resume and latest_checkpoint(run_dir) is not None
+    latest = None if args.restart else latest_checkpoint(run_dir)
     data_dir = args.data
     if data_dir is None:
         recorded = run_dir / "data.json"
-        if not (args.resume and recorded.is_file()):
+        if not recorded.is_file():
             raise UsageError("--data DIR is required (a `transduce prepare` output directory)")
         data_dir = Path(json.loads(recorded.read_text(encoding="utf-8"))["data_dir"])
     if not data_dir.is_dir():
@@ -99,15 +104,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
         raise UsageError(unknown_preset(args.preset))
     meta = read_metadata(data_dir)
 
-    if resuming:
-        config = load_config(latest_checkpoint(run_dir))
-        check_vocabulary(run_dir, config, data_dir, meta)  # before anything in RUN_DIR is written
-        if args.preset or args.set:  # allowed only if they describe the same model
-            requested = config_for_data(args.preset or "base", args.set, meta)
-            if requested.model != config.model:
-                raise UsageError("--preset/--set describe a different model than the run being resumed "
-                                 f"({run_dir / 'config.json'}); drop them or use another --run-dir")
-            config.train = requested.train
+    if latest is not None:
+        check_vocabulary(run_dir, run_config(run_dir, latest), data_dir, meta)  # before anything in RUN_DIR is written
+    if latest is not None and not (args.preset or args.set):
+        config = run_config(run_dir, latest)  # the run's own
     else:
         config = config_for_data(args.preset or "base", args.set, meta)
     t = config.train
@@ -123,6 +123,9 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume and args.restart:
+        raise UsageError("give --resume (continue RUN_DIR, the default) or --restart (start over in it), not both")
+    args.resume = True
     try:
         options = from_args(TrainOptions, args)  # checks the flags' ranges
     except UsageError as e:  # named by the field: say the flag's name

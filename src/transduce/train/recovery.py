@@ -2,11 +2,16 @@
 order of the trainer's phases: one trainer per run directory (`take_lock`), a fresh start or exact
 resume from the newest intact checkpoint (`restore`), a step whose loss or gradient is not finite
 (`skipped`), a checkpoint that cannot be written (`checkpoint`), SIGTERM or SIGINT (`interrupted`).
-What a checkpoint holds and where it lies is `transduce.checkpoint`'s.
+A run directory with checkpoints is continued by default, as long as it is asked for with the
+run's own config (`config_differences`); `TrainOptions.restart` replaces its checkpoints instead,
+once the new run has started (`replace_previous`). What a checkpoint holds and where it lies is
+`transduce.checkpoint`'s.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +19,10 @@ from pathlib import Path
 from torch import Tensor
 
 from ..checkpoint import (
-    DamagedCheckpoint, LoadedCheckpoint, RunLock, TrainingState, checkpoint_step, latest_checkpoint, list_checkpoints, load_checkpoint,
-    save_checkpoint, set_aside,
+    CHECKPOINTS, CONFIG, DamagedCheckpoint, LoadedCheckpoint, RunLock, TrainingState, checkpoint_step, latest_checkpoint,
+    list_checkpoints, load_checkpoint, load_config, save_checkpoint, set_aside,
 )
+from ..config import Config
 from ..errors import TrainingStopped, UsageError
 from .distributed import DistEnv, agree, gather_rng_states, restore_rng_states, seed_dropout
 from .state import LoopState, Run
@@ -51,12 +57,14 @@ def restore(run: Run) -> Start:
     checkpoint left off (weights, Adam's moments, the step, the position in the batch order, the
     GradScaler and every rank's RNG state)."""
     env, opts = run.env, run.opts
-    latest = latest_checkpoint(run.run_dir) if opts.resume else None
-    if latest is None and list_checkpoints(run.run_dir) and not opts.resume:
-        raise UsageError(f"{run.run_dir} already has checkpoints; pass --resume to continue it, or use another --run-dir")
+    latest = latest_checkpoint(run.run_dir) if opts.continues else None
+    if latest is None and list_checkpoints(run.run_dir) and not opts.restart:
+        raise UsageError(f"{run.run_dir} already has checkpoints: continue it (--resume, the default), start over "
+                         "with --restart (its checkpoints replaced), or use another --run-dir")
     if latest is None:
         seed_dropout(opts.seed, env.rank)
         return Start()
+    check_same_config(run, latest)
     ckpt = load_newest_intact(run, latest)
     s = ckpt.state
     start = Start(step=s.step, epoch=s.epoch, position=s.position, train_seconds=s.train_seconds,
@@ -70,6 +78,48 @@ def restore(run: Run) -> Start:
     if not (same_batches and restore_rng_states(ckpt.rng, env)):
         seed_dropout(opts.seed + s.step, env.rank)
     return start
+
+
+RESUMABLE_CHANGES = ("train.max_steps", "train.checkpoint_minutes", "train.average_last", "train.max_tokens")
+"""Config fields a resumed run may change: how long it runs, how often and how many checkpoints it
+keeps, and the batch size (recorded from the batching options, whose change `restore` handles)."""
+
+
+def config_differences(run_config: Config, config: Config) -> list[str]:
+    """'FIELD VALUE (the run's VALUE)' for each field of `config` that differs from the run's,
+    `RESUMABLE_CHANGES` aside."""
+    ours, theirs = config.to_dict(), run_config.to_dict()
+    return [f"{section}.{name} {value!r} (the run's {theirs[section].get(name)!r})"
+            for section in ("model", "train") for name, value in ours[section].items()
+            if f"{section}.{name}" not in RESUMABLE_CHANGES and value != theirs[section].get(name)]
+
+
+def run_config(run_dir: Path, latest: Path) -> Config:
+    """The config of the run in `run_dir` (its config.json, else its latest checkpoint's)."""
+    return load_config(run_dir if (run_dir / CONFIG).is_file() else latest)
+
+
+def check_same_config(run: Run, latest: Path) -> None:
+    """Refuse to continue the checkpoints of a run with another config (before anything is loaded
+    or written), naming the fields that differ and how to start over."""
+    differences = config_differences(run_config(run.run_dir, latest), run.config)
+    if differences:
+        raise UsageError(f"{run.run_dir} was trained with another config: {'; '.join(differences)}; to continue it, "
+                         "drop the flags that change these; to start over in it, add --restart (its checkpoints "
+                         "are replaced); or use another --run-dir")
+
+
+def replace_previous(run_dir: Path, env: DistEnv) -> None:
+    """--restart, once the new run has started (rank 0): the earlier run's checkpoints and model/
+    removed, each first renamed out of sight in one step, so that a run directory never holds half
+    of them."""
+    gone = [name for name in (CHECKPOINTS, "model") if (run_dir / name).exists()]
+    for name in gone:
+        aside = run_dir / f".replaced-{name}-{os.getpid()}"
+        os.replace(run_dir / name, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+    if gone:
+        env.say(f"--restart: the earlier run's {' and '.join(n + '/' for n in gone)} in {run_dir} removed; starting at step 0")
 
 
 def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
@@ -95,6 +145,8 @@ def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
             if env.is_main:
                 for p in damaged:
                     set_aside(p)
+        else:
+            env.say(f"resuming {run.run_dir} from {path.name}, its newest checkpoint (step {ckpt.state.step})")
         return ckpt
     raise TrainingStopped(f"{run.run_dir / 'checkpoints'}: every checkpoint is damaged "
                           f"({', '.join(p.name for p in damaged)}); nothing to resume from")

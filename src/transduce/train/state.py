@@ -53,7 +53,13 @@ class TrainOptions:
         "checkpoints kept (default: the preset's; 0: all)")})
     """Checkpoints written at the interval kept besides the newest; unset: train.average_last (5 base,
     20 big: what `transduce average` averages)."""
-    resume: bool = field(default=False, metadata={"help": "continue from RUN_DIR's latest checkpoint, exactly"})
+    resume: bool = field(default=True, metadata={"help": "continue RUN_DIR's newest intact checkpoint (the default)"})
+    """True (the default): a run directory with checkpoints is continued exactly, when its config is
+    the one asked for; False: such a directory is refused (unless `restart`)."""
+    restart: bool = field(default=False, metadata={"help": (
+        "start over, replacing RUN_DIR's checkpoints")})
+    """Start at step 0 even if RUN_DIR has checkpoints: they (and its model/) are removed only once
+    the new run is set up (data read, model built), just before it writes anything."""
     threads: int | None = None  # CPU threads per process (unset: cores / local processes)
     device: str = "auto"  # one of DEVICES: auto is CUDA if available, each process its local rank's GPU
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
@@ -84,6 +90,11 @@ class TrainOptions:
         ):
             if not ok:
                 raise UsageError(f"--{name.replace('_', '-')} must be {what}, not {getattr(self, name)}")
+
+    @property
+    def continues(self) -> bool:
+        """Whether checkpoints already in the run directory are continued (not replaced)."""
+        return self.resume and not self.restart
 
     def resolve(self, config: Config, world_size: int) -> TrainOptions:
         """These options with the two that default to the config filled in: the one place where

@@ -116,8 +116,8 @@ def train(
     log_extra: dict | None = None,
 ) -> TrainResult:
     """Train `config` on the prepared data in `data_dir`, writing into `run_dir`. Launched by
-    torchrun, joins the process group itself. With `opts.resume` and a checkpoint in `run_dir`,
-    continues it exactly (the config must then be the run's own)."""
+    torchrun, joins the process group itself. A checkpoint in `run_dir` is continued exactly (the
+    config must then be the run's own), or with `opts.restart` replaced by this run once it has started."""
     given = opts or TrainOptions()
     env = setup_distributed(given.device)
     lock = RunLock(run_dir)
@@ -179,12 +179,12 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, 
     """Device threads, precision, the data, the model made ready to train, Adam, the GradScaler."""
     set_threads(env, given.threads)
     precision = resolve_precision(env, given.precision, config.model,
-                                  recorded=recorded_precision(run_dir) if given.resume else None)
+                                  recorded=recorded_precision(run_dir) if given.continues else None)
     opts = given.resolve(config, env.world_size)
 
     # Data (5.1).
     meta = read_metadata(data_dir)
-    if opts.resume and latest_checkpoint(run_dir) is not None:
+    if opts.continues and latest_checkpoint(run_dir) is not None:
         check_vocabulary(run_dir, config, data_dir, meta)
     train_set = ParallelDataset.load(data_dir, "train")
     valid_set = ParallelDataset.load(data_dir, "valid") if (data_dir / "valid.src.idx").is_file() else None
@@ -217,6 +217,8 @@ def _open(run: Run, start: recovery.Start, given: TrainOptions, log_extra: dict)
     stream = BatchStream(run.train_set, opts.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
                          epoch=start.epoch, position=start.position)  # first: it refuses an empty split
     if env.is_main:
+        if opts.restart:  # the new run has started: the earlier run's checkpoints go now, not before
+            recovery.replace_previous(run.run_dir, env)
         prepare_run_dir(run.run_dir, run.data_dir, run.meta, config)
     run.model.train()
     train_model: nn.Module = torch.compile(run.model) if opts.compile else run.model
