@@ -12,6 +12,7 @@ from ..data.prepare import Split, check_output_dir, dataset_splits, print_report
 from ..data.text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO
 from ..data.vocab import DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE
 from ..errors import UsageError
+from ..finetune import model_vocabulary
 from .options import add_quiet, epilog
 from ..parsing.data import MAX_LEN as TREE_MAX_LEN, PAPER_VOCAB_SIZE, dataset_tree_splits, prepare_treebank
 
@@ -49,6 +50,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-tags", action="store_true", help="trees keep their POS tags (default XX, the paper)")
 
     g = parser.add_argument_group("vocabulary and filtering (lengths in subword tokens)")
+    g.add_argument("--vocab", type=Path, metavar="MODEL", help="MODEL's vocabulary, learn none (to fine-tune MODEL)")
     g.add_argument("--vocab-size", type=int, metavar="N",
                    help=f"pieces (default {DEFAULT_VOCAB_SIZE}; the paper 37000; trees {PAPER_VOCAB_SIZE})")
     g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
@@ -139,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
     check_inputs(args)
     check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
     tree_splits = resolve_tree_splits(args)
+    if args.vocab is not None and (tree_splits is not None or args.vocab_size or args.separate_vocab):
+        raise UsageError("--vocab MODEL takes MODEL's vocabulary: drop --vocab-size and --separate-vocab "
+                         "(and it is for parallel text, not a treebank)")
     if tree_splits is not None:
         meta = prepare_treebank(
             tree_splits, args.out, tags=args.keep_tags, vocab_size=args.vocab_size or PAPER_VOCAB_SIZE,
@@ -149,11 +154,13 @@ def run(args: argparse.Namespace) -> int:
         print_report(meta)
         return 0
     splits, src_lang, tgt_lang = resolve_splits(args)
+    given = model_vocabulary(args.vocab) if args.vocab is not None else None
     meta = prepare.prepare(
         splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
         separate_vocab=args.separate_vocab, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
         seed=args.seed, max_len=args.max_len or DEFAULT_MAX_LEN, max_ratio=args.max_ratio, overwrite=args.overwrite,
         progress=not args.quiet, extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
+        vocab=given,
     )
     print_report(meta)
     return 0

@@ -13,6 +13,7 @@ from ..checkpoint import check_vocabulary, latest_checkpoint
 from ..config import PRESETS, Config, TrainConfig, unknown_preset
 from ..data.batching import read_metadata
 from ..errors import UsageError
+from ..finetune import init_config
 from ..train.recovery import run_config
 from ..train.signals import EXIT_INTERRUPTED
 from ..train.trainer import TrainOptions, config_for_data, train
@@ -20,16 +21,15 @@ from .fields import add_field_flags, field_type, flag, from_args
 from .options import add_hardware_args, add_schedule_args, epilog
 
 DESCRIPTION = """\
-Train on `transduce prepare` output into RUN_DIR (config, checkpoints, logs, model/): Adam
-with equation 3's rate, label smoothing, token-budget batches (Section 5); torchrun for
-many GPUs. Run again, it resumes exactly from its newest intact checkpoint (another config
-is refused; --restart starts over).
+Train on `transduce prepare` output into RUN_DIR (Section 5: Adam, equation 3's rate,
+label smoothing, token batches; torchrun for many GPUs). Run again, it resumes exactly
+(another config is refused; --restart starts over).
 details: docs/training.md, docs/precision.md, docs/cluster.md"""
 EPILOG = epilog(
-    "transduce train --data data/m30k --run-dir runs/m30k --preset multi30k",
-    "transduce train --data data/wmt14 --run-dir runs/base --update-freq 8",
+    "transduce train --data DIR --run-dir runs/multi30k-en-de --preset multi30k",
+    "transduce train --data data/mine --run-dir runs/mine --init runs/base",
     "torchrun --nproc_per_node 8 -m transduce train --data DIR --run-dir runs/base",
-) + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: run it again to continue"
+) + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: run again to continue"
 
 CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, metavar, help); unset: the preset's value
     "max_steps": ("max_steps", "N", "optimizer steps (default: the preset's; base 100K)"),
@@ -66,9 +66,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", metavar="NAME", help="model and regime (default base; `info --all`)")
     g.add_argument("--set", action="append", default=[], metavar="S.F=V",
                    help="override a config field, e.g. model.n_layers=3")
-    add_field_flags(g, TrainOptions, ["restart"], RENAMED)
+    add_field_flags(g, TrainOptions, ["init", "restart"], RENAMED)
     g.add_argument("--resume", action="store_true", default=None, help=argparse.SUPPRESS)  # the default
-    listed = {"resume", "restart", *HARDWARE, *SCHEDULE}
+    listed = {"resume", "restart", "init", *HARDWARE, *SCHEDULE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
         if title.startswith("optimizer"):
@@ -106,7 +106,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
 
     if latest is not None:
         check_vocabulary(run_dir, run_config(run_dir, latest), data_dir, meta)  # before anything in RUN_DIR is written
-    if latest is not None and not (args.preset or args.set):
+    if args.init is not None:  # fine-tuning: MODEL's architecture, the regime of --preset or MODEL's
+        preset = config_for_data(args.preset, [], meta) if args.preset else None
+        config = init_config(args.init, preset, args.set, data_dir, meta)
+    elif latest is not None and not (args.preset or args.set):
         config = run_config(run_dir, latest)  # the run's own
     else:
         config = config_for_data(args.preset or "base", args.set, meta)

@@ -5,11 +5,15 @@
     train.src.bin/.idx  train.tgt.bin/.idx  valid.*  test.*  (+ extra test sets by name)
     data.json           languages, vocabulary files, per-split counts, the filter report and
                         the original text files (the references for BLEU)
+
+or, given an existing model's vocabulary (`GivenVocabulary`, `prepare --vocab MODEL`: fine-tuning,
+`transduce.finetune`), with its files copied in place of a learned one.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -43,6 +47,16 @@ class Split:
     files: dict[str, str] | None = None  # what data.json records instead of src_file/tgt_file
 
 
+@dataclass
+class GivenVocabulary:
+    """An existing vocabulary to encode with instead of learning one (`transduce.finetune.model_vocabulary`)."""
+
+    record: dict  # what data.json says of it ("files", "size", "shared", ...)
+    files: list[Path]  # copied into the output directory: the files "files" names, and any it needs beside them
+    src: Vocab
+    tgt: Vocab
+
+
 def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train_split: str | None = None,
                    data_dir: str | None = None, cache_dir: str | None = None) -> list[Split]:
     """The splits of a registered dataset, fetched: train, valid, test, then its other tests."""
@@ -73,10 +87,12 @@ def prepare(
     progress: bool = True,
     extra: dict | None = None,
     tgt_vocab_type: str = "bpe",
+    vocab: GivenVocabulary | None = None,
 ) -> dict:
     """Build the output directory `out` from `splits` (the first is the training split) and
     return its metadata (out/data.json). `tgt_vocab_type="word"`: a closed word-level target
-    vocabulary of its own (implies `separate_vocab`), e.g. linearized trees."""
+    vocabulary of its own (implies `separate_vocab`), e.g. linearized trees. `vocab`: encode with
+    it (its files copied beside the arrays) rather than learn one; the vocabulary options unused."""
     if not splits or splits[0].name != "train":
         raise ValueError("the first split must be 'train'")
     out = Path(out).absolute()
@@ -84,9 +100,14 @@ def prepare(
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out) as tmp:
         start = time.perf_counter()
-        vocab_meta, src_vocab, tgt_vocab = _train_vocabularies(
-            splits[0], tmp, vocab_size, separate_vocab, sample_size, character_coverage, seed, progress, tgt_vocab_type
-        )
+        if vocab is not None:
+            for f in vocab.files:
+                shutil.copy2(f, tmp / f.name)
+            vocab_meta, src_vocab, tgt_vocab = vocab.record, vocab.src, vocab.tgt
+        else:
+            vocab_meta, src_vocab, tgt_vocab = _train_vocabularies(
+                splits[0], tmp, vocab_size, separate_vocab, sample_size, character_coverage, seed, progress, tgt_vocab_type
+            )
         split_meta = {}
         for split in splits:
             split_meta[split.name] = _binarize(
@@ -207,6 +228,8 @@ def print_report(meta: dict, file=None) -> None:
     kind = f"{'shared' if v['shared'] else 'separate'} BPE"
     if v.get("tgt_type") == "sentencepiece-word":  # never shared
         kind = "source BPE, target closed word-level"
+    if v.get("from_model"):
+        kind = f"{'shared' if v['shared'] else 'separate'}, the model's ({v['from_model']})"
     print(f"prepared {meta['src_lang']}->{meta['tgt_lang']} in {meta['out']} ({meta['seconds']} s)", file=file)
     print(f"  vocabulary: {kind}, {sizes} pieces ({', '.join(sorted(set(v['files'].values())))})", file=file)
     for name, s in meta["splits"].items():

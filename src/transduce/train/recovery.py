@@ -63,6 +63,12 @@ def restore(run: Run) -> Start:
                          "with --restart (its checkpoints replaced), or use another --run-dir")
     if latest is None:
         seed_dropout(opts.seed, env.rank)
+        if opts.init is not None:  # fine-tuning: MODEL's weights; Adam and equation 3 start afresh
+            from ..finetune import load_init_weights
+
+            weights, what = load_init_weights(opts.init, env.device)
+            run.model.load_state_dict(weights)
+            env.say(f"starting from the weights of {what}")
         return Start()
     check_same_config(run, latest)
     ckpt = load_newest_intact(run, latest)

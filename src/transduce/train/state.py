@@ -60,6 +60,11 @@ class TrainOptions:
         "start over, replacing RUN_DIR's checkpoints")})
     """Start at step 0 even if RUN_DIR has checkpoints: they (and its model/) are removed only once
     the new run is set up (data read, model built), just before it writes anything."""
+    init: str | None = field(default=None, metadata={"metavar": "MODEL", "help": (
+        "fine-tune: start from MODEL's weights and architecture")})
+    """Fine-tuning (`transduce.finetune`, not in the paper): a run that starts at step 0 starts from
+    MODEL's weights, as `transduce translate` loads them (the config is MODEL's architecture); a
+    fresh optimizer and schedule. A run that continues its checkpoints ignores it."""
     threads: int | None = None  # CPU threads per process (unset: cores / local processes)
     device: str = "auto"  # one of DEVICES: auto is CUDA if available, each process its local rank's GPU
     compile: bool = field(default=False, metadata={"help": "torch.compile the model"})
