@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 34's decoding table in one command: beam-4 decoding, transduce against CTranslate2, the
+# RESULTS.md's CPU decoding table in one command: beam-4 decoding, transduce against CTranslate2, the
 # small and base presets, in one process of two threads (W=1) and in two one-thread workers each
 # (W=2: transduce --workers 2 against CTranslate2's inter_threads=2), natively and held to AVX2.
 #

@@ -3,7 +3,7 @@ decoding against Hugging Face `generate` (docs/speed.md, "The GPU command"); `--
 part tiny on the CPU, to check the plumbing before GPU minutes.
 
     python benchmarks/gpu.py --out results/                 # on a CUDA machine (minutes)
-    python benchmarks/gpu.py --out /tmp/dry --dry           # the same code, tiny, on the CPU
+    python benchmarks/gpu.py --out dry-run --dry            # the same code, tiny, on the CPU
 
 Method: docs/speed.md, "What the benchmarks measure".
 """
@@ -394,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     presets = [x for x in args.presets.split(",") if x]
     settings = [x for x in args.settings.split(",") if x]
     # (preset, transduce setting or peer): eager ones first, then decoding, compiling last (the slowest
-    # part, and the one a lease cut short can spare).
+    # part, and the one a time limit cut short can spare).
     jobs = [(pr, ("transduce", st, "ours")) for pr in presets for st in settings if "compile" not in st]
     jobs += [(pr, (sy, f"{sy} bf16", k)) for pr in presets for sy in args.peers.split(",") if sy for k in ("all", "ours")]
 

@@ -2,7 +2,7 @@
 # The pictures and numbers of docs/attention.md and docs/masks.md: `transduce attention` on a
 # Multi30k En->De model, with the sentences of the paper's Figures 3-5, and the masks picture.
 #
-#   MODEL=runs/m30k-e12b6f7 OUT=/tmp/attention bash scripts/attention_figures.sh
+#   MODEL=runs/m30k-e12b6f7 OUT=attention-out bash scripts/attention_figures.sh
 #
 # MODEL: a run directory (the average of its last checkpoints) or a model directory.
 # Writes OUT/paper.{json,html}, the PNGs, OUT/heads.txt (scripts/attention_heads.py's summary)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 32 on one GPU lease: Table 4's parser (PRESET=parse-wsj) and Multi30k's Transformer-Tiny
+# Two accuracy jobs on one GPU: Table 4's parser (PRESET=parse-wsj) and Multi30k's Transformer-Tiny
 # (PRESET=tiny), side by side on one GPU, within one command of at most 10 minutes.
 #
 #   scripts/gpu_accuracy.sh OUT_DIR     # on the GPU machine, repository root

@@ -5,7 +5,7 @@
 # GPU_ARGS="--decode-batch 64 --decode-sentences 512".
 #
 #   scripts/gpu_check.sh "$OUT"          # on the GPU; every figure lands in $OUT
-#   scripts/gpu_check.sh --dry /tmp/dry  # the same steps, tiny, on the CPU (a minute or two)
+#   scripts/gpu_check.sh --dry dry-run   # the same steps, tiny, on the CPU (a minute or two)
 #
 # 1. correctness: tests/test_cuda.py (model vs CPU, cached decoding vs full recomputation, beam
 #    search vs CPU, training steps in fp32/bf16/fp16 lowering the loss, flash vs math attention),

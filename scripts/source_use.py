@@ -1,5 +1,5 @@
-"""Does a trained model read its source? A diagnostic for encoder collapse (docs/history/RESULTS-log-2026-11.md,
-"Parsing: why the first run failed").
+"""Does a trained model read its source? A diagnostic for encoder collapse (docs/parsing.md: why the
+post-norm parser failed).
 
     python scripts/source_use.py DATA_DIR MODEL_OR_CHECKPOINT_DIR... [--pairs 128]
 

@@ -16,7 +16,7 @@ from transduce.data.datasets import DATASETS, Source, fetch, sgml_to_lines, sha2
 from transduce.data.text import DataError, read_lines
 
 REPO = Path(__file__).resolve().parents[1]
-MIRROR = REPO.parent / "shared" / "data"  # /work/shared/data here, ../shared/data in CI
+MIRROR = REPO.parent / "shared" / "data"  # the mirror beside the repository (../shared/data)
 needs_mirror = pytest.mark.skipif(not (MIRROR / "multi30k").is_dir(), reason="no local data mirror")
 
 

@@ -1,6 +1,6 @@
 """Docstrings and comments in src/ say what the code does and why: no dates, no CPU or GPU model
 names, no timings. A measurement is true of one machine on one day; it lives in docs/ (RESULTS.md,
-speed.md, history/), where the machine and the date are part of the record, and a comment points
+speed.md), where the machine and the date are part of the record, and a comment points
 there. Only comments and docstrings are read: code strings such as `units="ms"` or a format like
 f"{t:.1f} ms" are output, not claims.
 
@@ -88,7 +88,7 @@ def test_the_patterns_catch_measurements_and_pass_what_the_code_defines():
                "memory at 4.8 TB/s"]
     passed = ['units="ms" is the histogram\'s unit', "a training step is 3x the forward pass (backward = 2x forward)",
               "the paper wrote one every 10 minutes (6.1)", "torchrun then waits 30 s before killing it",
-              "Wu et al. 2016", "(Vaswani et al., 2017)", "docs/history/RESULTS-log-2026-11.md, session 15",
+              "Wu et al. 2016", "(Vaswani et al., 2017)", "docs/RESULTS.md, Table 4 and section 23",
               "the model FLOPs of one forward pass", "the best matmul FLOP/s of this machine",
               "output tokens per second of decoding", "reaches 100% exact match", "AMX and avx512_bf16",
               "(d_model 512, h 8, P_drop 0.1)", "the peak in TFLOP/s", "a page stays a few MB",

@@ -1,5 +1,5 @@
-"""benchmarks/gpu.py's plumbing, tiny, on the CPU (--dry): what a GPU lease runs must not fail there
-for a reason the CPU could have shown (the first lease found two such bugs)."""
+"""benchmarks/gpu.py's plumbing, tiny, on the CPU (--dry): what a GPU machine runs must not fail there
+for a reason the CPU could have shown (the first GPU run found two such bugs)."""
 
 import json
 import subprocess

@@ -97,7 +97,8 @@ def test_the_wheel_is_named_and_described_by_pyproject(wheel):
     assert "\nLicense-Expression: MIT\n" in metadata and "\nLicense-File: LICENSE\n" in metadata
     assert "Classifier: License ::" not in metadata  # PEP 639: the expression says it, not a classifier
     assert "\nRequires-Python: >=3.10\n" in metadata
-    assert "Project-URL: Changelog, " in metadata and "Description-Content-Type: text/markdown" in metadata
+    assert "Project-URL" not in metadata  # the project has no public URL: none that points elsewhere
+    assert "Description-Content-Type: text/markdown" in metadata
     # the files the commands read at run time, beside the modules
     assert {"transduce/views/page.html", "transduce/serve/demo.html", "transduce/cli/__init__.py"} <= names
     assert not any(n.startswith(("tests/", "benchmarks/", "docs/")) for n in names)

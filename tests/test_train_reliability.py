@@ -1,4 +1,4 @@
-"""Training survives what clusters and laptops do to it (issue 22): SIGTERM and SIGINT, damaged
+"""Training survives what clusters and laptops do to it: SIGTERM and SIGINT, damaged
 checkpoints, two trainers on one run directory, a failed checkpoint write, non-finite losses.
 Each failure is injected into a real run of a toy model."""
 
