@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from ..translate import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
-from .common import (LIMIT_OF_FIELD, Limits, check_sentences, error, number, request_model, run_job,
+from .common import (LIMIT_OF_FIELD, Limits, check_sentences, error, is_json, number, request_model, run_job,
                      unavailable)
 from .engines import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
 from ..memory import Trimmer, memory_info
@@ -118,12 +118,6 @@ class _BodyLimit:
         await send({"type": "http.response.body", "body": content})
 
 
-def _is_json(content_type: str | None) -> bool:
-    """Whether a Content-Type says JSON, as FastAPI decides it (application/json, application/*+json)."""
-    media = (content_type or "").split(";")[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
-
-
 def _add_error_handlers(app, limits: Limits) -> None:
     """Every error as JSON: a body not sent as JSON is 415, a field over a limit names the limit
     (422), bad JSON is 400, others as they come."""
@@ -134,7 +128,7 @@ def _add_error_handlers(app, limits: Limits) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         content_type = request.headers.get("content-type")
-        if not _is_json(content_type):  # FastAPI reads no body that is not declared JSON
+        if not is_json(content_type):  # FastAPI reads no body that is not declared JSON
             given = f"this request's is {content_type}" if content_type else "this request has none"
             return error(415, "unsupported_media_type",
                          f"the body must be JSON, sent with Content-Type: application/json ({given})")
@@ -218,6 +212,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     from fastapi import FastAPI, Request
 
     from .demo import add_demo_routes
+    from .libre import Dispatch, add_libre_routes
     from .ops import Metrics, RequestLog, api_key_dependency
 
     limits = limits or Limits()
@@ -291,6 +286,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
              summary="translate sentences (beam search, Section 6.1)")(translate)
 
     add_demo_routes(app, state, limits, defaults, auth=auth, errors=errors, poll=poll_disconnect)
+    add_libre_routes(app, state, limits, defaults, api_key, poll_disconnect)  # LibreTranslate's API
     _add_status_routes(app, state, defaults, limits, max_batch_tokens, max_wait, metrics, bool(api_key))
     _answer_head(app)
 
@@ -314,7 +310,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         log.warning("the grace period (%g s) %s: unfinished requests are answered 503 (%d were queued)",
                     state["grace"] or 0, why, failed)
 
-    wrapped = RequestLog(_BodyLimit(app, limits.max_body_bytes), metrics)
+    wrapped = RequestLog(_BodyLimit(Dispatch(app), limits.max_body_bytes), metrics)
     wrapped.fastapi, wrapped.state, wrapped.metrics = app, state, metrics
     wrapped.begin_drain, wrapped.end_grace = begin_drain, end_grace
     return wrapped

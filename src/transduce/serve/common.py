@@ -34,6 +34,12 @@ def error(status: int, code: str, message: str, headers: dict | None = None, **e
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type says JSON, as FastAPI decides it (application/json, application/*+json)."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def number(x: float | None) -> float | None:
     """A score for JSON: NaN and infinities (greedy's, an empty output's) as null."""
     return None if x is None or not math.isfinite(x) else x

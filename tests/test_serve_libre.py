@@ -1,0 +1,348 @@
+"""The LibreTranslate-compatible API of `transduce serve` (serve/libre.py), driven over HTTP on
+127.0.0.1 by the unmodified LibreTranslate clients libretranslatepy (a form body) and
+deep-translator (the query string), and by httpx for its JSON shapes and status codes: the
+translations equal `transduce translate`'s, decoded by the server's own batcher (one job a
+request); HTML keeps its markup; /languages and /detect from the model's data.json; the API key;
+the limits; the native API beside it unchanged."""
+
+import html
+import json
+import threading
+import urllib.error
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+libretranslatepy = pytest.importorskip("libretranslatepy")
+deep_translator = pytest.importorskip("deep_translator")
+
+from deep_translator import LibreTranslator  # noqa: E402
+from deep_translator.exceptions import AuthorizationException, ServerException  # noqa: E402
+from libretranslatepy import LibreTranslateAPI  # noqa: E402
+from serving import live, start_serve, until  # noqa: E402
+from tiny_models import make_model  # noqa: E402
+
+from transduce.model import Transformer  # noqa: E402
+from transduce.serve.app import Limits, Search, create_app, torch_engine  # noqa: E402
+from transduce.serve.libre import html_layout  # noqa: E402
+from transduce.ready import load_translation_model  # noqa: E402
+from transduce.translate import translate_lines, translate_stream  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+KEY = "s3cret-key"
+LIMITS = Limits(max_sentences=6, max_chars=300, max_tokens=12, max_queue=1, max_beam=4)
+SEARCH = dict(beam=2, alpha=0.6, max_len_offset=4)  # the server's defaults below, and the reference's
+
+
+class HeldTransformer(Transformer):
+    """The model, waiting in `encode` while `hold` is set (a decode under way), failing while `fail` is."""
+
+    hold: threading.Event | None = None
+    entered = threading.Event()
+    fail = False
+
+    def encode(self, src, src_mask=None):
+        if self.hold is not None:
+            self.entered.set()
+            self.hold.wait(30)
+        if self.fail:
+            raise RuntimeError("injected failure in encode")
+        return super().encode(src, src_mask)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny model whose data.json names its languages, en -> de (as `transduce prepare` writes them)."""
+    d = make_model(tmp_path_factory.mktemp("libre"), shared=False)
+    meta = json.loads((d / "data.json").read_text())
+    (d / "data.json").write_text(json.dumps({**meta, "src_lang": "en", "tgt_lang": "de"}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def reference_model(model_dir):
+    return load_translation_model(model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_model):
+    """`transduce translate`'s best translation of each line, with the server's search defaults."""
+    m = reference_model
+    return lambda lines: translate_lines(m.model, m.src_vocab, m.tgt_vocab, lines, **SEARCH)
+
+
+def held_model(model_dir):
+    loaded = load_translation_model(model_dir)
+    model = HeldTransformer(loaded.config.model)
+    model.load_state_dict(loaded.model.state_dict())
+    loaded.model = model.eval()
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    """A server with an API key, on 127.0.0.1: (its URL, the app)."""
+    loaded = load_translation_model(model_dir)
+    app = create_app(torch_engine(loaded, max_tokens=LIMITS.max_tokens), limits=LIMITS, defaults=Search(**SEARCH),
+                     api_key=KEY)
+    with live(app) as url:
+        yield url, app
+
+
+def jobs(app) -> int:
+    return app.state["batcher"].stats.jobs
+
+
+# -- the clients ----------------------------------------------------------------------------------
+
+
+def test_libretranslatepy_translates_a_text_as_transduce_translate(server, reference):
+    url, app = server
+    client = LibreTranslateAPI(url, api_key=KEY)
+    before = jobs(app)
+    assert client.translate("a man runs on the grass", "en", "de") == reference(["a man runs on the grass"])[0]
+    # lines are the model's sentences (6.1); blank lines and the whitespace around lines are kept
+    text = "a man runs\n\n  the dog sits near the water \nred ball"
+    first, second, third = reference(["a man runs", "the dog sits near the water", "red ball"])
+    assert client.translate(text, "en", "de") == f"{first}\n\n  {second} \n{third}"
+    assert client.translate(text.replace("\n", "\r\n"), "en", "de") == f"{first}\n\n  {second} \n{third}"  # as LT: \n
+    assert jobs(app) == before + 3  # each request one job of the server's batcher, its lines together
+
+
+def test_deep_translator_translates_a_text_and_a_list(server, reference):
+    url, app = server
+    lines = ["a man runs on the grass", "two children play with a blue ball", "the dog looks"]
+    translator = LibreTranslator(source="en", target="de", api_key=KEY, custom_url=url + "/")
+    assert translator.translate(lines[0]) == reference(lines[:1])[0]
+    assert translator.translate_batch(lines) == reference(lines)
+    assert LibreTranslator(source="auto", target="de", api_key=KEY, custom_url=url + "/").translate(lines[1]) == \
+        reference(lines[1:2])[0]
+
+
+def test_a_list_of_texts_is_one_request_one_job(server, reference):
+    url, app = server
+    lines = ["a man runs", "a woman sits on the street", "two dogs play", "the red ball"]
+    before = jobs(app)
+    r = httpx.post(url + "/translate", json={"q": lines, "source": "en", "target": "de", "api_key": KEY}, timeout=30)
+    assert r.status_code == 200 and r.json() == {"translatedText": reference(lines)}
+    assert jobs(app) == before + 1
+
+
+def test_html_keeps_its_markup_and_translates_its_text_nodes(server, reference):
+    url, _ = server
+    doc = ('<p class="intro" data-x=\'1 &amp; 2\'>a man <b>runs</b> on <!-- a note --> the grass<br/>\n'
+           '<code>the dog</code> <span translate="no">a dog</span> a woman &lt; two dogs</p>')
+    nodes = ["a man", "runs", "on", "the grass", "a woman < two dogs"]  # what the model is given
+    t = {node: html.escape(out, quote=False) for node, out in zip(nodes, reference(nodes))}
+    expected = (f'<p class="intro" data-x=\'1 &amp; 2\'>{t["a man"]} <b>{t["runs"]}</b> {t["on"]} <!-- a note --> '
+                f'{t["the grass"]}<br/>\n<code>the dog</code> <span translate="no">a dog</span> '
+                f'{t["a woman < two dogs"]}</p>')
+    for send in ({"json": {"q": doc, "source": "en", "target": "de", "format": "html", "api_key": KEY}},
+                 {"data": {"q": doc, "source": "en", "target": "de", "format": "html", "api_key": KEY}}):
+        r = httpx.post(url + "/translate", timeout=30, **send)
+        assert r.status_code == 200 and r.json() == {"translatedText": expected}
+
+
+@pytest.mark.parametrize("doc", ["", "plain text", "<a href='x'>link</a>", "a <b>c</b> <i>", "x < y & z",
+                                 "<script>if (a < b) { c }</script>tail", "<!DOCTYPE html><html><body>\n hi \n</body>",
+                                 "<p>line\r\nnext &nbsp; </p>", "</b>stray<br>", "<?xml version='1.0'?><x>&#65;</x>"])
+def test_html_layout_keeps_everything_but_the_text_of_text_nodes(doc):
+    """The markup comes back exactly as sent, in order; each text node is its text on one line
+    (what the model is given) between its whitespace: put back, escaped, the document reads the same."""
+    pieces = html_layout(doc)
+    at = 0
+    for p in pieces:
+        if isinstance(p, str):
+            at = doc.index(p, at) + len(p)
+        else:
+            assert p[1] and p[1] == " ".join(p[1].split()) and not p[0].strip() and not p[2].strip()
+    rebuilt = "".join(p if isinstance(p, str) else p[0] + html.escape(p[1], quote=False) + p[2] for p in pieces)
+    assert " ".join(html.unescape(rebuilt).split()) == " ".join(html.unescape(doc).split())
+
+
+def test_languages_and_detect_name_the_models_pair(server):
+    url, _ = server
+    pair = [{"code": "en", "name": "English", "targets": ["de"]}, {"code": "de", "name": "German", "targets": []}]
+    assert LibreTranslateAPI(url).languages() == pair  # open, as LibreTranslate's, for the clients' menus
+    assert LibreTranslateAPI(url, api_key=KEY).languages() == pair
+    assert LibreTranslateAPI(url, api_key=KEY).detect("a man runs") == [{"confidence": 100.0, "language": "en"}]
+    prefixed = LibreTranslateAPI(url + "/libretranslate/", api_key=KEY)  # the same API under a base URL of its own
+    assert prefixed.languages() == pair and prefixed.detect("a dog") == [{"confidence": 100.0, "language": "en"}]
+    assert prefixed.translate("a dog", "en", "de") == LibreTranslateAPI(url, api_key=KEY).translate("a dog", "en", "de")
+
+
+def http_error(call) -> tuple[int, dict]:
+    with pytest.raises(urllib.error.HTTPError) as e:
+        call()
+    return e.value.code, json.loads(e.value.read())
+
+
+def test_the_api_key_wrong_or_missing_is_what_libretranslate_answers(server):
+    url, _ = server
+    assert http_error(lambda: LibreTranslateAPI(url, api_key="wrong").translate("a man", "en", "de")) == \
+        (403, {"error": "Invalid API key"})
+    assert http_error(lambda: LibreTranslateAPI(url, api_key="wrong").detect("a man")) == (403, {"error": "Invalid API key"})
+    assert http_error(lambda: LibreTranslateAPI(url).translate("a man", "en", "de")) == \
+        (400, {"error": "Please contact the server operator to get an API key"})
+    with pytest.raises(AuthorizationException):
+        LibreTranslator(source="en", target="de", api_key="wrong", custom_url=url + "/").translate("a man")
+    # the native API's headers carry the same key
+    body = {"q": "a man", "source": "en", "target": "de"}
+    assert httpx.post(url + "/translate", json=body, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.post(url + "/translate", json=body, headers={"X-API-Key": KEY}).status_code == 200
+
+
+def test_without_a_key_on_the_server_any_key_is_accepted(model_dir, reference):
+    loaded = load_translation_model(model_dir)
+    with live(create_app(torch_engine(loaded), defaults=Search(**SEARCH))) as url:
+        translator = LibreTranslator(source="en", target="de", api_key="anything", custom_url=url + "/")
+        assert translator.translate("a man runs") == reference(["a man runs"])[0]
+        assert LibreTranslateAPI(url).translate("a man runs", "en", "de") == reference(["a man runs"])[0]
+
+
+def test_too_long_input_is_a_libretranslate_400(server):
+    url, app = server
+    client = LibreTranslateAPI(url, api_key=KEY)
+    before = jobs(app)
+    status, body = http_error(lambda: client.translate("a man " * 10, "en", "de"))  # 20 words, > 12 subword tokens
+    assert status == 400 and body["error"].startswith("Invalid request: a sentence of ")
+    assert body["error"].endswith("exceeds the limit of 12 subword tokens a sentence (max_input_tokens)")
+    assert http_error(lambda: client.translate("a" * 301, "en", "de")) == \
+        (400, {"error": "Invalid request: request (301) exceeds text limit (300)"})  # LibreTranslate's char limit
+    with pytest.raises(ServerException, match="ERR_BAD_REQUEST"):
+        LibreTranslator(source="en", target="de", api_key=KEY, custom_url=url + "/").translate("a man " * 10)
+    r = httpx.post(url + "/translate", json={"q": ["a"] * 7, "source": "en", "target": "de", "api_key": KEY})
+    assert (r.status_code, r.json()) == (400, {"error": "Invalid request: request (7) exceeds text limit (6)"})
+    # the native API's bound on a request's work: max_sentences sentences in all, lines and text nodes
+    assert http_error(lambda: client.translate("a dog\n" * 7, "en", "de")) == (400, {"error": (
+        "Invalid request: 7 sentences (lines and HTML text nodes) exceed the limit of 6 sentences a request (max_sentences)")})
+    assert jobs(app) == before  # refused before anything was queued
+
+
+def test_a_pair_the_model_does_not_serve_is_a_400_saying_which_it_does(server):
+    url, _ = server
+    with pytest.raises(ServerException, match="ERR_BAD_REQUEST"):
+        LibreTranslator(source="en", target="fr", api_key=KEY, custom_url=url + "/").translate("a man")
+    serves = "this server translates English (en) into German (de)"
+    for source, target, message in (("fr", "de", f"fr is not supported: {serves}"),
+                                     ("en", "fr", f"French (fr) is not available as a target language from English (en): {serves}")):
+        r = httpx.post(url + "/translate", json={"q": "a man", "source": source, "target": target, "api_key": KEY})
+        assert (r.status_code, r.json()) == (400, {"error": message})
+
+
+# -- JSON shapes and status codes ----------------------------------------------------------------------
+
+
+def test_json_shapes_and_400s(server, reference, reference_model):
+    url, _ = server
+
+    def post(body=None, path="/translate", **kw):
+        r = httpx.post(url + path, json=body, timeout=30, **kw) if body is not None else httpx.post(url + path, timeout=30, **kw)
+        return r.status_code, r.json()
+
+    base = {"source": "en", "target": "de", "api_key": KEY}
+    best = reference(["a man runs"])[0]
+    assert post({"q": "a man runs", **base, "source": "auto"}) == \
+        (200, {"translatedText": best, "detectedLanguage": {"confidence": 100.0, "language": "en"}})
+    assert post({"q": ["a man runs"], **base, "source": "auto"}) == \
+        (200, {"translatedText": [best], "detectedLanguage": [{"confidence": 100.0, "language": "en"}]})
+    # 2 alternatives: beam 3 (at least alternatives + 1), its 3-best after the best, each once
+    m = reference_model
+    three = [c.text for c in next(translate_stream(m.model, m.src_vocab, m.tgt_vocab, ["a man runs"],
+                                                   **{**SEARCH, "beam": 3}, n_best=3))]
+    alternatives = [x for k, x in enumerate(three[1:]) if x not in three[: k + 1] and x]
+    assert post({"q": "a man runs", **base, "alternatives": 2}) == \
+        (200, {"translatedText": three[0], "alternatives": alternatives})
+    assert post({"q": "<b>a man</b>", **base, "format": "html", "alternatives": 1})[1]["alternatives"] == []
+    for body, message in (({**base}, "Invalid request: missing q parameter"),
+                          ({"q": "", **base}, "Invalid request: missing q parameter"),
+                          ({"q": "a", "target": "de", "api_key": KEY}, "Invalid request: missing source parameter"),
+                          ({"q": "a", "source": "en", "api_key": KEY}, "Invalid request: missing target parameter"),
+                          ({"q": "a", **base, "format": "xml"}, "xml format is not supported"),
+                          ({"q": "a", **base, "alternatives": "x"}, "Invalid request: alternatives parameter is not a number"),
+                          ({"q": "a", **base, "alternatives": 4}, "Invalid request: alternatives parameter must be <= 3"),
+                          ({"q": [1], **base}, "Invalid request: q must be a string or a list of strings")):
+        assert post(body) == (400, {"error": message}), body
+    assert post(path="/libretranslate/translate", content=b'{"q": ', headers={"content-type": "application/json"}) == \
+        (400, {"error": "Invalid JSON format"})
+    assert post(path="/detect", data={"api_key": KEY}) == (400, {"error": "Invalid request: missing q parameter"})
+    # deep-translator's way: the fields in the query string, no body
+    r = httpx.post(url + "/translate", params={"q": "a man runs", **base, "format": "text"})
+    assert r.status_code == 200 and r.json() == {"translatedText": best}
+
+
+def test_the_native_api_beside_it_is_unchanged(server, reference):
+    """A POST /translate without `q` is the native API's, as before: its answer, its 415 for a form."""
+    url, _ = server
+    headers = {"X-API-Key": KEY}
+    r = httpx.post(url + "/translate", json={"sentences": ["a man runs"]}, headers=headers, timeout=30)
+    assert r.json()["translations"][0]["text"] == reference(["a man runs"])[0]
+    r = httpx.post(url + "/translate", data={"sentences": "a man runs"}, headers=headers)
+    assert r.status_code == 415 and r.json()["error"] == "unsupported_media_type"
+    assert httpx.post(url + "/translate", json={"q": "a"}, headers=headers).json() == \
+        {"error": "Invalid request: missing source parameter"}
+    paths = httpx.get(url + "/openapi.json").json()["paths"]
+    assert not any(p in paths for p in ("/languages", "/detect", "/libretranslate/translate"))
+
+
+def test_queue_full_is_429_and_a_decoding_failure_500(model_dir):
+    loaded = held_model(model_dir)
+    model = loaded.model
+    app = create_app(torch_engine(loaded), limits=Limits(max_queue=1), defaults=Search(**SEARCH), max_wait=0)
+    body = {"q": "a man runs", "source": "en", "target": "de"}
+    with live(app) as url:
+        model.hold = threading.Event()
+        answers = []
+        first = threading.Thread(target=lambda: answers.append(httpx.post(url + "/translate", json=body, timeout=30)))
+        first.start()
+        until(model.entered.is_set)  # the first is decoding, the queue empty
+        second = threading.Thread(target=lambda: answers.append(httpx.post(url + "/translate", json=body, timeout=30)))
+        second.start()
+        until(lambda: app.state["batcher"].queued == 1)
+        r = httpx.post(url + "/translate", json=body, timeout=30)
+        assert r.status_code == 429 and r.json()["error"].startswith("Slowdown: ") and "Retry-After" in r.headers
+        assert set(r.json()) == {"error"}
+        model.hold.set()
+        first.join(30)
+        second.join(30)
+        assert [a.status_code for a in answers] == [200, 200]
+        model.hold, model.fail = None, True
+        r = httpx.post(url + "/translate", json=body, timeout=30)
+        assert r.status_code == 500 and r.json() == \
+            {"error": "Cannot translate text: decoding failed: RuntimeError: injected failure in encode"}
+        model.fail = False
+        assert httpx.post(url + "/translate", json=body, timeout=30).status_code == 200  # it goes on serving
+
+
+def test_while_the_model_loads_503(model_dir):
+    loaded_ready = threading.Event()
+
+    def load():
+        loaded_ready.wait(30)
+        return torch_engine(load_translation_model(model_dir))
+
+    app = create_app(load)
+    with live(app) as url:
+        for r in (httpx.post(url + "/translate", json={"q": "a", "source": "en", "target": "de"}),
+                  httpx.get(url + "/languages"), httpx.post(url + "/detect", data={"q": "a"})):
+            assert (r.status_code, r.json()) == (503, {"error": "the model is still loading"}) and r.headers["Retry-After"]
+        loaded_ready.set()
+        until(lambda: httpx.get(url + "/health").status_code == 200, 30)
+        assert httpx.get(url + "/languages").json()[0]["code"] == "en"
+
+
+def test_transduce_serve_with_its_key_and_limits_serves_the_clients(model_dir, reference):
+    """`transduce serve` as a user starts it: the key from $TRANSDUCE_API_KEY, --max-input-tokens."""
+    proc, url = start_serve([str(model_dir), "--beam", "2", "--max-len-offset", "4", "--max-input-tokens", "12",
+                             "--precision", "fp32"], env={"TRANSDUCE_API_KEY": KEY})
+    try:
+        client = LibreTranslateAPI(url, api_key=KEY)
+        assert client.translate("a man runs", "en", "de") == reference(["a man runs"])[0]
+        assert http_error(lambda: LibreTranslateAPI(url, api_key="no").translate("a", "en", "de"))[0] == 403
+        assert http_error(lambda: client.translate("a man " * 10, "en", "de"))[0] == 400
+        assert client.languages()[0] == {"code": "en", "name": "English", "targets": ["de"]}
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
