@@ -171,6 +171,24 @@ def test_languages_and_detect_name_the_models_pair(server):
     prefixed = LibreTranslateAPI(url + "/libretranslate/", api_key=KEY)  # the same API under a base URL of its own
     assert prefixed.languages() == pair and prefixed.detect("a dog") == [{"confidence": 100.0, "language": "en"}]
     assert prefixed.translate("a dog", "en", "de") == LibreTranslateAPI(url, api_key=KEY).translate("a dog", "en", "de")
+    settings = {"charLimit": 300, "frontendTimeout": 500, "apiKeys": True, "keyRequired": True, "suggestions": False,
+                "filesTranslation": False, "supportedFilesFormat": [],
+                "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "de", "name": "German"}}}
+    assert httpx.get(url + "/frontend/settings").json() == httpx.get(url + "/libretranslate/frontend/settings").json() == settings
+    assert httpx.head(url + "/languages").status_code == 200
+
+
+def test_a_model_that_names_no_languages_takes_any_codes(tmp_path, reference):
+    """A model directory without a data.json (or a CTranslate2 export): the server cannot tell its
+    pair, so it checks none; /languages and /detect name nothing."""
+    loaded = load_translation_model(make_model(tmp_path))
+    expected = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, ["a man runs"], **SEARCH)[0]
+    with live(create_app(torch_engine(loaded), defaults=Search(**SEARCH))) as url:
+        assert LibreTranslateAPI(url).translate("a man runs", "xx", "yy") == expected
+        r = httpx.post(url + "/translate", json={"q": "a man runs", "source": "auto", "target": "de"}, timeout=30)
+        assert r.json() == {"translatedText": expected}  # no detectedLanguage: none is known
+        assert LibreTranslateAPI(url).languages() == [] and LibreTranslateAPI(url).detect("a man") == []
+        assert "language" not in httpx.get(url + "/frontend/settings").json()
 
 
 def http_error(call) -> tuple[int, dict]:

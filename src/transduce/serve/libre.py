@@ -1,10 +1,10 @@
 """A LibreTranslate-compatible API beside the native one, for the clients written for that de-facto
 standard of self-hosted translation: `POST /translate` (a request that carries a field of
 LibreTranslate's: q, source, target, format, alternatives, api_key; any other is the native
-API's), `GET /languages`, `POST /detect`, and the same three under /libretranslate/. Their
-fields, answers, error messages and status codes are LibreTranslate's (its app.py); the requests
-are decoded by the server's own batcher and engine, within its limits, behind its API key. What
-differs from LibreTranslate: docs/serve.md.
+API's), `GET /languages`, `POST /detect`, `GET /frontend/settings`, and the same under
+/libretranslate/. Their fields, answers, error messages and status codes are LibreTranslate's (its
+app.py); the requests are decoded by the server's own batcher and engine, within its limits,
+behind its API key. What differs from LibreTranslate: docs/serve.md.
 
 The model was trained on sentence pairs (Section 5.1): a text is translated line by line, and HTML
 (`format: "html"`) text node by text node, its markup kept as it was sent.
@@ -13,7 +13,7 @@ The model was trained on sentence pairs (Section 5.1): a text is translated line
 import hmac
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from html import escape
 from html.parser import HTMLParser
 from urllib.parse import parse_qsl
@@ -356,103 +356,148 @@ def unique(items: list[str], best: str) -> list[str]:
 # -- the routes -------------------------------------------------------------------------------------
 
 
+@dataclass
+class Server:
+    """What the routes share with the native API: its state (engine, batcher), limits, search
+    defaults, API key, and how often a waiting request looks for its client's disconnect."""
+
+    state: dict
+    limits: Limits
+    defaults: Search
+    api_key: str | None
+    poll: float
+
+
+async def translate(server: Server, request):
+    """POST /translate: LibreTranslate's checks in its order (the key, the fields, alternatives,
+    the char and batch limits, the language pair, the format), then the texts decoded."""
+    fields, from_json, problem = await read_fields(request)
+    if problem is None:
+        problem = check_key(server.api_key, fields, request)
+    if problem is not None:
+        return problem
+    for field in ("q", "source", "target"):
+        if not fields.get(field):
+            return fail(400, MISSING.format(field))
+    if not all(isinstance(fields.get(k) or "", str) for k in ("source", "target", "format")):
+        return fail(400, "Invalid request: source, target and format must be strings")
+    fmt = fields.get("format") or "text"
+    search, asked, problem = search_for(fields, fmt, server.defaults, server.limits)
+    if problem is not None:
+        return problem
+    texts, batch, problem = check_texts(fields["q"], from_json, server.limits)
+    if problem is None and (problem := unavailable(server.state)) is not None:
+        problem = as_libre(problem)
+    pair = model_pair(server.state["engine"]) if problem is None else None
+    if problem is None:
+        problem = check_pair(fields["source"], fields["target"], pair)
+    if problem is None and fmt not in ("text", "html"):
+        problem = fail(400, f"{fmt} format is not supported")
+    if problem is not None:
+        return problem
+    answer, problem = await decode(server, texts, fmt == "html", search, request)
+    if problem is not None:
+        return problem
+    result: dict = {"translatedText": [a[0] for a in answer] if batch else answer[0][0]}
+    if fields["source"].lower() == "auto" and pair is not None:
+        detected = {"confidence": 100.0, "language": pair[0]}
+        result["detectedLanguage"] = [detected] * len(answer) if batch else detected
+    if asked:
+        result["alternatives"] = [a[1] for a in answer] if batch else answer[0][1]
+    return result
+
+
+async def decode(server: Server, texts: list[str], html: bool, search: Search, request):
+    """(per text: its translation and its alternatives, None) or (None, the error): the sentences
+    of every text decoded as one job of the server's batcher."""
+    state, limits = server.state, server.limits
+    layouts = [html_layout(t) if html else text_layout(t) for t in texts]
+    sentences = number_sentences(layouts)
+    problem, tokens = check_tokens(state["engine"].encode, sentences, limits)
+    if problem is not None:
+        return None, problem
+    request.scope.setdefault("state", {})["log_sentences"] = f"sentences={len(sentences)} tokens={tokens}"
+    results: list = []
+    if sentences:
+        batcher = state["batcher"]
+        retry_after = max(1, math.ceil(batcher.queued * batcher.max_wait))  # as the native API's
+        results, problem = await run_job(lambda: batcher.submit(sentences, search, tokens), state, limits, request,
+                                         server.poll, retry_after)
+        if problem is not None:
+            return None, as_libre(problem)
+    ranked = [[c.text for c in cands] for cands in results]  # per sentence, best first
+    answer = []
+    for pieces in layouts:
+        n = max((len(ranked[p[1]]) for p in pieces if not isinstance(p, str)), default=1)
+        options = [render(pieces, [r[min(k, len(r) - 1)] for r in ranked], html) for k in range(n)]
+        answer.append((options[0], unique(options[1:], options[0])))
+    return answer, None
+
+
+def languages(server: Server):
+    """GET /languages: the model's source language with its one target, and the target."""
+    if (problem := unavailable(server.state)) is not None:
+        return as_libre(problem)
+    pair = model_pair(server.state["engine"])
+    if pair is None:
+        return []
+    src, tgt = pair
+    return [{"code": src, "name": name(src), "targets": [tgt]}] + (
+        [{"code": tgt, "name": name(tgt), "targets": []}] if tgt.lower() != src.lower() else [])
+
+
+async def detect(server: Server, request):
+    """POST /detect: the model's source language (the server detects none)."""
+    fields, _, problem = await read_fields(request)
+    if problem is None:
+        problem = check_key(server.api_key, fields, request)
+    if problem is None and not fields.get("q"):
+        problem = fail(400, MISSING.format("q"))
+    if problem is None and (problem := unavailable(server.state)) is not None:
+        problem = as_libre(problem)
+    if problem is not None:
+        return problem
+    pair = model_pair(server.state["engine"])
+    return [] if pair is None else [{"confidence": 100.0, "language": pair[0]}]
+
+
+def settings(server: Server):
+    """GET /frontend/settings: what LibreTranslate's own page (and clients that ask) learn of a
+    server, for this one: its character limit, whether it wants a key, no files and no
+    suggestions, its language pair."""
+    if (problem := unavailable(server.state)) is not None:
+        return as_libre(problem)
+    pair = model_pair(server.state["engine"])
+    key = server.api_key is not None
+    answer = {"charLimit": server.limits.max_chars, "frontendTimeout": 500, "apiKeys": key, "keyRequired": key,
+              "suggestions": False, "filesTranslation": False, "supportedFilesFormat": []}
+    if pair is not None:
+        answer["language"] = {side: {"code": code, "name": name(code)} for side, code in zip(("source", "target"), pair)}
+    return answer
+
+
 def add_libre_routes(app, state: dict, limits: Limits, defaults: Search, api_key: str | None, poll: float) -> None:
-    """POST PREFIX/translate (where `Dispatch` sends LibreTranslate's POST /translate), GET /languages and
-    POST /detect, and the last two under PREFIX too; kept out of the OpenAPI document, the native
-    API's."""
+    """POST PREFIX/translate (where `Dispatch` sends LibreTranslate's POST /translate), GET
+    /languages, POST /detect and GET /frontend/settings, and the last three under PREFIX too; kept
+    out of the OpenAPI document, the native API's."""
     from fastapi import Request
 
-    async def translate(request: Request):
-        fields, from_json, problem = await read_fields(request)
-        if problem is None:
-            problem = check_key(api_key, fields, request)
-        if problem is not None:
-            return problem
-        for field in ("q", "source", "target"):
-            if not fields.get(field):
-                return fail(400, MISSING.format(field))
-        if not all(isinstance(fields.get(k) or "", str) for k in ("source", "target", "format")):
-            return fail(400, "Invalid request: source, target and format must be strings")
-        fmt = fields.get("format") or "text"
-        search, asked, problem = search_for(fields, fmt, defaults, limits)
-        if problem is not None:
-            return problem
-        texts, batch, problem = check_texts(fields["q"], from_json, limits)
-        if problem is None and (problem := unavailable(state)) is not None:
-            problem = as_libre(problem)
-        pair = model_pair(state["engine"]) if problem is None else None
-        if problem is None:
-            problem = check_pair(fields["source"], fields["target"], pair)
-        if problem is None and fmt not in ("text", "html"):
-            problem = fail(400, f"{fmt} format is not supported")
-        if problem is not None:
-            return problem
-        answer, problem = await _translate(texts, fmt, search, request)
-        if problem is not None:
-            return problem
-        auto = fields["source"].lower() == "auto" and pair is not None
-        return _result(answer, batch, {"confidence": 100.0, "language": pair[0]} if auto else None, asked)
+    server = Server(state, limits, defaults, api_key, poll)
 
-    async def _translate(texts: list[str], fmt: str, search: Search, request):
-        """(per text: its translation and its alternatives, None) or (None, the error), the
-        sentences of every text decoded as one job of the server's batcher."""
-        html = fmt == "html"
-        layouts = [html_layout(t) if html else text_layout(t) for t in texts]
-        sentences = number_sentences(layouts)
-        problem, tokens = check_tokens(state["engine"].encode, sentences, limits)
-        if problem is not None:
-            return None, problem
-        request.scope.setdefault("state", {})["log_sentences"] = f"sentences={len(sentences)} tokens={tokens}"
-        results: list = []
-        if sentences:
-            batcher = state["batcher"]
-            retry_after = max(1, math.ceil(batcher.queued * batcher.max_wait))
-            results, problem = await run_job(lambda: batcher.submit(sentences, search, tokens), state, limits,
-                                             request, poll, retry_after)
-            if problem is not None:
-                return None, as_libre(problem)
-        ranked = [[c.text for c in cands] for cands in results]  # per sentence, best first
-        answer = []
-        for pieces in layouts:
-            n = max((len(ranked[p[1]]) for p in pieces if not isinstance(p, str)), default=1)
-            options = [render(pieces, [r[min(k, len(r) - 1)] for r in ranked], html) for k in range(n)]
-            answer.append((options[0], unique(options[1:], options[0])))
-        return answer, None
+    async def translate_route(request: Request):
+        return await translate(server, request)
 
-    def _result(answer, batch: bool, detected: dict | None, alternatives: bool):
-        from fastapi.responses import JSONResponse
+    async def detect_route(request: Request):
+        return await detect(server, request)
 
-        result: dict = {"translatedText": [a[0] for a in answer] if batch else answer[0][0]}
-        if detected is not None:
-            result["detectedLanguage"] = [detected] * len(answer) if batch else detected
-        if alternatives:
-            result["alternatives"] = [a[1] for a in answer] if batch else answer[0][1]
-        return JSONResponse(result)
+    async def languages_route():
+        return languages(server)
 
-    async def languages():
-        if (problem := unavailable(state)) is not None:
-            return as_libre(problem)
-        pair = model_pair(state["engine"])
-        if pair is None:
-            return []
-        src, tgt = pair
-        return [{"code": src, "name": name(src), "targets": [tgt]}] + (
-            [{"code": tgt, "name": name(tgt), "targets": []}] if tgt.lower() != src.lower() else [])
+    async def settings_route():
+        return settings(server)
 
-    async def detect(request: Request):
-        fields, _, problem = await read_fields(request)
-        if problem is None:
-            problem = check_key(api_key, fields, request)
-        if problem is None and not fields.get("q"):
-            problem = fail(400, MISSING.format("q"))
-        if problem is None and (problem := unavailable(state)) is not None:
-            problem = as_libre(problem)
-        if problem is not None:
-            return problem
-        pair = model_pair(state["engine"])
-        return [] if pair is None else [{"confidence": 100.0, "language": pair[0]}]
-
-    app.add_api_route(PREFIX + "/translate", translate, methods=["POST"], include_in_schema=False)
+    app.add_api_route(PREFIX + "/translate", translate_route, methods=["POST"], include_in_schema=False)
     for prefix in ("", PREFIX):
-        app.add_api_route(prefix + "/languages", languages, methods=["GET"], include_in_schema=False)
-        app.add_api_route(prefix + "/detect", detect, methods=["POST"], include_in_schema=False)
+        app.add_api_route(prefix + "/languages", languages_route, methods=["GET"], include_in_schema=False)
+        app.add_api_route(prefix + "/detect", detect_route, methods=["POST"], include_in_schema=False)
+        app.add_api_route(prefix + "/frontend/settings", settings_route, methods=["GET"], include_in_schema=False)

@@ -14,7 +14,8 @@ from collections import deque
 
 # Paths counted by name in the metrics; any other is counted as "other"
 ENDPOINTS = ("/", "/translate", "/attention", "/health", "/info", "/metrics", "/openapi.json", "/languages", "/detect",
-             "/libretranslate/translate", "/libretranslate/languages", "/libretranslate/detect")
+             "/frontend/settings", "/libretranslate/translate", "/libretranslate/languages", "/libretranslate/detect",
+             "/libretranslate/frontend/settings")
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
