@@ -164,7 +164,7 @@ def test_the_attention_views_show_the_window(tmp_path):
     """`transduce attention` on a windowed model: zero weight outside the window, the JSON's masks
     and the figures mark those cells as blocked by the window, and the page draws them so."""
     from browser import launch, sync_playwright
-    from transduce.translate import load_translation_model
+    from transduce.ready import load_translation_model
     from transduce.views import figures
     from transduce.views.weights import compute_attention, to_json
 

@@ -1,9 +1,7 @@
 """The FLOPs formula (transduce.flops, which benchmarks/bench.py and transduce experiment use), checked
 against PyTorch's own count."""
 
-import importlib.util
-import sys
-from pathlib import Path
+import importlib
 
 import pytest
 import torch
@@ -14,16 +12,10 @@ from transduce import flops
 from transduce.config import ModelConfig
 from transduce.model import Transformer
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench.py"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(BENCH.parent))
-    spec = importlib.util.spec_from_file_location("bench", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.bench")
 
 
 @pytest.mark.parametrize("d_k,d_v", [(8, 8), (4, 12)])

@@ -20,10 +20,10 @@ needs_mirror = pytest.mark.skipif(not (MIRROR / "wmt14-en-de").is_dir(), reason=
 def run(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "result.json"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "decode_speed.py"), "--presets", "small", "--systems",
+    subprocess.run([sys.executable, "-m", "benchmarks.decode_speed", "--presets", "small", "--systems",
                     "transduce", "--precisions", "fp32", "--n-sentences", "10", "--batch-size", "2", "--threads", "2",
                     "--repeats", "1", "--data-dir", str(MIRROR), "--json", str(out), *args],
-                   check=True, env=env, capture_output=True, text=True, timeout=300)
+                   check=True, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     return json.loads(out.read_text())
 
 

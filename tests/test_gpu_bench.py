@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_gpu_benchmark_dry_run_measures_every_part_and_writes_the_profiles(tmp_path):
     pytest.importorskip("transformers")  # the Hugging Face peer
     out = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--out", str(tmp_path), "--dry", "--presets", "base",
+        [sys.executable, "-m", "benchmarks.gpu", "--out", str(tmp_path), "--dry", "--presets", "base",
          "--settings", "bf16,bf16-blocked-loss,bf16-math", "--peers", "hf,torch", "--decode-sentences", "4", "--profile"],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert not report["errors"]
@@ -45,9 +45,8 @@ def test_the_modules_variant_takes_the_flat_step_away_and_puts_it_back():
     the model's own step for the duration, then the `FastStep` is back (that the flat step is the
     model's step bit for bit off the CPU: tests/test_fast_step.py, run on CUDA by
     scripts/gpu_check.sh)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
     sys.path.insert(0, str(REPO / "tests"))
-    import gpu
+    from benchmarks import gpu
     from test_fast_step import _model
     from transduce.fast.step import FastStep, install
 

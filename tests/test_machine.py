@@ -7,14 +7,12 @@ header must say so instead of an ISA the library does not run."""
 from __future__ import annotations
 
 import platform
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import machine  # noqa: E402
+from benchmarks import machine
 
 AMX_LINE = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture Intel(R) "
             "Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8, BF16, FP16 (limited) "

@@ -3,11 +3,9 @@ one, the FLOP formulas it registers agree with PyTorch's own counts of the same 
 run gives Table 1's shape: exponents of n (attention's equation 1 quadratic, the others linear),
 sequential operations (constant, the LSTM's growing with n) and path lengths (1, n/r, n, k^L)."""
 
-import importlib.util
+import importlib
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,16 +15,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from transduce.model import MultiHeadAttention
 from transduce.restricted import window_mask
 
-TABLE1 = Path(__file__).resolve().parents[1] / "benchmarks" / "table1.py"
-
 
 @pytest.fixture(scope="module")
 def table1():
-    spec = importlib.util.spec_from_file_location("table1", TABLE1)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["table1"] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.table1")
 
 
 @pytest.mark.parametrize("n,r", [(50, 4), (64, 16), (10, 16), (33, 1)])

@@ -17,7 +17,9 @@ from transduce.checkpoint import save_model
 from transduce.config import Config, ModelConfig
 from transduce.data.vocab import Vocab, train_vocab
 from transduce.cli import main
-from transduce.translate import Workers, load_translation_model, translate_lines, translate_stream
+from transduce.ready import load_translation_model
+from transduce.streaming import Workers
+from transduce.translate import translate_lines, translate_stream
 
 WORDS = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "grass", "red", "blue", "ball", "with",
          "two", "children", "play", "near", "water", "street", "looks"]
@@ -102,13 +104,40 @@ def test_overlong_line_is_truncated_with_a_warning(model_dir, tmp_path, capsys):
 
 
 def test_learned_positions_bound_the_input(loaded):
-    from transduce.translate import input_token_limit
+    from transduce.streaming import input_token_limit
 
-    mc = ModelConfig(src_vocab_size=100, positional="learned", max_positions=64)
-    assert input_token_limit(mc, 1024, 50) == 64 - 1 - 50
-    assert input_token_limit(loaded.config.model, 1024, 50) == 1024  # sinusoids: only the option
+    assert input_token_limit(1024, 50, positions=64) == 64 - 1 - 50
+    assert input_token_limit(1024, 50) == 1024  # sinusoids: only the option
     with pytest.raises(ValueError, match="lower --max-len-offset"):
-        input_token_limit(mc, 1024, 63)
+        input_token_limit(1024, 63, positions=64)
+    from transduce.model import Transformer
+
+    model = Transformer(ModelConfig(src_vocab_size=100, positional="learned", max_positions=64))
+    with pytest.raises(ValueError, match="the position table has 64 rows"):  # what translate_stream passes
+        next(translate_stream(model, loaded.src_vocab, loaded.tgt_vocab, ["a"], max_len_offset=63))
+
+
+def test_a_model_not_made_ready_translates_the_same(model_dir):
+    """`translate_stream` decodes the model as it is given and sets nothing on it: one as loaded
+    (its own layers) translates as one made ready (packed weights, the flat step), the scores equal
+    but for float rounding (other kernels)."""
+    from transduce.fast.decode import is_packed
+    from transduce.ready import make_ready
+
+    plain, ready = load_translation_model(model_dir), load_translation_model(model_dir)
+    undo = make_ready(ready.model)
+    assert is_packed(ready.model) == (ready.model.decoder.embed.weight.device.type == "cpu")
+    rng = random.Random(3)
+    lines = [sentence(rng, rng.randint(1, 12)) for _ in range(12)]
+    for greedy in (False, True):
+        got = [list(translate_stream(m.model, m.src_vocab, m.tgt_vocab, lines, greedy=greedy, n_best=1 if greedy else 4))
+               for m in (plain, ready)]
+        assert [[c.tokens for c in cands] for cands in got[0]] == [[c.tokens for c in cands] for cands in got[1]]
+        if not greedy:
+            assert [c.score for cands in got[0] for c in cands] == pytest.approx([c.score for cands in got[1] for c in cands])
+    assert not is_packed(plain.model) and "decode_step" not in plain.model.__dict__
+    undo()
+    assert not is_packed(ready.model) and "decode_step" not in ready.model.__dict__
 
 
 def test_invalid_utf8_is_a_one_line_error_and_leaves_no_output(model_dir, tmp_path, capsys):

@@ -13,6 +13,10 @@ from torch import Tensor
 from .data.vocab import BOS, EOS
 from .model import Transformer, padding_mask
 
+DEFAULT_BEAM = 4  # 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6"
+DEFAULT_ALPHA = 0.6
+DEFAULT_MAX_LEN_OFFSET = 50  # 6.1: "maximum output length ... to input length + 50"
+
 
 @torch.no_grad()
 def greedy_decode(

@@ -1,28 +1,78 @@
-"""Making a model ready to decode: load it, choose its precision, cast or quantize it. The one way
-`translate`, `evaluate`, `parse`, `serve` and the benchmarks get a model to decode with."""
+"""Loading a model to decode, and making it ready: the one way `translate`, `evaluate`, `parse`,
+`serve`, `attention`, `experiment`, `synthetic` and the benchmarks get a model to decode with.
+
+`load_translation_model` loads what a MODEL argument names (a run directory, by default the
+average of its last checkpoints, or a model directory) with the vocabulary found beside it;
+`make_ready` casts or quantizes it, packs its weights and installs the flat decoding step, once;
+`load_for_decoding` does both, with the precision and the CPU workers chosen.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
+from .data.batching import METADATA, load_vocabs
+from .data.vocab import Vocab
 from .device import resolve_device
+from .errors import DataError
+from .fast import step
+from .fast.decode import decode_attention, pack_weights, unpack_weights
 from .memory import bound_kernel_caches
+from .model import MultiHeadAttention, Transformer
 from .precision import Choice, choose_decoding_precision
-from .translate import LoadedModel, choose_workers, load_translation_model
+from .streaming import choose_workers
 
 
-def make_ready(model: nn.Module, choice: Choice) -> None:
-    """Put `model` (fp32) in the precision `choice` says: bf16 weights (faster than autocast), or
-    int8 products over weights in `choice.base`."""
-    if choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16"):
+def make_ready(model: nn.Module, choice: Choice | None = None, *, pack: bool = True) -> Callable[[], None]:
+    """Make `model` ready to decode: its weights in the precision `choice` says (None: as they are):
+    bf16 (faster than autocast), or int8 products over weights in `choice.base`; then on the CPU
+    every attention layer's decoding steps through `fast.decode.decode_attention` and, with `pack`,
+    the weights left in the float type pre-packed for oneDNN (`fast.decode.pack_weights`); on every
+    device the decoding step as one function (`fast.step.FastStep`). What is set already is kept.
+    Returns the function that undoes the speed-ups it set (not the cast or quantization)."""
+    if choice is not None and (choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")):
         model.to(torch.bfloat16)
-    if choice.precision == "int8":
+    if choice is not None and choice.precision == "int8":
         from .fast.int8 import quantize_int8
 
         quantize_int8(model, decoder=choice.int8_decoder)
+    cpu = next(model.parameters()).device.type == "cpu"
+    unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
+    for m in unset:
+        m.step_attention = decode_attention
+    packed_here = pack and pack_weights(model)
+    stepped = (isinstance(model, Transformer) and not isinstance(model.__dict__.get("decode_step"), step.FastStep)
+               and step.install(model))
+
+    def undo() -> None:
+        if stepped:
+            step.uninstall(model)
+        if packed_here:
+            unpack_weights(model)
+        for m in unset:
+            m.step_attention = None
+
+    return undo
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    config: object
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    description: str  # What was loaded, for the user (a checkpoint, or the average of the last ones)
+    precision: object = None  # its `transduce.precision.Choice`; it and the workers set by `load_for_decoding`
+    metadata: dict | None = None  # The data.json found beside the model (e.g. "task": "parsing"), if any
+    workers: int = 1
+    workers_line: str = ""  # How many CPU workers decode, and why
 
 
 def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", device: str | torch.device = "cpu",
@@ -31,10 +81,10 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
                       src_vocab: str | os.PathLike | None = None, tgt_vocab: str | os.PathLike | None = None,
                       ) -> LoadedModel:
     """The model a MODEL argument names (`load_translation_model`) on `device`, with `threads` CPU
-    threads where given, in `precision` (the choice in `.precision`), and with `workers` (a number
-    or "auto") the CPU decoding processes (`.workers`, why in `.workers_line`). Raises
-    FileNotFoundError, ValueError or DataError. oneDNN's kernel caches are bounded first
-    (`bound_kernel_caches`), before the process's first product."""
+    threads where given, made ready (`make_ready`) in `precision` (the choice in `.precision`),
+    and with `workers` (a number or "auto") the CPU decoding processes (`.workers`, why in
+    `.workers_line`). Raises FileNotFoundError, ValueError or DataError. oneDNN's kernel caches
+    are bounded first (`bound_kernel_caches`), before the process's first product."""
     bound_kernel_caches()
     if threads:
         torch.set_num_threads(threads)
@@ -48,3 +98,71 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
     loaded.precision = choose_decoding_precision(precision, device)
     make_ready(loaded.model, loaded.precision)
     return loaded
+
+
+def find_metadata(dirs: Sequence[Path]) -> dict | None:
+    """The data.json of the first of `dirs` that has one (a model's directory, its run's), or None."""
+    for d in dirs:
+        if (d / METADATA).is_file():
+            return json.loads((d / METADATA).read_text(encoding="utf-8"))
+    return None
+
+
+def find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
+    """The vocabularies beside the first of `dirs` that has a data.json (or its recorded data
+    directory's) or an spm.model (shared), or None."""
+    for d in dirs:
+        if (d / METADATA).is_file():
+            try:
+                return load_vocabs(d)
+            except DataError:  # vocabulary files not copied beside it: try the recorded data dir
+                data_dir = find_metadata([d]).get("data_dir")
+                if data_dir and Path(data_dir).is_dir():
+                    return load_vocabs(data_dir)
+                raise
+        if (d / "spm.model").is_file():
+            v = Vocab(d / "spm.model")
+            return v, v
+    return None
+
+
+def load_translation_model(
+    path: str | os.PathLike,
+    *,
+    checkpoint: str | None = None,
+    average: int | None = None,
+    vocab: str | os.PathLike | None = None,
+    src_vocab: str | os.PathLike | None = None,
+    tgt_vocab: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+) -> LoadedModel:
+    """The model and vocabularies `transduce translate MODEL` uses, on `device` (a name for
+    `resolve_device` or a torch.device), as stored (fp32, not made ready). Raises
+    FileNotFoundError, ValueError or DataError."""
+    from .checkpoint import load_for_inference
+
+    if isinstance(device, str):
+        device = resolve_device(device)
+    resolved = load_for_inference(path, checkpoint=checkpoint, average=average, device=device)
+    model, config, what = resolved.model, resolved.config, resolved.description
+    if vocab is not None and (src_vocab is not None or tgt_vocab is not None):
+        raise ValueError("give --vocab (shared) or --src-vocab/--tgt-vocab, not both")
+    if vocab is not None:
+        sv = tv = Vocab(vocab)
+    elif src_vocab is not None or tgt_vocab is not None:
+        if src_vocab is None or tgt_vocab is None:
+            raise ValueError("give both --src-vocab and --tgt-vocab")
+        sv, tv = Vocab(src_vocab), Vocab(tgt_vocab)
+    else:
+        found = find_vocabs(resolved.search_dirs)
+        if found is None:
+            raise FileNotFoundError(f"no vocabulary found beside {what} (no data.json or spm.model): "
+                                    "pass --vocab SPM_MODEL")
+        sv, tv = found
+    mc = config.model
+    if len(sv) != mc.src_vocab_size or len(tv) != mc.target_vocab_size:
+        raise ValueError(
+            f"vocabulary sizes ({len(sv)} source, {len(tv)} target) do not match the model's "
+            f"({mc.src_vocab_size}, {mc.target_vocab_size}): wrong --vocab?"
+        )
+    return LoadedModel(model, config, sv, tv, what, metadata=find_metadata(resolved.search_dirs))

@@ -18,8 +18,8 @@ from tqdm import tqdm
 from .config import Config, ModelConfig
 from .data.vocab import BOS, EOS, PAD, SPECIAL_PIECES
 from .decode import greedy_decode
-from .fast import decode as fast_decode
 from .model import Transformer
+from .ready import make_ready
 from .train.schedule import learning_rate
 from .train.step import build_optimizer, prepare_for_training, train_step
 
@@ -111,10 +111,11 @@ def train_synthetic(
 
 def exact_match(model: Transformer, batch) -> float:
     """Fraction of sequences that greedy decoding gets exactly right (decoding steps through
-    `transduce.fast.decode.decode_attention` on the CPU; the weights change between calls: not packed)."""
+    `transduce.fast.decode.decode_attention` on the CPU, `transduce.ready.make_ready` without packing:
+    the weights change between calls)."""
     src, _, tgt_out = batch
     model.eval()
-    undo = fast_decode.apply(model, pack=False)
+    undo = make_ready(model, pack=False)
     hyps = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=5)
     undo()
     refs = [row[row != PAD][:-1].tolist() for row in tgt_out]

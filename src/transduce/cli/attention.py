@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..checkpoint.files import AtomicOutput
 from ..errors import DataError, UsageError
-from ..translate import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 from .common import check_search_args, load_from_args
 from .options import add_hardware_args, add_model_args, add_search_args, epilog
 

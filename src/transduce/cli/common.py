@@ -14,19 +14,19 @@ import torch
 from ..checkpoint.files import AtomicOutput
 from ..data.text import iter_lines, open_text
 from ..device import resolve_device
-from ..translate import LoadedModel, _find_metadata
+from ..ready import LoadedModel, find_metadata
 
 
 def fill_decoding_defaults(args: argparse.Namespace, parsing: bool = False) -> None:
     """Set the search and batch flags left unset (None) to the task's defaults: translation's
     (Section 6.1), or with `parsing` the parser's (6.3)."""
-    from .. import translate
+    from .. import decode, streaming
     from ..parsing import parse
 
-    task = parse if parsing else translate
     for name in ("beam", "alpha", "max_len_offset", "batch_size"):
         if getattr(args, name, None) is None:
-            setattr(args, name, getattr(task, f"DEFAULT_{name.upper()}"))
+            setattr(args, name, getattr(parse if parsing else streaming if name == "batch_size" else decode,
+                                        f"DEFAULT_{name.upper()}"))
 
 
 def warner(prog: str):
@@ -79,7 +79,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
 def model_metadata(path: Path) -> dict | None:
     """The data.json a model is loaded with (its directory's, or the run's above it)."""
-    return _find_metadata([path, path.parent, path.parent.parent])
+    return find_metadata([path, path.parent, path.parent.parent])
 
 
 def decoding_options(args: argparse.Namespace) -> dict:

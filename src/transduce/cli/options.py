@@ -151,7 +151,7 @@ def add_search_args(g, *, beam: int | None, alpha: float | None, max_len_offset:
 
 def add_batch_args(g, *, batch_size: int | None, note: str = "", old: tuple[str, ...] = ()) -> None:
     """--batch-tokens (and its old spellings `old`, hidden) and --batch-size of decoding."""
-    from ..translate import DEFAULT_BATCH_TOKENS
+    from ..streaming import DEFAULT_BATCH_TOKENS
 
     g.add_argument("--batch-tokens", *old, type=int, default=DEFAULT_BATCH_TOKENS, metavar="N",
                    help=f"padded source tokens per batch (default {DEFAULT_BATCH_TOKENS})")
@@ -161,7 +161,7 @@ def add_batch_args(g, *, batch_size: int | None, note: str = "", old: tuple[str,
 
 def add_stream_args(g) -> None:
     """How a file is read and decoded: lines cut to a length, chunks, worker processes."""
-    from ..translate import DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS
+    from ..streaming import DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS
 
     g.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N",
                    help=f"cut longer lines, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")

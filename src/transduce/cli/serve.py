@@ -16,7 +16,8 @@ from ..errors import TransduceError, UsageError
 from ..extras import require
 from ..parsing import parse
 from ..serve.common import Limits
-from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..streaming import DEFAULT_BATCH_SIZE
 from .common import check_search_args, fill_decoding_defaults, load_from_args, model_metadata
 from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
 
@@ -112,7 +113,7 @@ def engine_loader(args: argparse.Namespace, limits):
 
     def load():
         if args.engine == "ct2":
-            from ..export.ct2 import load_ct2
+            from ..engines import load_ct2
 
             model = load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
             engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens,

@@ -11,8 +11,8 @@ from typing import Callable, Iterable
 
 from .. import translate
 from ..checkpoint.files import check_output
-from ..translate import Candidate
-from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..streaming import DEFAULT_BATCH_SIZE, Candidate
 from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, to_file, warner
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
@@ -106,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_ct2(args: argparse.Namespace):
-    """--engine ct2: the exported CTranslate2 model (transduce.export.ct2)."""
-    from ..export.ct2 import load_ct2
+    """--engine ct2: the exported CTranslate2 model (`transduce.engines.load_ct2`)."""
+    from ..engines import load_ct2
 
     for flag in ("checkpoint", "average", "vocab", "src_vocab", "tgt_vocab"):
         if getattr(args, flag) is not None:

@@ -106,6 +106,14 @@ def batch_for_decoding(sizes: Sequence[int], max_tokens: int, max_sentences: int
     return _pack(order, ordered, ordered, max_tokens, max_sentences)
 
 
+def pad_batch(rows: list[list[int]], pad: int = PAD) -> torch.Tensor:
+    """(len(rows), longest) token ids, right-padded with `pad`: a batch to decode."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
 def _shard(batches: list[np.ndarray], num_shards: int, shard_id: int) -> list[np.ndarray]:
     """Every `num_shards`-th batch, after padding the list to a multiple of `num_shards`."""
     if num_shards == 1 or not batches:

@@ -24,12 +24,12 @@ from ..device import resolve_device
 from ..errors import DataError, UsageError
 from ..flops import dims, matmul_peak, training_flops
 from ..model import count_parameters
-from ..precision import choose_precision
-from ..ready import make_ready
+from ..precision import choose_decoding_precision, choose_precision
+from ..ready import load_translation_model, make_ready
 from ..train.state import BatchStream
 from ..train.step import evaluate as validation_loss
 from ..train.trainer import train
-from ..translate import load_translation_model, translate_lines
+from ..translate import translate_lines
 from .plan import Machine, Recipe, Variant, train_setup
 
 DECODING = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}  # Section 6.1's search, for every row's dev BLEU
@@ -194,14 +194,16 @@ def measure(variant: Variant, run_dir: Path, data_dir: Path, meta: dict, machine
     device = resolve_device(machine.device)
     loaded = load_translation_model(run_dir, checkpoint=None if average else "model", device=device)
     config, m = loaded.config, loaded.config.model
-    choice = choose_precision("fp32" if machine.precision == "fp16" else machine.precision, device)
+    precision = "fp32" if machine.precision == "fp16" else machine.precision
     valid = validation_loss(loaded.model, ParallelDataset.load(data_dir, "valid"), max_tokens=config.train.max_tokens,
-                            label_smoothing=config.train.label_smoothing, precision=choice.precision)
+                            label_smoothing=config.train.label_smoothing,
+                            precision=choose_precision(precision, device).precision)
     split = meta["splits"]["valid"]
     srcs, refs = list(read_lines(split["src_file"])), list(read_lines(split["tgt_file"]))
     if len(srcs) != len(refs):
         raise DataError(f"{len(srcs)} source lines but {len(refs)} references in {split['tgt_file']}", split["src_file"])
-    make_ready(loaded.model, choice)  # bf16 weights for a bf16 run
+    choice = choose_decoding_precision(precision, device)
+    make_ready(loaded.model, choice)  # as `transduce translate --precision` decodes
     hyps = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **DECODING,
                            bf16=choice.precision == "bf16",
                            progress=machine.progress, source_name=split["src_file"], warn=lambda _: None)

@@ -1,4 +1,4 @@
-"""A transduce model as a CTranslate2 model directory, and CTranslate2 as a decoding engine.
+"""A transduce model as a CTranslate2 model directory (decoding with it: `transduce.engines`).
 
 `export_ct2` fills a `ctranslate2.specs.TransformerSpec` through a `Converter` of our own, one
 setter per part, `build_spec` (CTranslate2's Hugging Face path would start the decoder with PAD).
@@ -12,27 +12,18 @@ DIR` needs nothing else.
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from ..checkpoint import atomic_dir
 from ..config import Config
-from ..data.vocab import BOS, EOS, PAD, SPECIAL_PIECES, Vocab
-from ..decode import length_penalty as paper_length_penalty
+from ..data.vocab import SPECIAL_PIECES, Vocab
 from ..extras import require
 from ..model import Transformer, sinusoidal_positions
-from ..translate import (
-    DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS,
-    DEFAULT_MAX_LEN_OFFSET, Candidate, stream_lines,
-)
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
 """float32 (exact), int8 weights (computed in int8 where the hardware can, or in float32)."""
@@ -190,161 +181,3 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
 
 def is_ct2_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / INFO).is_file() and (Path(path) / "model.bin").is_file()
-
-
-@dataclass
-class CT2Model:
-    """An exported CTranslate2 model, loaded: what `--engine ct2` runs."""
-
-    translator: object  # the ctranslate2.Translator
-    config: Config
-    src_vocab: Vocab
-    tgt_vocab: Vocab
-    description: str
-    max_positions: int
-    quantization: str
-    compute_type: str
-
-    def translate_stream(self, lines: Iterable[str], **options) -> Iterator[list[Candidate]]:
-        return translate_stream(self, lines, **options)
-
-    @property
-    def precision(self) -> "_Precision":
-        """What `transduce translate` prints about the precision (as `transduce.precision.Choice`)."""
-        return _Precision(f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})")
-
-
-@dataclass
-class _Precision:
-    text: str
-    warning: str | None = None
-
-    def line(self) -> str:
-        return self.text
-
-
-def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str = "default",
-             threads: int = 0) -> CT2Model:
-    """Load a directory written by `export_ct2` (`compute_type`, `threads`: CTranslate2's)."""
-    ctranslate2 = require("ctranslate2", "the ct2 engine")
-    path = Path(path)
-    if not is_ct2_dir(path):
-        raise FileNotFoundError(f"{path}: not a CTranslate2 model written by `transduce export ct2` "
-                                f"(no {INFO} and model.bin)")
-    info = json.loads((path / INFO).read_text(encoding="utf-8"))
-    files = info["vocab"]["files"]
-    sv = Vocab(path / files["src"])
-    tv = sv if files["tgt"] == files["src"] else Vocab(path / files["tgt"])
-    device = str(device or "auto")
-    if device == "auto":
-        try:
-            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-        except Exception:  # noqa: BLE001 - no CUDA runtime at all
-            device = "cpu"
-    index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
-    translator = ctranslate2.Translator(str(path), device=device.split(":")[0], device_index=index,
-                                        compute_type=compute_type, intra_threads=threads)
-    return CT2Model(translator, Config.from_dict(info["config"]), sv, tv, f"CTranslate2 model {path} ({info['quantization']}"
-                    f"{'' if compute_type == 'default' else ', computed ' + compute_type})", int(info["max_positions"]),
-                    info["quantization"], translator.compute_type)
-
-
-def translate_stream(
-    model: CT2Model,
-    lines: Iterable[str],
-    *,
-    beam: int = DEFAULT_BEAM,
-    alpha: float = DEFAULT_ALPHA,
-    max_len_offset: int = DEFAULT_MAX_LEN_OFFSET,
-    n_best: int = 1,
-    greedy: bool = False,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
-    chunk_lines: int = DEFAULT_CHUNK_LINES,
-    length_penalty: str = "paper",
-    source_name: str = "input",
-    warn: Callable[[str], None] | None = None,
-    advance: Callable[[int], None] | None = None,
-    bf16: bool = False,
-    workers: int = 1,
-) -> Iterator[list[Candidate]]:
-    """`transduce.translate.translate_stream` with CTranslate2 as the engine: the same input
-    handling and options; `length_penalty` "paper" (default) or "ct2" (its own). `bf16` is
-    ignored (the precision is the exported one or `load_ct2`'s compute_type). PAD and BOS are
-    suppressed before CTranslate2's softmax, and the output limit is one per batch (greedy
-    outputs are cut to each sentence's own)."""
-    if greedy and n_best != 1:
-        raise ValueError("greedy decoding gives one hypothesis per line: n_best must be 1")
-    if not greedy and not 1 <= n_best <= beam:
-        raise ValueError(f"n_best must be between 1 and the beam size ({beam}), not {n_best}")
-    if workers != 1:
-        raise ValueError("--workers is for transduce's engine; CTranslate2 decodes in one worker with --threads "
-                         "intra-op threads")
-    if length_penalty not in ("paper", "ct2"):
-        raise ValueError(f"length_penalty must be 'paper' or 'ct2', not {length_penalty!r}")
-    # the most subword tokens (EOS not counted) a source may have: `max_input_tokens`, and what the
-    # position table allows for the source (with EOS) and the longest output
-    limit = min(sys.maxsize if max_input_tokens is None else max_input_tokens,
-                model.max_positions - 1 - max_len_offset)
-    if limit < 1:
-        raise ValueError(f"no input fits: the position table has {model.max_positions} rows and --max-len-offset "
-                         f"is {max_len_offset}")
-    search = _CT2Search(model, greedy, beam, alpha, max_len_offset, n_best, length_penalty)
-    yield from stream_lines(search, model.src_vocab, lines, limit=limit, chunk_lines=chunk_lines,
-                            batch_tokens=batch_tokens, batch_size=batch_size, source_name=source_name, warn=warn,
-                            advance=advance)
-
-
-@dataclass
-class _CT2Search:
-    """CTranslate2's search on a batch of source ids (with EOS), as `stream_lines` runs it."""
-
-    model: CT2Model
-    greedy: bool
-    beam: int
-    alpha: float
-    max_len_offset: int
-    n_best: int
-    length_penalty: str
-
-    def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
-        model, greedy, alpha = self.model, self.greedy, self.alpha
-        src_pieces, tgt_pieces = pieces(model.src_vocab), pieces(model.tgt_vocab)
-        tgt_ids = {p: i for i, p in enumerate(tgt_pieces)}
-        eos_piece = tgt_pieces[EOS]
-        suppress = [[tgt_pieces[PAD]], [tgt_pieces[BOS]]]  # never real output tokens (as transduce.decode)
-        source = [[src_pieces[t] for t in toks[:-1]] for toks in sources]  # CT2 adds the EOS
-        max_lens = [len(toks) + self.max_len_offset for toks in sources]  # tokens with EOS, per sentence
-        lp = 0.0 if greedy or alpha == 0 else alpha
-        paper = self.length_penalty == "paper"
-        out = model.translator.translate_batch(
-            source, beam_size=1 if greedy else self.beam,
-            num_hypotheses=1 if greedy else (self.beam if paper else self.n_best),
-            length_penalty=lp, return_scores=True, return_end_token=True, max_input_length=0,
-            max_decoding_length=max(max_lens), min_decoding_length=0, suppress_sequences=suppress,
-        )
-        nan = float("nan")
-        results = []
-        for res, max_len in zip(out, max_lens):
-            cands = []
-            for hyp, score in zip(res.hypotheses, res.scores):
-                ended = bool(hyp) and hyp[-1] == eos_piece
-                length = len(hyp)  # |Y| with EOS when it ended with one
-                toks = [tgt_ids[p] for p in (hyp[:-1] if ended else hyp)]
-                text = _clean(model.tgt_vocab.decode(toks[:max_len] if greedy else toks))
-                if greedy:  # the sentence's own maximum (exact for greedy)
-                    cands.append(Candidate(tokens=toks[:max_len], score=nan, logprob=nan, text=text))
-                    continue
-                logprob = score * (length ** lp if length else 1.0)
-                if paper:
-                    score = logprob / paper_length_penalty(length, alpha)
-                cands.append(Candidate(tokens=toks, score=score, logprob=logprob, text=text))
-            if paper:
-                cands.sort(key=lambda c: -c.score)
-            results.append(cands[:self.n_best] or [Candidate(tokens=[], score=-math.inf, logprob=-math.inf, text="")])
-        return results
-
-
-def _clean(text: str) -> str:
-    return text.replace("\r", " ").replace("\n", " ").replace("\t", " ")

@@ -5,13 +5,12 @@ same products and the same equation 1 as the paper's, with less overhead (docs/s
 `PackedLinear`: the same parameters, plus a copy of each weight in oneDNN's blocked layout, so that
 no product re-lays out its weight at every call; `state_dict` is unchanged, and an optimizer step
 or `load_state_dict` retires the stale copies. `decode_attention` is equation 1 for a CPU
-decoding step's few queries; `apply(model)` does all of it and returns its undo.
+decoding step's few queries. `transduce.ready.make_ready` applies them to a model.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -206,27 +205,3 @@ def pack_weights(model: nn.Module) -> bool:
 def unpack_weights(model: nn.Module) -> None:
     """Put back the layers `pack_weights` replaced: every product goes through `F.linear` again."""
     restore_linears(model, PackedLinear)
-
-
-def apply(model: Transformer, pack: bool = True) -> Callable[[], None]:
-    """For inference: on the CPU, every attention layer's decoding steps through `decode_attention`
-    and, with `pack`, the weights packed (on an int8 model, the layers left in the float type); on
-    every device, the decoding step as one function (`step.FastStep`). Returns the function that
-    undoes exactly this, leaving what the caller had set as it was."""
-    cpu = next(model.parameters()).device.type == "cpu"
-    unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
-    for m in unset:
-        m.step_attention = decode_attention
-    packed_here = pack and pack_weights(model)
-    stepped = (isinstance(model, Transformer) and not isinstance(model.__dict__.get("decode_step"), step.FastStep)
-               and step.install(model))
-
-    def undo() -> None:
-        if stepped:
-            step.uninstall(model)
-        if packed_here:
-            unpack_weights(model)
-        for m in unset:
-            m.step_attention = None
-
-    return undo

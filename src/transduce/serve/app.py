@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from ..translate import DEFAULT_BATCH_TOKENS
+from ..streaming import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
 from .common import (LIMIT_OF_FIELD, Limits, check_sentences, error, is_json, number, request_model, run_job,
                      unavailable)

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Callable
 
-from ..translate import DEFAULT_ALPHA, DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..streaming import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS
 
 DEFAULT_MAX_TOKENS = 256  # subword tokens per sentence a request may send (EOS not counted)
 
@@ -50,8 +51,8 @@ class Engine:
 
 def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_tokens: int = DEFAULT_MAX_TOKENS, bf16: bool = False) -> Engine:
-    """An engine over a `LoadedModel`: `translate_stream` as `transduce translate` (or `parse`) runs it."""
-    from ..fast.decode import apply
+    """An engine over a `LoadedModel` (made ready once, by `transduce.ready.load_for_decoding`, for the
+    server's life): `translate_stream` as `transduce translate` (or `parse`) runs it."""
     from ..parsing.parse import is_parsing_model, predicts_tags
     from ..parsing.tokenize import ptb_tokenize
     from ..parsing.trees import delinearize
@@ -64,10 +65,6 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
 
     def tree(source: str, output: str):
         return delinearize(output.split(), ptb_tokenize(source), tags=tags)[0] if source.strip() else None
-
-    # The decoding speed-ups set once, for the server's life: `translate_stream` would otherwise
-    # set and undo them every round, a new packed copy of every weight matrix each time.
-    apply(loaded.model)
 
     def translate(sentences: list[str], s: Search) -> list:
         return list(translate_stream(
@@ -98,7 +95,7 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
 
 def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                max_tokens: int = DEFAULT_MAX_TOKENS, length_penalty: str = "paper") -> Engine:
-    """An engine over a `transduce.export.ct2.CT2Model` (CTranslate2 gives no attention weights)."""
+    """An engine over a `transduce.engines.CT2Model` (CTranslate2 gives no attention weights)."""
 
     def translate(sentences: list[str], s: Search) -> list:
         return list(model.translate_stream(

@@ -13,7 +13,7 @@ from torch import Tensor
 from ..data.vocab import BOS, EOS
 from ..model import make_masks
 from ..restricted import within_window
-from ..translate import pad_batch
+from ..data.batching import pad_batch
 
 TYPES = ("encoder", "decoder_self", "decoder_cross")  # the three uses of attention (3.2.3)
 
@@ -159,7 +159,7 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
                    alpha: float = 0.6, greedy: bool = False, max_len_offset: int = 50,
                    max_tokens: int = MAX_TOKENS) -> tuple[AttentionBatch, dict]:
     """Weights and JSON for `sources` with their `targets` (None: the model's own translation, as
-    `transduce translate` decodes) from a `transduce.translate.LoadedModel`: what `transduce attention` does."""
+    `transduce translate` decodes) from a `transduce.ready.LoadedModel`: what `transduce attention` does."""
     from ..translate import translate_stream
 
     targets = list(targets) if targets is not None else [None] * len(sources)

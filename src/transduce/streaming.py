@@ -1,0 +1,175 @@
+"""Streaming text through a search, whatever the engine (transduce's or CTranslate2's,
+`transduce.engines`): lines read a chunk at a time, cut to the input limit, batched by length
+(`data.batching.batch_for_decoding`), searched (here, or in forked CPU `Workers`), the candidates
+yielded line for line in input order, so memory does not grow with the input (Section 6.1)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import sys
+from itertools import islice
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from .data.batching import batch_for_decoding
+from .data.vocab import EOS, Vocab
+from .decode import Hypothesis
+from .memory import Trimmer
+
+DEFAULT_MAX_INPUT_TOKENS = 1024
+DEFAULT_BATCH_TOKENS = 4096  # Padded source tokens per batch (sentences x longest sentence, EOS included)
+DEFAULT_BATCH_SIZE = 128  # Sentences per batch at most
+DEFAULT_CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
+
+Candidate = Hypothesis  # one hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)
+Search = Callable[[list[list[int]]], list[list[Candidate]]]  # a batch of source ids (with EOS) -> candidates per row
+
+
+def one_line(text: str) -> str:
+    """Keep one translation on one line (and one TSV field)."""
+    return text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
+
+
+def check_search(greedy: bool, n_best: int, beam: int) -> None:
+    """Refuse an n-best list the search cannot give."""
+    if greedy and n_best != 1:
+        raise ValueError("greedy decoding gives one hypothesis per line: n_best must be 1")
+    if not greedy and not 1 <= n_best <= beam:
+        raise ValueError(f"n_best must be between 1 and the beam size ({beam}), not {n_best}")
+
+
+def input_token_limit(max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS, max_len_offset: int = 50,
+                      positions: int | None = None) -> int:
+    """The most subword tokens (EOS not counted) a source line may have: `max_input_tokens`, and
+    with a table of `positions` (learned positions, a CTranslate2 export) what it allows for the
+    source (its EOS included) and for the longest output (source length + max_len_offset)."""
+    limit = max_input_tokens if max_input_tokens is not None else sys.maxsize
+    if positions is not None:
+        limit = min(limit, positions - 1 - max_len_offset)
+    if limit < 1:
+        raise ValueError(f"no input fits: the position table has {positions} rows and --max-len-offset is "
+                         f"{max_len_offset}; lower --max-len-offset")
+    return limit
+
+
+def stream_lines(search: Search, src_vocab: Vocab, lines: Iterable[str], *, limit: int, chunk_lines: int,
+                 batch_tokens: int, batch_size: int, workers: int = 1, source_name: str = "input",
+                 warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
+                 ) -> Iterator[list[Candidate]]:
+    """`chunk_lines` lines at a time, their ids with EOS (cut to `limit` with a warning through
+    `warn("SOURCE:LINE: ...")`), batches of similar length, `search(sources)` on each (with
+    `workers` > 1 in that many forked `Workers`, the output unchanged), the candidates yielded in
+    input order (an empty line's at once: one empty candidate); `advance(n)` is called as lines
+    are done."""
+    pool = Workers(search, workers) if workers > 1 else None
+    try:
+        yield from _stream(pool.map if pool is not None else lambda batches: map(search, batches), src_vocab, lines,
+                           limit, chunk_lines, batch_tokens, batch_size, source_name, warn, advance)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _stream(map_batches, src_vocab, lines, limit, chunk_lines, batch_tokens, batch_size, source_name, warn, advance):
+    it = iter(lines)
+    first_line = 1
+    while chunk := list(islice(it, chunk_lines)):
+        ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
+        results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
+        work = [i for i, toks in enumerate(ids) if toks]
+        if advance is not None and len(work) < len(ids):
+            advance(len(ids) - len(work))
+        batches = [[work[j] for j in batch.tolist()] for batch in
+                   batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)]
+        sources = ([ids[i] for i in rows] for rows in batches)
+        for rows, cands in zip(batches, map_batches(sources)):
+            for i, c in zip(rows, cands):
+                results[i] = c
+            if advance is not None:
+                advance(len(rows))
+        yield from results  # every line has its candidates by now
+        first_line += len(chunk)
+
+
+def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str, first_line: int,
+                warn: Callable[[str], None] | None) -> list[list[int]]:
+    """The lines' subword ids with EOS ([] for an empty line), each cut to `limit` with a warning."""
+    ids = src_vocab.encode_batch(chunk) if len(chunk) > 1 else [src_vocab.encode(chunk[0])]
+    out = []
+    for i, toks in enumerate(ids):
+        if len(toks) > limit:
+            if warn is not None:
+                warn(f"{source_name}:{first_line + i}: {len(toks)} subword tokens, more than the limit "
+                     f"of {limit}: translating the first {limit} only")
+            toks = toks[:limit]
+        out.append(toks + [EOS] if toks else [])
+    return out
+
+
+# What a forked worker runs: the search (set in the parent just before forking; inherited), and its trimmer
+_WORKER_SEARCH: Search | None = None
+_WORKER_TRIM = Trimmer(interval=1.0)
+
+
+def _worker_start(threads: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it ends the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the pool ends its workers with SIGTERM (not the parent's handler)
+    torch.set_num_threads(threads)
+
+
+def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
+    result = _WORKER_SEARCH(sources)
+    _WORKER_TRIM(idle=False)  # at most once a second: what a batch freed goes back to the system
+    return result
+
+
+WORKERS_MAX_D_MODEL = 512  # up to this width one worker per CPU thread is faster (docs/speed.md)
+
+
+def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
+    """(how many CPU workers decode, why in words): `requested`, or for "auto" one per CPU thread
+    for models up to `WORKERS_MAX_D_MODEL` wide, else 1."""
+    if requested != "auto":
+        return int(requested), "as asked"
+    if device.type != "cpu":
+        return 1, "auto: one process on a GPU"
+    if threads < 2:
+        return 1, "auto: one CPU thread"
+    if d_model > WORKERS_MAX_D_MODEL:
+        return 1, f"auto: d_model {d_model} > {WORKERS_MAX_D_MODEL}: one process, its products on all {threads} threads"
+    return threads, f"auto: CPU, d_model {d_model} <= {WORKERS_MAX_D_MODEL}: one worker per thread"
+
+
+class Workers:
+    """CPU workers (Marian's and CTranslate2's inter-op workers): `n` processes forked from this
+    one (the model, made ready before, shared copy-on-write), PyTorch's `threads` divided among
+    them, each running `search` on whole batches; processes, since a decoding step holds Python's
+    lock between products (docs/speed.md)."""
+
+    def __init__(self, search: Search, n: int, threads: int | None = None):
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise ValueError("workers need processes forked from this one (Linux): use one worker here")
+        global _WORKER_SEARCH
+        threads = threads or torch.get_num_threads()
+        self.n, self._search = n, search
+        _WORKER_SEARCH = search  # kept while the pool lives: a worker that dies is forked again
+        try:
+            self._pool = multiprocessing.get_context("fork").Pool(n, _worker_start, (max(1, threads // n),))
+        except BaseException:
+            _WORKER_SEARCH = None
+            raise
+
+    def map(self, batches: Iterable[list[list[int]]]) -> Iterator[list[list[Candidate]]]:
+        """`search` of every batch, in order."""
+        batches = list(batches)
+        if len(batches) < self.n:  # a worker would idle: one process with every thread is faster
+            return map(self._search, batches)
+        return self._pool.imap(_worker_search, batches)
+
+    def close(self) -> None:
+        global _WORKER_SEARCH
+        self._pool.terminate()
+        self._pool.join()
+        _WORKER_SEARCH = None
