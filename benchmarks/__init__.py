@@ -1,5 +1,6 @@
 """transduce's benchmarks: tools a user or maintainer runs, each a script with its own `--help`,
-and importable as this package (`python benchmarks/bench.py ...` or `python -m benchmarks.bench ...`):
+run from the repository's root as modules of this package (`python -m benchmarks.bench ...`), which
+import each other as `benchmarks.NAME`:
 
 bench (training and decoding speed against peers), decode_speed (beam search against Hugging Face
 and CTranslate2), gpu (the CUDA path), table1 and table1_report (Table 1), serve_load (serving

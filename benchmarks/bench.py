@@ -1,8 +1,8 @@
 """Training and decoding throughput: transduce against Hugging Face and nn.Transformer, with MFU.
 
-    python benchmarks/bench.py                                  # small and base, fp32 and bf16
-    python benchmarks/bench.py --presets small --precisions bf16 --systems transduce,hf
-    python benchmarks/bench.py --decode-sentences 0 --json bench.json   # training only
+    python -m benchmarks.bench                                  # small and base, fp32 and bf16
+    python -m benchmarks.bench --presets small --precisions bf16 --systems transduce,hf
+    python -m benchmarks.bench --decode-sentences 0 --json bench.json   # training only
 
 Method: docs/speed.md, "What the benchmarks measure".
 """
@@ -24,21 +24,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks import decoding
+from benchmarks.machine import describe
+from transduce.config import get_preset
+from transduce.data.datasets import fetch
+from transduce.data.text import read_lines
+from transduce.fast.train import keep_freed_memory
+from transduce.flops import dims as model_dims, forward_flops, matmul_peak  # noqa: F401  (the one formula)
+from transduce.model import Transformer, sinusoidal_positions
+from transduce.train.loss import label_smoothed_nll
+from transduce.train.step import prepare_for_training
 
-import decode_speed  # noqa: E402
-from machine import describe  # noqa: E402
-from transduce.config import get_preset  # noqa: E402
-from transduce.data.datasets import fetch  # noqa: E402
-from transduce.data.text import read_lines  # noqa: E402
-from transduce.fast import decode as fast_decode  # noqa: E402
-from transduce.fast.train import keep_freed_memory  # noqa: E402
-from transduce.flops import dims as model_dims, forward_flops, matmul_peak  # noqa: E402,F401  (the one formula)
-from transduce.model import Transformer, sinusoidal_positions  # noqa: E402
-from transduce.train.loss import label_smoothed_nll  # noqa: E402
-from transduce.train.step import prepare_for_training  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PAD, BOS = 0, 2
 VOCAB = {"small": 8000, "base": 37000}
@@ -63,7 +60,7 @@ def make_batches(vocab: int, max_tokens: int, data_dir: str | None) -> list[tupl
     """(src (B, S), tgt (B, T + 1)) batches from newstest2014 En-De, hashed into `vocab` ids."""
     en = list(read_lines(fetch("wmt14-en-de", "newstest2014", "en", data_dir=data_dir)))
     de = list(read_lines(fetch("wmt14-en-de", "newstest2014", "de", data_dir=data_dir)))
-    pairs = [(decode_speed.encode(s, vocab), [BOS] + decode_speed.encode(t, vocab)) for s, t in zip(en, de)]
+    pairs = [(decoding.encode(s, vocab), [BOS] + decoding.encode(t, vocab)) for s, t in zip(en, de)]
     pairs = [p for p in pairs if len(p[0]) <= 128 and len(p[1]) <= 129]
     batches = length_batches(pairs, max_tokens, lambda p: (len(p[0]), len(p[1])))
 
@@ -113,7 +110,7 @@ def build(system: str, preset: str) -> nn.Module:
     if system == "transduce":
         return Transformer(model_config(preset))
     if system == "hf":
-        return decode_speed.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=dm["V"])
+        return decoding.build_marian(0, d_model=dm["d"], layers=dm["N"], heads=dm["h"], ffn=dm["f"], vocab=dm["V"])
     return TorchTransformer(dm)
 
 
@@ -284,23 +281,22 @@ def decode(preset: str, precision: str, systems: list[str], n: int, data_dir: st
     forced equal lengths); bf16 = bf16 weights for both."""
     vocab = VOCAB[preset]
     lines = list(read_lines(fetch("wmt14-en-de", "newstest2014", "en", data_dir=data_dir)))[:n]
-    srcs = [decode_speed.encode(s, vocab) for s in lines]
-    batches = decode_speed.make_batches(srcs, 32)
+    srcs = [decoding.encode(s, vocab) for s in lines]
+    batches = decoding.make_batches(srcs, 32)
     out = {}
     for system in systems:
         if system == "transduce":
-            m = decode_speed.ForcedLength(Transformer(model_config(preset)).eval())
-            decode_speed.cast(m.model, precision)
-            fast_decode.apply(m.model)  # what `translate` does (a no-op under autocast's fp32 weights)
+            m = decoding.ForcedLength(Transformer(model_config(preset)).eval())
+            decoding.prepare_transduce(m.model, precision)  # as `translate --precision P` makes it ready
         else:
-            m = decode_speed.cast(build("hf", preset).eval(), precision)
+            m = decoding.cast(build("hf", preset).eval(), precision)
         total = 0.0
         for i, (idx, L) in enumerate(batches):
-            src, mask = decode_speed.pad_batch(srcs, idx)
+            src, mask = decoding.pad_batch(srcs, idx)
             if system == "transduce":
-                dt = decode_speed.run_transduce(m, src, L, "fp32")
+                dt = decoding.run_transduce(m, src, L, "fp32")
             else:
-                dt = decode_speed.run_hf(m, src, mask, L, "fp32")
+                dt = decoding.run_hf(m, src, mask, L, "fp32")
             total += dt if i > 0 or len(batches) == 1 else 0.0  # the first batch warms up
         counted = sum(len(idx) for idx, _ in (batches[1:] if len(batches) > 1 else batches))
         out[system] = counted / total

@@ -35,7 +35,7 @@ for isa in $CLASSES; do
       name=$isa-W$workers-$preset
       echo "$(date -u +%H:%M:%S) $name"
       # shellcheck disable=SC2086
-      env OMP_NUM_THREADS=2 $env_ python benchmarks/decode_speed.py --presets "$preset" --systems transduce,ct2 \
+      env OMP_NUM_THREADS=2 $env_ python -m benchmarks.decode_speed --presets "$preset" --systems transduce,ct2 \
         --precisions "$precisions" --n-sentences "$n" --batch-size 32 --threads 2 --workers "$workers" \
         --repeats 2 ${DATA_DIR:+--data-dir "$DATA_DIR"} --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1 \
         || { echo "decode_speed.py failed: see $OUT/$name.log" >&2; exit 1; }

@@ -1,10 +1,10 @@
 """Beam-search translation speed: transduce against Hugging Face `MarianMTModel` and CTranslate2,
 the same model, the same work.
 
-    python benchmarks/decode_speed.py --n-sentences 300            # a stable subset (minutes on 2 cores)
-    python benchmarks/decode_speed.py                              # all 3003 sentences of newstest2014
-    python benchmarks/decode_speed.py --precisions fp32 --batch-size 16 --threads 2 --json out.json
-    python benchmarks/decode_speed.py --presets small,base --systems transduce,ct2 \
+    python -m benchmarks.decode_speed --n-sentences 300            # a stable subset (minutes on 2 cores)
+    python -m benchmarks.decode_speed                              # all 3003 sentences of newstest2014
+    python -m benchmarks.decode_speed --precisions fp32 --batch-size 16 --threads 2 --json out.json
+    python -m benchmarks.decode_speed --presets small,base --systems transduce,ct2 \
         --precisions fp32,bf16,int8 --n-sentences 128 --repeats 2   # against CTranslate2
 
 Method: docs/speed.md, "What the benchmarks measure".
@@ -22,18 +22,14 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from machine import describe  # noqa: E402
-from transduce.data.datasets import fetch  # noqa: E402
-from transduce.data.text import read_lines  # noqa: E402
-from transduce.model import count_parameters  # noqa: E402
-from decoding import (  # noqa: E402
+from benchmarks.decoding import (
     BEAM, PRECISIONS, SIZES, SYSTEMS, ForcedLength, build_ct2, build_marian, build_transduce, cast, ct2_pieces, encode,
     make_batches, marian_dims, pad_batch, prepare_transduce, profile_ops, run_ct2_group, run_hf, run_transduce, runs,
 )
+from benchmarks.machine import describe
+from transduce.data.datasets import fetch
+from transduce.data.text import read_lines
+from transduce.model import count_parameters
 
 _POOL_CALL = None
 """What a forked worker of `--workers` runs (the parent's `call`, inherited at the fork)."""
@@ -144,7 +140,7 @@ def run_isolated(preset: str, args, threads: int, systems: list[str]) -> list[di
         for r in range(args.repeats):
             for system in systems if r % 2 == 0 else systems[::-1]:
                 out = Path(tmp) / f"{system}-{r}.json"
-                cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--json", str(out), "--presets", preset,
+                cmd = [sys.executable, "-m", __spec__.name, "--child", "--json", str(out), "--presets", preset,
                        "--systems", system, "--precisions", args.precisions, "--n-sentences", str(args.n_sentences),
                        "--batch-size", str(args.batch_size), "--threads", str(threads), "--workers", str(args.workers),
                        "--schedule", args.schedule, "--repeats", "1", "--seed", str(args.seed)]

@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import time
 import zlib
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-
-from transduce.config import get_preset  # noqa: E402
-from transduce.decode import beam_search  # noqa: E402
-from transduce.fast import decode as speedups, int8  # noqa: E402
-from transduce.model import Transformer  # noqa: E402
-from transduce.precision import choose_decoding_precision  # noqa: E402
-from transduce.ready import make_ready  # noqa: E402
+from transduce.config import get_preset
+from transduce.decode import beam_search
+from transduce.fast import decode as speedups, int8
+from transduce.model import Transformer
+from transduce.precision import choose_decoding_precision
+from transduce.ready import make_ready
 
 PAD, BOS, EOS = 0, 2, 3
 VOCAB = 37000
@@ -180,16 +176,15 @@ def cast(model, precision: str):
 
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
     """The transduce model as `translate --precision P` runs it (`transduce.ready.make_ready` with
-    the choice `--precision P` makes here), with `pack` the weights left in fp32/bf16 pre-packed.
-    Undoes what an earlier precision did."""
+    the choice `--precision P` makes here; bf16-autocast: fp32 weights), with `pack` the weights
+    left in fp32/bf16 pre-packed. Undoes what an earlier precision did."""
     int8.dequantize_int8(model)
     speedups.unpack_weights(model)
-    cast(model, "fp32" if precision == "int8" else precision)
+    cast(model, "fp32")
+    choice = choose_decoding_precision("fp32" if precision == "bf16-autocast" else precision)
     if precision == "int8":
-        choice = choose_decoding_precision("int8")
         print(f"transduce {choice.line()}", flush=True)
-        make_ready(model, choice)
-    speedups.apply(model, pack=pack)
+    make_ready(model, choice, pack=pack)
 
 
 def run_transduce(forced: ForcedLength, src: torch.Tensor, L: int, precision: str) -> float:

@@ -2,8 +2,8 @@
 sentences/s of each engine and precision, and how far CTranslate2's length penalty moves BLEU.
 Measured, not asserted (docs/RESULTS.md, "Exactness of the exports and of reduced precision").
 
-    python benchmarks/engines.py runs/m30k --threads 2
-    python benchmarks/engines.py runs/m30k/avg_last5 --alpha 1.5
+    python -m benchmarks.engines runs/m30k --threads 2
+    python -m benchmarks.engines runs/m30k/avg_last5 --alpha 1.5
 
 Method: docs/speed.md, "What the benchmarks measure".
 """
@@ -11,6 +11,7 @@ Method: docs/speed.md, "What the benchmarks measure".
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -35,9 +36,11 @@ def main() -> int:
     from transduce import evaluate
     from transduce.data.datasets import fetch
     from transduce.data.text import read_lines
-    from transduce.export.ct2 import export_ct2, load_ct2, pieces
+    from transduce.engines import load_ct2
+    from transduce.export.ct2 import export_ct2, pieces
     from transduce.precision import choose_precision
-    from transduce.translate import load_translation_model, translate_stream
+    from transduce.ready import load_translation_model, make_ready
+    from transduce.translate import translate_stream
 
     read = lambda path: list(read_lines(Path(path)))  # noqa: E731  (plain or gzip)
     src = read(fetch("multi30k", args.split, "en"))
@@ -60,17 +63,17 @@ def main() -> int:
     search = dict(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset)
     runs = []  # (name, function that translates lines -> list of texts)
     fp32 = loaded.model
+    bf16 = copy.deepcopy(fp32) if auto.precision == "bf16" else None
+    make_ready(fp32)  # as `transduce translate --precision fp32` decodes
 
     def torch_run(model, bf16, greedy=False):
         return lambda lines: [c[0].text for c in translate_stream(model, loaded.src_vocab, loaded.tgt_vocab, lines, bf16=bf16,
                                                                    greedy=greedy, **search)]
 
     runs.append(("transduce fp32", torch_run(fp32, False)))
-    if auto.precision == "bf16":
-        import copy
-
-        bf16_model = copy.deepcopy(fp32).to(torch.bfloat16)
-        runs.append(("transduce bf16 (auto)", torch_run(bf16_model, True)))
+    if bf16 is not None:
+        make_ready(bf16, auto)
+        runs.append(("transduce bf16 (auto)", torch_run(bf16, True)))
     for q, m in ct2.items():
         for lp in ("paper", "ct2"):
             label = "paper's ((5+|Y|)/6)^a" if lp == "paper" else "CT2's |Y|^a"

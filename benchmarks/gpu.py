@@ -2,8 +2,8 @@
 decoding against Hugging Face `generate` (docs/speed.md, "The GPU command"); `--dry` runs every
 part tiny on the CPU, to check the plumbing before GPU minutes.
 
-    python benchmarks/gpu.py --out results/                 # on a CUDA machine (minutes)
-    python benchmarks/gpu.py --out dry-run --dry            # the same code, tiny, on the CPU
+    python -m benchmarks.gpu --out results/                 # on a CUDA machine (minutes)
+    python -m benchmarks.gpu --out dry-run --dry            # the same code, tiny, on the CPU
 
 Method: docs/speed.md, "What the benchmarks measure".
 """
@@ -25,22 +25,18 @@ from unittest import mock
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import decoding  # noqa: E402
-from bench import TorchTransformer, forward_flops, forward_logits, length_batches  # noqa: E402
-from decoding import BOS, EOS, PAD, VOCAB  # noqa: E402
-from transduce import decode  # noqa: E402
-from transduce.config import Config, get_preset  # noqa: E402
-from transduce.device import setup_cuda  # noqa: E402
-from transduce.fast import step as fast_step  # noqa: E402
-from transduce.fast.decode import apply as apply_speedups  # noqa: E402
-from transduce.flops import dims  # noqa: E402
-from transduce.model import Transformer  # noqa: E402
-from transduce.train import loss as loss_module  # noqa: E402
-from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step  # noqa: E402
+from benchmarks import decoding
+from benchmarks.bench import TorchTransformer, forward_flops, forward_logits, length_batches
+from benchmarks.decoding import BOS, EOS, PAD, VOCAB
+from transduce import decode
+from transduce.config import Config, get_preset
+from transduce.device import setup_cuda
+from transduce.fast import step as fast_step
+from transduce.flops import dims
+from transduce.model import Transformer
+from transduce.ready import make_ready
+from transduce.train import loss as loss_module
+from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step
 
 NOMINAL_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
 """Dense bf16 tensor-core peaks (SXM parts; NVIDIA's data sheets, without sparsity)."""
@@ -286,7 +282,7 @@ def decode_compare(device: torch.device, n: int, batch_size: int, dry: bool, pro
     for precision in ("fp32", "bf16"):
         decoding.cast(forced.model, precision)
         decoding.cast(marian, precision)
-        undo = apply_speedups(forced.model)  # on a GPU, the flat decoding step only
+        undo = make_ready(forced.model)  # on a GPU, the flat decoding step only
         times, failed = dict.fromkeys(DECODE_SYSTEMS, 0.0), {}
 
         def call(system: str, idx: list[int], L: int) -> float:

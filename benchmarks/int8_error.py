@@ -1,12 +1,12 @@
 """How far reduced-precision decoding is from fp32, with less noise than BLEU: teacher-forced.
 
-    python benchmarks/int8_error.py runs/m30k/avg_last5 --dataset multi30k --src en --tgt de --split val
-    python benchmarks/int8_error.py MODEL ... --precisions bf16,int8
+    python -m benchmarks.int8_error runs/m30k/avg_last5 --dataset multi30k --src en --tgt de --split val
+    python -m benchmarks.int8_error MODEL ... --precisions bf16,int8
 
 For every sentence pair of the split (a validation split: this is for choosing, not reporting), the
 model reads the source and the reference target (teacher forcing) in fp32 and in each precision as
-`transduce translate --precision P` prepares it (`transduce.ready.load_for_decoding`, packed as
-`translate` packs). Printed per precision:
+`transduce translate --precision P` prepares it (`transduce.ready.load_for_decoding`: cast or
+quantized, and packed). Printed per precision:
 the mean KL(fp32 || P) of the next-token distributions per target token, and how often the most
 likely next token is the same as fp32's. BLEU over 1,000 sentences moves by ~0.3 when 10% of the
 outputs change; this moves by little but the arithmetic.
@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
-from transduce.data.datasets import fetch  # noqa: E402
-from transduce.data.text import read_lines  # noqa: E402
-from transduce.data.vocab import BOS, EOS  # noqa: E402
-from transduce.fast.decode import apply as apply_speedups  # noqa: E402
-from transduce.ready import load_for_decoding  # noqa: E402
+from transduce.data.datasets import fetch
+from transduce.data.text import read_lines
+from transduce.data.vocab import BOS, EOS
+from transduce.ready import load_for_decoding
 
 PRECISIONS = ("bf16", "int8")
 
@@ -73,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
           f"and next-token argmax equal to fp32's")
     for p in precisions:
         ready = load_for_decoding(args.model, precision=p)
-        apply_speedups(ready.model.eval())
+        ready.model.eval()
         kl = agree = n = 0.0
         for (_, t), ref, lp in zip(data, reference, log_probs(ready.model, data)):
             mask = t[:, 1:] != pad

@@ -30,8 +30,7 @@ _ONEDNN_PROBE = ("import torch; w = torch.ops.mkldnn._reorder_linear_weight(torc
                  "torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), w, None, 'none', [], '')")
 
 _CT2_PROBE = """
-import sys, torch
-sys.path.insert(0, {src!r})
+import torch
 from transduce.config import Config, ModelConfig
 from transduce.export.ct2 import SPECIAL_PIECES, TransduceConverter
 from transduce.model import Transformer
@@ -113,9 +112,8 @@ def mkl_isa() -> str:
 
 def ct2_isa() -> str:
     """CTranslate2's own ISA, GEMM backends, bundled oneDNN's ISA and compute types, as it reports them."""
-    src = str(Path(__file__).resolve().parents[1] / "src")
     with tempfile.TemporaryDirectory(prefix="machine-ct2-") as tmp:
-        out = _run(_CT2_PROBE.format(src=src, out=str(Path(tmp) / "m")),
+        out = _run(_CT2_PROBE.format(out=str(Path(tmp) / "m")),
                    {**os.environ, "CT2_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1",
                     "MKL_VERBOSE": "1"})
     lines = out.splitlines()

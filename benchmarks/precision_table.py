@@ -1,9 +1,9 @@
 """What justifies a row of `transduce.precision.CPU_TABLE` on this CPU: the products of a decoding
 step, and of a training step's FFN, timed in each precision at a preset's sizes.
 
-    python benchmarks/precision_table.py                        # small and base, the threads PyTorch has
-    OMP_NUM_THREADS=1 python benchmarks/precision_table.py --threads 1
-    [AVX2 env] python benchmarks/precision_table.py             # a CPU without bf16, imitated
+    python -m benchmarks.precision_table                        # small and base, the threads PyTorch has
+    OMP_NUM_THREADS=1 python -m benchmarks.precision_table --threads 1
+    [AVX2 env] python -m benchmarks.precision_table             # a CPU without bf16, imitated
 
 Decoding: one decoder layer's products ([W^Q; W^K; W^V], W^O, cross-attention's query and output,
 the FFN with its ReLU) and the pre-softmax projection over the whole vocabulary, for 128
@@ -20,17 +20,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-
-from transduce.config import get_preset  # noqa: E402
-from transduce.fast.decode import PackedWeight, can_pack  # noqa: E402
-from transduce.fast.int8 import Int8Weight, can_int8  # noqa: E402
-from transduce.precision import cpu_row, read_capability  # noqa: E402
+from transduce.config import get_preset
+from transduce.fast.decode import PackedWeight, can_pack
+from transduce.fast.int8 import Int8Weight, can_int8
+from transduce.precision import cpu_row, read_capability
 
 VOCAB = {"small": 8000, "base": 37000}
 

@@ -1,7 +1,7 @@
 """Peak memory and wall time of `transduce prepare` on a large synthetic corpus.
 
-    python benchmarks/prepare_memory.py                      # 5M pairs, vocab 37000 (the paper's size)
-    python benchmarks/prepare_memory.py --pairs 1000000 --gzip
+    python -m benchmarks.prepare_memory                      # 5M pairs, vocab 37000 (the paper's size)
+    python -m benchmarks.prepare_memory --pairs 1000000 --gzip
 
 Writes a random-word parallel corpus (Zipf-distributed words, WMT-like sentence lengths) into a
 temporary directory, runs `python -m transduce prepare` on it in a child process (the

@@ -1,13 +1,13 @@
 """Load benchmark of `transduce serve` on loopback: N concurrent clients, with and without
 dynamic batching. Measured, not asserted (docs/RESULTS.md, "Serving").
 
-    python benchmarks/serve_load.py runs/m30k --clients 8 --requests 400 --seconds 90
-    python benchmarks/serve_load.py m30k-ct2 --engine ct2
+    python -m benchmarks.serve_load runs/m30k --clients 8 --requests 400 --seconds 90
+    python -m benchmarks.serve_load m30k-ct2 --engine ct2
 
 `--soak`: the server's memory (resident set) against requests served, under varied requests.
 
-    python benchmarks/serve_load.py RUN --soak --requests 10000 --warmup 1000 --out soak/
-    python benchmarks/serve_load.py RUN --soak --server-env TRANSDUCE_KERNEL_CACHE=1024 --label k1024 --out soak/
+    python -m benchmarks.serve_load RUN --soak --requests 10000 --warmup 1000 --out soak/
+    python -m benchmarks.serve_load RUN --soak --server-env TRANSDUCE_KERNEL_CACHE=1024 --label k1024 --out soak/
 
 Method: docs/serve.md, "What serve_load.py measures".
 """

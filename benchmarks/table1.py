@@ -2,9 +2,9 @@
 per layer type, counted FLOPs, time, peak memory and their exponents of n, sequential operations
 and the maximum path length (how each is measured: docs/table1.md).
 
-    python benchmarks/table1.py --out DIR                 # d = 512, n = 16 ... 4096 (a few minutes)
-    python benchmarks/table1.py --out DIR --max-n 1024    # a shorter range
-    python benchmarks/table1.py --out DIR --quick         # n = 64 ... 1024, one repeat: seconds
+    python -m benchmarks.table1 --out DIR                 # d = 512, n = 16 ... 4096 (a few minutes)
+    python -m benchmarks.table1 --out DIR --max-n 1024    # a shorter range
+    python -m benchmarks.table1 --out DIR --quick         # n = 64 ... 1024, one repeat: seconds
 
 Layer types, each mapping n vectors of width d to n (batch 1, fp32, --threads threads): self-attention
 (transduce's MultiHeadAttention, h = 8, SDPA), restricted self-attention as the model masks it
@@ -34,11 +34,9 @@ from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from benchmarks.table1_report import figure, machine, markdown, summarize
 from transduce.model import MultiHeadAttention
 from transduce.restricted import window_mask
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table1_report import figure, machine, markdown, summarize  # noqa: E402
 
 KINDS = ["self-attention", "restricted (masked)", "restricted (banded)", "recurrent", "convolution", "separable"]
 

@@ -22,7 +22,7 @@ mkdir -p "$OUT"
 for r in $(seq 1 "$ROUNDS"); do
   for run in transduce:keep hf:return hf:keep transduce:return; do
     system=${run%%:*} memory=${run##*:}
-    python benchmarks/bench.py --presets "$PRESET" --precisions "$PRECISION" --systems "$system" --steps "${STEPS:-2}" \
+    python -m benchmarks.bench --presets "$PRESET" --precisions "$PRECISION" --systems "$system" --steps "${STEPS:-2}" \
       --repeats 2 --warmup 1 --decode-sentences 0 --threads "${THREADS:-2}" --freed-memory "$memory" \
       --json "$OUT/$system-$memory-$r.json" > "$OUT/$system-$memory-$r.log" 2>&1 \
       || { echo "bench.py failed: see $OUT/$system-$memory-$r.log" >&2; exit 1; }

@@ -67,7 +67,7 @@ status+=("training run: exit ${PIPESTATUS[0]}")
 rm -rf "$WORK"
 
 echo "== 3. throughput, MFU and decoding"
-$PY benchmarks/gpu.py --out "$OUT" $DRYFLAG ${GPU_ARGS:-} 2>&1 | tee "$OUT/gpu.log"
+$PY -m benchmarks.gpu --out "$OUT" $DRYFLAG ${GPU_ARGS:-} 2>&1 | tee "$OUT/gpu.log"
 status+=("benchmarks/gpu.py: exit ${PIPESTATUS[0]}")
 # --profile (in GPU_ARGS) writes one table per setting: one archive travels better than a dozen files
 if ls "$OUT"/profile_*.txt >/dev/null 2>&1; then
