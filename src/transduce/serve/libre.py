@@ -269,7 +269,7 @@ class _TextNodes(HTMLParser):
 
 def html_layout(doc: str) -> list:
     """The document as pieces: markup and untranslated text as they were sent (str), and each text
-    node as (its leading whitespace, its text on one line, its trailing whitespace)."""
+    node with words as (its leading whitespace, its text on one line, its trailing whitespace)."""
     parser = _TextNodes(doc)
     parser.feed(doc)
     parser.close()
@@ -286,22 +286,28 @@ def html_layout(doc: str) -> list:
     return [p for p in pieces if p != ""]
 
 
+def words(text: str) -> bool:
+    """Whether a text has anything to translate: a letter or a digit (not only punctuation, symbols,
+    emoji or whitespace, which are kept as they are, as LibreTranslate keeps emoji)."""
+    return any(c.isalnum() for c in text)
+
+
 def _text_node(text: str, raw: str) -> list:
-    if not text.strip():
+    if not words(text):
         return [raw]
     core = text.strip()
     return [(text[: len(text) - len(text.lstrip())], " ".join(core.split()), text[len(text.rstrip()):])]
 
 
 def text_layout(text: str) -> list:
-    """A text as pieces: each line with something in it (leading whitespace, the line, trailing
-    whitespace), the rest as it is."""
+    """A text as pieces: each line with words (leading whitespace, the line, trailing whitespace),
+    the rest as it is."""
     pieces: list = []
     for i, line in enumerate(text.split("\n")):
         if i:
             pieces.append("\n")
         core = line.strip()
-        pieces.append((line[: len(line) - len(line.lstrip())], core, line[len(line.rstrip()):]) if core else line)
+        pieces.append((line[: len(line) - len(line.lstrip())], core, line[len(line.rstrip()):]) if words(core) else line)
     return pieces
 
 
