@@ -126,16 +126,9 @@ def find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
     return None
 
 
-def load_translation_model(
-    path: str | os.PathLike,
-    *,
-    checkpoint: str | None = None,
-    average: int | None = None,
-    vocab: str | os.PathLike | None = None,
-    src_vocab: str | os.PathLike | None = None,
-    tgt_vocab: str | os.PathLike | None = None,
-    device: str | torch.device = "cpu",
-) -> LoadedModel:
+def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
+                           vocab: str | os.PathLike | None = None, src_vocab: str | os.PathLike | None = None,
+                           tgt_vocab: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> LoadedModel:
     """The model and vocabularies `transduce translate MODEL` uses, on `device` (a name for
     `resolve_device` or a torch.device), as stored (fp32, not made ready). Raises
     FileNotFoundError, ValueError or DataError."""

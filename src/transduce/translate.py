@@ -19,38 +19,24 @@ from .streaming import (
 )
 
 
-def translate_stream(
-    model,
-    src_vocab: Vocab,
-    tgt_vocab: Vocab,
-    lines: Iterable[str],
-    *,
-    beam: int = DEFAULT_BEAM,
-    alpha: float = DEFAULT_ALPHA,
-    max_len_offset: int = DEFAULT_MAX_LEN_OFFSET,
-    n_best: int = 1,
-    greedy: bool = False,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
-    bf16: bool = False,
-    chunk_lines: int = DEFAULT_CHUNK_LINES,
-    source_name: str = "input",
-    warn: Callable[[str], None] | None = None,
-    advance: Callable[[int], None] | None = None,
-    constraint=None,
-    workers: int = 1,
-) -> Iterator[list[Candidate]]:
+def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[str], *, beam: int = DEFAULT_BEAM,
+                     alpha: float = DEFAULT_ALPHA, max_len_offset: int = DEFAULT_MAX_LEN_OFFSET, n_best: int = 1,
+                     greedy: bool = False, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
+                     max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS, bf16: bool = False,
+                     chunk_lines: int = DEFAULT_CHUNK_LINES, source_name: str = "input",
+                     warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
+                     constraint=None, workers: int = 1) -> Iterator[list[Candidate]]:
     """Translate `lines` (any iterable); yield, for every line in order, its `n_best` best
     candidates (best first; one empty candidate for an empty line). Lines over the limit
     (`streaming.input_token_limit`: `max_input_tokens`, and learned positions' table) are cut and
     reported through `warn("SOURCE:LINE: ...")`; `advance(n)` is called as lines are done.
 
-    The model runs in eval mode (restored after), as it is given: made ready (`transduce.ready.make_ready`:
-    its precision, packed weights, the flat decoding step) it is fast; a model not made ready computes
-    the same through its own layers (the scores equal but for float rounding), slower. With fp32 weights `bf16=True` runs under
-    bf16 autocast. `constraint` restricts the beam search (not with `greedy`). `workers` > 1 (CPU,
-    Linux): batches decoded in that many forked processes (`streaming.Workers`), the output unchanged.
+    The model runs in eval mode (restored after), as it is given: made ready (`ready.make_ready`:
+    its precision, packed weights, the flat decoding step) it is fast; one not made ready computes
+    the same through its own layers (the scores equal but for float rounding), slower. With fp32
+    weights `bf16=True` runs under bf16 autocast. `constraint` restricts the beam search (not with
+    `greedy`). `workers` > 1 (CPU, Linux): batches decoded in that many forked processes
+    (`streaming.Workers`), the output unchanged.
     """
     if greedy and constraint is not None:
         raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
