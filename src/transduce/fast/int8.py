@@ -99,7 +99,7 @@ def quantize_int8(model: nn.Module, decoder: bool = True) -> int:
     `decoder=False` the projection alone (`transduce.precision` chooses). On the CPU, after loading,
     with the weights in fp32 or bf16, the dtype the int8 products then take and give. The source
     side (the encoder, and encoder-decoder attention's keys and values), computed once per
-    sentence, stays in the float type, where `decode.apply` packs it (docs/RESULTS.md, "int8
+    sentence, stays in the float type, where `ready.make_ready` packs it (docs/RESULTS.md, "int8
     quality"). The pre-softmax projection writes fp32 logits whatever the model's dtype (bf16
     logits moved beam search's choices as much as a quantized layer does). `state_dict` is
     unchanged. Returns how many layers were replaced; `dequantize_int8` puts them back."""

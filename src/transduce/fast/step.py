@@ -10,7 +10,7 @@ Every field of `ModelConfig` is either in `HANDLED` (what the step does with it)
 (the options that change the step, with the value under which the step still covers them); a
 model with any other value, or a field in neither table, decodes through the model's own
 `decode_step`, as do several positions at once, training mode, autograd, autocast, a packed
-weight gone stale and a dtype the packed weights are not in. `decode.apply(model)` sets it as the
+weight gone stale and a dtype the packed weights are not in. `ready.make_ready(model)` sets it as the
 instance's `decode_step` (so decoding, `translate`, `serve` and `parse` pick it up unchanged);
 `transduce.model` knows nothing of it.
 """
@@ -64,7 +64,7 @@ def covers(config: ModelConfig) -> bool:
 
 class FastStep:
     """`model.decode_step` as one function (see the module's doc). Build it after the weights are
-    packed or quantized (`decode.apply` does); it then checks, once per step, that what it was
+    packed or quantized (`ready.make_ready` does); it then checks, once per step, that what it was
     built on still holds, and otherwise calls the model's own step."""
 
     def __init__(self, model: Transformer):
