@@ -103,7 +103,7 @@ def test_libretranslatepy_translates_a_text_as_transduce_translate(server, refer
     client = LibreTranslateAPI(url, api_key=KEY)
     before = jobs(app)
     assert client.translate("a man runs on the grass", "en", "de") == reference(["a man runs on the grass"])[0]
-    # lines are the model's sentences (6.1); blank lines and the whitespace around lines are kept
+    # lines are the model's sentences (5.1); blank lines and the whitespace around lines are kept
     text = "a man runs\n\n  the dog sits near the water \n* * *\nred ball"
     first, second, third = reference(["a man runs", "the dog sits near the water", "red ball"])
     expected = f"{first}\n\n  {second} \n* * *\n{third}"  # a line without words kept as it is
