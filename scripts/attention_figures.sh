@@ -49,5 +49,5 @@ done
 
 # docs/masks.md: the masks of a small padded batch.
 transduce attention "$MODEL" "A dog runs ." "Two young children are playing in the water ." \
-  --target "Ein Hund rennt ." --target "Zwei kleine Kinder spielen im Wasser ." --figure masks --png "$OUT/masks.png"
+  --target-text "Ein Hund rennt ." --target-text "Zwei kleine Kinder spielen im Wasser ." --figure masks --png "$OUT/masks.png"
 echo "wrote $OUT" >&2

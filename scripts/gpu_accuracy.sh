@@ -65,7 +65,7 @@ echo "train exit $?" >> "$OUT/wsj.log"
 n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
 print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
 MODEL=$RUN/model  # the last step's, where no checkpoint was written on the interval
-if [ "$n" -gt 0 ] && transduce average "$RUN" --last $((n < 5 ? n : 5)) --out "$RUN/avg" >> "$OUT/wsj.log" 2>&1; then
+if [ "$n" -gt 0 ] && transduce average "$RUN" --average $((n < 5 ? n : 5)) --out "$RUN/avg" >> "$OUT/wsj.log" 2>&1; then
   MODEL=$RUN/avg
 fi
 COMMON=(--dataset ptb-wsj --beam 21 --alpha 0.3 --max-len-offset 300 --batch-size 128 --precision bf16 --workers 1 --quiet)

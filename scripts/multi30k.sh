@@ -31,14 +31,16 @@
 #   COOLDOWN    train --cooldown: the last fraction of STEPS over which the rate decays linearly
 #               to 0 (default 0.2; 0 is the paper's schedule)
 #   SEED        train --seed (default 1)
-#   PRESET      default multi30k (`tiny` is the literature's Transformer-Tiny); DROPOUT, WARMUP, LR_SCALE, MAX_TOKENS override the preset's values
+#   PRESET      default multi30k (`tiny` is the literature's Transformer-Tiny); DROPOUT, WARMUP, LR_SCALE override the preset's values
+#   BATCH_TOKENS  train --batch-tokens: padded tokens per micro-batch (default: the preset's; MAX_TOKENS, its old name, still read)
 #   SETS        more config settings for train --set, space-separated, e.g. "model.n_layers=3"
 #   VARIANT     raw (default: cased, untokenized text, scored by sacreBLEU) or tok (the literature's
 #               lowercased, Moses-tokenized text, scored and chosen by lowercased tokenized BLEU)
 #   VOCAB       the shared SentencePiece vocabulary size (default 8000)
 #   EVAL_ONLY=1 skip prepare and training: evaluate RUN again
 #   TRANSDUCE_DATA_DIR  a local dataset mirror (../shared/data is found automatically)
-# An interrupted run continues where its last checkpoint left it when the command is run again.
+# An interrupted run continues where its last checkpoint left it when the command is run again (the same
+# settings: another training config is refused, naming what differs).
 set -euo pipefail
 RUN=${RUN:-runs/multi30k-en-de}
 THREADS=${THREADS:-$(nproc)}
@@ -56,13 +58,14 @@ if [ -n "${STEPS:-}" ]; then OPTIONAL+=(--max-steps "$STEPS"); fi
 if [ -n "${MINUTES:-}" ]; then OPTIONAL+=(--max-minutes "$MINUTES"); fi
 if [ -n "${WARMUP:-}" ]; then OPTIONAL+=(--warmup "$WARMUP"); fi
 if [ -n "${LR_SCALE:-}" ]; then OPTIONAL+=(--lr-scale "$LR_SCALE"); fi
-if [ -n "${MAX_TOKENS:-}" ]; then OPTIONAL+=(--batch-tokens "$MAX_TOKENS"); fi
+BATCH_TOKENS=${BATCH_TOKENS:-${MAX_TOKENS:-}}  # MAX_TOKENS: the old name
+if [ -n "$BATCH_TOKENS" ]; then OPTIONAL+=(--batch-tokens "$BATCH_TOKENS"); fi
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
   if [ ! -f "$RUN/data/data.json" ]; then
     transduce prepare --dataset multi30k --src en --tgt de --vocab-size "${VOCAB:-8000}" --variant "$VARIANT" --out "$RUN/data"
   fi
-  transduce train --data "$RUN/data" --run-dir "$RUN" --resume --preset "$PRESET" \
+  transduce train --data "$RUN/data" --run-dir "$RUN" --preset "$PRESET" \
     ${SETS[@]+"${SETS[@]/#/--set=}"} ${OPTIONAL[@]+"${OPTIONAL[@]}"} --precision "$PRECISION" --threads "$THREADS" \
     --cooldown "$COOLDOWN" --valid-every 500 --save-every-steps "$SAVE_STEPS" \
     --save-every-minutes 0 --keep-last 0 --seed "$SEED"
@@ -80,7 +83,7 @@ AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\
 # One decoding precision for every score: `auto` is resolved by the first evaluation's probe, then kept.
 DECODING=$PRECISION
 for k in $AVERAGE; do
-  transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
+  transduce average "$RUN" --average "$k" --out "$RUN/avg_last$k"
   for a in 0.6 0.8 1.0 1.2 1.5; do
     transduce evaluate "$RUN/avg_last$k" --dataset multi30k --src en --tgt de --split val --variant "$VARIANT" --beam 4 \
       --alpha "$a" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null

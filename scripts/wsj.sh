@@ -106,7 +106,7 @@ print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  #
 n=$(( n > 0 ? n : 1 ))  # none at the interval (a run shorter than its interval): average takes the last one
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
 for k in $AVERAGE; do
-  transduce average "$RUN" --last "$k" --out "$RUN/avg_last$k"
+  transduce average "$RUN" --average "$k" --out "$RUN/avg_last$k"
   for a in $ALPHAS; do
     [ -f "$ALPHA_DIR/22.avg$k.alpha$a.json" ] || transduce evaluate "$RUN/avg_last$k" --dataset ptb-wsj --split 22 \
       --beam "$BEAM" --alpha "$a" ${CHOOSE[@]+"${CHOOSE[@]}"} "${COMMON[@]}" --json "$ALPHA_DIR/22.avg$k.alpha$a.json" > /dev/null

@@ -144,7 +144,7 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
     from transduce.cli.fields import from_args
     from transduce.train.trainer import TrainOptions
 
-    from transduce.cli.train import RENAMED
+    from transduce.cli.train import HIDDEN, RENAMED
 
     parser = build_parser()
     args = parser.parse_args(["train", "--run-dir", str(tmp_path)])
@@ -158,6 +158,8 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
         main(["train", "--help"])
     train_help = capsys.readouterr().out
     for f in dataclasses.fields(TrainOptions):  # each under its own name, or the vocabulary's (RENAMED)
+        if f.name in HIDDEN:
+            continue
         name = f.name.replace("_", "-")
         shown = RENAMED[f.name][0] if f.name in RENAMED else f"--no-{name}" if f.default is True else f"--{name}"
         assert shown in train_help, f.name

@@ -178,7 +178,7 @@ def test_json_report_keys(tmp_path, capsys):
     hyp = _write(tmp_path / "hyp.de", ["Das ist Test.", "Der Auto-Fahrer hatte z.B. drei Kinder."])
     ref = _write(tmp_path / "ref.de", ["Das ist ein Test.", "Der Auto-Fahrer hat z.B. 3 Kinder."])
     tok = _write(tmp_path / "ref.tok.de", [multi30k_tokenize(x, "de") for x in ["Das ist ein Test.", "Der Auto-Fahrer hat z.B. 3 Kinder."]])
-    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tok-ref", str(tok), "--tgt", "de", "--json"]) == 0
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tok-ref", str(tok), "--tgt", "de", "--json", "-"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert {"n_sentences", "tgt_lang", "hyp", "ref", "tok_ref", "scores", "conventions"} <= set(report)
     assert report["n_sentences"] == 2
@@ -218,7 +218,7 @@ def test_multi30k_dataset_from_the_mirror(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRANSDUCE_DATA_DIR", raising=False)
     with gzip.open(MIRROR / "multi30k" / "raw" / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         hyp = _write(tmp_path / "hyp.de", f.read().splitlines())
-    assert main(["evaluate", "--hyp", str(hyp), "--dataset", "multi30k", "--src", "en", "--tgt", "de", "--json"]) == 0
+    assert main(["evaluate", "--hyp", str(hyp), "--dataset", "multi30k", "--src", "en", "--tgt", "de", "--json", "-"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n_sentences"] == 1000 and report["split"] == "test_2016_flickr"
     for key in ("sacrebleu", "paper_bleu", "multi30k_lc_tok_bleu"):  # the reference scored against itself
@@ -250,7 +250,7 @@ def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
     ref = _write(tmp_path / "ref.txt", lines[5:10] + [""])
     saved = tmp_path / "hyp.txt"
     assert main(["evaluate", str(model_dir), "--input", str(src), "--ref", str(ref), "--tgt", "de", "--beam", "2",
-                 "--max-len-offset", "3", "--out", str(saved), "--json", "--quiet"]) == 0
+                 "--max-len-offset", "3", "--out", str(saved), "--json", "-", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == str(model_dir) and report["decoding"]["beam"] == 2
     assert report["n_sentences"] == 6 and len(saved.read_text(encoding="utf-8").split("\n")) == 7
@@ -301,14 +301,14 @@ def test_the_table_is_printed_before_the_json_file_is_written(tmp_path, capsys, 
     import errno
     import os
 
-    from transduce.cli import evaluate as cli_evaluate
+    from transduce.checkpoint import files  # what `transduce evaluate` writes with, imported when it runs
 
     hyp = _write(tmp_path / "hyp.de", ["Das ist ein Test."])
     report = tmp_path / "report.json"
 
     def disk_full(path, text):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-    monkeypatch.setattr(cli_evaluate, "atomic_write_text", disk_full)
+    monkeypatch.setattr(files, "atomic_write_text", disk_full)
     assert main(["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--tgt", "de", "--json", str(report)]) == 2
     out, err = capsys.readouterr()
     assert "sacreBLEU" in out and "100.00" in out  # shown, whatever happens to the file

@@ -30,11 +30,15 @@ PARSERS = subparsers()
 OLD = {  # command -> old spelling -> (argv that uses it, the destination, the value it must give)
     "translate": {"--output": (["m", "--output", "x"], "out", Path("x")),
                   "--max-tokens": (["m", "--max-tokens", "7"], "batch_tokens", 7),
+                  "--max-input-tokens": (["m", "--max-input-tokens", "7"], "max_input_tokens", 7),
                   "--bf16": (["m", "--bf16"], "precision", "bf16"), "--int8": (["m", "--int8"], "precision", "int8")},
-    "parse": {"--output": (["m", "--output", "x"], "out", Path("x"))},
+    "parse": {"--output": (["m", "--output", "x"], "out", Path("x")),
+              "--max-input-tokens": (["m", "--max-input-tokens", "7"], "max_input_tokens", 7)},
     "evaluate": {"--save-hyp": (["m", "--save-hyp", "x"], "out", Path("x")),
-                 "--src-file": (["m", "--src-file", "x"], "input", Path("x"))},
-    "average": {"--force": (["r", "--force"], "overwrite", True)},
+                 "--src-file": (["m", "--src-file", "x"], "input", Path("x")),
+                 "--max-input-tokens": (["m", "--max-input-tokens", "7"], "max_input_tokens", 7)},
+    "average": {"--force": (["r", "--force"], "overwrite", True),
+                "--last": (["r", "--last", "3"], "average", 3)},
     "export": {"--force": (["ct2", "m", "-o", "x", "--force"], "overwrite", True)},
     "prepare": {"--no-progress": (["-o", "x", "--no-progress"], "quiet", True),
                 "--force": (["-o", "x", "--force"], "overwrite", True)},
@@ -45,14 +49,20 @@ OLD = {  # command -> old spelling -> (argv that uses it, the destination, the v
                                     "update_tokens", 7),
                    "--save-every": (["--data", "d", "-o", "x", "--max-steps", "1", "--save-every", "7"],
                                     "save_every_steps", 7),
-                   "--no-progress": (["--data", "d", "-o", "x", "--max-steps", "1", "--no-progress"], "quiet", True)},
+                   "--no-progress": (["--data", "d", "-o", "x", "--max-steps", "1", "--no-progress"], "quiet", True),
+                   "--average": (["--data", "d", "-o", "x", "--max-steps", "1", "--average"], "score_averaged", True)},
     "serve": {"--max-tokens": (["m", "--max-tokens", "7"], "max_input_tokens", 7)},
-    "attention": {"--max-tokens": (["m", "--max-tokens", "7"], "max_input_tokens", 7)},
+    "attention": {"--max-tokens": (["m", "--max-tokens", "7"], "keep_tokens", 7),
+                  "--max-input-tokens": (["m", "--max-input-tokens", "7"], "keep_tokens", 7),
+                  "--target": (["m", "a", "--target", "x"], "target_text", ["x"]),
+                  "-t": (["m", "a", "-t", "x"], "target_text", ["x"])},
     "synthetic": {"--save": (["--save", "x"], "out", "x")},
 }
 
-DEST = {("train", "max_tokens"): "batch_tokens", ("train", "progress"): "quiet"}
-"""train's flags set its TrainOptions fields: the concept each of these fields is."""
+DEST = {("train", "max_tokens"): "batch_tokens", ("train", "progress"): "quiet",
+        **{(c, "max_input_tokens"): "truncate_input" for c in ("translate", "evaluate", "parse")}}
+"""train's flags set its TrainOptions fields, translate's --truncate-input the decoding option
+`max_input_tokens`: the concept each of these destinations is."""
 
 
 def concept_of(command: str, action: argparse.Action):
@@ -107,6 +117,12 @@ def test_each_concept_has_its_one_name(command):
     for action in PARSERS[command]._actions:
         if not action.option_strings:
             continue
+        renamed = getattr(action, "renamed_to", None)
+        if renamed is not None:  # a command's own old name (hidden_alias): its new name sets the same destination
+            assert action.help == argparse.SUPPRESS
+            assert any(renamed in a.option_strings and a.dest == action.dest and a.help != argparse.SUPPRESS
+                       for a in PARSERS[command]._actions), (command, action.option_strings, renamed)
+            continue
         concept = concept_of(command, action)
         if concept is not None and action.help == argparse.SUPPRESS:  # a hidden alias of its own
             assert set(action.option_strings) <= set(concept.old), (command, action.option_strings)
@@ -129,6 +145,44 @@ def test_every_old_spelling_still_parses_to_the_new_destination(command, old):
 def test_the_old_spellings_are_all_tested():
     tested = {o for olds in OLD.values() for o in olds}
     assert OLD_SPELLINGS <= tested
+    for command, parser in PARSERS.items():  # and every command's own hidden alias
+        for action in parser._actions:
+            if getattr(action, "renamed_to", None):
+                assert set(action.option_strings) <= set(OLD.get(command, {})), (command, action.option_strings)
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_one_meaning_per_flag_name(command):
+    """A visible flag name means one thing wherever it appears: the same destination and, for
+    --average, always the number K of checkpoints averaged (never a switch)."""
+    for action in PARSERS[command]._actions:
+        if action.help == argparse.SUPPRESS:
+            continue
+        if "--average" in action.option_strings:
+            assert action.dest == "average" and action.type is int and action.metavar == "K", command
+        if "--max-input-tokens" in action.option_strings:  # serve's refusal; translate's cut is --truncate-input
+            assert command == "serve" and "never cut" in action.help, command
+        if "--tgt" in action.option_strings:
+            assert action.metavar == "LANG", command  # a language; a target text is attention's --target-text
+        if "--json" in action.option_strings:
+            assert action.nargs is None, command  # always a FILE: never takes MODEL by surprise
+
+
+def test_evaluate_json_never_swallows_model():
+    args = build_parser().parse_args(["evaluate", "--json", "report.json", "runs/multi30k-en-de"])
+    assert (args.json, str(args.model_path)) == ("report.json", "runs/multi30k-en-de")
+    assert build_parser().parse_args(["evaluate", "runs/base", "--json", "-"]).json == "-"
+
+
+def test_a_commands_own_old_name_says_its_new_name(tmp_path, capsys):
+    assert main(["translate", str(tmp_path / "nope"), "--max-input-tokens", "5"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("transduce translate: note: --max-input-tokens is now --truncate-input "
+                      "(the old name goes in a later release)"), err
+    assert len(err) == 2 and err[1].startswith("transduce translate: error: ")
+    assert main(["experiment", "--data", str(tmp_path / "nope"), "-o", str(tmp_path / "x"), "--max-steps", "1",
+                 "--average"]) == 2
+    assert "--average is now --score-averaged" in capsys.readouterr().err
 
 
 def test_an_old_spelling_says_its_new_name_on_one_line(tmp_path, capsys):
@@ -214,5 +268,47 @@ def test_average_takes_dash_o(tmp_path, capsys):
     from test_train_average import _run_with_checkpoints
 
     _run_with_checkpoints(tmp_path / "run", 2)
-    assert main(["average", str(tmp_path / "run"), "--last", "2", "-o", str(tmp_path / "avg")]) == 0
+    assert main(["average", str(tmp_path / "run"), "--average", "2", "-o", str(tmp_path / "avg")]) == 0
     assert (tmp_path / "avg" / "model.safetensors").is_file()
+
+
+# --- every --help at once: no PyTorch, no library module that imports it --------------------------
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_every_subcommand_help_imports_no_torch(command):
+    """`transduce COMMAND --help` builds the command's parser from light modules only (the run
+    functions import the library): checked in a fresh interpreter's sys.modules, not by timing."""
+    code = ("import sys\nfrom transduce.cli import main\n"
+            f"try:\n    main([{command!r}, '--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = sorted(m for m in ('torch', 'numpy', 'safetensors', 'transduce.model', 'transduce.config') "
+            "if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"usage: transduce {command}")
+
+
+def test_the_values_the_help_mirrors_are_the_librarys():
+    """`transduce.cli.defaults` holds, for the help, values the library defines: each still equal."""
+    import dataclasses
+    import importlib
+
+    from transduce.cli.defaults import MIRRORS
+
+    for source, value in MIRRORS.items():
+        module, _, name = source.partition(":")
+        cls, _, field = name.partition(".")
+        found = getattr(importlib.import_module(module), cls)
+        if field:
+            found = next(f.default for f in dataclasses.fields(found) if f.name == field)
+        assert found == value, source
+
+
+def test_train_config_flags_have_the_config_fields_types():
+    from transduce.cli.fields import field_type
+    from transduce.cli.train import CONFIG_FLAGS
+    from transduce.config import TrainConfig
+
+    for dest, (name, kind, _, _) in CONFIG_FLAGS.items():
+        assert field_type(TrainConfig, name) is kind, dest

@@ -121,7 +121,7 @@ def test_evaluate_the_model_with_evalb(parser_run, tmp_path, capsys):
     assert "evalb_own_tags" not in r["scores"]
     assert len(read_tree_lines(hyp)) == 30
     capsys.readouterr()
-    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(root / "test.trees"), "--trees", "--json"]) == 0
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(root / "test.trees"), "--trees", "--json", "-"]) == 0
     again = json.loads(capsys.readouterr().out)["scores"]["evalb_gold_tags"]["all"]
     assert again["matched"] == scores["matched"] and again["test"] == scores["test"]
 
@@ -137,7 +137,7 @@ def test_evaluate_names_the_hyp_lines_with_other_words(tmp_path, capsys):
     hyp.write_text("(TOP (S (NP (XX the) (XX dog)) (VP (XX runs)) (XX .)))\n"
                    "(TOP (S (NP (XX John)) (VP (XX sleeps))))\n"
                    "(TOP (S (NP (XX Mary)) (VP (XX sees)) (XX .)))\n")
-    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(gold), "--trees", "--json"]) == 0
+    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(gold), "--trees", "--json", "-"]) == 0
     out, err = capsys.readouterr()
     scores = json.loads(out)["scores"]["evalb_gold_tags"]["all"]
     assert scores["errors"] == 1 and scores["f1"] == 100.0  # line 3 an error; line 2 scored as if whole

@@ -180,8 +180,9 @@ def test_another_config_is_refused_in_one_line_naming_the_fields(cli_run, data, 
     # a longer run is the same config: it continues
     assert main(["train", "--data", str(data), "--run-dir", str(run), *CLI, "--max-steps", "10"]) == 0
     assert latest_checkpoint(run).name == "step_0000010"
-    assert main(["train", "--run-dir", str(run), "--resume", "--restart", *CLI]) == 2
-    assert "not both" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--run-dir", str(run), "--resume", "--restart", *CLI])
+    assert "argument --restart: not allowed with argument --resume" in capsys.readouterr().err
 
 
 def test_restart_replaces_the_checkpoints_only_once_the_new_run_has_started(cli_run, data, tmp_path, capsys):

@@ -96,7 +96,7 @@ def test_overlong_line_is_truncated_with_a_warning(model_dir, tmp_path, capsys):
     rng = random.Random(1)
     src = write(tmp_path / "in.txt", ["a man", sentence(rng, 40), "the dog"])
     out = tmp_path / "out.txt"
-    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--max-input-tokens", "8", *FAST]) == 0
+    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--truncate-input", "8", *FAST]) == 0
     err = capsys.readouterr().err
     assert f"transduce translate: warning: {src}:2:" in err and "limit of 8" in err
     assert f"{src}:1:" not in err and f"{src}:3:" not in err

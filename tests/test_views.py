@@ -198,7 +198,7 @@ def test_command_writes_png_json_html_with_the_models_own_translation(model_dir,
 def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path, capsys):
     tsv = tmp_path / "in.tsv"
     tsv.write_text("a dog runs on the grass with a red ball\ttwo children\nthe man looks\n", encoding="utf-8")
-    assert main(["attention", str(model_dir), "-i", str(tsv), "--greedy", "--max-len-offset", "3", "--max-input-tokens", "4",
+    assert main(["attention", str(model_dir), "-i", str(tsv), "--greedy", "--max-len-offset", "3", "--keep-tokens", "4",
                  "--json", str(tmp_path / "b.json")]) == 0
     data = json.loads((tmp_path / "b.json").read_text(encoding="utf-8"))
     first, second = data["sentences"]
@@ -212,7 +212,7 @@ def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path,
     ([], "nothing to write"),
     (["--json", "X/none/out.json"], "no such directory"),
     (["--png", "OUT.png", "--query", "a"], "occurs at positions"),
-    (["--json", "OUT.json", "--target", "x", "--target", "y"], "2 --target for 1 sentences"),
+    (["--json", "OUT.json", "--target-text", "x", "--target-text", "y"], "2 --target-text for 1 sentences"),
     (["--png", "OUT.png", "--heads", "9"], "heads [9]: the model has heads 1 to 4"),
     (["--png", "OUT.svg"], "--png"),
     (["--json", "OUT.json", "--threads", "-1"], "--threads must be at least 1"),
@@ -238,7 +238,7 @@ def test_a_page_too_large_is_refused_with_what_to_do(model_dir, tmp_path, monkey
     import transduce.views.weights as weights
 
     monkeypatch.setattr(weights, "MAX_WEIGHTS", 100)  # 2 layers x 4 heads x (S^2 + T^2 + TS) > 100 here
-    assert main(["attention", str(model_dir), "a dog runs on the grass", "--target", "a dog",
+    assert main(["attention", str(model_dir), "a dog runs on the grass", "--target-text", "a dog",
                  "--json", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert "weights would be more than a page should hold" in err and "--max-tokens" in err

@@ -30,7 +30,7 @@ def page_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("page")
     model = make_model_dir(root)
     html, data = root / "attention.html", root / "attention.json"
-    args = ["attention", str(model), *SOURCES, *[a for t in TARGETS for a in ("--target", t)], "--html", str(html),
+    args = ["attention", str(model), *SOURCES, *[a for t in TARGETS for a in ("--target-text", t)], "--html", str(html),
             "--json", str(data)]
     assert main(args) == 0
     return html, json.loads(data.read_text(encoding="utf-8"))

@@ -8,11 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..checkpoint.files import AtomicOutput
 from ..errors import DataError, UsageError
-from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 from .common import check_search_args, load_from_args
-from .options import add_hardware_args, add_model_args, add_search_args, epilog
+from .defaults import ALPHA, ATTENTION_MAX_TOKENS, BEAM, MAX_LEN_OFFSET
+from .options import add_hardware_args, add_model_args, add_search_args, epilog, hidden_alias
 
 DESCRIPTION = """\
 Run MODEL once, teacher-forced, on SENTENCEs (and their targets, or its own translations)
@@ -20,25 +19,25 @@ and keep every attention weight: the paper's figures (PNG), an offline page (HTM
 Layers and heads are numbered from 1, as in the paper.
 details: docs/attention.md"""
 EPILOG = epilog(
-    'transduce attention runs/m30k "A dog runs on the grass ." --html dog.html',
-    'transduce attention runs/m30k "A dog runs ." --png dog.png --query dog',
-    "transduce attention runs/m30k -i sentences.tsv --figure masks --png masks.png",
+    'transduce attention runs/multi30k-en-de "A dog runs ." --html dog.html',
+    'transduce attention runs/multi30k-en-de "A dog runs ." --png d.png --query dog',
+    "transduce attention runs/multi30k-en-de -i s.tsv --figure masks --png m.png",
 )
 PROG = "transduce attention"
 TYPES = {"encoder": "encoder", "decoder-self": "decoder_self", "decoder-cross": "decoder_cross"}
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    from ..views.weights import MAX_TOKENS
-
     g = parser.add_argument_group("input and outputs")
     g.add_argument("model_path", type=Path, metavar="MODEL", help="a run directory or a model directory")
     g.add_argument("sentences", nargs="*", metavar="SENTENCE", help="source sentences, right after MODEL")
     g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, a line each (SOURCE[<TAB>TARGET])")
-    g.add_argument("--target", "-t", action="append", metavar="TEXT",
+    g.add_argument("--target-text", action="append", metavar="TEXT", dest="target_text",
                    help="a SENTENCE's target, one each (default: translated)")
-    g.add_argument("--max-input-tokens", "--max-tokens", type=int, default=MAX_TOKENS, metavar="N",
-                   help=f"subword tokens kept per side (default {MAX_TOKENS})")
+    hidden_alias(g, "--target", "-t", renamed_to="--target-text", dest="target_text", action="append")
+    g.add_argument("--keep-tokens", type=int, default=ATTENTION_MAX_TOKENS, metavar="N",
+                   help=f"subword tokens kept per side, the rest cut (default {ATTENTION_MAX_TOKENS})")
+    hidden_alias(g, "--max-input-tokens", "--max-tokens", renamed_to="--keep-tokens", dest="keep_tokens", type=int)
     g.add_argument("--html", type=Path, metavar="FILE", help="the interactive page")
     g.add_argument("--json", type=Path, metavar="FILE", help="the weights as JSON")
     g.add_argument("--png", type=Path, metavar="FILE", help="a figure (see --figure)")
@@ -55,7 +54,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="lines: columns (default) or rows (the paper's)")
     g = parser.add_argument_group("model and its translation (when no target is given; Section 6.1)")
     add_model_args(g)
-    add_search_args(g, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET)
+    add_search_args(g, beam=BEAM, alpha=ALPHA, max_len_offset=MAX_LEN_OFFSET)
     add_hardware_args(g, precisions=())
 
 
@@ -79,12 +78,12 @@ def read_input(args: argparse.Namespace) -> tuple[list[str], list[str | None] | 
                 targets.append(parts[1] if len(parts) == 2 else None)
         if not sources:
             raise DataError("no sentences", args.input)
-    if args.target:
+    if args.target_text:
         if args.input is not None:
-            raise UsageError("--target goes with sentences on the command line; in --input, put targets after a tab")
-        if len(args.target) != len(sources):
-            raise UsageError(f"{len(args.target)} --target for {len(sources)} sentences: give one per sentence")
-        targets = list(args.target)
+            raise UsageError("--target-text goes with sentences on the command line; in --input, put targets after a tab")
+        if len(args.target_text) != len(sources):
+            raise UsageError(f"{len(args.target_text)} --target-text for {len(sources)} sentences: give one per sentence")
+        targets = list(args.target_text)
     if not sources:
         raise UsageError("no sentence: give SENTENCE arguments or --input FILE")
     return sources, targets
@@ -101,6 +100,8 @@ def parse_heads(spec: str | None) -> list[int] | None:
 
 def write_bytes(path: Path, data: bytes) -> None:
     """`data` into `path`, whole or not at all."""
+    from ..checkpoint.files import AtomicOutput
+
     out = AtomicOutput(path)
     try:
         out.write(data)
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_from_args(args)  # fp32: the weights as trained
     print(f"{PROG}: model {loaded.description}", file=sys.stderr)
     _, data = attention_data(loaded, sources, targets, beam=args.beam, alpha=args.alpha, greedy=args.greedy,
-                             max_len_offset=args.max_len_offset, max_tokens=args.max_input_tokens)
+                             max_len_offset=args.max_len_offset, max_tokens=args.keep_tokens)
     for i, s in enumerate(data["sentences"], start=1):
         print(f"{i} source: {' '.join(s['source'])}")
         print(f"{i} target: {' '.join(s['target'][1:])}   ({s['target_from']})")

@@ -8,13 +8,12 @@ import contextlib
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..checkpoint.files import AtomicOutput
 from ..data.text import iter_lines, open_text
-from ..device import resolve_device
-from ..ready import LoadedModel, find_metadata
+
+if TYPE_CHECKING:  # the library that imports PyTorch: imported where it is used, not by the flags (--help)
+    from ..ready import LoadedModel
 
 
 def fill_decoding_defaults(args: argparse.Namespace, parsing: bool = False) -> None:
@@ -44,13 +43,18 @@ def check_search_args(args: argparse.Namespace, *at_least_1: str) -> None:
         raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
     for name in ("beam", *at_least_1):
         if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+            flag = "truncate-input" if name == "max_input_tokens" else name.replace("_", "-")  # its flag's name
+            raise ValueError(f"--{flag} must be at least 1")
     if args.max_len_offset < 0:
         raise ValueError("--max-len-offset must not be negative")
 
 
 def check_decoding_args(args: argparse.Namespace) -> None:
     """Refuse, before anything loads, the model and decoding flags that cannot work."""
+    import torch
+
+    from ..device import resolve_device
+
     check_search_args(args, "batch_tokens", "batch_size", "max_input_tokens", "chunk_lines")
     if getattr(args, "constrained", False) and args.greedy:  # parse, evaluate
         raise ValueError("--constrained is a beam search: give --beam 1 rather than --greedy")
@@ -79,6 +83,8 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
 def model_metadata(path: Path) -> dict | None:
     """The data.json a model is loaded with (its directory's, or the run's above it)."""
+    from ..ready import find_metadata
+
     return find_metadata([path, path.parent, path.parent.parent])
 
 
@@ -141,6 +147,8 @@ class LineStreams:
     def output(self):
         """(write, flush) of --out, or of stdout."""
         if to_file(self.args.out):
+            from ..checkpoint.files import AtomicOutput
+
             self.out = AtomicOutput(self.args.out)
             return self.out.write, lambda: None
         return sys.stdout.buffer.write, sys.stdout.buffer.flush

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from .. import evaluate
-from ..checkpoint.files import atomic_write_text, check_output
 from ..data.datasets import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError, UsageError
@@ -49,7 +48,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("scoring and output")
     g.add_argument("--sacrebleu-tokenize", default="13a", choices=list(BLEU.TOKENIZERS), metavar="NAME",
                    help="sacreBLEU's tokenizer (default 13a)")
-    g.add_argument("--json", nargs="?", const="-", metavar="FILE", help="the report as JSON (no FILE: stdout)")
+    g.add_argument("--json", metavar="FILE", help="the report as JSON into FILE (-: stdout, no table)")
     g.add_argument("--out", "-o", "--save-hyp", type=Path, metavar="FILE", help="write MODEL's translations")
     add_quiet(g)
     g.add_argument("--trees", action="store_true", help="--hyp and --ref are trees: EVALB (6.3)")
@@ -129,6 +128,7 @@ def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Pa
 
 def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: Path, n_refs: int, report: dict) -> list[str]:
     """MODEL's translations of the source (saved to --out if given), noted in `report`."""
+    from ..checkpoint.files import atomic_write_text
     from ..translate import translate_lines
 
     if src_path is None:
@@ -170,8 +170,10 @@ def decoding_report(args: argparse.Namespace, loaded, **task) -> dict:
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str, ensure_ascii: bool = True) -> int:
-    """The report as JSON on stdout (--json alone), else `table`, then the JSON into --json FILE
+    """The report as JSON on stdout (--json -), else `table`, then the JSON into --json FILE
     (after the table: a file that fails to be written loses nothing shown)."""
+    from ..checkpoint.files import atomic_write_text
+
     text = json.dumps(report, indent=2, ensure_ascii=ensure_ascii)
     if args.json == "-":
         print(text)
@@ -184,6 +186,8 @@ def print_report(args: argparse.Namespace, report: dict, table: str, ensure_asci
 
 def run(args: argparse.Namespace) -> int:
     """Score --hyp (or MODEL's translations) against the reference; print the table, or JSON."""
+    from ..checkpoint.files import check_output
+
     for path in (args.out, args.json):  # before any work: one line naming an output that cannot be written
         check_output(path)
     if is_parsing(args):
@@ -231,6 +235,7 @@ def warn_other_words(hyp_path: Path, gold: list, parsed: list, shown: int = 10) 
 
 def run_parsing(args: argparse.Namespace) -> int:
     """EVALB of MODEL's parses (or of --hyp trees) against a treebank split (or --ref trees)."""
+    from ..checkpoint.files import atomic_write_text
     from ..data.datasets import fetch, get_dataset
     from ..parsing import parse as parsing
     from ..parsing.evalb import COLLINS, EvalbParams

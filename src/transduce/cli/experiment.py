@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import experiments
 from ..errors import UsageError
 from ..train.signals import EXIT_INTERRUPTED
-from .options import add_hardware_args, add_quiet, add_schedule_args, epilog
+from .defaults import TABLE3
+from .options import add_hardware_args, add_quiet, add_schedule_args, epilog, hidden_alias
 
 DESCRIPTION = """\
 Table 3's variants (and Table 2's cost) as one rerunnable experiment: each variant a
@@ -25,12 +25,12 @@ EPILOG = epilog(
 exit status: 0 done; 2 bad input; {EXIT_INTERRUPTED} a run stopped by a signal: run it again"""
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    from ..precision import PRECISIONS
+    from .defaults import PRECISIONS
 
     g = parser.add_argument_group("input and output")
     g.add_argument("--data", type=Path, required=True, metavar="DIR", help="`transduce prepare` output, with valid")
     g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the experiment's directory")
-    g.add_argument("--variants", default=",".join(experiments.TABLE3), metavar="LIST",
+    g.add_argument("--variants", default=",".join(TABLE3), metavar="LIST",
                    help="Table 3's rows or presets (default: all of Table 3)")
 
     g = parser.add_argument_group("the recipe every variant shares (in steps, never minutes)")
@@ -45,7 +45,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--depth-scale", type=float, metavar="X", help="layers times X (default: --scale, >= 0.5)")
 
     g = parser.add_argument_group("measuring, and where the runs train")
-    g.add_argument("--average", action="store_true", help="measure averaged checkpoints (not Table 3's way)")
+    g.add_argument("--score-averaged", action="store_true", help="measure averaged checkpoints (not Table 3's way)")
+    hidden_alias(g, "--average", renamed_to="--score-averaged", dest="score_averaged", action="store_true")
     g.add_argument("--peak-tflops", type=float, metavar="X", help="a device's peak, for MFU (default: measured)")
     add_hardware_args(g, precisions=PRECISIONS, training=True)
     g.add_argument("--update-freq", type=int, default=1, metavar="K", help="micro-batches per update (default 1)")
@@ -59,6 +60,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import experiments
+
     schedule = {name: getattr(args, name) for name in ("warmup", "lr_scale") if getattr(args, name) is not None}
     recipe = experiments.Recipe(updates=args.max_steps, max_tokens=args.update_tokens, cooldown=args.cooldown,
                                 save_every=args.save_every_steps, seed=args.seed, scale=args.scale,
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(jobs)} jobs submitted (logs in {args.out / 'slurm'}); when they are done, run the same command "
               "without --slurm to measure the runs and write the table")
         return 0
-    report = experiments.run_experiment(args.data, args.out, names, recipe, machine, average=args.average,
+    report = experiments.run_experiment(args.data, args.out, names, recipe, machine, average=args.score_averaged,
                                         peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
                                         say=lambda m: print(m, file=sys.stderr, flush=True))
     if report.interrupted:

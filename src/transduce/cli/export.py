@@ -17,8 +17,8 @@ a CTranslate2 directory (ct2) or a Hugging Face MarianMT one (marian); from-mari
 a MarianMT directory back. Needs 'transduce[ct2]' or 'transduce[hf]'.
 details: docs/export.md"""
 EPILOG = epilog(
-    "transduce export ct2 runs/m30k -o m30k-ct2 --quantization int8",
-    "transduce export marian runs/m30k -o m30k-marian",
+    "transduce export ct2 runs/multi30k-en-de -o m30k-ct2 --quantization int8",
+    "transduce export marian runs/multi30k-en-de -o m30k-marian",
     "transduce export from-marian m30k-marian -o m30k-back",
 )
 FORMATS = ("ct2", "marian", "from-marian")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from ..config import PRESETS, TABLE3_PARAMS_M, Config, apply_overrides, get_preset
-from .options import epilog
 from ..errors import UsageError
+from .options import epilog
+
+if TYPE_CHECKING:  # the library: imported by `run`, not by the flags (--help answers at once)
+    from ..config import Config
 
 DESCRIPTION = """\
 Print a preset's model and training configuration and its parameter count, or with
@@ -34,6 +37,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:
     """The preset with the flags' changes, and its parameter count."""
+    from ..config import apply_overrides, get_preset
     from ..serve.engines import parameter_count
 
     if args.data is not None:
@@ -62,6 +66,8 @@ def vocabulary(config: Config) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..config import PRESETS, TABLE3_PARAMS_M
+
     if args.all:
         print(f"parameters at {vocabulary(_build('base', args)[0])}, for every preset "
               "(--vocab-size, --tgt-vocab-size or --data for yours)")

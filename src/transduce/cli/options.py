@@ -30,8 +30,14 @@ VOCABULARY: tuple[Concept, ...] = (
     Concept("no progress bars", "--quiet", "-q", "quiet", ("--no-progress",)),
     Concept("tokens per training or decoding batch", "--batch-tokens", None, "batch_tokens", ("--max-tokens",)),
     Concept("tokens per optimizer update (experiment)", "--update-tokens", None, "update_tokens", ("--max-tokens",)),
-    Concept("longest input sentence accepted", "--max-input-tokens", None, "max_input_tokens", ("--max-tokens",)),
+    Concept("input lines cut to N subword tokens, with a warning (translate, evaluate, parse)", "--truncate-input", None,
+            "truncate_input"),
+    Concept("longest input sentence accepted, longer ones refused (serve)", "--max-input-tokens", None,
+            "max_input_tokens", ("--max-tokens",)),
+    Concept("subword tokens kept per side (attention)", "--keep-tokens", None, "keep_tokens", ("--max-tokens",)),
+    Concept("a sentence's target text (attention; --tgt is a language)", "--target-text", None, "target_text"),
     Concept("training length", "--max-steps", None, "max_steps", ("--updates",)),
+    Concept("checkpoints averaged: the last K", "--average", None, "average", ("--last",)),
     Concept("checkpoint interval in steps", "--save-every-steps", None, "save_every_steps", ("--save-every",)),
     Concept("source text file", "--input", "-i", "input", ("--src-file",)),
     Concept("search: beam size", "--beam", None, "beam"),
@@ -43,7 +49,10 @@ VOCABULARY: tuple[Concept, ...] = (
     Concept("device", "--device", None, "device"),
 )
 """The flag vocabulary (docs/cli.md). `dest` is what the flag sets; train's batch size is its
-`TrainOptions.max_tokens` field and its --quiet turns `progress` off (`cli.train.RENAMED`)."""
+`TrainOptions.max_tokens` field and its --quiet turns `progress` off (`cli.train.RENAMED`); translate's
+--truncate-input sets `max_input_tokens`. An old name that means something else in other commands
+(e.g. --max-input-tokens, cut in translate, refused in serve) is a command's own hidden alias,
+`hidden_alias`, not one of these concepts' old spellings."""
 
 OLD_SPELLINGS = frozenset(s for c in VOCABULARY for s in c.old if s not in ("--bf16", "--int8"))
 """Old flag names: accepted, never shown in the help. (--bf16 and --int8 are short forms of
@@ -96,14 +105,25 @@ def epilog(*examples: str) -> str:
 
 
 def old_spellings_used(parser: argparse.ArgumentParser, argv: list[str]) -> list[tuple[str, str]]:
-    """(old, new) for each old flag spelling in `argv` that `parser` accepts."""
+    """(old, new) for each old flag spelling in `argv` that `parser` accepts (a concept's, or a
+    command's own `hidden_alias`)."""
     used = []
     for action in parser._actions:
-        new = next((s for s in action.option_strings if s.startswith("--") and s not in OLD_SPELLINGS), None)
+        renamed = getattr(action, "renamed_to", None)
+        new = renamed or next((s for s in action.option_strings if s.startswith("--") and s not in OLD_SPELLINGS), None)
         for s in action.option_strings:
-            if s in OLD_SPELLINGS and any(a == s or a.startswith(s + "=") for a in argv):
+            if (renamed or s in OLD_SPELLINGS) and any(a == s or a.startswith(s + "=") for a in argv):
                 used.append((s, new))
     return used
+
+
+def hidden_alias(g, *names: str, renamed_to: str, dest: str, **kwargs) -> argparse.Action:
+    """`names`, a command's old names of its flag `renamed_to` (setting `dest` as it does): never
+    shown, and a line saying the new name when used. For an old name whose meaning differs from one
+    command to another (which a concept's old spelling, hidden everywhere, cannot be)."""
+    action = g.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+    action.renamed_to = renamed_to
+    return action
 
 
 # --- the shared groups ---------------------------------------------------------------------------
@@ -122,7 +142,7 @@ def add_hardware_args(g, *, precisions: tuple[str, ...] | None = None, training:
     """--precision (of `precisions`, default decoding's; () for none), --device, --threads;
     decoding's --bf16 and --int8 hidden."""
     if precisions is None:
-        from ..precision import DECODING_PRECISIONS as precisions
+        from .defaults import DECODING_PRECISIONS as precisions
     if precisions:
         g.add_argument("--precision", choices=precisions, default="auto", metavar="P",
                        help=f"{'|'.join(precisions)} (default auto)")
@@ -151,7 +171,7 @@ def add_search_args(g, *, beam: int | None, alpha: float | None, max_len_offset:
 
 def add_batch_args(g, *, batch_size: int | None, note: str = "", old: tuple[str, ...] = ()) -> None:
     """--batch-tokens (and its old spellings `old`, hidden) and --batch-size of decoding."""
-    from ..streaming import DEFAULT_BATCH_TOKENS
+    from .defaults import BATCH_TOKENS as DEFAULT_BATCH_TOKENS
 
     g.add_argument("--batch-tokens", *old, type=int, default=DEFAULT_BATCH_TOKENS, metavar="N",
                    help=f"padded source tokens per batch (default {DEFAULT_BATCH_TOKENS})")
@@ -161,10 +181,11 @@ def add_batch_args(g, *, batch_size: int | None, note: str = "", old: tuple[str,
 
 def add_stream_args(g) -> None:
     """How a file is read and decoded: lines cut to a length, chunks, worker processes."""
-    from ..streaming import DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS
+    from .defaults import CHUNK_LINES as DEFAULT_CHUNK_LINES, MAX_INPUT_TOKENS as DEFAULT_MAX_INPUT_TOKENS
 
-    g.add_argument("--max-input-tokens", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N",
-                   help=f"cut longer lines, with a warning (default {DEFAULT_MAX_INPUT_TOKENS})")
+    g.add_argument("--truncate-input", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N", dest="max_input_tokens",
+                   help=f"cut longer lines to N tokens, warn (default {DEFAULT_MAX_INPUT_TOKENS})")
+    hidden_alias(g, "--max-input-tokens", renamed_to="--truncate-input", dest="max_input_tokens", type=int)
     g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES, metavar="N",
                    help=f"lines read and sorted at a time (default {DEFAULT_CHUNK_LINES})")
     g.add_argument("--workers", type=_workers, default="auto", metavar="W",
@@ -210,7 +231,7 @@ def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None, alph
 def add_schedule_args(g, default: tuple[str, str] = ("the preset's", "the preset's, 1.0")) -> None:
     """Equation 3's warmup and factor (unset: `default`, the words their help gives), the cooldown
     and the seed: the flags of `train` and `experiment` alike, with TrainOptions' defaults."""
-    from ..train.trainer import TrainOptions
+    from ..train.options import TrainOptions
 
     d = TrainOptions()
     g.add_argument("--warmup", type=int, metavar="N", help=f"warmup_steps of equation 3 (default: {default[0]})")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
-from ..checkpoint.files import check_output
 from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, model_metadata, warner
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
@@ -46,6 +45,7 @@ def check_parsing_model(model_path: Path, metadata: dict | None) -> None:
 @exit_on_sigterm(PROG)
 def run(args: argparse.Namespace) -> int:
     """Parse --input (or stdin) into --out (or stdout); an error, Ctrl-C or SIGTERM leaves no output."""
+    from ..checkpoint.files import check_output
     from ..parsing.svg import tree_svg
     from ..parsing.tokenize import escape_brackets, ptb_tokenize
     from ..parsing.trees import Repairs

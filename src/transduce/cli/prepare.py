@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..data import prepare
+from typing import TYPE_CHECKING
+
 from ..data.datasets import DATASETS, get_dataset
-from ..data.prepare import Split, check_output_dir, dataset_splits, print_report
 from ..data.text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO
-from ..data.vocab import DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE
 from ..errors import UsageError
-from ..finetune import model_vocabulary
+from .defaults import CHARACTER_COVERAGE, TREE_MAX_LEN, TREE_VOCAB_SIZE, VOCAB_SAMPLE, VOCAB_SIZE
 from .options import add_quiet, epilog
-from ..parsing.data import MAX_LEN as TREE_MAX_LEN, PAPER_VOCAB_SIZE, dataset_tree_splits, prepare_treebank
+
+if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by the flags (--help)
+    from ..data.prepare import Split
 
 DESCRIPTION = """\
 Learn a sentencepiece BPE vocabulary and write the token arrays that `transduce
@@ -52,12 +53,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("vocabulary and filtering (lengths in subword tokens)")
     g.add_argument("--vocab", type=Path, metavar="MODEL", help="MODEL's vocabulary, learn none (to fine-tune MODEL)")
     g.add_argument("--vocab-size", type=int, metavar="N",
-                   help=f"pieces (default {DEFAULT_VOCAB_SIZE}; the paper 37000; trees {PAPER_VOCAB_SIZE})")
+                   help=f"pieces (default {VOCAB_SIZE}; the paper 37000; trees {TREE_VOCAB_SIZE})")
     g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
-    g.add_argument("--vocab-sample", type=int, default=DEFAULT_SAMPLE_SIZE, metavar="N",
-                   help=f"learn it from N sentences (default {DEFAULT_SAMPLE_SIZE})")
-    g.add_argument("--character-coverage", type=float, default=DEFAULT_CHARACTER_COVERAGE, metavar="X",
-                   help=f"characters covered, the rest UNK (default {DEFAULT_CHARACTER_COVERAGE:g})")
+    g.add_argument("--vocab-sample", type=int, default=VOCAB_SAMPLE, metavar="N",
+                   help=f"learn it from N sentences (default {VOCAB_SAMPLE})")
+    g.add_argument("--character-coverage", type=float, default=CHARACTER_COVERAGE, metavar="X",
+                   help=f"characters covered, the rest UNK (default {CHARACTER_COVERAGE:g})")
     g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample (default 0)")
     g.add_argument("--max-len", type=int, metavar="N",
                    help=f"drop longer pairs (default {DEFAULT_MAX_LEN}; trees {TREE_MAX_LEN})")
@@ -72,6 +73,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def resolve_splits(args: argparse.Namespace) -> tuple[list[Split], str, str]:
     """The splits to prepare (train first), from --dataset or from the file options."""
+    from ..data.prepare import Split, dataset_splits
+
     files = {k: getattr(args, k) for k in FILE_FLAGS}
     if args.dataset and any(v is not None for v in files.values()):
         raise UsageError("give either --dataset or --train-src/--train-tgt/..., not both")
@@ -97,6 +100,8 @@ def resolve_splits(args: argparse.Namespace) -> tuple[list[Split], str, str]:
 
 def resolve_tree_splits(args: argparse.Namespace) -> list[tuple[str, Path, str]] | None:
     """The treebank splits to prepare, or None when the input is parallel text."""
+    from ..parsing.data import dataset_tree_splits
+
     trees = {k: getattr(args, k) for k in TREE_FLAGS}
     is_treebank = bool(args.dataset) and get_dataset(args.dataset).kind == "treebank"
     if not is_treebank and not any(trees.values()):
@@ -137,6 +142,12 @@ def check_inputs(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..data import prepare
+    from ..data.prepare import check_output_dir, print_report
+    from ..data.vocab import DEFAULT_VOCAB_SIZE
+    from ..finetune import model_vocabulary
+    from ..parsing.data import MAX_LEN as TREE_MAX_LEN, PAPER_VOCAB_SIZE, prepare_treebank
+
     check_numbers(args)
     check_inputs(args)
     check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work

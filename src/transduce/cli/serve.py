@@ -10,15 +10,14 @@ import sys
 import threading
 from pathlib import Path
 
-from ..checkpoint import check_model_path
-from ..device import resolve_device
 from ..errors import TransduceError, UsageError
 from ..extras import require
 from ..parsing import parse
-from ..serve.common import Limits
-from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from ..streaming import DEFAULT_BATCH_SIZE
 from .common import check_search_args, fill_decoding_defaults, load_from_args, model_metadata
+from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
+from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
+from .defaults import (SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET, SERVE_MAX_QUEUE,
+                       SERVE_MAX_SENTENCES, SERVE_MAX_TOKENS)
 from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
 
 DESCRIPTION = """\
@@ -27,8 +26,8 @@ requests batched dynamically; SIGTERM drains what is in flight. MODEL: what
 translate takes, or with --engine ct2 an `export ct2` directory.
 details: docs/serve.md"""
 EPILOG = epilog(
-    "transduce serve runs/m30k                 # http://127.0.0.1:8000",
-    "transduce serve runs/m30k --host 0.0.0.0 --port 9000 --max-wait-ms 20",
+    "transduce serve runs/multi30k-en-de                 # http://127.0.0.1:8000",
+    "transduce serve runs/multi30k-en-de --host 0.0.0.0 --port 9000",
     "transduce serve m30k-ct2 --engine ct2",
 )
 PROG = "transduce serve"
@@ -55,27 +54,29 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ct2-compute-type", default="default", metavar="TYPE", help="ct2: its precision (default: exported)")
     g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper", metavar="LP",
                    help="ct2: paper or ct2 (|Y|^alpha; default paper)")
-    d = Limits()
-    g = parser.add_argument_group("batching and limits")
+    g = parser.add_argument_group("batching and limits (beyond them a request is refused)")
     add_batch_args(g, batch_size=DEFAULT_BATCH_SIZE)
     g.add_argument("--max-wait-ms", type=float, default=10.0, metavar="MS",
                    help="the first request waits for others (default 10)")
     g.add_argument("--no-batching", action="store_true", help="decode each request on its own")
-    for flags, default, what in ((["--max-body-bytes"], d.max_body_bytes, "request size"),
-                                 (["--max-sentences"], d.max_sentences, "sentences per request"),
-                                 (["--max-chars"], d.max_chars, "characters per sentence"),
-                                 (["--max-input-tokens", "--max-tokens"], d.max_tokens, "subword tokens per sentence"),
-                                 (["--max-queue"], d.max_queue, "requests waiting")):
+    for flags, default, what in ((["--max-body-bytes"], SERVE_MAX_BODY_BYTES, "request size"),
+                                 (["--max-sentences"], SERVE_MAX_SENTENCES, "sentences per request"),
+                                 (["--max-chars"], SERVE_MAX_CHARS, "characters per sentence"),
+                                 (["--max-input-tokens", "--max-tokens"], SERVE_MAX_TOKENS,
+                                  "subword tokens a sentence, never cut"),
+                                 (["--max-queue"], SERVE_MAX_QUEUE, "requests waiting")):
         g.add_argument(*flags, type=int, default=default, metavar="N", help=f"{what} (default {default})")
     g.add_argument("--max-beam", type=int, metavar="K",
-                   help=f"largest beam asked for (default {d.max_beam} or --beam)")
+                   help=f"largest beam asked for (default {SERVE_MAX_BEAM} or --beam)")
     g.add_argument("--max-len-offset-limit", type=int, metavar="N",
-                   help=f"largest max_len_offset (default {d.max_len_offset} or more)")
+                   help=f"largest max_len_offset (default {SERVE_MAX_LEN_OFFSET} or more)")
 
 
 def resolve_defaults(args: argparse.Namespace) -> None:
     """Search defaults not given: the paper's for the model's task (6.1, or 6.3 for a parser); the
     limits on beam and max_len_offset at least as large as them."""
+    from ..serve.common import Limits
+
     try:  # a data.json that cannot be read is the loader's to report
         parsing = args.engine == "torch" and parse.is_parsing_model(model_metadata(args.model_path))
     except (OSError, ValueError, AttributeError):
@@ -89,6 +90,8 @@ def resolve_defaults(args: argparse.Namespace) -> None:
 
 
 def limits_from_args(args: argparse.Namespace):
+    from ..serve.common import Limits
+
     limits = Limits(args.max_body_bytes, args.max_sentences, args.max_chars, args.max_input_tokens, args.max_queue,
                     args.max_beam, args.max_len_offset_limit)
     for name, value in vars(limits).items():
@@ -151,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
 
 def check_args(args: argparse.Namespace):
     """The limits; every flag checked, and the model directory found, before anything is bound or loaded."""
+    from ..checkpoint import check_model_path
+    from ..device import resolve_device
+
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535 (0: a free port the system chooses), not {args.port}")
     if args.api_key is not None and not args.api_key.strip():

@@ -8,17 +8,16 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..checkpoint import check_vocabulary, latest_checkpoint
-from ..config import PRESETS, Config, TrainConfig, unknown_preset
-from ..data.batching import read_metadata
 from ..errors import UsageError
-from ..finetune import init_config
-from ..train.recovery import run_config
+from ..train.options import TrainOptions
 from ..train.signals import EXIT_INTERRUPTED
-from ..train.trainer import TrainOptions, config_for_data, train
-from .fields import add_field_flags, field_type, flag, from_args
+from .fields import add_field_flags, flag, from_args
 from .options import add_hardware_args, add_schedule_args, epilog
+
+if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by the flags (--help)
+    from ..config import Config
 
 DESCRIPTION = """\
 Train on `transduce prepare` output into RUN_DIR (Section 5: Adam, equation 3's rate,
@@ -31,18 +30,22 @@ EPILOG = epilog(
     "torchrun --nproc_per_node 8 -m transduce train --data DIR --run-dir runs/base",
 ) + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: run again to continue"
 
-CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, metavar, help); unset: the preset's value
-    "max_steps": ("max_steps", "N", "optimizer steps (default: the preset's; base 100K)"),
-    "warmup": ("warmup_steps", None, None),  # declared by options.add_schedule_args
-    "lr_scale": ("lr_scale", None, None),
-    "label_smoothing": ("label_smoothing", "EPS", "eps_ls (default: the preset's, 0.1)"),
-    "save_every_minutes": ("checkpoint_minutes", "M", "checkpoint every M minutes (default: the preset's, 10)"),
+CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, its type, metavar, help); unset: the preset's value
+    "max_steps": ("max_steps", int, "N", "optimizer steps (default: the preset's; base 100K)"),
+    "warmup": ("warmup_steps", int, None, None),  # declared by options.add_schedule_args
+    "lr_scale": ("lr_scale", float, None, None),
+    "label_smoothing": ("label_smoothing", float, "EPS", "eps_ls (default: the preset's, 0.1)"),
+    "save_every_minutes": ("checkpoint_minutes", float, "M", "checkpoint every M minutes (default: the preset's, 10)"),
 }
+"""(The types are TrainConfig's, tests/test_flags.py checks: written here, the flags import no config.)"""
 
 RENAMED = {  # TrainOptions field -> its flags: the vocabulary's name first, then the old spellings (hidden)
     "max_tokens": ("--batch-tokens", "--max-tokens"),
     "progress": ("--quiet", "-q", "--no-progress"),  # sets progress False
 }
+
+HIDDEN = ("resume",)
+"""TrainOptions fields whose flag the help leaves out: --resume, now the default (--restart its opposite)."""
 
 SCHEDULE = ("warmup", "lr_scale", "cooldown", "seed")  # declared by options.add_schedule_args, experiment's too
 
@@ -58,7 +61,7 @@ HARDWARE = ("device", "precision", "threads")
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce train`. Regime flags default to the preset's TrainConfig."""
-    from ..precision import PRECISIONS
+    from .defaults import PRECISIONS
 
     g = parser.add_argument_group("input and output")
     g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output (resuming: the run's)")
@@ -66,8 +69,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", metavar="NAME", help="model and regime (default base; `info --all`)")
     g.add_argument("--set", action="append", default=[], metavar="S.F=V",
                    help="override a config field, e.g. model.n_layers=3")
-    add_field_flags(g, TrainOptions, ["init", "restart"], RENAMED)
-    g.add_argument("--resume", action="store_true", default=None, help=argparse.SUPPRESS)  # the default
+    add_field_flags(g, TrainOptions, ["init"], RENAMED)
+    either = g.add_mutually_exclusive_group()
+    add_field_flags(either, TrainOptions, ["restart"], RENAMED)
+    either.add_argument("--resume", action="store_true", default=True, help=argparse.SUPPRESS)  # the default
     listed = {"resume", "restart", "init", *HARDWARE, *SCHEDULE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
@@ -75,8 +80,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
             add_schedule_args(g)
         for name in names:
             if name in CONFIG_FLAGS:
-                field, metavar, help = CONFIG_FLAGS[name]
-                g.add_argument(flag(name), type=field_type(TrainConfig, field), metavar=metavar, help=help)
+                _, kind, metavar, help = CONFIG_FLAGS[name]
+                g.add_argument(flag(name), type=kind, metavar=metavar, help=help)
             else:
                 add_field_flags(g, TrainOptions, [name], RENAMED)
         if title.startswith("batching"):
@@ -90,6 +95,13 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
     """The run's Config and data directory from the command line (and, continuing a run, the run
     dir: its data when --data is not given, its config when --preset and --set are not given; the
     trainer refuses a config that differs from the run's, `train.recovery.check_same_config`)."""
+    from ..checkpoint import check_vocabulary, latest_checkpoint
+    from ..config import PRESETS, unknown_preset
+    from ..data.batching import read_metadata
+    from ..finetune import init_config
+    from ..train.recovery import run_config
+    from ..train.trainer import config_for_data
+
     run_dir: Path = args.run_dir
     latest = None if args.restart else latest_checkpoint(run_dir)
     data_dir = args.data
@@ -114,7 +126,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
     else:
         config = config_for_data(args.preset or "base", args.set, meta)
     t = config.train
-    for dest, (name, _, _) in CONFIG_FLAGS.items():
+    for dest, (name, _, _, _) in CONFIG_FLAGS.items():
         value = getattr(args, dest)
         if value is not None:
             setattr(t, name, value)
@@ -126,9 +138,8 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.resume and args.restart:
-        raise UsageError("give --resume (continue RUN_DIR, the default) or --restart (start over in it), not both")
-    args.resume = True
+    from ..train.trainer import train
+
     try:
         options = from_args(TrainOptions, args)  # checks the flags' ranges
     except UsageError as e:  # named by the field: say the flag's name

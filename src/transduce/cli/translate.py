@@ -7,14 +7,15 @@ import argparse
 import contextlib
 import sys
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from .. import translate
-from ..checkpoint.files import check_output
-from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from ..streaming import DEFAULT_BATCH_SIZE, Candidate
 from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, to_file, warner
+from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
+from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
+
+if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by the flags (--help)
+    from ..streaming import Candidate
 
 DESCRIPTION = """\
 Translate one sentence per line, --input (or stdin) to --out (or stdout), as many
@@ -69,12 +70,16 @@ def check_args(args: argparse.Namespace) -> None:
         if not args.greedy and not 1 <= args.n_best <= args.beam:
             raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
     if to_file(args.out):
+        from ..checkpoint.files import check_output
+
         check_output(args.out)
 
 
 def run(args: argparse.Namespace) -> int:
     """Translate --input (or stdin) into --out (or stdout). An error leaves no output file."""
     from tqdm import tqdm
+
+    from .. import translate
 
     warn = warner(PROG)
     check_args(args)
