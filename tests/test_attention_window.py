@@ -14,6 +14,7 @@ from transduce.config import Config, ModelConfig, apply_overrides, get_preset
 from transduce.data.vocab import BOS, EOS, PAD
 from transduce.decode import beam_search, greedy_decode
 from transduce.model import Transformer
+from transduce.ready import make_ready
 from transduce.restricted import window_mask, within_window
 
 from tiny_models import make_model
@@ -106,7 +107,7 @@ def test_cached_decoding_equals_the_full_pass(r, fast):
     sees keys max(0, t - r) .. t. One step at a time, several at a time, greedy and beam search
     (through the beam's reorders) against the full forward pass."""
     m = model(r)
-    undo = kernels.apply(m) if fast else (lambda: None)
+    undo = make_ready(m) if fast else (lambda: None)
     try:
         src, tgt, _, _ = batch(B=1, S=9, T=12, src_lengths=(9,), tgt_lengths=(12,))
         with torch.no_grad():
@@ -195,7 +196,7 @@ def test_the_attention_views_show_the_window(tmp_path):
     assert figures.masks_figure(data, sentences=[1]).startswith(b"\x89PNG")
 
     html = tmp_path / "a.html"
-    args = ["attention", str(model_dir), "a dog runs on the grass with a red ball", "--target-text", "two children play",
+    args = ["attention", str(model_dir), "a dog runs on the grass with a red ball", "--target", "two children play",
             "--html", str(html)]
     assert main(args) == 0
     with sync_playwright() as p:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from transduce.fast import decode as kernels
 from transduce.fast.decode import PackedLinear, PackedWeight, can_pack, decode_attention
 from transduce.model import MultiHeadAttention, Transformer, attention_reference, causal_mask, make_masks
+from transduce.ready import make_ready
 
 from test_model import PAD, padded_batch, tiny_config
 
@@ -173,16 +174,16 @@ def test_packed_attention_without_biases():
         torch.testing.assert_close(mha(x)[0], mha.out_proj(F.scaled_dot_product_attention(*mha.project_qkv(x)).transpose(1, 2).reshape(2, 5, 16)))
 
 
-def test_apply_and_undo_leave_what_the_caller_set():
-    """`apply` sets decode_attention and packs; its undo takes back only what it did."""
+def test_make_ready_and_undo_leave_what_the_caller_set():
+    """`ready.make_ready` sets decode_attention and packs; its undo takes back only what it did."""
     model = Transformer(tiny_config()).eval()
     attns = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    undo = kernels.apply(model)
+    undo = make_ready(model)
     assert all(m.step_attention is decode_attention for m in attns)
     assert kernels.is_packed(model) == can_pack(torch.float32, "cpu")
     undo()
     assert all(m.step_attention is None for m in attns) and not kernels.is_packed(model)
-    kernels.apply(model, pack=False)  # the caller's choice: attention only
-    undo = kernels.apply(model)
+    make_ready(model, pack=False)  # the caller's choice: attention only
+    undo = make_ready(model)
     undo()
     assert all(m.step_attention is decode_attention for m in attns) and not kernels.is_packed(model)

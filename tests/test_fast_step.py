@@ -1,5 +1,5 @@
 """`transduce.fast.step.FastStep`: the decoder's step without its module layers computes bit for
-bit what `Transformer.decode_step` computes, on every path where `decode.apply` installs it (the
+bit what `Transformer.decode_step` computes, on every path where `ready.make_ready` installs it (the
 CPU with and without packed weights, int8, and the device `TRANSDUCE_TEST_DEVICE` names: CUDA in
 scripts/gpu_check.sh), and hands every case it does not cover to the model's own step."""
 
@@ -15,6 +15,7 @@ from transduce.fast import decode as kernels
 from transduce.fast import int8, step as fast_step
 from transduce.fast.step import FALLBACK, HANDLED, FastStep
 from transduce.model import Transformer, padding_mask
+from transduce.ready import make_ready
 
 from test_model import padded_batch, tiny_config
 
@@ -46,7 +47,7 @@ def test_a_field_in_neither_table_is_not_covered(monkeypatch):
     monkeypatch.delitem(HANDLED, "d_ff")
     assert not fast_step.covers(ModelConfig())
     model = _model()
-    undo = kernels.apply(model)
+    undo = make_ready(model)
     assert "decode_step" not in model.__dict__
     undo()
 
@@ -98,7 +99,7 @@ def test_fast_step_is_the_models_step_bit_for_bit(dtype, tied, norm_first):
     model = _model(dtype, norm_first=norm_first, attention_bias=not tied, **kw)
     src = padded_batch([7, 3, 5], vocab=60, seed=1)
     for pack in (False, True) if kernels.can_pack(dtype, "cpu") else (False,):
-        undo = kernels.apply(model, pack=pack)
+        undo = make_ready(model, pack=pack)
         assert isinstance(model.decode_step, FastStep) and kernels.is_packed(model) == pack
         _same_as_the_model(model, src)
         undo()
@@ -108,13 +109,13 @@ def test_fast_step_is_the_models_step_bit_for_bit(dtype, tied, norm_first):
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fast_step_on_the_test_device_is_the_models_step_bit_for_bit(dtype, norm_first):
-    """What `decode.apply` installs on `DEVICE` (no packing, no step attention off the CPU: the
+    """What `ready.make_ready` installs on `DEVICE` (no packing, no step attention off the CPU: the
     model's own SDPA) gives the model's logits and hypotheses bit for bit."""
     if dtype == torch.bfloat16 and DEVICE.type == "cuda" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     model = _model(dtype, DEVICE, norm_first=norm_first)
     src = padded_batch([7, 3, 5], vocab=60, seed=1).to(DEVICE)
-    undo = kernels.apply(model)
+    undo = make_ready(model)
     assert isinstance(model.decode_step, FastStep)
     _same_as_the_model(model, src)
     undo()
@@ -125,13 +126,13 @@ def test_fast_step_on_the_test_device_is_the_models_step_bit_for_bit(dtype, norm
 def test_fast_step_runs_the_int8_products_as_the_model_does(decoder):
     model = _model()
     src = padded_batch([7, 3, 5, 6], vocab=60, seed=2)
-    undo = kernels.apply(model)
-    int8.quantize_int8(model, decoder=decoder)  # after apply: the step is rebuilt on the int8 layers
+    undo = make_ready(model)
+    int8.quantize_int8(model, decoder=decoder)  # after make_ready: the step is rebuilt on the int8 layers
     step = model.decode_step
     assert isinstance(step, FastStep) and sum(isinstance(c, int8.Int8Weight) for c in step.checks) == (
         2 * 6 + 1 if decoder else 1)
     _same_as_the_model(model, src)
-    kernels.pack_weights(model)  # the layers int8 left (translate's order: quantize, then apply)
+    kernels.pack_weights(model)  # the layers int8 left (make_ready's order: quantize, then pack)
     assert len(model.decode_step.checks) == 2 * 6 + 1
     _same_as_the_model(model, src)
     int8.dequantize_int8(model)
@@ -145,7 +146,7 @@ def test_fast_step_hands_what_it_does_not_cover_to_the_model(monkeypatch):
     model's own step, so the results are the model's (here: F.linear for the changed weight)."""
     model = _model()
     src = padded_batch([5, 4], vocab=60, seed=3)
-    kernels.apply(model)
+    make_ready(model)
     fast = model.decode_step
     calls = []
     original = Transformer.decode_step
@@ -178,12 +179,12 @@ def test_fast_step_hands_what_it_does_not_cover_to_the_model(monkeypatch):
 def test_apply_installs_the_step_only_where_it_covers_the_model():
     for kw in (dict(attention_window=2), dict(word_positions=True, share_embeddings=False, tie_output=False)):
         model = _model(**kw)
-        undo = kernels.apply(model)
+        undo = make_ready(model)
         assert "decode_step" not in model.__dict__
         undo()
     model = _model()
-    undo = kernels.apply(model)
-    again = kernels.apply(model)  # applied twice: one step, and the inner undo leaves it
+    undo = make_ready(model)
+    again = make_ready(model)  # applied twice: one step, and the inner undo leaves it
     step = model.decode_step
     again()
     assert model.decode_step is step

@@ -14,7 +14,7 @@ from transduce.fast import int8
 from transduce.cli import main
 from transduce.config import ModelConfig
 from transduce.model import Transformer, padding_mask
-from transduce.ready import load_translation_model
+from transduce.ready import load_translation_model, make_ready
 from transduce.translate import translate_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -84,12 +84,12 @@ def test_int8_projection_alone_leaves_the_decoder_to_packing():
 def test_int8_composes_with_packing_and_trains_in_fp32():
     model, src, tgt = model_and_batch()
     int8.quantize_int8(model, decoder=False)
-    undo = kernels.apply(model)  # what translate_stream does: packs what int8 left in fp32
+    undo = make_ready(model)  # packs what int8 left in fp32, as `load_for_decoding` does
     in_proj = model.decoder.layers[0].self_attn.in_proj
     assert isinstance(in_proj, kernels.PackedLinear) == kernels.can_pack(torch.float32, "cpu")
     assert not isinstance(in_proj, int8.Int8Linear) and isinstance(model.output_proj, int8.Int8Linear)
     undo()
-    assert int8.is_int8(model) and not kernels.is_packed(model)  # apply's undo leaves the int8 layers
+    assert int8.is_int8(model) and not kernels.is_packed(model)  # make_ready's undo leaves the int8 layers
     # with autograd the layers compute in fp32 (F.linear): a training step sees the exact model
     model.train()
     out = model(src, tgt)
