@@ -141,6 +141,9 @@ def test_running_the_same_command_again_resumes_from_the_newest_intact_checkpoin
     ends with the parameters of the run never stopped."""
     from transduce.cli import main
 
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8").split())
+    assert "run the same command again and it resumes from its newest intact checkpoint" in readme
+
     run = interrupted_copy(cli_run, tmp_path / "run", after=6)
     weights = run / "checkpoints" / "step_0000006" / "model.safetensors"
     damaged = bytearray(weights.read_bytes())
