@@ -196,7 +196,7 @@ def test_the_attention_views_show_the_window(tmp_path):
     assert figures.masks_figure(data, sentences=[1]).startswith(b"\x89PNG")
 
     html = tmp_path / "a.html"
-    args = ["attention", str(model_dir), "a dog runs on the grass with a red ball", "--target", "two children play",
+    args = ["attention", str(model_dir), "a dog runs on the grass with a red ball", "--target-text", "two children play",
             "--html", str(html)]
     assert main(args) == 0
     with sync_playwright() as p:
