@@ -44,7 +44,9 @@ def test_decode_attention_one_bf16_query_either_way_is_equation_1(monkeypatch, k
 def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
     """K q^T is AMX's layout: on a CPU with AMX held to AVX2 by ONEDNN_MAX_CPU_ISA (what an
     AVX2-only laptop runs, imitated), oneDNN has no AMX, so q K^T, as on that laptop."""
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    from transduce.fast import cpu
+
+    monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8"})
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     try:
         for held, expected in (("AVX2", False), ("avx512_core_vnni", False), ("", True), ("AVX512_CORE_AMX", True)):

@@ -5,12 +5,12 @@ emulates it (`transduce.precision`)."""
 import json
 
 import pytest
-import torch
 
 import transduce.precision as precision
+from transduce.fast import cpu
+from transduce.fast.cpu import cpu_flags
 from transduce.fast.int8 import can_int8
-from transduce.precision import (Capability, choose_decoding_precision, choose_precision, cpu_flags, cpu_row,
-                                 read_capability)
+from transduce.precision import Capability, choose_decoding_precision, choose_precision, cpu_row, read_capability
 from train_data import make_data
 
 AMX = Capability("cpu", "Intel Xeon (Sapphire Rapids)", frozenset({"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
@@ -75,7 +75,7 @@ def test_explicit_int8_follows_the_row():
 
 def test_this_machine_gets_the_same_choice_every_time():
     cap = read_capability("cpu")
-    assert cap.device == "cpu" and cap.name and cap.detail and cap.features <= set(precision.CPU_FLAGS)
+    assert cap.device == "cpu" and cap.name and cap.detail and cap.features <= set(cpu.CPU_FLAGS)
     for requested in ("auto", "auto-int8"):
         first = choose_decoding_precision(requested)
         assert all(choose_decoding_precision(requested) == first for _ in range(3))
@@ -84,9 +84,8 @@ def test_this_machine_gets_the_same_choice_every_time():
 
 def test_cpu_flags_are_those_onednn_is_left(monkeypatch):
     """ONEDNN_MAX_CPU_ISA holds oneDNN below the CPU (e.g. AVX2, to imitate a CPU without bf16):
-    the table then reads what oneDNN may use."""
-    monkeypatch.setattr(precision, "_cpuinfo", lambda *keys: "fpu avx2 avx512_bf16 avx512_vnni amx_bf16 amx_int8 amx_tile"
-                        if keys == ("flags",) else "")
+    the table then reads what oneDNN may use (`transduce.fast.cpu`)."""
+    monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "fpu avx2 avx512_bf16 avx512_vnni amx_bf16 amx_int8 amx_tile"})
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     for held, expected in (("", {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
                            ("AVX512_CORE_AMX", {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
@@ -100,18 +99,16 @@ def test_cpu_flags_are_those_onednn_is_left(monkeypatch):
     assert choose_precision("auto", capability=cap).precision == "fp32"
 
 
-def test_amx_products_follow_the_cpu_and_onednns_isa_limit(monkeypatch):
-    from transduce.fast.ops import amx_products
-
+def test_amx_products_and_vnni_follow_the_cpu_and_onednns_isa_limit(monkeypatch):
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
-    for held, expected in (("", True), ("AVX512_CORE_AMX", True), ("all", True), ("AVX2", False),
-                           ("AVX512_CORE_BF16", False), ("AVX10_1_512", False)):
+    monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8"})
+    for held, amx, vnni in (("", True, True), ("AVX512_CORE_AMX", True, True), ("all", True, True), ("AVX2", False, False),
+                            ("AVX512_CORE_BF16", False, True), ("AVX10_1_512", False, True), ("AVX512_CORE_FP16", False, True)):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
-        assert amx_products() is expected, held
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+        assert (cpu.amx_products(), cpu.has_vnni()) == (amx, vnni), held
+    monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 fma"})  # an AVX2-only CPU (Zen 3)
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
-    assert amx_products() is False
+    assert (cpu.amx_products(), cpu.has_vnni()) == (False, False)
 
 
 def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path, monkeypatch, capsys):

@@ -9,14 +9,12 @@ obeyed (emulated bf16 with a warning). The capability is an argument, so every r
 
 from __future__ import annotations
 
-import contextlib
 import platform
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from .fast.ops import onednn_isa_limit
+from .fast.cpu import CPU_FLAGS, ONEDNN_ISA_FLAGS, cpu_flags, cpu_name, int8_saturates, onednn_isa_limit
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")  # int8: on the CPU only
@@ -62,17 +60,6 @@ CPU_TABLE = (
         "int8 no faster than fp32 without VNNI"),
 )
 
-CPU_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni")
-
-# `ONEDNN_MAX_CPU_ISA` values that hold oneDNN below some of `CPU_FLAGS`: the flags left to it
-# (e.g. AVX2, to imitate a CPU without bf16). Any other value (unset, ALL, the AMX ones) leaves all
-ONEDNN_ISA_FLAGS = {
-    "SSE41": (), "AVX": (), "AVX2": (), "AVX2_VNNI": ("avx_vnni",), "AVX2_VNNI_2": ("avx_vnni",),
-    "AVX512_CORE": (), "AVX512_CORE_VNNI": ("avx512_vnni", "avx_vnni"),
-    "AVX512_CORE_BF16": ("avx512_vnni", "avx_vnni", "avx512_bf16"),
-    "AVX10_1_512": ("avx512_vnni", "avx_vnni", "avx512_bf16"),
-}
-
 
 @dataclass(frozen=True)
 class Choice:
@@ -87,34 +74,6 @@ class Choice:
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""
         return f"precision: {self.precision} ({self.reason})"
-
-
-def _cpuinfo(*keys: str) -> str:
-    """The first /proc/cpuinfo value under one of `keys` ("" where there is none)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if ":" in line and line.split(":")[0].strip() in keys:
-                return line.split(":", 1)[1].strip()
-    return ""
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo on Linux), else what `platform` says."""
-    return _cpuinfo("model name", "Model", "Hardware") or platform.processor() or platform.machine() or "unknown CPU"
-
-
-def cpu_flags() -> frozenset:
-    """The `CPU_FLAGS` this CPU has (/proc/cpuinfo's flags; elsewhere what PyTorch reports) and
-    that `ONEDNN_MAX_CPU_ISA` leaves to oneDNN."""
-    flags = set(_cpuinfo("flags").split())
-    if not flags and platform.machine().lower() in ("x86_64", "amd64"):
-        cpu = torch.cpu
-        flags = {f for f, test in (("amx_bf16", "_is_amx_tile_supported"), ("amx_int8", "_is_amx_tile_supported"),
-                                   ("avx512_bf16", "_is_avx512_bf16_supported"), ("avx512_vnni", "_is_vnni_supported"))
-                 if getattr(cpu, test, lambda: False)()}
-    held = onednn_isa_limit()
-    allowed = set(ONEDNN_ISA_FLAGS.get(held, CPU_FLAGS))
-    return frozenset(f for f in CPU_FLAGS if f in flags and f in allowed)
 
 
 def read_capability(device: torch.device | str = "cpu") -> Capability:
@@ -168,7 +127,7 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     fp32; the decoder's layers in int8 as the CPU's row of `CPU_TABLE` says."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
-    from .fast.int8 import can_int8, int8_saturates
+    from .fast.int8 import can_int8
 
     if not can_int8():
         raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model import MultiHeadAttention, PositionwiseFeedForward, Transformer
-from . import ops, step
+from . import cpu, ops, step
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -49,7 +49,7 @@ def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
     return torch.bmm(weights, v3).view(B, h, Tq, -1)
 
 
-_keys_first = functools.cache(ops.amx_products)
+_keys_first = functools.cache(cpu.amx_products)
 """Whether one bf16 query's scores are computed as K q^T: where oneDNN runs AMX (not the CPU's
 flag alone, which a CPU held to AVX2 still reports)."""
 
@@ -62,7 +62,7 @@ def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
     if not ops.has("packed"):
         ops.warn_missing("packed")
         return False
-    return dtype == torch.float32 or ops.bf16_packing()
+    return dtype == torch.float32 or cpu.bf16_products()
 
 
 class PackedWeight:

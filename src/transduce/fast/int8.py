@@ -6,7 +6,6 @@ Not in the paper, and not exact (docs/speed.md, "int8 decoding"; docs/RESULTS.md
 
 from __future__ import annotations
 
-import functools
 import platform
 
 import torch
@@ -14,24 +13,13 @@ from torch import Tensor, nn
 
 from ..model import Transformer
 from . import ops
+from .cpu import int8_saturates
 from .decode import PackedLinear, PackedWeight, block_key, can_pack, fuse_relu, replace_linears, restore_linears, unpack_weights
 
 
 def can_int8() -> bool:
     """Whether `quantize_int8` applies: oneDNN's int8 linear in this torch, on an x86-64 CPU."""
     return ops.has("int8") and platform.machine().lower() in ("x86_64", "amd64")
-
-
-@functools.cache
-def int8_saturates() -> bool:
-    """Whether oneDNN's int8 products here add u8 x s8 pairs in int16 with saturation (x86 without
-    VNNI or AMX): then the weights are quantized to 7 bits, [-63, 63], so that no pair overflows
-    (254 * 63 * 2 <= 32,767), which halves the error of taking the bit from the activations
-    (docs/speed.md). A feature test: one product whose pairs overflow int16 with 8-bit weights."""
-    qw = ops.int8_pack(torch.full((1, 64), 127, dtype=torch.int8))
-    y = ops.int8_linear(torch.full((1, 64), 255, dtype=torch.uint8), 1.0, 0, qw, torch.ones(1),
-                        torch.zeros(1, dtype=torch.long), None, torch.float32)
-    return y.item() != 255 * 127 * 64
 
 
 _OFFSETS = tuple(torch.tensor([z + 0.5]) for z in range(256))

@@ -1,35 +1,19 @@
-"""The private PyTorch operators the CPU speed-ups call, in one place: oneDNN's packed products
-(`torch.ops.mkldnn._linear_pointwise`, `_reorder_linear_weight`) and int8 linear
-(`torch.ops.onednn.qlinear_prepack`, `qlinear_pointwise`). Not public API: `has` says whether this
-torch build has them; where one is missing the callers take the public path (`F.linear`; int8
-refuses in one line), and `warn_missing` says so once per process.
+"""The private PyTorch functions transduce calls, in one place: oneDNN's packed products
+(`torch.ops.mkldnn._linear_pointwise`, `_reorder_linear_weight`), int8 linear
+(`torch.ops.onednn.qlinear_prepack`, `qlinear_pointwise`), the CPU features PyTorch reports
+(`fast.cpu` asks) and log-softmax's backward (the training loss). Not public API: `has` says
+whether this torch build has the operators; where one is missing the callers take the public path
+(`F.linear`; int8 refuses in one line), and `warn_missing` says so once per process.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import torch
 from torch import Tensor
 
 _WARNED: set[str] = set()
-
-ONEDNN_AMX_ISAS = {"", "ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX",
-                   "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"}
-"""Values of `ONEDNN_MAX_CPU_ISA` (unset included) that leave oneDNN its AMX kernels."""
-
-
-def onednn_isa_limit() -> str:
-    """`ONEDNN_MAX_CPU_ISA` (or its old name), upper case; "" where unset."""
-    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
-
-
-def amx_products() -> bool:
-    """Whether oneDNN multiplies on AMX tiles here: the CPU has AMX (as PyTorch reports it) and
-    `ONEDNN_MAX_CPU_ISA` does not hold oneDNN below it (e.g. AVX2, to imitate a laptop CPU)."""
-    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-    return amx and onednn_isa_limit() in ONEDNN_AMX_ISAS
 
 
 def has(what: str) -> bool:
@@ -55,6 +39,23 @@ def warn_missing(what: str) -> None:
 def bf16_packing() -> bool:
     """Whether oneDNN computes bf16 products on this CPU (what bf16 packing needs)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_features() -> set[str]:
+    """The CPU's AMX, bf16 and VNNI flags as PyTorch reports them (where /proc/cpuinfo is not)."""
+    cpu = torch.cpu
+    return {f for f, test in (("amx_bf16", "_is_amx_tile_supported"), ("amx_int8", "_is_amx_tile_supported"),
+                              ("avx512_bf16", "_is_avx512_bf16_supported"), ("avx512_vnni", "_is_vnni_supported"))
+            if getattr(cpu, test, lambda: False)()}
+
+
+def log_softmax_backward(g: Tensor, z: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
+    """The gradient through z = log_softmax(x) given g = dL/dz: g - exp(z) * sum(g), by PyTorch's
+    own kernel where this torch has it (one pass), else written out."""
+    backward = getattr(torch, "_log_softmax_backward_data", None)
+    if backward is not None:
+        return backward(g, z, dim, dtype)
+    return (g - z.exp() * g.sum(dim, keepdim=True)).to(dtype)
 
 
 def pack(w: Tensor) -> Tensor:

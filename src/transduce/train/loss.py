@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from ..data.vocab import PAD
+from ..fast import ops
 
 
 def label_smoothed_nll(
@@ -163,5 +164,5 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
                 g[:, excluded] = 0
             g.scatter_add_(1, target[sl, None], b[sl, None].neg())
             # input_dtype fp32, as g and z: CUDA fuses the cast for fp16 only and rejects bf16 there
-            grad[sl] = torch._log_softmax_backward_data(g, z, 1, dtype)
+            grad[sl] = ops.log_softmax_backward(g, z, 1, dtype)
         return grad, None, None, None, None
