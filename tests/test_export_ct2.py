@@ -5,21 +5,28 @@ post-norm and the options: pre-norm, attention biases, learned positions, d_k !=
 CTranslate2's float32 `score_batch` log-probabilities equal transduce's within float tolerance,
 greedy outputs are identical, and `translate --engine ct2` gives `translate`'s output. The
 position-table trap is shown (CTranslate2's own table is wrong for the paper's model); int8 is
-measured, not asserted exact."""
+measured, not asserted exact: close on the random models where the CPU has VNNI, and on every CPU a
+trained model's cross-entropy within 2% of fp32's."""
 
+import gzip
+import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-pytest.importorskip("ctranslate2")
+ctranslate2 = pytest.importorskip("ctranslate2")
 
 from tiny_models import SRC_WORDS, make_model, padded_batch, sentences  # noqa: E402
 
 from transduce.cli import main  # noqa: E402
-from transduce.data.vocab import EOS  # noqa: E402
+from transduce.config import Config, ModelConfig  # noqa: E402
+from transduce.data.vocab import BOS, EOS, PAD, Vocab, train_vocab  # noqa: E402
 from transduce.engines import load_ct2  # noqa: E402
 from transduce.export.ct2 import build_spec, export_ct2, pieces  # noqa: E402
+from transduce.fast import cpu  # noqa: E402
+from transduce.model import Transformer  # noqa: E402
 from transduce.ready import load_translation_model  # noqa: E402
 from transduce.translate import translate_stream  # noqa: E402
 
@@ -101,13 +108,16 @@ def test_ct2_own_position_table_is_not_the_papers(exported, tmp_path):
     assert max(abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g)) > 0.05
 
 
-def test_int8_agreement_is_measured(exported, capsys):
-    """int8 weights: not exact. Measured here and printed (docs/RESULTS.md has the Multi30k figures);
-    asserted only to be close: mean |difference| of log-probabilities under 0.1."""
+def test_int8_agreement_is_measured_where_int8_pairs_add_in_int32(exported, capsys):
+    """int8 weights on the tiny random models: not exact; measured and printed, asserted close
+    (mean |difference| of log-probabilities under 0.1) only where the CPU adds int8 pairs in int32
+    (VNNI or AMX, as `transduce.fast.cpu.has_vnni` detects them, `ONEDNN_MAX_CPU_ISA` included).
+    Without VNNI CTranslate2's int8 products add pairs in int16 and saturate: on these random models
+    the log-probabilities move by 0.3 to 0.45 and most greedy outputs change, while a trained
+    model keeps its quality (the next test, which holds on every CPU)."""
     loaded, _, root = exported
-    out = export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, root / "ct2-int8",
-                     quantization="int8", force=True)
-    ct2 = load_ct2(out, threads=1)
+    ct2 = load_ct2(export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, root / "ct2-int8",
+                              quantization="int8", force=True), threads=1)
     src, tgt, src_ids, tgt_ids = padded_batch(loaded.src_vocab, loaded.tgt_vocab)
     ref, got = transduce_log_probs(loaded, src, tgt, tgt_ids), ct2_log_probs(ct2, src_ids, tgt_ids)
     diffs = [abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g)]
@@ -116,9 +126,68 @@ def test_int8_agreement_is_measured(exported, capsys):
     b = [c[0].tokens for c in ct2.translate_stream(lines, greedy=True, max_len_offset=6)]
     same = sum(x == y for x, y in zip(a, b)) / len(a)
     with capsys.disabled():
-        print(f"\n[int8 {ct2.compute_type}] mean |d log p| {sum(diffs) / len(diffs):.4f}, max {max(diffs):.4f}, "
-              f"greedy outputs identical {same:.0%}")
+        print(f"\n[int8 {ct2.compute_type}, VNNI {cpu.has_vnni()}] mean |d log p| {sum(diffs) / len(diffs):.4f}, "
+              f"max {max(diffs):.4f}, greedy outputs identical {same:.0%}")
+    if not cpu.has_vnni():
+        pytest.skip("no VNNI detected: int8 pairs add in int16 here (the trained model's test holds on every CPU)")
     assert sum(diffs) / len(diffs) < 0.1
+
+
+MULTI30K = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "multi30k" / "raw"
+
+
+def _lines(name: str, n: int) -> list[str]:
+    with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as f:
+        return [line.strip() for line in itertools.islice(f, n)]
+
+
+def _padded(seqs: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s)
+    return out
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="no local data mirror (Multi30k)")
+def test_int8_keeps_a_trained_models_quality_on_every_cpu(tmp_path, capsys):
+    """The criterion that holds with and without VNNI: a model trained for 250 steps on 2,000
+    Multi30k pairs (one layer, d_model 64), exported in int8, gives the 100 first validation
+    references a cross-entropy within 2% of fp32's (measured: 0.002% with VNNI; 0.7% with
+    CTranslate2 and oneDNN held to AVX2, whose int8 pairs saturate in int16, while the
+    log-probabilities move by 0.26 on average and every greedy output changes). It stands for what
+    a user sees on a trained model: the same BLEU (docs/export.md, "int8 without VNNI")."""
+    en, de = _lines("train.en.gz", 2000), _lines("train.de.gz", 2000)
+    vocab = Vocab(train_vocab(tmp_path / "spm", en + de, vocab_size=400, num_threads=1))
+    pairs = [(vocab.encode(a) + [EOS], [BOS] + vocab.encode(b) + [EOS]) for a, b in zip(en, de)]
+    pairs = [p for p in pairs if len(p[0]) <= 40 and len(p[1]) <= 40]
+    torch.manual_seed(0)
+    config = ModelConfig(src_vocab_size=len(vocab), n_layers=1, d_model=64, d_ff=128, n_heads=4, dropout=0.0)
+    model = Transformer(config)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3, betas=(0.9, 0.98))
+    draw = torch.Generator().manual_seed(0)
+    for _ in range(250):
+        batch = [pairs[i] for i in torch.randint(len(pairs), (32,), generator=draw).tolist()]
+        src, tgt = _padded([s for s, _ in batch]), _padded([t for _, t in batch])
+        logits = model(src, tgt[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    src_ids = [vocab.encode(s) + [EOS] for s in _lines("val.en.gz", 100)]
+    tgt_ids = [vocab.encode(s) for s in _lines("val.de.gz", 100)]
+    sp = pieces(vocab)
+    nll = {}
+    for q in ("float32", "int8"):
+        ct2 = export_ct2(model, Config(model=config), vocab, vocab, tmp_path / q, quantization=q)
+        scored = ctranslate2.Translator(str(ct2), intra_threads=1).score_batch(
+            [[sp[i] for i in s[:-1]] for s in src_ids], [[sp[i] for i in t] for t in tgt_ids])
+        nll[q] = -sum(sum(r.log_probs) for r in scored) / sum(len(r.log_probs) for r in scored)
+    change = abs(nll["int8"] - nll["float32"]) / nll["float32"]
+    with capsys.disabled():
+        print(f"\n[trained model, VNNI {cpu.has_vnni()}] cross-entropy fp32 {nll['float32']:.4f}, "
+              f"int8 {nll['int8']:.4f} ({change:.2%})")
+    assert change < 0.02
 
 
 def test_translate_engine_ct2_equals_translate(exported, tmp_path, capsys):

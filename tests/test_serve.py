@@ -27,7 +27,7 @@ from transduce.cli import main  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.serve.app import Engine, Limits, Search, create_app, torch_engine  # noqa: E402
 from transduce.serve.batcher import Batcher, QueueFull  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
+from transduce.ready import load_for_decoding, load_translation_model  # noqa: E402
 from transduce.translate import translate_lines, translate_stream  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,7 +52,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(model_dir):
-    return load_translation_model(model_dir)
+    return load_for_decoding(model_dir, precision="fp32")  # made ready as `transduce serve` loads it
 
 
 @pytest.fixture
