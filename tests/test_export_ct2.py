@@ -281,3 +281,17 @@ def test_options_the_format_does_not_use_are_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and f"{flag} does not apply to `export {argv[0]}`" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_int8_export_notes_a_cpu_without_vnni(tmp_path, capsys, monkeypatch):
+    """Where `fast.cpu.has_vnni` detects no VNNI (here oneDNN held to AVX2 stands for such a CPU),
+    `export ct2 --quantization int8` says what int8 does there; with VNNI, and for float32, no note."""
+    model_dir = make_model(tmp_path / "m")
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    for held, quantization in (("AVX2", "int8"), ("AVX2", "float32"), ("", "int8")):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
+        noted = quantization == "int8" and not cpu.has_vnni()
+        assert noted or held != "AVX2" or quantization != "int8"
+        out = tmp_path / f"ct2-{held}-{quantization}"
+        assert main(["export", "ct2", str(model_dir), "-o", str(out), "--quantization", quantization]) == 0
+        assert ("no VNNI" in capsys.readouterr().out) is noted, (held, quantization)
