@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .data.vocab import PAD
+from .special_ids import PAD
 
 
 @dataclass

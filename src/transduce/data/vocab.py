@@ -1,9 +1,8 @@
 """Subword vocabularies: sentencepiece BPE models with fixed special ids.
 
 Section 5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target
-vocabulary of about 37000 tokens" (En-De). The special ids are the same in every vocabulary:
-PAD = 0 (padding), UNK = 1, BOS = 2 (the first decoder input), EOS = 3 (stored after every
-sentence, the last decoder output).
+vocabulary of about 37000 tokens" (En-De). The special ids are the same in every vocabulary
+(`transduce.special_ids`: PAD, UNK, BOS, EOS, importable from here too).
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ import sentencepiece as spm
 import torch
 
 from ..errors import DataError
+from ..special_ids import BOS, EOS, PAD, UNK
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
 DEFAULT_VOCAB_SIZE = 8000  # Right for small corpora such as Multi30k (29k pairs); the paper: ~37000 (WMT14 En-De)
