@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import os as _os
-
-# oneDNN compiles a kernel per product shape and keeps 1024; CPU training's batches give more
-# shapes, and recompiling them cost a good part of its time (docs/speed.md). A larger cache, unless
-# the user set one; read at oneDNN's first product, so set before any.
-_os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16384")
-
 
 def _version() -> str:
     """pyproject.toml's `version`: from the installed distribution, or in a source tree never

@@ -20,7 +20,16 @@ KERNEL_CACHE_ENV = "TRANSDUCE_KERNEL_CACHE"  # product shapes oneDNN's two cache
 DEFAULT_KERNEL_CACHE = 256  # The bound: a decode's steps and the common batch sizes fit; about 130 MB at most
 
 _CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
-_TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}  # transduce/__init__'s, for training
+_TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}  # `widen_kernel_cache`'s, for training
+
+
+def widen_kernel_cache() -> None:
+    """oneDNN compiles a kernel per product shape and keeps 1024; CPU training's batches give more
+    shapes, and recompiling them cost a good part of its time (docs/speed.md). A larger cache,
+    unless the user set one; read at oneDNN's first product, so called before any
+    (`transduce.train.step.prepare_for_training`)."""
+    for name, value in _TRANSDUCE_DEFAULTS.items():
+        os.environ.setdefault(name, value)
 
 
 def kernel_cache_size() -> int:

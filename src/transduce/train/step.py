@@ -18,6 +18,7 @@ from ..data.batching import ParallelDataset
 from ..data.vocab import BOS, PAD
 from ..errors import UsageError
 from ..fast.train import fast_attention, fast_dropout
+from ..memory import widen_kernel_cache
 from .. import precision as hardware
 from ..precision import PRECISIONS, Choice, choose_precision
 from .distributed import DistEnv, all_reduce_
@@ -98,7 +99,9 @@ def prepare_for_training(model: nn.Module, device: torch.device, precision: str)
     """`model` on `device`, in training mode, with the training speed-ups of `transduce.fast.train`
     (the same math): dropout (5.4) from fewer random numbers and, on the CPU in bf16, equation 1
     with fp32 scores. The one way the trainer, `transduce.synthetic` and benchmarks/bench.py
-    prepare a model; call it once, before the optimizer is built."""
+    prepare a model; call it once, before the optimizer is built (and before the first product:
+    oneDNN's kernel cache is widened for training's many shapes, `memory.widen_kernel_cache`)."""
+    widen_kernel_cache()
     model = model.to(device)
     fast_dropout(model)
     if device.type == "cpu" and precision == "bf16":
