@@ -121,6 +121,51 @@ def test_fast_step_on_the_test_device_is_the_models_step_bit_for_bit(dtype, norm
     undo()
 
 
+OTHER_VALUES = {
+    "src_vocab_size": dict(src_vocab_size=70), "tgt_vocab_size": dict(tgt_vocab_size=50, share_embeddings=False),
+    "n_layers": dict(n_layers=3), "d_model": dict(d_model=48), "d_ff": dict(d_ff=96), "n_heads": dict(n_heads=2),
+    "d_k": dict(d_k=4), "d_v": dict(d_v=12), "dropout": dict(dropout=0.3), "attention_dropout": dict(attention_dropout=0.2),
+    "positional": dict(positional="learned"), "max_positions": dict(max_positions=64, positional="learned"),
+    "tie_output": dict(tie_output=False, share_embeddings=False), "layer_norm_eps": dict(layer_norm_eps=1e-2),
+    "pad_id": dict(pad_id=1), "activation": dict(activation="swish"),
+}
+"""For each `HANDLED` field, a value unlike `tiny_config`'s (with what that value needs beside it);
+a boolean field left out here takes the other value."""
+
+
+def _other_value(name: str) -> dict:
+    """The `tiny_config` keywords that set `name` to a value other than the base model's."""
+    if name in OTHER_VALUES:
+        return OTHER_VALUES[name]
+    default = getattr(tiny_config(src_vocab_size=60), name)
+    assert isinstance(default, bool), f"give HANDLED's {name!r} a value other than {default!r} in OTHER_VALUES"
+    return {name: not default}
+
+
+@pytest.mark.parametrize("name", sorted(HANDLED))
+def test_fast_step_is_the_models_step_at_every_handled_fields_other_value(name):
+    """One model per `HANDLED` field, that field (alone, or with what it needs) away from the base
+    model's value, biases and LayerNorms perturbed so that each is used: fp32 logits and
+    hypotheses bit for bit the model's, on the CPU with and without packed weights, and on
+    `DEVICE` (CUDA in scripts/gpu_check.sh). A field added to `HANDLED` is tested here at once."""
+    kw = {"src_vocab_size": 60, **_other_value(name)}
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(**kw)).eval()
+    assert getattr(model.config, name) != getattr(tiny_config(src_vocab_size=60), name), kw
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if "norm" in key or key.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    src = padded_batch([7, 3, 5], vocab=60, seed=1)
+    runs = [("cpu", pack) for pack in ((False, True) if kernels.can_pack(torch.float32, "cpu") else (False,))]
+    for device, pack in runs + ([(DEVICE, False)] if DEVICE.type != "cpu" else []):
+        model.to(device)
+        undo = make_ready(model, pack=pack)
+        assert isinstance(model.decode_step, FastStep)
+        _same_as_the_model(model, src.to(device))
+        undo()
+
+
 @pytest.mark.skipif(not int8.can_int8(), reason="no oneDNN int8 here")
 @pytest.mark.parametrize("decoder", [True, False])  # every decoder layer in int8; the projection alone (AMX)
 def test_fast_step_runs_the_int8_products_as_the_model_does(decoder):

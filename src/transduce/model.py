@@ -3,7 +3,8 @@
 * 3.1   `Encoder`, `Decoder`: stacks of N identical layers (`EncoderLayer`, `DecoderLayer`), each
         sub-layer wrapped as LayerNorm(x + Dropout(Sublayer(x))) (post-norm; pre-norm is an option,
         `ModelConfig.norm_first`, never the default).
-* 3.2.1 `attention_reference`: Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V  (equation 1).
+* 3.2.1 equation 1, Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V: `transduce.attention`
+        (`attention_reference` as the paper writes it, and its faster forms).
 * 3.2.2 `MultiHeadAttention`: h heads, concatenated and projected by W^O; `StackedLinear` holds
         [W^Q; W^K; W^V]. 3.2.3: its three uses (encoder, masked decoder, encoder-decoder).
 * 3.3   `PositionwiseFeedForward`: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (equation 2).
@@ -34,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import attention_reference, concat_heads, fold_beams, unfold_beams
 from .cache import DecoderCache, LayerCache
 from .config import ModelConfig
 from .restricted import within_window
@@ -69,20 +71,6 @@ def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Te
 # -- 3.2 Attention -----------------------------------------------------------------------------
 
 
-def attention_reference(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention, equation 1, written out: softmax(Q K^T / sqrt(d_k)) V.
-    q (B, h, Tq, d_k), k (B, h, Tk, d_k), v (B, h, Tk, d_v); returns the output (B, h, Tq, d_v)
-    and the weights (B, h, Tq, Tk) before dropout. The slow path: used when weights are asked for."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1)
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-    return dropped @ v, weights
-
-
 class StackedLinear(nn.Linear):
     """A linear layer whose output rows are several projections stacked, [W^Q; W^K; W^V] of all
     heads (3.2.2): `forward(x)` applies all of them in one product, `forward(x, rows)` the block
@@ -101,9 +89,9 @@ class MultiHeadAttention(nn.Module):
     W^Q, W^K, W^V of all heads are stacked into one matrix `in_proj` (rows: h*d_k for Q, h*d_k for
     K, h*d_v for V): self-attention projects with one matmul, encoder-decoder attention uses the Q
     rows on the decoder states and the K, V rows on the encoder output. d_k and d_v are independent
-    of d_model / h (Table 3 rows A and B). `step_attention` / `sequence_attention`: how a decoding
-    step's queries / all others attend (None: `scaled_dot_product_attention`; `transduce.fast`
-    sets faster ones for the CPU)."""
+    of d_model / h (Table 3 rows A and B). Equation 1's forms are in `transduce.attention`; the
+    hook `step_attention` / `sequence_attention` names the one a decoding step's queries / all
+    others use (None: `scaled_dot_product_attention`; `transduce.fast` sets faster ones)."""
 
     step_attention = sequence_attention = None
 
@@ -149,25 +137,19 @@ class MultiHeadAttention(nn.Module):
         """Equation 1 on every head, then Concat and W^O: (B, Tq, d_model) and, if asked, the weights
         (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`step_attention`).
         Where k and v have fewer rows than q (a sentence's beams in encoder-decoder attention), each
-        group of q's rows that shares one is folded into one row's queries: keys are never repeated."""
-        R, h, n, _ = q.shape
-        group = R // k.size(0)
-        if group > 1:  # (R, h, n, d) -> (R / group, h, group * n, d)
-            q = q.view(R // group, group, h, n, -1).transpose(1, 2).reshape(R // group, h, group * n, -1)
+        group of q's rows that shares one is folded into one row's queries (`attention.fold_beams`)."""
+        group = q.size(0) // k.size(0)
+        q = fold_beams(q, group)
         p = self.attention_dropout if self.training else 0.0
         if need_weights:
             out, weights = attention_reference(q, k, v, mask, p)
+            weights = unfold_beams(weights, group)
         elif incremental and self.step_attention is not None:
             out, weights = self.step_attention(q, k, v, mask), None
         else:
             attention = self.sequence_attention or F.scaled_dot_product_attention
             out, weights = attention(q, k, v, attn_mask=mask, dropout_p=p), None
-        if group > 1:  # unfold: (R / group, h, group * n, .) -> (R, h, n, .)
-            folded = (R // group, h, group, n, -1)
-            out = out.view(folded).transpose(1, 2).reshape(R, h, n, -1)
-            weights = None if weights is None else weights.view(folded).transpose(1, 2).reshape(R, h, n, -1)
-        out = out.transpose(1, 2).reshape(R, n, self.n_heads * self.d_v)  # Concat(head_1..h)
-        return self.out_proj(out), weights
+        return self.out_proj(concat_heads(out, group)), weights  # Concat(head_1..h) W^O
 
     def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:

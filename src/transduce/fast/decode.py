@@ -16,42 +16,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import attention
 from ..model import MultiHeadAttention, PositionwiseFeedForward, Transformer
 from . import cpu, ops, step
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Equation 1 (3.2.1) for the few queries of one CPU decoding step: `product_attention`, except
-    one query per row with no mask (self-attention over the cache) on one thread, where PyTorch's
-    fused kernel is the faster (docs/speed.md, "One query on one thread")."""
-    if q.size(2) == 1 and mask is None and torch.get_num_threads() == 1:
-        return F.scaled_dot_product_attention(q, k, v)
-    return product_attention(q, k, v, mask)
-
-
-def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Equation 1 written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the scaling and
-    softmax in fp32; shapes and masks as `transduce.model.attention_reference`'s, no dropout. For one
-    bf16 query where oneDNN runs AMX the scores are K q^T, the same row in memory, which reads the
-    keys in their stored layout (docs/speed.md)."""
-    B, h, Tq, d = q.shape
-    Tk = k.size(2)
-    # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
-    k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
-    if Tq == 1 and k.dtype == torch.bfloat16 and _keys_first():
-        scores = torch.bmm(k3, q3.transpose(1, 2))
-    else:
-        scores = torch.bmm(q3, k3.transpose(1, 2))
-    scores = scores.view(B, h, Tq, Tk).to(torch.float32).mul_(d**-0.5)  # a fresh tensor: in place is safe
-    if mask is not None:
-        scores.masked_fill_(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1).to(v.dtype).view(B * h, Tq, Tk)
-    return torch.bmm(weights, v3).view(B, h, Tq, -1)
+    """`attention.decode_attention` (equation 1 for a CPU decoding step's few queries) with one
+    bf16 query's scores laid out for this CPU: K q^T where oneDNN runs AMX (`cpu.amx_products`:
+    not the CPU's flag alone, which a CPU held to AVX2 still reports)."""
+    return attention.decode_attention(q, k, v, mask, _keys_first())
 
 
 _keys_first = functools.cache(cpu.amx_products)
-"""Whether one bf16 query's scores are computed as K q^T: where oneDNN runs AMX (not the CPU's
-flag alone, which a CPU held to AVX2 still reports)."""
 
 
 def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..attention import concat_heads, fold_beams
 from ..cache import DecoderCache
 from ..config import ModelConfig
 from ..model import Transformer
@@ -134,11 +135,10 @@ class FastStep:
             a = self_att(q.view(R, 1, h, d_k).transpose(1, 2), k, v, None).transpose(1, 2).reshape(R, 1, h * d_v)
             x = x + w_o(a) if pre else norm(x + w_o(a), *n1)
             # encoder-decoder attention: the g beams of a source folded into one row's queries,
-            # (R / g, h, g, d_k), and unfolded as the heads are concatenated (views; one copy each)
+            # and unfolded as the heads are concatenated (the model's own `fold_beams`, `concat_heads`)
             g = R // lc.cross_k.size(0)
-            q = q_c(norm(x, *n2) if pre else x).view(R // g, g, h, d_k).transpose(1, 2)
-            a = cross_att(q, lc.cross_k, lc.cross_v, cache.src_mask)
-            a = w_oc(a.transpose(1, 2).reshape(R, 1, h * d_v))
+            q = fold_beams(q_c(norm(x, *n2) if pre else x).view(R, 1, h, d_k).transpose(1, 2), g)
+            a = w_oc(concat_heads(cross_att(q, lc.cross_k, lc.cross_v, cache.src_mask), g))
             x = x + a if pre else norm(x + a, *n2)
             # the position-wise FFN (equation 2)
             f = w_2(w_1(norm(x, *n3) if pre else x, "relu"))  # W_1's ReLU inside a packed product, else after it

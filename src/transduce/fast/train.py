@@ -1,7 +1,7 @@
 """Speed-ups for training on the CPU, applied to a built `transduce.model.Transformer` from the
 outside (`transduce.train.step.prepare_for_training`): the same dropout (5.4) and equation 1,
-computed faster (docs/speed.md, "CPU training"): `fast_dropout`, `fast_attention` (bf16), and
-`keep_freed_memory`.
+computed faster (docs/speed.md, "CPU training"): `fast_dropout`, `fast_attention` (bf16: the
+form `attention.autocast_attention`), and `keep_freed_memory`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention import autocast_attention
 from ..model import MultiHeadAttention
 
 
@@ -46,27 +47,6 @@ class BitDropout(nn.Module):
     def extra_repr(self) -> str:
         """p, as `nn.Dropout` prints it."""
         return f"p={self.p}"
-
-
-def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                       dropout_p: float = 0.0) -> Tensor:
-    """Equation 1 (3.2.1), softmax(Q K^T / sqrt(d_k)) V, for training under bf16 autocast on the
-    CPU: Q K^T, the scaling, mask and softmax in fp32 (the scores SDPA's math kernel computes), then
-    the weights rounded to V's dtype for the second product, in bf16 like every other product under
-    autocast. Arguments and masks as `scaled_dot_product_attention`'s. Why: on the CPU SDPA's flash
-    kernel's bf16 backward is slow and its math kernel computes both products in fp32
-    (docs/speed.md, "CPU training")."""
-    # fp32 copies laid out (B, h, T, d) contiguously: q and k come as views of (B, T, h, d), and a
-    # copy that kept their strides would be copied again inside the batched product
-    q32, k32 = (x.to(torch.float32, memory_format=torch.contiguous_format) for x in (q, k))
-    with torch.autocast(q.device.type, enabled=False):
-        scores = torch.matmul(q32, k32.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
-    if attn_mask is not None:
-        scores.masked_fill_(~attn_mask, float("-inf"))  # a fresh tensor: in place is safe
-    weights = scores.softmax(dim=-1)
-    if dropout_p > 0:
-        weights = F.dropout(weights, dropout_p)
-    return torch.matmul(weights.to(v.dtype), v)
 
 
 def fast_attention(model: nn.Module) -> int:

@@ -1,0 +1,114 @@
+"""Equation 1 (3.2.1), Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, in one place: the form
+the paper writes and the faster forms of the same equation beside it, each tested against it
+(tests/test_attention.py).
+
+* `attention_reference`: written out as the paper writes it; the only form that returns the weights.
+* `F.scaled_dot_product_attention` (SDPA): PyTorch's kernels, what a model computes by default.
+* `decode_attention` and `product_attention`: a CPU decoding step's few queries over the cache.
+* `autocast_attention`: training under bf16 autocast on the CPU, the scores in fp32.
+
+The hook: `model.MultiHeadAttention.step_attention` (a decoding step's queries) and
+`.sequence_attention` (all others) name the form a layer uses, None for SDPA; `transduce.fast` and
+`transduce.ready` set them. Shapes: q (B, h, Tq, d_k), k (B, h, Tk, d_k), v (B, h, Tk, d_v); masks
+boolean, True = may attend, broadcastable to (B, h, Tq, Tk). Where a sentence's beams share one
+row of keys (encoder-decoder attention in beam search), `fold_beams` makes them one row's queries
+and `concat_heads` unfolds them as it concatenates the heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Scaled dot-product attention, equation 1, written out: softmax(Q K^T / sqrt(d_k)) V.
+    Returns the output (B, h, Tq, d_v) and the weights (B, h, Tq, Tk) before dropout. The slow
+    path: used when weights are asked for."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
+    """Equation 1 for the few queries of one CPU decoding step: `product_attention`, except one
+    query per row with no mask (self-attention over the cache) on one thread, where PyTorch's
+    fused kernel is the faster (docs/speed.md, "One query on one thread")."""
+    if q.size(2) == 1 and mask is None and torch.get_num_threads() == 1:
+        return F.scaled_dot_product_attention(q, k, v)
+    return product_attention(q, k, v, mask, keys_first)
+
+
+def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
+    """Equation 1 written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the scaling and
+    softmax in fp32, no dropout. With `keys_first` (where oneDNN runs AMX: `fast.cpu.amx_products`)
+    one bf16 query's scores are K q^T, the same row in memory, which reads the keys in their stored
+    layout (docs/speed.md)."""
+    B, h, Tq, d = q.shape
+    Tk = k.size(2)
+    # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
+    k3, v3, q3 = k.reshape(B * h, Tk, d), v.reshape(B * h, Tk, v.size(-1)), q.reshape(B * h, Tq, d)
+    if Tq == 1 and k.dtype == torch.bfloat16 and keys_first:
+        scores = torch.bmm(k3, q3.transpose(1, 2))
+    else:
+        scores = torch.bmm(q3, k3.transpose(1, 2))
+    scores = scores.view(B, h, Tq, Tk).to(torch.float32).mul_(d**-0.5)  # a fresh tensor: in place is safe
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1).to(v.dtype).view(B * h, Tq, Tk)
+    return torch.bmm(weights, v3).view(B, h, Tq, -1)
+
+
+def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                       dropout_p: float = 0.0) -> Tensor:
+    """Equation 1 for training under bf16 autocast on the CPU: Q K^T, the scaling, mask and
+    softmax in fp32 (the scores SDPA's math kernel computes), then the weights rounded to V's dtype
+    for the second product, in bf16 like every other product under autocast. Arguments as SDPA's.
+    Why: on the CPU SDPA's flash kernel's bf16 backward is slow and its math kernel computes both
+    products in fp32 (docs/speed.md, "CPU training")."""
+    # fp32 copies laid out (B, h, T, d) contiguously: q and k come as views of (B, T, h, d), and a
+    # copy that kept their strides would be copied again inside the batched product
+    q32, k32 = (x.to(torch.float32, memory_format=torch.contiguous_format) for x in (q, k))
+    with torch.autocast(q.device.type, enabled=False):
+        scores = torch.matmul(q32, k32.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)
+    if attn_mask is not None:
+        scores.masked_fill_(~attn_mask, float("-inf"))  # a fresh tensor: in place is safe
+    weights = scores.softmax(dim=-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, dropout_p)
+    return torch.matmul(weights.to(v.dtype), v)
+
+
+def fold_beams(q: Tensor, group: int) -> Tensor:
+    """(R, h, n, d) -> (R / group, h, group * n, d): each `group` rows of queries that share one
+    row of keys (a sentence's beams) become that row's queries; the keys are never repeated."""
+    if group == 1:
+        return q
+    R, h, n, d = q.shape
+    return q.view(R // group, group, h, n, d).transpose(1, 2).reshape(R // group, h, group * n, d)
+
+
+def unfold_beams(x: Tensor, group: int) -> Tensor:
+    """`fold_beams` undone on a result: (R / group, h, group * n, e) -> (R, h, n, e)."""
+    if group == 1:
+        return x
+    rows, h, gn, e = x.shape
+    return x.view(rows, h, group, gn // group, e).transpose(1, 2).reshape(rows * group, h, gn // group, e)
+
+
+def concat_heads(out: Tensor, group: int = 1) -> Tensor:
+    """Concat(head_1, ..., head_h) (3.2.2) of a folded result: (R / group, h, group * n, d_v) ->
+    (R, n, h * d_v), `fold_beams` undone in the same copy."""
+    rows, h, gn, d = out.shape
+    if group == 1:
+        return out.transpose(1, 2).reshape(rows, gn, h * d)
+    n = gn // group
+    return out.view(rows, h, group, n, d).permute(0, 2, 3, 1, 4).reshape(rows * group, n, h * d)
