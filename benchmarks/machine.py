@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from transduce.fast.cpu import cpu_name, cpuinfo, proc_flags
+
 FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 """The /proc/cpuinfo flags that decide CPU decoding speed (bf16 and int8 products)."""
 
@@ -45,29 +47,16 @@ print("compute types:", sorted(ctranslate2.get_supported_compute_types("cpu")), 
 """
 
 
-def _cpuinfo() -> dict[str, str]:
-    """The first value of each key of /proc/cpuinfo ({} where it cannot be read)."""
-    info: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return info
-
-
 def cpu_flags() -> tuple[str, list[str]]:
     """The CPU's model name and which of `FEATURES` it has (/proc/cpuinfo)."""
-    info = _cpuinfo()
-    flags = set(info.get("flags", info.get("Features", "")).split())
-    return info.get("model name", "unknown CPU"), [f for f in FEATURES if f in flags]
+    flags = proc_flags()
+    return cpu_name(), [f for f in FEATURES if f in flags]
 
 
 def cpu_vendor() -> str:
     """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD", ...; "unknown"
     where there is no such line, e.g. on ARM or off Linux): oneMKL names its ISA on Intel CPUs only."""
-    return _cpuinfo().get("vendor_id", "unknown")
+    return cpuinfo().get("vendor_id", "unknown")
 
 
 def _run(code: str, env: dict) -> str:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import datetime
 import math
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+
+from transduce.fast.cpu import cpu_name
 
 PAPER = {  # Table 1: complexity per layer, sequential operations, maximum path length
     "self-attention": ("O(n²·d)", "O(1)", "O(1)"),
@@ -34,8 +35,7 @@ def exponent(ns: list[int], values: list[float]) -> float | None:
 
 
 def machine() -> dict:
-    name = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")), platform.processor() or "unknown CPU")
+    name = cpu_name()
     caps = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
     isa = [f for f in ("avx2", "fma3", "avx512_f", "avx512_bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
                        "amx_tile", "amx_bf16", "amx_int8") if caps.get(f)]
