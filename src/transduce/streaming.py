@@ -15,7 +15,7 @@ import torch
 
 from .data.batching import batch_for_decoding
 from .data.vocab import EOS, Vocab
-from .decode import Hypothesis
+from .decode import DEFAULT_MAX_LEN_OFFSET, Hypothesis
 from .memory import Trimmer
 
 DEFAULT_MAX_INPUT_TOKENS = 1024
@@ -24,7 +24,7 @@ DEFAULT_BATCH_SIZE = 128  # Sentences per batch at most
 DEFAULT_CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
 
 Candidate = Hypothesis  # one hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)
-Search = Callable[[list[list[int]]], list[list[Candidate]]]  # a batch of source ids (with EOS) -> candidates per row
+BatchSearch = Callable[[list[list[int]]], list[list[Candidate]]]  # a batch of source ids (with EOS) -> candidates per row
 
 
 def one_line(text: str) -> str:
@@ -40,8 +40,8 @@ def check_search(greedy: bool, n_best: int, beam: int) -> None:
         raise ValueError(f"n_best must be between 1 and the beam size ({beam}), not {n_best}")
 
 
-def input_token_limit(max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS, max_len_offset: int = 50,
-                      positions: int | None = None) -> int:
+def input_token_limit(max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
+                      max_len_offset: int = DEFAULT_MAX_LEN_OFFSET, positions: int | None = None) -> int:
     """The most subword tokens (EOS not counted) a source line may have: `max_input_tokens`, and
     with a table of `positions` (learned positions, a CTranslate2 export) what it allows for the
     source (its EOS included) and for the longest output (source length + max_len_offset)."""
@@ -54,7 +54,7 @@ def input_token_limit(max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS, m
     return limit
 
 
-def stream_lines(search: Search, src_vocab: Vocab, lines: Iterable[str], *, limit: int, chunk_lines: int,
+def stream_lines(search: BatchSearch, src_vocab: Vocab, lines: Iterable[str], *, limit: int, chunk_lines: int,
                  batch_tokens: int, batch_size: int, workers: int = 1, source_name: str = "input",
                  warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
                  ) -> Iterator[list[Candidate]]:
@@ -109,7 +109,7 @@ def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str
 
 
 # What a forked worker runs: the search (set in the parent just before forking; inherited), and its trimmer
-_WORKER_SEARCH: Search | None = None
+_WORKER_SEARCH: BatchSearch | None = None
 _WORKER_TRIM = Trimmer(interval=1.0)
 
 
@@ -148,7 +148,7 @@ class Workers:
     them, each running `search` on whole batches; processes, since a decoding step holds Python's
     lock between products (docs/speed.md)."""
 
-    def __init__(self, search: Search, n: int, threads: int | None = None):
+    def __init__(self, search: BatchSearch, n: int, threads: int | None = None):
         if "fork" not in multiprocessing.get_all_start_methods():
             raise ValueError("workers need processes forked from this one (Linux): use one worker here")
         global _WORKER_SEARCH
