@@ -46,6 +46,10 @@ class ModelConfig:
     # |i - j| <= r (the decoder: itself and the r before it). None: full, the paper's models
     attention_window: int | None = None
     layer_norm_eps: float = 1e-6  # LayerNorm epsilon (not stated in the paper; tensor2tensor's value)
+    # The FFN's nonlinearity: 'relu', max(0, x) (eq. 2), or 'swish', x * sigmoid(x) (OPUS-MT's Marian models)
+    activation: str = "relu"
+    # A learned bias added to the logits (Marian's final_logits_bias); False: the paper's projection alone (3.4)
+    output_bias: bool = False
     pad_id: int = PAD  # the vocabulary's padding id; masks are built from it
 
     @property
@@ -63,6 +67,8 @@ class ModelConfig:
         return self.d_model // self.n_heads if self.d_v is None else self.d_v
 
     def __post_init__(self) -> None:
+        if self.activation not in ("relu", "swish"):
+            raise ValueError(f"activation must be 'relu' or 'swish', not {self.activation!r}")
         if self.positional not in ("sinusoidal", "learned"):
             raise ValueError(f"positional must be 'sinusoidal' or 'learned', not {self.positional!r}")
         if self.share_embeddings and self.src_vocab_size != self.target_vocab_size:

@@ -56,10 +56,17 @@ def greedy_decode(
     return outputs
 
 
-def length_penalty(length: Tensor | float, alpha: float) -> Tensor | float:
+LENGTH_PENALTIES = ("paper", "hf")
+"""6.1's GNMT penalty, or Hugging Face generate's |Y|^alpha (not the paper: to decode as OPUS-MT's users
+do; `beam_search` then also searches as generate does: only the k best extensions of a step may
+finish, and the EOS forced at the length limit (OPUS-MT's forced_eos_token_id) costs nothing)."""
+
+
+def length_penalty(length: Tensor | float, alpha: float, kind: str = "paper") -> Tensor | float:
     """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), the one 6.1 cites
-    (not fairseq's |Y|^alpha); |Y| counts the tokens generated including EOS, as tensor2tensor."""
-    return ((5.0 + length) / 6.0) ** alpha
+    (not fairseq's |Y|^alpha); |Y| counts the tokens generated including EOS, as tensor2tensor.
+    `kind` "hf" (not the paper): |Y|^alpha, Hugging Face generate's (|Y| counting EOS there too)."""
+    return length ** alpha if kind == "hf" else ((5.0 + length) / 6.0) ** alpha
 
 
 CPU_CHUNK_ELEMENTS = 1 << 20  # Log-probabilities ranked at a time on a CPU (4 MB of fp32: a core's L2 cache)
@@ -73,7 +80,8 @@ def search_chunk_elements(device: torch.device) -> int:
 
 def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int], eos_id: int,
                      allowed: Tensor | None = None, only_eos: Tensor | None = None, block: int = 64,
-                     chunk_elements: int | None = None, consume: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                     chunk_elements: int | None = None, consume: bool = False,
+                     forced_eos_lp: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The n best one-token extensions of each sentence's live hypotheses, by log-probability.
 
     logits (b * r, V): the next-token logits of r hypotheses for each of b sentences (consecutive
@@ -87,7 +95,8 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
     past the last full block; only those are ranked (ties may pick other tokens of equal score
     than a full `topk`). Sentences go about `chunk_elements` log-probabilities at a time (None:
     `search_chunk_elements(device)`). `consume=True`: fp32 `logits` are overwritten by their
-    log-probabilities (the same bits, no fresh buffer every step).
+    log-probabilities (the same bits, no fresh buffer every step). `forced_eos_lp`: EOS's
+    log-probability where `only_eos` is set (None: its own; 0.0: generate's forced EOS).
     """
     b, r = alive_lp.shape
     V = logits.size(-1)
@@ -98,7 +107,7 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
         parts = [_best_extensions(logits[i * r:(i + per) * r], alive_lp[i:i + per], n, banned, eos_id,
                                   None if allowed is None else allowed[i * r:(i + per) * r],
                                   None if only_eos is None else only_eos[i:i + per], block=block,
-                                  chunk_elements=chunk_elements, consume=consume)
+                                  chunk_elements=chunk_elements, consume=consume, forced_eos_lp=forced_eos_lp)
                  for i in range(0, b, per)]
         return tuple(torch.cat(p) for p in zip(*parts))
     if consume and logits.dtype == torch.float32 and logits.is_contiguous():
@@ -111,7 +120,7 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
         rows = only_eos.repeat_interleave(r)
         eos_lp = lprobs[rows, eos_id]
         lprobs[rows] = float("-inf")
-        lprobs[rows, eos_id] = eos_lp
+        lprobs[rows, eos_id] = eos_lp if forced_eos_lp is None else forced_eos_lp
     lprobs[:, banned] = float("-inf")  # PAD and BOS are never real output tokens
     nb = V // block
     if nb * r < 4 * n:  # a small vocabulary: rank every extension
@@ -162,6 +171,7 @@ def beam_search(
     eos_id: int = EOS,
     early_stop: bool = True,
     constraint=None,
+    penalty: str = "paper",
 ) -> list[list[Hypothesis]]:
     """Batched beam search (Section 6.1: beam 4, alpha 0.6, "maximum output length ... input
     length + 50, but terminate early when possible"). src (B, S) right-padded. Each sentence keeps k = `beam_size` live hypotheses and up to k
@@ -183,11 +193,14 @@ def beam_search(
     searches to the maximum length (testing that stopping early is exact). `constraint` (not in
     the paper) restricts each hypothesis's next symbols: `start(src, k)`, `allowed(state)` ->
     (b, k, V) bool, `advance(state, parent, token)`, states with `select(keep)` (e.g.
-    `transduce.parsing.constrain.TreeConstraint`).
+    `transduce.parsing.constrain.TreeConstraint`). `penalty`: `length_penalty`'s kind.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), not {n_best}")
+    if penalty not in LENGTH_PENALTIES:
+        raise ValueError(f"the length penalty must be one of {', '.join(LENGTH_PENALTIES)}, not {penalty!r}")
     beams = prefill(model, src, beam_size, max_len_offset, bos_id, eos_id, constraint)
+    beams.penalty = penalty
     for t in range(beams.max_len):  # t + 1 = tokens generated so far including this step's
         if not beam_step(model, beams, t, alpha, early_stop):
             break
@@ -213,6 +226,7 @@ class Beams:
     fin_lp: Tensor  # (B, k): their log-probabilities
     constraint: object = None  # What restricts the next symbols (see `beam_search`), or None
     cstate: object = None  # The constraint's state of each live hypothesis
+    penalty: str = "paper"  # `length_penalty`'s kind
 
     @property
     def max_len(self) -> int:
@@ -254,7 +268,9 @@ def beam_step(model, beams: Beams, t: int, alpha: float, early_stop: bool = True
     cand_lp, beam_idx, token = _extensions(model, beams, t)
     cand_seq = torch.cat([beams.alive_seq.gather(1, beam_idx[:, :, None].expand(-1, -1, t + 1)), token[:, :, None]], 2)
     is_eos = token == beams.eos_id
-    _add_finished(beams, t, alpha, cand_lp, cand_seq, is_eos)
+    # "hf" (Hugging Face generate's search): only the k best extensions may finish
+    finishing = is_eos if beams.penalty == "paper" else is_eos & (torch.arange(is_eos.size(1), device=is_eos.device) < beams.k)
+    _add_finished(beams, t, alpha, cand_lp, cand_seq, finishing)
     # Live: the k best extensions that did not end in EOS.
     live_lp = torch.where(is_eos, torch.full_like(cand_lp, float("-inf")), cand_lp)
     beams.alive_lp, live_i = live_lp.topk(beams.k, dim=-1)  # (b, k)
@@ -284,7 +300,7 @@ def _extensions(model, beams: Beams, t: int) -> tuple[Tensor, Tensor, Tensor]:
     at_max = t + 1 >= beams.max_lens[active]  # (b,): only EOS may follow
     n = min(2 * k, k * logits.size(-1))
     return _best_extensions(logits, alive_lp, n, beams.banned, beams.eos_id, allowed=allowed, only_eos=at_max,
-                            consume=True)
+                            consume=True, forced_eos_lp=None if beams.penalty == "paper" else 0.0)
 
 
 def _add_finished(beams: Beams, t: int, alpha: float, cand_lp: Tensor, cand_seq: Tensor, is_eos: Tensor) -> None:
@@ -292,7 +308,7 @@ def _add_finished(beams: Beams, t: int, alpha: float, cand_lp: Tensor, cand_seq:
     if not bool(is_eos.any()):  # none ended: nothing to merge (most steps)
         return
     active, T = beams.active, beams.max_len
-    lp_t = length_penalty(float(t + 1), alpha)
+    lp_t = length_penalty(float(t + 1), alpha, beams.penalty)
     eos_lp = torch.where(is_eos, cand_lp, torch.full_like(cand_lp, float("-inf")))
     new_seq = torch.nn.functional.pad(cand_seq, (0, T + 1 - (t + 2)), value=beams.eos_id)
     all_score = torch.cat([beams.fin_score[active], eos_lp / lp_t], 1)  # lp_t > 0: -inf stays -inf
@@ -308,7 +324,7 @@ def _drop_finished(beams: Beams, t: int, alpha: float, early_stop: bool, parent:
     """Early termination, per sentence; the sentences left keep their rows of the cache, in the
     new beam order. Returns whether any is left."""
     k, active = beams.k, beams.active
-    bound = beams.alive_lp[:, 0] / length_penalty(beams.max_lens[active].float(), alpha)
+    bound = beams.alive_lp[:, 0] / length_penalty(beams.max_lens[active].float(), alpha, beams.penalty)
     worst = beams.fin_score[active, -1]
     done = (worst > float("-inf")) & (bound < worst) & early_stop
     done |= t + 1 >= beams.max_lens[active]

@@ -43,6 +43,7 @@ class TorchSearch:
     n_best: int
     bf16: bool
     constraint: object = None
+    penalty: str = "paper"  # `decode.beam_search`'s: "hf" searches as Hugging Face generate (not the paper)
 
     def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
         model = self.model
@@ -55,7 +56,8 @@ class TorchSearch:
                 outs = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=self.max_len_offset)
                 return [[Candidate(o, math.nan, math.nan, one_line(self.tgt_vocab.decode(o)))] for o in outs]
             hyps = beam_search(model, src, beam_size=self.beam, alpha=self.alpha, max_len_offset=self.max_len_offset,
-                               n_best=self.n_best, bos_id=BOS, eos_id=EOS, constraint=self.constraint)
+                               n_best=self.n_best, bos_id=BOS, eos_id=EOS, constraint=self.constraint,
+                               penalty=self.penalty)
         for hs in hyps:
             for h in hs:
                 h.text = one_line(self.tgt_vocab.decode(h.tokens))

@@ -164,11 +164,17 @@ class MultiHeadAttention(nn.Module):
 # -- 3.3 Position-wise feed-forward networks ---------------------------------------------------
 
 
-class PositionwiseFeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (equation 2), d_model -> d_ff -> d_model."""
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu}
+"""The FFN's nonlinearity (`ModelConfig.activation`): the paper's max(0, x), or swish (OPUS-MT's)."""
 
-    def __init__(self, d_model: int, d_ff: int):
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (equation 2), d_model -> d_ff -> d_model; with
+    `activation` "swish" (not the paper), x * sigmoid(x) in place of max(0, x)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu"):
         super().__init__()
+        self.activation = activation
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         for lin in (self.w_1, self.w_2):
@@ -176,7 +182,7 @@ class PositionwiseFeedForward(nn.Module):
             nn.init.zeros_(lin.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(F.relu(self.w_1(x)))
+        return self.w_2(ACTIVATIONS[self.activation](self.w_1(x)))
 
 
 # -- 3.4 Embeddings, 3.5 Positional encoding ---------------------------------------------------
@@ -268,7 +274,7 @@ class EncoderLayer(_Sublayers):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn = _attention(c)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff, c.activation)
         self.norm1, self.norm2 = _norm(c), _norm(c)
         self.dropout = nn.Dropout(c.dropout)
         self.norm_first = c.norm_first
@@ -287,7 +293,7 @@ class DecoderLayer(_Sublayers):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn, self.cross_attn = _attention(c), _attention(c)
-        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff)
+        self.feed_forward = PositionwiseFeedForward(c.d_model, c.d_ff, c.activation)
         self.norm1, self.norm2, self.norm3 = _norm(c), _norm(c), _norm(c)
         self.dropout = nn.Dropout(c.dropout)
         self.norm_first = c.norm_first
@@ -396,12 +402,16 @@ class Transformer(nn.Module):
         else:
             self.output_proj = nn.Linear(c.d_model, c.target_vocab_size, bias=False)
             nn.init.normal_(self.output_proj.weight, mean=0.0, std=c.d_model**-0.5)
+        # Not in the paper (`ModelConfig.output_bias`): a bias on the logits, Marian's final_logits_bias
+        self.output_bias = nn.Parameter(torch.zeros(c.target_vocab_size)) if c.output_bias else None
 
     def logits(self, x: Tensor) -> Tensor:
         """The pre-softmax linear transformation (3.4): (B, T, d_model) -> (B, T, V)."""
         if self.output_proj is None:
-            return F.linear(x, self.decoder.embed.weight)  # the shared embedding matrix
-        return self.output_proj(x)
+            logits = F.linear(x, self.decoder.embed.weight)  # the shared embedding matrix
+        else:
+            logits = self.output_proj(x)
+        return logits if self.output_bias is None else logits + self.output_bias
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """Encoder output ("memory"), (B, S, d_model)."""

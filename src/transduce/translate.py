@@ -25,7 +25,7 @@ def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[
                      max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS, bf16: bool = False,
                      chunk_lines: int = DEFAULT_CHUNK_LINES, source_name: str = "input",
                      warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
-                     constraint=None, workers: int = 1) -> Iterator[list[Candidate]]:
+                     constraint=None, workers: int = 1, length_penalty: str = "paper") -> Iterator[list[Candidate]]:
     """Translate `lines` (any iterable); yield, for every line in order, its `n_best` best
     candidates (best first; one empty candidate for an empty line). Lines over the limit
     (`streaming.input_token_limit`: `max_input_tokens`, and learned positions' table) are cut and
@@ -36,7 +36,8 @@ def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[
     the same through its own layers (the scores equal but for float rounding), slower. With fp32
     weights `bf16=True` runs under bf16 autocast. `constraint` restricts the beam search (not with
     `greedy`). `workers` > 1 (CPU, Linux): batches decoded in that many forked processes
-    (`streaming.Workers`), the output unchanged.
+    (`streaming.Workers`), the output unchanged. `length_penalty` "hf" (not the paper): the beam
+    search as Hugging Face generate's (`decode.beam_search(penalty="hf")`).
     """
     if greedy and constraint is not None:
         raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
@@ -48,7 +49,7 @@ def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[
     mc = model.config
     limit = input_token_limit(max_input_tokens, max_len_offset,
                               mc.max_positions if getattr(mc, "positional", "sinusoidal") == "learned" else None)
-    search = TorchSearch(model, tgt_vocab, greedy, beam, alpha, max_len_offset, n_best, bf16, constraint)
+    search = TorchSearch(model, tgt_vocab, greedy, beam, alpha, max_len_offset, n_best, bf16, constraint, length_penalty)
     was_training = model.training
     model.eval()
     try:

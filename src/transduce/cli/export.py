@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 from pathlib import Path
 
 from ..errors import UsageError
@@ -14,7 +12,7 @@ from .options import add_model_args, epilog
 DESCRIPTION = """\
 Write MODEL (a run directory, averaged as translate loads it, or a model directory) as
 a CTranslate2 directory (ct2) or a Hugging Face MarianMT one (marian); from-marian reads
-a MarianMT directory back. Needs 'transduce[ct2]' or 'transduce[hf]'.
+a MarianMT directory back, or one of OPUS-MT's (Helsinki-NLP) as they publish them. Needs 'transduce[ct2]' or 'transduce[hf]'.
 details: docs/export.md"""
 EPILOG = epilog(
     "transduce export ct2 runs/multi30k-en-de -o m30k-ct2 --quantization int8",
@@ -114,21 +112,9 @@ def _quiet_transformers() -> None:
 
 
 def _from_marian(args: argparse.Namespace) -> int:
-    from ..checkpoint import atomic_dir, save_model
-    from ..export.marian import import_marian
+    from ..export.opus import write_model_dir
 
     _quiet_transformers()
-    model, config, sv, tv = import_marian(args.model_path)
-    with atomic_dir(args.out) as out:  # renamed into place at the end
-        save_model(model, config, out)
-        if sv is tv:
-            shutil.copy(sv.path, out / "spm.model")
-        else:
-            shutil.copy(sv.path, out / "spm.src.model")
-            shutil.copy(tv.path, out / "spm.tgt.model")
-            meta = {"format": 1, "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
-                    "vocab": {"shared": False, "files": {"src": "spm.src.model", "tgt": "spm.tgt.model"},
-                              "size": {"src": len(sv), "tgt": len(tv)}}}
-            (out / "data.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}: transduce model directory from {args.model_path}")
+    what = write_model_dir(args.model_path, args.out)
+    print(f"wrote {args.out}: transduce model directory from {args.model_path} ({what})")
     return 0

@@ -39,6 +39,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ct2-compute-type", metavar="TYPE", help="ct2: its precision (default: the exported)")
     g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), metavar="LP",
                    help="ct2: paper or ct2 (|Y|^alpha; default paper)")
+    g.add_argument("--length-penalty", choices=("paper", "hf"), metavar="LP",
+                   help="torch: paper or hf (generate's search; default paper)")
     decoding = add_decoding_args(parser, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
                                batch_size=DEFAULT_BATCH_SIZE, old_batch=("--max-tokens",))
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
@@ -60,6 +62,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--precision {args.precision} is --ct2-compute-type {compute_type}, not "
                              f"{args.ct2_compute_type}: give one of them")
         args.ct2_compute_type = compute_type
+    if args.engine == "ct2" and args.length_penalty is not None:
+        raise ValueError("--length-penalty applies to --engine torch (with ct2: --ct2-length-penalty)")
     if args.engine != "ct2":
         for flag in ("ct2_compute_type", "ct2_length_penalty"):
             if getattr(args, flag) is not None:
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
             stream = loaded.translate_stream(streams.lines(), **options, length_penalty=args.ct2_length_penalty or "paper")
         else:
             stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, streams.lines(),
-                                                **options)
+                                                **options, length_penalty=args.length_penalty or "paper")
         _write(stream, args.n_best, write, flush if streams.interactive else None)
         flush()
         streams.commit()

@@ -7,6 +7,8 @@ vocabulary of about 37000 tokens" (En-De). The special ids are the same in every
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 from pathlib import Path
@@ -98,7 +100,13 @@ def train_vocab(
 
 
 class Vocab:
-    """A trained sentencepiece model: text <-> subword ids, with the fixed special ids."""
+    """A trained sentencepiece model: text <-> subword ids, with the fixed special ids. `Vocab(path)`
+    of a file `write_marian_vocab` wrote opens a `MarianVocab` (an imported OPUS-MT model's)."""
+
+    def __new__(cls, path: str | Path | None = None):  # None: unpickling
+        if cls is Vocab and path is not None and is_marian_vocab(path):
+            return super().__new__(MarianVocab)
+        return super().__new__(cls)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -138,3 +146,116 @@ class Vocab:
 
     def __repr__(self) -> str:
         return f"Vocab({str(self.path)!r}, size={len(self)})"
+
+
+# -- Imported MarianMT (OPUS-MT) vocabularies -------------------------------------------------
+
+MARIAN_VOCAB_FORMAT = "transduce-marian-vocab"
+MARIAN_SPECIALS = ("</s>", "<unk>", "<pad>")
+"""The pieces MarianTokenizer keeps whole wherever they occur in the text, and drops when decoding."""
+
+
+def marian_order(vocab: dict[str, int], pad_id: int, eos_id: int, start_id: int) -> list[int | None]:
+    """The Marian id of each transduce id: PAD a row of its own (None) where Marian pads with its
+    decoder's start token (OPUS-MT's PAD), else Marian's PAD; UNK Marian's `<unk>`; BOS Marian's
+    start token; EOS Marian's; then every other id in Marian's order."""
+    specials = [None if pad_id == start_id else pad_id, vocab["<unk>"], start_id, eos_id]
+    return specials + sorted(set(vocab.values()) - set(specials))
+
+
+def write_marian_vocab(path: str | Path, spm_model: bytes, vocab: dict[str, int], order: list[int | None]) -> Path:
+    """One self-contained file: the sentencepiece model of one side, and MarianTokenizer's
+    vocab.json renumbered by `order` (`marian_order`). `Vocab(path)` opens it as a `MarianVocab`."""
+    index = {m: t for t, m in enumerate(order) if m is not None}
+    by_id = {i: p for p, i in vocab.items()}
+    names = list(SPECIAL_PIECES.values()) + [by_id[m] for m in order[len(SPECIAL_PIECES):]]
+    data = {"format": MARIAN_VOCAB_FORMAT, "version": 1, "pieces": names, "ids": {p: index[i] for p, i in vocab.items()},
+            "spm": base64.b64encode(spm_model).decode("ascii")}
+    Path(path).write_text(json.dumps(data, ensure_ascii=False) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def is_marian_vocab(path: str | Path) -> bool:
+    """Whether `path` is a file `write_marian_vocab` wrote (a JSON object; sentencepiece models are protobuf)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MARIAN_VOCAB_FORMAT) + 16).startswith(b'{"format": "' + MARIAN_VOCAB_FORMAT.encode())
+    except OSError:
+        return False
+
+
+class MarianVocab(Vocab):
+    """An imported MarianMT model's vocabulary for one side, in transduce's id layout: text is
+    encoded as MarianTokenizer encodes it (`</s>`, `<unk>`, `<pad>` kept whole; a leading `>>xx<<`
+    target-language token kept as one token; the rest through this side's sentencepiece model,
+    its pieces looked up in vocab.json, unknown ones UNK) and decoded as MarianTokenizer decodes
+    with `skip_special_tokens=True` (the specials and UNK dropped). `sp` is the vocabulary
+    itself, for the piece look-ups callers make on a sentencepiece processor."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            self._spm = spm.SentencePieceProcessor(model_proto=base64.b64decode(data["spm"]))
+            self.pieces, self.ids = list(data["pieces"]), dict(data["ids"])
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+            raise DataError(f"not a MarianMT vocabulary written by transduce ({type(e).__name__})", self.path) from None
+        self.sp = self
+        self._specials = {p: self.ids[p] for p in MARIAN_SPECIALS if p in self.ids}
+        self._skip = {PAD, BOS, EOS, UNK} | set(self._specials.values())
+        self._split = re.compile("(" + "|".join(map(re.escape, self._specials)) + ")" if self._specials else "(?!)")
+
+    def _chunks(self, text: str) -> list[str]:
+        """The text split around the special pieces (MarianTokenizer's added tokens), empty parts dropped."""
+        return [c for c in self._split.split(text) if c]
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[list[int]]:
+        chunks = [self._chunks(t) for t in texts]
+        plain = [c for cs in chunks for c in cs if c not in self._specials]
+        codes, rest = zip(*map(_language_code, plain)) if plain else ((), ())
+        pieces = iter(self._spm.encode(list(rest), out_type=str, num_threads=num_threads or os.cpu_count() or 1))
+        codes = iter(codes)
+        out = []
+        for cs in chunks:
+            ids: list[int] = []
+            for c in cs:
+                if c in self._specials:
+                    ids.append(self._specials[c])
+                else:
+                    ids += [self.ids.get(p, UNK) for p in next(codes) + next(pieces)]
+            out.append(ids)
+        return out
+
+    def encode(self, text: str) -> list[int]:
+        """Subword ids of one sentence, without EOS (MarianTokenizer's ids, renumbered)."""
+        return self.encode_batch([text], 1)[0]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """MarianTokenizer's `decode(ids, skip_special_tokens=True)`."""
+        pieces = [self.pieces[int(i)] for i in ids if int(i) not in self._skip]
+        return self._spm.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+    def __len__(self) -> int:
+        return len(self.pieces)
+
+    def get_piece_size(self) -> int:
+        return len(self.pieces)
+
+    def id_to_piece(self, i: int) -> str:
+        return self.pieces[int(i)]
+
+    def piece_to_id(self, piece: str) -> int:
+        return self.ids.get(piece, UNK)
+
+    def word_starts(self) -> torch.Tensor:
+        return torch.tensor([p.startswith("\u2581") for p in self.pieces])
+
+    def __repr__(self) -> str:
+        return f"MarianVocab({str(self.path)!r}, size={len(self)})"
+
+
+def _language_code(text: str) -> tuple[list[str], str]:
+    """MarianTokenizer's `remove_language_code`: ([">>xx<<"], the rest) where the text starts with one."""
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+        return [text[: end + 2]], text[end + 2:]
+    return [], text

@@ -108,8 +108,13 @@ def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pi
     if c.positional == "learned" and max_positions != c.max_positions:
         raise ValueError(f"a learned position table has {c.max_positions} rows; max_positions must be that")
     head_dim = None if c.head_dim_k * c.n_heads == c.d_model else c.head_dim_k
-    encoder = transformer_spec.TransformerEncoderSpec(c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim)
-    decoder = transformer_spec.TransformerDecoderSpec(c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim)
+    from ctranslate2.specs.common_spec import Activation
+
+    act = {"relu": Activation.RELU, "swish": Activation.SWISH}[c.activation]  # swish: OPUS-MT's (not the paper)
+    encoder = transformer_spec.TransformerEncoderSpec(c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim,
+                                                      activation=act)
+    decoder = transformer_spec.TransformerDecoderSpec(c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim,
+                                                      activation=act)
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
     _set_stack_inputs(spec.encoder, model.encoder, c, max_positions)
@@ -123,7 +128,7 @@ def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pi
         _set_cross_attention(layer_spec.attention, layer.cross_attn, layer.norm2)
         _set_ffn(layer_spec.ffn, layer.feed_forward, layer.norm3)
     out = model.decoder.embed.weight if model.output_proj is None else model.output_proj.weight
-    _set_linear(spec.decoder.projection, out, None)
+    _set_linear(spec.decoder.projection, out, model.output_bias)  # output_bias: Marian's (not the paper)
 
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     spec.config.unk_token, spec.config.bos_token = SPECIAL_PIECES["unk"], SPECIAL_PIECES["bos"]

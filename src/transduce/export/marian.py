@@ -21,7 +21,7 @@ import torch
 
 from ..checkpoint import atomic_dir
 from ..config import Config, ModelConfig
-from ..data.vocab import BOS, EOS, PAD, UNK, Vocab
+from ..data.vocab import BOS, EOS, PAD, UNK, MarianVocab, Vocab
 from ..errors import DataError
 from ..extras import require
 from ..model import Transformer
@@ -112,7 +112,8 @@ def marian_state_dict(model: Transformer, permute_hidden: bool = True) -> dict[s
     sd["model.encoder.embed_tokens.weight"] = src_embed
     sd["model.decoder.embed_tokens.weight"] = tgt_embed
     sd["lm_head.weight"] = tgt_embed if model.output_proj is None else reads(model.output_proj.weight)
-    sd["final_logits_bias"] = torch.zeros(1, c.target_vocab_size)
+    bias = model.output_bias
+    sd["final_logits_bias"] = torch.zeros(1, c.target_vocab_size) if bias is None else bias.detach().reshape(1, -1).clone()
     return sd
 
 
@@ -129,7 +130,7 @@ def marian_config(c: ModelConfig, max_positions: int = DEFAULT_MAX_POSITIONS):
         encoder_layers=c.n_layers, decoder_layers=c.n_layers,
         encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
         encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
-        activation_function="relu",
+        activation_function=c.activation,
         scale_embedding=c.scale_embeddings,
         dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=0.0,
         pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=BOS, bos_token_id=BOS,
@@ -147,6 +148,8 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
         raise FileExistsError(f"{out}: exists (use --force to replace it)")
     c = config.model
     _check_exportable(c)
+    if isinstance(src_vocab, MarianVocab) or isinstance(tgt_vocab, MarianVocab):
+        raise ValueError("an imported OPUS-MT model (its vocabulary renumbered): export the MarianMT directory it came from")
     sd = marian_state_dict(model.float(), permute_hidden)
     with atomic_dir(out) as tmp:
         hf = transformers.MarianMTModel(marian_config(c, max_positions))
@@ -173,22 +176,34 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
     return out
 
 
-def _config_from_marian(mc, train: dict | None = None) -> Config:
-    """A Config for a Marian directory without transduce.json: Hugging Face's settings."""
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}
+"""Marian's `activation_function` names transduce runs, as `ModelConfig.activation`."""
+
+
+def _config_from_marian(mc, output_bias: bool = False, extra_rows: int = 0) -> Config:
+    """A Config for a Marian directory without transduce.json: Hugging Face's settings (swish,
+    attention biases, epsilon 1e-5, the final logits bias where it is not zero); `extra_rows`:
+    vocabulary rows transduce adds (OPUS-MT's PAD, `transduce.export.opus`)."""
     if mc.encoder_layers != mc.decoder_layers or mc.encoder_ffn_dim != mc.decoder_ffn_dim \
             or mc.encoder_attention_heads != mc.decoder_attention_heads:
         raise ValueError("transduce's encoder and decoder have the same N, d_ff and h; this Marian model's differ")
-    if mc.activation_function != "relu":
-        raise ValueError(f"transduce's FFN is ReLU (eq. 2); this Marian model uses {mc.activation_function}")
-    if mc.pad_token_id != PAD or mc.eos_token_id != EOS:
+    if mc.activation_function not in ACTIVATIONS:
+        raise ValueError(f"transduce's FFN is ReLU (eq. 2) or swish; this Marian model uses {mc.activation_function}")
+    if getattr(mc, "normalize_before", False) or getattr(mc, "normalize_embedding", False) \
+            or not getattr(mc, "static_position_embeddings", True) or getattr(mc, "add_bias_logits", False):
+        raise ValueError("transduce runs Marian's post-norm models with static sinusoids (normalize_before, "
+                         "normalize_embedding, add_bias_logits false; static_position_embeddings true)")
+    if not extra_rows and (mc.pad_token_id != PAD or mc.eos_token_id != EOS):
         raise ValueError(f"transduce needs PAD {PAD} and EOS {EOS}; this Marian model has {mc.pad_token_id} and {mc.eos_token_id}")
     shared = mc.share_encoder_decoder_embeddings
-    tgt = mc.decoder_vocab_size if mc.decoder_vocab_size is not None else mc.vocab_size
-    model = ModelConfig(src_vocab_size=mc.vocab_size, tgt_vocab_size=None if shared else tgt, n_layers=mc.encoder_layers,
+    tgt = (mc.decoder_vocab_size if mc.decoder_vocab_size is not None else mc.vocab_size) + extra_rows
+    model = ModelConfig(src_vocab_size=mc.vocab_size + extra_rows, tgt_vocab_size=None if shared else tgt,
+                        n_layers=mc.encoder_layers,
                         d_model=mc.d_model, d_ff=mc.encoder_ffn_dim, n_heads=mc.encoder_attention_heads,
                         dropout=float(mc.dropout), attention_dropout=float(mc.attention_dropout), attention_bias=True,
                         share_embeddings=shared, tie_output=bool(mc.tie_word_embeddings),
-                        scale_embeddings=bool(mc.scale_embedding), layer_norm_eps=1e-5, pad_id=PAD)
+                        scale_embeddings=bool(mc.scale_embedding), layer_norm_eps=1e-5, pad_id=PAD,
+                        activation=ACTIVATIONS[mc.activation_function], output_bias=output_bias)
     return Config(model=model)
 
 
@@ -224,13 +239,18 @@ def check_marian_dir(path: Path) -> None:
                         f"{', '.join(MARIAN_FILES[1:])}) must be beside it", path)
 
 
-def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, Vocab]:
-    """A MarianMT directory (whose vocabulary follows transduce's) as a model, config and vocabularies."""
+def load_hf_marian(path: Path):
+    """The MarianMTModel of a checked MarianMT directory (eager attention), its weights read from
+    model.safetensors or, where that is absent, from pytorch_model.bin by `torch.load(weights_only=True)`
+    (tensors only: never unpickled code). Whatever transformers refuses is one line naming `path`."""
     transformers = require("transformers", "importing from Hugging Face")
-    path = Path(path)
-    check_marian_dir(path)
     try:
-        hf = transformers.MarianMTModel.from_pretrained(str(path), attn_implementation="eager")
+        if not (path / "model.safetensors").is_file() and (path / "pytorch_model.bin").is_file():
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            return transformers.MarianMTModel.from_pretrained(
+                None, config=transformers.MarianConfig.from_pretrained(str(path)), state_dict=state,
+                attn_implementation="eager")
+        return transformers.MarianMTModel.from_pretrained(str(path), attn_implementation="eager")
     except Exception as e:  # noqa: BLE001 - whatever transformers says, in one line naming the directory
         text = str(e)
         if "mismatched_sizes" in text or "size mismatch" in text:  # its message points at a report it logs
@@ -238,21 +258,11 @@ def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, 
         else:
             why = f"{type(e).__name__}: " + next((line.strip() for line in text.splitlines() if line.strip()), "")
         raise DataError(f"transformers cannot load it as a MarianMT model: {why}", path) from e
-    mc = hf.config
-    info = json.loads((path / INFO).read_text(encoding="utf-8")) if (path / INFO).is_file() else None
-    config = Config.from_dict(info["config"]) if info else _config_from_marian(mc)
-    c = config.model
-    _check_exportable(c)
-    sv = Vocab(path / "source.spm")
-    tv = Vocab(path / "target.spm")
-    _check_vocab_layout(path / "vocab.json", sv)
-    if (path / "target_vocab.json").is_file():
-        _check_vocab_layout(path / "target_vocab.json", tv)
-    elif c.share_embeddings:
-        tv = sv
-    if float(hf.final_logits_bias.abs().max()) != 0.0:
-        raise ValueError(f"{path}: final_logits_bias is not zero (transduce's output projection has no bias)")
-    permuted = info.get("hidden_permuted", True) if info else True
+
+
+def transduce_tensors(hf, c: ModelConfig, permuted: bool, path: Path) -> dict[str, torch.Tensor]:
+    """The MarianMTModel's weights under transduce's names, the hidden dimension put back in
+    transduce's order (`permuted`), vocabulary rows in Marian's order."""
     sd = {k: v.detach() for k, v in hf.state_dict().items()}
     d = c.d_model
     reads, writes = _permuters(torch.argsort(hidden_permutation(d)) if permuted else torch.arange(d))
@@ -283,7 +293,32 @@ def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, 
     tensors["decoder.embed.weight"] = reads(sd["model.decoder.embed_tokens.weight"])
     if not (c.share_embeddings or c.tie_output):
         tensors["output_proj.weight"] = reads(sd["lm_head.weight"])
+    if c.output_bias:
+        tensors["output_bias"] = sd["final_logits_bias"].reshape(-1).clone()
+    elif float(hf.final_logits_bias.abs().max()) != 0.0:
+        raise ValueError(f"{path}: final_logits_bias is not zero, but the model's config has no output_bias")
+    return tensors
 
+
+def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, Vocab]:
+    """A MarianMT directory (whose vocabulary follows transduce's) as a model, config and vocabularies."""
+    path = Path(path)
+    check_marian_dir(path)
+    hf = load_hf_marian(path)
+    mc = hf.config
+    info = json.loads((path / INFO).read_text(encoding="utf-8")) if (path / INFO).is_file() else None
+    config = Config.from_dict(info["config"]) if info else _config_from_marian(mc, float(hf.final_logits_bias.abs().max()) != 0)
+    c = config.model
+    _check_exportable(c)
+    sv = Vocab(path / "source.spm")
+    tv = Vocab(path / "target.spm")
+    _check_vocab_layout(path / "vocab.json", sv)
+    if (path / "target_vocab.json").is_file():
+        _check_vocab_layout(path / "target_vocab.json", tv)
+    elif c.share_embeddings:
+        tv = sv
+    permuted = info.get("hidden_permuted", True) if info else True
+    tensors = transduce_tensors(hf, c, permuted, path)
     model = Transformer(c)
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     if missing or unexpected:

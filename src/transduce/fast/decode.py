@@ -158,10 +158,11 @@ def restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
 
 
 def fuse_relu(model: nn.Module) -> None:
-    """Every `PositionwiseFeedForward` whose W_1 is packed (fp32/bf16) or int8 becomes a
+    """Every ReLU `PositionwiseFeedForward` whose W_1 is packed (fp32/bf16) or int8 becomes a
     `PackedFeedForward`."""
     for parent, name, child in _children(model):
-        if isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear):
+        if (isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear)
+                and child.activation == "relu"):  # swish (not the paper) stays after W_1's packed product
             setattr(parent, name, PackedFeedForward(child))
     step.refresh(model)
 

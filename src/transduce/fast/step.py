@@ -48,6 +48,8 @@ HANDLED = {
     "norm_first": "post-norm or pre-norm residuals, and the final LayerNorm",
     "layer_norm_eps": "each LayerNorm's own eps",
     "pad_id": "the source mask in the cache",
+    "activation": "ReLU inside W_1's packed product (else after it), swish after W_1, as the model's FFN",
+    "output_bias": "the model's logits bias, added after the projection, None or not",
 }
 """The `ModelConfig` fields the step computes as the model does, and how."""
 
@@ -86,9 +88,12 @@ class FastStep:
             ))
         if model.output_proj is None:  # tied to the embedding matrix, unpacked (`Transformer.logits`)
             weight = dec.embed.weight
-            self.logits = lambda x: F.linear(x, weight)
+            project = lambda x: F.linear(x, weight)  # noqa: E731
         else:
-            self.logits = self._linear(model.output_proj)
+            project = self._linear(model.output_proj)
+        bias = model.output_bias  # ModelConfig.output_bias (not in the paper)
+        self.logits = project if bias is None else (lambda x: project(x) + bias)
+        self.swish = model.config.activation == "swish"  # ModelConfig.activation (not in the paper)
         dtypes = {c.dtype for c in self.checks}
         self.dtype = dtypes.pop() if len(dtypes) == 1 else (None if not dtypes else "mixed")
         self._versions = [(c.source, c.version, c.ptr, getattr(c, "bias", None), getattr(c, "bias_version", None))
@@ -141,7 +146,8 @@ class FastStep:
             a = w_oc(concat_heads(cross_att(q, lc.cross_k, lc.cross_v, cache.src_mask), g))
             x = x + a if pre else norm(x + a, *n2)
             # the position-wise FFN (equation 2)
-            f = w_2(w_1(norm(x, *n3) if pre else x, "relu"))  # W_1's ReLU inside a packed product, else after it
+            f = norm(x, *n3) if pre else x
+            f = w_2(F.silu(w_1(f)) if self.swish else w_1(f, "relu"))  # W_1's ReLU inside a packed product, else after it
             x = x + f if pre else norm(x + f, *n3)
         cache.length += 1
         if self.final_norm is not None:
