@@ -47,12 +47,6 @@ print("compute types:", sorted(ctranslate2.get_supported_compute_types("cpu")), 
 """
 
 
-def cpu_flags() -> tuple[str, list[str]]:
-    """The CPU's model name and which of `FEATURES` it has (/proc/cpuinfo)."""
-    flags = proc_flags()
-    return cpu_name(), [f for f in FEATURES if f in flags]
-
-
 def cpu_vendor() -> str:
     """The CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD", ...; "unknown"
     where there is no such line, e.g. on ARM or off Linux): oneMKL names its ISA on Intel CPUs only."""
@@ -119,7 +113,7 @@ def describe(ct2: bool = False) -> list[str]:
     """The lines that say which machine and which kernels a table was measured on."""
     import torch
 
-    name, flags = cpu_flags()
+    name, flags = cpu_name(), [f for f in FEATURES if f in proc_flags()]
     env = [f"{k}={os.environ[k]}" for k in OVERRIDES if k in os.environ]
     lines = [f"CPU: {name} ({cpu_vendor()}); {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable",
              f"ISA features (/proc/cpuinfo): {' '.join(flags) or 'none of ' + ', '.join(FEATURES)}",

@@ -18,7 +18,6 @@ tables) and DIR/table1.png (log-log time and FLOPs against n).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import math
@@ -35,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from benchmarks.table1_report import figure, machine, markdown, summarize
+from transduce.memory import glibc, release_free_memory as trim
 from transduce.model import MultiHeadAttention
 from transduce.restricted import window_mask
 
@@ -180,16 +180,9 @@ def _status_kib(field: str) -> int:
     raise OSError(f"/proc/self/status has no {field}")
 
 
-def _libc():
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
 def fix_mmap_threshold(nbytes: int = 64 * 1024) -> bool:
     """glibc: allocations of nbytes or more mapped afresh and unmapped when freed (mallopt)."""
-    libc = _libc()
+    libc = glibc()
     return bool(libc and libc.mallopt(-3, nbytes))  # M_MMAP_THRESHOLD
 
 
@@ -197,9 +190,7 @@ def release_free_memory() -> None:
     """glibc keeps freed heap memory resident and serves later allocations from it before it maps
     any: give it back (malloc_trim), so that what a point allocates shows in the resident set."""
     gc.collect()
-    libc = _libc()
-    if libc:
-        libc.malloc_trim(0)
+    trim()
 
 
 def peak_memory(layer: nn.Module, x: Tensor) -> int:

@@ -1,18 +1,11 @@
-"""Equation 1 (3.2.1), Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, in one place: the form
-the paper writes and the faster forms of the same equation beside it, each tested against it
-(tests/test_attention.py).
-
-* `attention_reference`: written out as the paper writes it; the only form that returns the weights.
-* `F.scaled_dot_product_attention` (SDPA): PyTorch's kernels, what a model computes by default.
-* `decode_attention` and `product_attention`: a CPU decoding step's few queries over the cache.
-* `autocast_attention`: training under bf16 autocast on the CPU, the scores in fp32.
-
-The hook: `model.MultiHeadAttention.step_attention` (a decoding step's queries) and
-`.sequence_attention` (all others) name the form a layer uses, None for SDPA; `transduce.fast` and
-`transduce.ready` set them. Shapes: q (B, h, Tq, d_k), k (B, h, Tk, d_k), v (B, h, Tk, d_v); masks
-boolean, True = may attend, broadcastable to (B, h, Tq, Tk). Where a sentence's beams share one
-row of keys (encoder-decoder attention in beam search), `fold_beams` makes them one row's queries
-and `concat_heads` unfolds them as it concatenates the heads.
+"""Equation 1 (3.2.1), Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, in one place: as the
+paper writes it (`attention_reference`, the only form that returns the weights) and, beside it,
+faster forms of the same equation, each tested against it (tests/test_attention.py): PyTorch's
+SDPA (a model's default), `decode_attention` (a CPU decoding step's few queries) and
+`autocast_attention` (bf16 training on the CPU). `MultiHeadAttention.step_attention` /
+`sequence_attention` is the hook that names a layer's form (None: SDPA). Shapes: q (B, h, Tq, d_k),
+k (B, h, Tk, d_k), v (B, h, Tk, d_v); masks boolean, True = may attend. A sentence's beams that
+share one row of keys are folded into that row's queries (`fold_beams`, undone by `concat_heads`).
 """
 
 from __future__ import annotations
@@ -27,9 +20,7 @@ from torch import Tensor
 def attention_reference(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
-    """Scaled dot-product attention, equation 1, written out: softmax(Q K^T / sqrt(d_k)) V.
-    Returns the output (B, h, Tq, d_v) and the weights (B, h, Tq, Tk) before dropout. The slow
-    path: used when weights are asked for."""
+    """Equation 1 written out: the output (B, h, Tq, d_v) and the weights (B, h, Tq, Tk) before dropout."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -39,19 +30,16 @@ def attention_reference(
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
-    """Equation 1 for the few queries of one CPU decoding step: `product_attention`, except one
-    query per row with no mask (self-attention over the cache) on one thread, where PyTorch's
-    fused kernel is the faster (docs/speed.md, "One query on one thread")."""
+    """A CPU decoding step's few queries: `product_attention`, or PyTorch's fused kernel for one
+    unmasked query per row on one thread, where it is the faster (docs/speed.md)."""
     if q.size(2) == 1 and mask is None and torch.get_num_threads() == 1:
         return F.scaled_dot_product_attention(q, k, v)
     return product_attention(q, k, v, mask, keys_first)
 
 
 def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
-    """Equation 1 written as plain matrix products: softmax(Q K^T / sqrt(d_k)) V, the scaling and
-    softmax in fp32, no dropout. With `keys_first` (where oneDNN runs AMX: `fast.cpu.amx_products`)
-    one bf16 query's scores are K q^T, the same row in memory, which reads the keys in their stored
-    layout (docs/speed.md)."""
+    """Plain matrix products, the scaling and softmax in fp32, no dropout. `keys_first` (where oneDNN
+    runs AMX): one bf16 query's scores as K q^T, which reads the keys as stored (docs/speed.md)."""
     B, h, Tq, d = q.shape
     Tk = k.size(2)
     # 3-d batched products over B*h: a view for the cache's buffers, where a 4-d matmul copies them
@@ -69,11 +57,9 @@ def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
 
 def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                        dropout_p: float = 0.0) -> Tensor:
-    """Equation 1 for training under bf16 autocast on the CPU: Q K^T, the scaling, mask and
-    softmax in fp32 (the scores SDPA's math kernel computes), then the weights rounded to V's dtype
-    for the second product, in bf16 like every other product under autocast. Arguments as SDPA's.
-    Why: on the CPU SDPA's flash kernel's bf16 backward is slow and its math kernel computes both
-    products in fp32 (docs/speed.md, "CPU training")."""
+    """Training under bf16 autocast on the CPU: the scores in fp32 (as SDPA's math kernel), the
+    second product in bf16; SDPA's arguments. On the CPU SDPA's flash kernel's bf16 backward is
+    slow and its math kernel runs both products in fp32 (docs/speed.md, "CPU training")."""
     # fp32 copies laid out (B, h, T, d) contiguously: q and k come as views of (B, T, h, d), and a
     # copy that kept their strides would be copied again inside the batched product
     q32, k32 = (x.to(torch.float32, memory_format=torch.contiguous_format) for x in (q, k))
@@ -88,8 +74,7 @@ def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
 
 
 def fold_beams(q: Tensor, group: int) -> Tensor:
-    """(R, h, n, d) -> (R / group, h, group * n, d): each `group` rows of queries that share one
-    row of keys (a sentence's beams) become that row's queries; the keys are never repeated."""
+    """(R, h, n, d) -> (R / group, h, group * n, d): `group` rows sharing one row of keys as its queries."""
     if group == 1:
         return q
     R, h, n, d = q.shape
@@ -105,8 +90,7 @@ def unfold_beams(x: Tensor, group: int) -> Tensor:
 
 
 def concat_heads(out: Tensor, group: int = 1) -> Tensor:
-    """Concat(head_1, ..., head_h) (3.2.2) of a folded result: (R / group, h, group * n, d_v) ->
-    (R, n, h * d_v), `fold_beams` undone in the same copy."""
+    """Concat(head_1, ..., head_h) (3.2.2), `fold_beams` undone in the same copy: -> (R, n, h * d_v)."""
     rows, h, gn, d = out.shape
     if group == 1:
         return out.transpose(1, 2).reshape(rows, gn, h * d)

@@ -24,12 +24,9 @@ _TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}  # `widen_ker
 
 
 def widen_kernel_cache() -> None:
-    """oneDNN compiles a kernel per product shape and keeps 1024; CPU training's batches give more
-    shapes, and recompiling them cost a good part of its time (docs/speed.md). A larger cache,
-    unless the user set one; read at oneDNN's first product, so called before any
-    (`transduce.train.step.prepare_for_training`)."""
-    for name, value in _TRANSDUCE_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+    """Training's many batch shapes: oneDNN's kernel cache at 16,384, not 1,024, unless the user set
+    it (docs/speed.md); read at the first product, so `train.step.prepare_for_training` calls it first."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", _TRANSDUCE_DEFAULTS["ONEDNN_PRIMITIVE_CACHE_CAPACITY"])
 
 
 def kernel_cache_size() -> int:
@@ -58,7 +55,8 @@ def bound_kernel_caches(n: int | None = None) -> dict[str, str]:
 
 
 @functools.cache
-def _libc():
+def glibc():
+    """glibc, as ctypes loads it (None elsewhere: musl, macOS)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.malloc_trim  # noqa: B018 - glibc's; absent from musl and macOS
@@ -69,7 +67,7 @@ def _libc():
 
 def release_free_memory() -> bool:
     """Give malloc's free pages back to the system (glibc's `malloc_trim(0)`); False without it."""
-    libc = _libc()
+    libc = glibc()
     if libc is None:
         return False
     libc.malloc_trim(0)
@@ -85,7 +83,7 @@ def malloc_stats() -> dict[str, int] | None:
     """glibc's view of the heap, in bytes (`mallinfo2`, every arena): "in_use" (allocated and
     not freed, mapped blocks included), "free" (held by malloc, not in use: what
     `release_free_memory` may return). None without glibc 2.33 or later."""
-    libc = _libc()
+    libc = glibc()
     if libc is None or not hasattr(libc, "mallinfo2"):
         return None
     libc.mallinfo2.restype = _MallInfo2

@@ -22,9 +22,7 @@ from . import cpu, ops, step
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """`attention.decode_attention` (equation 1 for a CPU decoding step's few queries) with one
-    bf16 query's scores laid out for this CPU: K q^T where oneDNN runs AMX (`cpu.amx_products`:
-    not the CPU's flag alone, which a CPU held to AVX2 still reports)."""
+    """`attention.decode_attention`, the scores as K q^T where oneDNN runs AMX (`cpu.amx_products`)."""
     return attention.decode_attention(q, k, v, mask, _keys_first())
 
 

@@ -43,18 +43,15 @@ def bf16_packing() -> bool:
 
 def cpu_features() -> set[str]:
     """The CPU's AMX, bf16 and VNNI flags as PyTorch reports them (where /proc/cpuinfo is not)."""
-    cpu = torch.cpu
-    return {f for f, test in (("amx_bf16", "_is_amx_tile_supported"), ("amx_int8", "_is_amx_tile_supported"),
-                              ("avx512_bf16", "_is_avx512_bf16_supported"), ("avx512_vnni", "_is_vnni_supported"))
-            if getattr(cpu, test, lambda: False)()}
+    tests = {"amx_bf16": "_is_amx_tile_supported", "amx_int8": "_is_amx_tile_supported",
+             "avx512_bf16": "_is_avx512_bf16_supported", "avx512_vnni": "_is_vnni_supported"}
+    return {f for f, test in tests.items() if getattr(torch.cpu, test, lambda: False)()}
 
 
 def log_softmax_backward(g: Tensor, z: Tensor, dim: int, dtype: torch.dtype) -> Tensor:
-    """The gradient through z = log_softmax(x) given g = dL/dz: g - exp(z) * sum(g), by PyTorch's
-    own kernel where this torch has it (one pass), else written out."""
-    backward = getattr(torch, "_log_softmax_backward_data", None)
-    if backward is not None:
-        return backward(g, z, dim, dtype)
+    """dL/dx through z = log_softmax(x) given g = dL/dz: PyTorch's kernel, else g - exp(z) sum(g)."""
+    if hasattr(torch, "_log_softmax_backward_data"):
+        return torch._log_softmax_backward_data(g, z, dim, dtype)
     return (g - z.exp() * g.sum(dim, keepdim=True)).to(dtype)
 
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import autocast_attention
+from ..memory import glibc
 from ..model import MultiHeadAttention
 
 
@@ -65,16 +66,8 @@ def keep_freed_memory() -> bool:
     same large tensors every step, and each first touch of a fresh page is a page fault
     (docs/speed.md, "CPU threads and workers"). The process keeps its peak memory, which the next
     step needs again anyway. Returns whether it took (elsewhere nothing changes)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
-    return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 2**31 - 1))
+    libc, m_trim_threshold, m_mmap_max = glibc(), -1, -4  # malloc.h
+    return libc is not None and bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
 
 def fast_dropout(model: nn.Module) -> int:
