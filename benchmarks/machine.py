@@ -28,8 +28,7 @@ OVERRIDES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "C
              "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 """Environment variables that change which kernels run."""
 
-_ONEDNN_PROBE = ("import torch; w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(4, 4)); "
-                 "torch.ops.mkldnn._linear_pointwise(torch.ones(2, 4), w, None, 'none', [], '')")
+_ONEDNN_PROBE = "import torch; from transduce.fast import ops; ops.linear(torch.ones(2, 4), ops.pack(torch.ones(4, 4)), None)"
 
 _CT2_PROBE = """
 import torch
