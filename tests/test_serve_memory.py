@@ -28,7 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHAPES = """
 import os, sys, torch
-import transduce.serve  # bounds the caches, as `transduce serve` does, before the first product
+from transduce.serve.app import create_app
+create_app(lambda: None)  # bounds the caches, as `transduce serve` does, before the first product
 from transduce.fast.decode import PackedWeight, can_pack
 from transduce.memory import malloc_stats
 if not can_pack(torch.float32, "cpu"):
@@ -65,8 +66,9 @@ def test_kernel_caches_are_bounded_so_new_shapes_do_not_grow_the_heap():
     assert unbounded > 40 and bounded < 20 and bounded < unbounded / 4, (bounded, unbounded)
 
 
-def test_importing_serve_sets_the_bound_and_keeps_the_users_own():
-    code = "import os, transduce.serve; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+def test_building_the_app_sets_the_bound_and_keeps_the_users_own():
+    code = ("import os; from transduce.serve.app import create_app; create_app(lambda: None); "
+            "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])")
     base = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY",
                                                               "TRANSDUCE_KERNEL_CACHE")}
     run = lambda **env: subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": SRC, **env},  # noqa: E731

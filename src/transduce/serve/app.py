@@ -23,7 +23,7 @@ from .batcher import Batcher, ShuttingDown
 from .common import (LIMIT_OF_FIELD, Limits, check_sentences, error, is_json, number, request_model, run_job,
                      unavailable)
 from .engines import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
-from ..memory import Trimmer, memory_info
+from ..memory import Trimmer, bound_kernel_caches, memory_info
 
 log = logging.getLogger("transduce.serve")
 
@@ -208,13 +208,15 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     `.state` (its "batcher", its "loader" thread), `.metrics`, `.begin_drain(grace)` (what a
     shutdown calls) and `.end_grace(forced=True)`. `engine`: an Engine, or a function that loads
     one on a thread at startup (/health says `loading` until then, and a failure, which
-    `on_load_error(exception)` is told of). `api_key`: required on /translate and /attention."""
+    `on_load_error(exception)` is told of). `api_key`: required on /translate and /attention.
+    oneDNN's kernel caches are bounded first (`memory.bound_kernel_caches`), before the first product."""
     from fastapi import FastAPI, Request
 
     from .demo import add_demo_routes
     from .libre import Dispatch, add_libre_routes
     from .ops import Metrics, RequestLog, api_key_dependency
 
+    bound_kernel_caches()
     limits = limits or Limits()
     defaults = defaults or Search()
     TranslateRequest = request_schema(limits, defaults)
