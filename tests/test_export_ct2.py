@@ -295,3 +295,5 @@ def test_int8_export_notes_a_cpu_without_vnni(tmp_path, capsys, monkeypatch):
         out = tmp_path / f"ct2-{held}-{quantization}"
         assert main(["export", "ct2", str(model_dir), "-o", str(out), "--quantization", quantization]) == 0
         assert ("no VNNI" in capsys.readouterr().out) is noted, (held, quantization)
+        # `translate --engine ct2` says it too, in its precision line
+        assert ("no VNNI" in load_ct2(out).precision.line()) is noted, (held, quantization)

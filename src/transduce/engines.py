@@ -80,7 +80,11 @@ class CT2Model:
     @property
     def precision(self) -> "_Precision":
         """What `transduce translate` prints about the precision (as `transduce.precision.Choice`)."""
-        return _Precision(f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})")
+        from .fast.cpu import has_vnni
+
+        saturates = self.compute_type.startswith("int8") and not has_vnni()  # docs/export.md, "int8 without VNNI"
+        return _Precision(f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})"
+                          + ("; no VNNI on this CPU: int8 scores move, a trained model's BLEU holds" if saturates else ""))
 
     def translate_stream(self, lines: Iterable[str], *, beam: int = DEFAULT_BEAM, alpha: float = DEFAULT_ALPHA,
                          max_len_offset: int = DEFAULT_MAX_LEN_OFFSET, n_best: int = 1, greedy: bool = False,
