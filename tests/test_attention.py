@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from transduce.attention import (attention_reference, autocast_attention, concat_heads, decode_attention, fold_beams,
-                                 product_attention, unfold_beams)
-from transduce.model import causal_mask, padding_mask
+                                 product_attention)
+from transduce.model import MultiHeadAttention, causal_mask, padding_mask
 
 
 def _qkv(B=3, h=4, Tq=5, Tk=7, dk=8, dv=6, seed=0):
@@ -62,7 +62,10 @@ def test_folded_beams_attend_as_copied_keys_would(group):
     out, weights = attention_reference(fold_beams(q, group), k, v)
     copied = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
     want_out, want_weights = attention_reference(q, *copied)
-    torch.testing.assert_close(unfold_beams(out, group), want_out, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(unfold_beams(weights, group), want_weights, rtol=1e-5, atol=1e-6)
+    # the model's attention, the path that returns the weights: each beam's own, in its own row
+    mha = MultiHeadAttention(16, 4, 8, 6).eval()
+    got_out, got_weights = mha.attend(q, k, v, None, need_weights=True)
+    torch.testing.assert_close(got_weights, want_weights, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_out, mha.attend(q, *copied, None, need_weights=True)[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(concat_heads(out, group), want_out.transpose(1, 2).reshape(2 * group, 1, -1),
                                rtol=1e-5, atol=1e-6)

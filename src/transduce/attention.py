@@ -1,12 +1,7 @@
 """Equation 1 (3.2.1), Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, in one place: as the
-paper writes it (`attention_reference`, the only form that returns the weights) and, beside it,
-faster forms of the same equation, each tested against it (tests/test_attention.py): PyTorch's
-SDPA (a model's default), `decode_attention` (a CPU decoding step's few queries) and
-`autocast_attention` (bf16 training on the CPU). `MultiHeadAttention.step_attention` /
-`sequence_attention` is the hook that names a layer's form (None: SDPA). Shapes: q (B, h, Tq, d_k),
-k (B, h, Tk, d_k), v (B, h, Tk, d_v); masks boolean, True = may attend. A sentence's beams that
-share one row of keys are folded into that row's queries (`fold_beams`, undone by `concat_heads`).
-"""
+paper writes it (`attention_reference`) and its faster forms, each tested against it (the forms
+and the hook that picks one: docs/architecture.md). Shapes: q (B, h, Tq, d_k), k (B, h, Tk, d_k),
+v (B, h, Tk, d_v); masks boolean, True = may attend."""
 
 from __future__ import annotations
 
@@ -79,14 +74,6 @@ def fold_beams(q: Tensor, group: int) -> Tensor:
         return q
     R, h, n, d = q.shape
     return q.view(R // group, group, h, n, d).transpose(1, 2).reshape(R // group, h, group * n, d)
-
-
-def unfold_beams(x: Tensor, group: int) -> Tensor:
-    """`fold_beams` undone on a result: (R / group, h, group * n, e) -> (R, h, n, e)."""
-    if group == 1:
-        return x
-    rows, h, gn, e = x.shape
-    return x.view(rows, h, group, gn // group, e).transpose(1, 2).reshape(rows * group, h, gn // group, e)
 
 
 def concat_heads(out: Tensor, group: int = 1) -> Tensor:

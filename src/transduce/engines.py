@@ -1,8 +1,5 @@
-"""The decoding engines: what searches a batch of source ids (with EOS) for its candidates, each
-run by `transduce.streaming.stream_lines` with the same input handling. `TorchSearch`: transduce's
-own (`decode.greedy_decode`, `decode.beam_search`, Section 6.1) on a model `transduce.ready` made
-ready; `CT2Model`: a CTranslate2 export (`transduce.export.ct2`) loaded (`load_ct2`), its search
-ranked by 6.1's length penalty by default (`--engine ct2`; docs/export.md)."""
+"""The decoding engines (Section 6.1): what searches a batch of source ids (with EOS) for its
+candidates, each run by `transduce.streaming.stream_lines`: `TorchSearch`, `CT2Search`."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attention_reference, concat_heads, fold_beams, unfold_beams
+from .attention import attention_reference, concat_heads, fold_beams
 from .cache import DecoderCache, LayerCache
 from .config import ModelConfig
 from .restricted import within_window
@@ -143,7 +143,8 @@ class MultiHeadAttention(nn.Module):
         p = self.attention_dropout if self.training else 0.0
         if need_weights:
             out, weights = attention_reference(q, k, v, mask, p)
-            weights = unfold_beams(weights, group)
+            if group > 1:  # the beams unfolded as `concat_heads` unfolds them: (R, h, n, Tk)
+                weights = concat_heads(weights, group).unflatten(-1, (weights.size(1), -1)).transpose(1, 2).contiguous()
         elif incremental and self.step_attention is not None:
             out, weights = self.step_attention(q, k, v, mask), None
         else:

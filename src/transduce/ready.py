@@ -1,11 +1,6 @@
-"""Loading a model to decode, and making it ready: the one way `translate`, `evaluate`, `parse`,
-`serve`, `attention`, `experiment`, `synthetic` and the benchmarks get a model to decode with.
-
-`load_translation_model` loads what a MODEL argument names (a run directory, by default the
-average of its last checkpoints, or a model directory) with the vocabulary found beside it;
-`make_ready` casts or quantizes it, packs its weights and installs the flat decoding step, once;
-`load_for_decoding` does both, with the precision and the CPU workers chosen.
-"""
+"""Loading a model to decode (`load_translation_model`), and making it ready (`make_ready`), or both
+(`load_for_decoding`): the one way `translate`, `evaluate`, `parse`, `serve`, `attention`,
+`experiment`, `synthetic` and the benchmarks get a model to decode with."""
 
 from __future__ import annotations
 
@@ -31,12 +26,10 @@ from .streaming import choose_workers
 
 
 def make_ready(model: nn.Module, choice: Choice | None = None, *, pack: bool = True) -> Callable[[], None]:
-    """Make `model` ready to decode: its weights in the precision `choice` says (None: as they are):
-    bf16 (faster than autocast), or int8 products over weights in `choice.base`; then on the CPU
-    every attention layer's decoding steps through `fast.decode.decode_attention` and, with `pack`,
-    the weights left in the float type pre-packed for oneDNN (`fast.decode.pack_weights`); on every
-    device the decoding step as one function (`fast.step.FastStep`). What is set already is kept.
-    Returns the function that undoes the speed-ups it set (not the cast or quantization)."""
+    """Make `model` ready to decode: cast to bf16 (faster than autocast) or quantized to int8 as
+    `choice` says (None: as it is); on the CPU `fast.decode.decode_attention` for decoding steps
+    and, with `pack`, the weights packed; everywhere `fast.step.FastStep`. What is set already is
+    kept. Returns what undoes the speed-ups (not the cast or quantization)."""
     if choice is not None and (choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")):
         model.to(torch.bfloat16)
     if choice is not None and choice.precision == "int8":
@@ -80,11 +73,10 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
                       average: int | None = None, vocab: str | os.PathLike | None = None,
                       src_vocab: str | os.PathLike | None = None, tgt_vocab: str | os.PathLike | None = None,
                       ) -> LoadedModel:
-    """The model a MODEL argument names (`load_translation_model`) on `device`, with `threads` CPU
-    threads where given, made ready (`make_ready`) in `precision` (the choice in `.precision`),
-    and with `workers` (a number or "auto") the CPU decoding processes (`.workers`, why in
-    `.workers_line`). Raises FileNotFoundError, ValueError or DataError. oneDNN's kernel caches
-    are bounded first (`bound_kernel_caches`), before the process's first product."""
+    """`load_translation_model` on `device` (`threads` CPU threads where given), `make_ready` in
+    `precision`, the CPU decoding processes chosen from `workers` (a number or "auto"); oneDNN's
+    kernel caches bounded first, before the first product. Raises FileNotFoundError, ValueError or
+    DataError."""
     bound_kernel_caches()
     if threads:
         torch.set_num_threads(threads)

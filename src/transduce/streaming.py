@@ -1,7 +1,5 @@
-"""Streaming text through a search, whatever the engine (transduce's or CTranslate2's,
-`transduce.engines`): lines read a chunk at a time, cut to the input limit, batched by length
-(`data.batching.batch_for_decoding`), searched (here, or in forked CPU `Workers`), the candidates
-yielded line for line in input order, so memory does not grow with the input (Section 6.1)."""
+"""Streaming text through a search, whatever the engine (`transduce.engines`): `stream_lines`, so
+memory does not grow with the input (Section 6.1), and the CPU workers it can search in."""
 
 from __future__ import annotations
 
@@ -64,33 +62,29 @@ def stream_lines(search: BatchSearch, src_vocab: Vocab, lines: Iterable[str], *,
     input order (an empty line's at once: one empty candidate); `advance(n)` is called as lines
     are done."""
     pool = Workers(search, workers) if workers > 1 else None
+    map_batches = pool.map if pool is not None else lambda batches: map(search, batches)
+    it = iter(lines)
+    first_line = 1
     try:
-        yield from _stream(pool.map if pool is not None else lambda batches: map(search, batches), src_vocab, lines,
-                           limit, chunk_lines, batch_tokens, batch_size, source_name, warn, advance)
+        while chunk := list(islice(it, chunk_lines)):
+            ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
+            results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
+            work = [i for i, toks in enumerate(ids) if toks]
+            if advance is not None and len(work) < len(ids):
+                advance(len(ids) - len(work))
+            batches = [[work[j] for j in batch.tolist()] for batch in
+                       batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)]
+            sources = ([ids[i] for i in rows] for rows in batches)
+            for rows, cands in zip(batches, map_batches(sources)):
+                for i, c in zip(rows, cands):
+                    results[i] = c
+                if advance is not None:
+                    advance(len(rows))
+            yield from results  # every line has its candidates by now
+            first_line += len(chunk)
     finally:
         if pool is not None:
             pool.close()
-
-
-def _stream(map_batches, src_vocab, lines, limit, chunk_lines, batch_tokens, batch_size, source_name, warn, advance):
-    it = iter(lines)
-    first_line = 1
-    while chunk := list(islice(it, chunk_lines)):
-        ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
-        results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
-        work = [i for i, toks in enumerate(ids) if toks]
-        if advance is not None and len(work) < len(ids):
-            advance(len(ids) - len(work))
-        batches = [[work[j] for j in batch.tolist()] for batch in
-                   batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)]
-        sources = ([ids[i] for i in rows] for rows in batches)
-        for rows, cands in zip(batches, map_batches(sources)):
-            for i, c in zip(rows, cands):
-                results[i] = c
-            if advance is not None:
-                advance(len(rows))
-        yield from results  # every line has its candidates by now
-        first_line += len(chunk)
 
 
 def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str, first_line: int,

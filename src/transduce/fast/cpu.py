@@ -69,11 +69,6 @@ def has_vnni() -> bool:
     return bool(cpu_flags() & VNNI)
 
 
-def bf16_products() -> bool:
-    """Whether oneDNN computes bf16 products on this CPU (what bf16 packing needs)."""
-    return ops.has("packed") and ops.bf16_packing()
-
-
 @functools.cache
 def int8_saturates() -> bool:
     """Whether oneDNN's int8 products add u8 x s8 pairs in int16 with saturation here (no VNNI or

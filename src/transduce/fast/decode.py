@@ -1,11 +1,6 @@
-"""Speed-ups for decoding, applied to a built `transduce.model.Transformer` from the outside: the
-same products and the same equation 1 as the paper's, with less overhead (docs/speed.md).
-
-`pack_weights(model)` replaces every linear layer (the tied pre-softmax projection included) by a
-`PackedLinear`: the same parameters, plus a copy of each weight in oneDNN's blocked layout, so that
-no product re-lays out its weight at every call; `state_dict` is unchanged, and an optimizer step
-or `load_state_dict` retires the stale copies. `decode_attention` is equation 1 for a CPU
-decoding step's few queries. `transduce.ready.make_ready` applies them to a model.
+"""Speed-ups for decoding, applied to a built `transduce.model.Transformer` from the outside by
+`transduce.ready.make_ready`: the same products and the same equation 1 as the paper's, with less
+overhead (docs/speed.md): the weights pre-packed for oneDNN (`pack_weights`), `decode_attention`.
 """
 
 from __future__ import annotations
@@ -37,7 +32,7 @@ def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
     if not ops.has("packed"):
         ops.warn_missing("packed")
         return False
-    return dtype == torch.float32 or cpu.bf16_products()
+    return dtype == torch.float32 or ops.bf16_packing()
 
 
 class PackedWeight:
@@ -58,8 +53,7 @@ class PackedWeight:
                 and not torch.is_autocast_enabled("cpu"))
 
     def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
-        """x W^T + b; `activation` "relu": max(0, x W^T + b), applied by oneDNN as it writes the
-        product (bit for bit the same as a separate ReLU)."""
+        """x W^T + b, and `activation` (`ops.linear`): bit for bit the same as a separate ReLU."""
         return ops.linear(x, self.weight, bias, activation)
 
 
@@ -128,9 +122,8 @@ def is_packed(model: nn.Module) -> bool:
 
 
 def replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = True, **options) -> int:
-    """Replace every `nn.Linear` of `model` (the layers not replaced already) by a `cls` (made with
-    `options`), and with `output` the tied pre-softmax projection too. Returns how many were
-    replaced."""
+    """Replace every `nn.Linear` of `model` (not replaced already) by a `cls` (made with `options`),
+    with `output` the tied pre-softmax projection too. Returns how many were replaced."""
     n = 0
     for parent, name, layer in _children(model):
         if isinstance(layer, nn.Linear):
@@ -156,8 +149,7 @@ def restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
 
 
 def fuse_relu(model: nn.Module) -> None:
-    """Every ReLU `PositionwiseFeedForward` whose W_1 is packed (fp32/bf16) or int8 becomes a
-    `PackedFeedForward`."""
+    """Every ReLU `PositionwiseFeedForward` whose W_1 is packed (or int8) becomes a `PackedFeedForward`."""
     for parent, name, child in _children(model):
         if (isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear)
                 and child.activation == "relu"):  # swish (not the paper) stays after W_1's packed product
@@ -169,7 +161,7 @@ def pack_weights(model: nn.Module) -> bool:
     """Replace every linear layer of `model` not replaced already (e.g. by `int8.quantize_int8`), and
     its tied pre-softmax projection, by a `PackedLinear`, after loading and casting the weights.
     Returns False, changing nothing, where it does not apply (`can_pack`) or nothing is left to
-    pack. Costs one more copy of the weights; `unpack_weights` frees it."""
+    pack. Costs one more copy of the weights (`state_dict` unchanged); `unpack_weights` frees it."""
     p = next(model.parameters())
     if not can_pack(p.dtype, p.device):
         return False

@@ -1,8 +1,5 @@
-"""int8 decoding on the CPU (`--precision int8`), applied to a built `transduce.model.Transformer`
-from the outside through the packed layers of `transduce.fast.decode`: each weight quantized per
-output channel, the activations per tensor at every call, the products in oneDNN's int8 linear.
-Not in the paper, and not exact (docs/speed.md, "int8 decoding"; docs/RESULTS.md, "int8 quality").
-"""
+"""int8 decoding on the CPU (`--precision int8`, `quantize_int8`), through the packed layers of
+`transduce.fast.decode`. Not in the paper, and not exact (docs/speed.md, "int8 decoding")."""
 
 from __future__ import annotations
 

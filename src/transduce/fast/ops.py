@@ -1,10 +1,7 @@
-"""The private PyTorch functions transduce calls, in one place: oneDNN's packed products
-(`torch.ops.mkldnn._linear_pointwise`, `_reorder_linear_weight`), int8 linear
-(`torch.ops.onednn.qlinear_prepack`, `qlinear_pointwise`), the CPU features PyTorch reports
-(`fast.cpu` asks) and log-softmax's backward (the training loss). Not public API: `has` says
-whether this torch build has the operators; where one is missing the callers take the public path
-(`F.linear`; int8 refuses in one line), and `warn_missing` says so once per process.
-"""
+"""The private PyTorch functions transduce calls, in one place: oneDNN's packed and int8 products,
+the CPU features PyTorch reports, log-softmax's backward. Not public API: `has` says whether this
+torch build has the operators; where one is missing the callers take the public path (`F.linear`;
+int8 refuses in one line), and `warn_missing` says so once per process."""
 
 from __future__ import annotations
 
@@ -61,8 +58,7 @@ def pack(w: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, packed: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
-    """x W^T + b with W packed by `pack`; `activation` "relu": max(0, .), applied by oneDNN as it
-    writes the product."""
+    """x W^T + b with W packed by `pack`; `activation` "relu": max(0, .), applied as oneDNN writes."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, activation, [], "")
 
 

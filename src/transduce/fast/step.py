@@ -1,18 +1,9 @@
 """One decoding step without the module layers around it: `Transformer.decode_step` for one new
 position per row (3.1's auto-regressive decoder, then 3.4's pre-softmax projection), as one flat
-function. Not in the paper, and not a different computation.
-
-The Python around a step's few hundred small operations costs a good part of a small model's
-step (docs/speed.md). `FastStep` runs the same operations in the same order on the same weights,
-so its logits are bit for bit the model's, with the checks made once per step, not per product.
-
-Every field of `ModelConfig` is either in `HANDLED` (what the step does with it) or in `FALLBACK`
-(the options that change the step, with the value under which the step still covers them); a
-model with any other value, or a field in neither table, decodes through the model's own
-`decode_step`, as do several positions at once, training mode, autograd, autocast, a packed
-weight gone stale and a dtype the packed weights are not in. `ready.make_ready(model)` sets it as the
-instance's `decode_step` (so decoding, `translate`, `serve` and `parse` pick it up unchanged);
-`transduce.model` knows nothing of it.
+function, the same operations in the same order on the same weights (its logits bit for bit the
+model's), with the checks made once per step, not per product: the Python around a step's few
+hundred small operations costs a good part of a small model's step (docs/speed.md). Not in the
+paper, and not a different computation; what it covers: `HANDLED`, `FALLBACK`, `FastStep.usable`.
 """
 
 from __future__ import annotations
@@ -66,9 +57,8 @@ def covers(config: ModelConfig) -> bool:
 
 
 class FastStep:
-    """`model.decode_step` as one function (see the module's doc). Build it after the weights are
-    packed or quantized (`ready.make_ready` does); it then checks, once per step, that what it was
-    built on still holds, and otherwise calls the model's own step."""
+    """`model.decode_step` as one function, set on the instance by `install` (`ready.make_ready`),
+    after the weights are packed or quantized; where it is not `usable`, the model's own step runs."""
 
     def __init__(self, model: Transformer):
         self.model = model
@@ -100,9 +90,8 @@ class FastStep:
                           for c in self.checks]
 
     def _linear(self, layer, rows: slice | None = None):
-        """fn(x, activation) = x W[rows]^T + b[rows], the operation `layer` itself runs for input in
-        its packed copies' dtype (`decode.PackedLinear.forward`); the packed copy it relies on (none
-        for a plain `nn.Linear`) joins `checks`."""
+        """fn(x, activation) = x W[rows]^T + b[rows], as `layer` runs it (`decode.PackedLinear.forward`);
+        the packed copy it relies on (none for a plain `nn.Linear`) joins `checks`."""
         w, b = layer.weight, layer.bias
         if rows is not None:
             w, b = w[rows], None if b is None else b[rows]

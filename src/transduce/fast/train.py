@@ -1,8 +1,6 @@
 """Speed-ups for training on the CPU, applied to a built `transduce.model.Transformer` from the
 outside (`transduce.train.step.prepare_for_training`): the same dropout (5.4) and equation 1,
-computed faster (docs/speed.md, "CPU training"): `fast_dropout`, `fast_attention` (bf16: the
-form `attention.autocast_attention`), and `keep_freed_memory`.
-"""
+computed faster (docs/speed.md, "CPU training")."""
 
 from __future__ import annotations
 
@@ -61,11 +59,10 @@ def fast_attention(model: nn.Module) -> int:
 
 
 def keep_freed_memory() -> bool:
-    """glibc: serve every allocation from the heap and keep what is freed there for reuse, instead
-    of mapping each large block afresh and unmapping it when freed: a training step allocates the
-    same large tensors every step, and each first touch of a fresh page is a page fault
-    (docs/speed.md, "CPU threads and workers"). The process keeps its peak memory, which the next
-    step needs again anyway. Returns whether it took (elsewhere nothing changes)."""
+    """glibc: serve every allocation from the heap and keep what is freed there for reuse, not map
+    each large block afresh (a page fault at each first touch) for the same tensors every step
+    (docs/speed.md, "CPU threads and workers"); the process keeps its peak memory, which the next
+    step needs anyway. Returns whether it took (elsewhere nothing changes)."""
     libc, m_trim_threshold, m_mmap_max = glibc(), -1, -4  # malloc.h
     return libc is not None and bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
 
