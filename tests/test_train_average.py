@@ -1,4 +1,4 @@
-"""Checkpoint averaging (Section 6.1): `transduce average RUN_DIR --last K`."""
+"""Checkpoint averaging (Section 6.1): `transduce average RUN_DIR --average K`."""
 
 
 import pytest
@@ -28,8 +28,8 @@ def _run_with_checkpoints(run_dir, n: int, separate: bool = False, average_last:
 
 
 def average(run_dir, last=None, out=None) -> int:
-    """`transduce average RUN_DIR [--last K] [--out DIR]`."""
-    return main(["average", str(run_dir)] + (["--last", str(last)] if last else []) + (["--out", str(out)] if out else []))
+    """`transduce average RUN_DIR [--average K] [--out DIR]`."""
+    return main(["average", str(run_dir)] + (["--average", str(last)] if last else []) + (["--out", str(out)] if out else []))
 
 
 @pytest.mark.parametrize("separate", [False, True])
@@ -60,7 +60,7 @@ def test_too_few_checkpoints_is_a_clear_error(tmp_path, capsys):
     _run_with_checkpoints(tmp_path, 2)
     assert average(tmp_path, last=5) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("transduce average: error:") and "--last 2" in err and "\n" not in err
+    assert err.startswith("transduce average: error:") and "--average 2" in err and "\n" not in err
     assert average(tmp_path / "nope", last=1) == 2
 
 
@@ -69,7 +69,7 @@ def test_too_few_checkpoints_for_average_names_the_callers_flag(tmp_path):
 
     _run_with_checkpoints(tmp_path, 2)
     with pytest.raises(ValueError) as e:
-        load_for_inference(tmp_path, average=5)  # translate/evaluate/export --average 5: they have no --last
+        load_for_inference(tmp_path, average=5)  # translate/evaluate/export --average 5: the same flag as average
     assert "use --average 2" in str(e.value) and "--last" not in str(e.value)
     with pytest.raises(ValueError, match="--average must be at least 1"):
         load_for_inference(tmp_path, average=0)
@@ -93,7 +93,7 @@ def test_out_must_be_new_or_empty_and_never_the_run_or_its_checkpoints(tmp_path,
 
     def refused(*argv: str) -> str:
         capsys.readouterr()
-        assert main(["average", str(run), "--last", "2", *argv]) == 2
+        assert main(["average", str(run), "--average", "2", *argv]) == 2
         err = capsys.readouterr().err
         assert err.startswith("transduce average: error: ") and err.count("\n") == 1
         return err
@@ -104,7 +104,7 @@ def test_out_must_be_new_or_empty_and_never_the_run_or_its_checkpoints(tmp_path,
         assert "is the run directory or one of its checkpoints" in refused("--out", str(out), "--overwrite")
     assert sorted(p.name for p in run.rglob("*")) == before  # nothing written into the run
     # --overwrite writes into a non-empty directory, keeping its other files; an empty one needs no --overwrite
-    assert main(["average", str(run), "--last", "2", "--out", str(data), "--overwrite"]) == 0
+    assert main(["average", str(run), "--average", "2", "--out", str(data), "--overwrite"]) == 0
     assert (data / "model.safetensors").is_file() and (data / "data.json").read_text() == "{}"
     (tmp_path / "empty").mkdir()
     assert average(run, last=2, out=tmp_path / "empty") == 0
@@ -112,5 +112,5 @@ def test_out_must_be_new_or_empty_and_never_the_run_or_its_checkpoints(tmp_path,
     assert average(run, last=2) == 0 and average(run, last=2) == 0
     # ... and so is an earlier average named as --out inside the run directory (scripts/multi30k.sh
     # run again), but not another model directory elsewhere
-    assert main(["average", str(run), "--last", "2", "--out", str(run / "avg_last2")]) == 0
+    assert main(["average", str(run), "--average", "2", "--out", str(run / "avg_last2")]) == 0
     assert "is not empty" in refused("--out", str(tmp_path / "empty"))

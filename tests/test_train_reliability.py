@@ -137,7 +137,7 @@ def test_inference_and_average_refuse_a_damaged_file_on_one_line(full, tmp_path)
     with pytest.raises(DamagedCheckpoint, match="step_0000008/model.safetensors: damaged"):
         load_for_inference(run, average=3)
     flip_a_bit(run / "model" / "model.safetensors")
-    for command in (["translate", str(run / "model")], ["average", str(run), "--last", "3"]):
+    for command in (["translate", str(run / "model")], ["average", str(run), "--average", "3"]):
         p = subprocess.run([sys.executable, "-m", "transduce", *command], input="", capture_output=True, text=True)
         assert p.returncode == 2 and "model.safetensors: damaged" in p.stderr, p.stderr
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr

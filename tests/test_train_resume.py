@@ -270,7 +270,7 @@ def test_failed_write_leaves_previous_latest_loadable(tmp_path, monkeypatch):
 def test_a_last_checkpoint_off_the_interval_does_not_take_the_place_of_one_averaged(tmp_path):
     """keep_last K keeps K checkpoints written at the interval, besides the newest: a run that ends
     between two intervals (the usual end with 10-minute checkpoints) still has the K that
-    `transduce average --last K` averages (6.1)."""
+    `transduce average --average K` averages (6.1)."""
     from transduce.checkpoint.averaging import last_checkpoints
 
     config, model, optimizer = _tiny_training_objects()

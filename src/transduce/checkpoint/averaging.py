@@ -18,7 +18,7 @@ from .model_dir import guarded, is_model_dir, load_config, load_model, model_fro
 from .run_dir import checkpoint_name, latest_checkpoint, list_checkpoints, on_interval
 
 
-def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--last") -> list[Path]:
+def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--average") -> list[Path]:
     """The newest `k` checkpoints of a run written at its interval, oldest first (6.1: "the last
     5 checkpoints, which were written at 10-minute intervals"); one forced off the interval is
     left out unless the run has no other. `flag`: the caller's option for `k`, for the errors."""
