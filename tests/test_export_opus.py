@@ -265,3 +265,29 @@ def test_the_vocabulary_loads_where_prepared_data_and_runs_load_theirs(multiling
     assert tv.encode_batch(targets) == [[multilingual.to_transduce[i] for i in ids][:-1] for ids in theirs]
     assert tv.word_starts().shape == (len(tv),)
 
+
+
+def test_fine_tuning_the_imported_model(multilingual, tmp_path, capsys):
+    """`prepare --vocab` encodes text with the imported model's vocabulary (MarianTokenizer's ids,
+    renumbered) and `train --init` starts from its weights, with OPUS-MT's options kept."""
+    from transduce.data.batching import ParallelDataset
+
+    lines = multilingual.lines[:12]
+    targets = ["ein mann läuft", "zwei kinder spielen", "eine frau liest"] * 4
+    for split in ("train", "valid"):
+        (tmp_path / f"{split}.src").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (tmp_path / f"{split}.tgt").write_text("\n".join(targets) + "\n", encoding="utf-8")
+    data, run = tmp_path / "data", tmp_path / "run"
+    assert main(["prepare", "--train-src", str(tmp_path / "train.src"), "--train-tgt", str(tmp_path / "train.tgt"),
+                 "--valid-src", str(tmp_path / "valid.src"), "--valid-tgt", str(tmp_path / "valid.tgt"),
+                 "--max-ratio", "100", "--vocab", str(multilingual.model_dir), "-o", str(data), "--quiet"]) == 0
+    pairs = ParallelDataset.load(data, "train")
+    assert pairs[0][0].tolist() == [multilingual.to_transduce[i] for i in multilingual.tok(lines[0]).input_ids]
+    assert main(["train", "--data", str(data), "--run-dir", str(run), "--init", str(multilingual.model_dir),
+                 "--max-steps", "3", "--warmup", "2", "--batch-tokens", "4000", "--precision", "fp32", "--threads", "1",
+                 "--save-every-minutes", "0", "--valid-every", "0", "--quiet"]) == 0
+    assert "starting from the weights of" in capsys.readouterr().out
+    tuned, config = load_model(run / "model")
+    assert config.model == multilingual.config.model  # swish, biases, the logits bias: OPUS-MT's options kept
+    before, after = dict(multilingual.model.named_parameters()), dict(tuned.named_parameters())
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)  # it trained
