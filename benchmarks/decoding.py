@@ -13,11 +13,11 @@ import zlib
 import torch
 
 from transduce.config import get_preset
-from transduce.decode import beam_search
+from transduce.decoding.search import beam_search
 from transduce.fast import decode as speedups, int8
 from transduce.model import Transformer
 from transduce.precision import choose_decoding_precision
-from transduce.ready import make_ready
+from transduce.decoding.ready import make_ready
 
 PAD, BOS, EOS = 0, 2, 3
 VOCAB = 37000
@@ -175,7 +175,7 @@ def cast(model, precision: str):
 
 
 def prepare_transduce(model: Transformer, precision: str, pack: bool = True) -> None:
-    """The transduce model as `translate --precision P` runs it (`transduce.ready.make_ready` with
+    """The transduce model as `translate --precision P` runs it (`transduce.decoding.ready.make_ready` with
     the choice `--precision P` makes here; bf16-autocast: fp32 weights), with `pack` the weights
     left in fp32/bf16 pre-packed. Undoes what an earlier precision did."""
     int8.dequantize_int8(model)

@@ -36,11 +36,11 @@ def main() -> int:
     from transduce import evaluate
     from transduce.data.datasets import fetch
     from transduce.data.text import read_lines
-    from transduce.engines import load_ct2
+    from transduce.decoding.engines import load_ct2
     from transduce.export.ct2 import export_ct2, pieces
     from transduce.precision import choose_precision
-    from transduce.ready import load_translation_model, make_ready
-    from transduce.translate import translate_stream
+    from transduce.decoding.ready import load_translation_model, make_ready
+    from transduce.decoding.translate import translate_stream
 
     read = lambda path: list(read_lines(Path(path)))  # noqa: E731  (plain or gzip)
     src = read(fetch("multi30k", args.split, "en"))

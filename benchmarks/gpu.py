@@ -28,13 +28,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from benchmarks import decoding
 from benchmarks.bench import TorchTransformer, forward_flops, forward_logits, length_batches
 from benchmarks.decoding import BOS, EOS, PAD, VOCAB
-from transduce import decode
+from transduce.decoding import search as decode
 from transduce.config import Config, get_preset
 from transduce.device import setup_cuda
 from transduce.fast import step as fast_step
 from transduce.flops import dims
 from transduce.model import Transformer
-from transduce.ready import make_ready
+from transduce.decoding.ready import make_ready
 from transduce.train import loss as loss_module
 from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step
 

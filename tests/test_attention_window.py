@@ -12,9 +12,9 @@ from transduce.checkpoint import load_model, save_model
 from transduce.cli import main
 from transduce.config import Config, ModelConfig, apply_overrides, get_preset
 from transduce.data.vocab import BOS, EOS, PAD
-from transduce.decode import beam_search, greedy_decode
+from transduce.decoding.search import beam_search, greedy_decode
 from transduce.model import Transformer
-from transduce.ready import make_ready
+from transduce.decoding.ready import make_ready
 from transduce.restricted import window_mask, within_window
 
 from tiny_models import make_model
@@ -165,7 +165,7 @@ def test_the_attention_views_show_the_window(tmp_path):
     """`transduce attention` on a windowed model: zero weight outside the window, the JSON's masks
     and the figures mark those cells as blocked by the window, and the page draws them so."""
     from browser import launch, sync_playwright
-    from transduce.ready import load_translation_model
+    from transduce.decoding.ready import load_translation_model
     from transduce.views import figures
     from transduce.views.weights import compute_attention, to_json
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decode import (CPU_CHUNK_ELEMENTS, _best_extensions, beam_search, greedy_decode, length_penalty,
+from transduce.decoding.search import (CPU_CHUNK_ELEMENTS, _best_extensions, beam_search, greedy_decode, length_penalty,
                               search_chunk_elements)
 from transduce.model import Transformer
 

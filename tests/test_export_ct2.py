@@ -23,12 +23,12 @@ from tiny_models import SRC_WORDS, make_model, padded_batch, sentences  # noqa: 
 from transduce.cli import main  # noqa: E402
 from transduce.config import Config, ModelConfig  # noqa: E402
 from transduce.data.vocab import BOS, EOS, PAD, Vocab, train_vocab  # noqa: E402
-from transduce.engines import load_ct2  # noqa: E402
+from transduce.decoding.engines import load_ct2  # noqa: E402
 from transduce.export.ct2 import build_spec, export_ct2, pieces  # noqa: E402
 from transduce.fast import cpu  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
-from transduce.translate import translate_stream  # noqa: E402
+from transduce.decoding.ready import load_translation_model  # noqa: E402
+from transduce.decoding.translate import translate_stream  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

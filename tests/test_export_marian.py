@@ -15,11 +15,11 @@ from tiny_models import SRC_WORDS, make_model, padded_batch, sentences  # noqa: 
 
 from transduce.cli import main  # noqa: E402
 from transduce.data.vocab import EOS, PAD  # noqa: E402
-from transduce.decode import greedy_decode  # noqa: E402
+from transduce.decoding.search import greedy_decode  # noqa: E402
 from transduce.export.marian import export_marian, hidden_permutation, import_marian  # noqa: E402
 from transduce.model import sinusoidal_positions  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
-from transduce.translate import translate_lines  # noqa: E402
+from transduce.decoding.ready import load_translation_model  # noqa: E402
+from transduce.decoding.translate import translate_lines  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

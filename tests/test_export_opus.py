@@ -17,7 +17,7 @@ from opus_models import make_opus_dir, opus_sentences  # noqa: E402
 from transduce.checkpoint import load_model  # noqa: E402
 from transduce.cli import main  # noqa: E402
 from transduce.data.vocab import EOS, PAD, MarianVocab, Vocab, marian_order  # noqa: E402
-from transduce.decode import beam_search, greedy_decode  # noqa: E402
+from transduce.decoding.search import beam_search, greedy_decode  # noqa: E402
 from transduce.export.opus import PAD_LOGIT, VOCAB_FILES  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -238,7 +238,7 @@ def test_serve_translates_as_generate(multilingual):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from transduce.ready import load_translation_model
+    from transduce.decoding.ready import load_translation_model
     from transduce.serve.app import create_app, torch_engine
 
     loaded = load_translation_model(multilingual.model_dir)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from transduce.fast import decode as kernels
 from transduce.fast.decode import PackedLinear, PackedWeight, can_pack, decode_attention
 from transduce.model import MultiHeadAttention, Transformer, attention_reference, causal_mask, make_masks
-from transduce.ready import make_ready
+from transduce.decoding.ready import make_ready
 
 from test_model import PAD, padded_batch, tiny_config
 
@@ -63,7 +63,7 @@ def test_packed_weights_give_the_same_logits_and_beam_search(monkeypatch, dtype)
     """`pack_weights` changes how the products run, not what they compute: the teacher-forced
     logits and cached decoding agree with the F.linear path (fp32 to rounding; bf16 within
     bf16 rounding), and beam search finds the same hypotheses (fp32)."""
-    from transduce.decode import beam_search
+    from transduce.decoding.search import beam_search
 
     if dtype == torch.bfloat16 and not can_pack(dtype, "cpu"):
         pytest.skip("oneDNN bf16 not supported on this CPU")

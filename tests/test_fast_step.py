@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decode import _best_extensions, beam_search, greedy_decode
+from transduce.decoding.search import _best_extensions, beam_search, greedy_decode
 from transduce.fast import decode as kernels
 from transduce.fast import int8, step as fast_step
 from transduce.fast.step import FALLBACK, HANDLED, FastStep
 from transduce.model import Transformer, padding_mask
-from transduce.ready import make_ready
+from transduce.decoding.ready import make_ready
 
 from test_model import padded_batch, tiny_config
 

@@ -14,8 +14,8 @@ from transduce.fast import int8
 from transduce.cli import main
 from transduce.config import ModelConfig
 from transduce.model import Transformer, padding_mask
-from transduce.ready import load_translation_model, make_ready
-from transduce.translate import translate_lines
+from transduce.decoding.ready import load_translation_model, make_ready
+from transduce.decoding.translate import translate_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -152,7 +152,7 @@ def test_constrained_search_gives_well_formed_trees(parser_run, tmp_path):
     from transduce.data.text import read_lines
     from transduce.parsing.parse import parse_stream
     from transduce.parsing.trees import read_trees
-    from transduce.ready import load_translation_model
+    from transduce.decoding.ready import load_translation_model
 
     root, run = parser_run
     m = load_translation_model(run, checkpoint="250")

@@ -27,8 +27,8 @@ from transduce.cli import main  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.serve.app import Engine, Limits, Search, create_app, torch_engine  # noqa: E402
 from transduce.serve.batcher import Batcher, QueueFull  # noqa: E402
-from transduce.ready import load_for_decoding, load_translation_model  # noqa: E402
-from transduce.translate import translate_lines, translate_stream  # noqa: E402
+from transduce.decoding.ready import load_for_decoding, load_translation_model  # noqa: E402
+from transduce.decoding.translate import translate_lines, translate_stream  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -182,7 +182,7 @@ def test_ct2_engine_serves_what_translate_engine_ct2_writes(loaded, tmp_path):
     pytest.importorskip("ctranslate2")
     from starlette.testclient import TestClient
 
-    from transduce.engines import load_ct2
+    from transduce.decoding.engines import load_ct2
     from transduce.export.ct2 import export_ct2
     from transduce.serve.app import ct2_engine
 

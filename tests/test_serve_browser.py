@@ -24,7 +24,7 @@ from views_data import N_HEADS, N_LAYERS, make_model_dir  # noqa: E402
 
 from transduce.data.vocab import BOS, EOS  # noqa: E402
 from transduce.serve.app import create_app, torch_engine  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
+from transduce.decoding.ready import load_translation_model  # noqa: E402
 from transduce.views.weights import TYPES  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")

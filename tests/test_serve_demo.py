@@ -21,7 +21,7 @@ from transduce.cli import main  # noqa: E402
 from transduce.data.vocab import BOS, EOS  # noqa: E402
 from transduce.serve.app import Limits, Search, create_app, torch_engine  # noqa: E402
 from transduce.serve.demo import CSP  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
+from transduce.decoding.ready import load_translation_model  # noqa: E402
 from transduce.views.weights import TYPES  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -107,7 +107,7 @@ def test_a_target_may_be_as_long_as_an_output_of_the_server(client, loaded):
 
 def test_attention_with_the_ct2_engine_is_not_supported(loaded, tmp_path):
     pytest.importorskip("ctranslate2")
-    from transduce.engines import load_ct2
+    from transduce.decoding.engines import load_ct2
     from transduce.export.ct2 import export_ct2
     from transduce.serve.app import ct2_engine
 

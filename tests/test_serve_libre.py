@@ -26,8 +26,8 @@ from tiny_models import make_model  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.serve.app import Limits, Search, create_app, torch_engine  # noqa: E402
 from transduce.serve.libre import html_layout  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
-from transduce.translate import translate_lines, translate_stream  # noqa: E402
+from transduce.decoding.ready import load_translation_model  # noqa: E402
+from transduce.decoding.translate import translate_lines, translate_stream  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -20,9 +20,9 @@ from tiny_models import make_model  # noqa: E402
 
 from transduce.serve.app import create_app, torch_engine  # noqa: E402
 from transduce.serve.batcher import Batcher  # noqa: E402
-from transduce.serve.engines import model_name, public_model, scrub  # noqa: E402
+from transduce.serve.backend import model_name, public_model, scrub  # noqa: E402
 from transduce.memory import malloc_stats, release_free_memory  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
+from transduce.decoding.ready import load_translation_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -26,8 +26,8 @@ from tiny_models import SRC_WORDS, make_model, sentences  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.serve.app import Engine, Limits, create_app, torch_engine  # noqa: E402
 from transduce.serve.batcher import Batcher  # noqa: E402
-from transduce.ready import load_translation_model  # noqa: E402
-from transduce.translate import translate_lines, translate_stream  # noqa: E402
+from transduce.decoding.ready import load_translation_model  # noqa: E402
+from transduce.decoding.translate import translate_lines, translate_stream  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

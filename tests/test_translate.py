@@ -17,9 +17,9 @@ from transduce.checkpoint import save_model
 from transduce.config import Config, ModelConfig
 from transduce.data.vocab import Vocab, train_vocab
 from transduce.cli import main
-from transduce.ready import load_translation_model
-from transduce.streaming import Workers
-from transduce.translate import translate_lines, translate_stream
+from transduce.decoding.ready import load_translation_model
+from transduce.decoding.streaming import Workers
+from transduce.decoding.translate import translate_lines, translate_stream
 
 WORDS = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "grass", "red", "blue", "ball", "with",
          "two", "children", "play", "near", "water", "street", "looks"]
@@ -104,7 +104,7 @@ def test_overlong_line_is_truncated_with_a_warning(model_dir, tmp_path, capsys):
 
 
 def test_learned_positions_bound_the_input(loaded):
-    from transduce.streaming import input_token_limit
+    from transduce.decoding.streaming import input_token_limit
 
     assert input_token_limit(1024, 50, positions=64) == 64 - 1 - 50
     assert input_token_limit(1024, 50) == 1024  # sinusoids: only the option
@@ -122,7 +122,7 @@ def test_a_model_not_made_ready_translates_the_same(model_dir):
     (its own layers) translates as one made ready (packed weights, the flat step), the scores equal
     but for float rounding (other kernels)."""
     from transduce.fast.decode import is_packed
-    from transduce.ready import make_ready
+    from transduce.decoding.ready import make_ready
 
     plain, ready = load_translation_model(model_dir), load_translation_model(model_dir)
     undo = make_ready(ready.model)
@@ -280,7 +280,7 @@ def test_cli_precision_auto_says_what_it_chose_and_bf16_warns_where_emulated(mod
 
 def test_cli_bf16_casts_the_weights_and_keeps_line_count(model_dir, tmp_path, monkeypatch):
     """--bf16 decodes with the weights in bf16 (no autocast), line for line; scores stay fp32."""
-    from transduce import translate
+    from transduce.decoding import translate
 
     seen = {}
     real = translate.translate_stream

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from transduce.cli import main
 from transduce.data.vocab import PAD
 from transduce.model import attention_reference, make_masks
-from transduce.ready import load_translation_model
-from transduce.translate import translate_stream
+from transduce.decoding.ready import load_translation_model
+from transduce.decoding.translate import translate_stream
 from transduce.views import figures
 from transduce.views.page import render_page
 from transduce.views.weights import TYPES, compute_attention, find_token, readable, to_json

@@ -11,7 +11,7 @@ from transduce.cli import main
 from transduce.config import ModelConfig
 from transduce.data.batching import load_vocabs
 from transduce.data.vocab import BOS, EOS
-from transduce.decode import beam_search, greedy_decode, length_penalty
+from transduce.decoding.search import beam_search, greedy_decode, length_penalty
 from transduce.model import Transformer
 from transduce.parsing.constrain import leaf_symbols
 

@@ -72,14 +72,14 @@ def checksums(home: Path, record: dict) -> dict[str, str]:
 
 def model_vocabulary(model: str | Path):
     """MODEL's vocabulary as `transduce.data.prepare.GivenVocabulary`: loaded by the lookup that
-    `transduce translate` uses (`transduce.ready.find_vocabs`), so every kind of model
+    `transduce translate` uses (`transduce.decoding.ready.find_vocabs`), so every kind of model
     directory it reads works; its files, to copy beside the token arrays; and data.json's record
     (+ "from_model", the SHA-256 of each side). A sentencepiece model file is taken as a shared
     vocabulary."""
     from .checkpoint import check_model_path
     from .data.prepare import GivenVocabulary
     from .data.vocab import Vocab
-    from .ready import find_vocabs
+    from .decoding.ready import find_vocabs
 
     model = Path(model)
     if model.is_file():  # a sentencepiece model itself

@@ -4,7 +4,7 @@ oneDNN (PyTorch's bf16 and pre-packed products) keeps a primitive of about half 
 every product shape in two caches, its own (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) and ideep's
 (`LRU_CACHE_CAPACITY`); decoding sees a new shape at almost every step, so unbounded they fill
 for thousands of requests. `bound_kernel_caches` bounds both before the process's first product
-(`transduce.ready.load_for_decoding` and importing `transduce.serve` call it). glibc's arenas keep
+(`transduce.decoding.ready.load_for_decoding` and importing `transduce.serve` call it). glibc's arenas keep
 what a round freed: `release_free_memory` (`malloc_trim(0)`) gives the free pages back.
 """
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attention_reference, concat_heads, fold_beams
-from .cache import DecoderCache, LayerCache
+from .decoding.cache import DecoderCache, LayerCache
 from .config import ModelConfig
 from .restricted import within_window
 from .word_positions import WordPositions

@@ -17,9 +17,9 @@ from tqdm import tqdm
 
 from .config import Config, ModelConfig
 from .data.vocab import BOS, EOS, PAD, SPECIAL_PIECES
-from .decode import greedy_decode
+from .decoding.search import greedy_decode
 from .model import Transformer
-from .ready import make_ready
+from .decoding.ready import make_ready
 from .train.schedule import learning_rate
 from .train.step import build_optimizer, prepare_for_training, train_step
 
@@ -111,7 +111,7 @@ def train_synthetic(
 
 def exact_match(model: Transformer, batch) -> float:
     """Fraction of sequences that greedy decoding gets exactly right (decoding steps through
-    `transduce.fast.decode.decode_attention` on the CPU, `transduce.ready.make_ready` without packing:
+    `transduce.fast.decode.decode_attention` on the CPU, `transduce.decoding.ready.make_ready` without packing:
     the weights change between calls)."""
     src, _, tgt_out = batch
     model.eval()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import DecoderCache
+from .decoding.cache import DecoderCache
 from .config import ModelConfig
 
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 from ..data.text import iter_lines, open_text
 
 if TYPE_CHECKING:  # the library that imports PyTorch: imported where it is used, not by the flags (--help)
-    from ..ready import LoadedModel
+    from ..decoding.ready import LoadedModel
 
 
 def fill_decoding_defaults(args: argparse.Namespace, parsing: bool = False) -> None:
     """Set the search and batch flags left unset (None) to the task's defaults: translation's
     (Section 6.1), or with `parsing` the parser's (6.3)."""
-    from .. import decode, streaming
+    from ..decoding import search as decode, streaming
     from ..parsing import parse
 
     for name in ("beam", "alpha", "max_len_offset", "batch_size"):
@@ -68,9 +68,9 @@ def check_decoding_args(args: argparse.Namespace) -> None:
 
 def load_from_args(args: argparse.Namespace) -> LoadedModel:
     """The model the model flags choose, in the precision --precision chooses (fp32 without one;
-    `transduce.ready.load_for_decoding`); `args.workers` is set to the workers chosen and
+    `transduce.decoding.ready.load_for_decoding`); `args.workers` is set to the workers chosen and
     `args.bf16` to whether the precision is bf16."""
-    from ..ready import load_for_decoding
+    from ..decoding.ready import load_for_decoding
 
     loaded = load_for_decoding(args.model_path, precision=getattr(args, "precision", "fp32"), device=args.device,
                                threads=args.threads, workers=getattr(args, "workers", None), checkpoint=args.checkpoint,
@@ -83,7 +83,7 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
 def model_metadata(path: Path) -> dict | None:
     """The data.json a model is loaded with (its directory's, or the run's above it)."""
-    from ..ready import find_metadata
+    from ..decoding.ready import find_metadata
 
     return find_metadata([path, path.parent, path.parent.parent])
 

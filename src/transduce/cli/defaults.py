@@ -16,13 +16,13 @@ def mirror(value, source: str):
 
 
 # Search (6.1) and streams of decoding
-BEAM = mirror(4, "transduce.decode:DEFAULT_BEAM")
-ALPHA = mirror(0.6, "transduce.decode:DEFAULT_ALPHA")
-MAX_LEN_OFFSET = mirror(50, "transduce.decode:DEFAULT_MAX_LEN_OFFSET")
-BATCH_SIZE = mirror(128, "transduce.streaming:DEFAULT_BATCH_SIZE")
-BATCH_TOKENS = mirror(4096, "transduce.streaming:DEFAULT_BATCH_TOKENS")
-CHUNK_LINES = mirror(2000, "transduce.streaming:DEFAULT_CHUNK_LINES")
-MAX_INPUT_TOKENS = mirror(1024, "transduce.streaming:DEFAULT_MAX_INPUT_TOKENS")
+BEAM = mirror(4, "transduce.decoding.search:DEFAULT_BEAM")
+ALPHA = mirror(0.6, "transduce.decoding.search:DEFAULT_ALPHA")
+MAX_LEN_OFFSET = mirror(50, "transduce.decoding.search:DEFAULT_MAX_LEN_OFFSET")
+BATCH_SIZE = mirror(128, "transduce.decoding.streaming:DEFAULT_BATCH_SIZE")
+BATCH_TOKENS = mirror(4096, "transduce.decoding.streaming:DEFAULT_BATCH_TOKENS")
+CHUNK_LINES = mirror(2000, "transduce.decoding.streaming:DEFAULT_CHUNK_LINES")
+MAX_INPUT_TOKENS = mirror(1024, "transduce.decoding.streaming:DEFAULT_MAX_INPUT_TOKENS")
 
 # Arithmetic
 PRECISIONS = mirror(("auto", "fp32", "bf16", "fp16"), "transduce.precision:PRECISIONS")

@@ -129,7 +129,7 @@ def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Pa
 def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: Path, n_refs: int, report: dict) -> list[str]:
     """MODEL's translations of the source (saved to --out if given), noted in `report`."""
     from ..checkpoint.files import atomic_write_text
-    from ..translate import translate_lines
+    from ..decoding.translate import translate_lines
 
     if src_path is None:
         raise ValueError("give --input FILE (or --dataset with --src) for MODEL to translate")

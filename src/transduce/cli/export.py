@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         require("transformers", "from-marian")
         return _from_marian(args)
     require("ctranslate2" if args.format == "ct2" else "transformers", f"export {args.format}")
-    from ..ready import load_translation_model
+    from ..decoding.ready import load_translation_model
 
     loaded = load_translation_model(args.model_path, checkpoint=args.checkpoint, average=args.average, vocab=args.vocab,
                                     src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab, device="cpu")

@@ -38,7 +38,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:
     """The preset with the flags' changes, and its parameter count."""
     from ..config import apply_overrides, get_preset
-    from ..serve.engines import parameter_count
+    from ..serve.backend import parameter_count
 
     if args.data is not None:
         from ..data.batching import read_metadata

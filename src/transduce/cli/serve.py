@@ -116,7 +116,7 @@ def engine_loader(args: argparse.Namespace, limits):
 
     def load():
         if args.engine == "ct2":
-            from ..engines import load_ct2
+            from ..decoding.engines import load_ct2
 
             model = load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
             engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens,

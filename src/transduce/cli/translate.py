@@ -1,5 +1,5 @@
 """`transduce translate`: text in, translations out, line for line (Section 6.1), through
-`transduce.translate.translate_stream` (or a CTranslate2 export's); details: docs/decoding.md."""
+`transduce.decoding.translate.translate_stream` (or a CTranslate2 export's); details: docs/decoding.md."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
 if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by the flags (--help)
-    from ..streaming import Candidate
+    from ..decoding.streaming import Candidate
 
 DESCRIPTION = """\
 Translate one sentence per line, --input (or stdin) to --out (or stdout), as many
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     """Translate --input (or stdin) into --out (or stdout). An error leaves no output file."""
     from tqdm import tqdm
 
-    from .. import translate
+    from ..decoding import translate
 
     warn = warner(PROG)
     check_args(args)
@@ -115,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_ct2(args: argparse.Namespace):
-    """--engine ct2: the exported CTranslate2 model (`transduce.engines.load_ct2`)."""
-    from ..engines import load_ct2
+    """--engine ct2: the exported CTranslate2 model (`transduce.decoding.engines.load_ct2`)."""
+    from ..decoding.engines import load_ct2
 
     for flag in ("checkpoint", "average", "vocab", "src_vocab", "tgt_vocab"):
         if getattr(args, flag) is not None:

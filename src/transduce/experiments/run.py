@@ -25,11 +25,11 @@ from ..errors import DataError, UsageError
 from ..flops import dims, matmul_peak, training_flops
 from ..model import count_parameters
 from ..precision import choose_decoding_precision, choose_precision
-from ..ready import load_translation_model, make_ready
+from ..decoding.ready import load_translation_model, make_ready
 from ..train.state import BatchStream
 from ..train.step import evaluate as validation_loss
 from ..train.trainer import train
-from ..translate import translate_lines
+from ..decoding.translate import translate_lines
 from .plan import Machine, Recipe, Variant, train_setup
 
 DECODING = {"beam": 4, "alpha": 0.6, "max_len_offset": 50}  # Section 6.1's search, for every row's dev BLEU

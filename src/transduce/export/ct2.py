@@ -1,4 +1,4 @@
-"""A transduce model as a CTranslate2 model directory (decoding with it: `transduce.engines`).
+"""A transduce model as a CTranslate2 model directory (decoding with it: `transduce.decoding.engines`).
 
 `export_ct2` fills a `ctranslate2.specs.TransformerSpec` through a `Converter` of our own, one
 setter per part, `build_spec` (CTranslate2's Hugging Face path would start the decoder with PAD).

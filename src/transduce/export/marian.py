@@ -158,7 +158,7 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
         if missing or unexpected:
             raise ValueError(f"MarianMTModel's parameters do not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
         hf.generation_config.decoder_start_token_id = BOS
-        hf.generation_config.bad_words_ids = [[PAD], [BOS]]  # never real output tokens (as transduce.decode)
+        hf.generation_config.bad_words_ids = [[PAD], [BOS]]  # never real output tokens (as transduce.decoding.search)
         hf.generation_config.max_length = max_positions  # not generate's default 20, which cuts outputs
         hf.save_pretrained(tmp)
         shared = src_vocab is tgt_vocab or src_vocab.path == tgt_vocab.path

@@ -1,5 +1,5 @@
 """Speed-ups for decoding, applied to a built `transduce.model.Transformer` from the outside by
-`transduce.ready.make_ready`: the same products and the same equation 1 as the paper's, with less
+`transduce.decoding.ready.make_ready`: the same products and the same equation 1 as the paper's, with less
 overhead (docs/speed.md): the weights pre-packed for oneDNN (`pack_weights`), `decode_attention`.
 """
 

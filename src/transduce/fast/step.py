@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..attention import concat_heads, fold_beams
-from ..cache import DecoderCache
+from ..decoding.cache import DecoderCache
 from ..config import ModelConfig
 from ..model import Transformer
 

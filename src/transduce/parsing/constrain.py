@@ -1,6 +1,6 @@
 """Constrained beam search for parsing: every hypothesis is a well-formed tree (not in the paper).
 
-With `TreeConstraint`, `transduce.decode.beam_search` only extends a hypothesis by a symbol that
+With `TreeConstraint`, `transduce.decoding.search.beam_search` only extends a hypothesis by a symbol that
 keeps it the prefix of a well-formed linearized tree over the sentence's words (counted from the
 source pieces that start a word), where the paper repairs free output afterwards. Disallowed
 symbols get log-probability -inf after the softmax, as PAD and BOS do. Each hypothesis' state is

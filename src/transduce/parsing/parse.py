@@ -1,6 +1,6 @@
 """Parsing with a trained model, and scoring it on a treebank split (Section 6.3).
 
-Sentences (lists of Penn Treebank tokens) are decoded as `transduce.translate.translate_stream`
+Sentences (lists of Penn Treebank tokens) are decoded as `transduce.decoding.translate.translate_stream`
 translates, with the paper's parsing settings, and each output is repaired into a tree over
 exactly those words. Scores are EVALB's the publication way, gold tags put back before scoring.
 """
@@ -60,7 +60,7 @@ def parse_stream(
     """Parse `sentences` (each a list of words), one `Parse` per sentence, in order. `tags`: the
     model outputs part-of-speech tags rather than XX (`predicts_tags`). `constrained`: only
     well-formed trees (`constrain`; not in the paper). Other options are `translate_stream`'s."""
-    from ..translate import translate_stream
+    from ..decoding.translate import translate_stream
 
     sentences = (list(s) for s in sentences)
     pending: deque[list[str]] = deque()

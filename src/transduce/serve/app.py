@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, Field
 
-from ..streaming import DEFAULT_BATCH_TOKENS
+from ..decoding.streaming import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
 from .common import (LIMIT_OF_FIELD, Limits, check_sentences, error, is_json, number, request_model, run_job,
                      unavailable)
-from .engines import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
+from .backend import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
 from ..memory import Trimmer, bound_kernel_caches, memory_info
 
 log = logging.getLogger("transduce.serve")

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from .batcher import QueueFull, ShuttingDown
-from .engines import DEFAULT_MAX_TOKENS, RequestError, scrub
+from .backend import DEFAULT_MAX_TOKENS, RequestError, scrub
 
 
 @dataclass

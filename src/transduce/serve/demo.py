@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .common import Limits, check_sentences, error, request_model, run_job, unavailable
-from .engines import Search
+from .backend import Search
 
 # The page's Content-Security-Policy: nothing from anywhere but the server's own origin
 CSP = ("default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "

@@ -19,7 +19,7 @@ from html.parser import HTMLParser
 from urllib.parse import parse_qsl
 
 from .common import Limits, is_json, run_job, unavailable
-from .engines import Search, scrub
+from .backend import Search, scrub
 
 PREFIX = "/libretranslate"  # the same routes again, for a client given a base URL of their own
 FORM = "application/x-www-form-urlencoded"

@@ -159,8 +159,8 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
                    alpha: float = 0.6, greedy: bool = False, max_len_offset: int = 50,
                    max_tokens: int = MAX_TOKENS) -> tuple[AttentionBatch, dict]:
     """Weights and JSON for `sources` with their `targets` (None: the model's own translation, as
-    `transduce translate` decodes) from a `transduce.ready.LoadedModel`: what `transduce attention` does."""
-    from ..translate import translate_stream
+    `transduce translate` decodes) from a `transduce.decoding.ready.LoadedModel`: what `transduce attention` does."""
+    from ..decoding.translate import translate_stream
 
     targets = list(targets) if targets is not None else [None] * len(sources)
     if not sources:

@@ -1,6 +1,6 @@
 """Translation: text in, translations out, line for line (Section 6.1's decoding), with transduce's
 own engine (`engines.TorchSearch`) streamed by `streaming.stream_lines`. The model is one
-`transduce.ready` made ready (`load_for_decoding`, or `make_ready` on a model of one's own).
+`transduce.decoding.ready` made ready (`load_for_decoding`, or `make_ready` on a model of one's own).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 from tqdm import tqdm
 
-from .data.vocab import Vocab
-from .decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..data.vocab import Vocab
+from .search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 from .engines import TorchSearch
 from .streaming import (
     DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS, Candidate, check_search,

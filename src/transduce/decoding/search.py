@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .data.vocab import BOS, EOS
-from .model import Transformer, padding_mask
+from ..data.vocab import BOS, EOS
+from ..model import Transformer, padding_mask
 
 DEFAULT_BEAM = 4  # 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6"
 DEFAULT_ALPHA = 0.6
@@ -155,7 +155,7 @@ class Hypothesis:
     tokens: list[int]  # Output token ids, without BOS and EOS
     score: float  # log P(Y|X) / lp(Y): the length-normalised score the search ranks by (nan for greedy)
     logprob: float  # log P(Y|X), including EOS (nan for greedy)
-    text: str = ""  # The detokenized output, once a vocabulary has decoded `tokens` (`transduce.translate`)
+    text: str = ""  # The detokenized output, once a vocabulary has decoded `tokens` (`transduce.decoding.translate`)
 
 
 @torch.no_grad()

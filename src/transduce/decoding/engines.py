@@ -1,5 +1,5 @@
 """The decoding engines (Section 6.1): what searches a batch of source ids (with EOS) for its
-candidates, each run by `transduce.streaming.stream_lines`: `TorchSearch`, `CT2Search`."""
+candidates, each run by `transduce.decoding.streaming.stream_lines`: `TorchSearch`, `CT2Search`."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from .config import Config
-from .data.batching import pad_batch
-from .data.vocab import BOS, EOS, PAD, Vocab
-from .decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET, beam_search, greedy_decode
-from .decode import length_penalty as paper_length_penalty
-from .export.ct2 import INFO, is_ct2_dir, pieces
-from .extras import require
+from ..config import Config
+from ..data.batching import pad_batch
+from ..data.vocab import BOS, EOS, PAD, Vocab
+from .search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET, beam_search, greedy_decode
+from .search import length_penalty as paper_length_penalty
+from ..export.ct2 import INFO, is_ct2_dir, pieces
+from ..extras import require
 from .streaming import (
     DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS, Candidate, check_search,
     input_token_limit, one_line, stream_lines,
@@ -77,7 +77,7 @@ class CT2Model:
     @property
     def precision(self) -> "_Precision":
         """What `transduce translate` prints about the precision (as `transduce.precision.Choice`)."""
-        from .fast.cpu import has_vnni
+        from ..fast.cpu import has_vnni
 
         saturates = self.compute_type.startswith("int8") and not has_vnni()  # docs/export.md, "int8 without VNNI"
         return _Precision(f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})"
@@ -91,7 +91,7 @@ class CT2Model:
                          source_name: str = "input", warn: Callable[[str], None] | None = None,
                          advance: Callable[[int], None] | None = None, bf16: bool = False, workers: int = 1,
                          ) -> Iterator[list[Candidate]]:
-        """`transduce.translate.translate_stream` with CTranslate2 as the engine: the same input
+        """`transduce.decoding.translate.translate_stream` with CTranslate2 as the engine: the same input
         handling and options; `length_penalty` "paper" (default) or "ct2" (its own). `bf16` is
         ignored (the precision is the exported one or `load_ct2`'s compute_type). PAD and BOS are
         suppressed before CTranslate2's softmax, and the output limit is one per batch (greedy
@@ -161,7 +161,7 @@ class CT2Search:
         src_pieces, tgt_pieces = pieces(model.src_vocab), pieces(model.tgt_vocab)
         tgt_ids = {p: i for i, p in enumerate(tgt_pieces)}
         eos_piece = tgt_pieces[EOS]
-        suppress = [[tgt_pieces[PAD]], [tgt_pieces[BOS]]]  # never real output tokens (as transduce.decode)
+        suppress = [[tgt_pieces[PAD]], [tgt_pieces[BOS]]]  # never real output tokens (as transduce.decoding.search)
         source = [[src_pieces[t] for t in toks[:-1]] for toks in sources]  # CT2 adds the EOS
         max_lens = [len(toks) + self.max_len_offset for toks in sources]  # tokens with EOS, per sentence
         lp = 0.0 if greedy or alpha == 0 else alpha

@@ -1,4 +1,4 @@
-"""Streaming text through a search, whatever the engine (`transduce.engines`): `stream_lines`, so
+"""Streaming text through a search, whatever the engine (`transduce.decoding.engines`): `stream_lines`, so
 memory does not grow with the input (Section 6.1), and the CPU workers it can search in."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from .data.batching import batch_for_decoding
-from .data.vocab import EOS, Vocab
-from .decode import DEFAULT_MAX_LEN_OFFSET, Hypothesis
-from .memory import Trimmer
+from ..data.batching import batch_for_decoding
+from ..data.vocab import EOS, Vocab
+from .search import DEFAULT_MAX_LEN_OFFSET, Hypothesis
+from ..memory import Trimmer
 
 DEFAULT_MAX_INPUT_TOKENS = 1024
 DEFAULT_BATCH_TOKENS = 4096  # Padded source tokens per batch (sentences x longest sentence, EOS included)
 DEFAULT_BATCH_SIZE = 128  # Sentences per batch at most
 DEFAULT_CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
 
-Candidate = Hypothesis  # one hypothesis of one input line (`transduce.decode.Hypothesis`, with its text)
+Candidate = Hypothesis  # one hypothesis of one input line (`transduce.decoding.search.Hypothesis`, with its text)
 BatchSearch = Callable[[list[list[int]]], list[list[Candidate]]]  # a batch of source ids (with EOS) -> candidates per row
 
 

@@ -13,15 +13,15 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from .data.batching import METADATA, load_vocabs
-from .data.vocab import Vocab
-from .device import resolve_device
-from .errors import DataError
-from .fast import step
-from .fast.decode import decode_attention, pack_weights, unpack_weights
-from .memory import bound_kernel_caches
-from .model import MultiHeadAttention, Transformer
-from .precision import Choice, choose_decoding_precision
+from ..data.batching import METADATA, load_vocabs
+from ..data.vocab import Vocab
+from ..device import resolve_device
+from ..errors import DataError
+from ..fast import step
+from ..fast.decode import decode_attention, pack_weights, unpack_weights
+from ..memory import bound_kernel_caches
+from ..model import MultiHeadAttention, Transformer
+from ..precision import Choice, choose_decoding_precision
 from .streaming import choose_workers
 
 
@@ -33,7 +33,7 @@ def make_ready(model: nn.Module, choice: Choice | None = None, *, pack: bool = T
     if choice is not None and (choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")):
         model.to(torch.bfloat16)
     if choice is not None and choice.precision == "int8":
-        from .fast.int8 import quantize_int8
+        from ..fast.int8 import quantize_int8
 
         quantize_int8(model, decoder=choice.int8_decoder)
     cpu = next(model.parameters()).device.type == "cpu"
@@ -124,7 +124,7 @@ def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = 
     """The model and vocabularies `transduce translate MODEL` uses, on `device` (a name for
     `resolve_device` or a torch.device), as stored (fp32, not made ready). Raises
     FileNotFoundError, ValueError or DataError."""
-    from .checkpoint import load_for_inference
+    from ..checkpoint import load_for_inference
 
     if isinstance(device, str):
         device = resolve_device(device)

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Callable
 
-from ..decode import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
-from ..streaming import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS
+from ..decoding.search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..decoding.streaming import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS
 
 DEFAULT_MAX_TOKENS = 256  # subword tokens per sentence a request may send (EOS not counted)
 
@@ -51,12 +51,12 @@ class Engine:
 
 def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                  max_tokens: int = DEFAULT_MAX_TOKENS, bf16: bool = False) -> Engine:
-    """An engine over a `LoadedModel` (made ready once, by `transduce.ready.load_for_decoding`, for the
+    """An engine over a `LoadedModel` (made ready once, by `transduce.decoding.ready.load_for_decoding`, for the
     server's life): `translate_stream` as `transduce translate` (or `parse`) runs it."""
     from ..parsing.parse import is_parsing_model, predicts_tags
     from ..parsing.tokenize import ptb_tokenize
     from ..parsing.trees import delinearize
-    from ..translate import translate_stream
+    from ..decoding.translate import translate_stream
 
     parsing, tags = is_parsing_model(loaded.metadata), predicts_tags(loaded.metadata)
 
@@ -95,7 +95,7 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
 
 def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
                max_tokens: int = DEFAULT_MAX_TOKENS, length_penalty: str = "paper") -> Engine:
-    """An engine over a `transduce.engines.CT2Model` (CTranslate2 gives no attention weights)."""
+    """An engine over a `transduce.decoding.engines.CT2Model` (CTranslate2 gives no attention weights)."""
 
     def translate(sentences: list[str], s: Search) -> list:
         return list(model.translate_stream(
