@@ -8,7 +8,7 @@ from types import ModuleType
 from .errors import UsageError
 
 EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
-          "submitit": "slurm"}
+          "submitit": "slurm", "pysbd": "text"}
 """Module -> the extra of pyproject.toml that installs it."""
 
 
