@@ -8,7 +8,8 @@ from types import ModuleType
 from .errors import UsageError
 
 EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
-          "submitit": "slurm", "pysbd": "text"}
+          "submitit": "slurm", "pysbd": "text", "docx": "documents", "pptx": "documents", "odf": "documents",
+          "srt": "documents", "lxml": "documents", "python_multipart": "documents"}
 """Module -> the extra of pyproject.toml that installs it."""
 
 

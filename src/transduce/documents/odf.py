@@ -1,0 +1,96 @@
+"""OpenDocument text and presentations (.odt, .odp; odfpy): every paragraph and heading (text:p,
+text:h) of the body, its tables, frames and notes, and of the page styles' headers and footers;
+a presentation's slides and speaker notes alike. A span's or a link's element is a tag, nested as
+in the file; a tab, a line break, a note, a frame, a field or a bookmark is kept whole in its
+place; the spaces element (text:s) is a space."""
+
+from __future__ import annotations
+
+from io import BytesIO
+
+from ..extras import require
+from .base import Document, DocumentError
+from .inline import Paragraph, Piece
+
+TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
+PARAGRAPHS = {(TEXT, "p"), (TEXT, "h")}
+TAGS = {(TEXT, "span"), (TEXT, "a")}
+SPACES = (TEXT, "s")
+
+
+class Odf(Document):
+    """An OpenDocument text (.odt) or presentation (.odp)."""
+
+    def __init__(self, data: bytes, name: str):
+        super().__init__()
+        require("odf", "translating OpenDocument files")
+        from odf.opendocument import load
+
+        try:
+            self.doc = load(BytesIO(data))
+        except Exception as e:  # noqa: BLE001 - whatever the library finds wrong with the file
+            raise DocumentError(f"not a readable OpenDocument file ({type(e).__name__}: {e})", name) from None
+        for p in _paragraphs(self.doc.topnode):
+            paragraph = Paragraph()
+            _read(p, paragraph, ())
+            self.add(paragraph, lambda paragraph, pieces, p=p: _write(p, paragraph, pieces))
+
+    def save(self) -> bytes:
+        out = BytesIO()
+        self.doc.write(out)
+        return out.getvalue()
+
+
+def _paragraphs(node) -> list:
+    """The paragraphs and headings under `node`, in document order (those inside a note or a
+    frame of another paragraph included)."""
+    found, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if n.nodeType == n.ELEMENT_NODE:
+            if n.qname in PARAGRAPHS:
+                found.append(n)
+            todo.extend(reversed(n.childNodes))
+    return found
+
+
+def _read(node, paragraph: Paragraph, stack: tuple[int, ...]) -> None:
+    for child in node.childNodes:
+        if child.nodeType == child.TEXT_NODE:
+            paragraph.text(child.data, stack)
+        elif child.nodeType != child.ELEMENT_NODE:
+            continue
+        elif child.qname in TAGS:
+            _read(child, paragraph, stack + (paragraph.tag(child),))
+        elif child.qname == SPACES:
+            paragraph.text(" ", stack)
+        else:
+            paragraph.atom(child, stack)
+
+
+def _write(p, paragraph: Paragraph, pieces: list[Piece]) -> None:
+    """The paragraph's content replaced by the translation: a copy of a tag's element (its style,
+    its link) around its pieces, each kept thing moved to its new place."""
+    from odf.element import Element
+
+    old = list(p.childNodes)
+    del p.childNodes[:]  # not removeChild, which refuses text nodes (odfpy 1.4)
+    for child in old:
+        child.parentNode = child.previousSibling = child.nextSibling = None
+    open_: list[tuple[int, object]] = []
+    for piece in pieces:
+        want = piece.stack
+        common = 0
+        while common < min(len(open_), len(want)) and open_[common][0] == want[common]:
+            common += 1
+        del open_[common:]
+        for k in want[common:]:
+            tag = paragraph.payloads[k - 1]
+            copy = Element(qname=tag.qname, qattributes=dict(tag.attributes), check_grammar=False)
+            (open_[-1][1] if open_ else p).appendChild(copy)
+            open_.append((k, copy))
+        parent = open_[-1][1] if open_ else p
+        if piece.atom is not None:
+            parent.appendChild(paragraph.payloads[piece.atom - 1])
+        else:
+            parent.addText(piece.text, check_grammar=False)
