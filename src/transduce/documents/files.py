@@ -36,9 +36,8 @@ def read(data: bytes, fmt: str, name: str = "document") -> Document:
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(data, name)
 
 
-def translate_document(data: bytes, fmt: str, translate: Translate, name: str = "document") -> bytes:
-    """The file `data` (format `fmt`) with every segment translated by ONE call of `translate`."""
-    doc = read(data, fmt, name)
+def translate_document(doc: Document, translate: Translate) -> bytes:
+    """The file of `doc` (`read`) with every segment translated by ONE call of `translate`."""
     segments = doc.segments
     translations = list(translate(segments)) if segments else []
     if len(translations) != len(segments):
