@@ -16,64 +16,68 @@ from transduce.data.datasets import DATASETS, Source, fetch, sgml_to_lines, sha2
 from transduce.data.text import DataError, read_lines
 
 REPO = Path(__file__).resolve().parents[1]
-MIRROR = REPO.parent / "shared" / "data"  # the mirror beside the repository (../shared/data)
-needs_mirror = pytest.mark.skipif(not (MIRROR / "multi30k").is_dir(), reason="no local data mirror")
 
 
 @pytest.fixture
 def no_mirror(monkeypatch):
     """No mirror at all: fetch must use the cache or download."""
     monkeypatch.delenv(datasets.ENV_DATA_DIR, raising=False)
-    monkeypatch.setattr(datasets, "default_data_dir", lambda: None)
+    monkeypatch.setenv(datasets.ENV_NO_SHARED_DATA, "1")
 
 
 def line_count(path):
     return sum(1 for _ in read_lines(path))
 
 
-@needs_mirror
-def test_default_mirror_is_shared_data_beside_the_repository(monkeypatch):
+@pytest.mark.parametrize("switch", ["", "0", "1"])
+def test_default_mirror_is_shared_data_beside_the_repository(monkeypatch, switch):
+    """Found where it exists, unless TRANSDUCE_NO_SHARED_DATA is set (not "" or "0"); the variable
+    and an explicit directory come first."""
     monkeypatch.delenv(datasets.ENV_DATA_DIR, raising=False)
-    assert datasets.default_data_dir() == MIRROR
+    monkeypatch.setenv(datasets.ENV_NO_SHARED_DATA, switch)
+    beside = REPO.parent / "shared" / "data"
+    found = beside if beside.is_dir() and switch != "1" else None
+    assert datasets.default_data_dir() == found and datasets.mirror_dir() == found
+    monkeypatch.setenv(datasets.ENV_DATA_DIR, "elsewhere")
+    assert datasets.mirror_dir() == Path("elsewhere") and datasets.mirror_dir("given") == Path("given")
 
 
-@needs_mirror
+@pytest.mark.corpus("multi30k")
 @pytest.mark.parametrize("variant", ["raw", "tok"])
 @pytest.mark.parametrize("lang", ["en", "de", "fr"])
-def test_multi30k_from_mirror(monkeypatch, tmp_path, variant, lang):
-    monkeypatch.delenv(datasets.ENV_DATA_DIR, raising=False)
+def test_multi30k_from_mirror(monkeypatch, tmp_path, mirror, variant, lang):
+    monkeypatch.setenv(datasets.ENV_DATA_DIR, str(mirror))
     for split, n in [("train", 29000), ("val", 1014), ("test_2016_flickr", 1000), ("test_2017_mscoco", 461)]:
         path = fetch("multi30k", split, lang, variant=variant, cache_dir=tmp_path)
-        assert path.is_relative_to(MIRROR) and line_count(path) == n
+        assert path.is_relative_to(mirror) and line_count(path) == n
     assert list(tmp_path.iterdir()) == []  # nothing downloaded or copied
 
 
-@needs_mirror
-def test_multi30k_variants_differ():
-    raw = next(read_lines(fetch("multi30k", "train", "en", data_dir=MIRROR)))
-    tok = next(read_lines(fetch("multi30k", "train", "en", variant="tok", data_dir=MIRROR)))
+@pytest.mark.corpus("multi30k")
+def test_multi30k_variants_differ(mirror):
+    raw = next(read_lines(fetch("multi30k", "train", "en", data_dir=mirror)))
+    tok = next(read_lines(fetch("multi30k", "train", "en", variant="tok", data_dir=mirror)))
     assert raw == "Two young, White males are outside near many bushes."
     assert tok == raw.lower().replace(",", " ,").replace(".", " .")
 
 
-@needs_mirror
-@pytest.mark.parametrize("name, lang", [("wmt14-en-de", "en"), ("wmt14-en-de", "de"), ("wmt14-en-fr", "fr")])
-def test_wmt14_test_sets_from_mirror(tmp_path, name, lang):
+@pytest.mark.parametrize("name, lang", [pytest.param(name, lang, marks=pytest.mark.corpus(name)) for name, lang in
+                                        [("wmt14-en-de", "en"), ("wmt14-en-de", "de"), ("wmt14-en-fr", "fr")]])
+def test_wmt14_test_sets_from_mirror(tmp_path, mirror, name, lang):
     for split, n in [("newstest2012", 3003), ("newstest2013", 3000), ("newstest2014", 3003)]:
-        assert line_count(fetch(name, split, lang, data_dir=MIRROR, cache_dir=tmp_path)) == n
+        assert line_count(fetch(name, split, lang, data_dir=mirror, cache_dir=tmp_path)) == n
     if name == "wmt14-en-de":
-        assert line_count(fetch(name, "newstest2014-filtered", lang, data_dir=MIRROR)) == 2737
-        assert line_count(fetch(name, "train-sample", lang, data_dir=MIRROR)) == 10000
+        assert line_count(fetch(name, "newstest2014-filtered", lang, data_dir=mirror)) == 2737
+        assert line_count(fetch(name, "train-sample", lang, data_dir=mirror)) == 10000
 
 
-@needs_mirror
-def test_registry_checksums_match_provenance():
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.corpus(name)) for name in DATASETS])
+def test_registry_checksums_match_provenance(mirror, name):
     # every sha256 in the registry appears in the mirror's PROVENANCE.md of that dataset
-    for name, info in DATASETS.items():
-        provenance = (MIRROR / name / "PROVENANCE.md").read_text()
-        for key, source in info.files.items():
-            if source.sha256:
-                assert source.sha256 in provenance, (name, key)
+    provenance = (mirror / name / "PROVENANCE.md").read_text()
+    for key, source in DATASETS[name].files.items():
+        if source.sha256:
+            assert source.sha256 in provenance, key
 
 
 def test_env_var_points_at_a_mirror(monkeypatch, tmp_path):
@@ -87,13 +91,13 @@ def test_env_var_points_at_a_mirror(monkeypatch, tmp_path):
     assert fetch("multi30k", "val", "en", cache_dir=tmp_path / "cache") == mirror_file
 
 
-def test_plain_file_may_stand_in_for_gz_in_a_mirror(tmp_path):
+@pytest.mark.corpus("multi30k")
+def test_plain_file_may_stand_in_for_gz_in_a_mirror(tmp_path, mirror):
     source = DATASETS["multi30k"].source("val", "de")
     plain = tmp_path / "multi30k" / source.mirror[: -len(".gz")]
     plain.parent.mkdir(parents=True)
-    if (MIRROR / "multi30k" / source.mirror).is_file():
-        plain.write_bytes(gzip.open(MIRROR / "multi30k" / source.mirror).read())
-        assert fetch("multi30k", "val", "de", data_dir=tmp_path) == plain
+    plain.write_bytes(gzip.open(mirror / "multi30k" / source.mirror).read())
+    assert fetch("multi30k", "val", "de", data_dir=tmp_path) == plain
 
 
 def test_explicit_mirror_without_the_file_is_an_error(tmp_path):
@@ -186,18 +190,17 @@ def test_interrupted_download_leaves_nothing(monkeypatch, tmp_path, no_mirror):
     assert [p for p in (tmp_path / "cache").rglob("*") if p.is_file()] == []
 
 
-def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, no_mirror):
+@pytest.mark.corpus("multi30k")
+def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, mirror, no_mirror):
     """The registry's own URL is used; urlopen is replaced by a local file's content."""
     source = DATASETS["multi30k"].source("val", "fr")
     assert source.url == (f"https://raw.githubusercontent.com/multi30k/dataset/{datasets.MULTI30K_COMMIT}"
                           "/data/task1/raw/val.fr.gz")
-    if not (MIRROR / "multi30k").is_dir():
-        pytest.skip("no local data mirror")
     opened = []
 
     def fake_urlopen(url, timeout):
         opened.append(url)
-        return io.BytesIO((MIRROR / "multi30k" / "raw" / "val.fr.gz").read_bytes())
+        return io.BytesIO((mirror / "multi30k" / "raw" / "val.fr.gz").read_bytes())
 
     monkeypatch.setattr(datasets.urllib.request, "urlopen", fake_urlopen)
     path = fetch("multi30k", "val", "fr", cache_dir=tmp_path)
@@ -218,13 +221,12 @@ SGML_FILES = [(name, split, lang) for name in ("wmt14-en-de", "wmt14-en-fr")
               for (_, split, lang), source in DATASETS[name].files.items() if source.member]
 
 
-@needs_mirror
-@pytest.mark.parametrize("name, split, lang", SGML_FILES)
-def test_wmt14_sgml_archive_extraction(monkeypatch, tmp_path, no_mirror, name, split, lang):
+@pytest.mark.parametrize("name, split, lang", [pytest.param(*f, marks=pytest.mark.corpus(f[0])) for f in SGML_FILES])
+def test_wmt14_sgml_archive_extraction(monkeypatch, tmp_path, mirror, no_mirror, name, split, lang):
     """A .tgz laid out like statmt.org's, built from the mirror's text: extraction reproduces the
     registry checksum (unicode spaces kept, and so on)."""
     source = DATASETS[name].source(split, lang)
-    lines = list(read_lines(MIRROR / name / source.mirror))
+    lines = list(read_lines(mirror / name / source.mirror))
     archive = tmp_path / "remote" / "wmt14" / Path(source.url).name
     archive.parent.mkdir(parents=True)
     with tarfile.open(archive, "w:gz") as tar:

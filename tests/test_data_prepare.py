@@ -17,8 +17,6 @@ from transduce.data.text import read_lines
 from transduce.data.vocab import EOS
 
 REPO = Path(__file__).resolve().parents[1]
-MIRROR = REPO.parent / "shared" / "data"
-needs_mirror = pytest.mark.skipif(not (MIRROR / "multi30k").is_dir(), reason="no local data mirror")
 
 WORDS_EN = "the a man woman dog cat runs sits on in under house garden red blue small big sees".split()
 WORDS_DE = "der die ein mann frau hund katze läuft sitzt auf im unter haus garten rot blau klein groß".split()
@@ -82,9 +80,9 @@ def run_error(capsys, argv):
 # --- Multi30k, the real thing ---------------------------------------------------------------------
 
 
-@needs_mirror
-def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("TRANSDUCE_DATA_DIR", raising=False)
+@pytest.mark.corpus("multi30k")
+def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch, mirror):
+    monkeypatch.setenv("TRANSDUCE_DATA_DIR", str(mirror))  # the mirror found without --data-dir
     out = tmp_path / "m30k"
     assert prepare(["--dataset", "multi30k", "--src", "en", "--tgt", "de", "--vocab-size", "2000",
                  "--out", str(out), "--quiet"]) == 0
@@ -106,7 +104,7 @@ def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch):
     assert r["examples"] in ({}, {"bad_ratio": [16664]})
     test = meta["splits"]["test"]
     assert test["origin"] == "multi30k:test_2016_flickr"
-    assert test["tgt_file"] == str(MIRROR / "multi30k" / "raw" / "test_2016_flickr.de.gz")
+    assert test["tgt_file"] == str(mirror / "multi30k" / "raw" / "test_2016_flickr.de.gz")
 
     src_vocab, tgt_vocab = load_vocabs(out)
     assert src_vocab is tgt_vocab and len(src_vocab) == 2000
@@ -124,11 +122,11 @@ def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m30k"]  # no temporary directories left
 
 
-@needs_mirror
-def test_wmt14_sample_and_test_sets(tmp_path, capsys):
+@pytest.mark.corpus("wmt14-en-de")
+def test_wmt14_sample_and_test_sets(tmp_path, capsys, mirror):
     out = tmp_path / "wmt"
     assert prepare(["--dataset", "wmt14-en-de", "--train-split", "train-sample", "--src", "de", "--tgt", "en",
-                 "--data-dir", str(MIRROR), "--vocab-size", "1000", "--out", str(out), "--quiet"]) == 0
+                 "--data-dir", str(mirror), "--vocab-size", "1000", "--out", str(out), "--quiet"]) == 0
     meta = read_metadata(out)
     assert {n: s["pairs"] for n, s in meta["splits"].items() if n != "train"} == {
         "valid": 3000, "test": 3003, "newstest2014-filtered": 2737}

@@ -13,25 +13,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-MIRROR = REPO.parent / "shared" / "data"  # newstest2014, as the benchmark reads it
-needs_mirror = pytest.mark.skipif(not (MIRROR / "wmt14-en-de").is_dir(), reason="no local data mirror")
 
 
-def run(tmp_path: Path, *args: str) -> dict:
+def run(tmp_path: Path, mirror: Path, *args: str) -> dict:
     out = tmp_path / "result.json"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     subprocess.run([sys.executable, "-m", "benchmarks.decode_speed", "--presets", "small", "--systems",
                     "transduce", "--precisions", "fp32", "--n-sentences", "10", "--batch-size", "2", "--threads", "2",
-                    "--repeats", "1", "--data-dir", str(MIRROR), "--json", str(out), *args],
+                    "--repeats", "1", "--data-dir", str(mirror), "--json", str(out), *args],
                    check=True, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
     return json.loads(out.read_text())
 
 
-@needs_mirror
+@pytest.mark.corpus("wmt14-en-de")  # newstest2014, as the benchmark reads it
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule,timings", [("stream", 1), ("groups", 3)])
-def test_workers_decode_every_batch(tmp_path, schedule, timings):
-    result = run(tmp_path, "--workers", "2", "--schedule", schedule)
+def test_workers_decode_every_batch(tmp_path, mirror, schedule, timings):
+    result = run(tmp_path, mirror, "--workers", "2", "--schedule", schedule)
     [row] = result["results"]
     assert result["args"]["schedule"] == schedule and result["workers"] == 2
     assert row["sentences"] == 10 and row["seconds"] > 0

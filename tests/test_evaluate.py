@@ -15,10 +15,6 @@ import torch
 from transduce.cli import main
 from transduce.evaluate import compound_split, moses_tokenize, multi30k_tokenize, multi_bleu, paper_tokenize, score
 
-MIRROR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_mirror = pytest.mark.skipif(not (MIRROR / "multi30k").is_dir(), reason="no local data mirror")
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
@@ -211,12 +207,12 @@ def test_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"transduce evaluate: error: {bad}:2: invalid UTF-8 (byte 1 of the line)"
 
 
-@needs_mirror
-def test_multi30k_dataset_from_the_mirror(tmp_path, capsys, monkeypatch):
+@pytest.mark.corpus("multi30k")
+def test_multi30k_dataset_from_the_mirror(tmp_path, capsys, monkeypatch, mirror):
     import gzip
 
-    monkeypatch.delenv("TRANSDUCE_DATA_DIR", raising=False)
-    with gzip.open(MIRROR / "multi30k" / "raw" / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
+    monkeypatch.setenv("TRANSDUCE_DATA_DIR", str(mirror))
+    with gzip.open(mirror / "multi30k" / "raw" / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         hyp = _write(tmp_path / "hyp.de", f.read().splitlines())
     assert main(["evaluate", "--hyp", str(hyp), "--dataset", "multi30k", "--src", "en", "--tgt", "de", "--json", "-"]) == 0
     report = json.loads(capsys.readouterr().out)

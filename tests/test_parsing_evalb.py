@@ -4,14 +4,11 @@ Every count below was worked out by hand from evalb.c's rules (see transduce.par
 checked against the C program itself (evalb.c from nikitakit/self-attentive-parser, compiled with
 gcc; docs/RESULTS.md, "EVALB"). The C program is not needed to run these tests."""
 
-from pathlib import Path
-
 import pytest
 
 from transduce.errors import DataError
 from transduce.parsing.evalb import COLLINS, EvalbParams, evalb, evalb_files, format_report, score_sentence
 
-PTB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ptb-wsj"  # ../shared beside the repo (CI too)
 
 # (name, gold, test, (length, status, matched, gold brackets, test brackets, crossing, words, correct tags))
 # status: 0 scored, 1 error, 2 skipped. Punctuation (, : `` '' .) is deleted with its word, TOP is
@@ -131,8 +128,9 @@ def test_unlabeled_and_parameter_file(tmp_path):
         EvalbParams.from_file(prm)
 
 
-def test_collins_prm_in_the_mirror_is_the_default():
-    assert EvalbParams.from_file(PTB / "COLLINS.prm") == COLLINS
+@pytest.mark.corpus("ptb-wsj")
+def test_collins_prm_in_the_mirror_is_the_default(mirror):
+    assert EvalbParams.from_file(mirror / "ptb-wsj" / "COLLINS.prm") == COLLINS
 
 
 def test_line_counts_must_agree():
@@ -149,20 +147,24 @@ def test_c_program_error_limit_is_reported():
 # --- real data: the figures of docs/RESULTS.md -----------------------------------------------------
 
 
-def test_dev_gold_against_itself():
+@pytest.mark.corpus("ptb-wsj")
+def test_dev_gold_against_itself(mirror):
     """Section 22 against itself: 30,633 brackets (evalb.c's totals line), 35,508 words."""
-    r = evalb_files(PTB / "dev.trees.gz", PTB / "dev.trees.gz")
+    ptb = mirror / "ptb-wsj"
+    r = evalb_files(ptb / "dev.trees.gz", ptb / "dev.trees.gz")
     t = r.all
     assert (t.sentences, t.errors, t.skipped) == (1700, 0, 0)
     assert (t.matched, t.gold, t.test, t.words, t.correct_tags) == (30633, 30633, 30633, 35508, 35508)
     assert t.f1 == 100.0
 
 
-def test_test_gold_against_auto_tagged_test():
+@pytest.mark.corpus("ptb-wsj")
+def test_test_gold_against_auto_tagged_test(mirror):
     """Section 23 against its Stanford-tagged copy: exactly 1 error (line 1962, where a quote
     tagged POS instead of '' is a word in one tree only), 44,258 brackets all matched, tagging
     accuracy 48,484 / 49,874 = 97.21, as evalb.c prints."""
-    r = evalb_files(PTB / "test.trees.gz", PTB / "test.auto-pos.trees.gz")
+    ptb = mirror / "ptb-wsj"
+    r = evalb_files(ptb / "test.trees.gz", ptb / "test.auto-pos.trees.gz")
     t = r.all
     assert (t.sentences, t.errors, t.skipped) == (2416, 1, 0)
     assert [s.line for s in r.sentences if s.status == 1] == [1962]

@@ -1,8 +1,6 @@
 """Trees: reading (one per line and .mrg), cleaning, Vinyals et al.'s linearization, and the way
 back with every kind of repair; the round trip on every tree of WSJ sections 22 and 23."""
 
-from pathlib import Path
-
 import pytest
 
 from transduce.data.text import read_lines
@@ -10,8 +8,6 @@ from transduce.errors import DataError
 from transduce.parsing.trees import (
     Repairs, Tree, clean, delinearize, is_well_formed, linearize, parse_tree, read_tree_lines, read_trees,
 )
-
-PTB = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ptb-wsj"  # ../shared beside the repo (CI too)
 
 CAT = "(TOP (S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (PRP it)))) (. .)))"
 
@@ -116,12 +112,13 @@ def test_read_tree_lines_keeps_empty_lines(tmp_path):
     assert [None if t is None else str(t) for t in read_tree_lines(f)] == ["(TOP (NN a))", None, "(TOP (NN b))"]
 
 
+@pytest.mark.corpus("ptb-wsj")
 @pytest.mark.parametrize("name", ["dev", "test"])
-def test_round_trip_every_tree_of_sections_22_and_23(name):
+def test_round_trip_every_tree_of_sections_22_and_23(mirror, name):
     """Linearize, then rebuild from the words: every tree comes back exactly, in both variants
     (XX with the gold tags put back, and the tag-keeping sequence on its own), and the mirror's
     trees are clean already and print back as their own line."""
-    path = PTB / f"{name}.trees.gz"
+    path = mirror / "ptb-wsj" / f"{name}.trees.gz"
     lines = list(read_lines(path))
     trees = list(read_trees(path))
     assert len(trees) == len(lines) == {"dev": 1700, "test": 2416}[name]

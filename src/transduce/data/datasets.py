@@ -1,8 +1,8 @@
 """Datasets known by name (DATASETS): where each text file comes from and how to check it.
 
 `fetch(name, split, lang)` returns the path of one side of one split, as a (possibly .gz) text
-file, from the first of: a local mirror (`data_dir`, else $TRANSDUCE_DATA_DIR, else
-`../shared/data` beside the repository), laid out as `<data_dir>/<name>/<mirror path>` (a plain
+file, from the first of: a local mirror (`mirror_dir`: `data_dir`, else $TRANSDUCE_DATA_DIR, else
+`../shared/data` beside the repository unless $TRANSDUCE_NO_SHARED_DATA is set), laid out as `<data_dir>/<name>/<mirror path>` (a plain
 file may stand in for a .gz one and vice versa); the cache (`cache_dir`, else
 $TRANSDUCE_CACHE_DIR, else ~/.cache/transduce); a download into the cache, written under a
 temporary name, checked, then renamed into place. Every file with a known checksum is verified
@@ -31,6 +31,7 @@ from ..errors import DataError
 from .text import open_text
 
 ENV_DATA_DIR = "TRANSDUCE_DATA_DIR"
+ENV_NO_SHARED_DATA = "TRANSDUCE_NO_SHARED_DATA"  # set (not "" or "0"): `shared/data` beside the repository is not looked for
 ENV_CACHE_DIR = "TRANSDUCE_CACHE_DIR"
 
 
@@ -243,9 +244,18 @@ def get_dataset(name: str) -> DatasetInfo:
 
 
 def default_data_dir() -> Path | None:
-    """`shared/data` beside the repository, if it exists."""
+    """`shared/data` beside the repository, if it exists and $TRANSDUCE_NO_SHARED_DATA is not set
+    (set, a checkout sees what a clone elsewhere would: the tests' mirror-free world)."""
+    if os.environ.get(ENV_NO_SHARED_DATA, "") not in ("", "0"):
+        return None
     mirror = Path(__file__).resolve().parents[4] / "shared" / "data"  # [4]: the repository's parent
     return mirror if mirror.is_dir() else None
+
+
+def mirror_dir(data_dir: str | Path | None = None) -> Path | None:
+    """The local mirror `fetch` reads first: `data_dir`, else $TRANSDUCE_DATA_DIR, else `default_data_dir()`."""
+    explicit = data_dir or os.environ.get(ENV_DATA_DIR)
+    return Path(explicit) if explicit else default_data_dir()
 
 
 def default_cache_dir() -> Path:
@@ -268,7 +278,7 @@ def fetch(
     source = info.source(split, lang, variant)
 
     explicit = data_dir or os.environ.get(ENV_DATA_DIR)
-    mirror = Path(explicit) if explicit else default_data_dir()
+    mirror = mirror_dir(data_dir)
     if mirror is not None:
         want = mirror / name / source.mirror  # or its plain / .gz counterpart
         other = want.with_name(want.name[:-3]) if want.name.endswith(".gz") else want.with_name(want.name + ".gz")

@@ -63,6 +63,9 @@ def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train
     info = get_dataset(name)
     wanted = [("train", train_split or info.train), ("valid", info.valid), ("test", info.tests[0])]
     wanted += [(test, test) for test in info.tests[1:]]
+    for _, origin in wanted:
+        for lang in (src, tgt):
+            info.source(origin, lang, variant)  # a wrong language, split or variant refused before any download
 
     def fetched(origin: str, lang: str) -> Path:
         return fetch(info.name, origin, lang, variant=variant, data_dir=data_dir, cache_dir=cache_dir)
