@@ -5,7 +5,8 @@ back with the formatting, tables, headers and footers, notes and timings where t
 `transduce translate MODEL --file IN` and the server's /translate_file; docs/serve.md, "Documents"."""
 
 from .base import Document, DocumentError
-from .files import FORMATS, Translate, format_of, output_name, read, tagged_translator, translate_document
+from .files import (FORMATS, Translate, format_of, installed_formats, join_segments, output_name, read, split_segments,
+                    tagged_translator, translate_document)
 
-__all__ = ["FORMATS", "Document", "DocumentError", "Translate", "format_of", "output_name", "read",
-           "tagged_translator", "translate_document"]
+__all__ = ["FORMATS", "Document", "DocumentError", "Translate", "format_of", "installed_formats", "join_segments",
+           "output_name", "read", "split_segments", "tagged_translator", "translate_document"]

@@ -17,6 +17,9 @@ FORMATS = {
 }
 """Extension -> (the module of this package, the Document class) that reads and writes it."""
 
+NEEDS = {".docx": "docx", ".pptx": "pptx", ".odt": "odf", ".odp": "odf", ".srt": "srt", ".epub": "lxml"}
+"""The module a format needs beyond the standard library (the documents extra installs it)."""
+
 Translate = Callable[[list[str]], list[str]]
 """Segments (texts with inline tags, `inline.tagged`) in, their translations (with the tags) out."""
 
@@ -28,6 +31,16 @@ def format_of(name: str | Path) -> str:
         what = f"{ext} files are" if ext else "a file without an extension is"
         raise DocumentError(f"{what} not translated: give one of {', '.join(FORMATS)}", name)
     return ext
+
+
+def installed_formats(upload: bool = False) -> list[str]:
+    """The extensions whose library is installed; with `upload` (a server's), none unless
+    python-multipart is too, which reads an upload."""
+    from importlib.util import find_spec
+
+    if upload and find_spec("python_multipart") is None:
+        return []
+    return [ext for ext in FORMATS if ext not in NEEDS or find_spec(NEEDS[ext]) is not None]
 
 
 def read(data: bytes, fmt: str, name: str = "document") -> Document:
@@ -56,18 +69,39 @@ def output_name(path: str | Path, target: str | None) -> Path:
 _TAG = re.compile(r"(<[^<>]*>)")
 
 
+def split_segments(segments: list[str], lang: str, mode: str = "on") -> tuple[list, list[str]]:
+    """(a layout for `join_segments`, the sentences to translate): every stretch of text between
+    the segments' tags split into sentences of language `lang` (`transduce.text.sentences`, its
+    `mode`), the sentences of all segments in one list, for one batch."""
+    from html import unescape
+
+    from ..text.sentences import split_all
+
+    parts = [_TAG.split(s) for s in segments]
+    layouts, sentences = split_all([unescape(p) for ps in parts for p in ps[0::2]], lang, mode)
+    return (parts, layouts), sentences
+
+
+def join_segments(layout: tuple, outputs: list[str]) -> list[str]:
+    """The segments of `split_segments` with their sentences' translations, the tags where they were."""
+    from html import escape
+
+    from ..text.sentences import rejoin_all
+
+    parts, layouts = layout
+    texts = iter(rejoin_all(layouts, outputs))
+    return ["".join(escape(next(texts), quote=False) if i % 2 == 0 else p for i, p in enumerate(ps)) for ps in parts]
+
+
 def tagged_translator(translate_batch: Callable[[list[str]], list[str]], lang: str, mode: str = "on") -> Translate:
     """A `Translate` from a translator of sentences (a list of sentences in, their translations
-    out): every stretch of text between tags split into sentences (`transduce.text.sentences`),
-    all of them translated as one batch, the tags kept where they were."""
-    from html import escape, unescape
-
-    from ..text.sentences import translate_texts
+    out, in one call): `split_segments`, the batch, `join_segments`."""
 
     def translate(segments: list[str]) -> list[str]:
-        parts = [_TAG.split(s) for s in segments]
-        texts = [unescape(p) for ps in parts for p in ps[0::2]]
-        out = iter(translate_texts(translate_batch, texts, lang, mode))
-        return ["".join(escape(next(out), quote=False) if i % 2 == 0 else p for i, p in enumerate(ps)) for ps in parts]
+        layout, sentences = split_segments(segments, lang, mode)
+        outputs = list(translate_batch(sentences)) if sentences else []
+        if len(outputs) != len(sentences):
+            raise ValueError(f"the translator gave {len(outputs)} translations for {len(sentences)} sentences")
+        return join_segments(layout, outputs)
 
     return translate
