@@ -20,28 +20,30 @@ srt = pytest.importorskip("srt")
 from transduce.documents import DocumentError, format_of, output_name, read, translate_document  # noqa: E402
 from transduce.documents.inline import Piece, tagged, untagged  # noqa: E402
 
-_MARKUP = re.compile(r"(<[^<>]*>|&#?\w+;)")
+_TOKEN = re.compile(r"\w+|[^\w\s]")
 URL = "https://example.org/manual"
 
 
 class Marking:
-    """The scripted translator: every word upper-cased, the tags and entities as they came; the
-    segments of each call remembered."""
+    """The scripted translator (`text.markup.Translator`): every word upper-cased, each output
+    token aligned with the source token it came from; the sentences of each call remembered."""
 
     def __init__(self):
         self.calls: list[list[str]] = []
 
-    def __call__(self, segments: list[str]) -> list[str]:
-        self.calls.append(list(segments))
-        return ["".join(t if _MARKUP.fullmatch(t) else re.sub(r"[^\W\d_]+", lambda m: m.group().upper(), t)
-                        for t in _MARKUP.split(s)) for s in segments]
+    def translate(self, sentences: list[str]) -> list[str]:
+        self.calls.append(list(sentences))
+        return [re.sub(r"[^\W\d_]+", lambda m: m.group().upper(), s) for s in sentences]
+
+    def align(self, sources: list[str], outputs: list[str]) -> list[list[tuple[int, int, int, int]]]:
+        return [[(*m.span(), *m.span()) for m in _TOKEN.finditer(o)] for o in outputs]  # upper-casing keeps offsets
 
 
 def translated(data: bytes, fmt: str):
     """The file translated by `Marking`, and the translator (asserted to be called once)."""
     marking = Marking()
-    out = translate_document(read(data, fmt, f"test{fmt}"), marking)
-    assert len(marking.calls) == 1, "a document's segments go to the translator as one batch"
+    out = translate_document(read(data, fmt, f"test{fmt}"), marking, "en")
+    assert len(marking.calls) == 1, "a document's sentences go to the translator as one batch"
     return out, marking
 
 
@@ -117,10 +119,13 @@ def runs(paragraph) -> list[tuple[str, bool, bool]]:
 
 
 def test_docx_round_trip():
+    assert read(build_docx(), ".docx").segments == [
+        "a dog <r1>runs fast</r1> in <r2>the park</r2>.", "read <r1>the manual</r1> first.", "look at <r1/> this picture",
+        "first cell", "second cell", "bold cell", "42", "the header of every page", "the footer, <r1>in italics</r1>"]
     out, marking = translated(build_docx(), ".docx")
-    assert marking.calls[0] == ["a dog <r1>runs fast</r1> in <r2>the park</r2>.", "read <r1>the manual</r1> first.",
-                                "look at <r1/> this picture", "first cell", "second cell", "bold cell", "42",
-                                "the header of every page", "the footer, <r1>in italics</r1>"]
+    assert marking.calls[0] == ["a dog runs fast in the park.", "read the manual first.", "look at this picture",
+                                "first cell", "second cell", "bold cell", "42", "the header of every page",
+                                "the footer, in italics"]
     d = docx.Document(BytesIO(out))  # opens in python-docx
     body = d.paragraphs
     assert runs(body[0]) == [("A DOG ", False, False), ("RUNS FAST", True, False), (" IN ", False, False),
@@ -130,7 +135,7 @@ def test_docx_round_trip():
     assert link.address == URL and link.text == "THE MANUAL" and link.runs[0].underline
     assert len(d.inline_shapes) == 1  # the picture, between its two runs
     kinds = ["picture" if r._r.xpath(".//w:drawing") else r.text for r in body[2].runs]
-    assert kinds == ["LOOK AT ", "picture", " THIS PICTURE"]
+    assert kinds == ["LOOK AT ", "picture", "THIS PICTURE"]
     cells = d.tables[0]
     assert [c.text for c in cells._cells] == ["FIRST CELL", "SECOND CELL", "BOLD CELL", "42"]
     assert cells.cell(1, 0).paragraphs[0].runs[0].bold
@@ -142,14 +147,32 @@ def test_docx_round_trip():
     no_lower(re.findall(r"<w:t(?: [^>]*)?>([^<]*)</w:t>", xml))
 
 
+class Reordering(Marking):
+    """A translator that moves the words of one sentence (German word order), aligned as it moved
+    them; every other sentence as `Marking`."""
+
+    SOURCE, OUTPUT = "a dog runs fast in the park.", "im Park rennt schnell ein Hund."
+    WORDS = {"im": "in", "Park": "park", "rennt": "runs", "schnell": "fast", "ein": "a", "Hund": "dog", ".": "."}
+
+    def translate(self, sentences):
+        return [self.OUTPUT if s == self.SOURCE else out for s, out in zip(sentences, super().translate(sentences))]
+
+    def align(self, sources, outputs):
+        links = super().align(sources, outputs)
+        for k, source in enumerate(sources):
+            if source == self.SOURCE:
+                spans = {m.group(): m.span() for m in _TOKEN.finditer(source)}
+                links[k] = [(*m.span(), *spans[self.WORDS[m.group()]]) for m in _TOKEN.finditer(outputs[k])]
+        return links
+
+
 def test_docx_runs_follow_their_tags():
-    """A translation that reorders the tagged words: each text goes into a run of its tag's
-    formatting, wherever the translator put it."""
-    answers = {"a dog <r1>runs fast</r1> in <r2>the park</r2>.": "<r2>im Park</r2> <r1>rennt schnell</r1> ein Hund."}
-    out = translate_document(read(build_docx(), ".docx"), lambda segs: [answers.get(s, s) for s in segs])
+    """A translation that moves the tagged words: each goes into a run of its tag's formatting,
+    wherever the translator put it."""
+    out = translate_document(read(build_docx(), ".docx"), Reordering(), "en")
     d = docx.Document(BytesIO(out))
-    assert runs(d.paragraphs[0]) == [("im Park", False, True), (" ", False, False), ("rennt schnell", True, False),
-                                     (" ein Hund.", False, False)]
+    assert runs(d.paragraphs[0]) == [("im ", False, False), ("Park", False, True), (" ", False, False),
+                                     ("rennt schnell", True, False), (" ein Hund.", False, False)]
 
 
 # -- PowerPoint --------------------------------------------------------------------------------------
@@ -181,9 +204,12 @@ def build_pptx() -> bytes:
 
 
 def test_pptx_round_trip():
+    assert read(build_pptx(), ".pptx").segments == [
+        "the first slide", "a dog <r1>runs</r1> to <r2>the site</r2>", "one line\nanother line", "first cell",
+        "second cell", "third cell", "7", "what the speaker says"]
     out, marking = translated(build_pptx(), ".pptx")
-    assert marking.calls[0] == ["the first slide", "a dog <r1>runs</r1> to <r2>the site</r2>", "one line<r1/>another line",
-                                "first cell", "second cell", "third cell", "7", "what the speaker says"]
+    assert marking.calls[0] == ["the first slide", "a dog runs to the site", "one line", "another line", "first cell",
+                                "second cell", "third cell", "7", "what the speaker says"]
     slide = pptx.Presentation(BytesIO(out)).slides[0]  # opens in python-pptx
     assert slide.shapes.title.text == "THE FIRST SLIDE"
     frame = next(s for s in slide.shapes if s.has_text_frame and s != slide.shapes.title).text_frame
@@ -251,9 +277,12 @@ def test_odt_round_trip():
     from odf.style import Footer, Header
     from odf.text import A, LineBreak, P, Span
 
+    assert read(build_odt(), ".odt").segments == [
+        "the header of every page", "the footer", "a dog <r1>runs fast</r1> to <r2>the site</r2>.",
+        "one line\nanother line", "first cell", "second cell", "third cell", "7"]
     out, marking = translated(build_odt(), ".odt")
-    assert marking.calls[0] == ["the header of every page", "the footer", "a dog <r1>runs fast</r1> to <r2>the site</r2>.",
-                                "one line<r1/>another line", "first cell", "second cell", "third cell", "7"]
+    assert marking.calls[0] == ["the header of every page", "the footer", "a dog runs fast to the site.", "one line",
+                                "another line", "first cell", "second cell", "third cell", "7"]
     doc = load(BytesIO(out))  # opens in odfpy
     body = doc.text.getElementsByType(P)
     assert [teletype.extractText(p) for p in body] == ["A DOG RUNS FAST TO THE SITE.", "ONE LINE\nANOTHER LINE",
@@ -289,7 +318,8 @@ def test_html_round_trip():
     from lxml import html as lxml_html
 
     out, marking = translated(HTML.encode(), ".html")
-    assert "a dog <r1>runs</r1> &amp; jumps.<r2/>read <r3>the manual</r3>, then run <r4/> twice." in marking.calls[0]
+    assert marking.calls[0] == ["a small page", "the first heading", "a dog runs & jumps.",
+                                "read the manual, then run make all twice.", "one item", "two items", "a cell <one>", "42"]
     text = out.decode()
     assert "<title>A SMALL PAGE</title>" in text and "<h1>THE <em>FIRST</em> HEADING</h1>" in text
     assert ('<p>A DOG <b>RUNS</b> &amp; JUMPS.<br>READ <a href="manual.html" title="the manual">THE MANUAL</a>, '
@@ -322,8 +352,9 @@ the <i>green</i> park.
 
 def test_srt_round_trip():
     out, marking = translated(SRT.encode(), ".srt")
-    assert marking.calls[0] == ["a dog runs across the <r1>green</r1> park.", "<r1/>the second cue",
-                                "<r1>the third</r1> one"]
+    assert read(SRT.encode(), ".srt").segments == ["a dog runs across the <r1>green</r1> park.", "<r1/>the second cue",
+                                                   "<r1>the third</r1> one"]
+    assert marking.calls[0] == ["a dog runs across the green park.", "the second cue", "the third one"]
     before, after = list(srt.parse(SRT)), list(srt.parse(out.decode()))  # opens in srt
     assert [(c.index, c.start, c.end) for c in after] == [(c.index, c.start, c.end) for c in before]
     assert [c.content for c in after] == ["A DOG RUNS ACROSS\nTHE <i>GREEN</i> PARK.", "{\\an8}THE SECOND CUE",
@@ -333,7 +364,7 @@ def test_srt_round_trip():
 def test_txt_round_trip():
     text = "\ufeffthe first line.\r\n\r\n   an indented one & <more>.  \r\n...\r\nlast, without an ending"
     out, marking = translated(text.encode(), ".txt")
-    assert marking.calls[0] == ["the first line.", "an indented one &amp; &lt;more&gt;.", "last, without an ending"]
+    assert marking.calls[0] == ["the first line.", "an indented one & <more>.", "last, without an ending"]
     assert out.decode("utf-8") == "\ufeffTHE FIRST LINE.\r\n\r\n   AN INDENTED ONE & <MORE>.  \r\n...\r\nLAST, WITHOUT AN ENDING"
 
 

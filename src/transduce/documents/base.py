@@ -20,8 +20,11 @@ Apply = Callable[[Paragraph, list[Piece]], None]
 
 class Document:
     """A document of some format: `segments` (the paragraphs with words, as texts with inline
-    tags, in document order), `fill(translations)` (one per segment) and `save()` (the bytes of
-    the translated file). A format's reader calls `add` for each paragraph it finds."""
+    tags, in document order; with `html`, whole HTML documents), `fill(translations)` (one per
+    segment) and `save()` (the bytes of the translated file). A format's reader calls `add` for
+    each paragraph it finds."""
+
+    html = False
 
     def __init__(self) -> None:
         self._items: list[tuple[Paragraph, str, list[Piece], str, Apply]] = []

@@ -1,5 +1,5 @@
-"""The formats by file extension, and a document translated: read, its segments sent to the
-translator as one batch, written back."""
+"""The formats by file extension, and a document translated: read, its segments' sentences sent to
+the translator as one batch, the tags placed, written back."""
 
 from __future__ import annotations
 
@@ -19,9 +19,6 @@ FORMATS = {
 
 NEEDS = {".docx": "docx", ".pptx": "pptx", ".odt": "odf", ".odp": "odf", ".srt": "srt", ".epub": "lxml"}
 """The module a format needs beyond the standard library (the documents extra installs it)."""
-
-Translate = Callable[[list[str]], list[str]]
-"""Segments (texts with inline tags, `inline.tagged`) in, their translations (with the tags) out."""
 
 
 def format_of(name: str | Path) -> str:
@@ -49,13 +46,14 @@ def read(data: bytes, fmt: str, name: str = "document") -> Document:
     return getattr(importlib.import_module(f"{__package__}.{module}"), cls)(data, name)
 
 
-def translate_document(doc: Document, translate: Translate) -> bytes:
-    """The file of `doc` (`read`) with every segment translated by ONE call of `translate`."""
+def translate_document(doc: Document, translator, lang: str, mode: str = "on") -> bytes:
+    """The file of `doc` (`read`) translated: its segments' sentences (of language `lang`, split
+    by `mode`: `transduce.text.sentences`) in ONE call of `translator.translate`, the inline tags
+    placed by `translator.align` (`transduce.text.markup`)."""
+    from ..text.markup import plan, run
+
     segments = doc.segments
-    translations = list(translate(segments)) if segments else []
-    if len(translations) != len(segments):
-        raise ValueError(f"the translator gave {len(translations)} translations for {len(segments)} segments")
-    doc.fill(translations)
+    doc.fill(run(plan(segments, lang, mode, html=doc.html), translator) if segments else [])
     return doc.save()
 
 
@@ -66,42 +64,26 @@ def output_name(path: str | Path, target: str | None) -> Path:
     return path.with_name(f"{path.stem}.{target or 'translated'}{path.suffix}")
 
 
-_TAG = re.compile(r"(<[^<>]*>)")
+_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
-def split_segments(segments: list[str], lang: str, mode: str = "on") -> tuple[list, list[str]]:
-    """(a layout for `join_segments`, the sentences to translate): every stretch of text between
-    the segments' tags split into sentences of language `lang` (`transduce.text.sentences`, its
-    `mode`), the sentences of all segments in one list, for one batch."""
-    from html import unescape
-
-    from ..text.sentences import split_all
-
-    parts = [_TAG.split(s) for s in segments]
-    layouts, sentences = split_all([unescape(p) for ps in parts for p in ps[0::2]], lang, mode)
-    return (parts, layouts), sentences
-
-
-def join_segments(layout: tuple, outputs: list[str]) -> list[str]:
-    """The segments of `split_segments` with their sentences' translations, the tags where they were."""
-    from html import escape
-
-    from ..text.sentences import rejoin_all
-
-    parts, layouts = layout
-    texts = iter(rejoin_all(layouts, outputs))
-    return ["".join(escape(next(texts), quote=False) if i % 2 == 0 else p for i, p in enumerate(ps)) for ps in parts]
+def positional_links(sources: list[str], outputs: list[str]) -> list[list[tuple[int, int, int, int]]]:
+    """An alignment for a translator that has none of its own (CTranslate2 gives no attention):
+    each output token (a word, a punctuation mark) linked with the source token at the same
+    relative position, as `text.markup` links are ((t0, t1, s0, s1): output characters, source
+    characters). Tags land where they were in proportion, not where the model puts their words."""
+    links = []
+    for source, output in zip(sources, outputs, strict=True):
+        src = [m.span() for m in _TOKEN.finditer(source)]
+        out = [m.span() for m in _TOKEN.finditer(output)]
+        links.append([(*o, *src[min(len(src) - 1, j * len(src) // len(out))]) for j, o in enumerate(out)] if src else [])
+    return links
 
 
-def tagged_translator(translate_batch: Callable[[list[str]], list[str]], lang: str, mode: str = "on") -> Translate:
-    """A `Translate` from a translator of sentences (a list of sentences in, their translations
-    out, in one call): `split_segments`, the batch, `join_segments`."""
+class Translator:
+    """A `text.markup.Translator`: `translate_batch` (sentences in, their translations out, in
+    one call) and `align` (a model's attention: `text.align.AttentionAligner.align`; none:
+    `positional_links`)."""
 
-    def translate(segments: list[str]) -> list[str]:
-        layout, sentences = split_segments(segments, lang, mode)
-        outputs = list(translate_batch(sentences)) if sentences else []
-        if len(outputs) != len(sentences):
-            raise ValueError(f"the translator gave {len(outputs)} translations for {len(sentences)} sentences")
-        return join_segments(layout, outputs)
-
-    return translate
+    def __init__(self, translate_batch: Callable[[list[str]], list[str]], align=None):
+        self.translate, self.align = translate_batch, align or positional_links

@@ -1,11 +1,12 @@
 """OpenDocument text and presentations (.odt, .odp; odfpy): every paragraph and heading (text:p,
 text:h) of the body, its tables, frames and notes, and of the page styles' headers and footers;
 a presentation's slides and speaker notes alike. A span's or a link's element is a tag, nested as
-in the file; a tab, a line break, a note, a frame, a field or a bookmark is kept whole in its
-place; the spaces element (text:s) is a space."""
+in the file; a note, a frame, a field or a bookmark is kept whole in its place; the spaces element
+(text:s) is a space, a line break and a tab their characters."""
 
 from __future__ import annotations
 
+import re
 from io import BytesIO
 
 from ..extras import require
@@ -16,6 +17,8 @@ TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
 PARAGRAPHS = {(TEXT, "p"), (TEXT, "h")}
 TAGS = {(TEXT, "span"), (TEXT, "a")}
 SPACES = (TEXT, "s")
+CHARS = {(TEXT, "line-break"): "\n", (TEXT, "tab"): "\t"}
+"""Elements that stand for a character: text to the translator, elements again in the file."""
 
 
 class Odf(Document):
@@ -64,6 +67,8 @@ def _read(node, paragraph: Paragraph, stack: tuple[int, ...]) -> None:
             _read(child, paragraph, stack + (paragraph.tag(child),))
         elif child.qname == SPACES:
             paragraph.text(" ", stack)
+        elif child.qname in CHARS:
+            paragraph.text(CHARS[child.qname], stack)
         else:
             paragraph.atom(child, stack)
 
@@ -93,4 +98,9 @@ def _write(p, paragraph: Paragraph, pieces: list[Piece]) -> None:
         if piece.atom is not None:
             parent.appendChild(paragraph.payloads[piece.atom - 1])
         else:
-            parent.addText(piece.text, check_grammar=False)
+            for part in re.split(r"([\n\t])", piece.text):
+                if part in ("\n", "\t"):
+                    char = next(q for q, c in CHARS.items() if c == part)
+                    parent.appendChild(Element(qname=char, check_grammar=False))
+                elif part:
+                    parent.addText(part, check_grammar=False)

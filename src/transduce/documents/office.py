@@ -23,6 +23,9 @@ from .inline import Paragraph, Piece
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
 
+BREAK = b"\n"
+"""The key of a line break (PowerPoint's a:br): text of no formatting of its own."""
+
 _NOISE = {"lang", "altLang", "dirty", "err", "noProof", "smtClean", "smtId", "bmk", "hint"}
 """Run properties that are not formatting (spell checking, the language, editing marks)."""
 
@@ -48,10 +51,12 @@ class Runs:
     """One paragraph's runs: the text runs, each with its chain of containers (a Word hyperlink)
     and its key, and the things kept whole; taken apart into a `Paragraph` and put back."""
 
-    def __init__(self, p, items: list[tuple], set_text):
-        """`items`: in order, ("text", run, chain, key, text) or ("atom", element, chain)."""
-        self.p, self.items, self.set_text = p, items, set_text
-        texts = [it for it in items if it[0] == "text"]
+    def __init__(self, p, items: list[tuple], make):
+        """`items`: in order, ("text", run, chain, key, text) (a key of BREAK: a line break, text
+        "\n" of no formatting of its own) or ("atom", element, chain); `make(run, text)`: the new
+        elements of `text` in a copy of `run`."""
+        self.p, self.items, self.make = p, items, make
+        texts = [it for it in items if it[0] == "text" and it[3] is not BREAK]
         chars = Counter()
         for _, _, chain, key, text in texts:
             if not chain:
@@ -72,7 +77,7 @@ class Runs:
                 continue
             atom = None
             _, run, chain, key, text = it
-            if (run, chain) == self.template or (not chain and key == base):
+            if key is BREAK or (run, chain) == self.template or (not chain and key == base):
                 self.paragraph.text(text)
                 continue
             ident = (_ids(chain), key)
@@ -103,9 +108,7 @@ class Runs:
                 made = paragraph.payloads[piece.atom - 1]
             else:
                 run, chain = paragraph.payloads[piece.stack[-1] - 1] if piece.stack else self.template
-                new = copy.deepcopy(run)
-                self.set_text(new, piece.text)
-                made = [(new, chain)]
+                made = [(el, chain) for el in self.make(run, piece.text)]
             for el, chain in made:
                 if not chain:
                     out.append(el)
@@ -180,8 +183,10 @@ def _word_items(p) -> list[tuple]:
     return items
 
 
-def _set_word_text(run, text: str) -> None:
-    run.text = text  # a tab as w:tab, a line break as w:br
+def _word_run(run, text: str) -> list:
+    new = copy.deepcopy(run)
+    new.text = text  # a tab as w:tab, a line break as w:br
+    return [new]
 
 
 class Docx(Document):
@@ -209,7 +214,7 @@ class Docx(Document):
             else:
                 continue
             for p in list(root.iter(W + "p")):
-                runs = Runs(p, _word_items(p), _set_word_text)
+                runs = Runs(p, _word_items(p), _word_run)
                 self.add(runs.paragraph, runs.apply)
 
     def save(self) -> bytes:
@@ -231,13 +236,27 @@ def _slide_items(p) -> list[tuple]:
         if child.tag == A + "r":
             t = child.find(A + "t")
             items.append(("text", child, (), _key(child.find(A + "rPr")), "" if t is None else (t.text or "")))
+        elif child.tag == A + "br":
+            items.append(("text", child, (), BREAK, "\n"))
         elif child.tag not in (A + "pPr", A + "endParaRPr"):
             items.append(("atom", child, ()))
     return items
 
 
-def _set_slide_text(run, text: str) -> None:
-    run.text = " ".join(text.splitlines())  # a line break is an a:br, between runs
+def _slide_runs(run, text: str) -> list:
+    """Runs of `text` in copies of `run`, an a:br (of the run's properties) at each line break."""
+    made = []
+    for i, line in enumerate(text.split("\n")):
+        if i:
+            br = run.makeelement(A + "br")
+            if run.find(A + "rPr") is not None:
+                br.append(copy.deepcopy(run.find(A + "rPr")))
+            made.append(br)
+        if line:
+            new = copy.deepcopy(run)
+            new.text = line
+            made.append(new)
+    return made
 
 
 class Pptx(Document):
@@ -256,7 +275,7 @@ class Pptx(Document):
                 roots.append(slide.notes_slide.part._element)
             for root in roots:
                 for p in list(root.iter(A + "p")):
-                    runs = Runs(p, _slide_items(p), _set_slide_text)
+                    runs = Runs(p, _slide_items(p), _slide_runs)
                     self.add(runs.paragraph, runs.apply)
 
     def save(self) -> bytes:

@@ -9,7 +9,6 @@ import re
 
 from ..extras import require
 from .base import Document, DocumentError, decode_text
-from .html import render
 from .inline import Paragraph, Piece
 
 _LINE_END = re.compile(r"(\r\n|\n|\r)")
@@ -57,7 +56,7 @@ class Subtitles(Document):
                      lambda paragraph, pieces, k=k, n=len(lines): self._put(k, n, paragraph, pieces))
 
     def _put(self, k: int, n: int, paragraph: Paragraph, pieces: list[Piece]) -> None:
-        self.cues[k].content = "\n".join(balanced(render(pieces, paragraph.payloads, escaped=False), n))
+        self.cues[k].content = "\n".join(balanced(_render(pieces, paragraph.payloads), n))
 
     def save(self) -> bytes:
         text = self.srt.compose(self.cues, reindex=False, strict=True, eol=self.eol)
@@ -85,6 +84,32 @@ def _markup(content: str) -> Paragraph:
             open_.append((name, paragraph.tag((name, m.group()))))
     paragraph.text(content[at:], tuple(k for _, k in open_))
     return paragraph
+
+
+def _render(pieces: list[Piece], payloads: list) -> str:
+    """A cue's pieces as SubRip text: each tag as it was written and its end tag around its
+    pieces, each kept thing as it was; the text's line breaks as spaces (the cue's own lines are
+    made again by `balanced`)."""
+    out: list[str] = []
+    stack: tuple[int, ...] = ()
+
+    def move(want: tuple[int, ...]) -> None:
+        nonlocal stack
+        common = 0
+        while common < min(len(stack), len(want)) and stack[common] == want[common]:
+            common += 1
+        out.extend(f"</{payloads[k - 1][0]}>" for k in reversed(stack[common:]))
+        out.extend(payloads[k - 1][1] for k in want[common:])
+        stack = want
+
+    for p in pieces:
+        if p.atom is not None:
+            out.append(payloads[p.atom - 1])
+        else:
+            move(p.stack)
+            out.append(" ".join(p.text.splitlines()))
+    move(())
+    return "".join(out)
 
 
 def balanced(text: str, n: int) -> list[str]:
