@@ -68,7 +68,7 @@ MODEL=$RUN/model  # the last step's, where no checkpoint was written on the inte
 if [ "$n" -gt 0 ] && transduce average "$RUN" --average $((n < 5 ? n : 5)) --out "$RUN/avg" >> "$OUT/wsj.log" 2>&1; then
   MODEL=$RUN/avg
 fi
-COMMON=(--dataset ptb-wsj --beam 21 --alpha 0.3 --max-len-offset 300 --batch-size 128 --precision bf16 --workers 1 --quiet)
+COMMON=(--dataset ptb-wsj --beam 21 --length-penalty gnmt:0.3 --max-len-offset 300 --batch-size 128 --precision bf16 --workers 1 --quiet)
 for search in 23 22 23-constrained 23-greedy; do
   t=$(left)
   [ "$t" -gt 15 ] || { echo "== $search: not run (deadline)" >> "$OUT/wsj.log"; continue; }

@@ -32,7 +32,7 @@
 #               to 0 (default 0.2; 0 is the paper's schedule)
 #   SEED        train --seed (default 1)
 #   PRESET      default multi30k (`tiny` is the literature's Transformer-Tiny); DROPOUT, WARMUP, LR_SCALE override the preset's values
-#   BATCH_TOKENS  train --batch-tokens: padded tokens per micro-batch (default: the preset's; MAX_TOKENS, its old name, still read)
+#   BATCH_TOKENS  train --batch-tokens: padded tokens per micro-batch (default: the preset's)
 #   SETS        more config settings for train --set, space-separated, e.g. "model.n_layers=3"
 #   VARIANT     raw (default: cased, untokenized text, scored by sacreBLEU) or tok (the literature's
 #               lowercased, Moses-tokenized text, scored and chosen by lowercased tokenized BLEU)
@@ -58,7 +58,7 @@ if [ -n "${STEPS:-}" ]; then OPTIONAL+=(--max-steps "$STEPS"); fi
 if [ -n "${MINUTES:-}" ]; then OPTIONAL+=(--max-minutes "$MINUTES"); fi
 if [ -n "${WARMUP:-}" ]; then OPTIONAL+=(--warmup "$WARMUP"); fi
 if [ -n "${LR_SCALE:-}" ]; then OPTIONAL+=(--lr-scale "$LR_SCALE"); fi
-BATCH_TOKENS=${BATCH_TOKENS:-${MAX_TOKENS:-}}  # MAX_TOKENS: the old name
+BATCH_TOKENS=${BATCH_TOKENS:-}
 if [ -n "$BATCH_TOKENS" ]; then OPTIONAL+=(--batch-tokens "$BATCH_TOKENS"); fi
 
 if [ "${EVAL_ONLY:-0}" != 1 ]; then
@@ -86,7 +86,7 @@ for k in $AVERAGE; do
   transduce average "$RUN" --average "$k" --out "$RUN/avg_last$k"
   for a in 0.6 0.8 1.0 1.2 1.5; do
     transduce evaluate "$RUN/avg_last$k" --dataset multi30k --src en --tgt de --split val --variant "$VARIANT" --beam 4 \
-      --alpha "$a" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null
+      --length-penalty "gnmt:$a" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null
     if [ "$DECODING" = auto ]; then
       DECODING=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" \
         "$RUN/alpha/val.avg$k.alpha$a.json")
@@ -112,14 +112,14 @@ PY
 )
 [ -n "${ALPHA:-}" ] || { echo "multi30k.sh: no validation scores in $RUN/alpha" >&2; exit 1; }
 if [ "$K" = 1 ]; then what="the last checkpoint"; else what="the average of the last $K checkpoints"; fi
-echo "chosen on the validation split: $what, alpha $ALPHA"
+echo "chosen on the validation split: $what, alpha $ALPHA (translate with --length-penalty gnmt:$ALPHA)"
 
 searches=(greedy beam4 "beam4-alpha$ALPHA")
 for search in "${searches[@]}"; do
   case $search in
     greedy) flags=(--greedy) ;;
-    beam4) flags=(--beam 4 --alpha 0.6) ;;
-    *) flags=(--beam 4 --alpha "$ALPHA") ;;
+    beam4) flags=(--beam 4 --length-penalty gnmt:0.6) ;;
+    *) flags=(--beam 4 --length-penalty "gnmt:$ALPHA") ;;
   esac
   transduce evaluate "$RUN/avg_last$K" --dataset multi30k --src en --tgt de --split test_2016_flickr --variant "$VARIANT" \
     "${flags[@]}" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/test_2016_flickr.$search.json" \

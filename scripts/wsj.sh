@@ -77,7 +77,7 @@ if [ "${EVAL_ONLY:-0}" != 1 ]; then
     if [ "${TAGS:-1}" = 1 ]; then tags=(--keep-tags); else tags=(); fi
     transduce prepare --dataset ptb-wsj ${tags[@]+"${tags[@]}"} --out "$RUN/data"
   fi
-  transduce train --data "$RUN/data" --run-dir "$RUN" --resume --preset "$PRESET" \
+  transduce train --data "$RUN/data" --run-dir "$RUN" --preset "$PRESET" \
     ${SETS[@]+"${SETS[@]/#/--set=}"} ${OPTIONAL[@]+"${OPTIONAL[@]}"} --precision "$PRECISION" --threads "$THREADS" \
     --cooldown "$COOLDOWN" --valid-every 500 --save-every-steps "$SAVE_STEPS" \
     --save-every-minutes 0 --keep-last 0 --seed "$SEED"
@@ -109,7 +109,7 @@ for k in $AVERAGE; do
   transduce average "$RUN" --average "$k" --out "$RUN/avg_last$k"
   for a in $ALPHAS; do
     [ -f "$ALPHA_DIR/22.avg$k.alpha$a.json" ] || transduce evaluate "$RUN/avg_last$k" --dataset ptb-wsj --split 22 \
-      --beam "$BEAM" --alpha "$a" ${CHOOSE[@]+"${CHOOSE[@]}"} "${COMMON[@]}" --json "$ALPHA_DIR/22.avg$k.alpha$a.json" > /dev/null
+      --beam "$BEAM" --length-penalty "gnmt:$a" ${CHOOSE[@]+"${CHOOSE[@]}"} "${COMMON[@]}" --json "$ALPHA_DIR/22.avg$k.alpha$a.json" > /dev/null
     keep_precision "$ALPHA_DIR/22.avg$k.alpha$a.json"
   done
 done
@@ -138,9 +138,9 @@ searches+=("beam$BEAM-alpha$ALPHA-constrained")
 for search in "${searches[@]}"; do
   case $search in
     greedy) flags=(--greedy) ;;
-    *-constrained) flags=(--beam "$BEAM" --alpha "$ALPHA" --constrained) ;;
-    "beam$BEAM-alpha0.3") flags=(--beam "$BEAM" --alpha 0.3) ;;
-    *) flags=(--beam "$BEAM" --alpha "$ALPHA") ;;
+    *-constrained) flags=(--beam "$BEAM" --length-penalty "gnmt:$ALPHA" --constrained) ;;
+    "beam$BEAM-alpha0.3") flags=(--beam "$BEAM" --length-penalty gnmt:0.3) ;;
+    *) flags=(--beam "$BEAM" --length-penalty "gnmt:$ALPHA") ;;
   esac
   [ -f "$RUN/23.avg$K.$search.json" ] || transduce evaluate "$RUN/avg_last$K" --dataset ptb-wsj --split 23 "${flags[@]}" \
     "${COMMON[@]}" --json "$RUN/23.avg$K.$search.json" --out "$RUN/23.avg$K.$search.trees" > /dev/null

@@ -85,6 +85,7 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
         "serve": ([str(tmp / "nope")], "no such directory"),
         "export": (["ct2", str(tmp / "nope"), "-o", str(tmp / "out")], "no such directory"),
         "experiment": (["--data", str(tmp / "nope"), "--out", str(tmp / "out"), "--max-steps", "1"], "no such file"),
+        "docs": (["no-such-page"], "no page 'no-such-page'"),
     }[command]
 
 
@@ -144,12 +145,12 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
     from transduce.cli.fields import from_args
     from transduce.train.trainer import TrainOptions
 
-    from transduce.cli.train import HIDDEN, RENAMED
+    from transduce.cli.train import NO_FLAG, RENAMED
 
     parser = build_parser()
     args = parser.parse_args(["train", "--run-dir", str(tmp_path)])
     assert from_args(TrainOptions, args) == TrainOptions()
-    args = parser.parse_args(["train", "--run-dir", str(tmp_path), "--quiet", "--no-tensorboard", "--resume",
+    args = parser.parse_args(["train", "--run-dir", str(tmp_path), "--quiet", "--no-tensorboard",
                               "--compile", "--batch-tokens", "40", "--max-minutes", "1.5", "--precision", "bf16"])
     got = from_args(TrainOptions, args)
     assert (got.progress, got.tensorboard, got.resume, got.compile) == (False, False, True, True)
@@ -158,7 +159,7 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
         main(["train", "--help"])
     train_help = capsys.readouterr().out
     for f in dataclasses.fields(TrainOptions):  # each under its own name, or the vocabulary's (RENAMED)
-        if f.name in HIDDEN:
+        if f.name in NO_FLAG:
             continue
         name = f.name.replace("_", "-")
         shown = RENAMED[f.name][0] if f.name in RENAMED else f"--no-{name}" if f.default is True else f"--{name}"

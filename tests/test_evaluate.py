@@ -338,8 +338,8 @@ def test_json_follows_a_symlink_and_streams_into_a_fifo(tmp_path, capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--threads", "-1"], "--threads must be at least 1, not -1"),
     (["--threads", "0"], "--threads must be at least 1, not 0"),
-    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
-    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
 ])
 def test_bad_decoding_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
     src = _write(tmp_path / "src.txt", ["ein mann"])

@@ -193,7 +193,7 @@ def _translate(model_dir, tmp_path, lines, *flags) -> list[str]:
 
 def test_translate_cli_fp32_bf16_int8(multilingual, tmp_path):
     """`transduce translate` writes, in fp32, what MarianTokenizer decodes of generate's greedy
-    output, and with `--length-penalty hf` of its beam search's; bf16 and int8 run (not exact)."""
+    output, and with `--length-penalty hf:A` of its beam search's; bf16 and int8 run (not exact)."""
     from transduce.fast.int8 import can_int8
 
     lines = multilingual.lines[:8]
@@ -202,8 +202,8 @@ def test_translate_cli_fp32_bf16_int8(multilingual, tmp_path):
     want = [multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=1, forced_eos_token_id=None))
             for line in lines]
     assert fp32 == want
-    beam = _translate(multilingual.model_dir, tmp_path, lines, "--beam", "4", "--alpha", str(ALPHA), "--max-len-offset",
-                      str(OFFSET), "--precision", "fp32", "--length-penalty", "hf")
+    beam = _translate(multilingual.model_dir, tmp_path, lines, "--beam", "4", "--length-penalty", f"hf:{ALPHA}",
+                      "--max-len-offset", str(OFFSET), "--precision", "fp32")
     assert beam == [multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=4, length_penalty=ALPHA))
                     for line in lines]
     assert len(_translate(multilingual.model_dir, tmp_path, lines, "--greedy", "--precision", "bf16")) == len(lines)

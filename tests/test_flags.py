@@ -1,7 +1,7 @@
 """Every command held to one vocabulary of flags (docs/cli.md), every help page to one screen.
 
 The vocabulary is `transduce.cli.options.VOCABULARY`: one name per concept wherever the concept
-appears, the old spellings hidden aliases that still set the same destination."""
+appears, and no other: the spellings of the versions before it are refused, as any unknown flag."""
 
 import argparse
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from transduce.cli import SUBCOMMANDS, build_parser, main
-from transduce.cli.options import OLD_SPELLINGS, VOCABULARY, WIDTH
+from transduce.cli.options import LENGTH_PENALTIES, SHORT_FORMS, VOCABULARY, WIDTH
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO / "src"), "COLUMNS": "200"}
@@ -27,37 +27,32 @@ def subparsers() -> dict[str, argparse.ArgumentParser]:
 
 PARSERS = subparsers()
 
-OLD = {  # command -> old spelling -> (argv that uses it, the destination, the value it must give)
-    "translate": {"--output": (["m", "--output", "x"], "out", Path("x")),
-                  "--max-tokens": (["m", "--max-tokens", "7"], "batch_tokens", 7),
-                  "--max-input-tokens": (["m", "--max-input-tokens", "7"], "max_input_tokens", 7),
-                  "--bf16": (["m", "--bf16"], "precision", "bf16"), "--int8": (["m", "--int8"], "precision", "int8")},
-    "parse": {"--output": (["m", "--output", "x"], "out", Path("x")),
-              "--max-input-tokens": (["m", "--max-input-tokens", "7"], "max_input_tokens", 7)},
-    "evaluate": {"--save-hyp": (["m", "--save-hyp", "x"], "out", Path("x")),
-                 "--src-file": (["m", "--src-file", "x"], "input", Path("x")),
-                 "--max-input-tokens": (["m", "--max-input-tokens", "7"], "max_input_tokens", 7)},
-    "average": {"--force": (["r", "--force"], "overwrite", True),
-                "--last": (["r", "--last", "3"], "average", 3)},
-    "export": {"--force": (["ct2", "m", "-o", "x", "--force"], "overwrite", True)},
-    "prepare": {"--no-progress": (["-o", "x", "--no-progress"], "quiet", True),
-                "--force": (["-o", "x", "--force"], "overwrite", True)},
-    "train": {"--max-tokens": (["--run-dir", "r", "--max-tokens", "7"], "max_tokens", 7),
-              "--no-progress": (["--run-dir", "r", "--no-progress"], "progress", False)},
-    "experiment": {"--updates": (["--data", "d", "-o", "x", "--updates", "7"], "max_steps", 7),
-                   "--max-tokens": (["--data", "d", "-o", "x", "--max-steps", "1", "--max-tokens", "7"],
-                                    "update_tokens", 7),
-                   "--save-every": (["--data", "d", "-o", "x", "--max-steps", "1", "--save-every", "7"],
-                                    "save_every_steps", 7),
-                   "--no-progress": (["--data", "d", "-o", "x", "--max-steps", "1", "--no-progress"], "quiet", True),
-                   "--average": (["--data", "d", "-o", "x", "--max-steps", "1", "--average"], "score_averaged", True)},
-    "serve": {"--max-tokens": (["m", "--max-tokens", "7"], "max_input_tokens", 7)},
-    "attention": {"--max-tokens": (["m", "--max-tokens", "7"], "keep_tokens", 7),
-                  "--max-input-tokens": (["m", "--max-input-tokens", "7"], "keep_tokens", 7),
-                  "--target": (["m", "a", "--target", "x"], "target_text", ["x"]),
-                  "-t": (["m", "a", "-t", "x"], "target_text", ["x"])},
-    "synthetic": {"--save": (["--save", "x"], "out", "x")},
+REFUSED = {  # command -> a spelling of an earlier, unreleased version -> argv that uses it: refused
+    "translate": {"--output": ["m", "--output", "x"], "--max-tokens": ["m", "--max-tokens", "7"],
+                  "--max-input-tokens": ["m", "--max-input-tokens", "7"], "--alpha": ["m", "--alpha", "0.6"],
+                  "--ct2-length-penalty": ["m", "--ct2-length-penalty", "ct2"]},
+    "parse": {"--output": ["m", "--output", "x"], "--max-input-tokens": ["m", "--max-input-tokens", "7"],
+              "--alpha": ["m", "--alpha", "0.3"]},
+    "evaluate": {"--save-hyp": ["m", "--save-hyp", "x"], "--src-file": ["m", "--src-file", "x"],
+                 "--max-input-tokens": ["m", "--max-input-tokens", "7"], "--alpha": ["m", "--alpha", "1"]},
+    "average": {"--force": ["r", "--force"], "--last": ["r", "--last", "3"]},
+    "export": {"--force": ["ct2", "m", "-o", "x", "--force"]},
+    "prepare": {"--no-progress": ["-o", "x", "--no-progress"], "--force": ["-o", "x", "--force"]},
+    "train": {"--max-tokens": ["--run-dir", "r", "--max-tokens", "7"], "--no-progress": ["--run-dir", "r", "--no-progress"],
+              "--resume": ["--run-dir", "r", "--resume"]},
+    "experiment": {"--updates": ["--data", "d", "-o", "x", "--max-steps", "1", "--updates", "7"],
+                   "--max-tokens": ["--data", "d", "-o", "x", "--max-steps", "1", "--max-tokens", "7"],
+                   "--save-every": ["--data", "d", "-o", "x", "--max-steps", "1", "--save-every", "7"],
+                   "--no-progress": ["--data", "d", "-o", "x", "--max-steps", "1", "--no-progress"],
+                   "--average": ["--data", "d", "-o", "x", "--max-steps", "1", "--average"]},
+    "serve": {"--max-tokens": ["m", "--max-tokens", "7"], "--alpha": ["m", "--alpha", "1"],
+              "--ct2-length-penalty": ["m", "--ct2-length-penalty", "ct2"]},
+    "attention": {"--max-tokens": ["m", "--max-tokens", "7"], "--max-input-tokens": ["m", "--max-input-tokens", "7"],
+                  "--target": ["m", "a", "--target", "x"], "-t": ["m", "a", "-t", "x"], "--alpha": ["m", "a", "--alpha", "1"]},
+    "synthetic": {"--save": ["--save", "x"]},
 }
+"""Every spelling an earlier version accepted as a hidden alias (for a version never released):
+each now an unknown flag, and no prefix of a flag either (abbreviations are off)."""
 
 DEST = {("train", "max_tokens"): "batch_tokens", ("train", "progress"): "quiet",
         **{(c, "max_input_tokens"): "truncate_input" for c in ("translate", "evaluate", "parse")}}
@@ -88,8 +83,12 @@ def test_every_help_page_is_one_screen(command):
     assert all(len(line) <= WIDTH for line in lines), [line for line in lines if len(line) > WIDTH]
     details = [line for line in lines if line.startswith("details: ")]
     assert len(details) == 1, command
-    for doc in re.findall(r"docs/[\w.-]+\.md", details[0]):
-        assert (REPO / doc).is_file(), doc
+    m = re.fullmatch(r"details: transduce docs (\w+)(?: (\w+))?(?: \(and ([\w, ]+)\))?", details[0])
+    assert m, (command, details[0])  # a page a wheel's user can reach: `transduce docs TOPIC [SECTION]`
+    for topic in [m.group(1), *(m.group(3) or "").replace(",", " ").split()]:
+        assert (REPO / "docs" / f"{topic}.md").is_file(), (command, topic)
+    if m.group(2):
+        assert re.search(rf"^#+ {m.group(2)}\b", (REPO / "docs" / f"{m.group(1)}.md").read_text(encoding="utf-8"), re.M | re.I)
     examples = [line for line in lines if line.startswith("  transduce ") or line.startswith("  torchrun ")
                 or line.startswith("  echo ")]
     assert 2 <= len(examples) <= 4, command
@@ -104,10 +103,11 @@ def test_the_help_does_not_depend_on_the_terminal():
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
-def test_no_visible_option_uses_an_old_spelling(command):
+def test_no_option_uses_an_old_spelling(command):
     text = help_of(command)
-    for old in OLD_SPELLINGS:
-        assert not re.search(re.escape(old) + r"(?![\w-])", text), f"transduce {command} --help shows {old}"
+    for old in {o for olds in REFUSED.values() for o in olds}:
+        if not any(old in a.option_strings for a in PARSERS[command]._actions):
+            assert not re.search(re.escape(old) + r"(?![\w-])", text), f"transduce {command} --help shows {old}"
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -117,15 +117,9 @@ def test_each_concept_has_its_one_name(command):
     for action in PARSERS[command]._actions:
         if not action.option_strings:
             continue
-        renamed = getattr(action, "renamed_to", None)
-        if renamed is not None:  # a command's own old name (hidden_alias): its new name sets the same destination
-            assert action.help == argparse.SUPPRESS
-            assert any(renamed in a.option_strings and a.dest == action.dest and a.help != argparse.SUPPRESS
-                       for a in PARSERS[command]._actions), (command, action.option_strings, renamed)
-            continue
         concept = concept_of(command, action)
-        if concept is not None and action.help == argparse.SUPPRESS:  # a hidden alias of its own
-            assert set(action.option_strings) <= set(concept.old), (command, action.option_strings)
+        if concept is not None and action.help == argparse.SUPPRESS:  # --bf16, --int8: --precision in one word
+            assert set(action.option_strings) <= SHORT_FORMS, (command, action.option_strings)
         elif concept is not None:
             assert concept.name in action.option_strings, (command, action.option_strings, concept.name)
             if concept.short:
@@ -135,20 +129,22 @@ def test_each_concept_has_its_one_name(command):
                 assert concept is c, (command, c.name, action.dest)
 
 
-@pytest.mark.parametrize("command, old", [(c, o) for c, olds in OLD.items() for o in olds])
-def test_every_old_spelling_still_parses_to_the_new_destination(command, old):
-    argv, dest, value = OLD[command][old]
-    args = build_parser().parse_args([command, *argv])
-    assert getattr(args, dest) == value
+@pytest.mark.parametrize("command, old", [(c, o) for c, olds in REFUSED.items() for o in olds])
+def test_every_old_spelling_is_refused(command, old, capsys):
+    """An earlier version's spelling is an unknown flag: status 2 and argparse's line naming it."""
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args([command, *REFUSED[command][old]])
+    assert stop.value.code == 2
+    assert f"unrecognized arguments: {old}" in capsys.readouterr().err
 
 
-def test_the_old_spellings_are_all_tested():
-    tested = {o for olds in OLD.values() for o in olds}
-    assert OLD_SPELLINGS <= tested
-    for command, parser in PARSERS.items():  # and every command's own hidden alias
+def test_no_hidden_flag_but_the_short_forms():
+    """What the help does not show is --precision's one-word forms and --src-vocab's partner: no
+    alias kept for an old name."""
+    for command, parser in PARSERS.items():
         for action in parser._actions:
-            if getattr(action, "renamed_to", None):
-                assert set(action.option_strings) <= set(OLD.get(command, {})), (command, action.option_strings)
+            if action.option_strings and action.help == argparse.SUPPRESS:
+                assert set(action.option_strings) <= SHORT_FORMS | {"--tgt-vocab"}, (command, action.option_strings)
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -166,6 +162,10 @@ def test_one_meaning_per_flag_name(command):
             assert action.metavar == "LANG", command  # a language; a target text is attention's --target-text
         if "--json" in action.option_strings:
             assert action.nargs is None, command  # always a FILE: never takes MODEL by surprise
+        if "--vocab" in action.option_strings:
+            assert action.metavar == "PATH" and "PATH's vocabulary" in action.help, command  # the vocabulary of PATH
+        if "--length-penalty" in action.option_strings:
+            assert type(action).__name__ == "LengthPenalty" and action.metavar == "F:A", command
 
 
 def test_evaluate_json_never_swallows_model():
@@ -174,41 +174,69 @@ def test_evaluate_json_never_swallows_model():
     assert build_parser().parse_args(["evaluate", "runs/base", "--json", "-"]).json == "-"
 
 
-def test_a_commands_own_old_name_says_its_new_name(tmp_path, capsys):
-    assert main(["translate", str(tmp_path / "nope"), "--max-input-tokens", "5"]) == 2
-    err = capsys.readouterr().err.splitlines()
-    assert err[0] == ("transduce translate: note: --max-input-tokens is now --truncate-input "
-                      "(the old name goes in a later release)"), err
-    assert len(err) == 2 and err[1].startswith("transduce translate: error: ")
-    assert main(["experiment", "--data", str(tmp_path / "nope"), "-o", str(tmp_path / "x"), "--max-steps", "1",
-                 "--average"]) == 2
-    assert "--average is now --score-averaged" in capsys.readouterr().err
-
-
-def test_an_old_spelling_says_its_new_name_on_one_line(tmp_path, capsys):
-    missing = str(tmp_path / "missing.txt")
-    argv = ["prepare", "--train-src", missing, "--train-tgt", missing, "--valid-src", missing, "--valid-tgt", missing,
-            "-o", str(tmp_path / "out"), "--no-progress"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.splitlines()
-    assert err[0] == "transduce prepare: note: --no-progress is now --quiet (the old name goes in a later release)"
-    assert len(err) == 2 and err[1].startswith("transduce prepare: error: ")
-
-
 def test_the_decoding_flags_have_the_same_defaults_wherever_they_decode_as_translate():
     """attention's translation decodes as translate does (6.1): the same flags, the same defaults."""
     parser = build_parser()
     translate = parser.parse_args(["translate", "m"])
     attention = parser.parse_args(["attention", "m", "a"])
-    for name in ("beam", "alpha", "max_len_offset", "greedy", "device", "threads", "checkpoint", "average", "vocab"):
+    for name in ("beam", "length_penalty", "alpha", "max_len_offset", "greedy", "device", "threads", "checkpoint",
+                 "average", "vocab"):
         assert getattr(attention, name) == getattr(translate, name), name
-    assert (translate.beam, translate.alpha, translate.max_len_offset) == (4, 0.6, 50)
+    assert (translate.beam, translate.length_penalty, translate.alpha, translate.max_len_offset) == (4, "gnmt", 0.6, 50)
     parse = parser.parse_args(["parse", "m"])
     assert (parse.beam, parse.alpha, parse.max_len_offset) == (21, 0.3, 300)  # 6.3
-    shared = {"--beam", "--alpha", "--max-len-offset", "--device", "--threads", "--checkpoint", "--vocab"}
+    shared = {"--beam", "--length-penalty", "--max-len-offset", "--device", "--threads", "--checkpoint", "--vocab"}
     for command in ("translate", "evaluate", "parse", "serve", "attention"):
         flags = {s for a in PARSERS[command]._actions for s in a.option_strings}
         assert shared <= flags, command
+
+
+# --- --length-penalty: one flag, its value names the formula ------------------------------------
+
+
+@pytest.mark.parametrize("argv, formula, alpha", [
+    (["translate", "m"], "gnmt", 0.6),  # 6.1's
+    (["translate", "m", "--length-penalty", "gnmt:1.2"], "gnmt", 1.2),
+    (["translate", "m", "--length-penalty", "gnmt"], "gnmt", 0.6),  # a bare formula: its own default alpha
+    (["translate", "m", "--length-penalty", "hf"], "hf", 1.0),  # generate's default
+    (["translate", "m", "--length-penalty", "ct2:0.5", "--engine", "ct2"], "ct2", 0.5),
+    (["translate", "m", "--length-penalty", "none"], "none", 0.0),
+    (["parse", "m"], "gnmt", 0.3),  # 6.3's
+    (["parse", "m", "--length-penalty", "gnmt"], "gnmt", 0.3),
+    (["evaluate", "m", "--length-penalty", "gnmt"], "gnmt", None),  # the task's, once the model is known
+    (["serve", "m", "--length-penalty", "gnmt:0.8"], "gnmt", 0.8),
+])
+def test_the_length_penalty_names_its_formula_and_alpha(argv, formula, alpha):
+    from transduce.cli.common import check_length_penalty
+
+    args = build_parser().parse_args(argv)
+    if alpha is not None:
+        check_length_penalty(args)
+    assert (args.length_penalty, args.alpha) == (formula, alpha)
+    assert formula in LENGTH_PENALTIES
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--length-penalty", "paper"], "--length-penalty paper: the formula is one of gnmt, hf, ct2, none"),
+    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
+    (["--length-penalty", "gnmt:x"], "--length-penalty gnmt:x: alpha must be a finite number >= 0"),
+    (["--length-penalty", "none:1"], "--length-penalty none:1: none takes no alpha"),
+    (["--length-penalty", "ct2"], "--length-penalty ct2: --engine torch takes gnmt, hf, none"),
+    (["--engine", "ct2", "--length-penalty", "hf"], "--length-penalty hf: --engine ct2 takes gnmt, ct2, none"),
+])
+def test_a_bad_length_penalty_is_one_line(tmp_path, capsys, flags, message):
+    assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"transduce translate: error: {message}"), err
+
+
+def test_parsing_and_attention_take_the_papers_penalty_or_none(tmp_path, capsys):
+    for argv in (["parse", str(tmp_path / "m"), "--length-penalty", "hf"],
+                 ["attention", str(tmp_path / "m"), "a", "--length-penalty", "hf:1", "--json", str(tmp_path / "a.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"transduce {argv[0]}: error: --length-penalty hf: {argv[0]} takes gnmt, none"], err
 
 
 # --- `transduce --help` and `--version` ------------------------------------------------------------
@@ -224,6 +252,25 @@ def test_the_top_level_help_lists_each_subcommand_once_without_importing_torch()
     assert len(lines) <= 30
     for command in SUBCOMMANDS:
         assert sum(1 for line in lines if line.split()[:1] == [command]) == 1, command
+
+
+def test_docs_prints_a_page_without_importing_torch():
+    code = ("import sys\nfrom transduce.cli import main\n"
+            "assert main(['docs', 'masks']) == 0\n"
+            "assert main(['docs', 'cli', 'prepare']) == 0\n"
+            "assert 'torch' not in sys.modules, 'transduce docs imported torch'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith((REPO / "docs" / "masks.md").read_text(encoding="utf-8"))
+    assert "\n## prepare\n" in out.stdout and "\n## synthetic" not in out.stdout
+
+
+def test_docs_names_the_nearest_page_in_one_line(capsys):
+    assert main(["docs", "trainig"]) == 2
+    assert capsys.readouterr().err == "transduce docs: error: no page 'trainig'; did you mean 'training'?\n"
+    assert main(["docs", "cli", "nothing"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("transduce docs: error: transduce docs cli has no section 'nothing'; its sections: ") and "\n" == err[-1]
 
 
 def test_version_is_the_installed_one_and_imports_no_torch():

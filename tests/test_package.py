@@ -1,6 +1,7 @@
 """The project as a user receives it: a wheel built from the source tree, installed into a clean
 virtual environment (`python -m venv`, nothing of this environment visible), says its version in
-`transduce --version` and `transduce.__version__`, both pyproject.toml's, and carries its licence.
+`transduce --version` and `transduce.__version__`, both pyproject.toml's, carries its licence and
+its documentation (`transduce docs`).
 
 Nothing is downloaded: the wheel is built with this environment's setuptools
 (`--no-build-isolation`) and installed without its dependencies (`--no-deps`), so the clean
@@ -102,6 +103,12 @@ def test_the_wheel_is_named_and_described_by_pyproject(wheel):
     # the files the commands read at run time, beside the modules
     assert {"transduce/views/page.html", "transduce/serve/demo.html", "transduce/cli/__init__.py"} <= names
     assert not any(n.startswith(("tests/", "benchmarks/", "docs/")) for n in names)
+    # the documentation, inside the package, as the source tree's docs/ has it: `transduce docs TOPIC`
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert len(pages) > 10
+    with zipfile.ZipFile(wheel) as z:
+        for page in pages:
+            assert z.read(f"transduce/docs/{page.name}") == page.read_bytes(), page.name
 
 
 def test_the_installed_command_prints_the_version_without_torch(venv):
@@ -116,3 +123,14 @@ def test_the_installed_command_prints_the_version_without_torch(venv):
     licence = list((venv / "lib").glob(f"python3*/site-packages/transduce-{version}.dist-info/licenses/LICENSE"))
     assert len(licence) == 1 and licence[0].read_bytes() == (ROOT / "LICENSE").read_bytes()
     assert "Copyright (c) 2026 the transduce authors" in licence[0].read_text(encoding="utf-8")
+
+
+def test_the_installed_command_prints_the_documentation_without_torch(venv):
+    """A wheel's user reaches what every help page's "details: transduce docs TOPIC" names."""
+    bin_ = venv / "bin"
+    listing = run(bin_ / "transduce", "docs").stdout
+    assert "training" in listing and "Training: `transduce train` and `transduce average`" in listing
+    page = run(bin_ / "transduce", "docs", "training").stdout
+    assert page == (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    section = run(bin_ / "transduce", "docs", "cli", "prepare").stdout
+    assert section.startswith("## prepare\n") and "## synthetic" not in section

@@ -153,19 +153,19 @@ def test_resuming_keeps_the_runs_precision_instead_of_measuring_again(tmp_path, 
         return json.loads((run / "checkpoints" / f"step_{step:07d}" / "trainer_state.json").read_text())
 
     assert state(1)["precision"] == "bf16"
-    assert main(["train", "--resume", "--max-steps", "2", *common]) == 0
+    assert main(["train", "--max-steps", "2", *common]) == 0
     out = capsys.readouterr().out
     assert "precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001; kept on resuming" in out
     assert "s of training steps in this session (from step 1; the run's training time over all sessions" in out
     assert state(2)["precision"] == "bf16"
 
     monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)  # the run moved to a CPU without bf16
-    assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
+    assert main(["train", "--max-steps", "3", *common]) == 0
     out = capsys.readouterr().out
     assert "note: this run trained in bf16 until step_0000002, which this CPU does not compute natively: choosing again" in out
     assert "precision: fp32 (auto: AMD EPYC (Zen 3)" in out and state(3)["precision"] == "fp32"
 
-    assert main(["train", "--resume", "--max-steps", "4", "--precision", "bf16", *common]) == 0
+    assert main(["train", "--max-steps", "4", "--precision", "bf16", *common]) == 0
     out = capsys.readouterr().out
     assert "note: this run trained in fp32 until step_0000003; it continues in bf16, as asked" in out
     assert state(4)["precision"] == "bf16"
@@ -189,7 +189,7 @@ def test_resuming_past_a_damaged_checkpoint_names_the_one_it_resumes_from(tmp_pa
     damaged[len(damaged) * 2 // 3] ^= 0x10
     weights.write_bytes(bytes(damaged))
     capsys.readouterr()
-    assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
+    assert main(["train", "--max-steps", "3", *common]) == 0
     out = capsys.readouterr().out
     assert "precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001;" in out
     assert "resuming from step_0000001, the newest intact checkpoint" in out and "step_0000002;" not in out

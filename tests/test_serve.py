@@ -158,7 +158,7 @@ def test_server_output_equals_transduce_translate(model_dir, loaded, tmp_path, c
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.tsv"
-    search = ["--greedy"] if greedy else ["--beam", "3", "--alpha", "0.8", "--n-best", "2"]
+    search = ["--greedy"] if greedy else ["--beam", "3", "--length-penalty", "gnmt:0.8", "--n-best", "2"]
     assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--max-len-offset", "5", "--quiet",
                  "--precision", "fp32", *search]) == 0
     capsys.readouterr()
@@ -465,8 +465,8 @@ def test_transduce_serve_refuses_a_port_out_of_range_before_loading(model_dir, c
 
 @pytest.mark.parametrize("flags, message", [
     (["--threads", "-1"], "--threads must be at least 1, not -1"),
-    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
-    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
 ])
 def test_transduce_serve_refuses_bad_threads_and_alpha_before_loading(model_dir, capsys, flags, message):
     assert main(["serve", str(model_dir), "--port", "0", "--log-level", "warning", *flags]) == 2

@@ -2,10 +2,10 @@
 the steps since the last one (docs/cluster.md).
 
 Two runs of the same command, `torchrun --standalone --nproc-per-node 2 --max-restarts 1 -m
-transduce train ... --resume` (2 CPU processes, gloo, dropout on), side by side: one left alone,
+transduce train ...` (2 CPU processes, gloo, dropout on), side by side: one left alone,
 and one whose rank 1 this test kills with SIGKILL (from outside, found by its environment in
 /proc) once a checkpoint is written and training has gone past it. torchrun then stops rank 0,
-starts both workers again, and `--resume` continues from the newest checkpoint: weights, Adam,
+starts both workers again, and the same command continues from the newest checkpoint: weights, Adam,
 the position in the batch order and both ranks' RNG states. The two final models must be
 bitwise equal.
 
@@ -32,7 +32,7 @@ MAX_STEPS, EVERY = 100, 25
 
 def command(data: Path, run: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "transduce", "train", "--resume",
+            "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "transduce", "train",
             "--data", str(data), "--run-dir", str(run), "--set", "model.n_layers=2", "--set", "model.d_model=32",
             "--set", "model.d_ff=64", "--set", "model.n_heads=2", "--batch-tokens", "64", "--max-steps", str(MAX_STEPS),
             "--warmup", "4", "--save-every-steps", str(EVERY), "--save-every-minutes", "0", "--valid-every", "0",

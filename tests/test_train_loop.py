@@ -242,12 +242,12 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
         assert torch.equal(v, w), k
     assert cfg.model.tgt_vocab_size == VOCAB + 5
 
-    # --resume with nothing left to do, without --data (taken from RUN_DIR/data.json)
-    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "4", "--quiet", "--no-tensorboard"]) == 0
+    # run again with nothing left to do, without --data (taken from RUN_DIR/data.json)
+    assert main(["train", "--run-dir", str(run), "--max-steps", "4", "--quiet", "--no-tensorboard"]) == 0
     # a run already past --max-steps: said plainly, nothing trained or rewritten
     before = _files(run)
     capsys.readouterr()
-    assert main(["train", "--run-dir", str(run), "--resume", "--max-steps", "3", "--quiet", "--no-tensorboard"]) == 2
+    assert main(["train", "--run-dir", str(run), "--max-steps", "3", "--quiet", "--no-tensorboard"]) == 2
     err = capsys.readouterr().err
     assert err == (f"transduce train: error: {run} is already at step 4, past --max-steps 3: nothing was trained "
                    "(a larger --max-steps continues it)\n")
@@ -349,16 +349,16 @@ def test_resume_refuses_data_of_another_vocabulary_before_writing_anything(tmp_p
     before = _files(run)
     for name, other in others.items():
         capsys.readouterr()
-        assert main(["train", "--resume", "--data", str(other), "--max-steps", "3", *common]) == 2, name
+        assert main(["train", "--data", str(other), "--max-steps", "3", *common]) == 2, name
         err = capsys.readouterr().err
         assert err.startswith("transduce train: error: ") and err.count("\n") == 1, err
         assert f"{other} has another vocabulary than the run being resumed ({run})" in err, err
         assert str(data.absolute()) in err  # the data the run was trained on
         assert _files(run) == before, name  # data.json, the vocabulary copies: untouched
-    # a plain --resume still works, and so does the same data at another path
-    assert main(["train", "--resume", "--max-steps", "3", *common]) == 0
+    # the plain command again still works, and so does the same data at another path
+    assert main(["train", "--max-steps", "3", *common]) == 0
     moved = shutil.copytree(data, tmp_path / "moved")
-    assert main(["train", "--resume", "--data", str(moved), "--max-steps", "4", *common]) == 0
+    assert main(["train", "--data", str(moved), "--max-steps", "4", *common]) == 0
     assert json.loads((run / "data.json").read_text())["data_dir"] == str(moved.absolute())
 
 

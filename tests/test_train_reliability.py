@@ -83,11 +83,11 @@ def test_a_signal_checkpoints_exits_75_and_resume_is_exact(sig, data, cli_full, 
     stopped = latest_checkpoint(run)
     step = int(stopped.name.split("_")[1])
     assert 0 < step < CLI_STEPS
-    assert f"interrupted at step {step} by {sig.name}" in out and "--resume" in out
+    assert f"interrupted at step {step} by {sig.name}" in out and "run the same command again" in out
     assert records(run)[-1] == {**records(run)[-1], "type": "interrupted", "step": step, "signal": sig.name}
     assert not (run / "model").exists()  # not finished: no final model
 
-    resumed = subprocess.run(cli(data, run, "--resume"), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(cli(data, run), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     after = load_file(str(run / "model" / "model.safetensors"))
     assert after.keys() == cli_full.keys()
@@ -254,7 +254,7 @@ def test_nan_steps_in_a_row_stop_with_the_weights_from_before_them(full, data, t
     full_run, _ = full
     run = tmp_path / "run"
     nan_on(monkeypatch, set(range(9, 1000)))  # from step 5 on, every batch
-    with pytest.raises(TrainingStopped, match="3 steps in a row had a non-finite loss.*after step 4.*--resume"):
+    with pytest.raises(TrainingStopped, match="3 steps in a row had a non-finite loss.*after step 4.*run the same command again"):
         train(tiny_config(9), data, run, options(max_nonfinite=3))
     latest = latest_checkpoint(run)
     assert latest.name == "step_0000004"
@@ -266,7 +266,7 @@ def test_nan_steps_in_a_row_stop_with_the_weights_from_before_them(full, data, t
 
 def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(data, tmp_path):
     """SIGTERM to rank 1 alone: both ranks stop after the same step (one all-reduce per step),
-    rank 0 writes the checkpoint, and a torchrun --resume finishes the run."""
+    rank 0 writes the checkpoint, and the same torchrun command again finishes the run."""
     import socket
 
     with socket.socket() as s:
@@ -293,7 +293,7 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(d
     assert len(stopped) == 1 and stopped[0]["signal"] == "a signal to another rank", out
     step = stopped[0]["step"]
     assert latest_checkpoint(run).name == f"step_{step:07d}" and 0 < step < CLI_STEPS
-    done = subprocess.run(torchrun[:-4] + ["--master_port", str(port + 1), "-m", "transduce"] + args + ["--resume"],
+    done = subprocess.run(torchrun[:-4] + ["--master_port", str(port + 1), "-m", "transduce"] + args,
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert [r["step"] for r in records(run) if r["type"] == "end"] == [CLI_STEPS]

@@ -483,14 +483,14 @@ def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(mod
 @pytest.mark.parametrize("flags, message", [
     (["--threads", "-1"], "--threads must be at least 1, not -1"),
     (["--threads", "0"], "--threads must be at least 1, not 0"),
-    (["--alpha", "nan"], "--alpha must be a finite number >= 0, not nan"),
-    (["--alpha", "inf"], "--alpha must be a finite number >= 0, not inf"),
-    (["--alpha", "-1"], "--alpha must be a finite number >= 0, not -1.0"),
+    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+    (["--length-penalty", "gnmt:inf"], "--length-penalty gnmt:inf: alpha must be a finite number >= 0"),
+    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
     (["--engine", "ct2", "--precision", "auto-int8"], "--precision auto-int8 does not apply to --engine ct2: choose"),
     (["--engine", "ct2", "--int8", "--ct2-compute-type", "float32"],
      "--precision int8 is --ct2-compute-type int8, not float32: give one of them"),
     (["--ct2-compute-type", "int8"], "--ct2-compute-type applies to --engine ct2 only"),
-    (["--ct2-length-penalty", "ct2"], "--ct2-length-penalty applies to --engine ct2 only"),
+    (["--length-penalty", "ct2:1"], "--length-penalty ct2: --engine torch takes gnmt, hf, none"),
 ])
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
     assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2

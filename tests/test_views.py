@@ -216,7 +216,7 @@ def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path,
     (["--png", "OUT.png", "--heads", "9"], "heads [9]: the model has heads 1 to 4"),
     (["--png", "OUT.svg"], "--png"),
     (["--json", "OUT.json", "--threads", "-1"], "--threads must be at least 1"),
-    (["--json", "OUT.json", "--alpha", "nan"], "--alpha must be a finite number >= 0"),  # the figure is a PNG: a name saying otherwise is refused
+    (["--json", "OUT.json", "--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),  # the figure is a PNG: a name saying otherwise is refused
     (["--json", "OUT.json", "--heads", "9"], "--heads choose what the PNG figure shows: add --png FILE"),
     (["--html", "OUT.html", "--type", "decoder-cross", "--query", "dog"], "--type, --query choose what the PNG"),
 ])
@@ -241,5 +241,5 @@ def test_a_page_too_large_is_refused_with_what_to_do(model_dir, tmp_path, monkey
     assert main(["attention", str(model_dir), "a dog runs on the grass", "--target-text", "a dog",
                  "--json", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
-    assert "weights would be more than a page should hold" in err and "--max-tokens" in err
+    assert "weights would be more than a page should hold" in err and "--keep-tokens" in err
     assert not (tmp_path / "x.json").exists()

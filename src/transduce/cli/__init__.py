@@ -34,12 +34,13 @@ SUMMARIES = {  # in the order of `transduce --help`; each is the module `transdu
     "export": "export to CTranslate2 or Hugging Face MarianMT (and back)",
     "synthetic": "an end-to-end check: train and decode a copy/reverse task",
     "experiment": "Table 3's variants and Table 2's cost as one rerunnable experiment",
+    "docs": "print a page of this documentation (the list without a topic)",
 }
 """Each subcommand's one line, here so that `transduce --help` imports no subcommand (nor torch)."""
 
 SUBCOMMANDS = tuple(SUMMARIES)
 
-EPILOG = "Run `transduce SUBCOMMAND --help` for its options; details: docs/cli.md."
+EPILOG = "Run `transduce SUBCOMMAND --help` for its options; details: transduce docs cli."
 
 
 def version() -> str:
@@ -69,7 +70,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     listing = "\n\nsubcommands:\n" + "".join(f"  {name:<11} {line}\n" for name, line in SUMMARIES.items())
     parser = argparse.ArgumentParser(prog="transduce", usage="%(prog)s [-h] [--version] SUBCOMMAND ...", description=DESCRIPTION + listing.rstrip(), epilog=EPILOG,
-                                     formatter_class=HelpFormatter)
+                                     formatter_class=HelpFormatter, allow_abbrev=False)
     parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", help=argparse.SUPPRESS)
     for name in SUBCOMMANDS:  # listed once, in the description
@@ -78,7 +79,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"{__name__}.{name}")
         p = sub.add_parser(name, prog=f"transduce {name}", description=module.DESCRIPTION, epilog=getattr(module, "EPILOG", None),
-                           formatter_class=HelpFormatter, add_help=False)
+                           formatter_class=HelpFormatter, add_help=False, allow_abbrev=False)  # a flag is its whole name
         module.add_args(p)
         _add_help(p)
         p.usage = usage(p)
@@ -111,22 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "run", None):
             parser.print_help()
             return 2
-        _note_old_spellings(parser, command, argv)
         return report_errors(f"transduce {args.command}", args.run, args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def _note_old_spellings(parser: argparse.ArgumentParser, command: str, argv: list[str]) -> None:
-    """One line per old flag spelling used: its new name (the old one still works for a release)."""
-    from .options import old_spellings_used
-
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    rest = argv[argv.index(command) + 1:]
-    rest = rest[:rest.index("--")] if "--" in rest else rest
-    for old, new in old_spellings_used(sub, rest):
-        print(f"transduce {command}: note: {old} is now {new} (the old name goes in a later release)", file=sys.stderr)
 
 
 def error_message(e: BaseException) -> str:

@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, UsageError
-from .common import check_search_args, load_from_args
+from .common import check_search_args, library_length_penalty, load_from_args
 from .defaults import ALPHA, ATTENTION_MAX_TOKENS, BEAM, MAX_LEN_OFFSET
-from .options import add_hardware_args, add_model_args, add_search_args, epilog, hidden_alias
+from .options import add_hardware_args, add_model_args, add_search_args, epilog
 
 DESCRIPTION = """\
 Run MODEL once, teacher-forced, on SENTENCEs (and their targets, or its own translations)
 and keep every attention weight: the paper's figures (PNG), an offline page (HTML), JSON.
 Layers and heads are numbered from 1, as in the paper.
-details: docs/attention.md"""
+details: transduce docs attention"""
 EPILOG = epilog(
     'transduce attention runs/multi30k-en-de "A dog runs ." --html dog.html',
     'transduce attention runs/multi30k-en-de "A dog runs ." --png d.png --query dog',
@@ -34,10 +34,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, a line each (SOURCE[<TAB>TARGET])")
     g.add_argument("--target-text", action="append", metavar="TEXT", dest="target_text",
                    help="a SENTENCE's target, one each (default: translated)")
-    hidden_alias(g, "--target", "-t", renamed_to="--target-text", dest="target_text", action="append")
     g.add_argument("--keep-tokens", type=int, default=ATTENTION_MAX_TOKENS, metavar="N",
                    help=f"subword tokens kept per side, the rest cut (default {ATTENTION_MAX_TOKENS})")
-    hidden_alias(g, "--max-input-tokens", "--max-tokens", renamed_to="--keep-tokens", dest="keep_tokens", type=int)
     g.add_argument("--html", type=Path, metavar="FILE", help="the interactive page")
     g.add_argument("--json", type=Path, metavar="FILE", help="the weights as JSON")
     g.add_argument("--png", type=Path, metavar="FILE", help="a figure (see --figure)")
@@ -129,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{', '.join(figure_only)} choose what the PNG figure shows: add --png FILE "
                              "(the HTML page and the JSON hold every type, layer and head)")
     check_search_args(args)
+    library_length_penalty(args, "attention")
     for path in (args.html, args.json, args.png):
         if path is not None and not path.absolute().parent.is_dir():
             raise DataError("no such directory", path.absolute().parent)

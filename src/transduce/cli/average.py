@@ -11,7 +11,7 @@ from .options import epilog
 DESCRIPTION = """\
 Average the last K checkpoints of a run into one model directory (Section 6.1: the last
 5 for base, 20 for big), the mean taken in float64 and rounded once.
-details: docs/training.md#averaging"""
+details: transduce docs training averaging"""
 EPILOG = epilog(
     "transduce average runs/base --average 5         # -> runs/base/avg_last5/",
     "transduce average runs/big --average 20 -o runs/big/eval-model",
@@ -21,9 +21,9 @@ EPILOG = epilog(
 def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("arguments")
     g.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a `transduce train` run directory")
-    g.add_argument("--average", "--last", type=int, metavar="K", help="the last K checkpoints (default: the run's, 5 / 20)")
+    g.add_argument("--average", type=int, metavar="K", help="the last K checkpoints (default: the run's, 5 / 20)")
     g.add_argument("--out", "-o", type=Path, metavar="DIR", help="model directory (default RUN_DIR/avg_lastK)")
-    g.add_argument("--overwrite", "--force", action="store_true", help="write into a DIR that is not empty")
+    g.add_argument("--overwrite", action="store_true", help="write into a DIR that is not empty")
 
 
 MODEL_FILES = {"config.json", "model.safetensors", "checksums.json"}

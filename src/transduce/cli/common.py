@@ -36,17 +36,49 @@ def warner(prog: str):
 
 
 def check_search_args(args: argparse.Namespace, *at_least_1: str) -> None:
-    """Refuse --threads, --alpha, --beam, --max-len-offset and the flags `at_least_1` out of range."""
+    """Refuse --threads, --length-penalty, --beam, --max-len-offset and the flags `at_least_1` out
+    of range; `args.alpha` becomes a number."""
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be at least 1, not {args.threads}")
-    if not (math.isfinite(args.alpha) and args.alpha >= 0):  # nan: every line runs to the maximum length
-        raise ValueError(f"--alpha must be a finite number >= 0, not {args.alpha}")
+    check_length_penalty(args)
     for name in ("beam", *at_least_1):
         if getattr(args, name) < 1:
             flag = "truncate-input" if name == "max_input_tokens" else name.replace("_", "-")  # its flag's name
             raise ValueError(f"--{flag} must be at least 1")
     if args.max_len_offset < 0:
         raise ValueError("--max-len-offset must not be negative")
+
+
+def check_length_penalty(args: argparse.Namespace) -> None:
+    """--length-penalty FORMULA[:ALPHA] (`transduce.cli.options.LengthPenalty`): a known formula
+    and an alpha that is a finite number >= 0 (none: no alpha); `args.alpha` a float from here on."""
+    from .options import LENGTH_PENALTIES
+
+    formula, alpha = args.length_penalty, args.alpha
+    given = f"--length-penalty {formula}" + (f":{alpha}" if isinstance(alpha, str) else "")
+    if formula not in LENGTH_PENALTIES:
+        raise ValueError(f"{given}: the formula is one of {', '.join(LENGTH_PENALTIES)} (e.g. gnmt:0.6, the paper's)")
+    if formula == "none" and alpha not in (0.0, None):
+        raise ValueError(f"{given}: none takes no alpha")
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):  # nan: every line runs to the maximum length
+        raise ValueError(f"{given}: alpha must be a finite number >= 0")
+    args.alpha = value
+
+
+PENALTY_KINDS = {"gnmt": "paper", "none": "paper", "hf": "hf", "ct2": "ct2"}
+"""--length-penalty's formula -> the library's `length_penalty` argument (none is alpha 0)."""
+
+
+def library_length_penalty(args: argparse.Namespace, what: str, takes: tuple[str, ...] = ("gnmt", "none")) -> str:
+    """The library's `length_penalty` for --length-penalty, refused in one line where `what` (a
+    command or engine) decodes with none of `takes`."""
+    if args.length_penalty not in takes:
+        raise ValueError(f"--length-penalty {args.length_penalty}: {what} takes {', '.join(takes)}")
+    return PENALTY_KINDS[args.length_penalty]
 
 
 def check_decoding_args(args: argparse.Namespace) -> None:

@@ -11,14 +11,14 @@ from .. import evaluate
 from ..data.datasets import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError, UsageError
-from .common import (check_decoding_args, decoding_options, fill_decoding_defaults, load_from_args,
+from .common import (check_decoding_args, decoding_options, fill_decoding_defaults, library_length_penalty, load_from_args,
                      model_metadata, warner)
 from .options import add_decoding_args, add_quiet, epilog
 
 DESCRIPTION = """\
 Score --hyp FILE, or MODEL's translations of --input: BLEU in every convention
 (sacreBLEU, chrF, the paper's, Multi30k's), or parses with EVALB (Section 6.3).
-details: docs/evaluation.md"""
+details: transduce docs evaluation"""
 EPILOG = epilog(
     "transduce evaluate --hyp hyp.de --dataset wmt14-en-de --src en --tgt de",
     "transduce evaluate runs/base -i test.en --ref test.de --tgt de -o hyp.de",
@@ -35,7 +35,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("model_path", type=Path, nargs="?", metavar="MODEL", help="translate --input with this model")
     g.add_argument("--hyp", type=Path, metavar="FILE", help="translations to score (instead of MODEL)")
     g.add_argument("--ref", type=Path, metavar="FILE", help="references (detokenized, cased)")
-    g.add_argument("--input", "-i", "--src-file", type=Path, metavar="FILE", help="source sentences, for MODEL")
+    g.add_argument("--input", "-i", type=Path, metavar="FILE", help="source sentences, for MODEL")
     g.add_argument("--tok-ref", type=Path, metavar="FILE", help="Multi30k's lowercased tokenized references")
     g.add_argument("--dataset", choices=sorted(DATASETS), metavar="NAME",
                    help="a registered test set instead of --ref, --input")
@@ -49,7 +49,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sacrebleu-tokenize", default="13a", choices=list(BLEU.TOKENIZERS), metavar="NAME",
                    help="sacreBLEU's tokenizer (default 13a)")
     g.add_argument("--json", metavar="FILE", help="the report as JSON into FILE (-: stdout, no table)")
-    g.add_argument("--out", "-o", "--save-hyp", type=Path, metavar="FILE", help="write MODEL's translations")
+    g.add_argument("--out", "-o", type=Path, metavar="FILE", help="write MODEL's translations")
     add_quiet(g)
     g.add_argument("--trees", action="store_true", help="--hyp and --ref are trees: EVALB (6.3)")
     g.add_argument("--evalb-params", type=Path, metavar="PRM", help="EVALB parameters (default COLLINS.prm)")
@@ -134,6 +134,7 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     if src_path is None:
         raise ValueError("give --input FILE (or --dataset with --src) for MODEL to translate")
     check_decoding_args(args)
+    penalty = library_length_penalty(args, "evaluate", ("gnmt", "hf", "none"))
     srcs = _read(src_path)
     if len(srcs) != n_refs:
         raise DataError(f"{len(srcs)} lines, but the reference {ref_path} has {n_refs}", src_path)
@@ -141,7 +142,8 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     if loaded.precision.warning:
         warn(loaded.precision.warning)
     hyps = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **decoding_options(args), warn=warn,
-                           progress=not args.quiet and sys.stderr.isatty(), source_name=str(src_path))
+                           progress=not args.quiet and sys.stderr.isatty(), source_name=str(src_path),
+                           length_penalty=penalty)
     report["decoding"] = decoding_report(args, loaded, bf16=args.bf16)
     if args.out:
         atomic_write_text(args.out, "".join(h + "\n" for h in hyps))
@@ -165,6 +167,7 @@ def load_model(args: argparse.Namespace, doing: str, report: dict, parsing_model
 def decoding_report(args: argparse.Namespace, loaded, **task) -> dict:
     """How MODEL decoded, for the report (`task`: what only the task has)."""
     return {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
+            "length_penalty": args.length_penalty,
             "max_len_offset": args.max_len_offset, **task, "precision": loaded.precision.precision,
             "workers": args.workers}
 
@@ -274,6 +277,7 @@ def run_parsing(args: argparse.Namespace) -> int:
     else:
         fill_decoding_defaults(args, parsing=True)
         check_decoding_args(args)
+        library_length_penalty(args, "parsing")
         loaded = load_model(args, f"parsing {len(gold):,} sentences", report, parsing_model=True)
         scores, parses = parsing.evaluate_parser(
             loaded, gold, progress=not args.quiet and sys.stderr.isatty(), source_name=str(ref_path), warn=warn,

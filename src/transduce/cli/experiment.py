@@ -9,13 +9,13 @@ from pathlib import Path
 from ..errors import UsageError
 from ..train.signals import EXIT_INTERRUPTED
 from .defaults import TABLE3
-from .options import add_hardware_args, add_quiet, add_schedule_args, epilog, hidden_alias
+from .options import add_hardware_args, add_quiet, add_schedule_args, epilog
 
 DESCRIPTION = """\
 Table 3's variants (and Table 2's cost) as one rerunnable experiment: each variant a
 `transduce train` run in --out, then dev perplexity, dev BLEU, FLOPs, MFU; a table and a
 plot. Run it again to resume; another recipe in the same --out is refused.
-details: docs/experiments.md"""
+details: transduce docs experiments"""
 EPILOG = epilog(
     "transduce experiment --data data/m30k --out exp/t3 --max-steps 2000 \\",
     "    --update-tokens 2048 --warmup 600 --scale 0.25 --variants base,A1,B1,C1",
@@ -34,19 +34,18 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="Table 3's rows or presets (default: all of Table 3)")
 
     g = parser.add_argument_group("the recipe every variant shares (in steps, never minutes)")
-    g.add_argument("--max-steps", "--updates", type=int, required=True, metavar="N",
+    g.add_argument("--max-steps", type=int, required=True, metavar="N",
                    help="optimizer steps of base (the paper 100000; big 3x)")
-    g.add_argument("--update-tokens", "--max-tokens", type=int, default=25000, metavar="N",
+    g.add_argument("--update-tokens", type=int, default=25000, metavar="N",
                    help="tokens per optimizer update, each side (default 25000)")
     add_schedule_args(g, default=("4000", "1.0"))
-    g.add_argument("--save-every-steps", "--save-every", type=int, default=0, metavar="N",
+    g.add_argument("--save-every-steps", type=int, default=0, metavar="N",
                    help="checkpoint interval (default: steps / 72, as 6.1)")
     g.add_argument("--scale", type=float, default=1.0, metavar="X", help="widths times X (default 1: the paper's)")
     g.add_argument("--depth-scale", type=float, metavar="X", help="layers times X (default: --scale, >= 0.5)")
 
     g = parser.add_argument_group("measuring, and where the runs train")
     g.add_argument("--score-averaged", action="store_true", help="measure averaged checkpoints (not Table 3's way)")
-    hidden_alias(g, "--average", renamed_to="--score-averaged", dest="score_averaged", action="store_true")
     g.add_argument("--peak-tflops", type=float, metavar="X", help="a device's peak, for MFU (default: measured)")
     add_hardware_args(g, precisions=PRECISIONS, training=True)
     g.add_argument("--update-freq", type=int, default=1, metavar="K", help="micro-batches per update (default 1)")

@@ -13,7 +13,7 @@ DESCRIPTION = """\
 Write MODEL (a run directory, averaged as translate loads it, or a model directory) as
 a CTranslate2 directory (ct2) or a Hugging Face MarianMT one (marian); from-marian reads
 a MarianMT directory back, or one of OPUS-MT's (Helsinki-NLP) as they publish them. Needs 'transduce[ct2]' or 'transduce[hf]'.
-details: docs/export.md"""
+details: transduce docs export"""
 EPILOG = epilog(
     "transduce export ct2 runs/multi30k-en-de -o m30k-ct2 --quantization int8",
     "transduce export marian runs/multi30k-en-de -o m30k-marian",
@@ -27,7 +27,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("format", choices=FORMATS, metavar="FORMAT", help="ct2, marian or from-marian")
     g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model dir (from-marian: a MarianMT dir)")
     g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the directory to write")
-    g.add_argument("--overwrite", "--force", action="store_true", help="replace DIR (never MODEL or its vocabulary)")
+    g.add_argument("--overwrite", action="store_true", help="replace DIR (never MODEL or its vocabulary)")
     g.add_argument("--quantization", choices=("float32", "int8", "int8_float32"), metavar="Q",
                    help="ct2: float32 (default, exact), int8, int8_float32")
     g.add_argument("--max-positions", type=int, metavar="N", help="position table rows (default ct2 1536, marian 1024)")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # the library: imported by `run`, not by the flags (--help an
 DESCRIPTION = """\
 Print a preset's model and training configuration and its parameter count, or with
 --all a table of every preset (the paper's base and big, every row of Table 3, ...).
-details: docs/cli.md#info"""
+details: transduce docs cli info"""
 EPILOG = epilog(
     "transduce info --preset big",
     "transduce info --all --vocab-size 8000",

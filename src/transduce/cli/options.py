@@ -1,6 +1,6 @@
 """The flags that several subcommands take, each group declared once, and the help's layout:
-one name per concept (`VOCABULARY`, docs/cli.md), old spellings hidden aliases for a release, each
-option on one line at a fixed width (`HelpFormatter`)."""
+one name per concept (`VOCABULARY`, docs/cli.md), each option on one line at a fixed width
+(`HelpFormatter`)."""
 
 from __future__ import annotations
 
@@ -15,54 +15,58 @@ WIDTH = 80
 
 @dataclass(frozen=True)
 class Concept:
-    """One concept's flag: its name, short form, destination, and old spellings (hidden aliases)."""
+    """One concept's flag: its name, short form and destination."""
 
     what: str
     name: str
     short: str | None
     dest: str
-    old: tuple[str, ...] = ()
 
 
 VOCABULARY: tuple[Concept, ...] = (
-    Concept("output file or directory", "--out", "-o", "out", ("--output", "--save", "--save-hyp")),
-    Concept("replace existing output", "--overwrite", None, "overwrite", ("--force",)),
-    Concept("no progress bars", "--quiet", "-q", "quiet", ("--no-progress",)),
-    Concept("tokens per training or decoding batch", "--batch-tokens", None, "batch_tokens", ("--max-tokens",)),
-    Concept("tokens per optimizer update (experiment)", "--update-tokens", None, "update_tokens", ("--max-tokens",)),
+    Concept("output file or directory", "--out", "-o", "out"),
+    Concept("replace existing output", "--overwrite", None, "overwrite"),
+    Concept("no progress bars", "--quiet", "-q", "quiet"),
+    Concept("tokens per training or decoding batch", "--batch-tokens", None, "batch_tokens"),
+    Concept("tokens per optimizer update (experiment)", "--update-tokens", None, "update_tokens"),
     Concept("input lines cut to N subword tokens, with a warning (translate, evaluate, parse)", "--truncate-input", None,
             "truncate_input"),
     Concept("longest input sentence accepted, longer ones refused (serve)", "--max-input-tokens", None,
-            "max_input_tokens", ("--max-tokens",)),
-    Concept("subword tokens kept per side (attention)", "--keep-tokens", None, "keep_tokens", ("--max-tokens",)),
+            "max_input_tokens"),
+    Concept("subword tokens kept per side (attention)", "--keep-tokens", None, "keep_tokens"),
     Concept("a sentence's target text (attention; --tgt is a language)", "--target-text", None, "target_text"),
-    Concept("training length", "--max-steps", None, "max_steps", ("--updates",)),
-    Concept("checkpoints averaged: the last K", "--average", None, "average", ("--last",)),
-    Concept("checkpoint interval in steps", "--save-every-steps", None, "save_every_steps", ("--save-every",)),
-    Concept("source text file", "--input", "-i", "input", ("--src-file",)),
+    Concept("training length", "--max-steps", None, "max_steps"),
+    Concept("checkpoints averaged: the last K", "--average", None, "average"),
+    Concept("checkpoint interval in steps", "--save-every-steps", None, "save_every_steps"),
+    Concept("source text file", "--input", "-i", "input"),
+    Concept("the vocabulary of: a sentencepiece model file, or a model or run directory", "--vocab", None, "vocab"),
     Concept("search: beam size", "--beam", None, "beam"),
-    Concept("search: length penalty", "--alpha", None, "alpha"),
+    Concept("search: the length penalty's formula and alpha", "--length-penalty", None, "length_penalty"),
     Concept("search: output length limit", "--max-len-offset", None, "max_len_offset"),
     Concept("search: greedy decoding", "--greedy", None, "greedy"),
-    Concept("arithmetic precision", "--precision", None, "precision", ("--bf16", "--int8")),
+    Concept("arithmetic precision", "--precision", None, "precision"),
     Concept("CPU threads", "--threads", None, "threads"),
     Concept("device", "--device", None, "device"),
 )
 """The flag vocabulary (docs/cli.md). `dest` is what the flag sets; train's batch size is its
 `TrainOptions.max_tokens` field and its --quiet turns `progress` off (`cli.train.RENAMED`); translate's
---truncate-input sets `max_input_tokens`. An old name that means something else in other commands
-(e.g. --max-input-tokens, cut in translate, refused in serve) is a command's own hidden alias,
-`hidden_alias`, not one of these concepts' old spellings."""
-
-OLD_SPELLINGS = frozenset(s for c in VOCABULARY for s in c.old if s not in ("--bf16", "--int8"))
-"""Old flag names: accepted, never shown in the help. (--bf16 and --int8 are short forms of
---precision, hidden to keep its one line, not deprecated.)"""
+--truncate-input sets `max_input_tokens`."""
 
 SHORT_FORMS = frozenset({"--bf16", "--int8"})
+"""--precision bf16 and --precision int8 in one word: hidden, to keep --precision's help on one line."""
+
+LENGTH_PENALTIES = {  # --length-penalty's formulas -> (what, the alpha a bare name takes; None: the command's)
+    "gnmt": ("((5 + |Y|) / 6)^alpha, Wu et al.'s, the paper's (6.1)", None),
+    "hf": ("|Y|^alpha with Hugging Face generate's beam search (--engine torch)", 1.0),
+    "ct2": ("|Y|^alpha, CTranslate2's own (--engine ct2)", 1.0),
+    "none": ("no penalty: hypotheses ranked by log-probability", 0.0),
+}
+"""The one length-penalty flag: `--length-penalty FORMULA[:ALPHA]`, e.g. gnmt:0.6 (the default),
+hf:1.0, ct2:1.0, none. A bare formula takes the alpha its own home defaults to."""
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Each option on one line, "-o, --out FILE   help", old spellings left out; a fixed width."""
+    """Each option on one line, "-o, --out FILE   help", short forms left out; a fixed width."""
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, width=WIDTH, max_help_position=30)
@@ -85,7 +89,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _format_action_invocation(self, action: argparse.Action) -> str:
         if not action.option_strings:
             return super()._format_action_invocation(action)
-        names = [s for s in action.option_strings if s not in OLD_SPELLINGS and s not in SHORT_FORMS]
+        names = [s for s in action.option_strings if s not in SHORT_FORMS]
         names.sort(key=lambda s: (s.startswith("--"), s))  # -o before --out
         if action.nargs == 0:
             return ", ".join(names)
@@ -104,28 +108,6 @@ def epilog(*examples: str) -> str:
     return "examples:\n" + "".join(f"  {e}\n" for e in examples).rstrip("\n")
 
 
-def old_spellings_used(parser: argparse.ArgumentParser, argv: list[str]) -> list[tuple[str, str]]:
-    """(old, new) for each old flag spelling in `argv` that `parser` accepts (a concept's, or a
-    command's own `hidden_alias`)."""
-    used = []
-    for action in parser._actions:
-        renamed = getattr(action, "renamed_to", None)
-        new = renamed or next((s for s in action.option_strings if s.startswith("--") and s not in OLD_SPELLINGS), None)
-        for s in action.option_strings:
-            if (renamed or s in OLD_SPELLINGS) and any(a == s or a.startswith(s + "=") for a in argv):
-                used.append((s, new))
-    return used
-
-
-def hidden_alias(g, *names: str, renamed_to: str, dest: str, **kwargs) -> argparse.Action:
-    """`names`, a command's old names of its flag `renamed_to` (setting `dest` as it does): never
-    shown, and a line saying the new name when used. For an old name whose meaning differs from one
-    command to another (which a concept's old spelling, hidden everywhere, cannot be)."""
-    action = g.add_argument(*names, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
-    action.renamed_to = renamed_to
-    return action
-
-
 # --- the shared groups ---------------------------------------------------------------------------
 
 
@@ -133,14 +115,14 @@ def add_model_args(g) -> None:
     """Which model: one checkpoint, or an average; its vocabulary."""
     g.add_argument("--checkpoint", metavar="NAME", help="one checkpoint: step_N, N, latest, model, or a dir")
     g.add_argument("--average", type=int, metavar="K", help="average the last K checkpoints (default: the run's)")
-    g.add_argument("--vocab", type=Path, metavar="SPM", help="sentencepiece model (default: beside MODEL)")
+    g.add_argument("--vocab", type=Path, metavar="PATH", help="PATH's vocabulary: an SPM file or a model dir")
     g.add_argument("--src-vocab", type=Path, metavar="SPM", help="separate vocabularies: with --tgt-vocab SPM")
     g.add_argument("--tgt-vocab", type=Path, metavar="SPM", help=argparse.SUPPRESS)  # said on --src-vocab's line
 
 
 def add_hardware_args(g, *, precisions: tuple[str, ...] | None = None, training: bool = False) -> None:
     """--precision (of `precisions`, default decoding's; () for none), --device, --threads;
-    decoding's --bf16 and --int8 hidden."""
+    decoding's --bf16 and --int8 (`SHORT_FORMS`) hidden."""
     if precisions is None:
         from .defaults import DECODING_PRECISIONS as precisions
     if precisions:
@@ -158,22 +140,42 @@ def add_hardware_args(g, *, precisions: tuple[str, ...] | None = None, training:
 def add_search_args(g, *, beam: int | None, alpha: float | None, max_len_offset: int | None,
                     note: str | tuple[str, str, str] = "", greedy: bool = True) -> None:
     """The search of Section 6.1 (6.3 for parsing): defaults as given, or None: the task's, as
-    `note` says (one text for the three, or one each)."""
+    `note` says (one text for the three, or one each). --length-penalty sets `length_penalty` (the
+    formula) and `alpha` (`LengthPenalty`)."""
     notes = note if isinstance(note, tuple) else (note,) * 3
     said = [f"default {n if v is None else v}" for v, n in zip((beam, alpha, max_len_offset), notes)]
     g.add_argument("--beam", type=int, default=beam, metavar="K", help=f"beam size ({said[0]})")
-    g.add_argument("--alpha", type=float, default=alpha, metavar="A", help=f"length penalty alpha ({said[1]})")
+    g.add_argument("--length-penalty", action=LengthPenalty, default="gnmt", default_alpha=alpha, metavar="F:A",
+                   help="gnmt:A (6.1), hf:A, ct2:A, none (default: " + (f"gnmt:{alpha})" if alpha is not None
+                                                                            else "task's)"))
+    g.set_defaults(alpha=alpha)
     g.add_argument("--max-len-offset", type=int, default=max_len_offset, metavar="N",
                    help=f"output length <= input + N ({said[2]})")
     if greedy:
-        g.add_argument("--greedy", action="store_true", help="greedy decoding (ignores --beam, --alpha)")
+        g.add_argument("--greedy", action="store_true", help="greedy decoding (ignores --beam, --length-penalty)")
 
 
-def add_batch_args(g, *, batch_size: int | None, note: str = "", old: tuple[str, ...] = ()) -> None:
-    """--batch-tokens (and its old spellings `old`, hidden) and --batch-size of decoding."""
+class LengthPenalty(argparse.Action):
+    """--length-penalty FORMULA[:ALPHA] (`LENGTH_PENALTIES`): sets `length_penalty` to the formula
+    and `alpha` to ALPHA as given (a bare formula: its own default; gnmt's: the command's). Checked
+    with the other search flags (`transduce.cli.common.check_search_args`), in one line."""
+
+    def __init__(self, option_strings, dest, default_alpha: float | None = None, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.default_alpha = default_alpha
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        formula, colon, alpha = value.partition(":")
+        namespace.length_penalty = formula
+        bare = LENGTH_PENALTIES.get(formula, (None, None))[1]
+        namespace.alpha = alpha if colon else (self.default_alpha if bare is None else bare)
+
+
+def add_batch_args(g, *, batch_size: int | None, note: str = "") -> None:
+    """--batch-tokens and --batch-size of decoding."""
     from .defaults import BATCH_TOKENS as DEFAULT_BATCH_TOKENS
 
-    g.add_argument("--batch-tokens", *old, type=int, default=DEFAULT_BATCH_TOKENS, metavar="N",
+    g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, metavar="N",
                    help=f"padded source tokens per batch (default {DEFAULT_BATCH_TOKENS})")
     g.add_argument("--batch-size", type=int, default=batch_size, metavar="N",
                    help=f"sentences per batch (default {batch_size if batch_size is not None else note})")
@@ -185,7 +187,6 @@ def add_stream_args(g) -> None:
 
     g.add_argument("--truncate-input", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N", dest="max_input_tokens",
                    help=f"cut longer lines to N tokens, warn (default {DEFAULT_MAX_INPUT_TOKENS})")
-    hidden_alias(g, "--max-input-tokens", renamed_to="--truncate-input", dest="max_input_tokens", type=int)
     g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES, metavar="N",
                    help=f"lines read and sorted at a time (default {DEFAULT_CHUNK_LINES})")
     g.add_argument("--workers", type=_workers, default="auto", metavar="W",
@@ -209,21 +210,20 @@ def add_line_args(parser: argparse.ArgumentParser, model: str, out: str):
     g = parser.add_argument_group("input and output")
     g.add_argument("model_path", type=Path, metavar="MODEL", help=model)
     g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, plain or .gz (default: stdin)")
-    g.add_argument("--out", "-o", "--output", type=Path, metavar="FILE",
+    g.add_argument("--out", "-o", type=Path, metavar="FILE",
                    help=f"{out} (default: stdout; .gz: gzip)")
     return g
 
 
 def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None, alpha: float | None,
-                      max_len_offset: int | None, batch_size: int | None, section: str = "6.1", note: str = "",
-                      old_batch: tuple[str, ...] = ()):
+                      max_len_offset: int | None, batch_size: int | None, section: str = "6.1", note: str = ""):
     """The group of the commands that decode a file (translate, evaluate, parse): the model, the
     search, the hardware, the batching. Returns it, for a command's own decoding flags."""
     g = parser.add_argument_group(f"model and decoding (Section {section})")
     add_model_args(g)
     add_search_args(g, beam=beam, alpha=alpha, max_len_offset=max_len_offset, note=note)
     add_hardware_args(g)
-    add_batch_args(g, batch_size=batch_size, note=note, old=old_batch)
+    add_batch_args(g, batch_size=batch_size, note=note)
     add_stream_args(g)
     return g
 
@@ -242,4 +242,4 @@ def add_schedule_args(g, default: tuple[str, str] = ("the preset's", "the preset
 
 
 def add_quiet(g, what: str = "no progress bar") -> None:
-    g.add_argument("--quiet", "-q", "--no-progress", action="store_true", help=what)
+    g.add_argument("--quiet", "-q", action="store_true", help=what)

@@ -9,14 +9,15 @@ from pathlib import Path
 
 from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
-from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, model_metadata, warner
+from .common import (LineStreams, check_decoding_args, exit_on_sigterm, library_length_penalty, load_from_args,
+                     model_metadata, warner)
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
 DESCRIPTION = """\
 Parse raw English (or --tokenized PTB tokens), one sentence per line, into bracketed
 trees, one per line: beam 21, alpha 0.3, input + 300 (Section 6.3). MODEL: a run or
 model directory trained on a treebank (`prepare --dataset ptb-wsj`).
-details: docs/parsing.md"""
+details: transduce docs parsing"""
 EPILOG = epilog(
     'echo "The cat sat on the mat." | transduce parse runs/wsj',
     "transduce parse runs/wsj -i sentences.txt -o trees.txt --svg pictures/",
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     warn = warner(PROG)
     check_decoding_args(args)
+    library_length_penalty(args, "parse")
     check_output(args.out)  # before the model loads: a path that cannot be written, named
     if (meta := model_metadata(args.model_path)) is not None:  # checked before the model loads
         check_parsing_model(args.model_path, meta)

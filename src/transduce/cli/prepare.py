@@ -21,7 +21,7 @@ DESCRIPTION = """\
 Learn a sentencepiece BPE vocabulary and write the token arrays that `transduce
 train` reads: from a registered dataset (--dataset), your line-aligned files, or a
 treebank (parsing, Section 6.3).
-details: docs/cli.md#prepare"""
+details: transduce docs cli prepare"""
 EPILOG = epilog(
     "transduce prepare --dataset multi30k --src en --tgt de -o data/m30k",
     "transduce prepare --train-src t.en --train-tgt t.de --valid-src v.en \\\n      --valid-tgt v.de -o data/mine",
@@ -51,7 +51,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--keep-tags", action="store_true", help="trees keep their POS tags (default XX, the paper)")
 
     g = parser.add_argument_group("vocabulary and filtering (lengths in subword tokens)")
-    g.add_argument("--vocab", type=Path, metavar="MODEL", help="MODEL's vocabulary, learn none (to fine-tune MODEL)")
+    g.add_argument("--vocab", type=Path, metavar="PATH", help="PATH's vocabulary (an SPM file or a model dir)")
     g.add_argument("--vocab-size", type=int, metavar="N",
                    help=f"pieces (default {VOCAB_SIZE}; the paper 37000; trees {TREE_VOCAB_SIZE})")
     g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
@@ -67,7 +67,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("output")
     g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the output directory")
-    g.add_argument("--overwrite", "--force", action="store_true", help="replace DIR if it exists")
+    g.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     add_quiet(g, "no progress bars")
 
 
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
     tree_splits = resolve_tree_splits(args)
     if args.vocab is not None and (tree_splits is not None or args.vocab_size or args.separate_vocab):
-        raise UsageError("--vocab MODEL takes MODEL's vocabulary: drop --vocab-size and --separate-vocab "
+        raise UsageError("--vocab PATH takes PATH's vocabulary: drop --vocab-size and --separate-vocab "
                          "(and it is for parallel text, not a treebank)")
     if tree_splits is not None:
         meta = prepare_treebank(

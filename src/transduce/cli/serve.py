@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import TransduceError, UsageError
 from ..extras import require
 from ..parsing import parse
-from .common import check_search_args, fill_decoding_defaults, load_from_args, model_metadata
+from .common import check_search_args, fill_decoding_defaults, library_length_penalty, load_from_args, model_metadata
 from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
 from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
 from .defaults import (SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET, SERVE_MAX_QUEUE,
@@ -24,7 +24,7 @@ DESCRIPTION = """\
 Serve MODEL over HTTP: a JSON API (POST /translate, /attention), a demo page at /,
 requests batched dynamically; SIGTERM drains what is in flight. MODEL: what
 translate takes, or with --engine ct2 an `export ct2` directory.
-details: docs/serve.md"""
+details: transduce docs serve"""
 EPILOG = epilog(
     "transduce serve runs/multi30k-en-de                 # http://127.0.0.1:8000",
     "transduce serve runs/multi30k-en-de --host 0.0.0.0 --port 9000",
@@ -52,8 +52,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                           f"{DEFAULT_MAX_LEN_OFFSET}; parser {parse.DEFAULT_MAX_LEN_OFFSET}"))
     add_hardware_args(g)
     g.add_argument("--ct2-compute-type", default="default", metavar="TYPE", help="ct2: its precision (default: exported)")
-    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), default="paper", metavar="LP",
-                   help="ct2: paper or ct2 (|Y|^alpha; default paper)")
     g = parser.add_argument_group("batching and limits (beyond them a request is refused)")
     add_batch_args(g, batch_size=DEFAULT_BATCH_SIZE)
     g.add_argument("--max-wait-ms", type=float, default=10.0, metavar="MS",
@@ -62,7 +60,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     for flags, default, what in ((["--max-body-bytes"], SERVE_MAX_BODY_BYTES, "request size"),
                                  (["--max-sentences"], SERVE_MAX_SENTENCES, "sentences per request"),
                                  (["--max-chars"], SERVE_MAX_CHARS, "characters per sentence"),
-                                 (["--max-input-tokens", "--max-tokens"], SERVE_MAX_TOKENS,
+                                 (["--max-input-tokens"], SERVE_MAX_TOKENS,
                                   "subword tokens a sentence, never cut"),
                                  (["--max-queue"], SERVE_MAX_QUEUE, "requests waiting")):
         g.add_argument(*flags, type=int, default=default, metavar="N", help=f"{what} (default {default})")
@@ -99,6 +97,8 @@ def limits_from_args(args: argparse.Namespace):
             flag = "max_input_tokens" if name == "max_tokens" else name  # the Limits field's flag
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
     check_search_args(args, "batch_tokens", "batch_size")
+    args.penalty = library_length_penalty(args, f"--engine {args.engine}",
+                                          ("gnmt", "ct2", "none") if args.engine == "ct2" else ("gnmt", "none"))
     if args.beam > limits.max_beam:
         raise ValueError(f"--beam must be between 1 and --max-beam ({limits.max_beam})")
     if args.max_len_offset > limits.max_len_offset:
@@ -120,7 +120,7 @@ def engine_loader(args: argparse.Namespace, limits):
 
             model = load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
             engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens,
-                                length_penalty=args.ct2_length_penalty)
+                                length_penalty=args.penalty)
         else:
             loaded = load_from_args(args)
             engine = torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,

@@ -11,7 +11,7 @@ DESCRIPTION = """\
 Train a small Transformer (N=2, d_model=128) to copy or reverse random sequences, then
 greedy-decode 500 held-out ones: the check passes (exit status 0) at >= 99% exact match,
 else fails (1, saying why): an end-to-end check of masks, shifting and decoding.
-details: docs/cli.md#synthetic"""
+details: transduce docs cli synthetic"""
 EPILOG = epilog(
     "transduce synthetic",
     "transduce synthetic --task copy --max-steps 5000 -o models/copy",
@@ -28,7 +28,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-steps", type=int, default=3000, metavar="N",
                    help="at most N steps, fewer once dev is all right (default 3000)")
     g.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    g.add_argument("--out", "-o", "--save", metavar="DIR", help="save the trained model (a model directory)")
+    g.add_argument("--out", "-o", metavar="DIR", help="save the trained model (a model directory)")
 
 
 def run(args: argparse.Namespace) -> int:

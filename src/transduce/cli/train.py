@@ -23,7 +23,7 @@ DESCRIPTION = """\
 Train on `transduce prepare` output into RUN_DIR (Section 5: Adam, equation 3's rate,
 label smoothing, token batches; torchrun for many GPUs). Run again, it resumes exactly
 (another config is refused; --restart starts over).
-details: docs/training.md, docs/precision.md, docs/cluster.md"""
+details: transduce docs training (and precision, cluster)"""
 EPILOG = epilog(
     "transduce train --data DIR --run-dir runs/multi30k-en-de --preset multi30k",
     "transduce train --data data/mine --run-dir runs/mine --init runs/base",
@@ -39,13 +39,14 @@ CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, its type, me
 }
 """(The types are TrainConfig's, tests/test_flags.py checks: written here, the flags import no config.)"""
 
-RENAMED = {  # TrainOptions field -> its flags: the vocabulary's name first, then the old spellings (hidden)
-    "max_tokens": ("--batch-tokens", "--max-tokens"),
-    "progress": ("--quiet", "-q", "--no-progress"),  # sets progress False
+RENAMED = {  # TrainOptions field -> its flags, named as the vocabulary (cli.options.VOCABULARY) names them
+    "max_tokens": ("--batch-tokens",),
+    "progress": ("--quiet", "-q"),  # sets progress False
 }
 
-HIDDEN = ("resume",)
-"""TrainOptions fields whose flag the help leaves out: --resume, now the default (--restart its opposite)."""
+NO_FLAG = {"resume": True}
+"""TrainOptions fields without a flag, and the value the command gives them: a run directory with
+checkpoints is continued (the library's resume=False refuses one; --restart starts over)."""
 
 SCHEDULE = ("warmup", "lr_scale", "cooldown", "seed")  # declared by options.add_schedule_args, experiment's too
 
@@ -70,10 +71,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--set", action="append", default=[], metavar="S.F=V",
                    help="override a config field, e.g. model.n_layers=3")
     add_field_flags(g, TrainOptions, ["init"], RENAMED)
-    either = g.add_mutually_exclusive_group()
-    add_field_flags(either, TrainOptions, ["restart"], RENAMED)
-    either.add_argument("--resume", action="store_true", default=True, help=argparse.SUPPRESS)  # the default
-    listed = {"resume", "restart", "init", *HARDWARE, *SCHEDULE}
+    add_field_flags(g, TrainOptions, ["restart"], RENAMED)
+    parser.set_defaults(**NO_FLAG)
+    listed = {*NO_FLAG, "restart", "init", *HARDWARE, *SCHEDULE}
     for title, names in GROUPS.items():
         g = parser.add_argument_group(title)
         if title.startswith("optimizer"):

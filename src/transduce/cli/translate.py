@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from .common import LineStreams, check_decoding_args, exit_on_sigterm, load_from_args, to_file, warner
+from .common import (LineStreams, check_decoding_args, exit_on_sigterm, library_length_penalty, load_from_args, to_file,
+                     warner)
 from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
 from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
@@ -21,7 +22,7 @@ DESCRIPTION = """\
 Translate one sentence per line, --input (or stdin) to --out (or stdout), as many
 lines out as in; beam search as in Section 6.1. MODEL: a run directory (the average
 of its last checkpoints) or a model directory.
-details: docs/decoding.md, docs/precision.md"""
+details: transduce docs decoding (and precision)"""
 EPILOG = epilog(
     "transduce translate runs/base < newstest2014.en > hyp.de",
     "transduce translate runs/base -i test.en.gz -o hyp.de --checkpoint latest",
@@ -37,14 +38,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E",
                    help="torch or ct2 (an `export ct2` dir; default torch)")
     g.add_argument("--ct2-compute-type", metavar="TYPE", help="ct2: its precision (default: the exported)")
-    g.add_argument("--ct2-length-penalty", choices=("paper", "ct2"), metavar="LP",
-                   help="ct2: paper or ct2 (|Y|^alpha; default paper)")
-    g.add_argument("--length-penalty", choices=("paper", "hf"), metavar="LP",
-                   help="torch: paper or hf (generate's search; default paper)")
     decoding = add_decoding_args(parser, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
-                               batch_size=DEFAULT_BATCH_SIZE, old_batch=("--max-tokens",))
+                               batch_size=DEFAULT_BATCH_SIZE)
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
 
+
+ENGINE_PENALTIES = {"torch": ("gnmt", "hf", "none"), "ct2": ("gnmt", "ct2", "none")}
+"""The --length-penalty formulas each engine decodes with (gnmt with ct2: its hypotheses re-ranked)."""
 
 CT2_COMPUTE_TYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
 """--precision (--bf16, --int8) with --engine ct2: the CTranslate2 compute type it stands for."""
@@ -62,12 +62,9 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--precision {args.precision} is --ct2-compute-type {compute_type}, not "
                              f"{args.ct2_compute_type}: give one of them")
         args.ct2_compute_type = compute_type
-    if args.engine == "ct2" and args.length_penalty is not None:
-        raise ValueError("--length-penalty applies to --engine torch (with ct2: --ct2-length-penalty)")
-    if args.engine != "ct2":
-        for flag in ("ct2_compute_type", "ct2_length_penalty"):
-            if getattr(args, flag) is not None:
-                raise ValueError(f"--{flag.replace('_', '-')} applies to --engine ct2 only")
+    args.penalty = library_length_penalty(args, f"--engine {args.engine}", ENGINE_PENALTIES[args.engine])
+    if args.engine != "ct2" and args.ct2_compute_type is not None:
+        raise ValueError("--ct2-compute-type applies to --engine ct2 only")
     if args.n_best is not None:
         if args.greedy and args.n_best != 1:
             raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
@@ -104,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
         options = dict(streams.options(), n_best=args.n_best or 1, warn=warn,
                        advance=bar.update if bar is not None else None)
         if args.engine == "ct2":
-            stream = loaded.translate_stream(streams.lines(), **options, length_penalty=args.ct2_length_penalty or "paper")
+            stream = loaded.translate_stream(streams.lines(), **options, length_penalty=args.penalty)
         else:
             stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, streams.lines(),
-                                                **options, length_penalty=args.length_penalty or "paper")
+                                                **options, length_penalty=args.penalty)
         _write(stream, args.n_best, write, flush if streams.interactive else None)
         flush()
         streams.commit()

@@ -118,6 +118,20 @@ def find_vocabs(dirs: Sequence[Path]) -> tuple[Vocab, Vocab] | None:
     return None
 
 
+def vocabulary_of(path: str | os.PathLike) -> tuple[Vocab, Vocab]:
+    """`--vocab PATH`'s one meaning in every command: PATH's vocabulary. A sentencepiece model file
+    is itself, shared by both sides; a model or run directory gives the (source, target) pair it was
+    trained with, found as beside a model (`find_vocabs`: the directory, then the two above it)."""
+    path = Path(path)
+    if not path.is_dir():
+        v = Vocab(path)
+        return v, v
+    found = find_vocabs(list(dict.fromkeys([path, path.parent, path.parent.parent])))
+    if found is None:
+        raise FileNotFoundError(f"{path}: no vocabulary found in it (no data.json or spm.model)")
+    return found
+
+
 def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
                            vocab: str | os.PathLike | None = None, src_vocab: str | os.PathLike | None = None,
                            tgt_vocab: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> LoadedModel:
@@ -133,7 +147,7 @@ def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = 
     if vocab is not None and (src_vocab is not None or tgt_vocab is not None):
         raise ValueError("give --vocab (shared) or --src-vocab/--tgt-vocab, not both")
     if vocab is not None:
-        sv = tv = Vocab(vocab)
+        sv, tv = vocabulary_of(vocab)
     elif src_vocab is not None or tgt_vocab is not None:
         if src_vocab is None or tgt_vocab is None:
             raise ValueError("give both --src-vocab and --tgt-vocab")
@@ -142,7 +156,7 @@ def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = 
         found = find_vocabs(resolved.search_dirs)
         if found is None:
             raise FileNotFoundError(f"no vocabulary found beside {what} (no data.json or spm.model): "
-                                    "pass --vocab SPM_MODEL")
+                                    "pass --vocab PATH (a sentencepiece model or a model directory)")
         sv, tv = found
     mc = config.model
     if len(sv) != mc.src_vocab_size or len(tv) != mc.target_vocab_size:

@@ -159,7 +159,7 @@ def train_command(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, m
     """The `transduce train` command line of a variant (a torchrun line for several processes)."""
     head = (["transduce"] if machine.nproc == 1 else
             ["torchrun", f"--nproc_per_node={machine.nproc}", "-m", "transduce"])
-    cmd = head + ["train", "--data", str(data_dir), "--run-dir", str(variant.run_dir(out)), "--resume",
+    cmd = head + ["train", "--data", str(data_dir), "--run-dir", str(variant.run_dir(out)),
                   "--preset", variant.preset]
     for s in variant.sets + [f"train.max_tokens={recipe.max_tokens}"]:
         cmd += ["--set", s]

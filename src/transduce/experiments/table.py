@@ -118,7 +118,7 @@ def markdown(rows: list[dict], recipe: Recipe, data_dir: Path, planned: int, ave
         "- dev perplexity per subword token and dev BLEU of "
         + ("the average of the last checkpoints (6.1: 5, big 20; not 6.2's choice)" if average else
            "the final model (6.2: \"no checkpoint averaging\")")
-        + f", beam {DECODING['beam']}, alpha {DECODING['alpha']}, max length input + {DECODING['max_len_offset']}; "
+        + f", beam {DECODING['beam']}, length penalty gnmt:{DECODING['alpha']}, max length input + {DECODING['max_len_offset']}; "
         "BLEU (dev) is sacreBLEU (detokenized, cased), BLEU (dev, paper's tok.) the paper's tokenized convention",
         "- training FLOPs: model FLOPs of the batches trained on (transduce.flops: 2mnk per product, "
         "training = 3x forward); wall time: all sessions of the run, validation and checkpoints included; "

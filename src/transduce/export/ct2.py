@@ -167,7 +167,7 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     out = Path(out)
     if out.exists() and not force:
-        raise FileExistsError(f"{out}: exists (use --force to replace it)")
+        raise FileExistsError(f"{out}: exists (use --overwrite to replace it)")
     with atomic_dir(out) as tmp:
         converter = TransduceConverter(model.float(), config, src_vocab, tgt_vocab, max_positions)
         converter.convert(str(tmp), quantization=quantization, force=True)

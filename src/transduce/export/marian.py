@@ -145,7 +145,7 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
     transformers = require("transformers", "exporting to Hugging Face")
     out = Path(out)
     if out.exists() and not force:
-        raise FileExistsError(f"{out}: exists (use --force to replace it)")
+        raise FileExistsError(f"{out}: exists (use --overwrite to replace it)")
     c = config.model
     _check_exportable(c)
     if isinstance(src_vocab, MarianVocab) or isinstance(tgt_vocab, MarianVocab):

@@ -59,7 +59,7 @@ def restore(run: Run) -> Start:
     env, opts = run.env, run.opts
     latest = latest_checkpoint(run.run_dir) if opts.continues else None
     if latest is None and list_checkpoints(run.run_dir) and not opts.restart:
-        raise UsageError(f"{run.run_dir} already has checkpoints: continue it (--resume, the default), start over "
+        raise UsageError(f"{run.run_dir} already has checkpoints: continue it (run the same command again), start over "
                          "with --restart (its checkpoints replaced), or use another --run-dir")
     if latest is None:
         seed_dropout(opts.seed, env.rank)
@@ -183,7 +183,7 @@ def skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list,
             f"{state.skipped_in_a_row} steps in a row had a non-finite loss or gradient (the last on batches {batches}); "
             f"the weights from before them, after step {state.step}, are in "
             f"{run.run_dir / 'checkpoints'} (the batch order continues after them): lower the rate (--lr-scale), "
-            "check the data, then continue with --resume")
+            "check the data, then run the same command again: it resumes")
 
 
 def checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
@@ -195,7 +195,7 @@ def checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
         previous = latest_checkpoint(run.run_dir)
         raise TrainingStopped(
             f"the checkpoint of step {state.step} could not be written ({error or 'on rank 0'}); "
-            + (f"{previous.name} and `latest` are intact: free space, then continue with --resume "
+            + (f"{previous.name} and `latest` are intact: free space, then run the same command again: it resumes "
                f"(from step {checkpoint_step(previous)}: {state.step - checkpoint_step(previous)} steps lost)" if previous is not None
                else "no earlier checkpoint: the run starts again"))
 
@@ -237,4 +237,4 @@ def interrupted(run: Run, state: LoopState) -> None:
     if run.bar is not None:
         run.bar.close()
     env.say(f"interrupted at step {step} by {state.interrupted}; the checkpoint is in {run.run_dir / 'checkpoints'}: "
-            "continue with --resume")
+            "run the same command again to continue")

@@ -2,7 +2,7 @@
 a training run at a step boundary, with a checkpoint, instead of killing it between two (docs/cluster.md).
 
 The first signal only sets `StopSignals.requested`: the step finishes, the trainer writes a
-checkpoint (at the same step on every rank) and exits with `EXIT_INTERRUPTED`; `--resume` goes on.
+checkpoint (at the same step on every rank) and exits with `EXIT_INTERRUPTED`; the same command run again goes on.
 A second signal ends the process at once, as its default action would (a checkpoint being written
 is abandoned whole). Except within `SAME_REQUEST_S` seconds of the first, where it cannot be a
 person's second press: a signal of the other kind, or any in a torchrun worker, which is often

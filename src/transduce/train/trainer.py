@@ -335,7 +335,7 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
     env, opts, t, step = run.env, run.opts, run.config.train, state.step
     if state.capped_at is not None:
         env.say(f"note: --max-minutes {opts.max_minutes:g} stopped training at step {step} of {t.max_steps}: "
-                "this model is not the recipe's (continue with --resume to finish it)")
+                "this model is not the recipe's (run the same command again to finish it)")
         if run.log is not None:
             run.log.write("capped", step, max_steps=t.max_steps, max_minutes=opts.max_minutes)
     if state.interrupted is not None:

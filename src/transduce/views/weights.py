@@ -190,7 +190,7 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
         note = []
         for side, ids, out in (("source", loaded.src_vocab.encode(source), src_ids), ("target", t_ids, tgt_ids)):
             if len(ids) > max_tokens:
-                note.append(f"{side} cut to its first {max_tokens} of {len(ids)} subword tokens (the cap, --max-tokens)")
+                note.append(f"{side} cut to its first {max_tokens} of {len(ids)} subword tokens (the cap, --keep-tokens)")
             out.append(ids[:max_tokens])
         texts.append({"source_text": source, "target_text": t_text, "target_from": t_from})
         notes.append(note)
@@ -199,7 +199,7 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
     n = mc.n_layers * mc.n_heads * sum(S * S + T * T + T * S for S, T in lengths)
     if n > MAX_WEIGHTS:
         raise ValueError(f"{n:,} weights would be more than a page should hold ({MAX_WEIGHTS:,}): give fewer or "
-                         "shorter sentences, or a lower --max-tokens")
+                         "shorter sentences, or a lower --keep-tokens")
     batch = compute_attention(loaded.model, src_ids, tgt_ids)
     batch.notes = notes
     data = to_json(batch, loaded.src_vocab, loaded.tgt_vocab, model=loaded.description, texts=texts)
