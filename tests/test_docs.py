@@ -1,4 +1,4 @@
-"""Every name the paper-to-code map lists must exist, so the map cannot rot."""
+"""Every name the paper-to-code map lists must exist, so the map cannot rot; no line of the docs is over 160 characters."""
 
 import importlib
 import re
@@ -32,17 +32,36 @@ def test_every_mapped_name_exists():
     assert not missing, f"docs/paper_map.md names what does not exist: {missing}"
 
 
+def _items(text: str) -> list[str]:
+    """The map's list items ("- **3.1** · what the paper says · *code*: ..."), continuation lines joined."""
+    items: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("- "):
+            items.append(line[2:])
+        elif line.startswith("  ") and items:
+            items[-1] += " " + line.strip()
+        elif not line.strip() and items and not items[-1].endswith("\n"):
+            items[-1] += "\n"
+    return [i.strip() for i in items]
+
+
 def test_every_section_3_and_5_subsection_is_mapped():
-    first_cells = [line.split("|")[1] for line in DOC.read_text(encoding="utf-8").splitlines() if line.startswith("| ")]
+    first_cells = [re.match(r"\*\*(.+?)\*\*", item).group(1) for item in _items(DOC.read_text(encoding="utf-8"))
+                   if item.startswith("**")]
     for sec in ["3.1", "3.2.1", "3.2.2", "3.2.3", "3.3", "3.4", "3.5", "5.1", "5.3", "5.4", "eq. 1", "eq. 2", "eq. 3"]:
         assert any(sec in cell for cell in first_cells), sec
 
 
 def _deviation_rows():
+    """(deviation, option, default) of each item of the deviations list: "- WHAT · *option*: NAMES · *default*: VALUE"."""
     text = DOC.read_text(encoding="utf-8")
     section = text.split("## Every deviation from the paper, in one place", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| deviation")]
-    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    rows = []
+    for item in _items(section):
+        m = re.fullmatch(r"(.+) · \*option\*: (.+) · \*default\*: (`[^`]+`)", item.strip(), re.S)
+        assert m, f"docs/paper_map.md: a deviation without its option and default: {item[:80]}"
+        rows.append([m.group(1), m.group(2), m.group(3)])
+    return rows
 
 
 def test_every_deviation_defaults_to_the_papers_choice():
@@ -67,6 +86,16 @@ def test_vocabulary_size_default_is_listed_as_not_the_papers():
     from transduce.data.vocab import DEFAULT_VOCAB_SIZE
 
     text = DOC.read_text(encoding="utf-8")
-    intro = text.split("## Every deviation from the paper, in one place", 1)[1].split("| deviation", 1)[0]
+    intro = text.split("## Every deviation from the paper, in one place", 1)[1].split("\n- ", 1)[0]
     assert DEFAULT_VOCAB_SIZE != 37000
     assert f"defaults to {DEFAULT_VOCAB_SIZE} pieces" in intro and "--vocab-size 37000" in intro
+
+
+def test_no_line_of_the_docs_is_over_160_characters():
+    """README.md and docs/*.md read in a terminal and a diff: lines of at most 160 characters
+    (a table too wide for that is written as a list)."""
+    root = DOC.parents[1]
+    long = [f"{path.relative_to(root)}:{n}: {len(line)} characters"
+            for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if len(line) > 160]
+    assert not long, "lines over 160 characters:\n" + "\n".join(long)
