@@ -11,7 +11,7 @@ import typing
 
 
 def flag(name: str) -> str:
-    """The flag of a field: max_tokens -> --max-tokens."""
+    """The flag of a field: keep_last -> --keep-last."""
     return "--" + name.replace("_", "-")
 
 
