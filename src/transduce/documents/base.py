@@ -49,6 +49,17 @@ class Document:
         raise NotImplementedError
 
 
+def opened(load, data: bytes, name: str, what: str):
+    """`load(a file object of data)`, a format library's reader; whatever it finds wrong with the
+    file a DocumentError: "NAME: not a readable WHAT file (the library's complaint)"."""
+    from io import BytesIO
+
+    try:
+        return load(BytesIO(data))
+    except Exception as e:  # noqa: BLE001 - the library's own exception, whatever it is
+        raise DocumentError(f"not a readable {what} file ({type(e).__name__}: {e})", name) from None
+
+
 def decode_text(data: bytes, name: str, what: str) -> tuple[str, bool]:
     """(the text of UTF-8 `data`, whether it began with a byte-order mark), or a DocumentError."""
     bom = data.startswith(b"\xef\xbb\xbf")

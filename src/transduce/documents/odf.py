@@ -10,7 +10,7 @@ import re
 from io import BytesIO
 
 from ..extras import require
-from .base import Document, DocumentError
+from .base import Document, opened
 from .inline import Paragraph, Piece
 
 TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
@@ -29,10 +29,7 @@ class Odf(Document):
         require("odf", "translating OpenDocument files")
         from odf.opendocument import load
 
-        try:
-            self.doc = load(BytesIO(data))
-        except Exception as e:  # noqa: BLE001 - whatever the library finds wrong with the file
-            raise DocumentError(f"not a readable OpenDocument file ({type(e).__name__}: {e})", name) from None
+        self.doc = opened(load, data, name, "OpenDocument")
         for p in _paragraphs(self.doc.topnode):
             paragraph = Paragraph()
             _read(p, paragraph, ())

@@ -17,7 +17,7 @@ from collections import Counter
 from io import BytesIO
 
 from ..extras import require
-from .base import Document, DocumentError
+from .base import Document, opened
 from .inline import Paragraph, Piece
 
 W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
@@ -195,10 +195,7 @@ class Docx(Document):
     def __init__(self, data: bytes, name: str):
         super().__init__()
         docx = require("docx", "translating .docx files")
-        try:
-            self.document = docx.Document(BytesIO(data))
-        except Exception as e:  # noqa: BLE001 - whatever the library finds wrong with the file
-            raise DocumentError(f"not a readable Word (.docx) file ({type(e).__name__}: {e})", name) from None
+        self.document = opened(docx.Document, data, name, "Word (.docx)")
         from docx.oxml import parse_xml
 
         self.rewritten = []
@@ -265,10 +262,7 @@ class Pptx(Document):
     def __init__(self, data: bytes, name: str):
         super().__init__()
         pptx = require("pptx", "translating .pptx files")
-        try:
-            self.presentation = pptx.Presentation(BytesIO(data))
-        except Exception as e:  # noqa: BLE001 - whatever the library finds wrong with the file
-            raise DocumentError(f"not a readable PowerPoint (.pptx) file ({type(e).__name__}: {e})", name) from None
+        self.presentation = opened(pptx.Presentation, data, name, "PowerPoint (.pptx)")
         for slide in self.presentation.slides:
             roots = [slide.part._element]
             if slide.has_notes_slide:
