@@ -10,9 +10,10 @@ sentence ends, and why: docs/text.md.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 MODES = ("on", "off", "nonewlines")
 """DeepL's split_sentences 1, 0 and "nonewlines"."""
@@ -109,6 +110,38 @@ def translate_texts(translate_batch: Callable[[list[str]], list[str]], texts: Se
 def translate_text(translate_batch: Callable[[list[str]], list[str]], text: str, lang: str, mode: str = "on") -> str:
     """`translate_texts` of one text."""
     return translate_texts(translate_batch, [text], lang, mode)[0]
+
+
+def translate_lines_split(translate_stream: Callable[[Iterable[str]], Iterable[str]], lines: Iterable[str], lang: str,
+                          mode: str = "on", advance: Callable[[int], None] | None = None) -> Iterator[str]:
+    """Each of `lines` (any iterable, read as needed) translated sentence by sentence, in order:
+    `translate_stream` is given the sentences of all lines as one stream and yields their
+    translations in order (as `decoding.translate.translate_stream` does, batching as it reads);
+    each line is put back together as it completes (`advance(1)` then). A line is never split at
+    its end: as many lines out as in."""
+    pending: deque[list[Piece]] = deque()
+
+    def sentences() -> Iterator[str]:
+        for line in lines:
+            pieces = split(line, lang, mode)
+            pending.append(pieces)
+            yield from (p.source for p in pieces if p.translate)
+
+    outputs: list[str] = []
+    results = iter(translate_stream(sentences()))
+    done = False
+    while not done:
+        try:
+            outputs.append(next(results))
+        except StopIteration:
+            done = True
+        while pending and len(outputs) >= (n := sum(p.translate for p in pending[0])):
+            yield rejoin(pending.popleft(), outputs[:n])
+            del outputs[:n]
+            if advance is not None:
+                advance(1)
+    if pending or outputs:
+        raise ValueError(f"the translator's stream ended with {len(pending)} lines untranslated")
 
 
 # -- the splitter -----------------------------------------------------------------------------------

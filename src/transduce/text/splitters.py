@@ -185,3 +185,48 @@ def report(cases_path: str | Path = "tests/data/sentence_splits.json", newstest:
         rows.append(f"| {name} | {package} | " + " | ".join(f"{a:.1%}" for a in accs.values()) + f" | {total:.1%} | "
                     + " | ".join(f"{p:.3f} / {r:.3f}" for p, r in pr.values()) + f" | {cost / len(groups):.2f} |")
     return "\n".join(rows)
+
+
+def decode_share(lang: str = "en", preset: str = "small", n: int = 20, size: int = 5, splitter: str = "pysbd") -> dict:
+    """The splitter's time against a request's decoding time, in one process, one after the other
+    per request: a request is a newstest paragraph of `size` lines (WMT14 newstest2014, `lang`),
+    split by `splitter`, its sentences decoded in one batch by a model of `preset` (random weights,
+    made ready as `translate` makes it; beam 4; each output as long as its source, since a random
+    model does not stop: `max_len_offset` 0). Returns the medians (ms) and the share."""
+    import statistics
+    import tempfile
+    from dataclasses import replace
+
+    import torch
+
+    from ..config import get_preset
+    from ..data.datasets import fetch
+    from ..data.vocab import Vocab, train_vocab
+    from ..decoding.ready import make_ready
+    from ..decoding.translate import translate_lines
+    from ..model import Transformer
+
+    path = fetch("wmt14-en-de" if lang != "fr" else "wmt14-en-fr", "newstest2014", lang)
+    groups = paragraphs(path, size=size, limit=n + 200)
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = Vocab(train_vocab(Path(tmp) / "spm", [s for g in groups for s in g], vocab_size=4000, num_threads=1))
+    groups = groups[-n:]
+    torch.manual_seed(0)
+    model = Transformer(replace(get_preset(preset).model, src_vocab_size=len(vocab), tgt_vocab_size=None,
+                                share_embeddings=True, dropout=0.0))
+    make_ready(model)
+    split = CANDIDATES[splitter][1](lang)
+    split_ms, decode_ms = [], []
+    for g in groups:
+        text = " ".join(g)
+        start = time.perf_counter()
+        sentences = split_lines(split, text)
+        split_ms.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            translate_lines(model, vocab, vocab, sentences, beam=4, max_len_offset=0, warn=lambda m: None)
+        decode_ms.append((time.perf_counter() - start) * 1000)
+    chars = statistics.median(len(" ".join(g)) for g in groups)
+    s, d = statistics.median(split_ms), statistics.median(decode_ms)
+    return {"splitter": splitter, "preset": preset, "lang": lang, "requests": n, "chars": chars, "split_ms": s,
+            "decode_ms": d, "share": s / d}
