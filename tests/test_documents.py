@@ -296,6 +296,42 @@ def test_odt_round_trip():
     assert teletype.extractText(header) == "THE HEADER OF EVERY PAGE" and teletype.extractText(footer) == "THE FOOTER"
 
 
+def test_odp_slides_and_notes():
+    from odf import teletype
+    from odf.draw import Frame, Page, TextBox
+    from odf.opendocument import OpenDocumentPresentation, load
+    from odf.presentation import Notes
+    from odf.style import MasterPage, PageLayout, Style, TextProperties
+    from odf.text import P, Span
+
+    doc = OpenDocumentPresentation()
+    layout = PageLayout(name="PM1")
+    doc.automaticstyles.addElement(layout)
+    master = MasterPage(name="Default", pagelayoutname=layout)
+    doc.masterstyles.addElement(master)
+    bold = Style(name="B", family="text")
+    bold.addElement(TextProperties(fontweight="bold"))
+    doc.automaticstyles.addElement(bold)
+    page = Page(name="page1", masterpagename=master)
+    notes = Notes()
+    for parent, p in ((page, P(text="a slide with ")), (notes, P(text="what the speaker says"))):
+        frame, box = Frame(width="20cm", height="3cm", x="1cm", y="1cm"), TextBox()
+        box.addElement(p)
+        frame.addElement(box)
+        parent.addElement(frame)
+        if parent is page:
+            p.addElement(Span(stylename=bold, text="bold words"))
+    page.addElement(notes)
+    doc.presentation.addElement(page)
+    data = BytesIO()
+    doc.write(data)
+    out, marking = translated(data.getvalue(), ".odp")
+    assert marking.calls[0] == ["a slide with bold words", "what the speaker says"]
+    slide, notes = load(BytesIO(out)).presentation.getElementsByType(P)  # opens in odfpy
+    assert teletype.extractText(slide) == "A SLIDE WITH BOLD WORDS" and teletype.extractText(notes) == "WHAT THE SPEAKER SAYS"
+    assert teletype.extractText(slide.getElementsByType(Span)[0]) == "BOLD WORDS"
+
+
 # -- HTML, subtitles, text, EPUB -------------------------------------------------------------------
 
 HTML = """<!DOCTYPE html>
