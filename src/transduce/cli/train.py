@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from ..train.options import TrainOptions
+from ..train.options import TrainOptions, cpu_hours, lr_scale_for_peak
 from ..train.signals import EXIT_INTERRUPTED
 from .fields import add_field_flags, flag, from_args
 from .options import add_hardware_args, add_schedule_args, epilog
@@ -20,9 +20,8 @@ if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by
     from ..config import Config
 
 DESCRIPTION = """\
-Train on `transduce prepare` output into RUN_DIR (Section 5: Adam, equation 3's rate,
-label smoothing, token batches; torchrun for many GPUs). Run again, it resumes exactly
-(another config is refused; --restart starts over).
+Train on `transduce prepare` output into RUN_DIR (Section 5: Adam, equation 3,
+label smoothing, token batches). Run again: it resumes (another config refused).
 details: transduce docs training (and precision, cluster)"""
 EPILOG = epilog(
     "transduce train --data DIR --run-dir runs/multi30k-en-de --preset multi30k",
@@ -78,6 +77,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group(title)
         if title.startswith("optimizer"):
             add_schedule_args(g)
+            g.add_argument("--lr", type=float, metavar="PEAK", help="the rate's peak, at step --warmup (sets --lr-scale)")
         for name in names:
             if name in CONFIG_FLAGS:
                 _, kind, metavar, help = CONFIG_FLAGS[name]
@@ -102,6 +102,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
     from ..train.recovery import run_config
     from ..train.trainer import config_for_data
 
+    if args.lr is not None and args.lr_scale is not None:
+        raise UsageError("give --lr (the peak rate) or --lr-scale (equation 3's factor), not both")
+    if args.lr is not None and not args.lr > 0:
+        raise UsageError(f"--lr must be a positive rate, not {args.lr:g}")
     run_dir: Path = args.run_dir
     latest = None if args.restart else latest_checkpoint(run_dir)
     data_dir = args.data
@@ -134,7 +138,29 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
                 t.check()  # the fields set before this one passed: a failure is this flag's
             except ValueError as e:
                 raise UsageError(f"{flag(dest)} {value:g}: {e}") from None
+    if args.lr is not None:  # the schedule's peak, as Hugging Face's and fairseq's --lr: equation 3 scaled to reach it
+        t.lr_scale = lr_scale_for_peak(args.lr, config.model.d_model, t.warmup_steps)
     return config, data_dir
+
+
+def say_if_sized_for_gpus(config: Config, options: TrainOptions) -> None:
+    """One line where training would run on a CPU for more than a day (base: weeks): how long, and
+    what to use instead."""
+    import os
+
+    import torch
+
+    if options.device.startswith("cuda") or (options.device == "auto" and torch.cuda.is_available()):
+        return
+    if os.environ.get("RANK", "0") != "0":
+        return
+    threads = options.threads or torch.get_num_threads()
+    hours = cpu_hours(config, threads)
+    if hours > 24:
+        t = config.train
+        print(f"note: {t.max_steps:,} steps of {t.max_tokens:,} tokens are sized for GPUs (the paper's base: 12 hours "
+              f"on 8 GPUs); on {threads} CPU threads, about {hours / 24:,.0f} days: on a CPU, --preset multi30k "
+              "is the paper's architecture at laptop size (5,200 steps of 2,048 tokens: 26 to 100 minutes on 2 cores)", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,5 +174,6 @@ def run(args: argparse.Namespace) -> int:
             message = message.replace(flag(field) + " ", names[0] + " ")
         raise UsageError(message) from None
     config, data_dir = resolve_config(args)
+    say_if_sized_for_gpus(config, options)
     result = train(config, data_dir, args.run_dir, options, log_extra={"argv": sys.argv})
     return EXIT_INTERRUPTED if result.interrupted else 0

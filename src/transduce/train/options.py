@@ -104,3 +104,27 @@ class TrainOptions:
         return dataclasses.replace(
             self, max_tokens=per_batch,
             keep_last=t.average_last if self.keep_last is None else self.keep_last)
+
+
+def lr_scale_for_peak(peak: float, d_model: int, warmup_steps: int) -> float:
+    """Equation 3's factor for `train --lr PEAK`: the rate is highest at step warmup_steps, where it is
+    scale * d_model^-0.5 * warmup_steps^-0.5 (Section 5.3), so scale = PEAK * sqrt(d_model * warmup_steps)."""
+    return peak * (d_model * warmup_steps) ** 0.5
+
+
+BASE_CPU_TOKENS_PER_S = 545.0
+"""`base` training on 2 AMD Zen 4 cores in bf16, target tokens/s (docs/RESULTS.md): the yardstick of `cpu_hours`."""
+
+
+def cpu_hours(config: Config, threads: int) -> float:
+    """About how long `config`'s whole regime (max_steps x max_tokens) trains on `threads` CPU cores:
+    the base model's measured rate, scaled by model FLOPs per token and by cores. A rough guide
+    (another CPU, its precision, the sentence lengths move it), for telling hours from weeks."""
+    from ..config import get_preset
+    from ..flops import dims, forward_flops
+
+    def per_token(model) -> float:
+        return forward_flops(dims(model), 1, 25, 25) / 25  # sentences of 25 tokens
+
+    rate = BASE_CPU_TOKENS_PER_S * threads / 2 * per_token(get_preset("base").model) / per_token(config.model)
+    return config.train.max_steps * config.train.max_tokens / rate / 3600
