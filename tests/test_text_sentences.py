@@ -50,7 +50,7 @@ def test_language_codes_with_regions_and_unknown_languages():
 
 
 def test_rejoin_puts_outputs_in_their_places():
-    pieces = split("a b. c d.\n e f. ", "en")
+    pieces = split("One two. Three four.\n Five six. ", "en")
     assert rejoin(pieces, ["1", "2", "3"]) == "1 2\n 3 "
     with pytest.raises(ValueError, match="2 outputs for 3 sentences"):
         rejoin(pieces, ["1", "2"])

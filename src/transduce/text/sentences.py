@@ -44,16 +44,15 @@ def words(text: str) -> bool:
 
 def split(text: str, lang: str, mode: str = "on") -> list[Piece]:
     """`text` as pieces, ``"".join(p.text for p in pieces) == text`` always: the sentences of
-    language `lang` (an ISO 639-1 code; "de-DE" is "de"; a language the splitter has no rules for
-    is split by its English rules) to translate, and between them the whitespace and line
-    breaks, kept. `mode`: "on", "nonewlines" or "off" (the module's docstring)."""
+    language `lang` (an ISO 639-1 code; "de-DE" is "de") to translate, and between them the
+    whitespace and line breaks, kept. `mode`: "on", "nonewlines" or "off" (the module's docstring)."""
     if mode not in MODES:
         raise ValueError(f"the sentence-splitting mode must be one of {', '.join(MODES)}, not {mode!r}")
     pieces: list[Piece] = []
     if mode == "off":
         _sentences(text, [(0, len(text))] if text.strip() else [], pieces)
     elif mode == "nonewlines":  # line breaks as spaces (the same length): the splitter sees one line
-        _sentences(text, _segment(_LINE_BREAK.sub(" ", text).replace("\r", " "), lang), pieces)
+        _sentences(text, _segment(_LINE_BREAK.sub(lambda m: " " * len(m.group()), text), lang), pieces)
     else:
         start = 0
         for m in [*_LINE_BREAK.finditer(text), None]:
@@ -177,10 +176,19 @@ def _merged(pieces: list[Piece]) -> list[Piece]:
 
 
 def _segment(text: str, lang: str) -> list[tuple[int, int]]:
-    """The sentences of one line of text as (start, end) offsets, by the splitter of docs/text.md."""
+    """The sentences of one line of text as (start, end) offsets: where both splitters end a
+    sentence (docs/text.md, "Which splitter": pysbd's rules and sentencex's agree), or, for a
+    language pysbd has no rules for, where sentencex ends one."""
     if not words(text):
         return [(0, len(text))] if text.strip() else []
-    return _locate(text, _splitter(_language(lang))(text))
+    splitters = _splitters(_language(lang))
+    ends = set.intersection(*({end for _, end in _locate(text, split(text))} for split in splitters))
+    spans, start = [], 0
+    for end in sorted(ends | {len(text)}):
+        if end > start:
+            spans.append((start, end))
+            start = end
+    return spans
 
 
 def _locate(text: str, sentences: list[str]) -> list[tuple[int, int]]:
@@ -212,13 +220,18 @@ def _language(lang: str) -> str:
 
 
 @lru_cache(maxsize=None)
-def _splitter(lang: str) -> Callable[[str], list[str]]:
-    """pysbd's rule-based segmenter for `lang` (English rules where it has none); docs/text.md
-    says why this one."""
+def _splitters(lang: str) -> tuple[Callable[[str], list[str]], ...]:
+    """pysbd's segmenter and sentencex's for `lang`, or sentencex's alone where pysbd has no rules
+    for it; docs/text.md says why these."""
     from ..extras import require
 
+    sentencex = require("sentencex", "sentence splitting")
     pysbd = require("pysbd", "sentence splitting")
     from pysbd.languages import LANGUAGE_CODES
 
-    segmenter = pysbd.Segmenter(language=lang if lang in LANGUAGE_CODES else "en", clean=False)
-    return segmenter.segment
+    def by_sentencex(text: str) -> list[str]:
+        return list(sentencex.segment(lang, text))
+
+    if lang not in LANGUAGE_CODES:
+        return (by_sentencex,)
+    return pysbd.Segmenter(language=lang, clean=False).segment, by_sentencex

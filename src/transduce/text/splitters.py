@@ -1,7 +1,7 @@
 """The sentence splitters compared for `sentences.split` (docs/text.md, "Which splitter"): each
 candidate as one function (text, language) -> sentences, its accuracy on labelled hard cases
 (tests/data/sentence_splits.json) and on newstest paragraphs, and its cost in ms per 1,000
-characters. A measurement, not a choice at run time: `sentences` uses the one docs/text.md picked.
+characters. A measurement, not a choice at run time: `sentences` uses what docs/text.md picked (the first row).
 
     python -c "from transduce.text.splitters import report; print(report())"
 """
@@ -68,7 +68,14 @@ def _punkt_prefixes(lang: str) -> Splitter:
     return punkt.tokenizer_for(NAMES.get(lang, "english"), prefixes=True).tokenize
 
 
+def _chosen(lang: str) -> Splitter:
+    from .sentences import _segment
+
+    return lambda text: [text[a:b] for a, b in _segment(text, lang)]
+
+
 CANDIDATES: dict[str, tuple[str, Callable[[str], Splitter]]] = {
+    "pysbd & sentencex (transduce's)": ("pysbd, sentencex", _chosen),
     "pysbd": ("pysbd", _pysbd),
     "sentencex": ("sentencex", _sentencex),
     "syntok": ("syntok", _syntok),
