@@ -41,7 +41,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     decoding = add_decoding_args(parser, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
                                batch_size=DEFAULT_BATCH_SIZE)
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
+    g.add_argument("--split-sentences", choices=SPLIT_MODES, default="off", metavar="S",
+                   help="on: a line of several sentences translated a sentence at a time, as many lines out as in; "
+                        "nonewlines: the same; off: a sentence a line (default off)")
 
+
+SPLIT_MODES = ("on", "off", "nonewlines")
+"""--split-sentences: `transduce.text.sentences.MODES` (DeepL's split_sentences 1, 0, "nonewlines")."""
 
 ENGINE_PENALTIES = {"torch": ("gnmt", "hf", "none"), "ct2": ("gnmt", "ct2", "none")}
 """The --length-penalty formulas each engine decodes with (gnmt with ct2: its hypotheses re-ranked)."""
@@ -70,6 +76,8 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
         if not args.greedy and not 1 <= args.n_best <= args.beam:
             raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
+    if args.split_sentences != "off" and args.n_best is not None:
+        raise ValueError("--n-best gives a line's own hypotheses: with --split-sentences on, a line is several sentences")
     if to_file(args.out):
         from ..checkpoint.files import check_output
 
@@ -98,17 +106,37 @@ def run(args: argparse.Namespace) -> int:
         if to_file(args.input) and not args.quiet and sys.stderr.isatty():
             bar = stack.enter_context(tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines",
                                            mininterval=1))
+        split = args.split_sentences != "off"
         options = dict(streams.options(), n_best=args.n_best or 1, warn=warn,
-                       advance=bar.update if bar is not None else None)
-        if args.engine == "ct2":
-            stream = loaded.translate_stream(streams.lines(), **options, length_penalty=args.penalty)
-        else:
-            stream = translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, streams.lines(),
-                                                **options, length_penalty=args.penalty)
+                       advance=bar.update if bar is not None and not split else None)
+
+        def decode(lines):
+            if args.engine == "ct2":
+                return loaded.translate_stream(lines, **options, length_penalty=args.penalty)
+            return translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, **options,
+                                              length_penalty=args.penalty)
+
+        stream = _split_lines(args, decode, streams.lines(), bar) if split else decode(streams.lines())
         _write(stream, args.n_best, write, flush if streams.interactive else None)
         flush()
         streams.commit()
     return 0
+
+
+def _split_lines(args: argparse.Namespace, decode, lines, bar):
+    """--split-sentences on: each line's sentences (`transduce.text.sentences`, the model's source
+    language as its data.json names it, else English's rules) decoded as one stream, each line
+    joined again with its own spaces; a candidate per line."""
+    from types import SimpleNamespace
+
+    from ..text.sentences import translate_lines_split
+    from .common import model_metadata
+
+    meta = (model_metadata(args.model_path) or {}) if args.engine == "torch" else {}
+    texts = translate_lines_split(lambda sentences: (cands[0].text for cands in decode(sentences)), lines,
+                                  meta.get("src_lang") or "en", args.split_sentences,
+                                  bar.update if bar is not None else None)
+    return ([SimpleNamespace(text=t)] for t in texts)
 
 
 def _load_ct2(args: argparse.Namespace):
