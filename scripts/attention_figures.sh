@@ -8,6 +8,8 @@
 # Writes OUT/paper.{json,html}, the PNGs, OUT/heads.txt (scripts/attention_heads.py's summary)
 # and OUT/masks.png.
 set -euo pipefail
+source "$(dirname "$0")/python.sh"  # PYTHON: the environment's interpreter; `transduce` through it
+require_transduce
 MODEL=${MODEL:?give MODEL=run-or-model-dir}
 OUT=${OUT:-attention-figures}
 LAYER=${LAYER:-}   # the layer of the per-layer figures (default: the last)
@@ -19,19 +21,19 @@ layer=${LAYER:+--layer $LAYER}
 # Both sentences, the model's own translations (beam 4, alpha 0.6): the page and the JSON.
 transduce attention "$MODEL" "$FIG3" "$FIG45" --json "$OUT/paper.json" --html "$OUT/paper.html"
 {
-  python scripts/attention_heads.py "$OUT/paper.json" --sentence 1 --link making:difficult --link making:more
-  python scripts/attention_heads.py "$OUT/paper.json" --sentence 2 --link its:Law --link its:application
+  "$PYTHON" scripts/attention_heads.py "$OUT/paper.json" --sentence 1 --link making:difficult --link making:more
+  "$PYTHON" scripts/attention_heads.py "$OUT/paper.json" --sentence 2 --link its:Law --link its:application
 } > "$OUT/heads.txt"
 
 # Figure 3: encoder self-attention from "making" alone, all heads, every layer.
-L=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['n_layers'])" "$OUT/paper.json")
+L=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['n_layers'])" "$OUT/paper.json")
 for l in $(seq 1 "$L"); do
   transduce attention "$MODEL" "$FIG3" --png "$OUT/fig3-making-layer$l.png" --layout rows --layer "$l" --query making
   # Figure 4 (bottom): from "its" alone.
   transduce attention "$MODEL" "$FIG45" --png "$OUT/fig4-its-layer$l.png" --layout rows --layer "$l" --query its
 done
 # Figures 4 (top) and 5: every query of one head, in the last layer (or LAYER).
-H=$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['n_heads'])" "$OUT/paper.json")
+H=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['n_heads'])" "$OUT/paper.json")
 for h in $(seq 1 "$H"); do
   transduce attention "$MODEL" "$FIG45" --png "$OUT/fig5-head$h.png" --layout rows $layer --heads "$h"
 done
@@ -42,7 +44,7 @@ transduce attention "$MODEL" "$FIG45" --png "$OUT/fig45-cross-heatmap.png" --fig
 IN="A brown dog is running through the grass with a ball in its mouth ."
 transduce attention "$MODEL" "$IN" --json "$OUT/caption.json" --png "$OUT/caption-cross-heatmap.png" --figure heatmap \
   --type decoder-cross $layer
-python scripts/attention_heads.py "$OUT/caption.json" --link its:dog --link its:ball --link running:dog >> "$OUT/heads.txt"
+"$PYTHON" scripts/attention_heads.py "$OUT/caption.json" --link its:dog --link its:ball --link running:dog >> "$OUT/heads.txt"
 for l in $(seq 1 "$L"); do
   transduce attention "$MODEL" "$IN" --png "$OUT/caption-its-layer$l.png" --layer "$l" --query its
 done

@@ -39,9 +39,12 @@
 #   VOCAB       the shared SentencePiece vocabulary size (default 8000)
 #   EVAL_ONLY=1 skip prepare and training: evaluate RUN again
 #   TRANSDUCE_DATA_DIR  a local dataset mirror (../shared/data is found automatically)
+#   PYTHON      the interpreter (default: the active virtual environment's, else .venv, else python3)
 # An interrupted run continues where its last checkpoint left it when the command is run again (the same
 # settings: another training config is refused, naming what differs).
 set -euo pipefail
+source "$(dirname "$0")/python.sh"  # PYTHON: the environment's interpreter (.venv by scripts/setup.sh); `transduce` through it
+require_transduce
 RUN=${RUN:-runs/multi30k-en-de}
 THREADS=${THREADS:-$(nproc)}
 PRECISION=${PRECISION:-auto}
@@ -76,7 +79,7 @@ fi
 # validation split (sacreBLEU), never on test.
 # A short run (STEPS=500) has fewer checkpoints than K: it averages all it has.
 mkdir -p "$RUN/alpha"
-n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
+n=$("$PYTHON" -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
 print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
 n=$(( n > 0 ? n : 1 ))  # none at the interval (a run shorter than SAVE_STEPS): average takes the last one
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
@@ -88,13 +91,13 @@ for k in $AVERAGE; do
     transduce evaluate "$RUN/avg_last$k" --dataset multi30k --src en --tgt de --split val --variant "$VARIANT" --beam 4 \
       --length-penalty "gnmt:$a" --precision "$DECODING" --threads "$THREADS" --quiet --json "$RUN/alpha/val.avg$k.alpha$a.json" > /dev/null
     if [ "$DECODING" = auto ]; then
-      DECODING=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" \
+      DECODING=$("$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" \
         "$RUN/alpha/val.avg$k.alpha$a.json")
       echo "decoding in $DECODING (--precision auto, chosen by the first evaluation's measurement; kept for every other)"
     fi
   done
 done
-read -r K ALPHA < <(python - "$RUN/alpha" "$VARIANT" $AVERAGE <<'PY'
+read -r K ALPHA < <("$PYTHON" - "$RUN/alpha" "$VARIANT" $AVERAGE <<'PY'
 import json, sys
 from pathlib import Path
 scores = {}

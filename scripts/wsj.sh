@@ -44,8 +44,11 @@
 #   CURVE=1     also the F1 curve: each checkpoint, greedy, on section 22 ($RUN/curve/)
 #   EVAL_ONLY=1 skip prepare and training: evaluate RUN again
 #   TRANSDUCE_DATA_DIR  the dataset mirror (../shared/data is found automatically)
+#   PYTHON      the interpreter (default: the active virtual environment's, else .venv, else python3)
 # An interrupted run continues where its last checkpoint left it when the command is run again.
 set -euo pipefail
+source "$(dirname "$0")/python.sh"  # PYTHON: the environment's interpreter (.venv by scripts/setup.sh); `transduce` through it
+require_transduce
 RUN=${RUN:-runs/wsj}
 THREADS=${THREADS:-$(nproc)}
 PRECISION=${PRECISION:-auto}
@@ -67,7 +70,7 @@ COMMON=(--precision "$PRECISION" --threads "$THREADS" --workers "$WORKERS" --max
 # read from an evaluation already in RUN), then kept for every other.
 keep_precision() {  # FILE: an evaluation's --json
   if [ "${COMMON[1]}" = auto ] && [ -f "$1" ]; then
-    COMMON[1]=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" "$1")
+    COMMON[1]=$("$PYTHON" -c "import json, sys; print(json.load(open(sys.argv[1]))['decoding']['precision'])" "$1")
     echo "decoding in ${COMMON[1]} (--precision auto, as chosen by the measurement of $1; kept for every other)"
   fi
 }
@@ -91,7 +94,7 @@ if [ "${CURVE:-0}" = 1 ]; then
     [ -f "$RUN/curve/$step.json" ] || transduce evaluate "$RUN" --checkpoint "$step" --dataset ptb-wsj --split 22 \
       --greedy "${COMMON[@]}" --json "$RUN/curve/$step.json" > /dev/null
     keep_precision "$RUN/curve/$step.json"
-    python - "$RUN/curve/$step.json" "$step" <<'PY'
+    "$PYTHON" - "$RUN/curve/$step.json" "$step" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))["scores"]["evalb_gold_tags"]["all"]
 print(f"{sys.argv[2]}: section 22, greedy: F1 {s['f1']:.2f}")
@@ -101,7 +104,7 @@ fi
 
 # The number of averaged checkpoints and alpha for beam 21 (BEAM), chosen together on section 22, never on 23.
 mkdir -p "$ALPHA_DIR"
-n=$(python -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
+n=$("$PYTHON" -c "import sys; from transduce.checkpoint.run_dir import list_checkpoints, on_interval
 print(sum(on_interval(p) for _, p in list_checkpoints(sys.argv[1])))" "$RUN")  # the checkpoints transduce average counts
 n=$(( n > 0 ? n : 1 ))  # none at the interval (a run shorter than its interval): average takes the last one
 AVERAGE=$(for k in $AVERAGE; do echo $((k < n ? k : n)); done | sort -nu | tr '\n' ' ')
@@ -113,7 +116,7 @@ for k in $AVERAGE; do
     keep_precision "$ALPHA_DIR/22.avg$k.alpha$a.json"
   done
 done
-read -r K ALPHA < <(python - "$ALPHA_DIR" $AVERAGE <<'PY'
+read -r K ALPHA < <("$PYTHON" - "$ALPHA_DIR" $AVERAGE <<'PY'
 import json, sys
 from pathlib import Path
 scores = {}
