@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from .common import (LineStreams, check_decoding_args, exit_on_sigterm, library_length_penalty, load_from_args, to_file,
-                     warner)
+from .common import (LineStreams, check_decoding_args, decoding_options, exit_on_sigterm, library_length_penalty,
+                     load_from_args, to_file, warner)
 from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
 from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
@@ -27,6 +27,7 @@ EPILOG = epilog(
     "transduce translate runs/base < newstest2014.en > hyp.de",
     "transduce translate runs/base -i test.en.gz -o hyp.de --checkpoint latest",
     "transduce translate model_dir --vocab spm.model --n-best 4",
+    "transduce translate runs/base --file report.docx   # writes report.de.docx",
 )
 PROG = "transduce translate"
 
@@ -35,6 +36,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce translate`."""
     g = add_line_args(parser, "a run directory or a model directory", "translations")
     add_quiet(g, "no progress bar, no notes")
+    g.add_argument("--file", "-f", type=Path, metavar="DOC",
+                   help="a document: docx pptx odt html srt txt epub")
     g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E",
                    help="torch or ct2 (an `export ct2` dir; default torch)")
     g.add_argument("--ct2-compute-type", metavar="TYPE", help="ct2: its precision (default: the exported)")
@@ -78,6 +81,10 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
     if args.split_sentences != "off" and args.n_best is not None:
         raise ValueError("--n-best gives a line's own hypotheses: with --split-sentences on, a line is several sentences")
+    if args.file is not None:
+        for flag in ("input", "n_best"):
+            if getattr(args, flag) is not None:
+                raise ValueError(f"--{flag.replace('_', '-')} does not apply to --file (a document in, a document out)")
     if to_file(args.out):
         from ..checkpoint.files import check_output
 
@@ -92,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
     warn = warner(PROG)
     check_args(args)
+    if args.file is not None:
+        return _run_file(args, warn)
     with exit_on_sigterm(PROG), LineStreams(args) as streams, contextlib.ExitStack() as stack:
         loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
         if not args.quiet:
@@ -137,6 +146,43 @@ def _split_lines(args: argparse.Namespace, decode, lines, bar):
                                   meta.get("src_lang") or "en", args.split_sentences,
                                   bar.update if bar is not None else None)
     return ([SimpleNamespace(text=t)] for t in texts)
+
+
+def _run_file(args: argparse.Namespace, warn) -> int:
+    """--file: the document read (an unknown or broken file refused before the model loads), its
+    sentences translated as one batch, its tags placed by the model's attention (with --engine
+    ct2, which gives none, in proportion), written to --out whole or not at all."""
+    from ..decoding import translate
+    from ..documents import Translator, format_of, output_name, read, translate_document
+    from .attention import write_bytes
+    from .common import model_metadata
+
+    doc = read(args.file.read_bytes(), format_of(args.file), str(args.file))
+    meta = (model_metadata(args.model_path) or {}) if args.engine == "torch" else {}
+    out = args.out or output_name(args.file, meta.get("tgt_lang"))
+    loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
+    if not args.quiet:
+        print(f"{PROG}: model {loaded.description}", file=sys.stderr)
+        print(f"{PROG}: {args.file} to {out}", file=sys.stderr)
+
+    def batch(sentences: list[str]) -> list[str]:
+        from tqdm import tqdm
+
+        options = dict(decoding_options(args), warn=warn, source_name=str(args.file), length_penalty=args.penalty)
+        with tqdm(total=len(sentences), desc="translate", unit=" sentences", mininterval=1,
+                  disable=args.quiet or not sys.stderr.isatty()) as bar:
+            stream = (loaded.translate_stream(sentences, **options, advance=bar.update) if args.engine == "ct2" else
+                      translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sentences, **options,
+                                                 advance=bar.update))
+            return [cands[0].text for cands in stream]
+
+    align = None
+    if args.engine == "torch":
+        from ..text.align import AttentionAligner
+
+        align = AttentionAligner(loaded.model, loaded.src_vocab, loaded.tgt_vocab).align
+    write_bytes(out, translate_document(doc, Translator(batch, align), meta.get("src_lang") or "en"))
+    return 0
 
 
 def _load_ct2(args: argparse.Namespace):
