@@ -568,7 +568,8 @@ def machine(env: dict) -> tuple[list[str], dict]:
 
 
 def git_commit(path: Path) -> str:
-    r = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    """The tree's commit, "-dirty" after it where files differ from it."""
+    r = subprocess.run(["git", "-C", str(path), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
     return r.stdout.strip() or "unknown"
 
 
