@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from transduce.text.markup import parse, plan, translate_html, translate_tagged
+from transduce.text.markup import parse, plan, proportional_links, translate_html, translate_tagged
 
 TOKEN = re.compile(r"\w+|[^\w\s]")
 
@@ -108,3 +108,10 @@ def test_parse_remembers_spans():
     assert block.text == "A big red dog"
     assert [(t.start, t.end, t.open, t.close, t.parent) for t in block.tags] == [
         (2, 9, "<b>", "</b>", None), (6, 9, "<i>", "</i>", 0)]
+
+
+def test_no_alignment_places_tags_in_proportion():
+    job = plan(["<p>A dog <b>runs</b> fast.</p>"], "en")
+    assert job.render(["Ein Hund rennt schnell."], [[]]) == ["<p>Ein Hund <b>rennt</b> schnell.</p>"]
+    assert proportional_links("a b", "x y z") == [(0, 1, 0, 1), (2, 3, 0, 1), (4, 5, 2, 3)]
+    assert proportional_links("", "x") == []

@@ -15,11 +15,13 @@ A translator is any object with
     translate(sentences: list[str]) -> list[str]
     align(sources: list[str], outputs: list[str]) -> list[list[tuple[int, int, int, int]]]
 where each link (t0, t1, s0, s1) says that the output characters [t0, t1) (one output token) are
-aligned to the source characters [s0, s1) (one source token). docs/text.md.
+aligned to the source characters [s0, s1) (one source token); a sentence given no links is aligned
+in proportion (`proportional_links`: an engine without attention). docs/text.md.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from html import escape
 from html.parser import HTMLParser
@@ -28,6 +30,7 @@ from typing import Protocol, Sequence
 from .sentences import Piece, split, words
 
 Link = tuple[int, int, int, int]  # output characters [t0, t1) aligned to source characters [s0, s1)
+_WORD = re.compile(r"\w+|[^\w\s]")
 
 INLINE = frozenset("a abbr b bdi bdo big br cite code data del dfn em font i img ins kbd label mark q s samp small span "
                    "strike strong sub sup time tt u var wbr".split())
@@ -286,6 +289,16 @@ def translate_tagged(texts: Sequence[str], lang: str, translator: Translator, mo
     return run(plan(texts, lang, mode, html=False), translator)
 
 
+def proportional_links(source: str, output: str) -> list[Link]:
+    """Links in proportion, for a translator that gives no alignment: the i-th of m output words
+    with the source word as far into the source (words: runs of letters and digits, or a sign)."""
+    src = [m.span() for m in _WORD.finditer(source)]
+    out = [m.span() for m in _WORD.finditer(output)]
+    if not src or not out:
+        return []
+    return [(t0, t1, *src[round(i * (len(src) - 1) / max(len(out) - 1, 1))]) for i, (t0, t1) in enumerate(out)]
+
+
 def _outside_kept(block: Block) -> str:
     """The block's text less that of the elements kept whole."""
     text = block.text
@@ -385,6 +398,8 @@ def _render_block(block: Block, pieces: list[Piece], outputs: Sequence[str], lin
             spans.append((at, end, len(text), len(text) + len(p.text), None))
             text += block.shown[at:end]
         at = end
+    links = [found or proportional_links(pieces_source, out) for found, pieces_source, out in
+             zip(links, [p.source for p in pieces if p.translate], outputs)]
     placed = _Placed(text, spans, positions, links)
     where: list[tuple[int, int]] = []
     for t in block.tags:

