@@ -25,7 +25,8 @@ from tiny_models import SRC_WORDS, make_model, sentences  # noqa: E402
 
 from transduce.cli import main  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
-from transduce.serve.app import Engine, Limits, Search, create_app, torch_engine  # noqa: E402
+from transduce.decoding.settings import SearchSettings  # noqa: E402
+from transduce.serve.app import Engine, Limits, create_app, torch_engine  # noqa: E402
 from transduce.serve.batcher import Batcher, QueueFull  # noqa: E402
 from transduce.decoding.ready import load_for_decoding, load_translation_model  # noqa: E402
 from transduce.decoding.translate import translate_lines, translate_stream  # noqa: E402
@@ -89,7 +90,7 @@ def test_concurrent_requests_share_batches_without_cross_talk(recording, loaded)
             t.start()
         for t in threads:
             t.join()
-        stats = app.state["batcher"].stats
+        stats = app.state.batcher.stats
     assert all(r.status_code == 200 for r in results)
     assert [[t["text"] for t in r.json()["translations"]] for r in results] == expected  # each its own, in order
     assert stats.jobs == 8 and stats.rounds < 8 and len(recording.model.batches) < 8  # decoded together
@@ -205,7 +206,7 @@ def client(loaded):
     from starlette.testclient import TestClient
 
     with TestClient(create_app(torch_engine(loaded, max_tokens=LIMITS.max_tokens), limits=LIMITS,
-                               defaults=Search(beam=2, max_len_offset=3))) as c:
+                               defaults=SearchSettings(beam=2, max_len_offset=3))) as c:
         yield c
 
 
@@ -288,7 +289,7 @@ def test_queue_full_is_429_with_retry_after_and_a_disconnect_leaves_the_others_a
                                      max_len_offset=search.max_len_offset))
 
     app = create_app(Engine(translate, loaded.src_vocab.encode, {}), limits=Limits(max_queue=1), max_wait=0.0)
-    batcher = app.state["batcher"]
+    batcher = app.state.batcher
     answers = {}
     body = {"beam": 2, "max_len_offset": 3}
     with live(app) as url:
@@ -383,7 +384,7 @@ def test_api_conforms_to_its_openapi_document(loaded):
 
     limits = Limits(max_sentences=3, max_chars=20, max_tokens=8, max_beam=2, max_len_offset=3)
     app = create_app(torch_engine(loaded, max_tokens=limits.max_tokens), limits=limits,
-                     defaults=Search(beam=2, max_len_offset=2))
+                     defaults=SearchSettings(beam=2, max_len_offset=2))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     doc = app.fastapi.openapi()
     request = doc["components"]["schemas"]["TranslateRequest"]["properties"]

@@ -19,7 +19,8 @@ from tiny_models import make_model  # noqa: E402
 
 from transduce.cli import main  # noqa: E402
 from transduce.data.vocab import BOS, EOS  # noqa: E402
-from transduce.serve.app import Limits, Search, create_app, torch_engine  # noqa: E402
+from transduce.decoding.settings import SearchSettings  # noqa: E402
+from transduce.serve.app import Limits, create_app, torch_engine  # noqa: E402
 from transduce.serve.demo import CSP  # noqa: E402
 from transduce.decoding.ready import load_translation_model  # noqa: E402
 from transduce.views.weights import TYPES  # noqa: E402
@@ -36,7 +37,7 @@ def loaded(tmp_path_factory):
 def client(loaded):
     limits = Limits(max_body_bytes=2000, max_chars=60, max_tokens=20, max_beam=4, max_len_offset=8)
     with TestClient(create_app(torch_engine(loaded, max_tokens=limits.max_tokens), limits=limits,
-                               defaults=Search(beam=2, max_len_offset=4))) as c:
+                               defaults=SearchSettings(beam=2, max_len_offset=4))) as c:
         yield c
 
 

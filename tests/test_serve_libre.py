@@ -23,8 +23,10 @@ from libretranslatepy import LibreTranslateAPI  # noqa: E402
 from serving import live, start_serve, until  # noqa: E402
 from tiny_models import make_model  # noqa: E402
 
+from transduce.documents import installed_formats  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
-from transduce.serve.app import Limits, Search, create_app, torch_engine  # noqa: E402
+from transduce.decoding.settings import SearchSettings  # noqa: E402
+from transduce.serve.app import Limits, create_app, torch_engine  # noqa: E402
 from transduce.serve.libre import html_layout  # noqa: E402
 from transduce.decoding.ready import load_translation_model  # noqa: E402
 from transduce.decoding.translate import translate_lines, translate_stream  # noqa: E402
@@ -85,14 +87,14 @@ def held_model(model_dir):
 def server(model_dir):
     """A server with an API key, on 127.0.0.1: (its URL, the app)."""
     loaded = load_translation_model(model_dir)
-    app = create_app(torch_engine(loaded, max_tokens=LIMITS.max_tokens), limits=LIMITS, defaults=Search(**SEARCH),
+    app = create_app(torch_engine(loaded, max_tokens=LIMITS.max_tokens), limits=LIMITS, defaults=SearchSettings(**SEARCH),
                      api_key=KEY)
     with live(app) as url:
         yield url, app
 
 
 def jobs(app) -> int:
-    return app.state["batcher"].stats.jobs
+    return app.state.batcher.stats.jobs
 
 
 # -- the clients ----------------------------------------------------------------------------------
@@ -174,7 +176,8 @@ def test_languages_and_detect_name_the_models_pair(server):
     assert prefixed.languages() == pair and prefixed.detect("a dog") == [{"confidence": 100.0, "language": "en"}]
     assert prefixed.translate("a dog", "en", "de") == LibreTranslateAPI(url, api_key=KEY).translate("a dog", "en", "de")
     settings = {"charLimit": 300, "frontendTimeout": 500, "apiKeys": True, "keyRequired": True, "suggestions": False,
-                "filesTranslation": False, "supportedFilesFormat": [],
+                "filesTranslation": bool(installed_formats(upload=True)),
+                "supportedFilesFormat": installed_formats(upload=True),  # serve.documents' formats
                 "language": {"source": {"code": "en", "name": "English"}, "target": {"code": "de", "name": "German"}}}
     assert httpx.get(url + "/frontend/settings").json() == httpx.get(url + "/libretranslate/frontend/settings").json() == settings
     assert httpx.head(url + "/languages").status_code == 200
@@ -185,7 +188,7 @@ def test_a_model_that_names_no_languages_takes_any_codes(tmp_path, reference):
     pair, so it checks none; /languages and /detect name nothing."""
     loaded = load_translation_model(make_model(tmp_path))
     expected = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, ["a man runs"], **SEARCH)[0]
-    with live(create_app(torch_engine(loaded), defaults=Search(**SEARCH))) as url:
+    with live(create_app(torch_engine(loaded), defaults=SearchSettings(**SEARCH))) as url:
         assert LibreTranslateAPI(url).translate("a man runs", "xx", "yy") == expected
         r = httpx.post(url + "/translate", json={"q": "a man runs", "source": "auto", "target": "de"}, timeout=30)
         assert r.json() == {"translatedText": expected}  # no detectedLanguage: none is known
@@ -216,7 +219,7 @@ def test_the_api_key_wrong_or_missing_is_what_libretranslate_answers(server):
 
 def test_without_a_key_on_the_server_any_key_is_accepted(model_dir, reference):
     loaded = load_translation_model(model_dir)
-    with live(create_app(torch_engine(loaded), defaults=Search(**SEARCH))) as url:
+    with live(create_app(torch_engine(loaded), defaults=SearchSettings(**SEARCH))) as url:
         translator = LibreTranslator(source="en", target="de", api_key="anything", custom_url=url + "/")
         assert translator.translate("a man runs") == reference(["a man runs"])[0]
         assert LibreTranslateAPI(url).translate("a man runs", "en", "de") == reference(["a man runs"])[0]
@@ -226,18 +229,19 @@ def test_too_long_input_is_a_libretranslate_400(server):
     url, app = server
     client = LibreTranslateAPI(url, api_key=KEY)
     before = jobs(app)
-    status, body = http_error(lambda: client.translate("a man " * 10, "en", "de"))  # 20 words, > 12 subword tokens
-    assert status == 400 and body["error"].startswith("Invalid request: a sentence of ")
-    assert body["error"].endswith("exceeds the limit of 12 subword tokens a sentence (max_input_tokens)")
+    assert http_error(lambda: client.translate("a dog\n" + "a man " * 10, "en", "de")) == \
+        (400, {"error": "Invalid request: sentence 2: 20 subword tokens, more than 12"})  # the server's max_tokens
     assert http_error(lambda: client.translate("a" * 301, "en", "de")) == \
         (400, {"error": "Invalid request: request (301) exceeds text limit (300)"})  # LibreTranslate's char limit
+    r = httpx.post(url + "/translate", json={"q": ["a" * 150, "b" * 151], "source": "en", "target": "de", "api_key": KEY})
+    assert (r.status_code, r.json()) == (400, {"error": "Invalid request: request (301) exceeds text limit (300)"})
     with pytest.raises(ServerException, match="ERR_BAD_REQUEST"):
         LibreTranslator(source="en", target="de", api_key=KEY, custom_url=url + "/").translate("a man " * 10)
     r = httpx.post(url + "/translate", json={"q": ["a"] * 7, "source": "en", "target": "de", "api_key": KEY})
     assert (r.status_code, r.json()) == (400, {"error": "Invalid request: request (7) exceeds text limit (6)"})
     # the native API's bound on a request's work: max_sentences sentences in all, lines and text nodes
-    assert http_error(lambda: client.translate("a dog\n" * 7, "en", "de")) == (400, {"error": (
-        "Invalid request: 7 sentences (lines and HTML text nodes) exceed the limit of 6 sentences a request (max_sentences)")})
+    assert http_error(lambda: client.translate("a dog\n" * 7, "en", "de")) == \
+        (400, {"error": "Invalid request: 7 sentences, more than the 6 a request may have"})
     assert jobs(app) == before  # refused before anything was queued
 
 
@@ -310,7 +314,7 @@ def test_the_native_api_beside_it_is_unchanged(server, reference):
 def test_queue_full_is_429_and_a_decoding_failure_500(model_dir):
     loaded = held_model(model_dir)
     model = loaded.model
-    app = create_app(torch_engine(loaded), limits=Limits(max_queue=1), defaults=Search(**SEARCH), max_wait=0)
+    app = create_app(torch_engine(loaded), limits=Limits(max_queue=1), defaults=SearchSettings(**SEARCH), max_wait=0)
     body = {"q": "a man runs", "source": "en", "target": "de"}
     with live(app) as url:
         model.hold = threading.Event()
@@ -320,7 +324,7 @@ def test_queue_full_is_429_and_a_decoding_failure_500(model_dir):
         until(model.entered.is_set)  # the first is decoding, the queue empty
         second = threading.Thread(target=lambda: answers.append(httpx.post(url + "/translate", json=body, timeout=30)))
         second.start()
-        until(lambda: app.state["batcher"].queued == 1)
+        until(lambda: app.state.batcher.queued == 1)
         r = httpx.post(url + "/translate", json=body, timeout=30)
         assert r.status_code == 429 and r.json()["error"].startswith("Slowdown: ") and "Retry-After" in r.headers
         assert set(r.json()) == {"error"}

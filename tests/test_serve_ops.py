@@ -99,7 +99,7 @@ def test_a_decoding_failure_answers_its_round_500_json_and_the_server_goes_on(fa
         assert r.status_code == 500 and r.headers["content-type"].startswith("application/json")
         assert r.json() == {"error": "decoding_failed", "exception": "RuntimeError",
                             "message": "decoding failed: RuntimeError: injected failure in encode"}
-    assert app.state["batcher"].stats.failed_rounds == 1  # decoded together: one round failed
+    assert app.state.batcher.stats.failed_rounds == 1  # decoded together: one round failed
     assert after.status_code == 200  # the server goes on
     assert [t["text"] for t in after.json()["translations"]] == translate_lines(
         loaded.model, loaded.src_vocab, loaded.tgt_vocab, body["sentences"], beam=2, max_len_offset=3)
@@ -138,7 +138,7 @@ def test_the_decoding_threads_end_fails_its_callers_and_refuses_new_work():
 
 def test_a_request_to_a_server_whose_decoding_thread_ended_gets_500_json(loaded):
     with TestClient(create_app(torch_engine(loaded))) as c:
-        c.app.state["batcher"]._ended = "MemoryError: "  # as `Batcher._run` records it
+        c.app.state.batcher._ended = "MemoryError: "  # as `Batcher._run` records it
         r = c.post("/translate", json={"sentences": ["a man"]})
         a = c.post("/attention", json={"source": "a man"})
     for x in (r, a):
@@ -204,7 +204,7 @@ def test_metrics_show_the_queue_while_requests_wait(loaded):
         held[0].start()
         assert entered.wait(10)
         held[1].start()  # other settings: it waits for the next round
-        until(lambda: app.state["batcher"].queued == 1)
+        until(lambda: app.state.batcher.queued == 1)
         m = metrics(httpx.get(url + "/metrics").text)
         gate.set()
         for t in held:

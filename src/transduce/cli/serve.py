@@ -186,13 +186,14 @@ def address(host: str, port: int) -> str:
 
 def serve(args: argparse.Namespace, limits, sockets: list) -> int:
     """The server on the bound sockets until SIGTERM / Ctrl-C, or until the model fails to load."""
-    from ..serve.app import Search, create_app, server
+    from ..decoding.settings import SearchSettings
+    from ..serve.app import create_app, server
 
     def stop(_error: BaseException) -> None:  # the model cannot be loaded: stop the server, report below
         uv.should_exit = True
 
     app = create_app(engine_loader(args, limits), limits=limits,
-                     defaults=Search(args.beam, args.alpha, args.max_len_offset),
+                     defaults=SearchSettings(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset),
                      max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
                      max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop,
                      api_key=args.api_key)
@@ -211,14 +212,14 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
     finally:
         # An interpreter that exits while torch is busy on the daemon loading thread aborts
         # (std::terminate, SIGABRT): let the loading finish first.
-        if app.state["loader"] is not None:
-            app.state["loader"].join()
+        if app.state.loader is not None:
+            app.state.loader.join()
     # uvicorn ended on a signal it raised again, and this process ignores that signal (started with
     # SIGINT ignored, as `serve &` in a script is): the same end as with the signal's own handler
     captured = getattr(uv, "_captured_signals", None) or [signal.SIGINT]
     end_if_decoding(app, captured[-1])
-    if app.state["error"]:
-        raise TransduceError(app.state["error"])
+    if app.state.error:
+        raise TransduceError(app.state.error)
     return 0
 
 
@@ -226,7 +227,7 @@ def end_if_decoding(app, sig: int) -> None:
     """With a round still decoding on its daemon thread (a grace period over, Ctrl-C twice), end as
     the signal ends a command (SIGINT: "interrupted", status 130; SIGTERM: 143) without the
     interpreter's exit, which would abort (std::terminate, SIGABRT) with torch busy in the thread."""
-    batcher = app.state["batcher"]
+    batcher = app.state.batcher
     if batcher is None or not batcher.running:
         return
     if sig == signal.SIGINT:

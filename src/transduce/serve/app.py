@@ -9,20 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import asdict
-from typing import Any, Callable
+from dataclasses import asdict, replace
+from typing import Callable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
+from ..decoding.settings import SearchSettings
 from ..decoding.streaming import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
-from .common import (LIMIT_OF_FIELD, Limits, check_sentences, error, is_json, number, request_model, run_job,
-                     unavailable)
-from .backend import Engine, Search, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
+from .common import (Limits, Problem, Server, ServerState, number, read_fields, request_model, shutting_down,
+                     validation_problem)
+from .backend import Engine, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
 from ..memory import Trimmer, bound_kernel_caches, memory_info
 
 log = logging.getLogger("transduce.serve")
@@ -64,7 +64,7 @@ class Health(BaseModel):
     status: str = Field(description="ok; or, with status 503, loading, shutting down or failed: WHY")
 
 
-def request_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
+def request_schema(limits: Limits, defaults: SearchSettings) -> type[BaseModel]:
     """The request's schema, the limits in it (so the OpenAPI document states them)."""
     return request_model("TranslateRequest", limits, defaults, {
         "sentences": (list[str], Field(max_length=limits.max_sentences,
@@ -73,12 +73,10 @@ def request_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
         "scores": (bool, Field(False, description="return scores and log-probabilities"))})
 
 
-_TOO_BIG = {"too_long", "string_too_long", "less_than_equal"}
-
-
-class _BodyLimit:
+class BodyLimit:
     """ASGI middleware: read a request's body (at most `max_bytes`, else 413 before anything is
-    parsed), then hand it on; later receive() calls pass through (disconnects are seen)."""
+    parsed), then hand it on; later receive() calls pass through (disconnects are seen). The one
+    place a body is read from the connection, for both APIs."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -119,37 +117,27 @@ class _BodyLimit:
 
 
 def _add_error_handlers(app, limits: Limits) -> None:
-    """Every error as JSON: a body not sent as JSON is 415, a field over a limit names the limit
-    (422), bad JSON is 400, others as they come."""
+    """Every error as JSON: a `Problem` as the native API answers it (LibreTranslate's routes
+    catch theirs), what FastAPI's own validation refuses as `common.validation_problem` says, the
+    rest as it comes."""
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
+    @app.exception_handler(Problem)
+    async def problem(request: Request, exc: Problem):
+        return exc.response()
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
-        content_type = request.headers.get("content-type")
-        if not is_json(content_type):  # FastAPI reads no body that is not declared JSON
-            given = f"this request's is {content_type}" if content_type else "this request has none"
-            return error(415, "unsupported_media_type",
-                         f"the body must be JSON, sent with Content-Type: application/json ({given})")
-        errors = exc.errors() or [{}]
-        where = [".".join(str(x) for x in e.get("loc", ()) if x != "body") for e in errors]
-        for e, loc in zip(errors, where):
-            if e.get("type") == "json_invalid":
-                return error(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
-            if e.get("type") in _TOO_BIG and loc:
-                name = "max_chars" if e.get("type") == "string_too_long" else LIMIT_OF_FIELD.get(loc.split(".")[0])
-                if name is not None:
-                    return error(422, "limit_exceeded", f"{loc}: {e.get('msg')}", limit=name,
-                                 value=getattr(limits, name), field=loc)
-        return error(422, "invalid_request", f"{where[0] or 'body'}: {errors[0].get('msg', 'invalid request')}",
-                     field=where[0] or None)
+        return validation_problem(exc.errors(), request.headers.get("content-type"), limits).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         code = {400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = "the body is not valid JSON in UTF-8" if exc.status_code == 400 else str(exc.detail)
-        return error(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+        return Problem(exc.status_code, code, message, headers=getattr(exc, "headers", None)).response()
+
 
 
 def _response(req, results, sources: list[str], tree=None) -> dict:
@@ -171,28 +159,36 @@ def _response(req, results, sources: list[str], tree=None) -> dict:
     return {"translations": out}
 
 
-def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_batch_tokens: int, max_wait: float,
-                       metrics, api_key: bool) -> None:
-    """GET /health, GET /info (the model, defaults, limits, queue) and GET /metrics (Prometheus)."""
+def _add_status_routes(app, server: Server, max_batch_tokens: int, max_wait: float, metrics) -> None:
+    """GET /health (also LibreTranslate's, under its prefix too), GET /info (the model, defaults,
+    limits, queue) and GET /metrics (Prometheus)."""
     from fastapi import Response
     from fastapi.responses import JSONResponse
 
-    @app.get("/health", response_model=Health, responses={503: {"model": Health}}, summary="is the model loaded?")
+    from .libre import PREFIX
+
+    state = server.state
+
     async def health():
-        if state["draining"]:
+        if state.draining:
             return JSONResponse({"status": "shutting down"}, status_code=503)
-        if state["engine"] is not None:
+        if state.engine is not None:
             return {"status": "ok"}
-        status = "failed: " + scrub(state["error"]) if state["error"] else "loading"
+        status = "failed: " + scrub(state.error) if state.error else "loading"
         return JSONResponse({"status": status}, status_code=503)
+
+    for path in ("/health", PREFIX + "/health"):
+        app.get(path, response_model=Health, responses={503: {"model": Health}}, summary="is the model loaded?",
+                include_in_schema=path == "/health")(health)
 
     @app.get("/info", summary="the model, the engine, the search defaults and the limits")
     async def info() -> dict:
-        e, b = state["engine"], state["batcher"]
-        return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(defaults),
-                "limits": asdict(limits), "batching": {"max_batch_tokens": max_batch_tokens, "max_wait_ms": max_wait * 1000},
-                "api_key_required": api_key, "queue": b.queued if b is not None else 0, "memory": memory_info(),
-                "stats": asdict(b.stats) if b is not None else {}}
+        e, b = state.engine, state.batcher
+        return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(server.defaults),
+                "limits": asdict(server.limits), "batching": {"max_batch_tokens": max_batch_tokens,
+                                                              "max_wait_ms": max_wait * 1000},
+                "api_key_required": server.api_key is not None, "queue": b.queued if b is not None else 0,
+                "memory": memory_info(), "stats": asdict(b.stats) if b is not None else {}}
 
     @app.get("/metrics", response_class=Response, summary="metrics in Prometheus's text format",
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
@@ -201,53 +197,53 @@ def _add_status_routes(app, state: dict, defaults: Search, limits: Limits, max_b
         return Response(content, media_type=media_type)
 
 
-def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None, defaults: Search | None = None,
-               max_batch_tokens: int = DEFAULT_BATCH_TOKENS, max_wait: float = 0.01, poll_disconnect: float = 0.05,
+def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None,
+               defaults: SearchSettings | None = None, max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+               max_wait: float = 0.01, poll_disconnect: float = 0.05,
                on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None):
     """The ASGI app: the FastAPI app (`.fastapi`) inside the request log and the body-size limit;
-    `.state` (its "batcher", its "loader" thread), `.metrics`, `.begin_drain(grace)` (what a
-    shutdown calls) and `.end_grace(forced=True)`. `engine`: an Engine, or a function that loads
-    one on a thread at startup (/health says `loading` until then, and a failure, which
-    `on_load_error(exception)` is told of). `api_key`: required on /translate and /attention.
-    oneDNN's kernel caches are bounded first (`memory.bound_kernel_caches`), before the first product."""
-    from fastapi import FastAPI, Request
+    `.state` (a `ServerState`: its batcher, its loader thread), `.metrics`, `.begin_drain(grace)`
+    (what a shutdown calls) and `.end_grace(forced=True)`. `engine`: an Engine, or a function that
+    loads one on a thread at startup (/health says `loading` until then, and a failure, which
+    `on_load_error(exception)` is told of). `api_key`: required on /translate and /attention (and
+    LibreTranslate's /detect). oneDNN's kernel caches are bounded first
+    (`memory.bound_kernel_caches`), before the first product."""
+    from fastapi import FastAPI
 
     from .demo import add_demo_routes
-    from .libre import Dispatch, add_libre_routes
-    from .ops import Metrics, RequestLog, api_key_dependency
+    from .libre import add_libre_routes
+    from .ops import Metrics, RequestLog, key_reader
 
     bound_kernel_caches()
-    limits = limits or Limits()
-    defaults = defaults or Search()
-    TranslateRequest = request_schema(limits, defaults)
-    state: dict[str, Any] = {"engine": None, "batcher": None, "error": None, "draining": False, "expired": False,
-                             "forced": False, "grace": None, "deadline": None, "loader": None}
-    metrics = Metrics(lambda: state["batcher"].queued if state["batcher"] is not None else 0)
+    state = ServerState()
+    server = Server(state, limits or Limits(), defaults or SearchSettings(), api_key, poll_disconnect)
+    limits = server.limits
+    metrics = Metrics(lambda: state.batcher.queued if state.batcher is not None else 0)
 
     def install(e: Engine) -> None:
         batcher = Batcher(e.translate, max_batch_tokens=max_batch_tokens,
                           max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round,
                           after_round=Trimmer()).start()
-        state["batcher"], state["engine"] = batcher, e
+        state.batcher, state.engine = batcher, e
 
     def load() -> None:
         try:
             install(engine())
         except BaseException as e:  # noqa: BLE001 - reported by /health and on_load_error
-            state["error"] = " ".join(str(e).split("\n")) or type(e).__name__
+            state.error = " ".join(str(e).split("\n")) or type(e).__name__
             if on_load_error is not None:
                 on_load_error(e)
 
     @asynccontextmanager
     async def lifespan(app):
         if not isinstance(engine, Engine):  # an Engine is installed below
-            state["loader"] = threading.Thread(target=load, name="transduce-load", daemon=True)
-            state["loader"].start()
+            state.loader = threading.Thread(target=load, name="transduce-load", daemon=True)
+            state.loader.start()
         yield
-        if state["batcher"] is not None:
+        if state.batcher is not None:
             # a drain whose grace is over leaves a stuck round to its daemon thread
-            left = 10.0 if state["deadline"] is None else max(0.5, state["deadline"] - time.monotonic())
-            state["batcher"].stop(timeout=0.5 if state["expired"] else left)
+            left = 10.0 if state.deadline is None else max(0.5, state.deadline - time.monotonic())
+            state.batcher.stop(timeout=0.5 if state.expired else left)
 
     app = FastAPI(title="transduce", version="1",
                   description="Translation with a Transformer of 'Attention Is All You Need' (Vaswani et al., 2017): "
@@ -259,63 +255,90 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         install(engine)
 
     _add_error_handlers(app, limits)
-    auth = [api_key_dependency(api_key)] if api_key else []
+    keys = key_reader(api_key)  # the keys a request's headers carry (both schemes in the OpenAPI document)
     statuses = (400, 401, 413, 415, 422, 429, 500, 503) if api_key else (400, 413, 415, 422, 429, 500, 503)
     errors = {s: {"model": ErrorResponse} for s in statuses}
-
-    async def translate(req, request: Request):
-        e, batcher = state["engine"], state["batcher"]
-        if (problem := unavailable(state)) is not None:
-            return problem
-        if req.n_best > (1 if req.greedy else req.beam):
-            return error(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
-                         f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
-        problem, tokens = check_sentences(e.encode, req.sentences, limits)
-        if problem is not None:
-            return problem
-        request.scope.setdefault("state", {})["log_sentences"] = f"sentences={len(req.sentences)} tokens={tokens}"
-        search = Search(req.beam, req.alpha, req.max_len_offset, req.n_best, req.greedy)
-        retry_after = max(1, math.ceil(batcher.queued * batcher.max_wait))  # the queue drained a little
-        results, problem = await run_job(lambda: batcher.submit(req.sentences, search, tokens), state, limits,
-                                         request, poll_disconnect, retry_after)
-        if problem is not None:
-            return problem
-        return _response(req, results, req.sentences, e.tree)
-
-    # classes imported or made here, which the postponed annotations could not name
-    translate.__annotations__.update(req=TranslateRequest, request=Request)
-    app.post("/translate", response_model=TranslateResponse, responses=errors, dependencies=auth,
-             summary="translate sentences (beam search, Section 6.1)")(translate)
-
-    add_demo_routes(app, state, limits, defaults, auth=auth, errors=errors, poll=poll_disconnect)
-    add_libre_routes(app, state, limits, defaults, api_key, poll_disconnect)  # LibreTranslate's API
-    _add_status_routes(app, state, defaults, limits, max_batch_tokens, max_wait, metrics, bool(api_key))
+    _add_translate_route(app, server, keys, errors)
+    add_demo_routes(app, server, keys=keys, errors=errors)
+    add_libre_routes(app, server, keys)
+    _add_status_routes(app, server, max_batch_tokens, max_wait, metrics)
     _answer_head(app)
 
     def begin_drain(grace: float) -> None:
         """A shutdown began: refuse new work, and after `grace` seconds answer what is left 503."""
-        if state["draining"]:
+        if state.draining:
             return
-        state.update(draining=True, grace=grace, deadline=time.monotonic() + grace)
-        b = state["batcher"]
+        state.draining, state.grace, state.deadline = True, grace, time.monotonic() + grace
+        b = state.batcher
         log.info("shutting down: finishing the requests in flight (%d queued) for at most %g s", b.queued if b else 0, grace)
         asyncio.get_running_loop().call_later(grace, end_grace)
 
     def end_grace(forced: bool = False) -> None:
         """The grace period is over, or cut short (`forced`: Ctrl-C again): what is left gets 503."""
-        if state["expired"]:
+        if state.expired:
             return
-        state.update(expired=True, forced=forced)
-        b = state["batcher"]
+        state.expired, state.forced = True, forced
+        b = state.batcher
         failed = b.fail_queued(ShuttingDown("the grace period is over")) if b is not None else 0
         why = "was cut short (Ctrl-C again)" if forced else "is over"
         log.warning("the grace period (%g s) %s: unfinished requests are answered 503 (%d were queued)",
-                    state["grace"] or 0, why, failed)
+                    state.grace or 0, why, failed)
 
-    wrapped = RequestLog(_BodyLimit(Dispatch(app), limits.max_body_bytes), metrics)
+    wrapped = RequestLog(BodyLimit(app, limits.max_body_bytes), metrics)
     wrapped.fastapi, wrapped.state, wrapped.metrics = app, state, metrics
     wrapped.begin_drain, wrapped.end_grace = begin_drain, end_grace
     return wrapped
+
+
+def _add_translate_route(app, server: Server, keys, errors: dict) -> None:
+    """POST /translate: its body read once (`common.read_fields`); a request that carries a field
+    of LibreTranslate's is that API's (`libre.translate`), any other the native API's, validated
+    by its schema (`request_schema`, stated in the OpenAPI document)."""
+    from fastapi import Depends, Request
+
+    from . import libre
+
+    TranslateRequest = request_schema(server.limits, server.defaults)
+
+    async def translate(request, given=Depends(keys)):
+        fields = await read_fields(request)
+        if libre.is_libretranslate(fields):
+            return await libre.translate(server, request, fields, given)
+        if fields.json and fields.problem is not None:
+            raise fields.problem
+        server.require_key(given)
+        content_type = request.headers.get("content-type")
+        if not fields.json:
+            raise validation_problem([], content_type, server.limits)  # 415, saying what to send
+        if fields.value is None:
+            raise Problem(422, "invalid_request", "body: Field required")
+        try:
+            req = TranslateRequest.model_validate(fields.value)
+        except ValidationError as e:
+            raise validation_problem(e.errors(), content_type, server.limits) from None
+        engine, batcher = server.lookup()
+        if req.n_best > (1 if req.greedy else req.beam):
+            raise Problem(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
+                          f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
+        tokens = server.count_tokens(engine.encode, req.sentences)
+        settings = replace(server.defaults, beam=req.beam, alpha=req.alpha, max_len_offset=req.max_len_offset,
+                           n_best=req.n_best, greedy=req.greedy)
+        results = await server.decode(batcher, req.sentences, settings, tokens, request)
+        return _response(req, results, req.sentences, engine.tree)
+
+    translate.__annotations__.update(request=Request, given=list)  # classes the postponed annotations cannot name
+    ref = {"$ref": "#/components/schemas/TranslateRequest"}
+    body = {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+    app.post("/translate", response_model=TranslateResponse, responses=errors, openapi_extra=body,
+             summary="translate sentences (beam search, Section 6.1)")(translate)
+    document = app.openapi
+
+    def openapi() -> dict:  # the request's schema among the document's, as a body parameter's would be
+        if app.openapi_schema is None:
+            document()["components"]["schemas"]["TranslateRequest"] = TranslateRequest.model_json_schema()
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _answer_head(app) -> None:

@@ -1,5 +1,6 @@
-"""What the server decodes with: an `Engine` over a PyTorch model (`transduce translate`'s own
-decoding) or over a CTranslate2 export, and a request's search settings (`Search`).
+"""What the server decodes with: an `Engine` over a PyTorch model or over a CTranslate2 export,
+each decoding a round's sentences with its search settings (`transduce.decoding.settings.SearchSettings`)
+as `transduce translate` does (`transduce.decoding.translate.translate_stream`).
 
 What an engine tells clients (`Engine.info`, /info, the demo page, the attention JSON) names the
 model without the server's file system (`public_model`); error messages pass through `scrub`,
@@ -9,25 +10,14 @@ which keeps the last part of any absolute path.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import PurePosixPath
 from typing import Callable
 
-from ..decoding.search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..decoding.settings import SearchSettings
 from ..decoding.streaming import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS
 
 DEFAULT_MAX_TOKENS = 256  # subword tokens per sentence a request may send (EOS not counted)
-
-
-@dataclass(frozen=True)
-class Search:
-    """A request's search settings (hashable: jobs with equal settings share a round)."""
-
-    beam: int = DEFAULT_BEAM
-    alpha: float = DEFAULT_ALPHA
-    max_len_offset: int = DEFAULT_MAX_LEN_OFFSET
-    n_best: int = 1
-    greedy: bool = False
 
 
 class RequestError(ValueError):
@@ -41,10 +31,10 @@ class Engine:
     optional: `attention(source, target or None, search)` -> the attention JSON (on the decoding
     thread), `tree(source, output)` -> a parsing model's tree."""
 
-    translate: Callable[[list[str], Search], list]
+    translate: Callable[[list[str], SearchSettings], list]
     encode: Callable[[str], list[int]]
     info: dict
-    attention: Callable[[str, str | None, Search], dict] | None = None
+    attention: Callable[[str, str | None, SearchSettings], dict] | None = None
     tree: Callable[[str, str], object] | None = None
     encode_target: Callable[[str], list[int]] | None = None
 
@@ -66,14 +56,14 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
     def tree(source: str, output: str):
         return delinearize(output.split(), ptb_tokenize(source), tags=tags)[0] if source.strip() else None
 
-    def translate(sentences: list[str], s: Search) -> list:
+    def translate(sentences: list[str], s: SearchSettings) -> list:
         return list(translate_stream(
-            loaded.model, loaded.src_vocab, loaded.tgt_vocab, [prepare(x) for x in sentences], beam=s.beam,
-            alpha=s.alpha, max_len_offset=s.max_len_offset, n_best=s.n_best, greedy=s.greedy, batch_tokens=batch_tokens,
-            batch_size=batch_size, max_input_tokens=max_tokens, bf16=bf16, chunk_lines=max(1, len(sentences)),
+            loaded.model, loaded.src_vocab, loaded.tgt_vocab, [prepare(x) for x in sentences], **asdict(s),
+            batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_tokens, bf16=bf16,
+            chunk_lines=max(1, len(sentences)),
         ))
 
-    def attention(source: str, target: str | None, s: Search) -> dict:
+    def attention(source: str, target: str | None, s: SearchSettings) -> dict:
         from ..views.weights import attention_data
 
         try:
@@ -97,11 +87,10 @@ def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: i
                max_tokens: int = DEFAULT_MAX_TOKENS, length_penalty: str = "paper") -> Engine:
     """An engine over a `transduce.decoding.engines.CT2Model` (CTranslate2 gives no attention weights)."""
 
-    def translate(sentences: list[str], s: Search) -> list:
+    def translate(sentences: list[str], s: SearchSettings) -> list:
         return list(model.translate_stream(
-            sentences, beam=s.beam, alpha=s.alpha, max_len_offset=s.max_len_offset, n_best=s.n_best, greedy=s.greedy,
-            batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_tokens,
-            chunk_lines=max(1, len(sentences)), length_penalty=length_penalty,
+            sentences, **asdict(replace(s, length_penalty=length_penalty)), batch_tokens=batch_tokens,
+            batch_size=batch_size, max_input_tokens=max_tokens, chunk_lines=max(1, len(sentences)),
         ))
 
     info = {"engine": "ct2", **public_model(model.description, model.config, None, model.compute_type),

@@ -1,15 +1,26 @@
-"""What the server's endpoints share: the limits, JSON errors, the token check of sentences, and
-waiting for a job of the decoding thread (with the client's disconnect, a decoding failure and the
-end of a shutdown's grace period each answered as JSON)."""
+"""The server's plumbing, written once under both APIs (the native one, `serve.app`, and
+LibreTranslate's, `serve.libre`): the limits, the server's state, a request's fields read once,
+the API key, the token limits, which engine decodes, waiting for the decoding thread (Retry-After,
+the client's disconnect, a decoding failure, a shutdown's grace period) and the request's log
+line. What goes wrong is a `Problem`, in neither API's shape: each API answers it in its own
+(`Problem.response` here, `libre.render` there)."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 import math
+import threading
 from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import parse_qsl
 
-from .batcher import QueueFull, ShuttingDown
-from .backend import DEFAULT_MAX_TOKENS, RequestError, scrub
+from ..decoding.settings import SearchSettings
+from .backend import DEFAULT_MAX_TOKENS, Engine, RequestError, scrub
+from .batcher import Batcher, QueueFull, ShuttingDown
+
+FORM = "application/x-www-form-urlencoded"
 
 
 @dataclass
@@ -17,21 +28,48 @@ class Limits:
     """What one request may ask for."""
 
     max_body_bytes: int = 1 << 20
-    max_sentences: int = 64  # Sentences per request
-    max_chars: int = 2000  # Characters per sentence
+    max_sentences: int = 64  # Sentences per request (LibreTranslate's API: texts in q, and lines in all)
+    max_chars: int = 2000  # Characters per sentence (LibreTranslate's API: per request, summed over q)
     max_tokens: int = DEFAULT_MAX_TOKENS  # Subword tokens per sentence (EOS not counted)
     max_queue: int = 256  # Requests waiting to be decoded; more are answered 429
     max_beam: int = 16
     max_len_offset: int = 256  # The largest max_len_offset a request may ask for
 
 
-def error(status: int, code: str, message: str, headers: dict | None = None, **extra):
-    """A JSON error response: {"error": CODE, "message": ..., and any `extra` that is not None};
-    the message without the server's paths (`engines.scrub`: an exception may name a file)."""
-    from fastapi.responses import JSONResponse
+@dataclass
+class ServerState:
+    """What the server holds and how it stands: the engine and its batcher once loaded (by the
+    `loader` thread, or `error`: why not), and a shutdown's progress (`draining`: no new work;
+    `expired`: the grace period is over, or was cut short: `forced`)."""
 
-    body = {"error": code, "message": scrub(message), **{k: v for k, v in extra.items() if v is not None}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    engine: Engine | None = None
+    batcher: Batcher | None = None
+    loader: threading.Thread | None = None
+    error: str | None = None
+    draining: bool = False
+    expired: bool = False
+    forced: bool = False
+    grace: float | None = None  # seconds a shutdown gives the requests in flight
+    deadline: float | None = None  # when that grace period ends (time.monotonic())
+
+
+class Problem(Exception):
+    """Why a request is refused or failed: the native API's status, error code and message (no
+    path of the server's in it: `backend.scrub`), the limit it exceeds, where in the request, the
+    decoding failure's exception, the headers to send (Retry-After)."""
+
+    def __init__(self, status: int, code: str, message: str, *, headers: dict | None = None, limit: str | None = None,
+                 value: int | None = None, field: str | None = None, exception: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, scrub(message), headers
+        self.extra = {"limit": limit, "value": value, "field": field, "exception": exception}
+
+    def response(self):
+        """The native API's answer: {"error": CODE, "message": ..., and the extras that are set}."""
+        from fastapi.responses import JSONResponse
+
+        body = {"error": self.code, "message": self.message, **{k: v for k, v in self.extra.items() if v is not None}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 def is_json(content_type: str | None) -> bool:
@@ -45,24 +83,47 @@ def number(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-def check_sentences(encode, sentences: list[str], limits: Limits, field: str = "sentences", extra: int = 0):
-    """(a JSON error or None, the tokens of the sentences with EOS): each sentence valid Unicode and
-    within the token limit, max_tokens (+ `extra`) (`encode`: sentence -> token ids)."""
-    tokens = 0
-    most = limits.max_tokens + extra
-    for i, s in enumerate(sentences):
-        where = f"{field}.{i}" if len(sentences) > 1 or field == "sentences" else field
+@dataclass
+class Fields:
+    """A request's fields, read once: a JSON body's value (`json`: it was sent as JSON; `value`
+    any JSON value, None for no body), or the query string's and a form body's fields (the query's
+    first, as LibreTranslate reads them). `problem`: a body that could not be read."""
+
+    json: bool
+    value: object
+    problem: Problem | None = None
+
+    def keys(self) -> set:
+        return set(self.value) if isinstance(self.value, dict) else set()
+
+
+async def read_fields(request) -> Fields:
+    """The request's fields (its body, already read and held to max_body_bytes by `app.BodyLimit`)."""
+    body = await request.body()
+    content_type = request.headers.get("content-type") or ""
+    if is_json(content_type):
+        if not body:
+            return Fields(True, None)
         try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:
-            return error(422, "invalid_request", f"{where}: not valid Unicode (a lone surrogate)", field=where), 0
-        n = len(encode(s))
-        if n > most:
-            how = " (max_tokens + max_len_offset: the longest output the server gives)" if extra else ""
-            return error(422, "limit_exceeded", f"{where}: {n} subword tokens, more than {most}{how}",
-                         limit="max_tokens", value=limits.max_tokens, field=where), 0
-        tokens += n + 1
-    return None, tokens
+            return Fields(True, json.loads(body))
+        except json.JSONDecodeError as e:
+            return Fields(True, None, Problem(400, "invalid_json", f"the body is not valid JSON: {e.msg}"))
+        except ValueError:  # not UTF-8 (nor UTF-16, UTF-32)
+            return Fields(True, None, Problem(400, "invalid_json", "the body is not valid JSON in UTF-8"))
+    media = content_type.split(";")[0].strip().lower()
+    fields: dict = {}
+    for k, v in parse_qsl(request.url.query, keep_blank_values=True):
+        fields.setdefault(k, v)  # the first of a repeated field, as LibreTranslate reads it
+    if media == "multipart/form-data":
+        return Fields(False, fields, Problem(400, "invalid_request", "multipart/form-data is not read here: send the "
+                                             f"fields as JSON, as {FORM} or in the query string"))
+    try:
+        form = body.decode("utf-8") if media == FORM else ""
+    except UnicodeDecodeError:
+        return Fields(False, fields, Problem(400, "invalid_request", "the form body is not UTF-8"))
+    for k, v in parse_qsl(form, keep_blank_values=True):
+        fields.setdefault(k, v)
+    return Fields(False, fields)
 
 
 def note(request, text: str) -> None:
@@ -70,62 +131,29 @@ def note(request, text: str) -> None:
     request.scope.setdefault("state", {})["log_note"] = text
 
 
-def shutting_down(state: dict):
-    grace = state.get("grace")
-    if state["expired"] and state.get("forced"):
-        why = "was told to stop at once"
-    elif state["expired"] and grace is not None:
-        why = f"its grace period ({grace:g} s) is over"
-    else:
-        why = "it takes no new work"
-    return error(503, "shutting_down", f"the server is shutting down and {why}: send the request again (to another "
-                 "instance)", headers={"Retry-After": "1", "Connection": "close"})
+def validation_problem(errors: list[dict], content_type: str | None, limits: Limits) -> Problem:
+    """A request the schema refuses (pydantic's `errors`): a body not sent as JSON is 415, bad JSON
+    400, a field over a limit names the limit (422 limit_exceeded; `LIMIT_OF_FIELD`), anything else
+    422 invalid_request."""
+    if not is_json(content_type):  # FastAPI reads no body that is not declared JSON
+        given = f"this request's is {content_type}" if content_type else "this request has none"
+        return Problem(415, "unsupported_media_type",
+                       f"the body must be JSON, sent with Content-Type: application/json ({given})")
+    errors = errors or [{}]
+    where = [".".join(str(x) for x in e.get("loc", ()) if x != "body") for e in errors]
+    for e, loc in zip(errors, where):
+        if e.get("type") == "json_invalid":
+            return Problem(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+        if e.get("type") in ("too_long", "string_too_long", "less_than_equal") and loc:
+            limit = "max_chars" if e.get("type") == "string_too_long" else LIMIT_OF_FIELD.get(loc.split(".")[0])
+            if limit is not None:
+                return Problem(422, "limit_exceeded", f"{loc}: {e.get('msg')}", limit=limit, value=getattr(limits, limit),
+                               field=loc)
+    return Problem(422, "invalid_request", f"{where[0] or 'body'}: {errors[0].get('msg', 'invalid request')}",
+                   field=where[0] or None)
 
 
-def unavailable(state: dict):
-    """503 while the model loads or the server shuts down; None when requests are taken."""
-    if state["engine"] is None:
-        return error(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
-    return shutting_down(state) if state["draining"] else None
-
-
-async def run_job(submit, state: dict, limits: Limits, request, poll: float, retry_after: int = 1):
-    """(the result of the job `submit()` queues, None) or (None, the JSON error): 429 with a full
-    queue, 503 while shutting down or once a shutdown's grace period is over, 499 when the client
-    goes away (the job is dropped), 422 for a `RequestError`, 500 decoding_failed naming the
-    exception of any other failure (or once the decoding thread has ended)."""
-    try:
-        job = submit()
-    except QueueFull as exc:
-        return None, error(429, "queue_full", str(exc), headers={"Retry-After": str(retry_after)},
-                           limit="max_queue", value=limits.max_queue)
-    except ShuttingDown:
-        return None, shutting_down(state)
-    except RuntimeError as exc:
-        return None, error(500, "decoding_failed", str(exc))
-    future = asyncio.wrap_future(job.future)
-    while not (await asyncio.wait({future}, timeout=poll))[0]:
-        gone = not state["expired"] and await request.is_disconnected()
-        if state["expired"] or gone:
-            state["batcher"].cancel(job)
-            future.cancel()
-            if gone:
-                note(request, "the client went away")
-                return None, error(499, "disconnected", "the client went away")
-            return None, shutting_down(state)
-    try:
-        return future.result(), None
-    except ShuttingDown:
-        return None, shutting_down(state)
-    except RequestError as e:
-        return None, error(422, "invalid_request", str(e))
-    except Exception as e:  # noqa: BLE001 - the decoding thread's failure, named, as JSON
-        message = f"decoding failed: {type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
-        note(request, message)
-        return None, error(500, "decoding_failed", message, exception=type(e).__name__)
-
-
-def request_model(name: str, limits: Limits, defaults, first: dict, last: dict):
+def request_model(name: str, limits: Limits, defaults: SearchSettings, first: dict, last: dict):
     """A request's pydantic model (strict: "4" is not a beam size; no unknown fields): the fields of
     `first` (`(type, Field)` by name; `str` is a sentence of at most max_chars), the search settings,
     then `last`'s, the limits in them so that the OpenAPI document states them."""
@@ -149,3 +177,161 @@ def request_model(name: str, limits: Limits, defaults, first: dict, last: dict):
 
 # Pydantic errors over a limit, by the field: the limit each names (a string too long: max_chars)
 LIMIT_OF_FIELD = {"sentences": "max_sentences", "beam": "max_beam", "max_len_offset": "max_len_offset", "n_best": "max_beam"}
+
+
+@dataclass
+class Server:
+    """What every route shares: the state, the limits, the search defaults, the API key, how often
+    a waiting request looks for its client's disconnect."""
+
+    state: ServerState
+    limits: Limits
+    defaults: SearchSettings
+    api_key: str | None = None
+    poll: float = 0.05
+
+    def key_problem(self, given: list) -> str | None:
+        """None when the server wants no key or one of the keys `given` is its own (compared in
+        constant time); else "missing" (none given) or "wrong". Each API answers in its way."""
+        if self.api_key is None:
+            return None
+        given = [k for k in given if k]
+        expected = self.api_key.encode()
+        if any(isinstance(k, str) and hmac.compare_digest(k.encode("utf-8", "surrogatepass"), expected) for k in given):
+            return None
+        return "wrong" if given else "missing"
+
+    def require_key(self, given: list) -> None:
+        """The native API's check: 401 (with WWW-Authenticate) unless the server's key is among `given`."""
+        if self.key_problem(given) is not None:
+            raise Problem(401, "unauthorized", "an API key is required: send Authorization: Bearer KEY or X-API-Key: "
+                          "KEY", headers={"WWW-Authenticate": "Bearer"})
+
+    def lookup(self, source: str | None = None, target: str | None = None) -> tuple[Engine, Batcher]:
+        """The engine that translates `source` into `target` (None: whatever it serves), and its
+        batcher: the one place a request's languages choose what decodes it. 503 while the model
+        loads or the server shuts down; `unsupported_language` for a pair the model does not serve
+        (a model whose data.json names no languages takes any)."""
+        state = self.state
+        if state.engine is None:
+            raise Problem(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
+        if state.draining:
+            raise shutting_down(state)
+        pair = languages(state.engine)
+        if pair is not None and (source, target) != (None, None):
+            src, tgt = pair
+            serves = f"this server translates {name(src)} ({src}) into {name(tgt)} ({tgt})"
+            if str(source).lower() not in ("auto", src.lower()):
+                raise Problem(422, "unsupported_language", f"{source} is not supported: {serves}", field="source")
+            if str(target).lower() != tgt.lower():
+                raise Problem(422, "unsupported_language", f"{name(target)} ({target}) is not available as a target "
+                              f"language from {name(src)} ({src}): {serves}", field="target")
+        return state.engine, state.batcher
+
+    def count_tokens(self, encode: Callable[[str], list[int]], sentences: list[str],
+                     where: Callable[[int], str] = lambda i: f"sentences.{i}", extra: int = 0) -> int:
+        """The source tokens of the sentences with EOS (what a job costs the batcher's budget):
+        at most max_sentences sentences, each valid Unicode and within max_tokens (+ `extra`)
+        subword tokens (`encode`: sentence -> ids; `where(i)`: how to name sentence i)."""
+        limits = self.limits
+        if len(sentences) > limits.max_sentences:
+            raise Problem(422, "limit_exceeded", f"{len(sentences)} sentences, more than the {limits.max_sentences} "
+                          "a request may have", limit="max_sentences", value=limits.max_sentences)
+        tokens, most = 0, limits.max_tokens + extra
+        for i, s in enumerate(sentences):
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:
+                raise Problem(422, "invalid_request", f"{where(i)}: not valid Unicode (a lone surrogate)",
+                              field=where(i)) from None
+            n = len(encode(s))
+            if n > most:
+                how = " (max_tokens + max_len_offset: the longest output the server gives)" if extra else ""
+                raise Problem(422, "limit_exceeded", f"{where(i)}: {n} subword tokens, more than {most}{how}",
+                              limit="max_tokens", value=limits.max_tokens, field=where(i))
+            tokens += n + 1
+        return tokens
+
+    async def decode(self, batcher: Batcher, sentences: list[str], settings: SearchSettings, tokens: int, request):
+        """The candidates of every sentence, decoded as one job of the batcher (with the sentences
+        of other requests with the same settings); the request's log line says how much."""
+        request.scope.setdefault("state", {})["log_sentences"] = f"sentences={len(sentences)} tokens={tokens}"
+        if not sentences:
+            return []
+        return await self.wait(batcher, lambda: batcher.submit(sentences, settings, tokens), request)
+
+    async def wait(self, batcher: Batcher, submit: Callable, request):
+        """What the job `submit()` queues gives: 429 with a full queue (Retry-After: the time the
+        queue takes to drain a little), 503 while shutting down or once a shutdown's grace period
+        is over, 499 when the client goes away (the job is dropped), 422 for a `RequestError`,
+        500 decoding_failed naming the exception of any other failure (or once the decoding
+        thread has ended)."""
+        state, limits = self.state, self.limits
+        try:
+            job = submit()
+        except QueueFull as exc:
+            retry_after = max(1, math.ceil(batcher.queued * batcher.max_wait))
+            raise Problem(429, "queue_full", str(exc), headers={"Retry-After": str(retry_after)}, limit="max_queue",
+                          value=limits.max_queue) from None
+        except ShuttingDown:
+            raise shutting_down(state) from None
+        except RuntimeError as exc:
+            raise Problem(500, "decoding_failed", str(exc)) from None
+        future = asyncio.wrap_future(job.future)
+        while not (await asyncio.wait({future}, timeout=self.poll))[0]:
+            gone = not state.expired and await request.is_disconnected()
+            if state.expired or gone:
+                batcher.cancel(job)
+                future.cancel()
+                if gone:
+                    note(request, "the client went away")
+                    raise Problem(499, "disconnected", "the client went away")
+                raise shutting_down(state)
+        try:
+            return future.result()
+        except ShuttingDown:
+            raise shutting_down(state) from None
+        except RequestError as e:
+            raise Problem(422, "invalid_request", str(e)) from None
+        except Exception as e:  # noqa: BLE001 - the decoding thread's failure, named, as JSON
+            message = f"decoding failed: {type(e).__name__}: {' '.join(str(e).split())}".rstrip(": ")
+            note(request, message)
+            raise Problem(500, "decoding_failed", message, exception=type(e).__name__) from None
+
+
+def shutting_down(state: ServerState) -> Problem:
+    if state.expired and state.forced:
+        why = "was told to stop at once"
+    elif state.expired and state.grace is not None:
+        why = f"its grace period ({state.grace:g} s) is over"
+    else:
+        why = "it takes no new work"
+    return Problem(503, "shutting_down", f"the server is shutting down and {why}: send the request again (to another "
+                   "instance)", headers={"Retry-After": "1", "Connection": "close"})
+
+
+# -- languages ---------------------------------------------------------------------------------------
+
+# English names of ISO 639-1 codes (a code not here is named by itself)
+NAMES = {
+    "af": "Afrikaans", "ar": "Arabic", "az": "Azerbaijani", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan",
+    "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English", "eo": "Esperanto",
+    "es": "Spanish", "et": "Estonian", "eu": "Basque", "fa": "Persian", "fi": "Finnish", "fr": "French",
+    "ga": "Irish", "gl": "Galician", "gu": "Gujarati", "he": "Hebrew", "hi": "Hindi", "hr": "Croatian",
+    "hu": "Hungarian", "id": "Indonesian", "is": "Icelandic", "it": "Italian", "ja": "Japanese", "kk": "Kazakh",
+    "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "ms": "Malay", "nb": "Norwegian", "nl": "Dutch",
+    "pl": "Polish", "ps": "Pashto", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
+    "sl": "Slovenian", "sq": "Albanian", "sr": "Serbian", "sv": "Swedish", "ta": "Tamil", "th": "Thai",
+    "tl": "Tagalog", "tr": "Turkish", "uk": "Ukrainian", "ur": "Urdu", "vi": "Vietnamese", "zh": "Chinese",
+}
+
+
+def name(code: str) -> str:
+    return NAMES.get(str(code).lower(), str(code))
+
+
+def languages(engine: Engine) -> tuple[str, str] | None:
+    """(source, target) language codes the engine's model serves, from its data.json (None: not named)."""
+    pair = engine.info.get("languages") or {}
+    src, tgt = pair.get("src"), pair.get("tgt")
+    return (str(src), str(tgt)) if src and tgt else None

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .common import Limits, check_sentences, error, request_model, run_job, unavailable
-from .backend import Search
+from ..decoding.settings import SearchSettings
+from .common import Limits, Problem, Server, request_model
 
 # The page's Content-Security-Policy: nothing from anywhere but the server's own origin
 CSP = ("default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -27,7 +27,7 @@ class AttentionResponse(BaseModel):
     svg: str | None = Field(None, description="a parsing model: that tree as an SVG picture")
 
 
-def attention_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
+def attention_schema(limits: Limits, defaults: SearchSettings) -> type[BaseModel]:
     return request_model("AttentionRequest", limits, defaults, {
         "source": (str, Field(description="one source sentence")),
         # as long as an output of the server may be: max_tokens + max_len_offset tokens (checked), any characters
@@ -36,12 +36,15 @@ def attention_schema(limits: Limits, defaults: Search) -> type[BaseModel]:
         "page": (bool, Field(False, description="return the page that draws them (`transduce attention --html`)"))})
 
 
-def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth: list, errors: dict, poll: float) -> None:
+def add_demo_routes(app, server: Server, *, keys, errors: dict) -> None:
     """GET / (the page) and POST /attention."""
-    from fastapi import Request
+    from dataclasses import replace
+
+    from fastapi import Depends, Request
     from fastapi.responses import HTMLResponse
 
-    AttentionRequest = attention_schema(limits, defaults)
+    limits = server.limits
+    AttentionRequest = attention_schema(limits, server.defaults)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def demo():
@@ -49,27 +52,27 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                                                   "Cache-Control": "no-store"})
 
-    async def attention(req, request: Request):
-        e, batcher = state["engine"], state["batcher"]
-        if (problem := unavailable(state)) is not None:
-            return problem
+    async def require_key(given=Depends(keys)):  # before the body is validated, as a dependency
+        server.require_key(given)
+
+    require_key.__annotations__.update(given=list)
+
+    async def attention(req, request):
+        e, batcher = server.lookup()
         if e.attention is None:
-            return error(501, "not_supported", f"the {e.info.get('engine')} engine gives no attention weights: serve "
-                         "the PyTorch model (transduce serve MODEL, without --engine ct2)")
+            raise Problem(501, "not_supported", f"the {e.info.get('engine')} engine gives no attention weights: serve "
+                          "the PyTorch model (transduce serve MODEL, without --engine ct2)")
         if not req.source.strip():
-            return error(422, "invalid_request", "source: an empty sentence has no attention to show", field="source")
+            raise Problem(422, "invalid_request", "source: an empty sentence has no attention to show", field="source")
         if not (req.weights or req.page):
-            return error(422, "invalid_request", "ask for the weights, the page or both", field="weights")
-        problem, tokens = check_sentences(e.encode, [req.source], limits, field="source")
-        if problem is None and req.target is not None:
-            problem, _ = check_sentences(e.encode_target, [req.target], limits, field="target", extra=limits.max_len_offset)
-        if problem is not None:
-            return problem
-        search = Search(req.beam, req.alpha, req.max_len_offset, 1, req.greedy)
-        job = lambda: batcher.call(lambda: e.attention(req.source, req.target, search), tokens)  # noqa: E731
-        data, problem = await run_job(job, state, limits, request, poll)
-        if problem is not None:
-            return problem
+            raise Problem(422, "invalid_request", "ask for the weights, the page or both", field="weights")
+        tokens = server.count_tokens(e.encode, [req.source], where=lambda i: "source")
+        if req.target is not None:
+            server.count_tokens(e.encode_target, [req.target], where=lambda i: "target", extra=limits.max_len_offset)
+        search = replace(server.defaults, beam=req.beam, alpha=req.alpha, max_len_offset=req.max_len_offset, n_best=1,
+                         greedy=req.greedy)
+        data = await server.wait(batcher, lambda: batcher.call(lambda: e.attention(req.source, req.target, search),
+                                                               tokens), request)
         out: dict[str, Any] = {"attention": data if req.weights else None, "page": None, "tree": None, "svg": None}
         if req.page:
             from ..views.page import render_page
@@ -84,6 +87,6 @@ def add_demo_routes(app, state: dict, limits: Limits, defaults: Search, *, auth:
         return out
 
     attention.__annotations__.update(req=AttentionRequest, request=Request)
-    app.post("/attention", response_model=AttentionResponse, dependencies=auth,
+    app.post("/attention", response_model=AttentionResponse, dependencies=[Depends(require_key)],
              responses={**errors, 501: errors[400]},
              summary="the attention weights of one sentence and its translation (transduce attention)")(attention)
