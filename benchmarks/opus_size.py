@@ -35,7 +35,7 @@ from pathlib import Path
 from benchmarks.serve_load import free_port, start_server, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
-ALPHA = 0.6  # transduce's default length penalty, the paper's (6.1): lengths all equal, it ranks nothing, but gives |Y| back
+ALPHA = 0.6  # the paper's length penalty (6.1): with lengths all equal it ranks nothing, but it gives |Y| back
 EOS_BAN = -1.0e4  # the final logits bias on EOS: no system ends a hypothesis before its length limit
 SPM_SIZE = 8000  # the sentencepiece model's pieces (the rest of the vocabulary: pieces never in the input)
 
@@ -220,6 +220,14 @@ def import_command(env: dict) -> list[str]:
     return [sys.executable, "-m", "transduce", *(["import"] if new else ["export", "from-marian"])]
 
 
+def penalty_flags(env: dict) -> list[str]:
+    """The paper's length penalty as the tree's translate and serve spell it (`--length-penalty gnmt:A`,
+    earlier `--alpha A`): given, so that every tree searches alike (an imported model's default is its own)."""
+    out = subprocess.run([sys.executable, "-m", "transduce", "translate", "--help"], env=env, cwd=REPO, capture_output=True,
+                         text=True, check=False).stdout
+    return ["--length-penalty", f"gnmt:{ALPHA}"] if "gnmt:" in out else ["--alpha", str(ALPHA)]
+
+
 def lengths_from_scores(tsv: str) -> list[int]:
     """|Y| of each best hypothesis of `translate --n-best 1`, from its score = log P / ((5 + |Y|) / 6)^alpha."""
     out = []
@@ -297,9 +305,9 @@ class Bench:
         (self.marian / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
         self.bf16 = built["bf16"]
         setup = {"parameters": built["parameters"], "spm_pieces": model.get_piece_size()}
-        self.models = {}
+        self.models, self.penalty = {}, {}
         for tree, src in self.trees.items():
-            cmd = import_command(env_for(src))
+            cmd, self.penalty[tree] = import_command(env_for(src)), penalty_flags(env_for(src))
             self.models[tree] = self.work / f"transduce-{tree.replace(' ', '-')}"
             r = measured([*cmd, str(self.marian), "-o", str(self.models[tree])], env_for(src), a.timeout)
             what = f"{' '.join(['transduce', *cmd[3:]])} ({tree})"
@@ -319,7 +327,8 @@ class Bench:
             out = self.work / "out.tsv"
             cmd = [sys.executable, "-m", "transduce", "translate", str(self.models[row.tree]), "-i", str(self.source),
                    "-o", str(out), "--beam", str(a.beam), "--max-len-offset", str(a.max_len_offset), "--precision",
-                   row.precision, "--batch-size", str(a.batch_size), "--threads", str(self.threads), "--n-best", "1"]
+                   row.precision, "--batch-size", str(a.batch_size), "--threads", str(self.threads), "--n-best", "1",
+                   *self.penalty[row.tree]]
             cmd += ["--workers", row.workers] if row.workers != "auto" else []
             r = measured(cmd, env_for(self.trees[row.tree]), a.timeout)
             check_lengths(row.label(), lengths_from_scores(out.read_text(encoding="utf-8")), n, self.steps)
@@ -360,7 +369,8 @@ class Bench:
         a = self.args
         port, t0 = free_port(), time.perf_counter()
         proc = start_server(str(self.models[row.tree]), port, ["--precision", row.precision, "--beam", str(a.beam),
-                            "--max-len-offset", str(a.single_max_len_offset)], self.threads, src=self.trees[row.tree])
+                            "--max-len-offset", str(a.single_max_len_offset), *self.penalty[row.tree]], self.threads,
+                            src=self.trees[row.tree])
         url, latencies, lengths = f"http://127.0.0.1:{port}", [], []
         with TreeMemory(proc.pid) as mem:
             try:
@@ -406,9 +416,11 @@ def child_build(spec: dict) -> dict:
         share_encoder_decoder_embeddings=True, tie_word_embeddings=True, normalize_before=False, normalize_embedding=False,
         add_bias_logits=False, max_position_embeddings=s.positions, dropout=0.1, attention_dropout=0.0,
         activation_dropout=0.0, pad_token_id=pad, eos_token_id=s.eos, bos_token_id=0, decoder_start_token_id=pad,
-        forced_eos_token_id=s.eos, bad_words_ids=[[pad]], num_beams=4, max_length=512, architectures=["MarianMTModel"])
+        forced_eos_token_id=s.eos, architectures=["MarianMTModel"])
     torch.manual_seed(spec["seed"])
     model = MarianMTModel(config).eval()
+    for k, v in {"num_beams": 4, "max_length": 512, "bad_words_ids": [[pad]]}.items():  # as the hub's generation_config.json
+        setattr(model.generation_config, k, v)
     with torch.no_grad():
         model.final_logits_bias[0, s.eos] = EOS_BAN
     model.save_pretrained(spec["out"])

@@ -40,7 +40,7 @@ class ScriptedModel:
     """Next-token probabilities looked up by the output prefix (BOS excluded); a prefix not in
     the script ends with EOS for sure. Counts decoding steps."""
 
-    config = SimpleNamespace(pad_id=PAD)
+    config = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
 
     def __init__(self, script, vocab=6):
         self.script, self.vocab, self.steps = script, vocab, 0
@@ -281,7 +281,7 @@ class LastTokenBestModel:
     """Every step, the same distribution: the last token V-1 is the best, then EOS, then the
     rest in a fixed random order."""
 
-    config = SimpleNamespace(pad_id=PAD)
+    config = SimpleNamespace(pad_id=PAD, bos_id=BOS, eos_id=EOS)
 
     def __init__(self, vocab):
         g = torch.Generator().manual_seed(vocab)

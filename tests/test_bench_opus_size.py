@@ -103,18 +103,20 @@ def test_end_to_end_on_a_tiny_shape(tmp_path):
 
 
 @pytest.mark.slow
-def test_end_to_end_with_every_system_a_tree_before_and_a_trained_model(tmp_path):
-    """Every system and --transduce-workers, --before (this same tree, so its rows and import run
-    twice) and --trained (a model directory and a test set of its words): BLEU for each."""
+def test_end_to_end_with_a_tree_before_and_a_trained_model(tmp_path):
+    """--before (this same tree, so that its rows and its import run twice) and --trained (a model
+    directory and a test set of its words): BLEU of each transduce precision and of CTranslate2's."""
     model = make_model(tmp_path / "trained")
     (tmp_path / "test.en").write_text("\n".join(sentences(SRC_WORDS, 6, seed=4)) + "\n")
     (tmp_path / "test.de").write_text("\n".join(sentences(TGT_WORDS, 6, seed=5)) + "\n")
-    result = run_bench(tmp_path, "--before", str(REPO), "--trained", str(model), "--test-src", str(tmp_path / "test.en"),
-                       "--test-ref", str(tmp_path / "test.de"))
+    result = run_bench(tmp_path, "--systems", "transduce-int8,ct2-float32", "--transduce-workers", "1", "--before", str(REPO),
+                       "--trained", str(model), "--test-src", str(tmp_path / "test.en"), "--test-ref", str(tmp_path / "test.de"))
     tiny = result["shapes"]["tiny"]
-    before = [label for label in tiny["batch"] if "[before]" in label]
-    assert len(before) == len([label for label in tiny["batch"] if label.startswith("transduce")]) // 2 > 0
-    assert any(label.startswith("Hugging Face") for label in tiny["batch"])
-    assert {r["system"] for r in result["bleu"]} >= {"transduce fp32", "transduce fp32 [before]",
-                                                     "CTranslate2 int8 (transduce export ct2)"}
+    assert set(tiny["batch"]) == {"transduce int8 (--workers 1)", "transduce int8 [before] (--workers 1)", "CTranslate2 float32"}
+    assert set(tiny["single"]) == {"transduce int8 (serve)", "transduce int8 [before] (serve)", "CTranslate2 float32 (in process)"}
+    assert sum(k.endswith("(before)") for k in tiny["setup"]) == 1  # the before tree's own import
+    assert [r["system"] for r in result["bleu"]] == ["transduce int8", "transduce int8 [before]",
+                                                     "CTranslate2 float32 (transduce export ct2)",
+                                                     "CTranslate2 int8 (transduce export ct2)"]
     assert all(0 <= r["bleu"] <= 100 for r in result["bleu"])
+    assert "## BLEU of the trained model" in result["table"] and "(before: commit " in result["table"]

@@ -84,6 +84,7 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
         "attention": ([str(tmp / "nope"), "a sentence", "--json", str(tmp / "a.json")], "no such directory"),
         "serve": ([str(tmp / "nope")], "no such directory"),
         "export": (["ct2", str(tmp / "nope"), "-o", str(tmp / "out")], "no such directory"),
+        "import": ([str(tmp / "nope"), "-o", str(tmp / "out")], "no such directory"),
         "experiment": (["--data", str(tmp / "nope"), "--out", str(tmp / "out"), "--max-steps", "1"], "no such file"),
         "docs": (["no-such-page"], "no page 'no-such-page'"),
     }[command]

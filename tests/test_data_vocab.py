@@ -1,4 +1,5 @@
-"""sentencepiece vocabularies with the fixed special ids."""
+"""sentencepiece vocabularies and their special ids: the default layout for those transduce trains,
+a model's own for any other."""
 
 import random
 
@@ -22,9 +23,11 @@ def vocab(tmp_path_factory):
     return Vocab(model)
 
 
-def test_special_ids_are_fixed(vocab):
-    assert (PAD, UNK, BOS, EOS) == (0, 1, 2, 3)
-    assert (vocab.pad, vocab.unk, vocab.bos, vocab.eos) == (0, 1, 2, 3)
+def test_trained_vocabularies_have_the_default_ids(vocab):
+    from transduce.special_ids import DEFAULT
+
+    assert (PAD, UNK, BOS, EOS) == (0, 1, 2, 3) == tuple(DEFAULT.to_dict().values())
+    assert vocab.ids == DEFAULT and (vocab.pad, vocab.unk, vocab.bos, vocab.eos) == (0, 1, 2, 3)
     assert [vocab.sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
     assert len(vocab) == 100
 
@@ -73,10 +76,28 @@ def test_load_errors(tmp_path):
         Vocab(tmp_path / "junk.model")
 
 
-def test_model_with_other_special_ids_is_rejected(tmp_path):
+def test_a_model_of_another_layout_is_read_with_its_own_ids(tmp_path):
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences(500)), model_prefix=str(tmp_path / "other"), vocab_size=60, model_type="bpe",
+        minloglevel=2, unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+    )
+    v = Vocab(tmp_path / "other.model")
+    assert (v.pad, v.unk, v.bos, v.eos) == (3, 0, 1, 2)
+    ids = v.encode("the small dog")
+    assert v.decode([v.bos] + ids + [v.eos, v.pad]) == "the small dog"
+
+
+def test_a_model_without_a_pad_piece_is_refused_in_one_line(tmp_path):
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences(500)), model_prefix=str(tmp_path / "other"), vocab_size=60,
         model_type="bpe", minloglevel=2,  # sentencepiece defaults: unk=0, bos=1, eos=2, no pad
     )
-    with pytest.raises(DataError, match="special ids"):
+    with pytest.raises(DataError, match="no pad piece .*train the vocabulary with transduce"):
         Vocab(tmp_path / "other.model")
+
+
+def test_the_vocabulary_an_earlier_import_wrote_says_what_to_do(tmp_path):
+    """The one-file JSON vocabulary that the earlier OPUS-MT import invented: import the model again."""
+    (tmp_path / "marian.src.json").write_text('{"format": "transduce-marian-vocab", "version": 1}')
+    with pytest.raises(DataError, match="import the model again"):
+        Vocab(tmp_path / "marian.src.json")

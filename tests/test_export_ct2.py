@@ -267,13 +267,9 @@ def test_out_dot_or_dotdot_is_refused_in_one_line(tmp_path, capsys, monkeypatch)
 
 
 def test_options_the_format_does_not_use_are_refused(tmp_path, capsys):
-    """`export marian --quantization int8` wrote a float32 model without a word, and
-    from-marian ignored the model and vocabulary options; each is now one line, nothing written."""
+    """`export marian --quantization int8` wrote a float32 model without a word: now one line, nothing written."""
     model_dir = make_model(tmp_path / "m")
-    cases = [(["marian", str(model_dir), "--quantization", "int8"], "--quantization"),
-             (["from-marian", str(model_dir), "--max-positions", "64"], "--max-positions"),
-             (["from-marian", str(model_dir), "--vocab", str(model_dir / "spm.model")], "--vocab"),
-             (["from-marian", str(model_dir), "--checkpoint", "latest"], "--checkpoint")]
+    cases = [(["marian", str(model_dir), "--quantization", "int8"], "--quantization")]
     for argv, flag in cases:
         assert main(["export", *argv, "-o", str(tmp_path / "out")]) == 2
         err = capsys.readouterr().err

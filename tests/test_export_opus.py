@@ -1,11 +1,13 @@
-"""OPUS-MT's MarianMT models imported exactly (`transduce export from-marian`), against Hugging
-Face's own MarianMTModel and MarianTokenizer, on tiny random models of OPUS-MT's configuration
-(tests/opus_models.py): the same ids (under the renumbering), the same logits to fp32 rounding,
-the same greedy and beam outputs as `generate`, with and without a `>>xx<<` prefix; then every
-other transduce path on the imported model."""
+"""OPUS-MT's MarianMT models imported as they are (`transduce import`), against Hugging Face's own
+MarianMTModel and MarianTokenizer, on tiny random models of OPUS-MT's configuration
+(tests/opus_models.py): the same ids (Marian's, nothing renumbered), the same logits to fp32
+rounding, the same greedy and beam outputs as `generate`, with and without a `>>xx<<` prefix, for
+OPUS-MT's id layout, tc-big's (EOS far from 0) and separate vocabularies; the vocabulary files
+copied as they are; models by hub id, from a populated cache and with the hub unreachable; then
+every other transduce path on the imported model."""
 
+import hashlib
 import json
-import math
 
 import pytest
 import torch
@@ -16,15 +18,16 @@ from opus_models import make_opus_dir, opus_sentences  # noqa: E402
 
 from transduce.checkpoint import load_model  # noqa: E402
 from transduce.cli import main  # noqa: E402
-from transduce.data.vocab import EOS, PAD, MarianVocab, Vocab, marian_order  # noqa: E402
+from transduce.data.batching import load_vocabs  # noqa: E402
+from transduce.data.vocab import MarianVocab  # noqa: E402
 from transduce.decoding.search import beam_search, greedy_decode  # noqa: E402
-from transduce.export.opus import PAD_LOGIT, VOCAB_FILES  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-LANGUAGES = {"bilingual": ((), 3.0), "multilingual": (("de", "fr"), 2.0)}
-"""Each model's target languages and EOS's logits bias: the value at which its outputs have
-various lengths (a random model's are mostly empty or to the length limit)."""
+MODELS = {"bilingual": dict(eos_bias=3.0), "multilingual": dict(languages=("de", "fr"), eos_bias=2.0),
+          "tc-big": dict(layout="tc-big", eos_bias=1.5), "separate": dict(separate=True, eos_bias=1.5)}
+"""Each model's shape (tests/opus_models.py) and EOS's logits bias: the value at which its outputs
+have various lengths (a random model's are mostly empty or to the length limit)."""
 OFFSET = 20  # transduce's max_len_offset; generate's max_length is 1 (the start token) + source + OFFSET
 ALPHA = 0.6
 
@@ -39,51 +42,64 @@ def quiet():
 
 class Imported:
     """An OPUS-shaped MarianMT directory, Hugging Face's model and tokenizer of it, and the transduce
-    model directory `transduce export from-marian` made of it."""
+    model directory `transduce import` made of it."""
 
-    def __init__(self, root, languages, eos_bias):
+    def __init__(self, root, languages=(), **shape):
         from transformers import MarianMTModel, MarianTokenizer
 
         self.languages = languages
-        self.marian = make_opus_dir(root, languages=languages, seed=1, eos_bias=eos_bias)
+        self.marian = make_opus_dir(root, languages=languages, seed=1, **shape)
         self.model_dir = root / "transduce"
-        assert main(["export", "from-marian", str(self.marian), "-o", str(self.model_dir)]) == 0
+        assert main(["import", str(self.marian), "-o", str(self.model_dir)]) == 0
         self.tok = MarianTokenizer.from_pretrained(str(self.marian))
         self.hf = MarianMTModel.from_pretrained(str(self.marian), attn_implementation="eager").eval()
         self.model, self.config = load_model(self.model_dir)
-        self.src_vocab = Vocab(self.model_dir / VOCAB_FILES["src"])
-        self.tgt_vocab = Vocab(self.model_dir / VOCAB_FILES["tgt"])
-        vocab = json.loads((self.marian / "vocab.json").read_text(encoding="utf-8"))
-        c = self.hf.config
-        self.order = marian_order(vocab, c.pad_token_id, c.eos_token_id, c.decoder_start_token_id)
-        self.to_transduce = {m: t for t, m in enumerate(self.order) if m is not None}
+        self.src_vocab, self.tgt_vocab = load_vocabs(self.model_dir)
         self.lines = opus_sentences(30, languages=languages)
 
     def ids(self, line: str) -> list[int]:
         """transduce's source ids of a line, EOS included."""
-        return self.src_vocab.encode(line) + [EOS]
+        return self.src_vocab.encode(line) + [self.src_vocab.eos]
 
     def generate(self, line: str, **options) -> list[int]:
-        """Hugging Face's output for one line, in transduce's ids, without the start token and EOS."""
+        """Hugging Face's output for one line, without the start token and EOS."""
+        c = self.hf.config
         enc = self.tok([line], return_tensors="pt")
         with torch.no_grad():
             out = self.hf.generate(**enc, do_sample=False, max_length=1 + len(self.ids(line)) + OFFSET,
-                                   bad_words_ids=[[self.hf.config.pad_token_id]], **options)[0].tolist()
-        assert out[0] == self.hf.config.decoder_start_token_id
-        return [self.to_transduce[i] for i in out[1:] if i not in (self.hf.config.eos_token_id, self.hf.config.pad_token_id)]
+                                   bad_words_ids=[[c.pad_token_id]], **options)[0].tolist()
+        assert out[0] == c.decoder_start_token_id
+        return [i for i in out[1:] if i not in (c.eos_token_id, c.pad_token_id)]
 
 
-@pytest.fixture(scope="module", params=list(LANGUAGES))
+@pytest.fixture(scope="module", params=list(MODELS))
 def imported(request, tmp_path_factory):
-    return Imported(tmp_path_factory.mktemp(request.param), *LANGUAGES[request.param])
+    return Imported(tmp_path_factory.mktemp(request.param), **MODELS[request.param])
 
 
-def test_the_imported_model_is_opus_mts_in_options_whose_defaults_are_the_papers(imported):
-    m = imported.config.model
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_imported_model_is_marians_ids_and_files_as_they_are(imported):
+    """OPUS-MT's options (defaults: the paper's), Marian's special ids in the model's config (the
+    decoder starting with PAD), no row added, the logits bias as it was, and the vocabulary files
+    copied byte for byte."""
+    m, c = imported.config.model, imported.hf.config
     assert (m.activation, m.attention_bias, m.output_bias, m.layer_norm_eps) == ("swish", True, True, 1e-5)
-    assert m.src_vocab_size == imported.hf.config.vocab_size + 1  # PAD's own row
+    assert (m.src_vocab_size, m.target_vocab_size) == (c.vocab_size, c.decoder_vocab_size)
+    vocab = json.loads((imported.marian / "vocab.json").read_text(encoding="utf-8"))
+    assert (m.pad_id, m.unk_id, m.bos_id, m.eos_id) == (c.pad_token_id, vocab["<unk>"], c.decoder_start_token_id,
+                                                        c.eos_token_id)
+    assert m.bos_id == m.pad_id and (m.eos_id != 0) == (imported.marian.parent.name.startswith("tc-big"))
+    assert torch.equal(imported.model.output_bias.detach(), imported.hf.final_logits_bias.reshape(-1))
     assert isinstance(imported.src_vocab, MarianVocab) and isinstance(imported.tgt_vocab, MarianVocab)
-    assert float(imported.model.output_bias.detach()[PAD]) == PAD_LOGIT
+    assert (imported.src_vocab is imported.tgt_vocab) is False  # two sentencepiece models, as MarianTokenizer has
+    names = ["source.spm", "target.spm", "vocab.json"] + (["target_vocab.json"] if m.tgt_vocab_size else [])
+    for name in names:
+        assert _digest(imported.model_dir / name) == _digest(imported.marian / name), name
+    meta = json.loads((imported.model_dir / "data.json").read_text(encoding="utf-8"))
+    assert meta["special_ids"] == m.special_ids.to_dict() and (meta["src_lang"], meta["tgt_lang"]) == ("en", "de")
 
 
 def test_the_same_ids_as_marian_tokenizer(imported):
@@ -91,47 +107,42 @@ def test_the_same_ids_as_marian_tokenizer(imported):
     lines = imported.lines + specials + ([f"{line} >>de<<" for line in imported.lines[:3]] if imported.languages else [])
     ours = imported.src_vocab.encode_batch(lines)
     for line, got in zip(lines, ours):
-        theirs = [imported.to_transduce[i] for i in imported.tok(line).input_ids]
-        assert got + [EOS] == theirs == imported.ids(line), line
+        assert got + [imported.src_vocab.eos] == imported.tok(line).input_ids == imported.ids(line), line
+    targets = ["ein mann läuft", "zwei kinder spielen", "Ä x"]
+    assert [t + [imported.tgt_vocab.eos] for t in imported.tgt_vocab.encode_batch(targets)] == \
+        imported.tok(text_target=targets).input_ids
     if imported.languages:  # the language token is one token, at the start
         assert all(imported.src_vocab.id_to_piece(ids[0]).startswith(">>") for ids in ours[:len(imported.lines)])
 
 
 def test_the_same_logits_as_marian_mt_model(imported):
-    """A padded batch through both, teacher-forced with a target in transduce's ids: every real
-    position's logits equal to fp32 rounding (PAD's own column aside), and PAD's probability 0."""
+    """A padded batch through both, teacher-forced from the start token (Marian's PAD): every real
+    position's logits equal to fp32 rounding."""
     lines = imported.lines[:6]
+    pad, start = imported.config.model.pad_id, imported.config.model.bos_id
     srcs = [imported.ids(line) for line in lines]
-    tgts = [[2] + imported.src_vocab.encode(line)[::-1] for line in lines]  # BOS (Marian's start), then pieces
+    tgts = [[start] + imported.tgt_vocab.encode(line)[::-1] for line in ["ein mann", "zwei kinder spielen", "gras",
+                                                                            "hund auf dem gras", "ein", "rot blau"]]
     S, T = max(map(len, srcs)), max(map(len, tgts))
-    src = torch.tensor([s + [PAD] * (S - len(s)) for s in srcs])
-    tgt = torch.tensor([t + [PAD] * (T - len(t)) for t in tgts])
-    marian = torch.tensor(imported.order[1:])  # transduce id -> Marian id (PAD has none)
-    pad = imported.hf.config.pad_token_id
-
-    def to_marian(x):
-        return torch.where(x == PAD, pad, marian[(x - 1).clamp_min(0)])
-
+    src = torch.tensor([s + [pad] * (S - len(s)) for s in srcs])
+    tgt = torch.tensor([t + [pad] * (T - len(t)) for t in tgts])
+    real = torch.tensor([[j < len(t) for j in range(T)] for t in tgts])  # the start token (PAD) included
     with torch.no_grad():
         ours = imported.model(src, tgt)
-        theirs = imported.hf(input_ids=to_marian(src), attention_mask=(src != PAD).long(),
-                             decoder_input_ids=to_marian(tgt), decoder_attention_mask=(tgt != PAD).long()).logits
-    real = tgt != PAD
-    diff = (ours[real][:, 1:] - theirs[real][:, marian]).abs().max().item()
+        theirs = imported.hf(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt,
+                             decoder_attention_mask=real.long()).logits
+    diff = (ours[real] - theirs[real]).abs().max().item()
     print(f"max |logit diff| {diff:.2e}")
     assert diff < 1e-5
-    assert (ours[real].log_softmax(-1)[:, PAD] == -math.inf).all() or float(ours[real].softmax(-1)[:, PAD].max()) == 0.0
 
 
 def test_the_same_greedy_outputs_as_generate(imported):
     """Every line; generate without OPUS-MT's forced EOS, which at the length limit puts EOS in
     place of the last token where transduce stops (its maximum counts the tokens it writes)."""
-    equal = 0
     for line in imported.lines:
         ours = greedy_decode(imported.model, torch.tensor([imported.ids(line)]), max_len_offset=OFFSET)[0]
         assert ours == imported.generate(line, num_beams=1, forced_eos_token_id=None), line
-        equal += 1
-    print(f"greedy: {equal}/{len(imported.lines)} equal")
+    print(f"greedy: {len(imported.lines)}/{len(imported.lines)} equal")
 
 
 def test_the_same_beam_outputs_as_generate(imported):
@@ -145,8 +156,7 @@ def test_the_same_beam_outputs_as_generate(imported):
         ours = beam_search(imported.model, torch.tensor([imported.ids(line)]), beam_size=4, alpha=ALPHA,
                            max_len_offset=OFFSET, penalty="hf")[0][0]
         assert ours.tokens == theirs, line
-        assert imported.tgt_vocab.decode(ours.tokens) == imported.tok.decode(
-            [imported.order[t] for t in ours.tokens], skip_special_tokens=True)
+        assert imported.tgt_vocab.decode(ours.tokens) == imported.tok.decode(ours.tokens, skip_special_tokens=True)
         at_limit += len(theirs) + 1 >= len(imported.ids(line)) + OFFSET
         nonempty += bool(theirs)
     print(f"beam: {len(imported.lines)}/{len(imported.lines)} equal ({nonempty} non-empty, {at_limit} at the length limit)")
@@ -158,22 +168,161 @@ def test_decoding_text_as_marian_tokenizer(imported):
     V = len(imported.tgt_vocab)
     for _ in range(20):
         ids = torch.randint(0, V, (12,), generator=g).tolist()
-        marian = [imported.order[i] if imported.order[i] is not None else imported.hf.config.pad_token_id for i in ids]
-        assert imported.tgt_vocab.decode(ids) == imported.tok.decode(marian, skip_special_tokens=True)
+        assert imported.tgt_vocab.decode(ids) == imported.tok.decode(ids, skip_special_tokens=True)
 
 
 def test_pytorch_model_bin_is_read_as_tensors(tmp_path):
-    """A directory with pytorch_model.bin alone (read by torch.load(weights_only=True)) imports to
-    the same tensors as its model.safetensors twin."""
+    """A directory with pytorch_model.bin alone (read memory-mapped by torch.load(weights_only=True))
+    imports to the same tensors as its model.safetensors twin."""
     from safetensors.torch import load_file
 
     a = make_opus_dir(tmp_path / "st", seed=2)
     b = make_opus_dir(tmp_path / "bin", seed=2, weights="bin")
     assert not (b / "model.safetensors").exists()
     for d in (a, b):
-        assert main(["export", "from-marian", str(d), "-o", str(d.parent / "t")]) == 0
+        assert main(["import", str(d), "-o", str(d.parent / "t")]) == 0
     ta, tb = (load_file(d.parent / "t" / "model.safetensors") for d in (a, b))
     assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_the_import_writes_what_save_model_writes(tmp_path):
+    """The weights written a tensor at a time (`save_made_tensors_as_model`) are the tensors of the
+    model built in memory (`import_marian`) and saved by `save_model`, bit for bit."""
+    from safetensors.torch import load_file
+
+    from transduce.checkpoint import save_model
+    from transduce.export.opus import import_marian
+
+    d = make_opus_dir(tmp_path, seed=3)
+    assert main(["import", str(d), "-o", str(tmp_path / "streamed")]) == 0
+    model, config, _, _ = import_marian(d)
+    save_model(model, config, tmp_path / "saved")
+    streamed, saved = (load_file(tmp_path / n / "model.safetensors") for n in ("streamed", "saved"))
+    state = model.state_dict()
+    for name, t in streamed.items():
+        assert torch.equal(t, state[name]), name
+    assert len(streamed) == len(saved)
+
+
+def test_export_from_marian_is_gone(tmp_path, capsys):
+    """`transduce import` is the one spelling: `export from-marian` was never released."""
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal of an unknown FORMAT
+        main(["export", "from-marian", str(tmp_path), "-o", str(tmp_path / "out")])
+    assert e.value.code == 2 and "invalid choice: 'from-marian'" in capsys.readouterr().err
+
+
+# -- generation settings, languages and models by name --------------------------------------------
+
+HUB_GENERATION = {"num_beams": 4, "max_length": 512, "renormalize_logits": False}
+"""What the hub's generation_config.json of an OPUS-MT model sets besides the ids (and bad_words_ids [[PAD]])."""
+
+
+@pytest.fixture(scope="module")
+def with_settings(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hubshaped")
+    marian = make_opus_dir(root / "opus-mt-en-de", seed=1, eos_bias=3.0, generation=HUB_GENERATION)
+    settings = json.loads((marian / "generation_config.json").read_text(encoding="utf-8"))
+    settings["bad_words_ids"] = [[settings["pad_token_id"]]]
+    (marian / "generation_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    return marian
+
+
+def test_generation_settings_travel_and_translate_decodes_as_generate(with_settings, tmp_path):
+    """num_beams and the length penalty of generation_config.json go into generation.json, and
+    `translate` without search flags decodes with them: what generate gives by default (beam 4,
+    |Y|^1.0, forced EOS), its max_length (kept, not applied) put at transduce's limit."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from transduce.decoding.ready import load_translation_model
+
+    out = tmp_path / "model"
+    assert main(["import", str(with_settings), "-o", str(out)]) == 0
+    g = json.loads((out / "generation.json").read_text(encoding="utf-8"))
+    assert (g["beam"], g["length_penalty"], g["max_length"], g["not_applied"]) == (4, 1.0, 512, {})
+    loaded = load_translation_model(out)
+    assert loaded.generation.search() == {"beam": 4, "greedy": False, "alpha": 1.0, "length_penalty": "hf"}
+    tok, hf = MarianTokenizer.from_pretrained(str(with_settings)), MarianMTModel.from_pretrained(str(with_settings))
+    lines = opus_sentences(8, seed=9)
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["translate", str(out), "-i", str(src), "-o", str(tmp_path / "out.txt"), "--precision", "fp32",
+                 "--quiet"]) == 0
+    got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    for line, ours in zip(lines, got):
+        enc = tok([line], return_tensors="pt")
+        with torch.no_grad():  # its own settings (beam 4, |Y|^1.0), but for max_length: transduce's source + 50
+            theirs = hf.generate(**enc, max_length=1 + enc.input_ids.size(1) + 50)[0]
+        assert ours == tok.decode(theirs, skip_special_tokens=True), line
+    assert sum(map(bool, got)) >= 4
+
+
+def test_languages_from_the_name_and_the_target_tokens(tmp_path):
+    """The languages of a model named as the hub names OPUS-MT's, where its tokenizer_config.json
+    names none, and a multilingual model's `>>xx<<` tokens."""
+    marian = make_opus_dir(tmp_path / "made", languages=("fr", "es"), seed=5).rename(tmp_path / "opus-mt-en-ROMANCE")
+    (marian / "tokenizer_config.json").write_text("{}", encoding="utf-8")
+    out = tmp_path / "model"
+    assert main(["import", str(marian), "-o", str(out)]) == 0
+    meta = json.loads((out / "data.json").read_text(encoding="utf-8"))
+    g = json.loads((out / "generation.json").read_text(encoding="utf-8"))
+    assert (meta["src_lang"], meta["tgt_lang"]) == ("en", "ROMANCE") and g["target_tokens"] == [">>fr<<", ">>es<<"]
+
+
+def _hub_cache(cache, repo: str, files) -> None:
+    """A huggingface_hub cache holding `repo` at main, laid out as huggingface_hub lays it out:
+    blobs by their hash, a snapshot of links to them, refs/main naming the snapshot."""
+    import os
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    snapshot = folder / "snapshots" / commit
+    (folder / "blobs").mkdir()
+    snapshot.mkdir(parents=True)
+    for f in files:
+        blob = folder / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        blob.write_bytes(f.read_bytes())
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / f.name)
+
+
+def test_a_model_by_hub_id_from_the_cache_offline(with_settings, tmp_path, monkeypatch, capsys):
+    """`transduce import Helsinki-NLP/opus-mt-en-de` with HF_HUB_OFFLINE=1 and the model in
+    huggingface_hub's cache: imported from there, its languages from the hub id."""
+    pytest.importorskip("huggingface_hub")
+    cache = tmp_path / "cache"
+    _hub_cache(cache, "Helsinki-NLP/opus-mt-en-de", [f for f in with_settings.iterdir() if f.is_file()])
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    out = tmp_path / "model"
+    assert main(["import", "Helsinki-NLP/opus-mt-en-de", "-o", str(out)]) == 0
+    assert "beam 4" in capsys.readouterr().out
+    meta = json.loads((out / "data.json").read_text(encoding="utf-8"))
+    assert meta["imported_from"] == "Helsinki-NLP/opus-mt-en-de"
+    assert _digest(out / "vocab.json") == _digest(with_settings / "vocab.json")
+    assert main(["import", "Helsinki-NLP/opus-mt-en-fr", "-o", str(tmp_path / "fr")]) == 2  # not in the cache
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not in huggingface_hub's cache" in err and "pass its directory" in err
+
+
+def test_the_hub_unreachable_is_one_line_saying_what_to_do(tmp_path, monkeypatch, capsys):
+    """Online, the hub unreachable (a closed port for its endpoint): one line, no traceback."""
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
+    assert main(["import", "Helsinki-NLP/opus-mt-en-de", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("transduce import: error: Helsinki-NLP/opus-mt-en-de: ") and len(err.strip().splitlines()) == 1
+    assert "HF_HUB_OFFLINE" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
 
 
 # -- every other path on the imported model ---------------------------------------------------
@@ -181,7 +330,7 @@ def test_pytorch_model_bin_is_read_as_tensors(tmp_path):
 
 @pytest.fixture(scope="module")
 def multilingual(tmp_path_factory):
-    return Imported(tmp_path_factory.mktemp("paths"), *LANGUAGES["multilingual"])
+    return Imported(tmp_path_factory.mktemp("paths"), **MODELS["multilingual"])
 
 
 def _translate(model_dir, tmp_path, lines, *flags) -> list[str]:
@@ -258,18 +407,18 @@ def test_the_vocabulary_loads_where_prepared_data_and_runs_load_theirs(multiling
     sv, tv = load_vocabs(multilingual.model_dir)
     assert isinstance(sv, MarianVocab) and isinstance(tv, MarianVocab)
     lines = multilingual.lines[:5]
-    assert sv.encode_batch(lines) == [[multilingual.to_transduce[i] for i in multilingual.tok(line).input_ids][:-1]
-                                      for line in lines]
+    assert sv.encode_batch(lines) == [multilingual.tok(line).input_ids[:-1] for line in lines]
     targets = ["ein mann läuft", "zwei kinder spielen"]
     theirs = multilingual.tok(text_target=targets).input_ids
-    assert tv.encode_batch(targets) == [[multilingual.to_transduce[i] for i in ids][:-1] for ids in theirs]
+    assert tv.encode_batch(targets) == [ids[:-1] for ids in theirs]
     assert tv.word_starts().shape == (len(tv),)
 
 
 
 def test_fine_tuning_the_imported_model(multilingual, tmp_path, capsys):
     """`prepare --vocab` encodes text with the imported model's vocabulary (MarianTokenizer's ids,
-    renumbered) and `train --init` starts from its weights, with OPUS-MT's options kept."""
+    as they are) and `train --init` starts from its weights, with OPUS-MT's options and ids kept: the
+    batches padded with Marian's PAD, the decoder starting from it, its loss ignoring it."""
     from transduce.data.batching import ParallelDataset
 
     lines = multilingual.lines[:12]
@@ -282,7 +431,10 @@ def test_fine_tuning_the_imported_model(multilingual, tmp_path, capsys):
                  "--valid-src", str(tmp_path / "valid.src"), "--valid-tgt", str(tmp_path / "valid.tgt"),
                  "--max-ratio", "100", "--vocab", str(multilingual.model_dir), "-o", str(data), "--quiet"]) == 0
     pairs = ParallelDataset.load(data, "train")
-    assert pairs[0][0].tolist() == [multilingual.to_transduce[i] for i in multilingual.tok(lines[0]).input_ids]
+    assert pairs[0][0].tolist() == multilingual.tok(lines[0]).input_ids
+    assert pairs.ids == multilingual.config.model.special_ids
+    batch = pairs.collate([0, 1])
+    assert batch["tgt_in"][0, 0] == multilingual.config.model.bos_id == multilingual.config.model.pad_id
     assert main(["train", "--data", str(data), "--run-dir", str(run), "--init", str(multilingual.model_dir),
                  "--max-steps", "3", "--warmup", "2", "--batch-tokens", "4000", "--precision", "fp32", "--threads", "1",
                  "--save-every-minutes", "0", "--valid-every", "0", "--quiet"]) == 0

@@ -138,6 +138,7 @@ def _other_value(name: str) -> dict:
     if name in OTHER_VALUES:
         return OTHER_VALUES[name]
     default = getattr(tiny_config(src_vocab_size=60), name)
+    "unk_id": dict(unk_id=7), "bos_id": dict(bos_id=8), "eos_id": dict(eos_id=9),
     assert isinstance(default, bool), f"give HANDLED's {name!r} a value other than {default!r} in OTHER_VALUES"
     return {name: not default}
 

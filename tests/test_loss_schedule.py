@@ -120,8 +120,13 @@ def test_trainer_smooths_over_emittable_classes_by_default():
     assert TrainConfig().smooth_all_classes is False
     import inspect
     from transduce.train import step
-    assert inspect.signature(step.train_step).parameters["smooth_exclude"].default == (PAD, BOS)
-    assert inspect.signature(evaluate).parameters["smooth_exclude"].default == (PAD, BOS)
+    assert inspect.signature(step.train_step).parameters["smooth_exclude"].default is None  # the model's
+    assert inspect.signature(evaluate).parameters["smooth_exclude"].default is None
+    model = Transformer(ModelConfig(src_vocab_size=20, n_layers=1, d_model=8, d_ff=16, n_heads=2))
+    assert step.loss_ids(model, None, None) == (PAD, (PAD, BOS))
+    model = Transformer(ModelConfig(src_vocab_size=20, n_layers=1, d_model=8, d_ff=16, n_heads=2, pad_id=19, bos_id=19,
+                                    eos_id=0))  # Marian's layout: the decoder starts with PAD
+    assert step.loss_ids(model, None, None) == (19, (19, 19))
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])

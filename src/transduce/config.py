@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .special_ids import PAD
+from .special_ids import DEFAULT, SpecialIds
 
 
 @dataclass
@@ -50,7 +50,15 @@ class ModelConfig:
     activation: str = "relu"
     # A learned bias added to the logits (Marian's final_logits_bias); False: the paper's projection alone (3.4)
     output_bias: bool = False
-    pad_id: int = PAD  # the vocabulary's padding id; masks are built from it
+    # The vocabulary's special ids (`transduce.special_ids`; absent from a config written before: DEFAULT's).
+    pad_id: int = DEFAULT.pad  # padding: the masks are built from it, the loss ignores it
+    unk_id: int = DEFAULT.unk  # the unknown piece
+    bos_id: int = DEFAULT.bos  # the decoder's first input (start token); may equal pad_id (Marian's)
+    eos_id: int = DEFAULT.eos  # ends every sentence: appended to sources, where the search stops
+
+    @property
+    def special_ids(self) -> SpecialIds:
+        return SpecialIds(self.pad_id, self.unk_id, self.bos_id, self.eos_id)
 
     @property
     def target_vocab_size(self) -> int:
@@ -97,6 +105,12 @@ class ModelConfig:
             raise ValueError(f"attention_window must be a whole number >= 0 or None, not {self.attention_window!r}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError("dropout rates must be in [0, 1)")
+        ids = self.special_ids.to_dict()
+        if any(not 0 <= i < min(self.src_vocab_size, self.target_vocab_size) for i in ids.values()):
+            raise ValueError(f"special ids {ids} must be ids of both vocabularies "
+                             f"({self.src_vocab_size}, {self.target_vocab_size})")
+        if self.eos_id in (self.pad_id, self.bos_id):
+            raise ValueError(f"eos_id {self.eos_id} must differ from pad_id and bos_id")
 
 
 @dataclass

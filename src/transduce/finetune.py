@@ -6,7 +6,8 @@ with a fresh optimizer and schedule, on data of MODEL's vocabulary only (`check_
 
 MODEL is what it is everywhere else: a model directory, a run directory (the model `translate`
 loads from it: by default the average of its last checkpoints), a checkpoint, or an imported model
-(`transduce export from-marian`, OPUS-MT); its vocabulary is found by the one lookup that
+(`transduce import`, OPUS-MT: its vocabulary files and special ids as they are, which the data
+prepared with it records); its vocabulary is found by the one lookup that
 `transduce translate` uses.
 """
 

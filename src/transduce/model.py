@@ -60,11 +60,15 @@ def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | Non
 
 
 def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Tensor | None]:
-    """Source mask (B, 1, 1, S) and target mask (B, 1, T, T) from padded token batches."""
+    """Source mask (B, 1, 1, S) and target mask (B, 1, T, T) from padded token batches. The
+    decoder's first input, its start token, is always a key, also where the start token is the
+    padding id (Marian's models start with PAD; `ModelConfig.bos_id`)."""
     src_mask = padding_mask(src, pad_id)
     if tgt is None:
         return src_mask, None
-    tgt_mask = causal_mask(tgt.size(1), device=tgt.device) & padding_mask(tgt, pad_id)
+    keys = padding_mask(tgt, pad_id)
+    keys[..., 0] = True
+    tgt_mask = causal_mask(tgt.size(1), device=tgt.device) & keys
     return src_mask, tgt_mask
 
 
@@ -382,7 +386,7 @@ class Decoder(_Stack):
 class Transformer(nn.Module):
     """The encoder-decoder Transformer (Figure 1). `forward(src, tgt)` returns logits over the
     target vocabulary (the loss: `transduce.train.loss`). Token batches are (B, L) LongTensors
-    right-padded with `config.pad_id`; `tgt` is the decoder input (BOS, then the target shifted right)."""
+    right-padded with `config.pad_id`; `tgt` is the decoder input (`config.bos_id`, then the target shifted right)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

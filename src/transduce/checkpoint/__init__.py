@@ -13,7 +13,7 @@ from .files import (  # noqa: F401
     file_digest, fsync_dir, save_tensors, synced, verify,
 )
 from .model_dir import (  # noqa: F401
-    guarded, is_model_dir, load_config, load_model, model_from_tensors, save_model,
+    guarded, is_model_dir, load_config, load_model, model_from_tensors, save_made_tensors_as_model, save_model,
     save_tensors_as_model,
 )
 from .run_dir import (  # noqa: F401

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_model as _st_load_model
@@ -46,6 +47,51 @@ def save_tensors_as_model(tensors: dict[str, torch.Tensor], config: Config, dire
     """Write `tensors` (named as in model.safetensors, e.g. an average) as a model directory."""
     tensors = {k: v.contiguous() for k, v in tensors.items()}
     return _write_model_dir(directory, config, lambda tmp: save_file(tensors, tmp, metadata=METADATA))
+
+
+def save_made_tensors_as_model(makers: dict[str, Callable[[], torch.Tensor]], config: Config,
+                               directory: str | os.PathLike) -> Path:
+    """A model directory whose tensors are made one at a time (`makers[name]()`, named as in
+    model.safetensors, fp32), each written and let go before the next is made: an import that holds
+    the model's largest tensor, not the model. Every parameter of `config`'s model is made once (of
+    those it shares, any one name), at its shape: checked against the model built on the meta
+    device, which allocates nothing."""
+    with torch.device("meta"):
+        shapes = Transformer(config.model).state_dict(keep_vars=True)
+    groups: dict[int, list[str]] = {}
+    for name, t in shapes.items():
+        groups.setdefault(id(t), []).append(name)
+    aliases = {}
+    for names in groups.values():
+        made = [n for n in names if n in makers]
+        if len(made) != 1:
+            raise ValueError(f"{names[0]}: {'made twice' if made else 'not made'}")
+        aliases.update({n: made[0] for n in names if n != made[0]})
+    unknown = set(makers) - set(shapes)
+    if unknown:
+        raise ValueError(f"not a parameter of the model: {sorted(unknown)[:3]}")
+    return _write_model_dir(directory, config, lambda tmp: _write_streamed(tmp, makers, shapes, aliases))
+
+
+def _write_streamed(path: str, makers: dict, shapes: dict, aliases: dict) -> None:
+    """safetensors' format written a tensor at a time: the header (every tensor's dtype, shape and
+    offsets, known from `shapes`), then each tensor's bytes in that order."""
+    header, offset = {}, 0
+    for name in makers:
+        n = 4 * shapes[name].numel()
+        header[name] = {"dtype": "F32", "shape": list(shapes[name].shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {**METADATA, **aliases}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for name, make in makers.items():
+            t = make().detach().to(torch.float32, memory_format=torch.contiguous_format).cpu()
+            if t.shape != shapes[name].shape:
+                raise ValueError(f"{name}: made of shape {tuple(t.shape)}, the model's is {tuple(shapes[name].shape)}")
+            f.write(memoryview(t.contiguous().numpy()).cast("B"))
+            del t
 
 
 def load_config(directory: str | os.PathLike) -> Config:

@@ -21,7 +21,7 @@ DESCRIPTION = """\
 The Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
 Data flows one way: text -> vocabulary -> token arrays -> batches -> model -> text."""
 
-SUMMARIES = {  # in the order of `transduce --help`; each is the module `transduce.cli.NAME`
+SUMMARIES = {  # in the order of `transduce --help`; each is the module `transduce.cli.NAME` (`MODULES`)
     "info": "a preset's configuration (Table 3's knobs) and parameter count",
     "prepare": "learn a BPE vocabulary and binarize parallel text or a treebank",
     "train": "train on prepared data (Section 5; torchrun for many GPUs)",
@@ -31,7 +31,8 @@ SUMMARIES = {  # in the order of `transduce --help`; each is the module `transdu
     "parse": "parse English into constituency trees, line for line (6.3)",
     "attention": "what the model attends to: figures (PNG), an offline page, JSON",
     "serve": "serve a model over HTTP: a JSON API, requests batched",
-    "export": "export to CTranslate2 or Hugging Face MarianMT (and back)",
+    "import": "import a Hugging Face MarianMT model (OPUS-MT's) by name or directory",
+    "export": "export to CTranslate2 or Hugging Face MarianMT",
     "synthetic": "an end-to-end check: train and decode a copy/reverse task",
     "experiment": "Table 3's variants and Table 2's cost as one rerunnable experiment",
     "docs": "print a page of this documentation (the list without a topic)",
@@ -39,6 +40,9 @@ SUMMARIES = {  # in the order of `transduce --help`; each is the module `transdu
 """Each subcommand's one line, here so that `transduce --help` imports no subcommand (nor torch)."""
 
 SUBCOMMANDS = tuple(SUMMARIES)
+
+MODULES = {"import": "import_"}
+"""A subcommand whose module has another name (`import` is a Python keyword)."""
 
 EPILOG = "Run `transduce SUBCOMMAND --help` for its options; details: transduce docs cli."
 
@@ -77,7 +81,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name, add_help=False)
             continue
-        module = importlib.import_module(f"{__name__}.{name}")
+        module = importlib.import_module(f"{__name__}.{MODULES.get(name, name)}")  # `import` is a keyword
         p = sub.add_parser(name, prog=f"transduce {name}", description=module.DESCRIPTION, epilog=getattr(module, "EPILOG", None),
                            formatter_class=HelpFormatter, add_help=False, allow_abbrev=False)  # a flag is its whole name
         module.add_args(p)

@@ -28,6 +28,46 @@ def fill_decoding_defaults(args: argparse.Namespace, parsing: bool = False) -> N
                                         f"DEFAULT_{name.upper()}"))
 
 
+class ModelDefault:
+    """A flag's default that an imported model's own setting replaces (`fill_model_search_defaults`);
+    equal to the value it stands for, so that the parsed flags read as their defaults."""
+
+
+class _Int(int, ModelDefault):
+    pass
+
+
+class _Float(float, ModelDefault):
+    pass
+
+
+class _Str(str, ModelDefault):
+    pass
+
+
+def model_default(value):
+    """`value` (int, float or str) marked as a default that an imported model's own may replace."""
+    return {int: _Int, float: _Float, str: _Str}[type(value)](value)
+
+
+def fill_model_search_defaults(args: argparse.Namespace) -> None:
+    """--beam and --length-penalty left at their defaults (`model_default`): an imported model's own
+    settings, the search Hugging Face generate runs by default (`transduce.decoding.generation`,
+    found beside MODEL as its vocabulary is), each setting the flags leave unset; with no such
+    model, the defaults (Section 6.1's beam 4, gnmt:0.6) as they are."""
+    from ..decoding.generation import find_generation
+
+    path = Path(args.model_path)
+    own = find_generation([path, path.parent, path.parent.parent]) if path.is_dir() else None
+    if own is None or getattr(args, "engine", "torch") != "torch":
+        return
+    search = own.search()
+    if isinstance(args.beam, ModelDefault):
+        args.beam, args.greedy = search["beam"], args.greedy or search["greedy"]
+    if isinstance(args.length_penalty, ModelDefault):
+        args.length_penalty, args.alpha = search["length_penalty"], search["alpha"]
+
+
 def warner(prog: str):
     """A function that prints "PROG: warning: MESSAGE" on stderr, above the progress bar if any."""
     from tqdm import tqdm

@@ -1,5 +1,5 @@
 """`transduce export`: a trained model as a CTranslate2 or Hugging Face MarianMT directory
-(`transduce.export`), or a MarianMT directory back; what each format holds: docs/export.md."""
+(`transduce.export`; back from MarianMT: `transduce import`); what each format holds: docs/export.md."""
 
 from __future__ import annotations
 
@@ -11,27 +11,26 @@ from .options import add_model_args, epilog
 
 DESCRIPTION = """\
 Write MODEL (a run directory, averaged as translate loads it, or a model directory) as
-a CTranslate2 directory (ct2) or a Hugging Face MarianMT one (marian); from-marian reads
-a MarianMT directory back, or one of OPUS-MT's (Helsinki-NLP) as they publish them. Needs 'transduce[ct2]' or 'transduce[hf]'.
+a CTranslate2 directory (ct2) or a Hugging Face MarianMT one (marian), which `transduce
+import` reads back. Needs 'transduce[ct2]' or 'transduce[hf]'.
 details: transduce docs export"""
 EPILOG = epilog(
     "transduce export ct2 runs/multi30k-en-de -o m30k-ct2 --quantization int8",
     "transduce export marian runs/multi30k-en-de -o m30k-marian",
-    "transduce export from-marian m30k-marian -o m30k-back",
 )
-FORMATS = ("ct2", "marian", "from-marian")
+FORMATS = ("ct2", "marian")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("arguments")
-    g.add_argument("format", choices=FORMATS, metavar="FORMAT", help="ct2, marian or from-marian")
-    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model dir (from-marian: a MarianMT dir)")
+    g.add_argument("format", choices=FORMATS, metavar="FORMAT", help="ct2 or marian")
+    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model directory")
     g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the directory to write")
     g.add_argument("--overwrite", action="store_true", help="replace DIR (never MODEL or its vocabulary)")
     g.add_argument("--quantization", choices=("float32", "int8", "int8_float32"), metavar="Q",
                    help="ct2: float32 (default, exact), int8, int8_float32")
     g.add_argument("--max-positions", type=int, metavar="N", help="position table rows (default ct2 1536, marian 1024)")
-    g = parser.add_argument_group("model (ct2 and marian)")
+    g = parser.add_argument_group("model")
     add_model_args(g)
 
 
@@ -46,9 +45,6 @@ def run(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.overwrite:
         raise FileExistsError(f"{args.out}: exists (use --overwrite to replace it)")
     _check_not_replacing_inputs(args)
-    if args.format == "from-marian":
-        require("transformers", "from-marian")
-        return _from_marian(args)
     require("ctranslate2" if args.format == "ct2" else "transformers", f"export {args.format}")
     from ..decoding.ready import load_translation_model
 
@@ -83,7 +79,7 @@ def _check_options_apply(args: argparse.Namespace) -> None:
     given = {"--quantization": args.quantization, "--max-positions": args.max_positions,
              "--checkpoint": args.checkpoint, "--average": args.average, "--vocab": args.vocab,
              "--src-vocab": args.src_vocab, "--tgt-vocab": args.tgt_vocab}
-    unused = {"ct2": (), "marian": ("--quantization",), "from-marian": tuple(given)}[args.format]
+    unused = {"ct2": (), "marian": ("--quantization",)}[args.format]
     for flag in unused:
         if given[flag] is not None:
             raise UsageError(f"{flag} does not apply to `export {args.format}`")
@@ -109,12 +105,3 @@ def _quiet_transformers() -> None:
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-
-
-def _from_marian(args: argparse.Namespace) -> int:
-    from ..export.opus import write_model_dir
-
-    _quiet_transformers()
-    what = write_model_dir(args.model_path, args.out)
-    print(f"wrote {args.out}: transduce model directory from {args.model_path} ({what})")
-    return 0

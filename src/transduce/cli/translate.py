@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from .common import (LineStreams, check_decoding_args, decoding_options, exit_on_sigterm, library_length_penalty,
-                     load_from_args, to_file, warner)
+from .common import (LineStreams, check_decoding_args, decoding_options, exit_on_sigterm, fill_model_search_defaults,
+                     library_length_penalty, load_from_args, model_default, to_file, warner)
 from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
 from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by
 
 DESCRIPTION = """\
 Translate one sentence per line, --input (or stdin) to --out (or stdout), as many
-lines out as in; beam search as in Section 6.1. MODEL: a run directory (the average
-of its last checkpoints) or a model directory.
+lines out as in; beam search as in Section 6.1 (an imported model: as its own
+generate by default). MODEL: a run directory (the average of its last checkpoints)
+or a model directory.
 details: transduce docs decoding (and precision)"""
 EPILOG = epilog(
     "transduce translate runs/base < newstest2014.en > hyp.de",
@@ -43,6 +44,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ct2-compute-type", metavar="TYPE", help="ct2: its precision (default: the exported)")
     decoding = add_decoding_args(parser, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
                                batch_size=DEFAULT_BATCH_SIZE)
+    parser.set_defaults(beam=model_default(DEFAULT_BEAM), length_penalty=model_default("gnmt"),  # an imported
+                        alpha=model_default(DEFAULT_ALPHA))  # model's own replace them (fill_model_search_defaults)
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
     g.add_argument("--split-sentences", choices=SPLIT_MODES, default="off", metavar="S",
                    help="on: a line of several sentences translated a sentence at a time, as many lines out as in; "
@@ -97,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..decoding import translate
 
+    fill_model_search_defaults(args)
     warn = warner(PROG)
     check_args(args)
     if args.file is not None:

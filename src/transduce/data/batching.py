@@ -7,7 +7,8 @@ target tokens."
 `batch_by_tokens` works from the sentence sizes alone: pairs sorted by length, cut into batches
 whose *padded* size, batch_size * longest sentence, stays within `max_tokens` on both sides
 (`max_tokens=25000` is the paper's budget summed over its 8 GPUs). `collate` turns one batch into
-the model's inputs (all right-padded with PAD):
+the model's inputs (all right-padded with PAD; the special ids are the data's, data.json's
+"special_ids", which are its model's, `ModelConfig.special_ids`):
 
     src      (B, S)  stored source, ends with EOS          x1 x2 x3 EOS
     tgt_in   (B, T)  BOS + stored target without its EOS   BOS y1 y2 y3
@@ -29,7 +30,8 @@ import torch
 
 from .indexed import IndexedDataset
 from ..errors import DataError
-from .vocab import BOS, PAD, Vocab
+from ..special_ids import DEFAULT, SpecialIds
+from .vocab import Vocab, open_vocabs
 
 METADATA = "data.json"  # written by `transduce prepare` into the data directory
 
@@ -106,8 +108,8 @@ def batch_for_decoding(sizes: Sequence[int], max_tokens: int, max_sentences: int
     return _pack(order, ordered, ordered, max_tokens, max_sentences)
 
 
-def pad_batch(rows: list[list[int]], pad: int = PAD) -> torch.Tensor:
-    """(len(rows), longest) token ids, right-padded with `pad`: a batch to decode."""
+def pad_batch(rows: list[list[int]], pad: int) -> torch.Tensor:
+    """(len(rows), longest) token ids, right-padded with `pad` (the model's `config.pad_id`): a batch to decode."""
     out = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
     for i, r in enumerate(rows):
         out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
@@ -123,10 +125,10 @@ def _shard(batches: list[np.ndarray], num_shards: int, shard_id: int) -> list[np
     return padded[shard_id::num_shards]
 
 
-def collate(
-    src_list: Sequence[np.ndarray], tgt_list: Sequence[np.ndarray], pad_id: int = PAD, bos_id: int = BOS
-) -> dict:
-    """The model's LongTensors (module docstring), and "ntokens": the non-pad target tokens."""
+def collate(src_list: Sequence[np.ndarray], tgt_list: Sequence[np.ndarray], pad_id: int = DEFAULT.pad,
+            bos_id: int = DEFAULT.bos) -> dict:
+    """The model's LongTensors (module docstring), padded with `pad_id`, the decoder's input starting
+    with `bos_id` (`ParallelDataset.collate`: the data's ids); and "ntokens": the non-pad target tokens."""
     if len(src_list) != len(tgt_list) or not src_list:
         raise ValueError(f"need equal, non-zero numbers of sentences, got {len(src_list)} and {len(tgt_list)}")
     batch, tgt_len = len(src_list), max(len(t) for t in tgt_list)
@@ -147,23 +149,26 @@ def collate(
 
 
 class ParallelDataset:
-    """A source and a target `IndexedDataset` of the same split, pair i = (src[i], tgt[i])."""
+    """A source and a target `IndexedDataset` of the same split, pair i = (src[i], tgt[i]), and the
+    special ids its batches are made with (`ids`)."""
 
-    def __init__(self, src: IndexedDataset, tgt: IndexedDataset):
+    def __init__(self, src: IndexedDataset, tgt: IndexedDataset, ids: SpecialIds = DEFAULT):
         if len(src) != len(tgt):
             raise DataError(f"{len(src)} source but {len(tgt)} target sentences", src.prefix)
-        self.src, self.tgt = src, tgt
+        self.src, self.tgt, self.ids = src, tgt, ids
         self.src_sizes, self.tgt_sizes = src.sizes, tgt.sizes
 
     @classmethod
     def load(cls, data_dir: str | Path, split: str) -> "ParallelDataset":
-        """The split `split` of a `transduce prepare` output directory ({split}.src/.tgt)."""
+        """The split `split` of a `transduce prepare` output directory ({split}.src/.tgt), with
+        the special ids its data.json records (none recorded: `special_ids.DEFAULT`)."""
         data_dir = Path(data_dir)
         if not (data_dir / f"{split}.src.idx").is_file():
             found = sorted(p.name[: -len(".src.idx")] for p in data_dir.glob("*.src.idx"))
             have = f"prepared splits: {', '.join(found)}" if found else "run `transduce prepare` first"
             raise DataError(f"no split {split!r} here ({have})", data_dir)
-        return cls(IndexedDataset(data_dir / f"{split}.src"), IndexedDataset(data_dir / f"{split}.tgt"))
+        ids = data_special_ids(read_metadata(data_dir)) if (data_dir / METADATA).is_file() else DEFAULT
+        return cls(IndexedDataset(data_dir / f"{split}.src"), IndexedDataset(data_dir / f"{split}.tgt"), ids)
 
     def __len__(self) -> int:
         return len(self.src)
@@ -175,9 +180,10 @@ class ParallelDataset:
         """`batch_by_tokens` over this dataset's sizes (same keyword arguments)."""
         return batch_by_tokens(self.src_sizes, self.tgt_sizes, max_tokens, **kwargs)
 
-    def collate(self, indices: Sequence[int], pad_id: int = PAD, bos_id: int = BOS) -> dict:
-        """The tensors of the pairs `indices` (see `collate`)."""
-        return collate([self.src[int(i)] for i in indices], [self.tgt[int(i)] for i in indices], pad_id, bos_id)
+    def collate(self, indices: Sequence[int]) -> dict:
+        """The tensors of the pairs `indices` (see `collate`), with this data's special ids."""
+        return collate([self.src[int(i)] for i in indices], [self.tgt[int(i)] for i in indices], self.ids.pad,
+                       self.ids.bos)
 
 
 def read_metadata(data_dir: str | Path) -> dict:
@@ -196,8 +202,16 @@ def read_metadata(data_dir: str | Path) -> dict:
     return meta
 
 
+def data_special_ids(meta: dict) -> SpecialIds:
+    """The special ids a data.json (or a model directory's) records; none recorded: `special_ids.DEFAULT`."""
+    try:
+        return SpecialIds.from_dict(meta.get("special_ids"))
+    except (TypeError, ValueError) as e:
+        raise DataError(f"its special_ids are not pad, unk, bos, eos ids ({e})", METADATA) from None
+
+
 def load_vocabs(data_dir: str | Path) -> tuple[Vocab, Vocab]:
-    """(source vocabulary, target vocabulary) of a prepared directory (the same object if shared)."""
-    files = read_metadata(data_dir)["vocab"]["files"]
-    src = Vocab(Path(data_dir) / files["src"])
-    return src, src if files["tgt"] == files["src"] else Vocab(Path(data_dir) / files["tgt"])
+    """(source vocabulary, target vocabulary) of a prepared directory, or of a model directory with a
+    data.json (the same object if shared; `vocab.open_vocabs`)."""
+    meta = read_metadata(data_dir)
+    return open_vocabs(meta["vocab"], data_dir, meta.get("special_ids"))

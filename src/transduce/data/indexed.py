@@ -5,8 +5,8 @@
     {prefix}.idx   a numpy .npy file of N + 1 int64 offsets: sentence i is
                    tokens[offsets[i]:offsets[i + 1]]
 
-Each stored sentence is its subword ids followed by EOS, and `sizes` include that EOS. Batching
-needs only `sizes`; `dataset[i]` copies one sentence out of the memory map.
+Each stored sentence is its subword ids followed by EOS (its vocabulary's), and `sizes` include
+that EOS. Batching needs only `sizes`; `dataset[i]` copies one sentence out of the memory map.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import DataError
-from .vocab import EOS
+from ..special_ids import DEFAULT
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -32,9 +32,9 @@ class IndexedWriter:
     `finalize()` renames into place; as a context manager, it finalizes on success and discards
     the files if an exception escapes."""
 
-    def __init__(self, prefix: str | Path, vocab_size: int):
+    def __init__(self, prefix: str | Path, vocab_size: int, eos: int = DEFAULT.eos):
         self.prefix = Path(prefix)
-        self.vocab_size = vocab_size
+        self.vocab_size, self.eos = vocab_size, eos  # `eos`: the vocabulary's (`Vocab.eos`)
         self.dtype = token_dtype(vocab_size)
         self.bin_path = self.prefix.with_name(self.prefix.name + ".bin")
         self.idx_path = self.prefix.with_name(self.prefix.name + ".idx")
@@ -56,14 +56,14 @@ class IndexedWriter:
             return
         sizes = np.fromiter((len(s) + 1 for s in sentences), dtype=np.int64, count=len(sentences))
         ends = np.cumsum(sizes)
-        tokens = np.full(int(ends[-1]), EOS, dtype=np.int64)
+        tokens = np.full(int(ends[-1]), self.eos, dtype=np.int64)
         is_word = np.ones(len(tokens), dtype=bool)
         is_word[ends - 1] = False  # the EOS positions
         tokens[is_word] = np.fromiter(chain.from_iterable(sentences), dtype=np.int64, count=int(is_word.sum()))
         if tokens.min() < 0 or tokens.max() >= self.vocab_size:
             raise ValueError(f"token id out of range [0, {self.vocab_size}) for {self.prefix}")
-        if (tokens[is_word] == EOS).any():
-            raise ValueError(f"sentence contains EOS ({EOS}); add() appends it itself")
+        if (tokens[is_word] == self.eos).any():
+            raise ValueError(f"sentence contains EOS ({self.eos}); add() appends it itself")
         self._file.write(tokens.astype(self.dtype).tobytes())
         self._sizes.append(sizes)
         self.num_sentences += len(sentences)

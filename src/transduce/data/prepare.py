@@ -29,9 +29,7 @@ from .batching import METADATA
 from .datasets import fetch, get_dataset
 from .indexed import IndexedWriter
 from .text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO, FilterReport, filter_reason, read_lines, read_parallel
-from .vocab import (
-    BOS, DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE, EOS, PAD, UNK, Vocab, train_vocab,
-)
+from .vocab import DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE, Vocab, train_vocab
 
 CHUNK = 10_000  # lines encoded at a time
 
@@ -125,7 +123,7 @@ def prepare(
             "tgt_lang": tgt_lang,
             **(extra or {}),
             "vocab": vocab_meta,
-            "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
+            "special_ids": tgt_vocab.ids.to_dict(),  # the vocabulary's: its model's (`ModelConfig.special_ids`)
             "filter": {"max_len": max_len, "max_ratio": max_ratio, "applies_to": ["train"]},
             "splits": split_meta,
             "seconds": round(time.perf_counter() - start, 1),
@@ -192,8 +190,8 @@ def _binarize(split: Split, src_vocab: Vocab, tgt_vocab: Vocab, out_dir: Path, *
     bar = tqdm(desc=f"binarize {split.name}", unit=" lines", unit_scale=True, disable=not progress, mininterval=1)
     line = 0
     with (
-        IndexedWriter(out_dir / f"{split.name}.src", len(src_vocab)) as src_out,
-        IndexedWriter(out_dir / f"{split.name}.tgt", len(tgt_vocab)) as tgt_out,
+        IndexedWriter(out_dir / f"{split.name}.src", len(src_vocab), src_vocab.eos) as src_out,
+        IndexedWriter(out_dir / f"{split.name}.tgt", len(tgt_vocab), tgt_vocab.eos) as tgt_out,
         bar,
     ):
         for chunk in _chunks(read_parallel(split.src, split.tgt), CHUNK):

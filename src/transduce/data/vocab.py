@@ -1,16 +1,21 @@
-"""Subword vocabularies: sentencepiece BPE models with fixed special ids.
+"""Subword vocabularies: sentencepiece models, and an imported Marian model's vocabulary, each with
+its special ids (`Vocab.ids`: `transduce.special_ids`).
 
 Section 5.1: "Sentences were encoded using byte-pair encoding, which has a shared source-target
-vocabulary of about 37000 tokens" (En-De). The special ids are the same in every vocabulary
-(`transduce.special_ids`: PAD, UNK, BOS, EOS, importable from here too).
+vocabulary of about 37000 tokens" (En-De). The vocabularies transduce trains (`train_vocab`) have
+the default layout, `special_ids.DEFAULT` (PAD, UNK, BOS, EOS, importable from here too); a
+sentencepiece model of another layout is read with its own ids, and a Marian model's vocabulary
+(`MarianVocab`: its vocab.json and sentencepiece model, as OPUS-MT publishes them) with Marian's.
+`vocab_record` and `open_vocabs` write and read what data.json (and an export's transduce.json)
+says of a model's two vocabularies.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -18,7 +23,7 @@ import sentencepiece as spm
 import torch
 
 from ..errors import DataError
-from ..special_ids import BOS, EOS, PAD, UNK
+from ..special_ids import BOS, DEFAULT, EOS, PAD, UNK, SpecialIds  # noqa: F401 - PAD .. EOS: DEFAULT's, re-exported
 
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
@@ -75,10 +80,10 @@ def train_vocab(
             character_coverage=character_coverage,
             input_sentence_size=sample_size,
             shuffle_input_sentence=True,
-            pad_id=PAD,
-            unk_id=UNK,
-            bos_id=BOS,
-            eos_id=EOS,
+            pad_id=DEFAULT.pad,
+            unk_id=DEFAULT.unk,
+            bos_id=DEFAULT.bos,
+            eos_id=DEFAULT.eos,
             **{f"{name}_piece": piece for name, piece in SPECIAL_PIECES.items()},
             num_threads=num_threads or os.cpu_count() or 1,
             minloglevel=2,  # sentencepiece logs every step at INFO; errors still raise
@@ -100,28 +105,27 @@ def train_vocab(
 
 
 class Vocab:
-    """A trained sentencepiece model: text <-> subword ids, with the fixed special ids. `Vocab(path)`
-    of a file `write_marian_vocab` wrote opens a `MarianVocab` (an imported OPUS-MT model's)."""
-
-    def __new__(cls, path: str | Path | None = None):  # None: unpickling
-        if cls is Vocab and path is not None and is_marian_vocab(path):
-            return super().__new__(MarianVocab)
-        return super().__new__(cls)
+    """A sentencepiece model: text <-> subword ids, with the special ids it defines (`ids`; those
+    of the vocabularies `train_vocab` makes are `special_ids.DEFAULT`)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError("no such vocabulary file", self.path)
+        if _is_old_marian_vocab(self.path):
+            raise DataError("the vocabulary of a model imported by an earlier transduce: import the model again "
+                            "(`transduce import`), which keeps Marian's own files", self.path)
         try:
             self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
         except (OSError, RuntimeError):
             raise DataError("not a sentencepiece model", self.path) from None
-        found = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
-        if found != (PAD, UNK, BOS, EOS):
-            raise DataError(
-                f"special ids (pad, unk, bos, eos) are {found}, expected {(PAD, UNK, BOS, EOS)}: "
-                "train it with transduce", self.path
-            )
+        found = SpecialIds(self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        missing = [name for name, i in found.to_dict().items() if i < 0]
+        if missing:
+            raise DataError(f"no {', '.join(missing)} piece (special ids {found.to_dict()}): "
+                            "train the vocabulary with transduce", self.path)
+        self.ids = found
+        self.files = [self.path]  # what the vocabulary is, on disk (copied by the exports and imports)
 
     def encode(self, text: str) -> list[int]:
         """Subword ids of one sentence, without BOS or EOS."""
@@ -142,68 +146,87 @@ class Vocab:
         """(V,) bool: which pieces begin a word (sentencepiece marks them with "▁")."""
         return torch.tensor([self.sp.id_to_piece(i).startswith("▁") for i in range(len(self))])
 
-    pad, unk, bos, eos = PAD, UNK, BOS, EOS
+    @property
+    def pad(self) -> int:
+        return self.ids.pad
+
+    @property
+    def unk(self) -> int:
+        return self.ids.unk
+
+    @property
+    def bos(self) -> int:
+        return self.ids.bos
+
+    @property
+    def eos(self) -> int:
+        return self.ids.eos
 
     def __repr__(self) -> str:
-        return f"Vocab({str(self.path)!r}, size={len(self)})"
+        return f"{type(self).__name__}({str(self.path)!r}, size={len(self)})"
 
 
-# -- Imported MarianMT (OPUS-MT) vocabularies -------------------------------------------------
+def _is_old_marian_vocab(path: Path) -> bool:
+    """Whether `path` is the one-file JSON vocabulary an earlier transduce wrote for an imported model."""
+    with open(path, "rb") as f:
+        return f.read(32).startswith(b'{"format": "transduce-marian-voc')
 
-MARIAN_VOCAB_FORMAT = "transduce-marian-vocab"
+
+# -- A Marian model's vocabulary (OPUS-MT's), as it is ------------------------------------------
+
 MARIAN_SPECIALS = ("</s>", "<unk>", "<pad>")
 """The pieces MarianTokenizer keeps whole wherever they occur in the text, and drops when decoding."""
 
 
-def marian_order(vocab: dict[str, int], pad_id: int, eos_id: int, start_id: int) -> list[int | None]:
-    """The Marian id of each transduce id: PAD a row of its own (None) where Marian pads with its
-    decoder's start token (OPUS-MT's PAD), else Marian's PAD; UNK Marian's `<unk>`; BOS Marian's
-    start token; EOS Marian's; then every other id in Marian's order."""
-    specials = [None if pad_id == start_id else pad_id, vocab["<unk>"], start_id, eos_id]
-    return specials + sorted(set(vocab.values()) - set(specials))
-
-
-def write_marian_vocab(path: str | Path, spm_model: bytes, vocab: dict[str, int], order: list[int | None]) -> Path:
-    """One self-contained file: the sentencepiece model of one side, and MarianTokenizer's
-    vocab.json renumbered by `order` (`marian_order`). `Vocab(path)` opens it as a `MarianVocab`."""
-    index = {m: t for t, m in enumerate(order) if m is not None}
-    by_id = {i: p for p, i in vocab.items()}
-    names = list(SPECIAL_PIECES.values()) + [by_id[m] for m in order[len(SPECIAL_PIECES):]]
-    data = {"format": MARIAN_VOCAB_FORMAT, "version": 1, "pieces": names, "ids": {p: index[i] for p, i in vocab.items()},
-            "spm": base64.b64encode(spm_model).decode("ascii")}
-    Path(path).write_text(json.dumps(data, ensure_ascii=False) + "\n", encoding="utf-8")
-    return Path(path)
-
-
-def is_marian_vocab(path: str | Path) -> bool:
-    """Whether `path` is a file `write_marian_vocab` wrote (a JSON object; sentencepiece models are protobuf)."""
+def read_marian_pieces(path: str | Path) -> dict[str, int]:
+    """A Marian vocab.json (piece -> id, every id 0 .. V-1 once, an `<unk>`), or a one-line DataError."""
+    path = Path(path)
     try:
-        with open(path, "rb") as f:
-            return f.read(len(MARIAN_VOCAB_FORMAT) + 16).startswith(b'{"format": "' + MARIAN_VOCAB_FORMAT.encode())
-    except OSError:
-        return False
+        pieces = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"not JSON ({e})", path) from None
+    if not isinstance(pieces, dict) or not all(isinstance(i, int) for i in pieces.values()):
+        raise DataError("not MarianTokenizer's vocabulary (a JSON object of pieces to ids)", path)
+    if sorted(pieces.values()) != list(range(len(pieces))):
+        raise DataError(f"its ids are not 0 .. {len(pieces) - 1}, each once", path)
+    missing = [p for p in MARIAN_SPECIALS if p not in pieces]
+    if missing:
+        raise DataError(f"no {' or '.join(missing)} piece (MarianTokenizer's special pieces)", path)
+    return pieces
 
 
 class MarianVocab(Vocab):
-    """An imported MarianMT model's vocabulary for one side, in transduce's id layout: text is
+    """One side of a Marian model's vocabulary as OPUS-MT publishes it, read where it lies: its
+    sentencepiece model (`spm_path`, source.spm or target.spm) and Marian's ids of the pieces
+    (`pieces_path`, vocab.json, or target_vocab.json for a separate target vocabulary). Text is
     encoded as MarianTokenizer encodes it (`</s>`, `<unk>`, `<pad>` kept whole; a leading `>>xx<<`
-    target-language token kept as one token; the rest through this side's sentencepiece model,
-    its pieces looked up in vocab.json, unknown ones UNK) and decoded as MarianTokenizer decodes
-    with `skip_special_tokens=True` (the specials and UNK dropped). `sp` is the vocabulary
+    target-language token kept as one token; the rest through the sentencepiece model, its pieces
+    looked up in vocab.json, unknown ones `<unk>`) and decoded as MarianTokenizer decodes with
+    `skip_special_tokens=True` (the specials dropped). The special ids are Marian's: `</s>`, `<unk>`,
+    `<pad>`, and the decoder's start `bos` (Marian's decoder_start_token_id; default `<s>` where
+    the vocabulary has one, else `<pad>`, as OPUS-MT's models start). `sp` is the vocabulary
     itself, for the piece look-ups callers make on a sentencepiece processor."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, spm_path: str | Path, pieces_path: str | Path, bos: int | None = None):
+        self.path, self.pieces_path = Path(spm_path), Path(pieces_path)
+        self.ids_of = read_marian_pieces(self.pieces_path)
+        if not self.path.is_file():
+            raise DataError("no such vocabulary file", self.path)
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            self._spm = spm.SentencePieceProcessor(model_proto=base64.b64decode(data["spm"]))
-            self.pieces, self.ids = list(data["pieces"]), dict(data["ids"])
-        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-            raise DataError(f"not a MarianMT vocabulary written by transduce ({type(e).__name__})", self.path) from None
+            self._spm = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError):
+            raise DataError("not a sentencepiece model", self.path) from None
+        self.pieces = sorted(self.ids_of, key=self.ids_of.__getitem__)
+        get = self.ids_of.get
+        self.ids = SpecialIds(pad=get("<pad>"), unk=get("<unk>"), bos=get("<s>", get("<pad>")) if bos is None else bos,
+                              eos=get("</s>"))
+        if not 0 <= self.ids.bos < len(self.pieces):
+            raise DataError(f"the decoder's start id {self.ids.bos} is not an id of this vocabulary", self.pieces_path)
+        self.files = [self.path, self.pieces_path]
         self.sp = self
-        self._specials = {p: self.ids[p] for p in MARIAN_SPECIALS if p in self.ids}
-        self._skip = {PAD, BOS, EOS, UNK} | set(self._specials.values())
-        self._split = re.compile("(" + "|".join(map(re.escape, self._specials)) + ")" if self._specials else "(?!)")
+        self._specials = {p: self.ids_of[p] for p in MARIAN_SPECIALS}
+        self._skip = set(self._specials.values())
+        self._split = re.compile("(" + "|".join(map(re.escape, self._specials)) + ")")
 
     def _chunks(self, text: str) -> list[str]:
         """The text split around the special pieces (MarianTokenizer's added tokens), empty parts dropped."""
@@ -215,6 +238,7 @@ class MarianVocab(Vocab):
         codes, rest = zip(*map(_language_code, plain)) if plain else ((), ())
         pieces = iter(self._spm.encode(list(rest), out_type=str, num_threads=num_threads or os.cpu_count() or 1))
         codes = iter(codes)
+        unk, get = self.ids.unk, self.ids_of.get
         out = []
         for cs in chunks:
             ids: list[int] = []
@@ -222,12 +246,12 @@ class MarianVocab(Vocab):
                 if c in self._specials:
                     ids.append(self._specials[c])
                 else:
-                    ids += [self.ids.get(p, UNK) for p in next(codes) + next(pieces)]
+                    ids += [get(p, unk) for p in next(codes) + next(pieces)]
             out.append(ids)
         return out
 
     def encode(self, text: str) -> list[int]:
-        """Subword ids of one sentence, without EOS (MarianTokenizer's ids, renumbered)."""
+        """MarianTokenizer's ids of one sentence, without its EOS."""
         return self.encode_batch([text], 1)[0]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -245,13 +269,10 @@ class MarianVocab(Vocab):
         return self.pieces[int(i)]
 
     def piece_to_id(self, piece: str) -> int:
-        return self.ids.get(piece, UNK)
+        return self.ids_of.get(piece, self.ids.unk)
 
     def word_starts(self) -> torch.Tensor:
         return torch.tensor([p.startswith("\u2581") for p in self.pieces])
-
-    def __repr__(self) -> str:
-        return f"MarianVocab({str(self.path)!r}, size={len(self)})"
 
 
 def _language_code(text: str) -> tuple[list[str], str]:
@@ -259,3 +280,58 @@ def _language_code(text: str) -> tuple[list[str], str]:
     if text.startswith(">>") and (end := text.find("<<")) != -1:
         return [text[: end + 2]], text[end + 2:]
     return [], text
+
+
+# -- What data.json says of a model's two vocabularies ------------------------------------------
+
+
+def shares_ids(src: Vocab, tgt: Vocab) -> bool:
+    """Whether the two sides number their pieces alike: one vocabulary (3.4's shared embeddings
+    possible); for Marian's, one vocab.json (its two sentencepiece models may differ)."""
+    if isinstance(src, MarianVocab) or isinstance(tgt, MarianVocab):
+        return isinstance(src, MarianVocab) and isinstance(tgt, MarianVocab) and src.pieces_path == tgt.pieces_path
+    return src is tgt or src.path == tgt.path
+
+
+def vocab_record(src: Vocab, tgt: Vocab, names: dict[str, str] | None = None) -> tuple[dict, dict[Path, str]]:
+    """(data.json's "vocab" record, {file: the name it is copied under}) of a model's two
+    vocabularies: sentencepiece models under `names` ({"src": ..., "tgt": ...}; default spm.model,
+    or spm.src.model and spm.tgt.model); a Marian vocabulary's files under their own names."""
+    shared = shares_ids(src, tgt)
+    record: dict = {"shared": shared, "size": {"src": len(src), "tgt": len(tgt)}}
+    if isinstance(src, MarianVocab) and isinstance(tgt, MarianVocab):
+        record.update(type="marian", files={"src": src.path.name, "tgt": tgt.path.name},
+                      pieces={"src": src.pieces_path.name, "tgt": tgt.pieces_path.name})
+        copies = {f: f.name for f in src.files + tgt.files}
+        if len(set(copies.values())) != len(copies):
+            raise ValueError(f"two of the vocabulary files have one name: {', '.join(map(str, copies))}")
+        return record, copies
+    if isinstance(src, MarianVocab) or isinstance(tgt, MarianVocab):
+        raise ValueError("a Marian vocabulary on one side only")
+    if names is None:
+        names = {"src": "spm.model", "tgt": "spm.model"} if shared else {"src": "spm.src.model", "tgt": "spm.tgt.model"}
+    record["files"] = dict(names)
+    return record, {src.path: names["src"], tgt.path: names["tgt"]}
+
+
+def copy_vocabs(src: Vocab, tgt: Vocab, directory: str | Path, names: dict[str, str] | None = None) -> dict:
+    """Copy the files of a model's two vocabularies, as they are, into `directory`; return the record
+    (`vocab_record`) that `open_vocabs` reads them back with."""
+    record, copies = vocab_record(src, tgt, names)
+    for f, name in copies.items():
+        shutil.copy(f, Path(directory) / name)
+    return record
+
+
+def open_vocabs(record: dict, home: str | Path, special_ids: dict | None = None) -> tuple[Vocab, Vocab]:
+    """(source, target) vocabulary that a data.json "vocab" `record` names in `home` (the same object
+    where shared); `special_ids`: data.json's record of them (for a Marian vocabulary, the decoder's start)."""
+    home, files = Path(home), record["files"]
+    if record.get("type") == "marian":
+        bos = (special_ids or {}).get("bos")
+        pieces = record["pieces"]
+        src = MarianVocab(home / files["src"], home / pieces["src"], bos)
+        same = (files["tgt"], pieces["tgt"]) == (files["src"], pieces["src"])
+        return src, src if same else MarianVocab(home / files["tgt"], home / pieces["tgt"], bos)
+    src = Vocab(home / files["src"])
+    return src, src if files["tgt"] == files["src"] else Vocab(home / files["tgt"])

@@ -15,7 +15,7 @@ import torch
 
 from ..config import Config
 from ..data.batching import pad_batch
-from ..data.vocab import BOS, EOS, PAD, Vocab
+from ..data.vocab import Vocab, open_vocabs
 from .search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET, beam_search, greedy_decode
 from .search import length_penalty as paper_length_penalty
 from ..export.ct2 import INFO, is_ct2_dir, pieces
@@ -45,15 +45,15 @@ class TorchSearch:
     def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
         model = self.model
         param = next(model.parameters())
-        src = pad_batch(sources, getattr(model.config, "pad_id", PAD)).to(param.device)
+        src = pad_batch(sources, model.config.pad_id).to(param.device)
         autocast = (torch.autocast(device_type=param.device.type, dtype=torch.bfloat16)
                     if self.bf16 and param.dtype != torch.bfloat16 else contextlib.nullcontext())  # bf16 weights need none
         with torch.inference_mode(), autocast:
             if self.greedy:
-                outs = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_offset=self.max_len_offset)
+                outs = greedy_decode(model, src, max_len_offset=self.max_len_offset)  # the model's special ids
                 return [[Candidate(o, math.nan, math.nan, one_line(self.tgt_vocab.decode(o)))] for o in outs]
             hyps = beam_search(model, src, beam_size=self.beam, alpha=self.alpha, max_len_offset=self.max_len_offset,
-                               n_best=self.n_best, bos_id=BOS, eos_id=EOS, constraint=self.constraint,
+                               n_best=self.n_best, constraint=self.constraint,
                                penalty=self.penalty)
         for hs in hyps:
             for h in hs:
@@ -127,9 +127,8 @@ def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str 
         raise FileNotFoundError(f"{path}: not a CTranslate2 model written by `transduce export ct2` "
                                 f"(no {INFO} and model.bin)")
     info = json.loads((path / INFO).read_text(encoding="utf-8"))
-    files = info["vocab"]["files"]
-    sv = Vocab(path / files["src"])
-    tv = sv if files["tgt"] == files["src"] else Vocab(path / files["tgt"])
+    config = Config.from_dict(info["config"])
+    sv, tv = open_vocabs(info["vocab"], path, {"bos": config.model.bos_id})
     device = str(device or "auto")
     if device == "auto":
         try:
@@ -139,7 +138,7 @@ def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str 
     index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
     translator = ctranslate2.Translator(str(path), device=device.split(":")[0], device_index=index,
                                         compute_type=compute_type, intra_threads=threads)
-    return CT2Model(translator, Config.from_dict(info["config"]), sv, tv, f"CTranslate2 model {path} ({info['quantization']}"
+    return CT2Model(translator, config, sv, tv, f"CTranslate2 model {path} ({info['quantization']}"
                     f"{'' if compute_type == 'default' else ', computed ' + compute_type})", int(info["max_positions"]),
                     info["quantization"], translator.compute_type)
 
@@ -160,8 +159,9 @@ class CT2Search:
         model, greedy, alpha = self.model, self.greedy, self.alpha
         src_pieces, tgt_pieces = pieces(model.src_vocab), pieces(model.tgt_vocab)
         tgt_ids = {p: i for i, p in enumerate(tgt_pieces)}
-        eos_piece = tgt_pieces[EOS]
-        suppress = [[tgt_pieces[PAD]], [tgt_pieces[BOS]]]  # never real output tokens (as transduce.decoding.search)
+        ids = model.config.model.special_ids
+        eos_piece = tgt_pieces[ids.eos]
+        suppress = [[tgt_pieces[ids.pad]], [tgt_pieces[ids.bos]]]  # never real output tokens (as transduce.decoding.search)
         source = [[src_pieces[t] for t in toks[:-1]] for toks in sources]  # CT2 adds the EOS
         max_lens = [len(toks) + self.max_len_offset for toks in sources]  # tokens with EOS, per sentence
         lp = 0.0 if greedy or alpha == 0 else alpha

@@ -22,6 +22,7 @@ from ..fast.decode import decode_attention, pack_weights, unpack_weights
 from ..memory import bound_kernel_caches
 from ..model import MultiHeadAttention, Transformer
 from ..precision import Choice, choose_decoding_precision
+from .generation import Generation, find_generation
 from .streaming import choose_workers
 
 
@@ -62,6 +63,7 @@ class LoadedModel:
     src_vocab: Vocab
     tgt_vocab: Vocab
     description: str  # What was loaded, for the user (a checkpoint, or the average of the last ones)
+    generation: Generation | None = None  # An imported model's own settings, its languages (generation.json)
     precision: object = None  # its `transduce.precision.Choice`; it and the workers set by `load_for_decoding`
     metadata: dict | None = None  # The data.json found beside the model (e.g. "task": "parsing"), if any
     workers: int = 1
@@ -164,4 +166,9 @@ def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = 
             f"vocabulary sizes ({len(sv)} source, {len(tv)} target) do not match the model's "
             f"({mc.src_vocab_size}, {mc.target_vocab_size}): wrong --vocab?"
         )
-    return LoadedModel(model, config, sv, tv, what, metadata=find_metadata(resolved.search_dirs))
+    ids = mc.special_ids
+    if (tv.pad, tv.eos) != (ids.pad, ids.eos):
+        raise ValueError(f"the target vocabulary's PAD and EOS are ids {tv.pad} and {tv.eos}, the model's {ids.pad} and "
+                         f"{ids.eos}: wrong --vocab?")
+    return LoadedModel(model, config, sv, tv, what, metadata=find_metadata(resolved.search_dirs),
+                       generation=find_generation(resolved.search_dirs))

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..data.vocab import BOS, EOS
 from ..model import Transformer, padding_mask
 
 DEFAULT_BEAM = 4  # 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6"
@@ -23,13 +22,14 @@ def greedy_decode(
     model: Transformer,
     src: Tensor,
     *,
-    bos_id: int = BOS,
-    eos_id: int = EOS,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
     max_len_offset: int = 50,
 ) -> list[list[int]]:
     """Greedy search for a batch of right-padded sources (B, S): per sentence, the output ids
-    without BOS/EOS. Finished sentences leave the batch and the cache."""
-    pad_id = model.config.pad_id
+    without BOS/EOS (by default the model's, `config.bos_id`, `config.eos_id`). Finished sentences
+    leave the batch and the cache."""
+    pad_id, bos_id, eos_id = _special_ids(model, bos_id, eos_id)
     src_mask = padding_mask(src, pad_id)
     memory = model.encode(src, src_mask)
     max_lens = src_mask.sum(dim=(1, 2, 3)) + max_len_offset  # (B,) input length + b
@@ -54,6 +54,12 @@ def greedy_decode(
             alive, nxt = alive[keep], nxt[keep]
         last = nxt[:, None]
     return outputs
+
+
+def _special_ids(model, bos_id: int | None, eos_id: int | None) -> tuple[int, int, int]:
+    """(pad, start, end) of a search: the model's (`ModelConfig.special_ids`) where not given, read once per batch."""
+    c = model.config
+    return c.pad_id, c.bos_id if bos_id is None else bos_id, c.eos_id if eos_id is None else eos_id
 
 
 LENGTH_PENALTIES = ("paper", "hf")
@@ -167,8 +173,8 @@ def beam_search(
     alpha: float = 0.6,
     max_len_offset: int = 50,
     n_best: int = 1,
-    bos_id: int = BOS,
-    eos_id: int = EOS,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
     early_stop: bool = True,
     constraint=None,
     penalty: str = "paper",
@@ -188,7 +194,8 @@ def beam_search(
     * finished sentences leave the batch (and the cache), so later steps do less work;
     * PAD and BOS are never generated (their probability mass is not renormalised away).
 
-    `model`: `config.pad_id`, `encode`, `init_cache`, `decode_step`; its cache: `repeat_rows`, `reorder`.
+    `model`: `config.pad_id`, `.bos_id`, `.eos_id` (the start and end tokens unless `bos_id`, `eos_id`
+    are given), `encode`, `init_cache`, `decode_step`; its cache: `repeat_rows`, `reorder`.
     Returns, per sentence, the `n_best` best finished hypotheses, best first. `early_stop=False`
     searches to the maximum length (testing that stopping early is exact). `constraint` (not in
     the paper) restricts each hypothesis's next symbols: `start(src, k)`, `allowed(state)` ->
@@ -199,6 +206,7 @@ def beam_search(
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), not {n_best}")
     if penalty not in LENGTH_PENALTIES:
         raise ValueError(f"the length penalty must be one of {', '.join(LENGTH_PENALTIES)}, not {penalty!r}")
+    _, bos_id, eos_id = _special_ids(model, bos_id, eos_id)
     beams = prefill(model, src, beam_size, max_len_offset, bos_id, eos_id, constraint)
     beams.penalty = penalty
     for t in range(beams.max_len):  # t + 1 = tokens generated so far including this step's

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from ..data.batching import batch_for_decoding
-from ..data.vocab import EOS, Vocab
+from ..data.vocab import Vocab
 from .search import DEFAULT_MAX_LEN_OFFSET, Hypothesis
 from ..memory import Trimmer
 
@@ -98,7 +98,7 @@ def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str
                 warn(f"{source_name}:{first_line + i}: {len(toks)} subword tokens, more than the limit "
                      f"of {limit}: translating the first {limit} only")
             toks = toks[:limit]
-        out.append(toks + [EOS] if toks else [])
+        out.append(toks + [src_vocab.eos] if toks else [])
     return out
 
 

@@ -5,15 +5,15 @@ setter per part, `build_spec` (CTranslate2's Hugging Face path would start the d
 Two traps (docs/export.md): CTranslate2's own sinusoids are [sin | cos] halves where 3.5's
 interleave, so the position table is always written; its length penalty is |Y|^alpha, so
 `length_penalty="paper"` ranks all `beam` finished hypotheses by ((5 + |Y|) / 6)^alpha (6.1).
-The directory also holds the sentencepiece model(s) and transduce.json, so that `--engine ct2
-DIR` needs nothing else.
+The special tokens are the model's (`ModelConfig.special_ids`: its start token, its EOS), named by
+their pieces. The directory also holds the vocabulary's files as they are and transduce.json, so
+that `--engine ct2 DIR` needs nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ import torch
 
 from ..checkpoint import atomic_dir
 from ..config import Config
-from ..data.vocab import SPECIAL_PIECES, Vocab
+from ..data.vocab import Vocab, copy_vocabs
 from ..extras import require
 from ..model import Transformer, sinusoidal_positions
 
@@ -131,9 +131,10 @@ def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pi
     _set_linear(spec.decoder.projection, out, model.output_bias)  # output_bias: Marian's (not the paper)
 
     spec.config.layer_norm_epsilon = c.layer_norm_eps
-    spec.config.unk_token, spec.config.bos_token = SPECIAL_PIECES["unk"], SPECIAL_PIECES["bos"]
-    spec.config.eos_token = SPECIAL_PIECES["eos"]
-    spec.config.decoder_start_token = SPECIAL_PIECES["bos"]  # transduce's decoder starts with BOS
+    ids = c.special_ids
+    spec.config.unk_token, spec.config.bos_token = tgt_pieces[ids.unk], tgt_pieces[ids.bos]
+    spec.config.eos_token = tgt_pieces[ids.eos]
+    spec.config.decoder_start_token = tgt_pieces[ids.bos]  # the model's start token (Marian's: its PAD)
     spec.config.add_source_eos = True  # sources end with EOS (5.1's stored sentences)
     spec.register_source_vocabulary(src_pieces)
     spec.register_target_vocabulary(tgt_pieces)
@@ -171,15 +172,11 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
     with atomic_dir(out) as tmp:
         converter = TransduceConverter(model.float(), config, src_vocab, tgt_vocab, max_positions)
         converter.convert(str(tmp), quantization=quantization, force=True)
-        shared = src_vocab.path == tgt_vocab.path or src_vocab is tgt_vocab
-        files = {"src": "spm.model", "tgt": "spm.model"} if shared else {"src": "spm.src.model", "tgt": "spm.tgt.model"}
-        shutil.copy(src_vocab.path, tmp / files["src"])
-        if not shared:
-            shutil.copy(tgt_vocab.path, tmp / files["tgt"])
+        record = copy_vocabs(src_vocab, tgt_vocab, tmp)
         c = config.model
         rows = max_positions or (c.max_positions if c.positional == "learned" else DEFAULT_SINUSOID_POSITIONS)
         info = {"format": "transduce-ct2", "version": 1, "quantization": quantization, "max_positions": rows,
-                "vocab": {"shared": shared, "files": files}, "exported_from": description, "config": config.to_dict()}
+                "vocab": record, "exported_from": description, "config": config.to_dict()}
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return out
 

@@ -42,6 +42,9 @@ HANDLED = {
     "activation": "ReLU inside W_1's packed product (else after it), swish after W_1, as the model's FFN",
     "output_bias": "the model's logits bias, added after the projection, None or not",
 }
+    "unk_id": "not read by a step",
+    "bos_id": "the search's first input, a token as any other to the step",
+    "eos_id": "read by the search, not by a step",
 """The `ModelConfig` fields the step computes as the model does, and how."""
 
 FALLBACK = {"word_positions": False, "attention_window": None}

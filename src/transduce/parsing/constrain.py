@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..data.vocab import EOS
 from .trees import UNKNOWN, is_leaf_symbol
 
 OTHER, OPEN, CLOSE, LEAF = 0, 1, 2, 3
@@ -52,6 +51,7 @@ class TreeConstraint:
             kind = {"(": OPEN, ")": CLOSE}.get(p[:1], LEAF if is_leaf_symbol(p, tags) else OTHER)
             kinds.append(OTHER if i in specials or p in UNKNOWN else kind)
             labels.append(names.setdefault(p[1:], len(names)) if kinds[-1] in (OPEN, CLOSE) else -1)
+        self.eos = tgt_vocab.eos
         self.kind = torch.tensor(kinds)
         self.label = torch.tensor(labels)
         self.max_depth = max_depth
@@ -90,7 +90,7 @@ class TreeConstraint:
         out |= (kind == OPEN) & can_open[..., None]
         out |= (kind == LEAF) & can_leaf[..., None]
         out |= (kind == CLOSE) & can_close[..., None] & (label == cur_label[..., None])
-        out[..., EOS] = s.done
+        out[..., self.eos] = s.done
         return out
 
     def advance(self, s: ConstraintState, parent: Tensor, token: Tensor) -> ConstraintState:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..data.vocab import PAD
 from ..fast import ops
+from ..special_ids import DEFAULT
 
 
 def label_smoothed_nll(
-    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = PAD, reduction: str = "sum",
+    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = DEFAULT.pad, reduction: str = "sum",
     exclude: tuple[int, ...] | list[int] = (),
 ) -> tuple[Tensor, Tensor]:
     """Cross-entropy against the smoothed distribution q = (1 - eps) * onehot + eps / K on the
@@ -20,9 +20,9 @@ def label_smoothed_nll(
     `exclude`: classes that receive no smoothing mass; the trainer passes PAD and BOS, which the
     model never emits (with `exclude=()` the mass is spread over all V classes, as
     `F.cross_entropy(label_smoothing=eps)` does). logits (B, T, V), target (B, T); padding
-    positions contribute nothing. Returns (loss, nll), the smoothed loss that is optimised and the
-    plain negative log-likelihood, fp32 (fp64 for fp64 logits), summed over non-pad tokens
-    (`reduction='sum'`) or averaged over them (`'mean'`).
+    positions (`pad_id`, the model's `config.pad_id`) contribute nothing. Returns (loss, nll), the
+    smoothed loss that is optimised and the plain negative log-likelihood, fp32 (fp64 for fp64
+    logits), summed over non-pad tokens (`reduction='sum'`) or averaged over them (`'mean'`).
 
     With lse = log sum_v exp(z_v), nll = lse - z_y and smooth = lse - mean_{v not excluded} z_v,
     loss = (1 - eps) nll + eps smooth, whose gradient is softmax(z) - q: computed a block of rows

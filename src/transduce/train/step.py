@@ -15,7 +15,6 @@ from torch import Tensor, nn
 
 from ..config import Config, ModelConfig
 from ..data.batching import ParallelDataset
-from ..data.vocab import BOS, PAD
 from ..errors import UsageError
 from ..fast.train import fast_attention, fast_dropout
 from ..memory import widen_kernel_cache
@@ -155,8 +154,8 @@ def train_step(
     precision: str = "fp32",
     scaler=None,
     clip_norm: float = 0.0,
-    pad_id: int = PAD,
-    smooth_exclude: tuple[int, ...] = (PAD, BOS),
+    pad_id: int | None = None,
+    smooth_exclude: tuple[int, ...] | None = None,
 ) -> StepResult:
     """One optimizer step on `micro_batches` (collated batches on the model's device), read top to
     bottom: the rate `lr` (equation 3, 5.3; None: as set), then for each micro-batch forward under
@@ -171,7 +170,11 @@ def train_step(
     With DDP, gradients are all-reduced on the last micro-batch only (`no_sync()` on the others).
 
     A step whose loss or gradient norm is not finite is not taken: no parameter and no optimizer
+
+    `pad_id` (the padding the loss ignores) and `smooth_exclude` (the classes given no smoothing
+    mass) default to the model's: `config.pad_id`, and (`config.pad_id`, `config.bos_id`).
     state changes (`StepResult.updated` False; one host sync per step, as a GradScaler's, and with
+    pad_id, smooth_exclude = loss_ids(model, pad_id, smooth_exclude)
     several processes one small all-reduce so that all skip together).
     """
     env = env or DistEnv(device=micro_batches[0]["src"].device)
@@ -214,6 +217,13 @@ def train_step(
             optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(sums, grad_norm.detach(), updated)
+def loss_ids(model: nn.Module, pad_id: int | None, smooth_exclude: tuple[int, ...] | None) -> tuple[int, tuple]:
+    """The loss's ignored id and unsmoothed classes: those given, else the model's (PAD; PAD and BOS, 5.4)."""
+    c = getattr(getattr(model, "module", model), "_orig_mod", getattr(model, "module", model)).config  # DDP, compile
+    return (c.pad_id if pad_id is None else pad_id,
+            (c.pad_id, c.bos_id) if smooth_exclude is None else tuple(smooth_exclude))
+
+
 
 
 def gradient_norm(params: list[Tensor]) -> Tensor:
@@ -235,12 +245,14 @@ def evaluate(
     label_smoothing: float,
     env: DistEnv | None = None,
     precision: str = "fp32",
-    pad_id: int = PAD,
-    smooth_exclude: tuple[int, ...] = (PAD, BOS),
+    pad_id: int | None = None,
+    smooth_exclude: tuple[int, ...] | None = None,
 ) -> dict:
     """Loss on a whole split, in eval mode: per target token `loss` (label-smoothed, what training
     minimises), `nll` and `ppl` = exp(nll); and `tokens`. With several ranks each takes every
-    world-th batch and the sums are all-reduced. `model`: the plain module, not the DDP wrapper."""
+    world-th batch and the sums are all-reduced. `model`: the plain module, not the DDP wrapper.
+    `pad_id`, `smooth_exclude`: as `train_step`'s."""
+    pad_id, smooth_exclude = loss_ids(model, pad_id, smooth_exclude)
     env = env or DistEnv(device=next(model.parameters()).device)
     was_training = model.training
     model.eval()

@@ -38,8 +38,7 @@ from torch import Tensor, nn
 
 from ..checkpoint import RunLock, check_vocabulary, latest_checkpoint, prepare_run_dir, recorded_precision, save_model
 from ..config import PRESETS, Config, apply_overrides, get_preset
-from ..data.batching import ParallelDataset, load_vocabs, read_metadata
-from ..data.vocab import BOS, PAD
+from ..data.batching import ParallelDataset, data_special_ids, load_vocabs, read_metadata
 from ..errors import UsageError
 from ..fast.train import keep_freed_memory
 from ..model import Transformer, count_parameters
@@ -55,8 +54,8 @@ from .step import build_optimizer, evaluate, make_grad_scaler, prepare_for_train
 
 
 def config_for_data(preset: str, overrides: list[str], meta: dict) -> Config:
-    """The preset, with the vocabulary sizes of the prepared data (a shared vocabulary ->
-    share_embeddings as in 3.4; separate ones -> share_embeddings=False), then `--set` overrides."""
+    """The preset, with the vocabulary sizes and special ids of the prepared data (a shared vocabulary
+    -> share_embeddings as in 3.4; separate ones -> share_embeddings=False), then `--set` overrides."""
     try:
         config = get_preset(preset)
     except KeyError:
@@ -67,6 +66,7 @@ def config_for_data(preset: str, overrides: list[str], meta: dict) -> Config:
     config.model = dataclasses.replace(
         config.model, src_vocab_size=src_size, tgt_vocab_size=None if shared else tgt_size,
         share_embeddings=config.model.share_embeddings and shared,
+        **{f"{name}_id": i for name, i in data_special_ids(meta).to_dict().items()},
     )
     try:
         config = apply_overrides(config, overrides)
@@ -188,6 +188,9 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, 
         check_vocabulary(run_dir, config, data_dir, meta)
     train_set = ParallelDataset.load(data_dir, "train")
     valid_set = ParallelDataset.load(data_dir, "valid") if (data_dir / "valid.src.idx").is_file() else None
+    if train_set.ids != config.model.special_ids:
+        raise UsageError(f"{data_dir}: its special ids {train_set.ids.to_dict()} are not the model's "
+                         f"{config.model.special_ids.to_dict()}: prepare the data with the model's vocabulary")
 
     # Model, optimizer (5.3), precision.
     torch.manual_seed(opts.seed)
@@ -197,9 +200,10 @@ def _set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, 
     model = prepare_for_training(model, env.device, precision)
     if env.device.type == "cpu":
         keep_freed_memory()  # no page faults on the large tensors every step allocates afresh
+    ids = config.model.special_ids
     return Run(
         config=config, opts=opts, env=env, data_dir=data_dir, run_dir=run_dir, precision=precision,
-        smooth_exclude=() if config.train.smooth_all_classes else (PAD, BOS),  # 5.4: no mass on what is never emitted
+        smooth_exclude=() if config.train.smooth_all_classes else (ids.pad, ids.bos),  # 5.4: what is never emitted
         meta=meta, train_set=train_set, valid_set=valid_set, model=model, optimizer=build_optimizer(model, config),
         scaler=make_grad_scaler(env.device, precision), signals=signals,
     )

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..data.vocab import BOS, EOS
 from ..model import make_masks
 from ..restricted import within_window
 from ..data.batching import pad_batch
@@ -68,9 +67,10 @@ def compute_attention(model, sources: list[list[int]], targets: list[list[int]])
     in one padded batch and return every attention weight (fp32, eval mode)."""
     if len(sources) != len(targets) or not sources:
         raise ValueError("give one target per source sentence")
-    pad = model.config.pad_id
-    src = pad_batch([s + [EOS] for s in sources], pad)
-    tgt = pad_batch([[BOS] + t for t in targets], pad)
+    ids = model.config.special_ids
+    pad = ids.pad
+    src = pad_batch([s + [ids.eos] for s in sources], pad)
+    tgt = pad_batch([[ids.bos] + t for t in targets], pad)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -115,7 +115,7 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
         s_ids = batch.src[i, : batch.src_lengths[i]].tolist()
         t_ids = batch.tgt[i, : batch.tgt_lengths[i]].tolist()
         src_p, tgt_p = pieces(src_vocab, s_ids), pieces(tgt_vocab, t_ids)
-        predicts = tgt_p[1:] + [tgt_vocab.sp.id_to_piece(EOS)]
+        predicts = tgt_p[1:] + [tgt_vocab.sp.id_to_piece(tgt_vocab.eos)]
         entry = dict(texts[i]) if texts else {}
         entry.update({
             "source": [readable(p) for p in src_p], "source_pieces": src_p,
