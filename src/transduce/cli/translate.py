@@ -48,8 +48,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         alpha=model_default(DEFAULT_ALPHA))  # model's own replace them (fill_model_search_defaults)
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
     g.add_argument("--split-sentences", choices=SPLIT_MODES, default="off", metavar="S",
-                   help="on: a line of several sentences translated a sentence at a time, as many lines out as in; "
-                        "nonewlines: the same; off: a sentence a line (default off)")
+                   help="on: each of a line's sentences alone (default off)")
 
 
 SPLIT_MODES = ("on", "off", "nonewlines")
