@@ -17,7 +17,8 @@ pptx = pytest.importorskip("pptx")
 odf = pytest.importorskip("odf")
 srt = pytest.importorskip("srt")
 
-from transduce.documents import DocumentError, format_of, output_name, read, translate_document  # noqa: E402
+from transduce.documents import (DocumentError, Translator, format_of, output_name, read,  # noqa: E402
+                                 translate_document)
 from transduce.documents.inline import Piece, tagged, untagged  # noqa: E402
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -173,6 +174,15 @@ def test_docx_runs_follow_their_tags():
     d = docx.Document(BytesIO(out))
     assert runs(d.paragraphs[0]) == [("im ", False, False), ("Park", False, True), (" ", False, False),
                                      ("rennt schnell", True, False), (" ein Hund.", False, False)]
+
+
+def test_without_an_alignment_the_tags_land_in_proportion():
+    """An engine that gives no attention (CTranslate2): `Translator` without an aligner; the
+    runs come back in order, each translated, where they were in proportion."""
+    upper = Translator(lambda sentences: [s.upper() for s in sentences])
+    d = docx.Document(BytesIO(translate_document(read(build_docx(), ".docx"), upper, "en")))
+    assert runs(d.paragraphs[0]) == [("A DOG ", False, False), ("RUNS FAST", True, False), (" IN ", False, False),
+                                     ("THE PARK", False, True), (".", False, False)]
 
 
 # -- PowerPoint --------------------------------------------------------------------------------------
@@ -366,7 +376,10 @@ def test_html_round_trip():
         assert kept in text
     assert text.replace("\n", "").count("<") == HTML.replace("\n", "").count("<")  # no tag added or lost
     root = lxml_html.fromstring(out)  # opens in lxml
-    kept = lambda el: not isinstance(el.tag, str) or el.tag in ("script", "style", "pre", "code") or el.get("translate")
+
+    def kept(el) -> bool:
+        return not isinstance(el.tag, str) or el.tag in ("script", "style", "pre", "code") or el.get("translate")
+
     no_lower([el.text for el in root.iter() if not kept(el) and el.text and el.text.strip()] +
              [el.tail for el in root.iter() if el.tail and el.tail.strip()])
 

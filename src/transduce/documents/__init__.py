@@ -6,8 +6,7 @@ formatting, tables, headers and footers, notes and timings where they were. `tra
 MODEL --file IN` and the server's /translate_file; docs/serve.md, "Documents"."""
 
 from .base import Document, DocumentError
-from .files import (FORMATS, Translator, format_of, installed_formats, output_name, positional_links, read,
-                    translate_document)
+from .files import FORMATS, Translator, format_of, installed_formats, output_name, read, translate_document
 
 __all__ = ["FORMATS", "Document", "DocumentError", "Translator", "format_of", "installed_formats", "output_name",
-           "positional_links", "read", "translate_document"]
+           "read", "translate_document"]

@@ -4,7 +4,6 @@ the translator as one batch, the tags placed, written back."""
 from __future__ import annotations
 
 import importlib
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -64,26 +63,11 @@ def output_name(path: str | Path, target: str | None) -> Path:
     return path.with_name(f"{path.stem}.{target or 'translated'}{path.suffix}")
 
 
-_TOKEN = re.compile(r"\w+|[^\w\s]")
-
-
-def positional_links(sources: list[str], outputs: list[str]) -> list[list[tuple[int, int, int, int]]]:
-    """An alignment for a translator that has none of its own (CTranslate2 gives no attention):
-    each output token (a word, a punctuation mark) linked with the source token at the same
-    relative position, as `text.markup` links are ((t0, t1, s0, s1): output characters, source
-    characters). Tags land where they were in proportion, not where the model puts their words."""
-    links = []
-    for source, output in zip(sources, outputs, strict=True):
-        src = [m.span() for m in _TOKEN.finditer(source)]
-        out = [m.span() for m in _TOKEN.finditer(output)]
-        links.append([(*o, *src[min(len(src) - 1, j * len(src) // len(out))]) for j, o in enumerate(out)] if src else [])
-    return links
-
-
 class Translator:
     """A `text.markup.Translator`: `translate_batch` (sentences in, their translations out, in
-    one call) and `align` (a model's attention: `text.align.AttentionAligner.align`; none:
-    `positional_links`)."""
+    one call) and `align` (a model's attention: `text.align.AttentionAligner.align`; None, for an
+    engine that gives no attention: no links, and `text.markup` places the tags in proportion)."""
 
     def __init__(self, translate_batch: Callable[[list[str]], list[str]], align=None):
-        self.translate, self.align = translate_batch, align or positional_links
+        self.translate = translate_batch
+        self.align = align or (lambda sources, outputs: [[] for _ in sources])

@@ -113,11 +113,11 @@ def with_space(lead: str, pieces: list[Piece], trail: str) -> list[Piece]:
         pieces[texts[-1]] = Piece(last.text.rstrip(), last.stack)
     pieces = [p for p in pieces if p.atom is not None or p.text]
     if lead:
-        pieces = [Piece(lead + pieces[0].text, pieces[0].stack)] + pieces[1:] if pieces and pieces[0].atom is None \
-            else [Piece(lead)] + pieces
+        first = pieces[0] if pieces and pieces[0].atom is None else None
+        pieces = [Piece(lead + first.text, first.stack)] + pieces[1:] if first else [Piece(lead)] + pieces
     if trail:
-        pieces = pieces[:-1] + [Piece(pieces[-1].text + trail, pieces[-1].stack)] if pieces and pieces[-1].atom is None \
-            else pieces + [Piece(trail)]
+        last = pieces[-1] if pieces and pieces[-1].atom is None else None
+        pieces = pieces[:-1] + [Piece(last.text + trail, last.stack)] if last else pieces + [Piece(trail)]
     return pieces
 
 

@@ -211,6 +211,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     from fastapi import FastAPI
 
     from .demo import add_demo_routes
+    from .documents import add_document_routes
     from .libre import add_libre_routes
     from .ops import Metrics, RequestLog, key_reader
 
@@ -261,6 +262,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     _add_translate_route(app, server, keys, errors)
     add_demo_routes(app, server, keys=keys, errors=errors)
     add_libre_routes(app, server, keys)
+    add_document_routes(app, server, keys)  # LibreTranslate's /translate_file and /download_file
     _add_status_routes(app, server, max_batch_tokens, max_wait, metrics)
     _answer_head(app)
 

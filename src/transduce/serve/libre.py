@@ -19,6 +19,7 @@ from html.parser import HTMLParser
 from starlette.responses import JSONResponse
 
 from ..decoding.settings import SearchSettings
+from ..documents import installed_formats
 from .common import Fields, Limits, Problem, Server, languages, name, read_fields, scrub
 
 PREFIX = "/libretranslate"  # the same routes again, for a client given a base URL of their own
@@ -310,8 +311,9 @@ async def settings(server: Server):
         return render(p)
     pair = languages(engine)
     key = server.api_key is not None
+    files = installed_formats(upload=True)  # serve.documents translates them
     answer = {"charLimit": server.limits.max_chars, "frontendTimeout": 500, "apiKeys": key, "keyRequired": key,
-              "suggestions": False, "filesTranslation": False, "supportedFilesFormat": []}
+              "suggestions": False, "filesTranslation": bool(files), "supportedFilesFormat": files}
     if pair is not None:
         answer["language"] = {side: {"code": code, "name": name(code)} for side, code in zip(("source", "target"), pair)}
     return answer
