@@ -203,12 +203,16 @@ def report(cases_path: str | Path = "tests/data/sentence_splits.json", newstest:
     return "\n".join(rows)
 
 
-def decode_share(lang: str = "en", preset: str = "small", n: int = 20, size: int = 5, splitter: str = "pysbd") -> dict:
-    """The splitter's time against a request's decoding time, in one process, one after the other
-    per request: a request is a newstest paragraph of `size` lines (WMT14 newstest2014, `lang`),
-    split by `splitter`, its sentences decoded in one batch by a model of `preset` (random weights,
-    made ready as `translate` makes it; beam 4; each output as long as its source, since a random
-    model does not stop: `max_len_offset` 0). Returns the medians (ms) and the share."""
+def decode_share(lang: str = "en", preset: str = "small", n: int = 20, size: int = 5,
+                 splitter: str = "pysbd & sentencex (transduce's)", threads: int = 1) -> dict:
+    """The splitter's time against a request's decoding time, in one process with `threads` threads
+    (one: the two compared on the same core, the splitter's share on one core), one after the
+    other per request: a request is a newstest paragraph of `size` lines (WMT14 newstest2014,
+    `lang`), split by `splitter`, its sentences decoded in one batch by a model of `preset` (random
+    weights, made ready as `translate` makes it; beam 4; each output as long as its source, since a
+    random model does not stop: `max_len_offset` 0), after a first pass over the same requests that
+    is not timed (oneDNN's kernels made for each shape). Returns the medians (ms) and the share."""
+    import os
     import statistics
     import tempfile
     from dataclasses import replace
@@ -221,28 +225,32 @@ def decode_share(lang: str = "en", preset: str = "small", n: int = 20, size: int
     from ..decoding.ready import make_ready
     from ..decoding.translate import translate_lines
     from ..model import Transformer
+    from ..precision import choose_decoding_precision
 
+    torch.set_num_threads(threads)
     path = fetch("wmt14-en-de" if lang != "fr" else "wmt14-en-fr", "newstest2014", lang)
     groups = paragraphs(path, size=size, limit=n + 200)
     with tempfile.TemporaryDirectory() as tmp:
         vocab = Vocab(train_vocab(Path(tmp) / "spm", [s for g in groups for s in g], vocab_size=4000, num_threads=1))
-    groups = groups[-n:]
+    texts = [" ".join(g) for g in groups[-n:]]
     torch.manual_seed(0)
     model = Transformer(replace(get_preset(preset).model, src_vocab_size=len(vocab), tgt_vocab_size=None,
                                 share_embeddings=True, dropout=0.0))
-    make_ready(model)
+    precision = choose_decoding_precision("auto")
+    make_ready(model, precision)
     split = CANDIDATES[splitter][1](lang)
     split_ms, decode_ms = [], []
-    for g in groups:
-        text = " ".join(g)
-        start = time.perf_counter()
-        sentences = split_lines(split, text)
-        split_ms.append((time.perf_counter() - start) * 1000)
-        start = time.perf_counter()
-        with torch.inference_mode():
-            translate_lines(model, vocab, vocab, sentences, beam=4, max_len_offset=0, warn=lambda m: None)
-        decode_ms.append((time.perf_counter() - start) * 1000)
-    chars = statistics.median(len(" ".join(g)) for g in groups)
+    for timed in (False, True):
+        for text in texts:
+            start = time.perf_counter()
+            sentences = split_lines(split, text)
+            middle = time.perf_counter()
+            with torch.inference_mode():
+                translate_lines(model, vocab, vocab, sentences, beam=4, max_len_offset=0, warn=lambda m: None)
+            if timed:
+                split_ms.append((middle - start) * 1000)
+                decode_ms.append((time.perf_counter() - middle) * 1000)
     s, d = statistics.median(split_ms), statistics.median(decode_ms)
-    return {"splitter": splitter, "preset": preset, "lang": lang, "requests": n, "chars": chars, "split_ms": s,
-            "decode_ms": d, "share": s / d}
+    return {"splitter": splitter, "preset": preset, "precision": precision.line(), "threads": threads, "lang": lang,
+            "requests": n, "chars": statistics.median(map(len, texts)), "split_ms": round(s, 2),
+            "decode_ms": round(d, 1), "share": f"{s / d:.2%}", "load": os.getloadavg()[0]}
