@@ -253,14 +253,14 @@ def table2_projection(report: dict) -> list[dict]:
 @contextlib.contextmanager
 def decode_variant(model: Transformer, variant: str):
     """transduce's search as it ships (`transduce`: on a GPU the log-probabilities ranked all at
-    once, the step `fast.step.FastStep`), or a variant: `transduce-chunked` ranks them in the CPU's
+    once, the step `fast.step.FastDecoder`), or a variant: `transduce-chunked` ranks them in the CPU's
     chunks (`decode.CPU_CHUNK_ELEMENTS`), `transduce-modules` steps through the model's modules."""
     with contextlib.ExitStack() as undo:
         if variant == "transduce-chunked":
             best = decode._best_extensions
             undo.enter_context(mock.patch.object(decode, "_best_extensions", lambda *a, **kw: best(
                 *a, **{**kw, "chunk_elements": decode.CPU_CHUNK_ELEMENTS})))
-        elif variant == "transduce-modules" and isinstance(model.__dict__.get("decode_step"), fast_step.FastStep):
+        elif variant == "transduce-modules" and isinstance(model.decoder, fast_step.FastDecoder):
             fast_step.uninstall(model)
             undo.callback(fast_step.install, model)
         yield

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from transduce.fast import decode as kernels
-from transduce.fast.decode import PackedLinear, PackedWeight, can_pack, decode_attention
+from transduce.attention import step_attention as decode_attention
+from transduce.fast.decode import PackedLinear, PackedWeight, can_pack
 from transduce.model import MultiHeadAttention, Transformer, attention_reference, causal_mask, make_masks
 from transduce.decoding.ready import make_ready
 
@@ -34,7 +35,9 @@ def test_decode_attention_is_equation_1(masked):
 @pytest.mark.parametrize("keys_first", [False, True])
 def test_decode_attention_one_bf16_query_either_way_is_equation_1(monkeypatch, keys_first):
     """One bf16 query: K q^T (AMX) or q K^T (elsewhere), both equation 1."""
-    monkeypatch.setattr(kernels, "_keys_first", lambda: keys_first)
+    from transduce import attention
+
+    monkeypatch.setattr(attention, "_keys_first", lambda: keys_first)
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 6)
     got = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16()).float()
@@ -44,6 +47,7 @@ def test_decode_attention_one_bf16_query_either_way_is_equation_1(monkeypatch, k
 def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
     """K q^T is AMX's layout: on a CPU with AMX held to AVX2 by ONEDNN_MAX_CPU_ISA (what an
     AVX2-only laptop runs, imitated), oneDNN has no AMX, so q K^T, as on that laptop."""
+    from transduce import attention
     from transduce.fast import cpu
 
     monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8"})
@@ -51,10 +55,10 @@ def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
     try:
         for held, expected in (("AVX2", False), ("avx512_core_vnni", False), ("", True), ("AVX512_CORE_AMX", True)):
             monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
-            kernels._keys_first.cache_clear()
-            assert kernels._keys_first() is expected, held
+            attention._keys_first.cache_clear()
+            assert attention._keys_first() is expected, held
     finally:
-        kernels._keys_first.cache_clear()
+        attention._keys_first.cache_clear()
 
 
 @needs_packing
@@ -177,15 +181,19 @@ def test_packed_attention_without_biases():
 
 
 def test_make_ready_and_undo_leave_what_the_caller_set():
-    """`ready.make_ready` sets decode_attention and packs; its undo takes back only what it did."""
+    """`ready.make_ready` packs and sets the flat decoder (modules standing in for modules, nothing
+    set on an instance); its undo takes back only what it did."""
+    from transduce.fast.step import FastDecoder
+    from transduce.model import Decoder
+
     model = Transformer(tiny_config()).eval()
-    attns = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     undo = make_ready(model)
-    assert all(m.step_attention is decode_attention for m in attns)
+    assert isinstance(model.decoder, FastDecoder)
     assert kernels.is_packed(model) == can_pack(torch.float32, "cpu")
+    assert not any(k in m.__dict__ for m in model.modules() for k in ("decode_step", "step_attention", "sequence_attention"))
     undo()
-    assert all(m.step_attention is None for m in attns) and not kernels.is_packed(model)
-    make_ready(model, pack=False)  # the caller's choice: attention only
+    assert type(model.decoder) is Decoder and not kernels.is_packed(model)
+    make_ready(model, pack=False)  # the caller's choice: the flat decoder only
     undo = make_ready(model)
     undo()
-    assert all(m.step_attention is decode_attention for m in attns) and not kernels.is_packed(model)
+    assert isinstance(model.decoder, FastDecoder) and not kernels.is_packed(model)

@@ -1,7 +1,8 @@
-"""`transduce.fast.step.FastStep`: the decoder's step without its module layers computes bit for
-bit what `Transformer.decode_step` computes, on every path where `ready.make_ready` installs it (the
-CPU with and without packed weights, int8, and the device `TRANSDUCE_TEST_DEVICE` names: CUDA in
-scripts/gpu_check.sh), and hands every case it does not cover to the model's own step."""
+"""`transduce.fast.step.FastDecoder`: the decoder's step without its module layers computes bit for
+bit what the model's `Decoder` computes, on every path where `ready.make_ready` sets it (the CPU
+with and without packed weights, int8, and the device `TRANSDUCE_TEST_DEVICE` names: CUDA in
+scripts/gpu_check.sh), reads its layers again when they are replaced (nothing to refresh), and
+hands every case it does not cover to the `Decoder`."""
 
 import dataclasses
 import os
@@ -10,11 +11,11 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decoding.search import _best_extensions, beam_search, greedy_decode
+from transduce.decoding.search import beam_search, greedy_decode
 from transduce.fast import decode as kernels
 from transduce.fast import int8, step as fast_step
-from transduce.fast.step import FALLBACK, HANDLED, FastStep
-from transduce.model import Transformer, padding_mask
+from transduce.fast.step import FALLBACK, HANDLED, FastDecoder
+from transduce.model import Decoder, Transformer, padding_mask
 from transduce.decoding.ready import make_ready
 
 from test_model import padded_batch, tiny_config
@@ -48,7 +49,7 @@ def test_a_field_in_neither_table_is_not_covered(monkeypatch):
     assert not fast_step.covers(ModelConfig())
     model = _model()
     undo = make_ready(model)
-    assert "decode_step" not in model.__dict__
+    assert type(model.decoder) is Decoder
     undo()
 
 
@@ -71,22 +72,31 @@ def _steps(model, src, step, n=6):
 
 
 def _same_as_the_model(model, src):
-    installed = model.__dict__.pop("decode_step", None)
-    fast = FastStep(model)
-    plain = _steps(model, src, lambda t, c: Transformer.decode_step(model, t, c))
-    lean = _steps(model, src, fast)
+    """The model with its `FastDecoder` and with the `Decoder` it wraps: the same logits at every
+    step and the same hypotheses, bit for bit; the flat loop ran at every step."""
+    fast = model.decoder
+    assert isinstance(fast, FastDecoder)
+    runs = []
+    original_step = FastDecoder.step
+    FastDecoder.step = lambda self, t, c: runs.append(1) or original_step(self, t, c)
+    try:
+        lean = _steps(model, src, model.decode_step)
+        assert len(runs) == len(lean)
+        with torch.inference_mode():
+            got = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
+            greedy = greedy_decode(model, src, max_len_offset=6)
+    finally:
+        FastDecoder.step = original_step
+    model.decoder = fast.original
+    try:
+        plain = _steps(model, src, model.decode_step)
+        with torch.inference_mode():
+            want = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
+            assert greedy == greedy_decode(model, src, max_len_offset=6)
+    finally:
+        model.decoder = fast
     assert all(torch.equal(a, b) for a, b in zip(plain, lean))
-    model.decode_step = fast
-    with torch.inference_mode():
-        got = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
-        greedy = greedy_decode(model, src, max_len_offset=6)
-    del model.decode_step
-    with torch.inference_mode():
-        want = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=6)
-        assert greedy == greedy_decode(model, src, max_len_offset=6)
     assert [[(h.tokens, h.score) for h in hs] for hs in got] == [[(h.tokens, h.score) for h in hs] for hs in want]
-    if installed is not None:
-        model.decode_step = installed
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -100,10 +110,10 @@ def test_fast_step_is_the_models_step_bit_for_bit(dtype, tied, norm_first):
     src = padded_batch([7, 3, 5], vocab=60, seed=1)
     for pack in (False, True) if kernels.can_pack(dtype, "cpu") else (False,):
         undo = make_ready(model, pack=pack)
-        assert isinstance(model.decode_step, FastStep) and kernels.is_packed(model) == pack
+        assert isinstance(model.decoder, FastDecoder) and kernels.is_packed(model) == pack
         _same_as_the_model(model, src)
         undo()
-        assert "decode_step" not in model.__dict__
+        assert type(model.decoder) is Decoder and not kernels.is_packed(model)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -116,7 +126,7 @@ def test_fast_step_on_the_test_device_is_the_models_step_bit_for_bit(dtype, norm
     model = _model(dtype, DEVICE, norm_first=norm_first)
     src = padded_batch([7, 3, 5], vocab=60, seed=1).to(DEVICE)
     undo = make_ready(model)
-    assert isinstance(model.decode_step, FastStep)
+    assert isinstance(model.decoder, FastDecoder)
     _same_as_the_model(model, src)
     undo()
 
@@ -128,6 +138,7 @@ OTHER_VALUES = {
     "positional": dict(positional="learned"), "max_positions": dict(max_positions=64, positional="learned"),
     "tie_output": dict(tie_output=False, share_embeddings=False), "layer_norm_eps": dict(layer_norm_eps=1e-2),
     "pad_id": dict(pad_id=1), "activation": dict(activation="swish"),
+    "unk_id": dict(unk_id=7), "bos_id": dict(bos_id=8), "eos_id": dict(eos_id=9),
 }
 """For each `HANDLED` field, a value unlike `tiny_config`'s (with what that value needs beside it);
 a boolean field left out here takes the other value."""
@@ -138,7 +149,6 @@ def _other_value(name: str) -> dict:
     if name in OTHER_VALUES:
         return OTHER_VALUES[name]
     default = getattr(tiny_config(src_vocab_size=60), name)
-    "unk_id": dict(unk_id=7), "bos_id": dict(bos_id=8), "eos_id": dict(eos_id=9),
     assert isinstance(default, bool), f"give HANDLED's {name!r} a value other than {default!r} in OTHER_VALUES"
     return {name: not default}
 
@@ -162,7 +172,7 @@ def test_fast_step_is_the_models_step_at_every_handled_fields_other_value(name):
     for device, pack in runs + ([(DEVICE, False)] if DEVICE.type != "cpu" else []):
         model.to(device)
         undo = make_ready(model, pack=pack)
-        assert isinstance(model.decode_step, FastStep)
+        assert isinstance(model.decoder, FastDecoder)
         _same_as_the_model(model, src.to(device))
         undo()
 
@@ -170,99 +180,48 @@ def test_fast_step_is_the_models_step_at_every_handled_fields_other_value(name):
 @pytest.mark.skipif(not int8.can_int8(), reason="no oneDNN int8 here")
 @pytest.mark.parametrize("decoder", [True, False])  # every decoder layer in int8; the projection alone (AMX)
 def test_fast_step_runs_the_int8_products_as_the_model_does(decoder):
+    """Layers replaced after the `FastDecoder` was set (int8, packing, then put back) are the ones
+    its next step runs: nothing to refresh."""
     model = _model()
     src = padded_batch([7, 3, 5, 6], vocab=60, seed=2)
     undo = make_ready(model)
-    int8.quantize_int8(model, decoder=decoder)  # after make_ready: the step is rebuilt on the int8 layers
-    step = model.decode_step
-    assert isinstance(step, FastStep) and sum(isinstance(c, int8.Int8Weight) for c in step.checks) == (
-        2 * 6 + 1 if decoder else 1)
+    int8.quantize_int8(model, decoder=decoder)  # after make_ready: the step reads the int8 layers
     _same_as_the_model(model, src)
+    assert sum(isinstance(c, int8.Int8Weight) for c in model.decoder.checks) == (2 * 6 if decoder else 0)
     kernels.pack_weights(model)  # the layers int8 left (make_ready's order: quantize, then pack)
-    assert len(model.decode_step.checks) == 2 * 6 + 1
     _same_as_the_model(model, src)
+    assert len(model.decoder.checks) == 2 * 6
     int8.dequantize_int8(model)
-    assert not any(isinstance(c, int8.Int8Weight) for c in model.decode_step.checks)
+    _same_as_the_model(model, src)
+    assert not any(isinstance(c, int8.Int8Weight) for c in model.decoder.checks)
     undo()
 
 
 @pytest.mark.skipif(not kernels.can_pack(torch.float32, "cpu"), reason="a stale packed weight needs packing")
 def test_fast_step_hands_what_it_does_not_cover_to_the_model(monkeypatch):
-    """Autograd, autocast, training mode, several positions at once, a stale packed weight: the
-    model's own step, so the results are the model's (here: F.linear for the changed weight)."""
+    """Autograd, autocast, training mode, several positions at once, weights asked for: the
+    `Decoder`'s own forward, so the results are the model's."""
     model = _model()
     src = padded_batch([5, 4], vocab=60, seed=3)
     make_ready(model)
-    fast = model.decode_step
+    fast = model.decoder
     calls = []
-    original = Transformer.decode_step
-    monkeypatch.setattr(Transformer, "decode_step", lambda self, t, c: calls.append(t.size(1)) or original(self, t, c))
+    original = Decoder.forward
+    monkeypatch.setattr(Decoder, "forward", lambda self, t, *a, **k: calls.append(t.size(1)) or original(self, t, *a, **k))
     mask = padding_mask(src, 0)
     with torch.no_grad():
         cache = model.init_cache(model.encode(src, mask), mask)
     tokens = torch.full((2, 1), 2)
     with torch.inference_mode():
-        fast(tokens, cache)
-    assert calls == []  # covered: no call to the model's step
-    fast(tokens, cache)  # autograd on
+        model.decode_step(tokens, cache)
+    assert calls == []  # covered: the flat loop
+    model.decode_step(tokens, cache)  # autograd on
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        fast(tokens, cache)
+        model.decode_step(tokens, cache)
     with torch.inference_mode():
-        fast(torch.full((2, 3), 2), cache)  # three positions at once
+        model.decode_step(torch.full((2, 3), 2), cache)  # three positions at once
         model.train()
-        fast(tokens, cache)
+        model.decode_step(tokens, cache)
         model.eval()
     assert calls == [1, 1, 3, 1]
-    calls.clear()
-    with torch.no_grad():
-        model.decoder.layers[1].feed_forward.w_2.weight.mul_(2.0)  # the packed copy is stale now
-    assert not fast.usable(tokens)
-    plain = _steps(model, src, lambda t, c: original(model, t, c))
-    lean = _steps(model, src, fast)
-    assert calls and all(torch.equal(a, b) for a, b in zip(plain, lean))
-
-
-def test_apply_installs_the_step_only_where_it_covers_the_model():
-    for kw in (dict(attention_window=2), dict(word_positions=True, share_embeddings=False, tie_output=False)):
-        model = _model(**kw)
-        undo = make_ready(model)
-        assert "decode_step" not in model.__dict__
-        undo()
-    model = _model()
-    undo = make_ready(model)
-    again = make_ready(model)  # applied twice: one step, and the inner undo leaves it
-    step = model.decode_step
-    again()
-    assert model.decode_step is step
-    undo()
-    assert "decode_step" not in model.__dict__
-
-
-def test_one_query_on_one_thread_is_equation_1():
-    """`decode_attention` hands one unmasked query per row on one thread to PyTorch's fused
-    kernel: still equation 1."""
-    from transduce.fast.decode import decode_attention
-    from transduce.model import attention_reference
-
-    torch.manual_seed(0)
-    q, k, v = torch.randn(6, 4, 1, 16), torch.randn(6, 4, 9, 16), torch.randn(6, 4, 9, 16)
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            torch.testing.assert_close(decode_attention(q, k, v), attention_reference(q, k, v, None)[0], rtol=1e-5, atol=1e-6)
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_consumed_logits_give_the_same_extensions(dtype):
-    """`consume=True` overwrites fp32 logits by their log-probabilities: the same candidates."""
-    torch.manual_seed(0)
-    logits = (torch.randn(8 * 4, 3000) * 4).to(dtype)
-    alive = -torch.rand(8, 4) * 3
-    want = _best_extensions(logits.clone(), alive, 8, [0, 2], 3)
-    given = logits.clone()
-    got = _best_extensions(given, alive, 8, [0, 2], 3, consume=True, chunk_elements=2 * 4 * 3000)
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
-    assert torch.equal(given, logits) == (dtype != torch.float32)  # bf16 logits are left as they were
+    assert isinstance(fast, FastDecoder)

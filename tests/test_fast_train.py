@@ -1,12 +1,14 @@
-"""The training speed-ups of `transduce.fast.train`: the same dropout and equation 1, faster."""
+"""The training speed-ups: `transduce.fast.train`'s dropout, and equation 1 with fp32 scores under CPU bf16 autocast
+(`attention.sequence_attention`'s choice), the same math, faster."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from transduce import attention
 from transduce.fast import train as kernels
 from transduce.fast.train import BitDropout
-from transduce.model import MultiHeadAttention, Transformer, attention_reference, causal_mask, make_masks
+from transduce.model import Transformer, attention_reference, causal_mask, make_masks
 
 from test_model import PAD, padded_batch, tiny_config
 
@@ -84,46 +86,54 @@ def test_autocast_attention_is_equation_1_in_fp32():
     q, k, v = torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 6)
     mask = causal_mask(7, 7) & make_masks(padded_batch([7, 5, 6]), None, PAD)[0]
     for m in (None, mask):
-        torch.testing.assert_close(kernels.autocast_attention(q, k, v, m), attention_reference(q, k, v, m)[0],
+        torch.testing.assert_close(attention.autocast_attention(q, k, v, m), attention_reference(q, k, v, m)[0],
                                    rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(kernels.autocast_attention(q, k, v, m),
+        torch.testing.assert_close(attention.autocast_attention(q, k, v, m),
                                    F.scaled_dot_product_attention(q, k, v, attn_mask=m), rtol=1e-5, atol=1e-6)
 
 
-def test_fast_attention_trains_like_the_math_kernel_under_bf16_autocast():
-    """A bf16 training step through `autocast_attention`: the loss and every gradient as with
-    PyTorch's math kernel (fp32 throughout) up to bf16 rounding; decoding steps keep theirs."""
+def test_fast_attention_trains_like_the_math_kernel_under_bf16_autocast(monkeypatch):
+    """A bf16 training step through `autocast_attention` (what `attention.sequence_attention` picks
+    on the CPU under bf16 autocast): the loss and every gradient as with PyTorch's math kernel
+    (fp32 throughout) up to bf16 rounding."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import transduce.model
 
     torch.manual_seed(0)
     config = tiny_config(dropout=0.0)
-    ref, fast = Transformer(config), Transformer(config)
-    fast.load_state_dict(ref.state_dict())
-    assert kernels.fast_attention(fast) == sum(isinstance(m, MultiHeadAttention) for m in fast.modules()) > 0
-    assert all(m.step_attention is None for m in fast.modules() if isinstance(m, MultiHeadAttention))
+    model = Transformer(config)
     src, tgt = padded_batch([7, 5, 6]), padded_batch([6, 7, 4])
-    losses = []
-    for model in (ref, fast):
+    calls = []
+    original = attention.autocast_attention
+    monkeypatch.setattr(attention, "autocast_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    losses, grads = [], []
+    sdpa = lambda q, k, v, attn_mask=None, dropout_p=0.0: F.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    for form in (sdpa, attention.sequence_attention):
+        monkeypatch.setattr(transduce.model, "sequence_attention", form)
+        model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16), sdpa_kernel([SDPBackend.MATH]):
             logits = model(src, tgt)
         loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten(), ignore_index=PAD)
         loss.backward()
         losses.append(loss)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert calls  # the bf16 form ran (and only in the second pass)
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-2, atol=1e-2)
-    for (name, a), b in zip(ref.named_parameters(), fast.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, rtol=0.05, atol=0.02 * a.grad.abs().max().item(), msg=name)
+    for (name, _), a, b in zip(model.named_parameters(), *grads):
+        torch.testing.assert_close(b, a, rtol=0.05, atol=0.02 * a.abs().max().item(), msg=name)
 
 
-def test_the_cpu_trainer_sets_fast_attention_for_bf16_only(tmp_path):
-    from transduce.config import Config, ModelConfig, TrainConfig
-    from transduce.train.trainer import TrainOptions, train
-    from train_data import VOCAB, make_data
-
-    data = make_data(tmp_path / "data")
-    config = Config(model=ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2),
-                    train=TrainConfig(warmup_steps=2, max_steps=2, checkpoint_minutes=0))
-    for precision, expected in (("bf16", kernels.autocast_attention), ("fp32", None)):
-        opts = TrainOptions(max_tokens=48, threads=1, progress=False, tensorboard=False,
-                            keep_last=0, precision=precision)
-        model = train(config, data, tmp_path / precision, opts).model
-        assert all(m.sequence_attention is expected for m in model.modules() if isinstance(m, MultiHeadAttention))
+def test_sequence_attention_picks_the_bf16_form_under_cpu_autocast_only(monkeypatch):
+    """Training in bf16 on the CPU attends through `autocast_attention`, in fp32 through SDPA: chosen
+    from what is computed, nothing set on the model."""
+    calls = []
+    original = attention.autocast_attention
+    monkeypatch.setattr(attention, "autocast_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    q = k = v = torch.randn(2, 2, 5, 4)
+    attention.sequence_attention(q, k, v)
+    assert calls == []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attention.sequence_attention(q, k, v)
+    assert calls == [1]

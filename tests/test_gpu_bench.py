@@ -42,16 +42,17 @@ def test_gpu_benchmark_dry_run_measures_every_part_and_writes_the_profiles(tmp_p
 
 def test_the_modules_variant_takes_the_flat_step_away_and_puts_it_back():
     """`transduce-modules` (what the GPU benchmark measures the flat step against) decodes through
-    the model's own step for the duration, then the `FastStep` is back (that the flat step is the
+    the model's own `Decoder` for the duration, then the `FastDecoder` is back (that the flat step is the
     model's step bit for bit off the CPU: tests/test_fast_step.py, run on CUDA by
     scripts/gpu_check.sh)."""
     sys.path.insert(0, str(REPO / "tests"))
     from benchmarks import gpu
     from test_fast_step import _model
-    from transduce.fast.step import FastStep, install
+    from transduce.fast.step import FastDecoder, install
+    from transduce.model import Decoder
 
     model = _model()
     assert install(model)
     with gpu.decode_variant(model, "transduce-modules"):
-        assert "decode_step" not in model.__dict__
-    assert isinstance(model.__dict__["decode_step"], FastStep)
+        assert type(model.decoder) is Decoder
+    assert isinstance(model.decoder, FastDecoder)

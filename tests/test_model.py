@@ -123,19 +123,20 @@ def test_padding_does_not_leak():
 # -- incremental decoding ----------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sdpa", "decode_attention"])
-def step_attention(request):
-    """Decoding steps attend through the model's default (`scaled_dot_product_attention`) or
-    through `transduce.fast.decode.decode_attention`, what translate sets on the CPU."""
-    from transduce.fast.decode import decode_attention
+@pytest.fixture(params=["sdpa", "step_attention"])
+def step_attention(request, monkeypatch):
+    """Decoding steps attend through `attention.step_attention` (the model's: on the CPU the
+    decoding form `attention.decode_attention`), or, for comparison, PyTorch's fused kernel."""
+    import torch.nn.functional as F
 
-    return None if request.param == "sdpa" else decode_attention
+    if request.param == "sdpa":
+        monkeypatch.setattr("transduce.model.step_attention", lambda q, k, v, mask=None: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask))
+    return request.param
 
 
-def with_step_attention(model, fn):
-    for m in model.modules():
-        if isinstance(m, MultiHeadAttention):
-            m.step_attention = fn
+def with_step_attention(model, form):
+    """`model`, whose steps attend as the `step_attention` fixture set (`form`: its name)."""
     return model
 
 

@@ -1,10 +1,13 @@
 """Equation 1 (3.2.1), Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V, in one place: as the
-paper writes it (`attention_reference`) and its faster forms, each tested against it (the forms
-and the hook that picks one: docs/architecture.md). Shapes: q (B, h, Tq, d_k), k (B, h, Tk, d_k),
-v (B, h, Tk, d_v); masks boolean, True = may attend."""
+paper writes it (`attention_reference`) and its faster forms, each tested against it, and the
+two functions that pick one from what is computed and where (`step_attention` for a decoding
+step's queries, `sequence_attention` for all others): the model's layers call those, so nothing
+is set on a model to make it fast (docs/architecture.md). Shapes: q (B, h, Tq, d_k), k (B, h, Tk,
+d_k), v (B, h, Tk, d_v); masks boolean, True = may attend."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -83,3 +86,27 @@ def concat_heads(out: Tensor, group: int = 1) -> Tensor:
         return out.transpose(1, 2).reshape(rows, gn, h * d)
     n = gn // group
     return out.view(rows, h, group, n, d).permute(0, 2, 3, 1, 4).reshape(rows * group, n, h * d)
+
+
+@functools.cache
+def _keys_first() -> bool:
+    from .fast import cpu  # what the CPU computes, read once
+
+    return cpu.amx_products()
+
+
+def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """A decoding step's queries (no dropout): on the CPU `decode_attention` (the scores as K q^T
+    where oneDNN runs AMX), elsewhere PyTorch's fused kernel."""
+    if q.device.type == "cpu":
+        return decode_attention(q, k, v, mask, _keys_first())
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def sequence_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                       dropout_p: float = 0.0) -> Tensor:
+    """Every other call (whole sequences, training): PyTorch's fused kernel, or on the CPU under
+    bf16 autocast `autocast_attention` (fp32 scores, the fused kernel's bf16 backward being slow there)."""
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        return autocast_attention(q, k, v, attn_mask, dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import attention_reference, concat_heads, fold_beams
+from .attention import attention_reference, concat_heads, fold_beams, sequence_attention, step_attention
 from .decoding.cache import DecoderCache, LayerCache
 from .config import ModelConfig
 from .restricted import within_window
@@ -93,11 +93,9 @@ class MultiHeadAttention(nn.Module):
     W^Q, W^K, W^V of all heads are stacked into one matrix `in_proj` (rows: h*d_k for Q, h*d_k for
     K, h*d_v for V): self-attention projects with one matmul, encoder-decoder attention uses the Q
     rows on the decoder states and the K, V rows on the encoder output. d_k and d_v are independent
-    of d_model / h (Table 3 rows A and B). Equation 1's forms are in `transduce.attention`; the
-    hook `step_attention` / `sequence_attention` names the one a decoding step's queries / all
-    others use (None: `scaled_dot_product_attention`; `transduce.fast` sets faster ones)."""
-
-    step_attention = sequence_attention = None
+    of d_model / h (Table 3 rows A and B). Equation 1's forms are in `transduce.attention`, which
+    picks the one for a decoding step's queries (`step_attention`) and for all others
+    (`sequence_attention`) from where and how they are computed."""
 
     def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0,
                  bias: bool = False):
@@ -139,7 +137,7 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False,
                incremental: bool = False) -> tuple[Tensor, Tensor | None]:
         """Equation 1 on every head, then Concat and W^O: (B, Tq, d_model) and, if asked, the weights
-        (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`step_attention`).
+        (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`attention.step_attention`).
         Where k and v have fewer rows than q (a sentence's beams in encoder-decoder attention), each
         group of q's rows that shares one is folded into one row's queries (`attention.fold_beams`)."""
         group = q.size(0) // k.size(0)
@@ -149,11 +147,10 @@ class MultiHeadAttention(nn.Module):
             out, weights = attention_reference(q, k, v, mask, p)
             if group > 1:  # the beams unfolded as `concat_heads` unfolds them: (R, h, n, Tk)
                 weights = concat_heads(weights, group).unflatten(-1, (weights.size(1), -1)).transpose(1, 2).contiguous()
-        elif incremental and self.step_attention is not None:
-            out, weights = self.step_attention(q, k, v, mask), None
+        elif incremental:
+            out, weights = step_attention(q, k, v, mask), None
         else:
-            attention = self.sequence_attention or F.scaled_dot_product_attention
-            out, weights = attention(q, k, v, attn_mask=mask, dropout_p=p), None
+            out, weights = sequence_attention(q, k, v, attn_mask=mask, dropout_p=p), None
         return self.out_proj(concat_heads(out, group)), weights  # Concat(head_1..h) W^O
 
     def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
@@ -210,11 +207,12 @@ class Embeddings(nn.Module):
 
 def sinusoidal_positions(length: int, d_model: int, offset: int = 0) -> Tensor:
     """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same),
-    for pos in [offset, offset + length). Returns (length, d_model), float32."""
-    pos = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)[None, :]
+    for pos in [offset, offset + length). Returns (length, d_model), float32, computed on the CPU
+    (also where a model is built on another default device)."""
+    pos = torch.arange(offset, offset + length, dtype=torch.float64, device="cpu")[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")[None, :]
     angle = pos / torch.pow(10000.0, two_i / d_model)
-    pe = torch.empty(length, d_model, dtype=torch.float64)
+    pe = torch.empty(length, d_model, dtype=torch.float64, device="cpu")
     pe[:, 0::2] = torch.sin(angle)  # even dimensions
     pe[:, 1::2] = torch.cos(angle)  # odd dimensions
     return pe.float()

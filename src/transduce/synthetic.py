@@ -110,9 +110,8 @@ def train_synthetic(
 
 
 def exact_match(model: Transformer, batch) -> float:
-    """Fraction of sequences that greedy decoding gets exactly right (decoding steps through
-    `transduce.fast.decode.decode_attention` on the CPU, `transduce.decoding.ready.make_ready` without packing:
-    the weights change between calls)."""
+    """Fraction of sequences that greedy decoding gets exactly right (`transduce.decoding.ready.make_ready`
+    without packing: the weights change between calls)."""
     src, _, tgt_out = batch
     model.eval()
     undo = make_ready(model, pack=False)

@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ..config import Config
 from ..model import Transformer
 from .files import CHECKPOINTS, CONFIG, WEIGHTS, verify
-from .model_dir import guarded, is_model_dir, load_config, load_model, model_from_tensors
+from .model_dir import build_model, guarded, is_model_dir, load_config, load_model, read_tensor
 from .run_dir import checkpoint_name, latest_checkpoint, list_checkpoints, on_interval
 
 
@@ -62,6 +63,38 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch
                 total[name] += t.double()
     assert config is not None
     return {name: (s / len(paths)).to(dtypes[name]) for name, s in total.items()}, config
+
+
+def averaged_reader(paths: list[Path]) -> tuple[set[str], object, Config]:
+    """`average_checkpoints` a tensor at a time: (the tensor names, read(name) -> that tensor's
+    mean over `paths`, the same bits, the config of the last checkpoint), so that a model is built
+    from an average without every averaged tensor in memory at once (`model_dir.build_model`)."""
+    if not paths:
+        raise ValueError("no checkpoints to average")
+    config, names = None, None
+    for path in paths:
+        c = load_config(path)
+        if config is not None and c.model != config.model:
+            raise ValueError(f"{path}: a different model architecture than {paths[0]}")
+        config = c
+        verify(path, (WEIGHTS, CONFIG))
+        with safe_open(str(Path(path) / WEIGHTS), "pt") as f:
+            found = set(f.keys())
+        if names is not None and found != names:
+            raise ValueError(f"{path}: other tensors than {paths[0]}")
+        names = found
+
+    def read(name: str) -> torch.Tensor:
+        first = read_tensor(Path(paths[0]) / WEIGHTS, name)
+        total = first.double()
+        for path in paths[1:]:
+            t = read_tensor(Path(path) / WEIGHTS, name)
+            if t.shape != total.shape:
+                raise ValueError(f"{path}: {name} has shape {tuple(t.shape)}, not {tuple(total.shape)}")
+            total += t.double()
+        return (total / len(paths)).to(first.dtype)
+
+    return names, read, config
 
 
 def default_average(run_dir: Path) -> int | None:
@@ -116,10 +149,11 @@ class Resolved:
 
 
 def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
-                       device: str | torch.device = "cpu") -> Resolved:
+                       device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Resolved:
     """The model a MODEL argument names: a model directory; or, for a run directory, the average
     of its last `average` checkpoints (by default `default_average`, as for Table 2), one
-    `checkpoint` (`resolve_checkpoint`), or its model/ when it has no checkpoints."""
+    `checkpoint` (`resolve_checkpoint`), or its model/ when it has no checkpoints. `dtype`: its
+    floating-point tensors in that type, cast as they are read (`model_dir.build_model`)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
@@ -131,8 +165,8 @@ def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None
         if average < 1:
             raise ValueError("--average must be at least 1")
         paths = last_checkpoints(path, average, flag="--average")
-        tensors, config = guarded(average_checkpoints, paths)
-        model = model_from_tensors(tensors, config, paths[-1]).to(device).eval()
+        names, read, config = guarded(averaged_reader, paths)
+        model = guarded(build_model, config, names, read, device=device, dtype=dtype, where=paths[-1]).eval()
         what = f"average of the last {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) of {path}"
         return Resolved(model, config, what, [path])
     if checkpoint is not None:
@@ -143,7 +177,7 @@ def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None
         model_dir = path / "model"
     else:
         raise FileNotFoundError(f"{path}: {NOT_A_MODEL}")
-    model, config = guarded(load_model, model_dir, device=device)
+    model, config = guarded(load_model, model_dir, device=device, dtype=dtype)
     # A run directory holds data.json; a checkpoint's is two levels up (RUN_DIR/checkpoints/step_*).
     return Resolved(model, config, str(model_dir),
                     list(dict.fromkeys([path, model_dir, model_dir.parent, model_dir.parent.parent])))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_model as _st_load_model
+from safetensors import safe_open
 from safetensors.torch import save_file
 from safetensors.torch import save_model as _st_save_model
 
@@ -101,17 +101,85 @@ def load_config(directory: str | os.PathLike) -> Config:
     return Config.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Transformer, Config]:
-    """(the model in eval mode, its config), its weights loaded strictly from a model directory."""
+def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None) -> tuple[Transformer, Config]:
+    """(the model in eval mode, its config), its weights loaded strictly from a model directory;
+    with `dtype`, its floating-point tensors in that type (as `model.to(dtype)` would give them),
+    read and cast one at a time (`build_model`)."""
     directory = Path(directory)
     config = load_config(directory)
-    model = Transformer(config.model)
     weights = directory / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: no such file")
     verify(directory, (WEIGHTS, CONFIG))
-    _st_load_model(model, str(weights), strict=True, device=str(device))
-    return model.to(device).eval(), config
+    with safe_open(str(weights), "pt") as f:
+        names = set(f.keys())
+    model = build_model(config, names, lambda name: read_tensor(weights, name), device=device, dtype=dtype, where=weights)
+    return model.eval(), config
+
+
+def skeleton(config: Config) -> Transformer:
+    """The model of `config` on the meta device: its shapes, no memory for its weights, which are
+    not initialised (`nn.init.normal_` has no meta kernel, and would import PyTorch's Python
+    decompositions, about 70 MB, to draw numbers that are replaced at once; the sinusoids' table,
+    3.5, is computed on the CPU for the same reason)."""
+    normal = torch.nn.init.normal_
+    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor if tensor.is_meta else normal(tensor, *args, **kwargs)
+    try:
+        with torch.device("meta"):
+            return Transformer(config.model)
+    finally:
+        torch.nn.init.normal_ = normal
+
+
+def read_tensor(path: Path, name: str) -> torch.Tensor:
+    """One tensor of a safetensors file, the file mapped only while it is read: a model is read
+    tensor by tensor without all of its pages in memory at once."""
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor(name)
+
+
+def build_model(config: Config, names: set[str], read, *, device: str | torch.device = "cpu",
+                dtype: torch.dtype | None = None, where: object = "the weights") -> Transformer:
+    """A Transformer whose every parameter and persistent buffer is `read(name)` for a name in
+    `names` (the weights file's: a tensor tied to another is stored under one of its names), each
+    cast to `dtype` where floating (None: as stored) and moved to `device` as soon as read; built
+    without memory of its own first (the meta device), so that loading holds the model once, plus
+    one tensor. Raises ValueError naming `where` when the weights do not fit the model."""
+    model = skeleton(config)
+    aliases: dict[int, list[str]] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        aliases.setdefault(id(module), []).append(prefix)
+    used, missing = set(), []
+
+    def load(module: torch.nn.Module, key: str, old: torch.Tensor) -> torch.Tensor | None:
+        found = [n for n in (f"{p}.{key}" if p else key for p in aliases[id(module)]) if n in names]
+        if not found:
+            missing.append(f"{aliases[id(module)][0]}.{key}")
+            return None
+        t = read(found[0])
+        used.update(found)
+        if t.shape != old.shape:
+            raise ValueError(f"{where}: {found[0]} has shape {tuple(t.shape)}, the model's {tuple(old.shape)}")
+        return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
+
+    for module in model.modules():
+        for key, p in list(module._parameters.items()):
+            if p is not None and (t := load(module, key, p)) is not None:
+                module._parameters[key] = torch.nn.Parameter(t, requires_grad=p.requires_grad)
+        for key, b in list(module._buffers.items()):
+            if b is None:
+                continue
+            if key in module._non_persistent_buffers_set:  # computed, not stored: the sinusoids (3.5)
+                if b.is_meta:
+                    raise ValueError(f"{where}: {aliases[id(module)][0]}.{key} is neither stored nor computed")
+                module._buffers[key] = b.to(device=device, dtype=dtype if dtype is not None and b.is_floating_point() else b.dtype)
+            elif (t := load(module, key, b)) is not None:
+                module._buffers[key] = t
+    unexpected = sorted(names - used)
+    if missing or unexpected:
+        raise ValueError(f"{where}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model
 
 
 def model_from_tensors(tensors: dict[str, torch.Tensor], config: Config, where) -> Transformer:

@@ -18,40 +18,36 @@ from ..data.vocab import Vocab
 from ..device import resolve_device
 from ..errors import DataError
 from ..fast import step
-from ..fast.decode import decode_attention, pack_weights, unpack_weights
-from ..memory import bound_kernel_caches
-from ..model import MultiHeadAttention, Transformer
+from ..fast.decode import pack_weights, unpack_weights
+from ..memory import bound_kernel_caches, release_free_memory
+from ..model import Transformer
 from ..precision import Choice, choose_decoding_precision
 from .generation import Generation, find_generation
 from .streaming import choose_workers
 
 
-def make_ready(model: nn.Module, choice: Choice | None = None, *, pack: bool = True) -> Callable[[], None]:
+def make_ready(model: nn.Module, choice: Choice | None = None, *, pack: bool = True, keep: bool = True) -> Callable[[], None]:
     """Make `model` ready to decode: cast to bf16 (faster than autocast) or quantized to int8 as
-    `choice` says (None: as it is); on the CPU `fast.decode.decode_attention` for decoding steps
-    and, with `pack`, the weights packed; everywhere `fast.step.FastStep`. What is set already is
-    kept. Returns what undoes the speed-ups (not the cast or quantization)."""
+    `choice` says (None: as it is); on the CPU, with `pack`, the weights packed; everywhere the
+    decoder's steps as one flat loop (`fast.step.FastDecoder`, set as `model.decoder`). Layers
+    stand in for layers, as modules: nothing is set on an instance, and nothing needs refreshing
+    after. What is set already is kept. `keep=False`: the float weights each packed or quantized
+    layer replaces are dropped (a model for decoding only, held once: `load_for_decoding`).
+    Returns what undoes the speed-ups (not the cast or quantization; nothing where `keep` is False)."""
     if choice is not None and (choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")):
         model.to(torch.bfloat16)
     if choice is not None and choice.precision == "int8":
         from ..fast.int8 import quantize_int8
 
-        quantize_int8(model, decoder=choice.int8_decoder)
-    cpu = next(model.parameters()).device.type == "cpu"
-    unset = [m for m in model.modules() if isinstance(m, MultiHeadAttention) and m.step_attention is None] if cpu else []
-    for m in unset:
-        m.step_attention = decode_attention
-    packed_here = pack and pack_weights(model)
-    stepped = (isinstance(model, Transformer) and not isinstance(model.__dict__.get("decode_step"), step.FastStep)
-               and step.install(model))
+        quantize_int8(model, decoder=choice.int8_decoder, keep=keep, embeddings=not keep)
+    packed_here = pack and pack_weights(model, keep=keep)
+    stepped = isinstance(model, Transformer) and step.install(model)
 
     def undo() -> None:
         if stepped:
             step.uninstall(model)
-        if packed_here:
+        if packed_here and keep:
             unpack_weights(model)
-        for m in unset:
-            m.step_attention = None
 
     return undo
 
@@ -63,34 +59,39 @@ class LoadedModel:
     src_vocab: Vocab
     tgt_vocab: Vocab
     description: str  # What was loaded, for the user (a checkpoint, or the average of the last ones)
-    generation: Generation | None = None  # An imported model's own settings, its languages (generation.json)
     precision: object = None  # its `transduce.precision.Choice`; it and the workers set by `load_for_decoding`
     metadata: dict | None = None  # The data.json found beside the model (e.g. "task": "parsing"), if any
     workers: int = 1
     workers_line: str = ""  # How many CPU workers decode, and why
+    generation: Generation | None = None  # An imported model's own settings, its languages (generation.json)
 
 
 def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", device: str | torch.device = "cpu",
                       threads: int | None = None, workers: int | str | None = None, checkpoint: str | None = None,
                       average: int | None = None, vocab: str | os.PathLike | None = None,
                       src_vocab: str | os.PathLike | None = None, tgt_vocab: str | os.PathLike | None = None,
-                      ) -> LoadedModel:
+                      keep: bool = False) -> LoadedModel:
     """`load_translation_model` on `device` (`threads` CPU threads where given), `make_ready` in
     `precision`, the CPU decoding processes chosen from `workers` (a number or "auto"); oneDNN's
-    kernel caches bounded first, before the first product. Raises FileNotFoundError, ValueError or
-    DataError."""
+    kernel caches bounded first, before the first product. The model is held once: its tensors
+    are read and cast one at a time, and (unless `keep`) the float weights of the layers packed
+    or quantized are dropped, so it decodes only (inference mode, no autocast). Raises
+    FileNotFoundError, ValueError or DataError."""
     bound_kernel_caches()
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(device) if isinstance(device, str) else device
+    choice = choose_decoding_precision(precision, device)
+    bf16 = choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")
     loaded = load_translation_model(path, checkpoint=checkpoint, average=average, vocab=vocab, src_vocab=src_vocab,
-                                    tgt_vocab=tgt_vocab, device=device)
+                                    tgt_vocab=tgt_vocab, device=device, dtype=torch.bfloat16 if bf16 else None)
     if workers is not None:
         n = torch.get_num_threads()
         loaded.workers, why = choose_workers(workers, device, n, loaded.config.model.d_model)
         loaded.workers_line = f"workers: {loaded.workers} x {max(1, n // loaded.workers)} thread(s) ({why})"
-    loaded.precision = choose_decoding_precision(precision, device)
-    make_ready(loaded.model, loaded.precision)
+    loaded.precision = choice
+    make_ready(loaded.model, loaded.precision, keep=keep)
+    release_free_memory()  # what reading, casting and quantizing freed goes back to the system now
     return loaded
 
 
@@ -136,15 +137,16 @@ def vocabulary_of(path: str | os.PathLike) -> tuple[Vocab, Vocab]:
 
 def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
                            vocab: str | os.PathLike | None = None, src_vocab: str | os.PathLike | None = None,
-                           tgt_vocab: str | os.PathLike | None = None, device: str | torch.device = "cpu") -> LoadedModel:
+                           tgt_vocab: str | os.PathLike | None = None, device: str | torch.device = "cpu",
+                           dtype: torch.dtype | None = None) -> LoadedModel:
     """The model and vocabularies `transduce translate MODEL` uses, on `device` (a name for
-    `resolve_device` or a torch.device), as stored (fp32, not made ready). Raises
+    `resolve_device` or a torch.device), as stored (or in `dtype`; not made ready). Raises
     FileNotFoundError, ValueError or DataError."""
     from ..checkpoint import load_for_inference
 
     if isinstance(device, str):
         device = resolve_device(device)
-    resolved = load_for_inference(path, checkpoint=checkpoint, average=average, device=device)
+    resolved = load_for_inference(path, checkpoint=checkpoint, average=average, device=device, dtype=dtype)
     model, config, what = resolved.model, resolved.config, resolved.description
     if vocab is not None and (src_vocab is not None or tgt_vocab is not None):
         raise ValueError("give --vocab (shared) or --src-vocab/--tgt-vocab, not both")

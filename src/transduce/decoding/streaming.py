@@ -30,14 +30,6 @@ def one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
 
 
-def check_search(greedy: bool, n_best: int, beam: int) -> None:
-    """Refuse an n-best list the search cannot give."""
-    if greedy and n_best != 1:
-        raise ValueError("greedy decoding gives one hypothesis per line: n_best must be 1")
-    if not greedy and not 1 <= n_best <= beam:
-        raise ValueError(f"n_best must be between 1 and the beam size ({beam}), not {n_best}")
-
-
 def input_token_limit(max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
                       max_len_offset: int = DEFAULT_MAX_LEN_OFFSET, positions: int | None = None) -> int:
     """The most subword tokens (EOS not counted) a source line may have: `max_input_tokens`, and
@@ -61,7 +53,9 @@ def stream_lines(search: BatchSearch, src_vocab: Vocab, lines: Iterable[str], *,
     `workers` > 1 in that many forked `Workers`, the output unchanged), the candidates yielded in
     input order (an empty line's at once: one empty candidate); `advance(n)` is called as lines
     are done."""
-    pool = Workers(search, workers) if workers > 1 else None
+    model = getattr(search, "model", None)  # a PyTorch model's size chooses threads or processes
+    threaded = workers > 1 and isinstance(model, torch.nn.Module) and thread_workers(model.config)
+    pool = Workers(search, workers, threads_not_processes=threaded) if workers > 1 else None
     map_batches = pool.map if pool is not None else lambda batches: map(search, batches)
     it = iter(lines)
     first_line = 1
@@ -120,6 +114,17 @@ def _worker_search(sources: list[list[int]]) -> list[list[Candidate]]:
 
 
 WORKERS_MAX_D_MODEL = 512  # up to this width one worker per CPU thread is faster (docs/speed.md)
+THREAD_WORKERS_FROM = 20_000_000  # weights from which workers are threads of one process (docs/speed.md)
+
+
+def thread_workers(config) -> bool:
+    """Whether a model of `config` (a `ModelConfig`) decodes in worker threads rather than forked
+    processes: a large model's step is its products (which let go of Python's lock), and threads
+    hold it once where processes each count it (the OPUS-MT models); a small model's step is as much
+    Python as products, which threads would take turns at."""
+    d, layers = config.d_model, config.n_layers
+    weights = layers * (4 * d * d + 2 * d * config.d_ff) * 2 + layers * 4 * d * d + config.target_vocab_size * d
+    return weights >= THREAD_WORKERS_FROM
 
 
 def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
@@ -137,17 +142,25 @@ def choose_workers(requested: int | str, device: torch.device, threads: int, d_m
 
 
 class Workers:
-    """CPU workers (Marian's and CTranslate2's inter-op workers): `n` processes forked from this
-    one (the model, made ready before, shared copy-on-write), PyTorch's `threads` divided among
-    them, each running `search` on whole batches; processes, since a decoding step holds Python's
-    lock between products (docs/speed.md)."""
+    """CPU workers (Marian's and CTranslate2's inter-op workers), each running `search` on whole
+    batches, PyTorch's `threads` divided among them: `n` processes forked from this one (the model,
+    made ready before, shared copy-on-write), since a small model's step holds Python's lock between
+    products, or, with `threads_not_processes` (a large model: `thread_workers`), `n` threads of
+    this process, which hold the model once (docs/speed.md)."""
 
-    def __init__(self, search: BatchSearch, n: int, threads: int | None = None):
-        if "fork" not in multiprocessing.get_all_start_methods():
-            raise ValueError("workers need processes forked from this one (Linux): use one worker here")
+    def __init__(self, search: BatchSearch, n: int, threads: int | None = None, threads_not_processes: bool = False):
         global _WORKER_SEARCH
         threads = threads or torch.get_num_threads()
-        self.n, self._search = n, search
+        self.n, self._search, self._threads = n, search, None
+        if threads_not_processes:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._threads = threads
+            torch.set_num_threads(max(1, threads // n))  # the process's, for the duration: each worker's products
+            self._pool = ThreadPoolExecutor(n, thread_name_prefix="transduce-worker")
+            return
+        if "fork" not in multiprocessing.get_all_start_methods():
+            raise ValueError("workers need processes forked from this one (Linux): use one worker here")
         _WORKER_SEARCH = search  # kept while the pool lives: a worker that dies is forked again
         try:
             self._pool = multiprocessing.get_context("fork").Pool(n, _worker_start, (max(1, threads // n),))
@@ -158,12 +171,28 @@ class Workers:
     def map(self, batches: Iterable[list[list[int]]]) -> Iterator[list[list[Candidate]]]:
         """`search` of every batch, in order."""
         batches = list(batches)
+        if self._threads is not None:
+            if len(batches) < self.n:  # a worker would idle: one thread with every thread's products
+                return self._alone(batches)
+            return self._pool.map(self._search, batches)
         if len(batches) < self.n:  # a worker would idle: one process with every thread is faster
             return map(self._search, batches)
         return self._pool.imap(_worker_search, batches)
 
+    def _alone(self, batches: list) -> Iterator[list[list[Candidate]]]:
+        n = torch.get_num_threads()
+        torch.set_num_threads(self._threads)
+        try:
+            yield from [self._search(b) for b in batches]
+        finally:
+            torch.set_num_threads(n)
+
     def close(self) -> None:
         global _WORKER_SEARCH
+        if self._threads is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            torch.set_num_threads(self._threads)
+            return
         self._pool.terminate()
         self._pool.join()
         _WORKER_SEARCH = None

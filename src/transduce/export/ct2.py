@@ -166,6 +166,10 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
     """Write `model` as a CTranslate2 model directory `out`, whole or not at all. Returns `out`."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
+    from ..fast.step import FastDecoder
+
+    if isinstance(model.decoder, FastDecoder):  # its weights packed or quantized, the originals let go
+        raise ValueError("the model is made ready for decoding: export it as loaded (decoding.ready.load_translation_model)")
     out = Path(out)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: exists (use --overwrite to replace it)")

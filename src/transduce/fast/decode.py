@@ -1,27 +1,31 @@
 """Speed-ups for decoding, applied to a built `transduce.model.Transformer` from the outside by
-`transduce.decoding.ready.make_ready`: the same products and the same equation 1 as the paper's, with less
-overhead (docs/speed.md): the weights pre-packed for oneDNN (`pack_weights`), `decode_attention`.
+`transduce.decoding.ready.make_ready`: the same products as the paper's with less overhead
+(docs/speed.md): the weights pre-packed for oneDNN (`pack_weights`). A layer that stands in for
+another keeps the original's weights (and `unpack_weights` puts the original back), except in a
+model made for decoding only (`keep=False`: `decoding.ready.load_for_decoding`), whose float
+weights are dropped once packed or quantized, so that the model is held once, not twice.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import attention
-from ..model import MultiHeadAttention, PositionwiseFeedForward, Transformer
-from . import cpu, ops, step
+from ..model import DecoderLayer, Embeddings, MultiHeadAttention, PositionwiseFeedForward, Transformer
+from . import ops
+
+_SWAPS = [0]
 
 
-def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """`attention.decode_attention`, the scores as K q^T where oneDNN runs AMX (`cpu.amx_products`)."""
-    return attention.decode_attention(q, k, v, mask, _keys_first())
+def swaps() -> int:
+    """How many times layers have been replaced or put back (by `replace_linears`, `restore_linears`,
+    `fuse_relu`, `int8.quantize_embeddings`): what `step.FastDecoder` reads its layers again after."""
+    return _SWAPS[0]
 
 
-_keys_first = functools.cache(cpu.amx_products)
+def _swapped() -> None:
+    _SWAPS[0] += 1
 
 
 def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
@@ -43,13 +47,17 @@ class PackedWeight:
     def __init__(self, source: Tensor, rows: slice | None = None, bias: Tensor | None = None):
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
         w = source.detach() if rows is None else source.detach()[rows]
-        self.dtype = w.dtype
+        self.dtype, self.out_features = w.dtype, w.size(0)
         self.weight = ops.pack(w)
+
+    def forget_source(self) -> None:
+        """Stand for the weights as they are now, without holding them (a model for decoding only)."""
+        self.source = None
 
     def usable(self, x: Tensor) -> bool:
         """Whether this copy computes what F.linear would for `x` now."""
         return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
-                and self.source._version == self.version and self.source.data_ptr() == self.ptr
+                and (self.source is None or (self.source._version == self.version and self.source.data_ptr() == self.ptr))
                 and not torch.is_autocast_enabled("cpu"))
 
     def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
@@ -71,22 +79,42 @@ class PackedLinear(nn.Module):
     make = PackedWeight
     """What stands for each weight block: `PackedWeight` (fp32/bf16, exact) or `int8.Int8Weight`."""
 
-    def __init__(self, layer: nn.Linear | None, weight: Tensor | None = None, blocks: tuple[slice, ...] = ()):
+    def __init__(self, layer: nn.Linear | None, weight: Tensor | None = None, blocks: tuple[slice, ...] = (),
+                 whole: bool = True):
         super().__init__()
         self.original = (layer,)  # a tuple: not registered as a submodule
         if layer is not None:
             self.weight, self.bias = layer.weight, layer.bias
         else:
             self.__dict__["weight"], self.bias = weight, None
-        with torch.no_grad():
-            self.packed = {block_key(r): self.make(self.weight, r, self.bias) for r in (None, *blocks)}
+        with torch.no_grad():  # `whole` False: only the blocks are multiplied by (encoder-decoder attention's)
+            self.packed = {block_key(r): self.make(self.weight, r, self.bias) for r in ((None,) if whole else ()) + blocks}
 
     def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:
-        w, b = self.weight, self.bias
-        if rows is not None:
-            w, b = w[rows], None if b is None else b[rows]
+        b = self.bias if rows is None or self.bias is None else self.bias[rows]
         packed = self.packed_for(rows)
-        return packed(x, b) if packed is not None and packed.usable(x) else F.linear(x, w, b)
+        if packed is not None and packed.usable(x):
+            return packed(x, b)
+        if packed is not None and self.weight is None and x.numel() == 0:
+            return x.new_empty(*x.shape[:-1], packed.out_features)
+        return F.linear(x, self._weight(rows), b)
+
+    def _weight(self, rows: slice | None) -> Tensor:
+        if self.weight is None:
+            raise RuntimeError("this layer was made for decoding only (its float weights dropped once packed): "
+                               "it runs in inference mode, without autocast, in the dtype it was packed in")
+        return self.weight if rows is None else self.weight[rows]
+
+    def drop_weight(self) -> None:
+        """Keep only what stands for the weight (`keep=False` in `replace_linears`): no original, no
+        float weight (the tied projection's, the embedding matrix, stays the embedding's)."""
+        for packed in self.packed.values():
+            packed.forget_source()
+        self.original = (None,)
+        if "weight" in self._parameters:
+            self._parameters["weight"] = None
+        else:
+            self.__dict__["weight"] = None
 
     def packed_for(self, rows: slice | None = None):
         """What stands for the block `rows` (`make`'s product), or None where `forward` runs F.linear."""
@@ -95,7 +123,7 @@ class PackedLinear(nn.Module):
     def relu(self, x: Tensor) -> Tensor:
         """max(0, x W^T + b), the ReLU inside the packed product where it is usable."""
         packed = self.packed[None]
-        return packed(x, self.bias, "relu") if packed.usable(x) else F.relu(F.linear(x, self.weight, self.bias))
+        return packed(x, self.bias, "relu") if packed.usable(x) else F.relu(F.linear(x, self._weight(None), self.bias))
 
 
 class PackedFeedForward(nn.Module):
@@ -121,20 +149,35 @@ def is_packed(model: nn.Module) -> bool:
     return any(type(m) is PackedLinear for m in model.modules())
 
 
-def replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = True, **options) -> int:
+def replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = True, keep: bool = True, **options) -> int:
     """Replace every `nn.Linear` of `model` (not replaced already) by a `cls` (made with `options`),
-    with `output` the tied pre-softmax projection too. Returns how many were replaced."""
+    with `output` the tied pre-softmax projection too; `keep=False`: each layer's float weights
+    dropped as soon as it is replaced (`PackedLinear.drop_weight`). Returns how many were replaced."""
     n = 0
-    for parent, name, layer in _children(model):
-        if isinstance(layer, nn.Linear):
-            blocks = (parent.q_rows, parent.kv_rows) if isinstance(parent, MultiHeadAttention) and name == "in_proj" else ()
-            setattr(parent, name, cls(layer, blocks=blocks, **options))
-            n += 1
+    found = [(parent, name) for parent, name, layer in _children(model) if isinstance(layer, nn.Linear)]
+    cross = {id(m.cross_attn) for m in model.modules() if isinstance(m, DecoderLayer)}
+    for parent, name in found:  # by name, so that a replaced layer is held by nothing once dropped
+        # encoder-decoder attention multiplies by W^Q's block and [W^K; W^V]'s, self-attention by all three at once
+        split = isinstance(parent, MultiHeadAttention) and name == "in_proj" and id(parent) in cross
+        new = cls(getattr(parent, name), blocks=(parent.q_rows, parent.kv_rows) if split else (), whole=not split, **options)
+        setattr(parent, name, new)
+        if not keep:
+            new.drop_weight()
+        n += 1
     for m in model.modules():
         if output and isinstance(m, Transformer) and m.output_proj is None:
-            m.output_proj = cls(None, weight=m.decoder.embed.weight, **options)
+            m.output_proj = cls(None, weight=embedding_matrix(m), **options)
+            if not keep:
+                m.output_proj.drop_weight()
             n += 1
+    _swapped()
     return n
+
+
+def embedding_matrix(model: Transformer) -> Tensor:
+    """The target embedding matrix E (3.4's tied projection), in the float type (an int8 embedding dequantized)."""
+    embed = model.decoder.embed
+    return embed.weight if isinstance(embed, Embeddings) else embed.dequantized()
 
 
 def restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
@@ -144,8 +187,10 @@ def restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
             setattr(parent, name, child.original[0])
     for parent, name, layer in _children(model):
         if type(layer) is cls:
+            if layer.original[0] is None and layer.weight is None:
+                raise ValueError("layers made for decoding only (keep=False) cannot be put back")
             setattr(parent, name, layer.original[0])
-    step.refresh(model)  # a FastStep installed on the model is rebuilt on the layers it has now
+    _swapped()
 
 
 def fuse_relu(model: nn.Module) -> None:
@@ -154,18 +199,19 @@ def fuse_relu(model: nn.Module) -> None:
         if (isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear)
                 and child.activation == "relu"):  # swish (not the paper) stays after W_1's packed product
             setattr(parent, name, PackedFeedForward(child))
-    step.refresh(model)
+    _swapped()
 
 
-def pack_weights(model: nn.Module) -> bool:
+def pack_weights(model: nn.Module, keep: bool = True) -> bool:
     """Replace every linear layer of `model` not replaced already (e.g. by `int8.quantize_int8`), and
     its tied pre-softmax projection, by a `PackedLinear`, after loading and casting the weights.
     Returns False, changing nothing, where it does not apply (`can_pack`) or nothing is left to
-    pack. Costs one more copy of the weights (`state_dict` unchanged); `unpack_weights` frees it."""
+    pack. Costs one more copy of the weights (`state_dict` unchanged; `unpack_weights` frees it),
+    or with `keep=False` none: the float weights are dropped (the model then decodes only)."""
     p = next(model.parameters())
     if not can_pack(p.dtype, p.device):
         return False
-    packed = replace_linears(model, PackedLinear) > 0
+    packed = replace_linears(model, PackedLinear, keep=keep) > 0
     fuse_relu(model)
     return packed
 

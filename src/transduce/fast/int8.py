@@ -8,7 +8,7 @@ import platform
 import torch
 from torch import Tensor, nn
 
-from ..model import Transformer
+from ..model import Embeddings, Transformer
 from . import ops
 from .cpu import int8_saturates
 from .decode import PackedLinear, PackedWeight, block_key, can_pack, fuse_relu, replace_linears, restore_linears, unpack_weights
@@ -39,6 +39,21 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, float, int]:
     return q.to(torch.int16).to(torch.uint8), scale, zero
 
 
+def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
+    """W (out, in) as int8 rows and their fp32 scales, W_i ~ s_i q_i, s_i = max|W_i| / Q, Q = 127
+    (63 where `int8_saturates`: 7-bit weights where pairs add in int16). Row by row in fp32 blocks,
+    so that a large matrix (an embedding) is never copied whole in fp32."""
+    top = 63 if int8_saturates() else 127
+    q = torch.empty(w.shape, dtype=torch.int8)
+    scales = torch.empty(w.size(0), dtype=torch.float32)
+    for i in range(0, w.size(0), 4096):
+        block = w[i:i + 4096].float()
+        s = block.abs().amax(dim=1).clamp_min(1e-12) / top
+        q[i:i + 4096] = torch.round(block / s[:, None]).clamp_(-top, top).to(torch.int8)
+        scales[i:i + 4096] = s
+    return q, scales
+
+
 class Int8Weight:
     """W (out, in), or the block `rows` of it, for y = x W^T + b in int8: each output channel i
     quantized symmetrically, W_i ~ s_i q_i with s_i = max|W_i| / Q, Q = 127 (63 where
@@ -53,11 +68,14 @@ class Int8Weight:
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
         self.bias, self.bias_version = bias, None if bias is None else bias._version
         self.dtype = source.dtype
-        w = (source.detach() if rows is None else source.detach()[rows]).float()
-        top = 63 if int8_saturates() else 127  # 7-bit weights where pairs add in int16
-        self.scales = w.abs().amax(dim=1).clamp_min(1e-12) / top
-        self.weight = ops.int8_pack(torch.round(w / self.scales[:, None]).clamp_(-top, top).to(torch.int8))
-        self.zeros = torch.zeros(w.size(0), dtype=torch.long)
+        q, self.scales = quantize_rows(source.detach() if rows is None else source.detach()[rows])
+        self.out_features = q.size(0)
+        self.weight = ops.int8_pack(q)
+        self.zeros = torch.zeros(q.size(0), dtype=torch.long)
+
+    def forget_source(self) -> None:
+        """Stand for the weights as they are now, without holding them (a model for decoding only)."""
+        self.source = self.bias = None
 
     def usable(self, x: Tensor) -> bool:
         """Whether this copy applies to `x` now (an empty `x` goes to F.linear)."""
@@ -77,8 +95,40 @@ class Int8Linear(PackedLinear):
 
     make = Int8Weight
 
+    @classmethod
+    def from_rows(cls, q: Tensor, scales: Tensor, dtype: torch.dtype) -> "Int8Linear":
+        """The tied pre-softmax projection from int8 rows already quantized (`quantize_rows`), for
+        decoding only: no float weight."""
+        layer = cls.__new__(cls)
+        nn.Module.__init__(layer)
+        layer.original, layer.__dict__["weight"], layer.bias = (None,), None, None
+        w = Int8Weight.__new__(Int8Weight)
+        w.source = w.bias = w.bias_version = None
+        w.version = w.ptr = None
+        w.dtype, w.scales, w.out_features = dtype, scales, q.size(0)
+        w.weight, w.zeros = ops.int8_pack(q), torch.zeros(q.size(0), dtype=torch.long)
+        layer.packed = {None: w}
+        return layer
 
-def quantize_int8(model: nn.Module, decoder: bool = True) -> int:
+
+class Int8Embeddings(nn.Module):
+    """Stands in for `model.Embeddings` (3.4) in a model made for decoding only: the matrix held as
+    the int8 rows and scales of the tied pre-softmax projection (`quantize_rows`), each row looked
+    up dequantized, E_i ~ s_i q_i, in the model's float type, times sqrt(d_model) as before."""
+
+    def __init__(self, q: Tensor, scales: Tensor, scale: float, dtype: torch.dtype):
+        super().__init__()
+        self.q, self.scales, self.scale, self.dtype = q, scales, scale, dtype
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return (self.q[tokens].to(torch.float32) * self.scales[tokens].unsqueeze(-1)).to(self.dtype) * self.scale
+
+    def dequantized(self) -> Tensor:
+        """The whole matrix, dequantized (V, d_model)."""
+        return (self.q.to(torch.float32) * self.scales[:, None]).to(self.dtype)
+
+
+def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, embeddings: bool = False) -> int:
     """Replace the linear layers of every decoding step of `model` by `Int8Linear`s (the FFN's ReLU
     inside the first product): the decoder's and the pre-softmax projection (tied or not), or with
     `decoder=False` the projection alone (`transduce.precision` chooses). On the CPU, after loading,
@@ -87,7 +137,10 @@ def quantize_int8(model: nn.Module, decoder: bool = True) -> int:
     sentence, stays in the float type, where `ready.make_ready` packs it (docs/RESULTS.md, "int8
     quality"). The pre-softmax projection writes fp32 logits whatever the model's dtype (bf16
     logits moved beam search's choices as much as a quantized layer does). `state_dict` is
-    unchanged. Returns how many layers were replaced; `dequantize_int8` puts them back."""
+    unchanged. `keep=False` (a model for decoding only): each layer's float weights dropped once
+    quantized, and with `embeddings` the tied embedding matrix too, looked up from the projection's
+    int8 rows (`Int8Embeddings`). Returns how many layers were replaced; `dequantize_int8` puts
+    them back (where `keep`)."""
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})")
@@ -97,18 +150,35 @@ def quantize_int8(model: nn.Module, decoder: bool = True) -> int:
     unpack_weights(model)  # int8 replaces what would be packed
     n = 0
     for m in [m for m in model.modules() if isinstance(m, Transformer)]:
-        n += replace_linears(m.decoder, Int8Linear, output=False) if decoder else 0
-        if m.output_proj is None or isinstance(m.output_proj, nn.Linear):  # None: tied to the embedding matrix
-            m.output_proj, n = Int8Linear(m.output_proj, weight=m.decoder.embed.weight), n + 1
-        for w in m.output_proj.packed.values():
-            w.out_dtype = torch.float32  # fp32 logits (see above)
-        for layer in m.decoder.layers:  # encoder-decoder attention's keys and values: once per source
+        for layer in m.decoder.layers if decoder else ():  # one layer at a time: its float weights dropped before the next
+            n += replace_linears(layer, Int8Linear, output=False)
             attn, key = layer.cross_attn, block_key(layer.cross_attn.kv_rows)
-            if isinstance(attn.in_proj, Int8Linear):
+            if isinstance(attn.in_proj, Int8Linear):  # encoder-decoder attention's keys and values: once per source
                 if can_pack(p.dtype, p.device):
                     attn.in_proj.packed[key] = PackedWeight(attn.in_proj.weight, attn.kv_rows, attn.in_proj.bias)
                 else:  # F.linear
                     del attn.in_proj.packed[key]
+            if not keep:
+                for lin in [x for x in layer.modules() if isinstance(x, Int8Linear)]:
+                    if lin is not attn.in_proj or key in lin.packed:  # else its keys and values need F.linear
+                        lin.drop_weight()
+        tied = m.output_proj is None
+        if tied and embeddings and not keep and isinstance(m.decoder.embed, Embeddings):
+            embed = m.decoder.embed
+            q, scales = quantize_rows(embed.weight.detach())
+            m.output_proj = Int8Linear.from_rows(q, scales, embed.weight.dtype)
+            small = Int8Embeddings(q, scales, embed.scale, embed.weight.dtype)
+            for parent in (m.encoder, m.decoder):
+                if parent.embed is embed:
+                    parent.embed = small
+            del embed
+            n += 1
+        elif tied or isinstance(m.output_proj, nn.Linear):  # tied: the embedding matrix
+            m.output_proj, n = Int8Linear(m.output_proj, weight=m.decoder.embed.weight), n + 1
+            if not keep:
+                m.output_proj.drop_weight()
+        for w in m.output_proj.packed.values():
+            w.out_dtype = torch.float32  # fp32 logits (see above)
     fuse_relu(model)
     return n
 

@@ -1,6 +1,7 @@
 """Speed-ups for training on the CPU, applied to a built `transduce.model.Transformer` from the
-outside (`transduce.train.step.prepare_for_training`): the same dropout (5.4) and equation 1,
-computed faster (docs/speed.md, "CPU training")."""
+outside (`transduce.train.step.prepare_for_training`): the same dropout (5.4), computed faster,
+and glibc's memory kept for reuse (docs/speed.md, "CPU training"); equation 1's bf16 training form
+is `attention.sequence_attention`'s choice."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import autocast_attention
 from ..memory import glibc
-from ..model import MultiHeadAttention
 
 
 class BitDropout(nn.Module):
@@ -46,16 +45,6 @@ class BitDropout(nn.Module):
     def extra_repr(self) -> str:
         """p, as `nn.Dropout` prints it."""
         return f"p={self.p}"
-
-
-def fast_attention(model: nn.Module) -> int:
-    """Every `MultiHeadAttention` of `model` computes equation 1 outside decoding steps through
-    `autocast_attention` (`MultiHeadAttention.sequence_attention`), for bf16 training on the CPU.
-    Returns how many layers it set."""
-    layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    for m in layers:
-        m.sequence_attention = autocast_attention
-    return len(layers)
 
 
 def keep_freed_memory() -> bool:

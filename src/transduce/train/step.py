@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..config import Config, ModelConfig
 from ..data.batching import ParallelDataset
 from ..errors import UsageError
-from ..fast.train import fast_attention, fast_dropout
+from ..fast.train import fast_dropout
 from ..memory import widen_kernel_cache
 from .. import precision as hardware
 from ..precision import PRECISIONS, Choice, choose_precision
@@ -96,15 +96,13 @@ def make_grad_scaler(device: torch.device, precision: str):
 
 def prepare_for_training(model: nn.Module, device: torch.device, precision: str) -> nn.Module:
     """`model` on `device`, in training mode, with the training speed-ups of `transduce.fast.train`
-    (the same math): dropout (5.4) from fewer random numbers and, on the CPU in bf16, equation 1
-    with fp32 scores. The one way the trainer, `transduce.synthetic` and benchmarks/bench.py
+    (the same math): dropout (5.4) from fewer random numbers (equation 1 with fp32 scores on the
+    CPU in bf16 is `attention.sequence_attention`'s choice). The one way the trainer, `transduce.synthetic` and benchmarks/bench.py
     prepare a model; call it once, before the optimizer is built (and before the first product:
     oneDNN's kernel cache is widened for training's many shapes, `memory.widen_kernel_cache`)."""
     widen_kernel_cache()
     model = model.to(device)
     fast_dropout(model)
-    if device.type == "cpu" and precision == "bf16":
-        fast_attention(model)
     return model.train()
 
 
@@ -170,13 +168,13 @@ def train_step(
     With DDP, gradients are all-reduced on the last micro-batch only (`no_sync()` on the others).
 
     A step whose loss or gradient norm is not finite is not taken: no parameter and no optimizer
+    state changes (`StepResult.updated` False; one host sync per step, as a GradScaler's, and with
+    several processes one small all-reduce so that all skip together).
 
     `pad_id` (the padding the loss ignores) and `smooth_exclude` (the classes given no smoothing
     mass) default to the model's: `config.pad_id`, and (`config.pad_id`, `config.bos_id`).
-    state changes (`StepResult.updated` False; one host sync per step, as a GradScaler's, and with
-    pad_id, smooth_exclude = loss_ids(model, pad_id, smooth_exclude)
-    several processes one small all-reduce so that all skip together).
     """
+    pad_id, smooth_exclude = loss_ids(model, pad_id, smooth_exclude)
     env = env or DistEnv(device=micro_batches[0]["src"].device)
     if lr is not None:
         set_lr(optimizer, lr)
@@ -217,13 +215,13 @@ def train_step(
             optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return StepResult(sums, grad_norm.detach(), updated)
+
+
 def loss_ids(model: nn.Module, pad_id: int | None, smooth_exclude: tuple[int, ...] | None) -> tuple[int, tuple]:
     """The loss's ignored id and unsmoothed classes: those given, else the model's (PAD; PAD and BOS, 5.4)."""
     c = getattr(getattr(model, "module", model), "_orig_mod", getattr(model, "module", model)).config  # DDP, compile
     return (c.pad_id if pad_id is None else pad_id,
             (c.pad_id, c.bos_id) if smooth_exclude is None else tuple(smooth_exclude))
-
-
 
 
 def gradient_norm(params: list[Tensor]) -> Tensor:
