@@ -78,11 +78,13 @@ def main() -> int:
         for lp in ("paper", "ct2"):
             label = "paper's ((5+|Y|)/6)^a" if lp == "paper" else "CT2's |Y|^a"
             runs.append((f"CTranslate2 {q} [{m.compute_type}], {label}",
-                         (lambda m, lp: lambda lines: [c[0].text for c in m.translate_stream(lines, length_penalty=lp, **search)])(m, lp)))
+                         (lambda m, lp: lambda lines: [c[0].text for c in translate_stream(m, m.src_vocab, m.tgt_vocab, lines,
+                                                                                            length_penalty=lp, **search)])(m, lp)))
     if args.greedy:
         runs.append(("transduce fp32 greedy", torch_run(fp32, False, greedy=True)))
-        runs.append(("CTranslate2 float32 greedy", lambda lines: [c[0].text for c in ct2["float32"].translate_stream(
-            lines, greedy=True, max_len_offset=args.max_len_offset)]))
+        m = ct2["float32"]
+        runs.append(("CTranslate2 float32 greedy", lambda lines: [c[0].text for c in translate_stream(
+            m, m.src_vocab, m.tgt_vocab, lines, greedy=True, max_len_offset=args.max_len_offset)]))
 
     rows, base = [], {}
     for name, fn in runs:

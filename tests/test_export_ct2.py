@@ -75,7 +75,7 @@ def test_greedy_outputs_identical(exported):
     loaded, ct2, _ = exported
     lines = sentences(SRC_WORDS, 40, seed=7) + ["", "a"]
     ref = list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=6))
-    got = list(ct2.translate_stream(lines, greedy=True, max_len_offset=6))
+    got = list(translate_stream(ct2, ct2.src_vocab, ct2.tgt_vocab, lines, greedy=True, max_len_offset=6))
     assert [c[0].tokens for c in got] == [c[0].tokens for c in ref]
     assert [c[0].text for c in got] == [c[0].text for c in ref]
 
@@ -123,7 +123,7 @@ def test_int8_agreement_is_measured_where_int8_pairs_add_in_int32(exported, caps
     diffs = [abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g)]
     lines = sentences(SRC_WORDS, 40, seed=7)
     a = [c[0].tokens for c in translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=6)]
-    b = [c[0].tokens for c in ct2.translate_stream(lines, greedy=True, max_len_offset=6)]
+    b = [c[0].tokens for c in translate_stream(ct2, ct2.src_vocab, ct2.tgt_vocab, lines, greedy=True, max_len_offset=6)]
     same = sum(x == y for x, y in zip(a, b)) / len(a)
     with capsys.disabled():
         print(f"\n[int8 {ct2.compute_type}, VNNI {cpu.has_vnni()}] mean |d log p| {sum(diffs) / len(diffs):.4f}, "
@@ -217,7 +217,8 @@ def test_paper_length_penalty_ranks_ct2s_hypotheses(exported):
     _, ct2, _ = exported
     lines = sentences(SRC_WORDS, 10, seed=11)
     for mode, lp in (("paper", lambda n, a: ((5 + n) / 6) ** a), ("ct2", lambda n, a: n**a)):
-        for cands in ct2.translate_stream(lines, beam=4, n_best=4, alpha=0.8, max_len_offset=5, length_penalty=mode):
+        for cands in translate_stream(ct2, ct2.src_vocab, ct2.tgt_vocab, lines, beam=4, n_best=4, alpha=0.8,
+                                      max_len_offset=5, length_penalty=mode):
             for c in cands:  # |Y| counts the EOS, unless the hypothesis stopped at the maximum length
                 n = len(c.tokens)
                 assert any(math.isclose(c.score, c.logprob / lp(m, 0.8), rel_tol=1e-5) for m in (n + 1, n) if m > 0)

@@ -206,15 +206,14 @@ def test_evaluate_int8_records_the_precision(model_dir, tmp_path):
 def test_serve_int8_engine(model_dir):
     pytest.importorskip("fastapi")
     from transduce.cli import serve as serve_cli
-    from transduce.serve.app import Search
+    from transduce.decoding.settings import SearchSettings
 
     p = argparse.ArgumentParser()
     serve_cli.add_args(p)
-    args = p.parse_args([str(model_dir), "--int8", "--threads", "1"])
-    serve_cli.resolve_defaults(args)
-    engine = serve_cli.engine_loader(args, serve_cli.limits_from_args(args))()
+    args = p.parse_args([str(model_dir), "--precision", "int8", "--threads", "1"])
+    engine = serve_cli.engine_loader(args, serve_cli.check_args(args))()
     assert engine.info["precision"] == "int8"
-    out = engine.translate(["a man runs on the grass", ""], Search(beam=2, max_len_offset=3))
+    out = engine.translate(["a man runs on the grass", ""], SearchSettings(beam=2, max_len_offset=3))
     assert len(out) == 2 and out[1][0].text == ""
 
 

@@ -81,12 +81,12 @@ def check_args(args: argparse.Namespace) -> None:
             raise ValueError("--greedy gives one hypothesis per line: --n-best must be 1")
         if not args.greedy and not 1 <= args.n_best <= args.beam:
             raise ValueError(f"--n-best must be between 1 and --beam ({args.beam})")
-    if args.split_sentences != "off" and args.n_best is not None:
-        raise ValueError("--n-best gives a line's own hypotheses: with --split-sentences on, a line is several sentences")
     if args.file is not None:
         for flag in ("input", "n_best"):
             if getattr(args, flag) is not None:
                 raise ValueError(f"--{flag.replace('_', '-')} does not apply to --file (a document in, a document out)")
+    if args.split_sentences != "off" and args.n_best is not None:
+        raise ValueError("--n-best gives a line's own hypotheses: with --split-sentences on, a line is several sentences")
     if to_file(args.out):
         from ..checkpoint.files import check_output
 
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..decoding import translate
 
-    fill_model_search_defaults(args)
     warn = warner(PROG)
+    fill_model_search_defaults(args)
     check_args(args)
     if args.file is not None:
         return _run_file(args, warn)
@@ -123,9 +123,7 @@ def run(args: argparse.Namespace) -> int:
                        advance=bar.update if bar is not None and not split else None)
 
         def decode(lines):
-            if args.engine == "ct2":
-                return loaded.translate_stream(lines, **options, length_penalty=args.penalty)
-            return translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, **options,
+            return translate.translate_stream(_model(args, loaded), loaded.src_vocab, loaded.tgt_vocab, lines, **options,
                                               length_penalty=args.penalty)
 
         stream = _split_lines(args, decode, streams.lines(), bar) if split else decode(streams.lines())
@@ -174,9 +172,8 @@ def _run_file(args: argparse.Namespace, warn) -> int:
         options = dict(decoding_options(args), warn=warn, source_name=str(args.file), length_penalty=args.penalty)
         with tqdm(total=len(sentences), desc="translate", unit=" sentences", mininterval=1,
                   disable=args.quiet or not sys.stderr.isatty()) as bar:
-            stream = (loaded.translate_stream(sentences, **options, advance=bar.update) if args.engine == "ct2" else
-                      translate.translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sentences, **options,
-                                                 advance=bar.update))
+            stream = translate.translate_stream(_model(args, loaded), loaded.src_vocab, loaded.tgt_vocab, sentences,
+                                                **options, advance=bar.update)
             return [cands[0].text for cands in stream]
 
     align = None
@@ -186,6 +183,11 @@ def _run_file(args: argparse.Namespace, warn) -> int:
         align = AttentionAligner(loaded.model, loaded.src_vocab, loaded.tgt_vocab).align
     write_bytes(out, translate_document(doc, Translator(batch, align), meta.get("src_lang") or "en"))
     return 0
+
+
+def _model(args: argparse.Namespace, loaded):
+    """What `translate_stream` decodes with: the PyTorch model, or the CTranslate2 export itself."""
+    return loaded if args.engine == "ct2" else loaded.model
 
 
 def _load_ct2(args: argparse.Namespace):

@@ -1,5 +1,7 @@
 """The decoding engines (Section 6.1): what searches a batch of source ids (with EOS) for its
-candidates, each run by `transduce.decoding.streaming.stream_lines`: `TorchSearch`, `CT2Search`."""
+candidates with a `settings.SearchSettings`, each run by `transduce.decoding.streaming.stream_lines`
+(through `translate.translate_stream`): `TorchSearch`, `CT2Search`, and `engine_search`, which
+chooses between them by the model."""
 
 from __future__ import annotations
 
@@ -9,21 +11,18 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import torch
 
 from ..config import Config
 from ..data.batching import pad_batch
 from ..data.vocab import Vocab, open_vocabs
-from .search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET, beam_search, greedy_decode
+from .search import beam_search, greedy_decode
 from .search import length_penalty as paper_length_penalty
 from ..export.ct2 import INFO, is_ct2_dir, pieces
 from ..extras import require
-from .streaming import (
-    DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS, Candidate, check_search,
-    input_token_limit, one_line, stream_lines,
-)
+from .settings import SearchSettings
+from .streaming import BatchSearch, Candidate, one_line
 
 
 @dataclass
@@ -33,28 +32,23 @@ class TorchSearch:
 
     model: torch.nn.Module
     tgt_vocab: Vocab
-    greedy: bool
-    beam: int
-    alpha: float
-    max_len_offset: int
-    n_best: int
+    settings: SearchSettings  # its length_penalty "paper" or "hf" (`search.beam_search`'s penalty: not the paper)
     bf16: bool
     constraint: object = None
-    penalty: str = "paper"  # `decode.beam_search`'s: "hf" searches as Hugging Face generate (not the paper)
 
     def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
-        model = self.model
+        model, s = self.model, self.settings
         param = next(model.parameters())
         src = pad_batch(sources, model.config.pad_id).to(param.device)
         autocast = (torch.autocast(device_type=param.device.type, dtype=torch.bfloat16)
                     if self.bf16 and param.dtype != torch.bfloat16 else contextlib.nullcontext())  # bf16 weights need none
         with torch.inference_mode(), autocast:
-            if self.greedy:
-                outs = greedy_decode(model, src, max_len_offset=self.max_len_offset)  # the model's special ids
+            if s.greedy:
+                outs = greedy_decode(model, src, max_len_offset=s.max_len_offset)  # the model's special ids
                 return [[Candidate(o, math.nan, math.nan, one_line(self.tgt_vocab.decode(o)))] for o in outs]
-            hyps = beam_search(model, src, beam_size=self.beam, alpha=self.alpha, max_len_offset=self.max_len_offset,
-                               n_best=self.n_best, constraint=self.constraint,
-                               penalty=self.penalty)
+            hyps = beam_search(model, src, beam_size=s.beam, alpha=s.alpha, max_len_offset=s.max_len_offset,
+                               n_best=s.n_best, constraint=self.constraint,
+                               penalty=s.length_penalty)
         for hs in hyps:
             for h in hs:
                 h.text = one_line(self.tgt_vocab.decode(h.tokens))
@@ -83,30 +77,6 @@ class CT2Model:
         return _Precision(f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})"
                           + ("; no VNNI on this CPU: int8 scores move, a trained model's BLEU holds" if saturates else ""))
 
-    def translate_stream(self, lines: Iterable[str], *, beam: int = DEFAULT_BEAM, alpha: float = DEFAULT_ALPHA,
-                         max_len_offset: int = DEFAULT_MAX_LEN_OFFSET, n_best: int = 1, greedy: bool = False,
-                         batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
-                         max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
-                         chunk_lines: int = DEFAULT_CHUNK_LINES, length_penalty: str = "paper",
-                         source_name: str = "input", warn: Callable[[str], None] | None = None,
-                         advance: Callable[[int], None] | None = None, bf16: bool = False, workers: int = 1,
-                         ) -> Iterator[list[Candidate]]:
-        """`transduce.decoding.translate.translate_stream` with CTranslate2 as the engine: the same input
-        handling and options; `length_penalty` "paper" (default) or "ct2" (its own). `bf16` is
-        ignored (the precision is the exported one or `load_ct2`'s compute_type). PAD and BOS are
-        suppressed before CTranslate2's softmax, and the output limit is one per batch (greedy
-        outputs are cut to each sentence's own)."""
-        check_search(greedy, n_best, beam)
-        if workers != 1:
-            raise ValueError("--workers is for transduce's engine; CTranslate2 decodes in one worker with --threads "
-                             "intra-op threads")
-        if length_penalty not in ("paper", "ct2"):
-            raise ValueError(f"length_penalty must be 'paper' or 'ct2', not {length_penalty!r}")
-        limit = input_token_limit(max_input_tokens, max_len_offset, self.max_positions)
-        search = CT2Search(self, greedy, beam, alpha, max_len_offset, n_best, length_penalty)
-        yield from stream_lines(search, self.src_vocab, lines, limit=limit, chunk_lines=chunk_lines,
-                                batch_tokens=batch_tokens, batch_size=batch_size, source_name=source_name, warn=warn,
-                                advance=advance)
 
 
 @dataclass
@@ -143,32 +113,59 @@ def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str 
                     info["quantization"], translator.compute_type)
 
 
+def engine_search(model, src_vocab: Vocab, tgt_vocab: Vocab, settings: SearchSettings, *, bf16: bool = False,
+                  constraint=None, workers: int = 1) -> tuple[BatchSearch, int | None]:
+    """(the search of `model`'s engine on a batch of source ids, the rows of the position table
+    that input and output must fit: None for none): transduce's (`TorchSearch`) for a PyTorch
+    model, CTranslate2's (`CT2Search`) for a `CT2Model`; what the engine cannot do refused in one line."""
+    penalty = settings.length_penalty
+    if isinstance(model, CT2Model):
+        if workers != 1:
+            raise ValueError("--workers is for transduce's engine; CTranslate2 decodes in one worker with --threads "
+                             "intra-op threads")
+        if constraint is not None:
+            raise ValueError("constrained decoding is transduce's engine's, not CTranslate2's")
+        if penalty not in ("paper", "ct2"):
+            raise ValueError(f"CTranslate2's engine ranks by the paper's length penalty or its own (ct2), not {penalty!r}")
+        return CT2Search(model, src_vocab, tgt_vocab, settings), model.max_positions
+    if penalty not in ("paper", "hf"):
+        raise ValueError(f"transduce's engine ranks by the paper's length penalty or Hugging Face's (hf), not {penalty!r}")
+    if settings.greedy and constraint is not None:
+        raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
+    if workers > 1 and next(model.parameters()).device.type != "cpu":
+        raise ValueError("workers are for the CPU: on a GPU, decode with one process (workers=1)")
+    mc = model.config
+    learned = getattr(mc, "positional", "sinusoidal") == "learned"
+    return TorchSearch(model, tgt_vocab, settings, bf16, constraint), mc.max_positions if learned else None
+
+
 @dataclass
 class CT2Search:
-    """CTranslate2's search on a batch of source ids (with EOS), as `stream_lines` runs it."""
+    """CTranslate2's search on a batch of source ids (with EOS), as `stream_lines` runs it: its
+    settings' length_penalty "paper" (CTranslate2's hypotheses ranked by the paper's penalty) or
+    "ct2" (its own, |Y|^alpha). PAD and BOS are suppressed before CTranslate2's softmax, and the
+    output limit is one per batch (greedy outputs are cut to each sentence's own)."""
 
     model: CT2Model
-    greedy: bool
-    beam: int
-    alpha: float
-    max_len_offset: int
-    n_best: int
-    length_penalty: str
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    settings: SearchSettings
 
     def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
-        model, greedy, alpha = self.model, self.greedy, self.alpha
-        src_pieces, tgt_pieces = pieces(model.src_vocab), pieces(model.tgt_vocab)
+        model, s = self.model, self.settings
+        greedy, alpha = s.greedy, s.alpha
+        src_pieces, tgt_pieces = pieces(self.src_vocab), pieces(self.tgt_vocab)
         tgt_ids = {p: i for i, p in enumerate(tgt_pieces)}
         ids = model.config.model.special_ids
         eos_piece = tgt_pieces[ids.eos]
         suppress = [[tgt_pieces[ids.pad]], [tgt_pieces[ids.bos]]]  # never real output tokens (as transduce.decoding.search)
         source = [[src_pieces[t] for t in toks[:-1]] for toks in sources]  # CT2 adds the EOS
-        max_lens = [len(toks) + self.max_len_offset for toks in sources]  # tokens with EOS, per sentence
+        max_lens = [len(toks) + s.max_len_offset for toks in sources]  # tokens with EOS, per sentence
         lp = 0.0 if greedy or alpha == 0 else alpha
-        paper = self.length_penalty == "paper"
+        paper = s.length_penalty == "paper"
         out = model.translator.translate_batch(
-            source, beam_size=1 if greedy else self.beam,
-            num_hypotheses=1 if greedy else (self.beam if paper else self.n_best),
+            source, beam_size=1 if greedy else s.beam,
+            num_hypotheses=1 if greedy else (s.beam if paper else s.n_best),
             length_penalty=lp, return_scores=True, return_end_token=True, max_input_length=0,
             max_decoding_length=max(max_lens), min_decoding_length=0, suppress_sequences=suppress,
         )
@@ -180,7 +177,7 @@ class CT2Search:
                 ended = bool(hyp) and hyp[-1] == eos_piece
                 length = len(hyp)  # |Y| with EOS when it ended with one
                 toks = [tgt_ids[p] for p in (hyp[:-1] if ended else hyp)]
-                text = one_line(model.tgt_vocab.decode(toks[:max_len] if greedy else toks))
+                text = one_line(self.tgt_vocab.decode(toks[:max_len] if greedy else toks))
                 if greedy:  # the sentence's own maximum (exact for greedy)
                     cands.append(Candidate(tokens=toks[:max_len], score=nan, logprob=nan, text=text))
                     continue
@@ -190,5 +187,5 @@ class CT2Search:
                 cands.append(Candidate(tokens=toks, score=score, logprob=logprob, text=text))
             if paper:
                 cands.sort(key=lambda c: -c.score)
-            results.append(cands[:self.n_best] or [Candidate(tokens=[], score=-math.inf, logprob=-math.inf, text="")])
+            results.append(cands[:s.n_best] or [Candidate(tokens=[], score=-math.inf, logprob=-math.inf, text="")])
         return results

@@ -10,7 +10,7 @@ which keeps the last part of any absolute path.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Callable
 
@@ -37,6 +37,7 @@ class Engine:
     attention: Callable[[str, str | None, SearchSettings], dict] | None = None
     tree: Callable[[str, str], object] | None = None
     encode_target: Callable[[str], list[int]] | None = None
+    models: object | None = None  # several models behind one server: their `serve.models.ModelSet`
 
 
 def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -46,7 +47,6 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
     from ..parsing.parse import is_parsing_model, predicts_tags
     from ..parsing.tokenize import ptb_tokenize
     from ..parsing.trees import delinearize
-    from ..decoding.translate import translate_stream
 
     parsing, tags = is_parsing_model(loaded.metadata), predicts_tags(loaded.metadata)
 
@@ -55,13 +55,6 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
 
     def tree(source: str, output: str):
         return delinearize(output.split(), ptb_tokenize(source), tags=tags)[0] if source.strip() else None
-
-    def translate(sentences: list[str], s: SearchSettings) -> list:
-        return list(translate_stream(
-            loaded.model, loaded.src_vocab, loaded.tgt_vocab, [prepare(x) for x in sentences], **asdict(s),
-            batch_tokens=batch_tokens, batch_size=batch_size, max_input_tokens=max_tokens, bf16=bf16,
-            chunk_lines=max(1, len(sentences)),
-        ))
 
     def attention(source: str, target: str | None, s: SearchSettings) -> dict:
         from ..views.weights import attention_data
@@ -79,24 +72,37 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
     public = public_model(loaded.description, loaded.config, loaded.metadata, precision)
     info = {"engine": "torch", **public, "task": "parsing" if parsing else "translation", "attention": True,
             "config": asdict(loaded.config.model), "vocab": _vocab_info(loaded.src_vocab, loaded.tgt_vocab)}
+    translate = decoder(loaded.model, loaded.src_vocab, loaded.tgt_vocab, batch_tokens=batch_tokens,
+                        batch_size=batch_size, max_tokens=max_tokens, bf16=bf16, prepare=prepare)
     return Engine(translate, lambda x: loaded.src_vocab.encode(prepare(x)), info, attention=attention,
                   tree=tree if parsing else None, encode_target=loaded.tgt_vocab.encode)
 
 
 def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
-               max_tokens: int = DEFAULT_MAX_TOKENS, length_penalty: str = "paper") -> Engine:
-    """An engine over a `transduce.decoding.engines.CT2Model` (CTranslate2 gives no attention weights)."""
+               max_tokens: int = DEFAULT_MAX_TOKENS) -> Engine:
+    """An engine over a `transduce.decoding.engines.CT2Model` (CTranslate2 gives no attention weights;
+    the length penalty it ranks by is the search settings': "paper" or its own, "ct2")."""
+    info = {"engine": "ct2", **public_model(model.description, model.config, None, model.compute_type),
+            "task": "translation", "attention": False, "config": asdict(model.config.model),
+            "vocab": _vocab_info(model.src_vocab, model.tgt_vocab)}
+    translate = decoder(model, model.src_vocab, model.tgt_vocab, batch_tokens=batch_tokens, batch_size=batch_size,
+                        max_tokens=max_tokens)
+    return Engine(translate, model.src_vocab.encode, info)
+
+
+def decoder(model, src_vocab, tgt_vocab, *, batch_tokens: int, batch_size: int, max_tokens: int, bf16: bool = False,
+            prepare: Callable[[str], str] | None = None) -> Callable[[list[str], SearchSettings], list]:
+    """`Engine.translate` for either engine's model: a round's sentences (each `prepare`d) decoded
+    with its settings by `translate_stream`, as `transduce translate` decodes them, in one chunk."""
+    from ..decoding.translate import translate_stream
 
     def translate(sentences: list[str], s: SearchSettings) -> list:
-        return list(model.translate_stream(
-            sentences, **asdict(replace(s, length_penalty=length_penalty)), batch_tokens=batch_tokens,
-            batch_size=batch_size, max_input_tokens=max_tokens, chunk_lines=max(1, len(sentences)),
-        ))
+        lines = [prepare(x) for x in sentences] if prepare is not None else sentences
+        return list(translate_stream(model, src_vocab, tgt_vocab, lines, **asdict(s), batch_tokens=batch_tokens,
+                                     batch_size=batch_size, max_input_tokens=max_tokens, bf16=bf16,
+                                     chunk_lines=max(1, len(sentences))))
 
-    info = {"engine": "ct2", **public_model(model.description, model.config, None, model.compute_type),
-            "length_penalty": length_penalty, "task": "translation", "attention": False,
-            "config": asdict(model.config.model), "vocab": _vocab_info(model.src_vocab, model.tgt_vocab)}
-    return Engine(translate, model.src_vocab.encode, info)
+    return translate
 
 
 # -- what clients are told about the model -------------------------------------------------------
