@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -179,7 +178,7 @@ def test_server_output_equals_transduce_translate(model_dir, loaded, tmp_path, c
     assert [t["text"] for t in got] == [r[4] for r in rows if r[1] == "1"]
 
 
-def test_ct2_engine_serves_what_translate_engine_ct2_writes(loaded, tmp_path):
+def test_ct2_engine_serves_what_translate_engine_ct2_writes(model_dir, tmp_path):
     pytest.importorskip("ctranslate2")
     from starlette.testclient import TestClient
 
@@ -187,13 +186,15 @@ def test_ct2_engine_serves_what_translate_engine_ct2_writes(loaded, tmp_path):
     from transduce.export.ct2 import export_ct2
     from transduce.serve.app import ct2_engine
 
+    loaded = load_translation_model(model_dir)  # as loaded: a model made ready for decoding is not exported
     ct2 = load_ct2(export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "ct2"), threads=1)
     lines = sentences(SRC_WORDS, 10, seed=31)
     with TestClient(create_app(ct2_engine(ct2))) as client:
         body = client.post("/translate", json={"sentences": lines, "beam": 3, "max_len_offset": 5}).json()
         info = client.get("/info").json()
-    assert [t["text"] for t in body["translations"]] == [c[0].text for c in ct2.translate_stream(lines, beam=3, max_len_offset=5)]
-    assert info["engine"] == "ct2" and info["length_penalty"] == "paper"
+    expected = translate_stream(ct2, ct2.src_vocab, ct2.tgt_vocab, lines, beam=3, max_len_offset=5)
+    assert [t["text"] for t in body["translations"]] == [c[0].text for c in expected]
+    assert info["engine"] == "ct2" and info["defaults"]["length_penalty"] == "paper"
 
 
 # -- limits and errors ----------------------------------------------------------------------------------
@@ -468,6 +469,8 @@ def test_transduce_serve_refuses_a_port_out_of_range_before_loading(model_dir, c
     (["--threads", "-1"], "--threads must be at least 1, not -1"),
     (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
     (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
+    (["--cors-origin", "https://example.org/app"],
+     "--cors-origin https://example.org/app: a site is http(s)://HOST[:PORT], without a path (or *: any)"),
 ])
 def test_transduce_serve_refuses_bad_threads_and_alpha_before_loading(model_dir, capsys, flags, message):
     assert main(["serve", str(model_dir), "--port", "0", "--log-level", "warning", *flags]) == 2

@@ -1,12 +1,15 @@
 """The LibreTranslate-compatible API of `transduce serve` (serve/libre.py), driven over HTTP on
-127.0.0.1 by the unmodified LibreTranslate clients libretranslatepy (a form body) and
-deep-translator (the query string), and by httpx for its JSON shapes and status codes: the
+127.0.0.1 by the unmodified LibreTranslate clients libretranslatepy (a form body), deep-translator
+(the query string) and npm's libretranslate (a JSON body, its `apiKey`), and by httpx for its JSON
+shapes and status codes: the
 translations equal `transduce translate`'s, decoded by the server's own batcher (one job a
 request); HTML keeps its markup; /languages and /detect from the model's data.json; the API key;
 the limits; the native API beside it unchanged."""
 
 import html
 import json
+import shutil
+import subprocess
 import threading
 import urllib.error
 
@@ -36,6 +39,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 KEY = "s3cret-key"
 LIMITS = Limits(max_sentences=6, max_chars=300, max_tokens=12, max_queue=1, max_beam=4)
 SEARCH = dict(beam=2, alpha=0.6, max_len_offset=4)  # the server's defaults below, and the reference's
+
+
+class CountingTransformer(Transformer):
+    """The model, recording the batch size of every `encode`: one per model batch decoded."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.batches: list[int] = []
+
+    def encode(self, src, src_mask=None):
+        self.batches.append(src.size(0))
+        return super().encode(src, src_mask)
 
 
 class HeldTransformer(Transformer):
@@ -131,6 +146,102 @@ def test_a_list_of_texts_is_one_request_one_job(server, reference):
     r = httpx.post(url + "/translate", json={"q": lines, "source": "en", "target": "de", "api_key": KEY}, timeout=30)
     assert r.status_code == 200 and r.json() == {"translatedText": reference(lines)}
     assert jobs(app) == before + 1
+
+
+def test_a_list_of_many_short_texts_is_decoded_as_one_batch(model_dir, reference):
+    """What a localisation tool sends: 40 short strings in one q, decoded in one batch of the
+    model (one `encode`), not one decode a string."""
+    loaded = load_translation_model(model_dir)
+    model = CountingTransformer(loaded.config.model)
+    model.load_state_dict(loaded.model.state_dict())
+    loaded.model = model.eval()
+    texts = [f"{a} {b}" for a in ("a man", "two dogs", "a woman", "the child") for b in
+             ("runs", "sits", "plays", "looks", "walks", "swims", "jumps", "eats", "reads", "sings")]
+    with live(create_app(torch_engine(loaded), limits=Limits(max_sentences=len(texts)),
+                         defaults=SearchSettings(**SEARCH))) as url:
+        r = httpx.post(url + "/translate", json={"q": texts, "source": "en", "target": "de"}, timeout=60)
+    assert r.status_code == 200 and r.json() == {"translatedText": reference(texts)}
+    assert model.batches == [len(texts)]
+
+
+def test_health_and_the_npm_clients_key_spelling(server, reference):
+    """GET /health (and under /libretranslate/) as monitors ask it; the key as `apiKey`, as the npm
+    client sends it (an empty one is none)."""
+    url, _ = server
+    assert httpx.get(url + "/health").json() == httpx.get(url + "/libretranslate/health").json() == {"status": "ok"}
+    body = {"q": "a man runs", "source": "en", "target": "de"}
+    r = httpx.post(url + "/translate", json={**body, "apiKey": KEY}, timeout=30)
+    assert (r.status_code, r.json()) == (200, {"translatedText": reference(["a man runs"])[0]})
+    for key, answer in (("", (400, {"error": "Please contact the server operator to get an API key"})),
+                        ("wrong", (403, {"error": "Invalid API key"}))):
+        r = httpx.post(url + "/translate", json={**body, "apiKey": key}, timeout=30)
+        assert (r.status_code, r.json()) == answer
+
+
+def test_cors_only_for_the_sites_given(model_dir):
+    """--cors-origin: a browser page of that site may call the API (LibreTranslate allows every
+    site; transduce none unless told), the preflight answered, the answers readable there."""
+    from starlette.testclient import TestClient
+
+    loaded = load_translation_model(model_dir)
+    body = {"q": "a man", "source": "en", "target": "de"}
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type"}
+    with TestClient(create_app(torch_engine(loaded), defaults=SearchSettings(**SEARCH),
+                               cors_origins=["https://app.example"])) as c:
+        r = c.options("/translate", headers=preflight)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        r = c.post("/translate", json=body, headers={"Origin": "https://app.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        assert "access-control-allow-origin" not in c.get("/languages", headers={"Origin": "https://other.example"}).headers
+    with TestClient(create_app(torch_engine(loaded), defaults=SearchSettings(**SEARCH), cors_origins=["*"])) as c:
+        assert c.get("/languages", headers={"Origin": "https://any.example"}).headers["access-control-allow-origin"] == "*"
+    with TestClient(create_app(torch_engine(loaded), defaults=SearchSettings(**SEARCH))) as c:
+        r = c.post("/translate", json=body, headers={"Origin": "https://app.example"})
+        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+@pytest.fixture(scope="module")
+def npm_client(tmp_path_factory):
+    """The npm `libretranslate` client, unmodified, installed into a directory of its own (the test
+    is skipped, saying why, where node, npm or the npm registry cannot be reached)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("node and npm are needed to run the npm libretranslate client")
+    d = tmp_path_factory.mktemp("npm")
+    try:
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "libretranslate@1"], cwd=d,
+                              capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.skip("npm install libretranslate took more than 240 s: the npm registry cannot be reached")
+    if done.returncode != 0:
+        pytest.skip(f"npm install libretranslate failed (the npm registry cannot be reached?): "
+                    f"{(done.stderr.strip().splitlines() or ['no message'])[-1]}")
+    script = d / "translate.js"
+    script.write_text("""const { translate } = require("libretranslate");
+const [query, source, target, apiurl, apiKey] = JSON.parse(process.argv[2]);
+translate({ query, source, target, apiurl, apiKey })
+  .then((text) => console.log(JSON.stringify(text === undefined ? null : text)))
+  .catch((e) => { console.error(String(e)); process.exit(1); });
+""")
+    return lambda *args: subprocess.run([node, str(script), json.dumps(args)], capture_output=True, text=True,
+                                        timeout=60)
+
+
+def test_the_npm_client_translates(server, reference, npm_client):
+    """The npm client: GET /languages to check the codes (sending Content-Type on a GET), then its
+    JSON body with `apiKey`; a text, `source` left to "auto", a list (JavaScript does not check q's
+    type); a wrong key gets LibreTranslate's 403, which the client hands on as no translation."""
+    url, _ = server
+    lines = ["a man runs on the grass", "two children play with a blue ball"]
+    for args, expected in ((("a man runs on the grass", "en", "de", url, KEY), reference(lines[:1])[0]),
+                           (("two children play with a blue ball", None, "de", url, KEY), reference(lines[1:])[0]),
+                           ((lines, "en", "de", url, KEY), reference(lines)),
+                           (("a man runs", "en", "de", url, "wrong"), None)):
+        done = npm_client(*args)
+        assert done.returncode == 0 and json.loads(done.stdout) == expected, (args, done.stderr)
+    done = npm_client("a man runs", "fr", "de", url, KEY)  # not in /languages: the client refuses it itself
+    assert done.returncode == 1 and "This language was not found" in done.stderr
 
 
 def test_html_keeps_its_markup_and_translates_its_text_nodes(server, reference):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -21,13 +22,12 @@ from .defaults import (SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SE
 from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
 
 DESCRIPTION = """\
-Serve MODEL over HTTP: a JSON API (POST /translate, /attention), a demo page at /,
-requests batched dynamically; SIGTERM drains what is in flight. MODEL: what
-translate takes, or with --engine ct2 an `export ct2` directory.
+Serve MODEL (several: each on demand) over HTTP: a JSON API, LibreTranslate's, a
+demo page; requests batched; SIGTERM drains what is in flight.
 details: transduce docs serve"""
 EPILOG = epilog(
     "transduce serve runs/multi30k-en-de                 # http://127.0.0.1:8000",
-    "transduce serve runs/multi30k-en-de --host 0.0.0.0 --port 9000",
+    "transduce serve models/ --max-memory 2G --pivot en   # every model in models/",
     "transduce serve m30k-ct2 --engine ct2",
 )
 PROG = "transduce serve"
@@ -35,7 +35,8 @@ PROG = "transduce serve"
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
-    g.add_argument("model_path", type=Path, metavar="MODEL", help="a run or model directory (ct2: an export)")
+    g.add_argument("model_path", type=Path, nargs="+", metavar="MODEL",
+                   help="run or model dirs, or a dir of them (ct2: an export)")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, printed)")
     g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E", help="torch or ct2 (default torch)")
@@ -43,8 +44,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    metavar="L", help="critical ... debug (default info: a line a request)")
     g.add_argument("--api-key", default=os.environ.get("TRANSDUCE_API_KEY") or None, metavar="KEY",
                    help="required on the API (default $TRANSDUCE_API_KEY)")
+    g.add_argument("--cors-origin", action="append", default=[], metavar="URL",
+                   help="a site whose pages may call the API (*: any)")
     g.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
                    help="SIGTERM: finish requests for S s (default 30)")
+    g.add_argument("--max-memory", metavar="SIZE", help="memory of the models loaded at once (e.g. 2G)")
+    g.add_argument("--pivot", metavar="LANG", help="a pair no model serves: through LANG (e.g. en)")
     g = parser.add_argument_group("model and search defaults (a request may override them)")
     add_model_args(g)
     add_search_args(g, beam=None, alpha=None, max_len_offset=None, greedy=False,
@@ -76,7 +81,8 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     from ..serve.common import Limits
 
     try:  # a data.json that cannot be read is the loader's to report
-        parsing = args.engine == "torch" and parse.is_parsing_model(model_metadata(args.model_path))
+        first = args.model_path[0] if isinstance(args.model_path, list) else args.model_path  # as parsed, a list
+        parsing = args.engine == "torch" and parse.is_parsing_model(model_metadata(first))
     except (OSError, ValueError, AttributeError):
         parsing = False
     fill_decoding_defaults(args, parsing)
@@ -115,12 +121,14 @@ def engine_loader(args: argparse.Namespace, limits):
     from ..serve.app import ct2_engine, torch_engine
 
     def load():
+        if getattr(args, "models", None) is not None:  # several: each loaded when a request first needs it
+            print(f"{PROG}: {len(args.models.models)} models ({', '.join(args.models.models)}), loaded on demand", flush=True)
+            return args.models.engine()
         if args.engine == "ct2":
             from ..decoding.engines import load_ct2
 
             model = load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
-            engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens,
-                                length_penalty=args.penalty)
+            engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens)
         else:
             loaded = load_from_args(args)
             engine = torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
@@ -140,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.app import bind_sockets
 
     limits = check_args(args)
+    args.models = open_set(args, limits) if args.several else None
     try:  # before the model loads: a port in use is one line, not a traceback from inside uvicorn
         sockets = bind_sockets(args.host, args.port)
     except OSError as e:
@@ -157,17 +166,22 @@ def check_args(args: argparse.Namespace):
     from ..checkpoint import check_model_path
     from ..device import resolve_device
 
+    args.model_paths, args.model_path = list(args.model_path), args.model_path[0]
+    args.several = several(args)
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535 (0: a free port the system chooses), not {args.port}")
     if args.api_key is not None and not args.api_key.strip():
         raise UsageError("--api-key is empty")
+    for origin in args.cors_origin:  # what a browser sends as Origin: scheme://host[:port], nothing after it
+        if origin != "*" and not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise UsageError(f"--cors-origin {origin}: a site is http(s)://HOST[:PORT], without a path (or *: any)")
     resolve_defaults(args)
     limits = limits_from_args(args)
     if args.engine == "torch" and args.precision == "int8" and resolve_device(args.device).type != "cpu":
         raise ValueError("--precision int8 runs on the CPU only: add --device cpu")
     if not args.model_path.is_dir():
         raise FileNotFoundError(f"{args.model_path}: no such directory")
-    if args.engine == "torch" and args.checkpoint is None and args.average is None:
+    if args.engine == "torch" and args.checkpoint is None and args.average is None and not args.several:
         # not a model: one line now, not after the server has started and announced itself
         check_model_path(args.model_path)
     if args.engine == "ct2":
@@ -177,6 +191,45 @@ def check_args(args: argparse.Namespace):
         if not is_ct2_dir(args.model_path):
             raise FileNotFoundError(f"{args.model_path}: not a directory written by `transduce export ct2`")
     return limits
+
+
+def several(args: argparse.Namespace) -> bool:
+    """Whether the models are a set (`serve.models`): MODEL given more than once, a directory of
+    model directories, --max-memory or --pivot."""
+    from ..checkpoint import check_model_path
+
+    if len(args.model_paths) > 1 or args.max_memory is not None or args.pivot is not None:
+        return True
+    try:
+        check_model_path(args.model_path)
+    except FileNotFoundError:
+        return args.model_path.is_dir() and args.engine == "torch" and args.checkpoint is None
+    return False
+
+
+def open_set(args: argparse.Namespace, limits):
+    """The models behind the server, read (not loaded: each on demand, on the decoding thread),
+    every one checked now."""
+    from ..serve.backend import torch_engine
+    from ..serve.models import open_models, parse_size
+
+    for flag in ("checkpoint", "vocab", "src_vocab", "tgt_vocab"):
+        if getattr(args, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} is one model's: serve that model alone")
+    if args.engine != "torch":
+        raise UsageError("--engine ct2 serves one model: several are served by the torch engine")
+    max_memory = parse_size(args.max_memory) if args.max_memory is not None else None
+
+    def load(served):
+        one = argparse.Namespace(**{**vars(args), "model_path": served.path})
+        loaded = load_from_args(one)
+        return torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
+                            max_tokens=limits.max_tokens, bf16=one.bf16)
+
+    models = open_models(args.model_paths, load, max_memory=max_memory, pivot=args.pivot)
+    if models.pivot is not None and models.pivot not in models.sources():
+        raise UsageError(f"--pivot {args.pivot}: no model translates from it")
+    return models
 
 
 def address(host: str, port: int) -> str:
@@ -193,10 +246,11 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
         uv.should_exit = True
 
     app = create_app(engine_loader(args, limits), limits=limits,
-                     defaults=SearchSettings(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset),
+                     defaults=SearchSettings(beam=args.beam, alpha=args.alpha, length_penalty=args.penalty,
+                                             max_len_offset=args.max_len_offset),
                      max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
                      max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop,
-                     api_key=args.api_key)
+                     api_key=args.api_key, cors_origins=args.cors_origin)
     port = sockets[0].getsockname()[1]  # the port the system chose, for --port 0
     uv = server(app, host=args.host, port=port, log_level=args.log_level, graceful_timeout=args.graceful_timeout)
     print(f"{PROG}: http://{address(args.host, port)} (loading {args.model_path}; GET /health says when it is ready; "

@@ -13,15 +13,14 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from pydantic import BaseModel, Field, ValidationError
 
 from ..decoding.settings import SearchSettings
 from ..decoding.streaming import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
-from .common import (Limits, Problem, Server, ServerState, number, read_fields, request_model, shutting_down,
-                     validation_problem)
+from .common import (Limits, Problem, Server, ServerState, number, read_fields, request_model, validation_problem)
 from .backend import Engine, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
 from ..memory import Trimmer, bound_kernel_caches, memory_info
 
@@ -200,14 +199,16 @@ def _add_status_routes(app, server: Server, max_batch_tokens: int, max_wait: flo
 def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None,
                defaults: SearchSettings | None = None, max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
                max_wait: float = 0.01, poll_disconnect: float = 0.05,
-               on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None):
+               on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None,
+               cors_origins: Sequence[str] = ()):
     """The ASGI app: the FastAPI app (`.fastapi`) inside the request log and the body-size limit;
     `.state` (a `ServerState`: its batcher, its loader thread), `.metrics`, `.begin_drain(grace)`
     (what a shutdown calls) and `.end_grace(forced=True)`. `engine`: an Engine, or a function that
     loads one on a thread at startup (/health says `loading` until then, and a failure, which
     `on_load_error(exception)` is told of). `api_key`: required on /translate and /attention (and
-    LibreTranslate's /detect). oneDNN's kernel caches are bounded first
-    (`memory.bound_kernel_caches`), before the first product."""
+    LibreTranslate's /detect). `cors_origins`: the sites whose pages may call the API from a
+    browser ("*": any, as LibreTranslate allows; none by default). oneDNN's kernel caches are
+    bounded first (`memory.bound_kernel_caches`), before the first product."""
     from fastapi import FastAPI
 
     from .demo import add_demo_routes
@@ -226,6 +227,8 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
                           max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round,
                           after_round=Trimmer()).start()
         state.batcher, state.engine = batcher, e
+        if e.models is not None:  # several models: each one's memory, loads and requests
+            metrics.registry.register(e.models.collector())
 
     def load() -> None:
         try:
@@ -286,7 +289,14 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         log.warning("the grace period (%g s) %s: unfinished requests are answered 503 (%d were queued)",
                     state.grace or 0, why, failed)
 
-    wrapped = RequestLog(BodyLimit(app, limits.max_body_bytes), metrics)
+    inner = BodyLimit(app, limits.max_body_bytes)
+    if cors_origins:  # a browser's preflight and every answer (a 413 too) say which sites may read it
+        from starlette.middleware.cors import CORSMiddleware
+
+        inner = CORSMiddleware(inner, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                               allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-ID"],
+                               expose_headers=["Retry-After", "X-Request-ID"], max_age=86400)
+    wrapped = RequestLog(inner, metrics)
     wrapped.fastapi, wrapped.state, wrapped.metrics = app, state, metrics
     wrapped.begin_drain, wrapped.end_grace = begin_drain, end_grace
     return wrapped

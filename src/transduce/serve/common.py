@@ -13,7 +13,7 @@ import json
 import math
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 from urllib.parse import parse_qsl
 
 from ..decoding.settings import SearchSettings
@@ -207,16 +207,20 @@ class Server:
             raise Problem(401, "unauthorized", "an API key is required: send Authorization: Bearer KEY or X-API-Key: "
                           "KEY", headers={"WWW-Authenticate": "Bearer"})
 
-    def lookup(self, source: str | None = None, target: str | None = None) -> tuple[Engine, Batcher]:
+    def lookup(self, source: str | None = None, target: str | None = None,
+               texts: Sequence[str] = ()) -> tuple[Engine, Batcher]:
         """The engine that translates `source` into `target` (None: whatever it serves), and its
         batcher: the one place a request's languages choose what decodes it. 503 while the model
         loads or the server shuts down; `unsupported_language` for a pair the model does not serve
-        (a model whose data.json names no languages takes any)."""
+        (a model whose data.json names no languages takes any). Several models: their set chooses
+        (`serve.models.ModelSet.lookup`; `source` "auto" is detected over `texts`)."""
         state = self.state
         if state.engine is None:
             raise Problem(503, "loading", "the model is still loading", headers={"Retry-After": "5"})
         if state.draining:
             raise shutting_down(state)
+        if state.engine.models is not None and (source, target) != (None, None):
+            return state.engine.models.lookup(source, target, list(texts), state.batcher)
         pair = languages(state.engine)
         if pair is not None and (source, target) != (None, None):
             src, tgt = pair

@@ -245,7 +245,7 @@ async def translate(server: Server, request, fields: Fields, given: list):
     if problem is not None:
         return problem
     try:
-        engine, batcher = server.lookup(values["source"], values["target"])
+        engine, batcher = server.lookup(values["source"], values["target"], texts)
         if fmt not in ("text", "html"):
             return fail(400, f"{fmt} format is not supported")
         layouts = [html_layout(t) if fmt == "html" else text_layout(t) for t in texts]
@@ -259,8 +259,10 @@ async def translate(server: Server, request, fields: Fields, given: list):
     result: dict = {"translatedText": [a[0] for a in answer] if batch else answer[0][0]}
     pair = languages(engine)
     if values["source"].lower() == "auto" and pair is not None:
-        detected = {"confidence": 100.0, "language": pair[0]}
+        detected = {"confidence": engine.info.get("confidence", 100.0), "language": pair[0]}
         result["detectedLanguage"] = [detected] * len(answer) if batch else detected
+    if engine.info.get("pivot"):  # no model for the pair: two, through this language
+        result["pivot"] = engine.info["pivot"]
     if asked:
         result["alternatives"] = [a[1] for a in answer] if batch else answer[0][1]
     return JSONResponse(result)  # as it is: POST /translate's response model is the native API's
@@ -275,11 +277,14 @@ def answers(pieces: list, ranked: list[list[str]], html: bool) -> tuple[str, lis
 
 
 async def languages_route(server: Server):
-    """GET /languages: the model's source language with its one target, and the target."""
+    """GET /languages: the model's source language with its one target, and the target (several
+    models: every source with all its targets)."""
     try:
         engine, _ = server.lookup()
     except Problem as p:
         return render(p)
+    if engine.models is not None:
+        return engine.models.languages()
     pair = languages(engine)
     if pair is None:
         return []
@@ -289,12 +294,17 @@ async def languages_route(server: Server):
 
 
 async def detect(server: Server, request, given: list):
-    """POST /detect: the model's source language (the server detects none)."""
+    """POST /detect: the model's source language (several models: their sources, ranked by the
+    detector, `serve.models.Detector`)."""
     fields = await read_fields(request)
     if (problem := check_fields(fields, server, given, "q")) is not None:
         return problem
     try:
         engine, _ = server.lookup()
+        if engine.models is not None:
+            q = fields.value["q"]
+            return [{"confidence": c, "language": lang}
+                    for lang, c in engine.models.detect(" ".join(q) if isinstance(q, list) else str(q))]
     except Problem as p:
         return render(p)
     pair = languages(engine)

