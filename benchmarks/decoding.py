@@ -9,6 +9,7 @@ import contextlib
 import re
 import time
 import zlib
+from pathlib import Path
 
 import torch
 

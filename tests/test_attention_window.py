@@ -7,7 +7,6 @@ and the attention weights all apply it; the exports that cannot represent it ref
 import pytest
 import torch
 
-from transduce.fast import decode as kernels
 from transduce.checkpoint import load_model, save_model
 from transduce.cli import main
 from transduce.config import Config, ModelConfig, apply_overrides, get_preset

@@ -107,4 +107,4 @@ def test_docstrings_and_comments_carry_no_dates_cpu_names_or_timings():
     found = [o for path in files for o in offences(path)]
     if found:
         pytest.fail("comments or docstrings with a date, a CPU/GPU name or a timing (move the measurement to "
-                    f"docs/ and point there):\n" + "\n".join(found), pytrace=False)
+                    "docs/ and point there):\n" + "\n".join(found), pytrace=False)

@@ -40,13 +40,25 @@ NN_NAMES = [("in_proj.weight", "in_proj_weight"), ("in_proj.bias", "in_proj_bias
 
 
 def doc_table() -> dict[str, tuple[list[str], list[str]]]:
-    """{nn argument: (expressions to pass for transduce's masks, transduce's mask for `a`)}."""
+    """{nn argument: (expressions to pass for transduce's masks, transduce's mask for `a`)}: the
+    section's list, an item per argument (`- **`name`** · *field*: value · ...`, wrapped onto
+    indented lines)."""
     section = DOC.read_text(encoding="utf-8").split("## The mask convention", 1)[1].split("\n## ", 1)[0]
-    rows = {}
+    items: list[str] = []
     for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and (name := re.fullmatch(r"`(\w+)`", cells[0])):
-            rows[name[1]] = (re.findall(r"`([^`]+)`", cells[3]), re.findall(r"`([^`]+)`", cells[4]))
+        if line.startswith("- **`"):
+            items.append(line[2:].strip())
+        elif items and line.startswith("  ") and line.strip():
+            items[-1] += " " + line.strip()
+        elif not line.strip():
+            items.append("") if items and items[-1] else None
+    rows = {}
+    for item in filter(None, items):
+        name = re.match(r"\*\*`(\w+)`\*\*", item)
+        fields = {f.split("*:", 1)[0].strip("* "): f.split("*:", 1)[1] for f in item.split(" · ")[1:] if "*:" in f}
+        to_pass = next(v for k, v in fields.items() if k.startswith("what to pass"))
+        given = next(v for k, v in fields.items() if k.startswith("transduce's mask for a given"))
+        rows[name[1]] = (re.findall(r"`([^`]+)`", to_pass), re.findall(r"`([^`]+)`", given))
     return rows
 
 

@@ -7,7 +7,6 @@ import random
 import re
 
 import pytest
-import torch
 
 from transduce.decoding.ready import load_translation_model
 from transduce.decoding.translate import translate_lines

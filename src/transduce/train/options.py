@@ -113,7 +113,8 @@ def lr_scale_for_peak(peak: float, d_model: int, warmup_steps: int) -> float:
 
 
 BASE_CPU_TOKENS_PER_S = 545.0
-"""`base` training on 2 AMD Zen 4 cores in bf16, target tokens/s (docs/RESULTS.md): the yardstick of `cpu_hours`."""
+"""`base` training's rate in target tokens a second on two CPU cores in bf16, as docs/RESULTS.md records it:
+the yardstick of `cpu_hours`."""
 
 
 def cpu_hours(config: Config, threads: int) -> float:
