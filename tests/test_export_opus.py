@@ -204,6 +204,14 @@ def test_the_import_writes_what_save_model_writes(tmp_path):
     assert len(streamed) == len(saved)
 
 
+def test_the_import_makes_the_parent_of_its_directory(tmp_path):
+    """`-o models/en-de` where models/ is not there yet (a fresh checkout), as prepare's --out."""
+    d = make_opus_dir(tmp_path / "made", seed=4)
+    out = tmp_path / "models" / "en-de"
+    assert main(["import", str(d), "-o", str(out)]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "generation.json").is_file()
+
+
 def test_export_from_marian_is_gone(tmp_path, capsys):
     """`transduce import` is the one spelling: `export from-marian` was never released."""
     with pytest.raises(SystemExit) as e:  # argparse's own refusal of an unknown FORMAT
