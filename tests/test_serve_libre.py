@@ -6,7 +6,6 @@ translations equal `transduce translate`'s, decoded by the server's own batcher 
 request); HTML keeps its markup; /languages and /detect from the model's data.json; the API key;
 the limits; the native API beside it unchanged."""
 
-import html
 import json
 import shutil
 import subprocess
@@ -30,7 +29,8 @@ from transduce.documents import installed_formats  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.decoding.settings import SearchSettings  # noqa: E402
 from transduce.serve.app import Limits, create_app, torch_engine  # noqa: E402
-from transduce.serve.libre import html_layout  # noqa: E402
+from transduce.text.align import ModelTranslator  # noqa: E402
+from transduce.text.markup import translate_html  # noqa: E402
 from transduce.decoding.ready import load_translation_model  # noqa: E402
 from transduce.decoding.translate import translate_lines, translate_stream  # noqa: E402
 
@@ -244,37 +244,25 @@ def test_the_npm_client_translates(server, reference, npm_client):
     assert done.returncode == 1 and "This language was not found" in done.stderr
 
 
-def test_html_keeps_its_markup_and_translates_its_text_nodes(server, reference):
-    url, _ = server
-    doc = ('<p class="intro" data-x=\'1 &amp; 2\'>a man <b>runs</b> on <!-- a note --> the grass<br/>\n'
-           '<code>the dog</code> <span translate="no">a dog</span> a woman &lt; two dogs<i>!</i> &#x1F600; .</p>')
-    nodes = ["a man", "runs", "on", "the grass", "a woman < two dogs"]  # what the model is given
-    t = {node: html.escape(out, quote=False) for node, out in zip(nodes, reference(nodes))}
-    expected = (f'<p class="intro" data-x=\'1 &amp; 2\'>{t["a man"]} <b>{t["runs"]}</b> {t["on"]} <!-- a note --> '
-                f'{t["the grass"]}<br/>\n<code>the dog</code> <span translate="no">a dog</span> '
-                f'{t["a woman < two dogs"]}<i>!</i> &#x1F600; .</p>')  # no words: kept as sent
-    for send in ({"json": {"q": doc, "source": "en", "target": "de", "format": "html", "api_key": KEY}},
-                 {"data": {"q": doc, "source": "en", "target": "de", "format": "html", "api_key": KEY}}):
-        r = httpx.post(url + "/translate", timeout=30, **send)
-        assert r.status_code == 200 and r.json() == {"translatedText": expected}
-
-
-@pytest.mark.parametrize("doc", ["", "plain text", "<a href='x'>link</a>", "a <b>c</b> <i>", "x < y & z",
-                                 "<script>if (a < b) { c }</script>tail", "<!DOCTYPE html><html><body>\n hi \n</body>",
-                                 "<p>line\r\nnext &nbsp; </p>", "</b>stray<br>", "<?xml version='1.0'?><x>&#65;</x>",
-                                 "<p>a</p><p> . </p>\U0001F600 <i>!</i>"])
-def test_html_layout_keeps_everything_but_the_text_of_text_nodes(doc):
-    """The markup comes back exactly as sent, in order; each text node is its text on one line
-    (what the model is given) between its whitespace: put back, escaped, the document reads the same."""
-    pieces = html_layout(doc)
-    at = 0
-    for p in pieces:
-        if isinstance(p, str):
-            at = doc.index(p, at) + len(p)
-        else:
-            assert any(c.isalnum() for c in p[1]) and p[1] == " ".join(p[1].split()) and not (p[0] + p[2]).strip()
-    rebuilt = "".join(p if isinstance(p, str) else p[0] + html.escape(p[1], quote=False) + p[2] for p in pieces)
-    assert " ".join(html.unescape(rebuilt).split()) == " ".join(html.unescape(doc).split())
+def test_html_a_sentence_at_a_time_its_tags_placed_by_the_models_attention(model_dir, reference_model):
+    """format html: each sentence with its inline tags translated once (not a text node at a
+    time), the tags placed by the model's own attention, as `transduce translate --file` places
+    them (text.markup with text.align's aligner); markup, comments, entities and what is never
+    translated (code, translate="no") as sent."""
+    doc = ('<p class="intro" data-x=\'1 &amp; 2\'>A man <b>runs</b> on the grass. <!-- a note -->'
+           'Two dogs<i>!</i></p>\n<p>See <code>the dog</code> and <span translate="no">a dog</span>.</p>')
+    expected = translate_html(doc, "en", ModelTranslator.from_loaded(reference_model, **SEARCH))
+    for kept in ('<p class="intro" data-x=\'1 &amp; 2\'>', "<!-- a note -->", "<code>the dog</code>",
+                 '<span translate="no">a dog</span>', "</p>\n<p>"):
+        assert kept in expected
+    loaded = load_translation_model(model_dir)
+    app = create_app(torch_engine(loaded), defaults=SearchSettings(**SEARCH))
+    with live(app) as url:
+        for send in ({"json": {"q": doc, "source": "en", "target": "de", "format": "html"}},
+                     {"data": {"q": doc, "source": "en", "target": "de", "format": "html"}}):
+            r = httpx.post(url + "/translate", timeout=30, **send)
+            assert r.status_code == 200 and r.json() == {"translatedText": expected}
+    assert app.state.batcher.stats.jobs == 2  # a request's sentences one job; the alignments a call of their own
 
 
 def test_languages_and_detect_name_the_models_pair(server):

@@ -143,7 +143,7 @@ def engine_loader(args: argparse.Namespace, limits):
 
 
 def run(args: argparse.Namespace) -> int:
-    for module in ("fastapi", "uvicorn", "prometheus_client"):
+    for module in ("fastapi", "uvicorn", "prometheus_client", "pysbd", "sentencex"):  # the serve extra's
         require(module, "transduce serve")
     from ..serve.app import bind_sockets
 
@@ -253,7 +253,8 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
                      api_key=args.api_key, cors_origins=args.cors_origin)
     port = sockets[0].getsockname()[1]  # the port the system chose, for --port 0
     uv = server(app, host=args.host, port=port, log_level=args.log_level, graceful_timeout=args.graceful_timeout)
-    print(f"{PROG}: http://{address(args.host, port)} (loading {args.model_path}; GET /health says when it is ready; "
+    what = f"{len(args.models.models)} models, each on demand" if args.models is not None else f"loading {args.model_path}"
+    print(f"{PROG}: http://{address(args.host, port)} ({what}; GET /health says when it is ready; "
           f"the demo page is at /)" + ("; an API key is required on /translate and /attention" if args.api_key else ""),
           flush=True)
     try:

@@ -22,6 +22,7 @@ from ..decoding.streaming import DEFAULT_BATCH_TOKENS
 from .batcher import Batcher, ShuttingDown
 from .common import (Limits, Problem, Server, ServerState, number, read_fields, request_model, validation_problem)
 from .backend import Engine, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
+from .splitting import decode_texts, mode_of, source_language, warm
 from ..memory import Trimmer, bound_kernel_caches, memory_info
 
 log = logging.getLogger("transduce.serve")
@@ -69,7 +70,13 @@ def request_schema(limits: Limits, defaults: SearchSettings) -> type[BaseModel]:
         "sentences": (list[str], Field(max_length=limits.max_sentences,
                                        description="sentences to translate, one translation each (empty -> empty)"))}, {
         "n_best": (int, Field(1, ge=1, le=limits.max_beam, description="hypotheses per sentence (at most beam)")),
-        "scores": (bool, Field(False, description="return scores and log-probabilities"))})
+        "scores": (bool, Field(False, description="return scores and log-probabilities")),
+        "split_sentences": (str | bool, Field(
+            "off", description="split each input into sentences, translate them, join them back, its whitespace "
+                               "kept: on (or 1, true), nonewlines (not at line breaks), off (or 0, false: each input "
+                               "is one sentence, the default), as DeepL spells them; an input's score and logprob are "
+                               "then its sentences' sums, its n_best their k-th hypotheses put together",
+            examples=["on", "nonewlines", "off"]))})
 
 
 class BodyLimit:
@@ -227,6 +234,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
                           max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round,
                           after_round=Trimmer()).start()
         state.batcher, state.engine = batcher, e
+        warm(source_language(e))  # the sentence splitters loaded before the first request needs them
         if e.models is not None:  # several models: each one's memory, loads and requests
             metrics.registry.register(e.models.collector())
 
@@ -332,9 +340,20 @@ def _add_translate_route(app, server: Server, keys, errors: dict) -> None:
         if req.n_best > (1 if req.greedy else req.beam):
             raise Problem(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
                           f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
-        tokens = server.count_tokens(engine.encode, req.sentences)
         settings = replace(server.defaults, beam=req.beam, alpha=req.alpha, max_len_offset=req.max_len_offset,
                            n_best=req.n_best, greedy=req.greedy)
+        try:
+            mode = mode_of(req.split_sentences, "off")
+        except ValueError as e:
+            raise Problem(422, "invalid_request", str(e), field="split_sentences") from None
+        if mode != "off":  # each input split into sentences, all of them one job
+            if engine.tree is not None:
+                raise Problem(422, "invalid_request", "split_sentences: a parsing model parses each input as one "
+                              "sentence (leave split_sentences off)", field="split_sentences")
+            results = await decode_texts(server, engine, batcher, req.sentences, source_language(engine), mode,
+                                         settings, request, where=lambda k, i, j: f"sentences.{i} (its sentence {j + 1})")
+            return _response(req, results, req.sentences, engine.tree)
+        tokens = server.count_tokens(engine.encode, req.sentences)
         results = await server.decode(batcher, req.sentences, settings, tokens, request)
         return _response(req, results, req.sentences, engine.tree)
 

@@ -29,7 +29,9 @@ class Engine:
     """What the server decodes with: `translate(sentences, search)` -> candidates per sentence (on
     the decoding thread only), `encode(sentence)` -> source ids (for the limits), what /info shows;
     optional: `attention(source, target or None, search)` -> the attention JSON (on the decoding
-    thread), `tree(source, output)` -> a parsing model's tree."""
+    thread), `tree(source, output)` -> a parsing model's tree, `align(sources, outputs)` -> per
+    pair its links (`text.markup.Link`: output characters to source characters, from the model's
+    attention; on the decoding thread), which place HTML's and documents' tags (none: in proportion)."""
 
     translate: Callable[[list[str], SearchSettings], list]
     encode: Callable[[str], list[int]]
@@ -38,6 +40,7 @@ class Engine:
     tree: Callable[[str, str], object] | None = None
     encode_target: Callable[[str], list[int]] | None = None
     models: object | None = None  # several models behind one server: their `serve.models.ModelSet`
+    align: Callable[[list[str], list[str]], list] | None = None
 
 
 def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
@@ -74,8 +77,13 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
             "config": asdict(loaded.config.model), "vocab": _vocab_info(loaded.src_vocab, loaded.tgt_vocab)}
     translate = decoder(loaded.model, loaded.src_vocab, loaded.tgt_vocab, batch_tokens=batch_tokens,
                         batch_size=batch_size, max_tokens=max_tokens, bf16=bf16, prepare=prepare)
+    align = None
+    if not parsing:  # tags placed by the encoder-decoder attention, as `transduce translate --file` places them
+        from ..text.align import AttentionAligner
+
+        align = AttentionAligner(loaded.model, loaded.src_vocab, loaded.tgt_vocab).align
     return Engine(translate, lambda x: loaded.src_vocab.encode(prepare(x)), info, attention=attention,
-                  tree=tree if parsing else None, encode_target=loaded.tgt_vocab.encode)
+                  tree=tree if parsing else None, encode_target=loaded.tgt_vocab.encode, align=align)
 
 
 def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,

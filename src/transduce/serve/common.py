@@ -28,7 +28,7 @@ class Limits:
     """What one request may ask for."""
 
     max_body_bytes: int = 1 << 20
-    max_sentences: int = 64  # Sentences per request (LibreTranslate's API: texts in q, and lines in all)
+    max_sentences: int = 64  # Sentences per request (texts in q, and sentences in all after the split)
     max_chars: int = 2000  # Characters per sentence (LibreTranslate's API: per request, summed over q)
     max_tokens: int = DEFAULT_MAX_TOKENS  # Subword tokens per sentence (EOS not counted)
     max_queue: int = 256  # Requests waiting to be decoded; more are answered 429

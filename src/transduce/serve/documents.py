@@ -4,7 +4,7 @@ source, target, api_key) answers {"translatedFileUrl": ".../download_file/ID"}, 
 (report.docx -> report_de.docx); the same under /libretranslate/. The formats are those of
 `transduce.documents`; a file's sentences are decoded as one job of the server's batcher, its tags
 placed by the engine's alignment (`Engine.align`, on the decoding thread), or in proportion where
-the engine has none. The translated files wait in a directory of their own, each for `ttl` seconds
+the engine has none (`serve.splitting`). The translated files wait in a directory of their own, each for `ttl` seconds
 (LibreTranslate's 30 minutes), at most `max_files` of them and `max_bytes` in all, the oldest
 going first. What differs from LibreTranslate: docs/serve.md, "Documents"."""
 
@@ -21,8 +21,9 @@ import weakref
 from dataclasses import replace
 from pathlib import Path
 
-from .common import Problem, Server, languages
+from .common import Problem, Server
 from .libre import BAD_KEY, MISSING, NEED_KEY, PREFIX, fail, render
+from .splitting import decode_job, off_loop, source_language
 
 MAX_FILE_SENTENCES = 10_000
 """Sentences a file may hold (a request of the native API: `Limits.max_sentences`)."""
@@ -122,22 +123,16 @@ async def translate_file(server: Server, downloads: Downloads, request, given: l
     if fmt not in formats:
         return fail(400, "Invalid request: file format not supported")
     try:
-        engine, batcher = server.lookup(source, target)
+        auto = source.lower() == "auto"  # detected over the file's text, once it is read
+        engine, batcher = server.lookup(source, target) if not auto else (None, None)
         doc = await asyncio.to_thread(read, await upload.read(), fmt, safe_name(upload.filename))
-        pair = languages(engine)
-        lang = pair[0] if pair is not None and source.lower() == "auto" else source
-        job = plan(doc.segments, lang, html=doc.html)
+        if auto:
+            engine, batcher = server.lookup(source, target, doc.segments)
+        job = await off_loop(plan, doc.segments, source_language(engine, source), html=doc.html)
         files = replace(server, limits=replace(server.limits, max_sentences=MAX_FILE_SENTENCES))
-        tokens = files.count_tokens(engine.encode, job.sentences, where=lambda i: f"the file's sentence {i + 1}")
-        results = await server.decode(batcher, job.sentences, replace(server.defaults, n_best=1), tokens, request)
-        outputs = [cands[0].text for cands in results]
-        sources, outs = [job.sentences[j] for j in job.aligned], [outputs[j] for j in job.aligned]
-        align = getattr(engine, "align", None)  # the model's attention, on the decoding thread, where the engine has it
-        if align is not None and sources:
-            links = await server.wait(batcher, lambda: batcher.call(lambda: align(sources, outs)), request)
-        else:  # none: text.markup places the tags in proportion
-            links = [[] for _ in sources]
-        doc.fill(job.render(outputs, links))
+        outputs, links = await decode_job(server, engine, batcher, job, replace(server.defaults, n_best=1), request,
+                                          counter=files, where=lambda i: f"the file's sentence {i + 1}")
+        doc.fill(await off_loop(job.render, outputs, links))
         data = await asyncio.to_thread(doc.save)
         ident = downloads.put(translated_name(upload.filename, target), data)
     except DocumentError as e:

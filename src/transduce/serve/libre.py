@@ -8,19 +8,20 @@ app.py's fields, messages and status codes); the body, the key, the limits, whic
 and the waiting are the server's plumbing (`serve.common`), the native API's too. What differs
 from LibreTranslate: docs/serve.md.
 
-The model was trained on sentence pairs (Section 5.1): a text is translated line by line, and HTML
-(`format: "html"`) text node by text node, its markup kept as it was sent.
+The model was trained on sentence pairs (Section 5.1): a text is translated a sentence at a time
+(`split_sentences`, as DeepL spells it: "1" by default, "0", "nonewlines"), its whitespace and line
+breaks kept, and HTML (`format: "html"`) a sentence at a time with its inline tags placed by the
+engine's alignment, its markup kept as it was sent (`serve.splitting`).
 """
 
 from dataclasses import replace
-from html import escape
-from html.parser import HTMLParser
 
 from starlette.responses import JSONResponse
 
 from ..decoding.settings import SearchSettings
 from ..documents import installed_formats
 from .common import Fields, Limits, Problem, Server, languages, name, read_fields, scrub
+from .splitting import decode_texts, mode_of, source_language, translate_html
 
 PREFIX = "/libretranslate"  # the same routes again, for a client given a base URL of their own
 # LibreTranslate's /translate fields, and the npm client's spelling of the key
@@ -87,8 +88,8 @@ def check_texts(q, from_json: bool, limits: Limits):
     texts = q if batch else [q]
     if not all(isinstance(t, str) for t in texts):
         return None, False, fail(400, "Invalid request: q must be a string or a list of strings")
-    if not from_json:
-        texts = ["\n".join(t.splitlines()) for t in texts]
+    if not from_json:  # a browser's form sends \r\n
+        texts = [t.replace("\r\n", "\n") for t in texts]
     if batch and len(texts) > limits.max_sentences:
         return None, False, fail(400, TOO_LONG.format(len(texts), limits.max_sentences))
     chars = sum(len(t) for t in texts)
@@ -111,112 +112,6 @@ def search_for(fields: dict, fmt: str, defaults: SearchSettings, limits: Limits)
     return (replace(defaults, beam=max(defaults.beam, n), n_best=n) if n > 1 else defaults), alternatives > 0, None
 
 
-# -- text and HTML as sentences ---------------------------------------------------------------------
-
-# HTML elements with no end tag, and those whose text is never translated (also: translate="no")
-VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
-KEEP = frozenset(("script", "style", "code", "pre", "textarea", "template"))
-
-
-class _TextNodes(HTMLParser):
-    """The spans of an HTML document: (offset where it starts, its text if translatable, else None)."""
-
-    def __init__(self, doc: str):
-        super().__init__(convert_charrefs=True)
-        self.starts = [0] + [i + 1 for i, c in enumerate(doc) if c == "\n"]  # HTMLParser counts lines by \n
-        self.spans: list[tuple[int, str | None]] = []
-        self.open: list[tuple[str, bool]] = []  # (tag, kept: its text and its children's left as they are)
-
-    def _at(self, text: str | None = None) -> None:
-        line, column = self.getpos()
-        self.spans.append((self.starts[line - 1] + column, text))
-
-    def handle_starttag(self, tag, attrs):
-        self._at()
-        if tag not in VOID:
-            kept = tag in KEEP or dict(attrs).get("translate") == "no" or bool(self.open and self.open[-1][1])
-            self.open.append((tag, kept))
-
-    def handle_startendtag(self, tag, attrs):
-        self._at()
-
-    def handle_endtag(self, tag):
-        self._at()
-        for k in range(len(self.open) - 1, -1, -1):
-            if self.open[k][0] == tag:
-                del self.open[k:]
-                break
-
-    def handle_data(self, data):
-        self._at(None if self.open and self.open[-1][1] else data)
-
-    def handle_comment(self, data):
-        self._at()
-
-    handle_decl = handle_pi = unknown_decl = handle_comment
-
-
-def html_layout(doc: str) -> list:
-    """The document as pieces: markup and untranslated text as they were sent (str), and each text
-    node with words as (its leading whitespace, its text on one line, its trailing whitespace)."""
-    parser = _TextNodes(doc)
-    parser.feed(doc)
-    parser.close()
-    ends = [start for start, _ in parser.spans[1:]] + [len(doc)]
-    pieces: list = []
-    text, raw = "", ""
-    for (start, data), end in zip(parser.spans, ends):
-        if data is not None:  # adjacent text spans ("a < b" comes in three) are one node
-            text, raw = text + data, raw + doc[start:end]
-            continue
-        pieces += _text_node(text, raw) + [doc[start:end]]
-        text, raw = "", ""
-    pieces += _text_node(text, raw)
-    return [p for p in pieces if p != ""]
-
-
-def words(text: str) -> bool:
-    """Whether a text has anything to translate: a letter or a digit (not only punctuation, symbols,
-    emoji or whitespace, which are kept as they are, as LibreTranslate keeps emoji)."""
-    return any(c.isalnum() for c in text)
-
-
-def _text_node(text: str, raw: str) -> list:
-    if not words(text):
-        return [raw]
-    core = text.strip()
-    return [(text[: len(text) - len(text.lstrip())], " ".join(core.split()), text[len(text.rstrip()):])]
-
-
-def text_layout(text: str) -> list:
-    """A text as pieces: each line with words (leading whitespace, the line, trailing whitespace),
-    the rest as it is."""
-    pieces: list = []
-    for i, line in enumerate(text.split("\n")):
-        if i:
-            pieces.append("\n")
-        core = line.strip()
-        pieces.append((line[: len(line) - len(line.lstrip())], core, line[len(line.rstrip()):]) if words(core) else line)
-    return pieces
-
-
-def render_text(pieces: list, outputs, html: bool) -> str:
-    """The pieces with each sentence's translation (escaped in HTML) in its place."""
-    return "".join(p if isinstance(p, str) else p[0] + (escape(outputs[p[1]], quote=False) if html else outputs[p[1]])
-                   + p[2] for p in pieces)
-
-
-def number_sentences(layouts: list[list]) -> list[str]:
-    """The sentences of every layout, in order; each layout's sentence pieces then hold its index."""
-    sentences: list[str] = []
-    for pieces in layouts:
-        for k, p in enumerate(pieces):
-            if not isinstance(p, str):
-                pieces[k] = (p[0], len(sentences), p[2])
-                sentences.append(p[1])
-    return sentences
-
-
 def unique(items: list[str], best: str) -> list[str]:
     """Alternatives as LibreTranslate gives them: in order, each once, none empty or the translation."""
     seen, out = {best, ""}, []
@@ -232,7 +127,8 @@ def unique(items: list[str], best: str) -> list[str]:
 
 async def translate(server: Server, request, fields: Fields, given: list):
     """POST /translate: LibreTranslate's checks in its order (the key, the fields, alternatives,
-    the batch and char limits, the language pair, the format), then the texts decoded."""
+    the batch and char limits, the language pair, the format), then the texts decoded, every
+    sentence of every text as one job."""
     if (problem := check_fields(fields, server, given, "q", "source", "target")) is not None:
         return problem
     values = fields.value
@@ -245,17 +141,22 @@ async def translate(server: Server, request, fields: Fields, given: list):
     if problem is not None:
         return problem
     try:
+        mode = mode_of(values.get("split_sentences"), "on")
+    except ValueError as e:
+        return fail(400, f"Invalid request: {e}")
+    try:
         engine, batcher = server.lookup(values["source"], values["target"], texts)
         if fmt not in ("text", "html"):
             return fail(400, f"{fmt} format is not supported")
-        layouts = [html_layout(t) if fmt == "html" else text_layout(t) for t in texts]
-        sentences = number_sentences(layouts)
-        tokens = server.count_tokens(engine.encode, sentences, where=lambda i: f"sentence {i + 1}")
-        results = await server.decode(batcher, sentences, search, tokens, request)
+        lang = source_language(engine, values["source"])
+        if fmt == "html":
+            answer = [(doc, []) for doc in await translate_html(server, engine, batcher, texts, lang, mode, search,
+                                                                 request)]
+        else:
+            candidates = await decode_texts(server, engine, batcher, texts, lang, mode, search, request)
+            answer = [(cands[0].text, unique([c.text for c in cands[1:]], cands[0].text)) for cands in candidates]
     except Problem as p:
         return render(p)
-    ranked = [[c.text for c in cands] for cands in results]
-    answer = [answers(pieces, ranked, fmt == "html") for pieces in layouts]
     result: dict = {"translatedText": [a[0] for a in answer] if batch else answer[0][0]}
     pair = languages(engine)
     if values["source"].lower() == "auto" and pair is not None:
@@ -266,14 +167,6 @@ async def translate(server: Server, request, fields: Fields, given: list):
     if asked:
         result["alternatives"] = [a[1] for a in answer] if batch else answer[0][1]
     return JSONResponse(result)  # as it is: POST /translate's response model is the native API's
-
-
-def answers(pieces: list, ranked: list[list[str]], html: bool) -> tuple[str, list[str]]:
-    """A text's translation, put together from its sentences' best candidates (`ranked`: every
-    sentence's, best first), and its alternatives: the k-th candidates put together, each once."""
-    n = max((len(ranked[p[1]]) for p in pieces if not isinstance(p, str)), default=1)
-    options = [render_text(pieces, [r[min(k, len(r) - 1)] for r in ranked], html) for k in range(n)]
-    return options[0], unique(options[1:], options[0])
 
 
 async def languages_route(server: Server):

