@@ -27,10 +27,16 @@ def attention_reference(
     return dropped @ v, weights
 
 
+FUSED_MAX_HEADS = 64
+"""Rows x heads up to which a step's self-attention takes the fused kernel without AMX (docs/speed.md)."""
+
+
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
     """A CPU decoding step's few queries: `product_attention`, or PyTorch's fused kernel for one
-    unmasked query per row on one thread, where it is the faster (docs/speed.md)."""
-    if q.size(2) == 1 and mask is None and torch.get_num_threads() == 1:
+    unmasked query per row on one thread where it is the faster (docs/speed.md): with oneDNN's AMX
+    (`keys_first`), or for at most `FUSED_MAX_HEADS` rows x heads (one sentence's beams)."""
+    if (q.size(2) == 1 and mask is None and torch.get_num_threads() == 1
+            and (keys_first or q.size(0) * q.size(1) <= FUSED_MAX_HEADS)):
         return F.scaled_dot_product_attention(q, k, v)
     return product_attention(q, k, v, mask, keys_first)
 

@@ -27,7 +27,9 @@ class LayerCache:
     self_v: Tensor | None = None  # Self-attention values, (B', h, length, d_v)
     # The flat buffers `self_k` and `self_v` are views of (inference mode sets no `Tensor._base`)
     _flat: list = field(default_factory=lambda: [None, None])
-    # The step before's memory, reused for the next step's (fresh megabytes cost page faults)
+    # Free buffers for the next append's keys and values, shared by the layers of one `DecoderCache`:
+    # a layer's buffers of the step before become the next layer's (fresh megabytes cost page
+    # faults), so a cache holds one spare pair, not one per layer
     _spare: list = field(default_factory=lambda: [None, None])
     pending: Tensor | None = None  # the reorder this layer's next `append` applies (`begin_step`)
 
@@ -36,9 +38,10 @@ class LayerCache:
         (B, h, length + n, d), contiguous. The pending reorder (which old row each row
         continues) is applied in the same copy."""
         rows, self.pending = self.pending, None
-        self.self_k, flat_k = _extend(self.self_k, k, rows, self._spare[0])
-        self.self_v, flat_v = _extend(self.self_v, v, rows, self._spare[1])
-        self._spare, self._flat = self._flat, [flat_k, flat_v]  # the old buffers are free now
+        spare = self._spare
+        self.self_k, flat_k = _extend(self.self_k, k, rows, spare[0])
+        self.self_v, flat_v = _extend(self.self_v, v, rows, spare[1])
+        spare[:], self._flat = self._flat, [flat_k, flat_v]  # the old buffers are free now: the next layer's
         return self.self_k, self.self_v
 
 
@@ -54,6 +57,11 @@ class DecoderCache:
     rows_per_source: int = 1
     word_count: Tensor | None = None  # (B,) words emitted so far by each row (`ModelConfig.word_positions`)
     pending: Tensor | None = None  # a reorder not yet applied to self_k/self_v: row i continues `pending[i]`
+
+    def __post_init__(self) -> None:
+        spare = [None, None]  # one spare pair for all the layers (`LayerCache._spare`)
+        for layer in self.layers:
+            layer._spare = spare
 
     @property
     def batch_size(self) -> int:

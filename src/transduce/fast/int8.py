@@ -96,12 +96,12 @@ class Int8Linear(PackedLinear):
     make = Int8Weight
 
     @classmethod
-    def from_rows(cls, q: Tensor, scales: Tensor, dtype: torch.dtype) -> "Int8Linear":
+    def from_rows(cls, q: Tensor, scales: Tensor, dtype: torch.dtype, bias: Tensor | None = None) -> "Int8Linear":
         """The tied pre-softmax projection from int8 rows already quantized (`quantize_rows`), for
-        decoding only: no float weight."""
+        decoding only: no float weight; `bias` added by oneDNN as it writes the output."""
         layer = cls.__new__(cls)
         nn.Module.__init__(layer)
-        layer.original, layer.__dict__["weight"], layer.bias = (None,), None, None
+        layer.original, layer.__dict__["weight"], layer.bias = (None,), None, bias
         w = Int8Weight.__new__(Int8Weight)
         w.source = w.bias = w.bias_version = None
         w.version = w.ptr = None
@@ -139,7 +139,8 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
     logits moved beam search's choices as much as a quantized layer does). `state_dict` is
     unchanged. `keep=False` (a model for decoding only): each layer's float weights dropped once
     quantized, and with `embeddings` the tied embedding matrix too, looked up from the projection's
-    int8 rows (`Int8Embeddings`). Returns how many layers were replaced; `dequantize_int8` puts
+    int8 rows (`Int8Embeddings`), and the logits bias (`ModelConfig.output_bias`) added by oneDNN as
+    the projection writes the logits. Returns how many layers were replaced; `dequantize_int8` puts
     them back (where `keep`)."""
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
@@ -166,7 +167,9 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
         if tied and embeddings and not keep and isinstance(m.decoder.embed, Embeddings):
             embed = m.decoder.embed
             q, scales = quantize_rows(embed.weight.detach())
-            m.output_proj = Int8Linear.from_rows(q, scales, embed.weight.dtype)
+            bias = None if m.output_bias is None else m.output_bias.detach().float()
+            m.output_proj = Int8Linear.from_rows(q, scales, embed.weight.dtype, bias)
+            m.output_bias = None  # the logits bias inside the projection's product: no second pass over the logits
             small = Int8Embeddings(q, scales, embed.scale, embed.weight.dtype)
             for parent in (m.encoder, m.decoder):
                 if parent.embed is embed:
