@@ -33,7 +33,8 @@ _ONEDNN_PROBE = "import torch; from transduce.fast import ops; ops.linear(torch.
 _CT2_PROBE = """
 import torch
 from transduce.config import Config, ModelConfig
-from transduce.export.ct2 import SPECIAL_PIECES, TransduceConverter
+from transduce.data.vocab import SPECIAL_PIECES
+from transduce.export.ct2 import TransduceConverter
 from transduce.model import Transformer
 import ctranslate2
 model = Transformer(ModelConfig(src_vocab_size=16, n_layers=1, d_model=16, d_ff=32, n_heads=2)).eval()
