@@ -264,6 +264,26 @@ def test_generation_settings_travel_and_translate_decodes_as_generate(with_setti
     assert sum(map(bool, got)) >= 4
 
 
+def test_serve_decodes_with_the_imported_settings_unless_told_otherwise(with_settings, tmp_path):
+    """`transduce serve` of an imported model takes its generation settings as its defaults, as
+    `translate` does (beam 4, |Y|^1.0); the flags, where given, win."""
+    pytest.importorskip("fastapi")
+    import argparse
+
+    from transduce.cli import serve as serve_cli
+
+    out = tmp_path / "model"
+    assert main(["import", str(with_settings), "-o", str(out)]) == 0
+    parser = argparse.ArgumentParser()
+    serve_cli.add_args(parser)
+    args = parser.parse_args([str(out)])
+    serve_cli.check_args(args)
+    assert (args.beam, args.penalty, args.alpha) == (4, "hf", 1.0)
+    args = parser.parse_args([str(out), "--beam", "2", "--length-penalty", "gnmt:0.6"])
+    serve_cli.check_args(args)
+    assert (args.beam, args.penalty, args.alpha) == (2, "paper", 0.6)
+
+
 def test_languages_from_the_name_and_the_target_tokens(tmp_path):
     """The languages of a model named as the hub names OPUS-MT's, where its tokenizer_config.json
     names none, and a multilingual model's `>>xx<<` tokens."""

@@ -5,7 +5,8 @@ every product shape in two caches, its own (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) a
 (`LRU_CACHE_CAPACITY`); decoding sees a new shape at almost every step, so unbounded they fill
 for thousands of requests. `bound_kernel_caches` bounds both before the process's first product
 (`transduce.decoding.ready.load_for_decoding` and importing `transduce.serve` call it). glibc's arenas keep
-what a round freed: `release_free_memory` (`malloc_trim(0)`) gives the free pages back.
+what a round freed: `release_free_memory` (`malloc_trim(0)`) gives the free pages back, and
+`map_large_blocks` keeps large blocks out of them.
 """
 
 from __future__ import annotations
@@ -72,6 +73,21 @@ def release_free_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+MAP_LARGE_FROM = 1 << 20
+"""Bytes from which a decoding process's allocations are mapped on their own (`map_large_blocks`)."""
+
+
+def map_large_blocks(size: int = MAP_LARGE_FROM) -> bool:
+    """glibc: allocations of `size` bytes or more mapped on their own and given back when freed, at a
+    fixed threshold. glibc's default threshold rises to the largest block freed (up to 32 MB), after
+    which a model's tensors and a batch's logits come from the heap and what they free stays there:
+    loading a model held more at its peak, and a server grew round after round. For a decoding
+    process (`ready.load_for_decoding`): measured in docs/speed.md, "Memory at OPUS-MT's size".
+    Returns whether it took (elsewhere nothing changes)."""
+    libc, m_mmap_threshold = glibc(), -3  # malloc.h
+    return libc is not None and bool(libc.mallopt(m_mmap_threshold, size))
 
 
 class _MallInfo2(ctypes.Structure):

@@ -85,12 +85,32 @@ def resolve_defaults(args: argparse.Namespace) -> None:
         parsing = args.engine == "torch" and parse.is_parsing_model(model_metadata(first))
     except (OSError, ValueError, AttributeError):
         parsing = False
+    model_defaults(args, first, parsing)
     fill_decoding_defaults(args, parsing)
     d = Limits()
     if args.max_beam is None:
         args.max_beam = max(d.max_beam, args.beam)
     if args.max_len_offset_limit is None:
         args.max_len_offset_limit = max(d.max_len_offset, args.max_len_offset)
+
+
+def model_defaults(args: argparse.Namespace, path, parsing: bool) -> None:
+    """One model served by the torch engine, imported with its own generation settings: the search
+    `generate` runs by default (beam, length penalty), each where its flag is not given, as
+    `translate` decodes it (`common.fill_model_search_defaults`)."""
+    from ..decoding.generation import find_generation
+
+    several = isinstance(args.model_path, list) and len(args.model_path) > 1
+    if args.engine != "torch" or parsing or several or not Path(path).is_dir():
+        return
+    own = find_generation([Path(path), Path(path).parent, Path(path).parent.parent])
+    if own is None:
+        return
+    search = own.search()
+    if args.beam is None:
+        args.beam = search["beam"]  # 1: greedy, as generate's num_beams 1
+    if args.alpha is None and args.length_penalty == "gnmt":  # --length-penalty not given
+        args.length_penalty, args.alpha = search["length_penalty"], search["alpha"]
 
 
 def limits_from_args(args: argparse.Namespace):
@@ -103,8 +123,9 @@ def limits_from_args(args: argparse.Namespace):
             flag = "max_input_tokens" if name == "max_tokens" else name  # the Limits field's flag
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
     check_search_args(args, "batch_tokens", "batch_size")
-    args.penalty = library_length_penalty(args, f"--engine {args.engine}",
-                                          ("gnmt", "ct2", "none") if args.engine == "ct2" else ("gnmt", "none"))
+    from .translate import ENGINE_PENALTIES  # the formulas each engine decodes with, as translate's
+
+    args.penalty = library_length_penalty(args, f"--engine {args.engine}", ENGINE_PENALTIES[args.engine])
     if args.beam > limits.max_beam:
         raise ValueError(f"--beam must be between 1 and --max-beam ({limits.max_beam})")
     if args.max_len_offset > limits.max_len_offset:

@@ -214,4 +214,7 @@ def load_vocabs(data_dir: str | Path) -> tuple[Vocab, Vocab]:
     """(source vocabulary, target vocabulary) of a prepared directory, or of a model directory with a
     data.json (the same object if shared; `vocab.open_vocabs`)."""
     meta = read_metadata(data_dir)
+    if not isinstance(meta.get("vocab"), dict):
+        raise DataError("no vocabulary named in it (its \"vocab\" entry): pass --vocab PATH (a sentencepiece model "
+                        "or a model directory)", Path(data_dir) / METADATA)
     return open_vocabs(meta["vocab"], data_dir, meta.get("special_ids"))

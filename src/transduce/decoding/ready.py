@@ -19,7 +19,7 @@ from ..device import resolve_device
 from ..errors import DataError
 from ..fast import step
 from ..fast.decode import pack_weights, unpack_weights
-from ..memory import bound_kernel_caches, release_free_memory
+from ..memory import bound_kernel_caches, map_large_blocks, release_free_memory
 from ..model import Transformer
 from ..precision import Choice, choose_decoding_precision
 from .generation import Generation, find_generation
@@ -73,11 +73,13 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
                       keep: bool = False) -> LoadedModel:
     """`load_translation_model` on `device` (`threads` CPU threads where given), `make_ready` in
     `precision`, the CPU decoding processes chosen from `workers` (a number or "auto"); oneDNN's
-    kernel caches bounded first, before the first product. The model is held once: its tensors
+    kernel caches bounded first, before the first product, and large blocks mapped on their own
+    (`memory.map_large_blocks`). The model is held once: its tensors
     are read and cast one at a time, and (unless `keep`) the float weights of the layers packed
     or quantized are dropped, so it decodes only (inference mode, no autocast). Raises
     FileNotFoundError, ValueError or DataError."""
     bound_kernel_caches()
+    map_large_blocks()  # large blocks given back when freed: the loading's peak, and a server's rounds
     if threads:
         torch.set_num_threads(threads)
     device = resolve_device(device) if isinstance(device, str) else device

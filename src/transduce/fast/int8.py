@@ -167,14 +167,14 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
         if tied and embeddings and not keep and isinstance(m.decoder.embed, Embeddings):
             embed = m.decoder.embed
             q, scales = quantize_rows(embed.weight.detach())
-            bias = None if m.output_bias is None else m.output_bias.detach().float()
-            m.output_proj = Int8Linear.from_rows(q, scales, embed.weight.dtype, bias)
-            m.output_bias = None  # the logits bias inside the projection's product: no second pass over the logits
             small = Int8Embeddings(q, scales, embed.scale, embed.weight.dtype)
             for parent in (m.encoder, m.decoder):
                 if parent.embed is embed:
                     parent.embed = small
-            del embed
+            del embed  # the float matrix let go before its int8 rows are packed: never both at once
+            bias = None if m.output_bias is None else m.output_bias.detach().float()
+            m.output_proj = Int8Linear.from_rows(q, scales, small.dtype, bias)
+            m.output_bias = None  # the logits bias inside the projection's product: no second pass over the logits
             n += 1
         elif tied or isinstance(m.output_proj, nn.Linear):  # tied: the embedding matrix
             m.output_proj, n = Int8Linear(m.output_proj, weight=m.decoder.embed.weight), n + 1
