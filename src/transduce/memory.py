@@ -82,9 +82,10 @@ MAP_LARGE_FROM = 1 << 20
 def map_large_blocks(size: int = MAP_LARGE_FROM) -> bool:
     """glibc: allocations of `size` bytes or more mapped on their own and given back when freed, at a
     fixed threshold. glibc's default threshold rises to the largest block freed (up to 32 MB), after
-    which a model's tensors and a batch's logits come from the heap and what they free stays there:
-    loading a model held more at its peak, and a server grew round after round. For a decoding
-    process (`ready.load_for_decoding`): measured in docs/speed.md, "Memory at OPUS-MT's size".
+    which a model's freed tensors stay there: loading a model held more at its peak. For loading a
+    model to decode (`ready.load_for_decoding`, which then keeps freed memory for the steps: mapping
+    a step's logits afresh every step cost a third of bf16's speed); docs/speed.md, "Memory at
+    OPUS-MT's size".
     Returns whether it took (elsewhere nothing changes)."""
     libc, m_mmap_threshold = glibc(), -3  # malloc.h
     return libc is not None and bool(libc.mallopt(m_mmap_threshold, size))

@@ -19,6 +19,7 @@ from ..device import resolve_device
 from ..errors import DataError
 from ..fast import step
 from ..fast.decode import pack_weights, unpack_weights
+from ..fast.train import keep_freed_memory
 from ..memory import bound_kernel_caches, map_large_blocks, release_free_memory
 from ..model import Transformer
 from ..precision import Choice, choose_decoding_precision
@@ -73,8 +74,9 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
                       keep: bool = False) -> LoadedModel:
     """`load_translation_model` on `device` (`threads` CPU threads where given), `make_ready` in
     `precision`, the CPU decoding processes chosen from `workers` (a number or "auto"); oneDNN's
-    kernel caches bounded first, before the first product, and large blocks mapped on their own
-    (`memory.map_large_blocks`). The model is held once: its tensors
+    kernel caches bounded first, before the first product; large blocks mapped on their own while
+    loading (`memory.map_large_blocks`: its peak), then freed memory kept for the steps' reuse
+    (`fast.train.keep_freed_memory`: no page faults a step; docs/speed.md, "Memory at OPUS-MT's size"). The model is held once: its tensors
     are read and cast one at a time, and (unless `keep`) the float weights of the layers packed
     or quantized are dropped, so it decodes only (inference mode, no autocast). Raises
     FileNotFoundError, ValueError or DataError."""
@@ -94,6 +96,7 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
     loaded.precision = choice
     make_ready(loaded.model, loaded.precision, keep=keep)
     release_free_memory()  # what reading, casting and quantizing freed goes back to the system now
+    keep_freed_memory()  # from here, a step's large tensors reuse the last step's memory (no page faults)
     return loaded
 
 
