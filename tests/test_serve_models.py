@@ -24,7 +24,8 @@ from transduce.decoding.settings import SearchSettings  # noqa: E402
 from transduce.decoding.translate import translate_lines  # noqa: E402
 from transduce.memory import glibc, release_free_memory  # noqa: E402
 from transduce.serve.app import Limits, create_app, torch_engine  # noqa: E402
-from transduce.serve.models import Route, code, model_names, open_models, parse_size, resident  # noqa: E402
+from transduce.serve.catalog import code, model_names, parse_size  # noqa: E402
+from transduce.serve.models import Route, open_models, resident  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -26,7 +26,8 @@ from transduce.decoding.search import Hypothesis  # noqa: E402
 from transduce.decoding.settings import SearchSettings  # noqa: E402
 from transduce.decoding.translate import translate_lines  # noqa: E402
 from transduce.serve.app import Engine, Limits, create_app, torch_engine  # noqa: E402
-from transduce.serve.models import ModelSet, Served  # noqa: E402
+from transduce.serve.catalog import Served  # noqa: E402
+from transduce.serve.models import ModelSet  # noqa: E402
 from transduce.serve.splitting import mode_of  # noqa: E402
 from transduce.text.markup import translate_html  # noqa: E402
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 from ..config import Config
 from ..model import Transformer
@@ -39,30 +38,10 @@ def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--average"
 def average_checkpoints(paths: list[str | os.PathLike]) -> tuple[dict[str, torch.Tensor], Config]:
     """The elementwise mean of the weights of the model directories `paths` (6.1), tensor by
     tensor from their model.safetensors in float64, rounded once to the tensors' dtype. Returns
-    (tensors under the file's own names, the config of the last checkpoint)."""
-    if not paths:
-        raise ValueError("no checkpoints to average")
-    total: dict[str, torch.Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
-    config = None
-    for path in paths:
-        c = load_config(path)
-        if config is not None and c.model != config.model:
-            raise ValueError(f"{path}: a different model architecture than {paths[0]}")
-        config = c
-        verify(path, (WEIGHTS, CONFIG))
-        tensors = load_file(str(Path(path) / WEIGHTS))
-        if total and tensors.keys() != total.keys():
-            raise ValueError(f"{path}: other tensors than {paths[0]}")
-        for name, t in tensors.items():
-            if name not in total:
-                total[name], dtypes[name] = t.double(), t.dtype
-            else:
-                if t.shape != total[name].shape:
-                    raise ValueError(f"{path}: {name} has shape {tuple(t.shape)}, not {tuple(total[name].shape)}")
-                total[name] += t.double()
-    assert config is not None
-    return {name: (s / len(paths)).to(dtypes[name]) for name, s in total.items()}, config
+    (tensors under the file's own names, the config of the last checkpoint): `averaged_reader`'s
+    every tensor."""
+    names, read, config = averaged_reader([Path(p) for p in paths])
+    return {name: read(name) for name in sorted(names)}, config
 
 
 def averaged_reader(paths: list[Path]) -> tuple[set[str], object, Config]:

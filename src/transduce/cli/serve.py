@@ -232,7 +232,8 @@ def open_set(args: argparse.Namespace, limits):
     """The models behind the server, read (not loaded: each on demand, on the decoding thread),
     every one checked now."""
     from ..serve.backend import torch_engine
-    from ..serve.models import open_models, parse_size
+    from ..serve.catalog import parse_size
+    from ..serve.models import open_models
 
     for flag in ("checkpoint", "vocab", "src_vocab", "tgt_vocab"):
         if getattr(args, flag, None) is not None:

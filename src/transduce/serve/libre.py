@@ -188,7 +188,7 @@ async def languages_route(server: Server):
 
 async def detect(server: Server, request, given: list):
     """POST /detect: the model's source language (several models: their sources, ranked by the
-    detector, `serve.models.Detector`)."""
+    detector, `serve.catalog.Detector`)."""
     fields = await read_fields(request)
     if (problem := check_fields(fields, server, given, "q")) is not None:
         return problem
