@@ -33,21 +33,18 @@ def test_decode_attention_is_equation_1(masked):
 
 
 @pytest.mark.parametrize("keys_first", [False, True])
-def test_decode_attention_one_bf16_query_either_way_is_equation_1(monkeypatch, keys_first):
+def test_decode_attention_one_bf16_query_either_way_is_equation_1(keys_first):
     """One bf16 query: K q^T (AMX) or q K^T (elsewhere), both equation 1."""
-    from transduce import attention
-
-    monkeypatch.setattr(attention, "_keys_first", lambda: keys_first)
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 6)
-    got = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16()).float()
+    got = decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), keys_first=keys_first).float()
     torch.testing.assert_close(got, attention_reference(q, k, v, None)[0], rtol=0.05, atol=0.03)
 
 
 def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
     """K q^T is AMX's layout: on a CPU with AMX held to AVX2 by ONEDNN_MAX_CPU_ISA (what an
     AVX2-only laptop runs, imitated), oneDNN has no AMX, so q K^T, as on that laptop."""
-    from transduce import attention
+    from transduce.decoding.cache import cpu_keys_first
     from transduce.fast import cpu
 
     monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8"})
@@ -55,10 +52,10 @@ def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
     try:
         for held, expected in (("AVX2", False), ("avx512_core_vnni", False), ("", True), ("AVX512_CORE_AMX", True)):
             monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
-            attention._keys_first.cache_clear()
-            assert attention._keys_first() is expected, held
+            cpu_keys_first.cache_clear()
+            assert cpu_keys_first() is expected, held
     finally:
-        attention._keys_first.cache_clear()
+        cpu_keys_first.cache_clear()
 
 
 @needs_packing

@@ -130,7 +130,7 @@ def step_attention(request, monkeypatch):
     import torch.nn.functional as F
 
     if request.param == "sdpa":
-        monkeypatch.setattr("transduce.model.step_attention", lambda q, k, v, mask=None: F.scaled_dot_product_attention(
+        monkeypatch.setattr("transduce.model.step_attention", lambda q, k, v, mask=None, keys_first=False: F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask))
     return request.param
 

@@ -7,7 +7,6 @@ d_k), v (B, h, Tk, d_v); masks boolean, True = may attend."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -94,18 +93,12 @@ def concat_heads(out: Tensor, group: int = 1) -> Tensor:
     return out.view(rows, h, group, n, d).permute(0, 2, 3, 1, 4).reshape(rows * group, n, h * d)
 
 
-@functools.cache
-def _keys_first() -> bool:
-    from .fast import cpu  # what the CPU computes, read once
-
-    return cpu.amx_products()
-
-
-def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """A decoding step's queries (no dropout): on the CPU `decode_attention` (the scores as K q^T
-    where oneDNN runs AMX), elsewhere PyTorch's fused kernel."""
+def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
+    """A decoding step's queries (no dropout): on the CPU `decode_attention` (`keys_first`: the
+    scores as K q^T, where oneDNN runs AMX: `decoding.cache.LayerCache.keys_first` says), elsewhere
+    PyTorch's fused kernel."""
     if q.device.type == "cpu":
-        return decode_attention(q, k, v, mask, _keys_first())
+        return decode_attention(q, k, v, mask, keys_first)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attention_reference, concat_heads, fold_beams, sequence_attention, step_attention
-from .decoding.cache import DecoderCache, LayerCache
+from .decoding.cache import DecoderCache, LayerCache, cpu_keys_first
 from .config import ModelConfig
 from .restricted import within_window
 from .word_positions import WordPositions
@@ -135,9 +135,10 @@ class MultiHeadAttention(nn.Module):
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False,
-               incremental: bool = False) -> tuple[Tensor, Tensor | None]:
+               incremental: bool = False, keys_first: bool = False) -> tuple[Tensor, Tensor | None]:
         """Equation 1 on every head, then Concat and W^O: (B, Tq, d_model) and, if asked, the weights
-        (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`attention.step_attention`).
+        (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`attention.step_attention`,
+        with the cache's `keys_first`).
         Where k and v have fewer rows than q (a sentence's beams in encoder-decoder attention), each
         group of q's rows that shares one is folded into one row's queries (`attention.fold_beams`)."""
         group = q.size(0) // k.size(0)
@@ -148,7 +149,7 @@ class MultiHeadAttention(nn.Module):
             if group > 1:  # the beams unfolded as `concat_heads` unfolds them: (R, h, n, Tk)
                 weights = concat_heads(weights, group).unflatten(-1, (weights.size(1), -1)).transpose(1, 2).contiguous()
         elif incremental:
-            out, weights = step_attention(q, k, v, mask), None
+            out, weights = step_attention(q, k, v, mask, keys_first), None
         else:
             out, weights = sequence_attention(q, k, v, attn_mask=mask, dropout_p=p), None
         return self.out_proj(concat_heads(out, group)), weights  # Concat(head_1..h) W^O
@@ -306,14 +307,15 @@ class DecoderLayer(_Sublayers):
         # Masked self-attention (3.2.3): each position sees itself and earlier positions.
         q, k, v = self.self_attn.project_qkv(self._input(x, self.norm1))
         incremental = cache is not None
+        keys_first = incremental and cache.keys_first
         if incremental:
             k, v = cache.append(k, v)
-        a, self_weights = self.self_attn.attend(q, k, v, tgt_mask, need_weights, incremental)
+        a, self_weights = self.self_attn.attend(q, k, v, tgt_mask, need_weights, incremental, keys_first)
         x = self._output(x, a, self.norm1)
         # Encoder-decoder attention (3.2.3): queries from the decoder, keys/values from the encoder.
         q = self.cross_attn.project_q(self._input(x, self.norm2))
         k, v = (cache.cross_k, cache.cross_v) if incremental else self.cross_attn.project_kv(memory)
-        a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights, incremental)
+        a, cross_weights = self.cross_attn.attend(q, k, v, src_mask, need_weights, incremental, keys_first)
         x = self._output(x, a, self.norm2)
         x = self._output(x, self.feed_forward(self._input(x, self.norm3)), self.norm3)
         return x, self_weights, cross_weights
@@ -440,7 +442,8 @@ class Transformer(nn.Module):
         """A decoding cache for these sources: the encoder-decoder keys/values of every layer are
         projected here, once."""
         # contiguous: every step multiplies by them (a strided view would be copied each time)
-        layers = [LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(memory)))
+        keys_first = memory.device.type == "cpu" and cpu_keys_first()
+        layers = [LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(memory)), keys_first=keys_first)
                   for layer in self.decoder.layers]
         return DecoderCache(layers=layers, src_mask=src_mask)
 

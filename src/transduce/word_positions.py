@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .decoding.cache import DecoderCache
 from .config import ModelConfig
 
 
@@ -49,7 +48,7 @@ class WordPositions(nn.Module):
             count = count + before[:, None]
         return self._rows(count), count[:, -1]
 
-    def decoder_input(self, tgt: Tensor, cache: DecoderCache | None = None) -> Tensor:
+    def decoder_input(self, tgt: Tensor, cache=None) -> Tensor:
         """What the decoder adds to its inputs (B, T): `target`'s vectors. With a decoding cache,
         the count goes on from the words before this chunk (`cache.word_count`), and advances it."""
         vectors, count = self.target(tgt, cache.word_count if cache is not None else None)

@@ -52,10 +52,10 @@ def model_default(value):
 
 def fill_model_search_defaults(args: argparse.Namespace) -> None:
     """--beam and --length-penalty left at their defaults (`model_default`): an imported model's own
-    settings, the search Hugging Face generate runs by default (`transduce.decoding.generation`,
+    settings, the search Hugging Face generate runs by default (`transduce.checkpoint.generation`,
     found beside MODEL as its vocabulary is), each setting the flags leave unset; with no such
     model, the defaults (Section 6.1's beam 4, gnmt:0.6) as they are."""
-    from ..decoding.generation import find_generation
+    from ..checkpoint.generation import find_generation
 
     path = Path(args.model_path)
     own = find_generation([path, path.parent, path.parent.parent]) if path.is_dir() else None

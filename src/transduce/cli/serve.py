@@ -98,7 +98,7 @@ def model_defaults(args: argparse.Namespace, path, parsing: bool) -> None:
     """One model served by the torch engine, imported with its own generation settings: the search
     `generate` runs by default (beam, length penalty), each where its flag is not given, as
     `translate` decodes it (`common.fill_model_search_defaults`)."""
-    from ..decoding.generation import find_generation
+    from ..checkpoint.generation import find_generation
 
     several = isinstance(args.model_path, list) and len(args.model_path) > 1
     if args.engine != "torch" or parsing or several or not Path(path).is_dir():

@@ -11,6 +11,7 @@ keeps one row per source, never copied per beam.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,8 @@ class LayerCache:
     # faults), so a cache holds one spare pair, not one per layer
     _spare: list = field(default_factory=lambda: [None, None])
     pending: Tensor | None = None  # the reorder this layer's next `append` applies (`begin_step`)
+    # a step's attention scores as K q^T (`attention.decode_attention`): where oneDNN runs AMX (`cpu_keys_first`)
+    keys_first: bool = False
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values (B, h, n, d); return all positions so far,
@@ -43,6 +46,15 @@ class LayerCache:
         self.self_v, flat_v = _extend(self.self_v, v, rows, spare[1])
         spare[:], self._flat = self._flat, [flat_k, flat_v]  # the old buffers are free now: the next layer's
         return self.self_k, self.self_v
+
+
+@functools.cache
+def cpu_keys_first() -> bool:
+    """Whether a CPU decoding step computes its scores as K q^T: where oneDNN runs AMX (`fast.cpu`,
+    read once), whose layout that is (docs/speed.md)."""
+    from ..fast import cpu
+
+    return cpu.amx_products()
 
 
 @dataclass

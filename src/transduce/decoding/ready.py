@@ -23,7 +23,7 @@ from ..fast.train import keep_freed_memory
 from ..memory import bound_kernel_caches, map_large_blocks, release_free_memory
 from ..model import Transformer
 from ..precision import Choice, choose_decoding_precision
-from .generation import Generation, find_generation
+from ..checkpoint.generation import Generation, find_generation
 from .streaming import choose_workers
 
 

@@ -17,7 +17,7 @@ largest tensor, never a second copy of the model.
 The model's generation settings (generation_config.json, or config.json: num_beams, length_penalty,
 max_length, bad_words_ids, the decoder's start) and its languages (tokenizer_config.json's, or its
 name's: opus-mt-en-de; a multilingual model's `>>xx<<` target tokens) go into the model directory,
-generation.json and data.json (`decoding.generation`), which `translate` and `serve` decode with
+generation.json and data.json (`checkpoint.generation`), which `translate` and `serve` decode with
 unless told otherwise: the defaults search as `generate` does.
 """
 
@@ -36,7 +36,7 @@ import torch
 from ..checkpoint import atomic_dir, save_made_tensors_as_model
 from ..config import Config
 from ..data.vocab import MarianVocab, Vocab, copy_vocabs
-from ..decoding.generation import GENERATION, Generation
+from ..checkpoint.generation import GENERATION, Generation
 from ..errors import DataError, UsageError
 from ..model import Transformer
 from .marian import INFO, MarianWeights, _read_json, config_from_marian, in_transduce_layout, read_marian_config
@@ -148,7 +148,7 @@ kept in generation.json under "not_applied" and said at import."""
 
 def generation_settings(path: Path, pad_id: int, start_id: int, languages: dict) -> Generation:
     """The model's generation settings (generation_config.json over config.json's, generate's defaults
-    for the rest) as transduce's search takes them (`decoding.generation.Generation`)."""
+    for the rest) as transduce's search takes them (`checkpoint.generation.Generation`)."""
     config = _read_json(path / "config.json")
     given = {**{k: v for k, v in config.items() if k in (*GENERATE_DEFAULTS, *NOT_APPLIED, "bad_words_ids")},
              **(_read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {})}

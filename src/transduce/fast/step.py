@@ -19,7 +19,6 @@ from torch import Tensor
 
 from ..attention import concat_heads, fold_beams, step_attention
 from ..config import ModelConfig
-from ..decoding.cache import DecoderCache
 from ..model import Decoder, Transformer
 
 HANDLED = {
@@ -132,13 +131,14 @@ class FastDecoder(Decoder):
                    for source, version, ptr, bias, bias_version in self._versions)
 
     def forward(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor, tgt_mask: Tensor | None,
-                cache: DecoderCache | None = None, need_weights: bool = False):
+                cache=None, need_weights: bool = False):
         if not self.usable(tgt, cache, need_weights):
             return Decoder.forward(self, tgt, memory, src_mask, tgt_mask, cache, need_weights)
         return self.step(tgt, cache), [], []
 
-    def step(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
-        """The decoder's output (R, 1, d_model) for one new position per row; advances the cache."""
+    def step(self, tgt: Tensor, cache) -> Tensor:
+        """The decoder's output (R, 1, d_model) for one new position per row; advances the cache (a
+        `decoding.cache.DecoderCache`)."""
         pre = self.norm_first
         norm = torch.layer_norm  # F.layer_norm's own call, without its Python wrapper
         x = self.embed(tgt) + self.positions(1, offset=cache.length)  # (R, 1, d_model)
@@ -147,13 +147,14 @@ class FastDecoder(Decoder):
             # masked self-attention over the cache (3.2.3)
             q, k, v = qkv(norm(x, *n1) if pre else x).split([h * d_k, h * d_k, h * d_v], -1)
             k, v = lc.append(k.view(R, 1, h, d_k).transpose(1, 2), v.view(R, 1, h, d_v).transpose(1, 2))
-            a = step_attention(q.view(R, 1, h, d_k).transpose(1, 2), k, v, None).transpose(1, 2).reshape(R, 1, h * d_v)
+            a = step_attention(q.view(R, 1, h, d_k).transpose(1, 2), k, v, None, lc.keys_first)
+            a = a.transpose(1, 2).reshape(R, 1, h * d_v)
             x = x + w_o(a) if pre else norm(x + w_o(a), *n1)
             # encoder-decoder attention: the g beams of a source folded into one row's queries,
             # and unfolded as the heads are concatenated (the model's own `fold_beams`, `concat_heads`)
             g = R // lc.cross_k.size(0)
             q = fold_beams(q_c(norm(x, *n2) if pre else x).view(R, 1, h, d_k).transpose(1, 2), g)
-            a = w_oc(concat_heads(step_attention(q, lc.cross_k, lc.cross_v, cache.src_mask), g))
+            a = w_oc(concat_heads(step_attention(q, lc.cross_k, lc.cross_v, cache.src_mask, lc.keys_first), g))
             x = x + a if pre else norm(x + a, *n2)
             # the position-wise FFN (equation 2)
             f = norm(x, *n3) if pre else x

@@ -2,7 +2,7 @@
 length_penalty), and its languages, brought with it by `transduce import` (generation.json beside
 the model; `transduce.export.opus`). `translate` and `serve` decode an imported model with them
 unless told otherwise (`Generation.search`): beam search with generate's |Y|^alpha length penalty
-and its search (`search.beam_search(penalty="hf")`), so that the defaults give what `generate`
+and its search (`decoding.search.beam_search(penalty="hf")`), so that the defaults give what `generate`
 gives. Its max_length is kept, not applied: transduce's limit is the source's length +
 max_len_offset (6.1), the same outputs wherever generate's end within it."""
 
