@@ -44,13 +44,14 @@ def pair_model(root, source: str, target: str, seed: int, **knobs):
 
 
 def load(served):
-    """What `transduce serve` loads a model with (fp32, made ready), as an engine."""
-    return torch_engine(load_for_decoding(served.path, precision="fp32"), max_tokens=LIMITS.max_tokens)
+    """What `transduce serve` loads each of several models with (fp32, made ready, its freed memory
+    given back), as an engine."""
+    return torch_engine(load_for_decoding(served.path, precision="fp32", keep_freed=False), max_tokens=LIMITS.max_tokens)
 
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    """en-de, de-en and a multilingual OPUS-MT model en -> fr, es (imported with `export from-marian`)."""
+    """en-de, de-en and a multilingual OPUS-MT model en -> fr, es (imported with `transduce import`)."""
     pytest.importorskip("transformers")
     from opus_models import make_opus_dir
 
@@ -204,7 +205,7 @@ def measured_load(path) -> int:
     """The resident set's growth while one such model loads and decodes, as the set measures it
     (PyTorch's one-time costs paid first)."""
     def once():
-        m = load_for_decoding(path, precision="fp32")
+        m = load_for_decoding(path, precision="fp32", keep_freed=False)
         translate_lines(m.model, m.src_vocab, m.tgt_vocab, ["a man runs"], **SEARCH)
         return m
 

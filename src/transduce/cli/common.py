@@ -146,7 +146,8 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
 
     loaded = load_for_decoding(args.model_path, precision=getattr(args, "precision", "fp32"), device=args.device,
                                threads=args.threads, workers=getattr(args, "workers", None), checkpoint=args.checkpoint,
-                               average=args.average, vocab=args.vocab, src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab)
+                               average=args.average, vocab=args.vocab, src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab,
+                               keep_freed=getattr(args, "keep_freed", True))
     if getattr(args, "workers", None) is not None:  # translate, evaluate, parse
         args.workers = loaded.workers
     args.bf16 = loaded.precision.precision == "bf16"

@@ -243,7 +243,7 @@ def open_set(args: argparse.Namespace, limits):
     max_memory = parse_size(args.max_memory) if args.max_memory is not None else None
 
     def load(served):
-        one = argparse.Namespace(**{**vars(args), "model_path": served.path})
+        one = argparse.Namespace(**{**vars(args), "model_path": served.path, "keep_freed": False})  # unloads give back
         loaded = load_from_args(one)
         return torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
                             max_tokens=limits.max_tokens, bf16=one.bf16)

@@ -71,12 +71,13 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
                       threads: int | None = None, workers: int | str | None = None, checkpoint: str | None = None,
                       average: int | None = None, vocab: str | os.PathLike | None = None,
                       src_vocab: str | os.PathLike | None = None, tgt_vocab: str | os.PathLike | None = None,
-                      keep: bool = False) -> LoadedModel:
+                      keep: bool = False, keep_freed: bool = True) -> LoadedModel:
     """`load_translation_model` on `device` (`threads` CPU threads where given), `make_ready` in
     `precision`, the CPU decoding processes chosen from `workers` (a number or "auto"); oneDNN's
     kernel caches bounded first, before the first product; large blocks mapped on their own while
     loading (`memory.map_large_blocks`: its peak), then freed memory kept for the steps' reuse
-    (`fast.train.keep_freed_memory`: no page faults a step; docs/speed.md, "Memory at OPUS-MT's size"). The model is held once: its tensors
+    (`fast.train.keep_freed_memory`: no page faults a step; docs/speed.md, "Memory at OPUS-MT's size"),
+    unless `keep_freed` is False (a server of several models, whose unloaded models' memory goes back). The model is held once: its tensors
     are read and cast one at a time, and (unless `keep`) the float weights of the layers packed
     or quantized are dropped, so it decodes only (inference mode, no autocast). Raises
     FileNotFoundError, ValueError or DataError."""
@@ -96,7 +97,8 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
     loaded.precision = choice
     make_ready(loaded.model, loaded.precision, keep=keep)
     release_free_memory()  # what reading, casting and quantizing freed goes back to the system now
-    keep_freed_memory()  # from here, a step's large tensors reuse the last step's memory (no page faults)
+    if keep_freed:  # from here, a step's large tensors reuse the last step's memory (no page faults)
+        keep_freed_memory()
     return loaded
 
 
