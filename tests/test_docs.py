@@ -83,12 +83,12 @@ def test_every_deviation_defaults_to_the_papers_choice():
 
 def test_vocabulary_size_default_is_listed_as_not_the_papers():
     """`prepare --vocab-size` defaults to a small corpus's size, not 5.1's 37000: the map says so."""
-    from transduce.data.vocab import DEFAULT_VOCAB_SIZE
+    from transduce.defaults import VOCAB_SIZE
 
     text = DOC.read_text(encoding="utf-8")
     intro = text.split("## Every deviation from the paper, in one place", 1)[1].split("\n- ", 1)[0]
-    assert DEFAULT_VOCAB_SIZE != 37000
-    assert f"defaults to {DEFAULT_VOCAB_SIZE} pieces" in intro and "--vocab-size 37000" in intro
+    assert VOCAB_SIZE != 37000
+    assert f"defaults to {VOCAB_SIZE} pieces" in intro and "--vocab-size 37000" in intro
 
 
 def test_no_line_of_the_docs_is_over_160_characters():

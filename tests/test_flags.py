@@ -336,20 +336,96 @@ def test_every_subcommand_help_imports_no_torch(command):
     assert out.stdout.startswith(f"usage: transduce {command}")
 
 
-def test_the_values_the_help_mirrors_are_the_librarys():
-    """`transduce.cli.defaults` holds, for the help, values the library defines: each still equal."""
+def test_the_defaults_module_imports_nothing_heavy():
+    """`transduce.defaults`, which every parser and the library read, imports nothing but the
+    standard library (the package's own `__init__` included) and no other module of transduce; with
+    every subcommand's parser built, still no PyTorch: checked in a fresh interpreter."""
+    code = ("import sys\nbefore = set(sys.modules)\nimport transduce.defaults\n"
+            "new = set(sys.modules) - before\n"
+            "other = sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names | {'transduce'})\n"
+            "ours = sorted(m for m in new if m.split('.')[0] == 'transduce')\n"
+            "assert not other and ours == ['transduce', 'transduce.defaults'], (other, ours)\n"
+            "from transduce.cli import build_parser\nbuild_parser()\n"
+            "heavy = sorted(m for m in ('torch', 'numpy', 'safetensors', 'transduce.model', 'transduce.config') "
+            "if m in sys.modules)\n"
+            "assert not heavy, heavy\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert out.returncode == 0, out.stderr
+
+
+LIBRARY_DEFAULTS = {  # "module:NAME", or "module:owner.name" (a dataclass field's or a parameter's default) -> its name there
+    "transduce.decoding.search:beam_search.beam_size": "BEAM",
+    "transduce.decoding.search:beam_search.alpha": "ALPHA",
+    "transduce.decoding.search:beam_search.max_len_offset": "MAX_LEN_OFFSET",
+    "transduce.decoding.search:greedy_decode.max_len_offset": "MAX_LEN_OFFSET",
+    "transduce.decoding.settings:SearchSettings.beam": "BEAM",
+    "transduce.decoding.settings:SearchSettings.alpha": "ALPHA",
+    "transduce.decoding.settings:SearchSettings.max_len_offset": "MAX_LEN_OFFSET",
+    "transduce.decoding.translate:translate_stream.batch_tokens": "BATCH_TOKENS",
+    "transduce.decoding.translate:translate_stream.batch_size": "BATCH_SIZE",
+    "transduce.decoding.translate:translate_stream.chunk_lines": "CHUNK_LINES",
+    "transduce.decoding.translate:translate_stream.max_input_tokens": "MAX_INPUT_TOKENS",
+    "transduce.parsing.parse:parse_stream.beam": "PARSE_BEAM",
+    "transduce.parsing.parse:parse_stream.alpha": "PARSE_ALPHA",
+    "transduce.parsing.parse:parse_stream.max_len_offset": "PARSE_MAX_LEN_OFFSET",
+    "transduce.parsing.parse:parse_stream.batch_size": "PARSE_BATCH_SIZE",
+    "transduce.precision:PRECISIONS": "PRECISIONS",
+    "transduce.precision:DECODING_PRECISIONS": "DECODING_PRECISIONS",
+    "transduce.data.vocab:train_vocab.vocab_size": "VOCAB_SIZE",
+    "transduce.data.prepare:prepare.sample_size": "VOCAB_SAMPLE",
+    "transduce.data.prepare:prepare.character_coverage": "CHARACTER_COVERAGE",
+    "transduce.data.text:FilterReport.max_len": "MAX_LEN",
+    "transduce.data.text:FilterReport.max_ratio": "MAX_RATIO",
+    "transduce.parsing.data:prepare_treebank.vocab_size": "TREE_VOCAB_SIZE",
+    "transduce.parsing.data:prepare_treebank.max_len": "TREE_MAX_LEN",
+    "transduce.views.weights:TYPES": "ATTENTION_TYPES",
+    "transduce.views.weights:attention_data.max_tokens": "ATTENTION_MAX_TOKENS",
+    "transduce.serve.common:Limits.max_body_bytes": "SERVE_MAX_BODY_BYTES",
+    "transduce.serve.common:Limits.max_sentences": "SERVE_MAX_SENTENCES",
+    "transduce.serve.common:Limits.max_chars": "SERVE_MAX_CHARS",
+    "transduce.serve.common:Limits.max_tokens": "SERVE_MAX_TOKENS",
+    "transduce.serve.common:Limits.max_queue": "SERVE_MAX_QUEUE",
+    "transduce.serve.common:Limits.max_beam": "SERVE_MAX_BEAM",
+    "transduce.serve.common:Limits.max_len_offset": "SERVE_MAX_LEN_OFFSET",
+    "transduce.serve.batcher:Batcher.max_wait": "SERVE_MAX_WAIT",
+    "transduce.serve.app:server.graceful_timeout": "SERVE_GRACEFUL_TIMEOUT",
+    "transduce.experiments.plan:TABLE3": "TABLE3",
+}
+"""Where the library takes a default that a help page shows: each is `transduce.defaults`' own."""
+
+
+@pytest.mark.parametrize("where, name", LIBRARY_DEFAULTS.items())
+def test_the_library_takes_its_defaults_from_the_defaults_module(where, name):
     import dataclasses
     import importlib
+    import inspect
 
-    from transduce.cli.defaults import MIRRORS
+    import transduce.defaults
 
-    for source, value in MIRRORS.items():
-        module, _, name = source.partition(":")
-        cls, _, field = name.partition(".")
-        found = getattr(importlib.import_module(module), cls)
-        if field:
-            found = next(f.default for f in dataclasses.fields(found) if f.name == field)
-        assert found == value, source
+    module, _, attr = where.partition(":")
+    owner, _, parameter = attr.partition(".")
+    found = getattr(importlib.import_module(module), owner)
+    if parameter and dataclasses.is_dataclass(found):
+        found = next(f.default for f in dataclasses.fields(found) if f.name == parameter)
+    elif parameter:
+        found = inspect.signature(found).parameters[parameter].default
+    assert found is getattr(transduce.defaults, name), where
+
+
+def test_the_help_shows_the_defaults_modules_values():
+    """A help page's default is the value the library runs with: `transduce.defaults`' (serve's
+    search defaults: translation's and the parser's, chosen by the model)."""
+    from transduce import defaults
+
+    serve = " ".join(help_of("serve").split())
+    for shown in (f"default {defaults.BEAM}; parser {defaults.PARSE_BEAM}", f"default {defaults.SERVE_MAX_QUEUE})",
+                  f"default {defaults.SERVE_GRACEFUL_TIMEOUT:g})", f"default {defaults.SERVE_MAX_WAIT * 1000:g})"):
+        assert shown in serve, shown
+    translate = build_parser().parse_args(["translate", "m"])
+    assert (translate.beam, translate.alpha, translate.max_len_offset, translate.batch_size, translate.batch_tokens,
+            translate.chunk_lines, translate.max_input_tokens) == (
+        defaults.BEAM, defaults.ALPHA, defaults.MAX_LEN_OFFSET, defaults.BATCH_SIZE, defaults.BATCH_TOKENS,
+        defaults.CHUNK_LINES, defaults.MAX_INPUT_TOKENS)
 
 
 def test_train_config_flags_have_the_config_fields_types():

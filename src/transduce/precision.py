@@ -14,10 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .defaults import DECODING_PRECISIONS, PRECISIONS
 from .fast.cpu import CPU_FLAGS, ONEDNN_ISA_FLAGS, cpu_flags, cpu_name, int8_saturates, onednn_isa_limit
-
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")  # int8: on the CPU only
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import DataError, UsageError
 from .common import check_search_args, library_length_penalty, load_from_args
-from .defaults import ALPHA, ATTENTION_MAX_TOKENS, BEAM, MAX_LEN_OFFSET
+from ..defaults import ALPHA, ATTENTION_MAX_TOKENS, ATTENTION_TYPES, BEAM, MAX_LEN_OFFSET
 from .options import add_hardware_args, add_model_args, add_search_args, epilog
 
 DESCRIPTION = """\
@@ -24,7 +24,7 @@ EPILOG = epilog(
     "transduce attention runs/multi30k-en-de -i s.tsv --figure masks --png m.png",
 )
 PROG = "transduce attention"
-TYPES = {"encoder": "encoder", "decoder-self": "decoder_self", "decoder-cross": "decoder_cross"}
+TYPES = {kind.replace("_", "-"): kind for kind in ATTENTION_TYPES}  # --type's spelling -> the library's
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import defaults
 from ..data.text import iter_lines, open_text
 
 if TYPE_CHECKING:  # the library that imports PyTorch: imported where it is used, not by the flags (--help)
@@ -19,13 +20,9 @@ if TYPE_CHECKING:  # the library that imports PyTorch: imported where it is used
 def fill_decoding_defaults(args: argparse.Namespace, parsing: bool = False) -> None:
     """Set the search and batch flags left unset (None) to the task's defaults: translation's
     (Section 6.1), or with `parsing` the parser's (6.3)."""
-    from ..decoding import search as decode, streaming
-    from ..parsing import parse
-
     for name in ("beam", "alpha", "max_len_offset", "batch_size"):
         if getattr(args, name, None) is None:
-            setattr(args, name, getattr(parse if parsing else streaming if name == "batch_size" else decode,
-                                        f"DEFAULT_{name.upper()}"))
+            setattr(args, name, getattr(defaults, ("PARSE_" if parsing else "") + name.upper()))
 
 
 class ModelDefault:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..train.signals import EXIT_INTERRUPTED
-from .defaults import TABLE3
+from ..defaults import PRECISIONS, TABLE3
 from .options import add_hardware_args, add_quiet, add_schedule_args, epilog
 
 DESCRIPTION = """\
@@ -25,8 +25,6 @@ EPILOG = epilog(
 exit status: 0 done; 2 bad input; {EXIT_INTERRUPTED} a run stopped by a signal: run it again"""
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    from .defaults import PRECISIONS
-
     g = parser.add_argument_group("input and output")
     g.add_argument("--data", type=Path, required=True, metavar="DIR", help="`transduce prepare` output, with valid")
     g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the experiment's directory")

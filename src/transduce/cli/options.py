@@ -9,6 +9,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..defaults import BATCH_TOKENS, CHUNK_LINES, DECODING_PRECISIONS, MAX_INPUT_TOKENS
+
 WIDTH = 80
 """Columns of every help page (fixed: the line counts do not depend on the terminal)."""
 
@@ -124,7 +126,7 @@ def add_hardware_args(g, *, precisions: tuple[str, ...] | None = None, training:
     """--precision (of `precisions`, default decoding's; () for none), --device, --threads;
     decoding's --bf16 and --int8 (`SHORT_FORMS`) hidden."""
     if precisions is None:
-        from .defaults import DECODING_PRECISIONS as precisions
+        precisions = DECODING_PRECISIONS
     if precisions:
         g.add_argument("--precision", choices=precisions, default="auto", metavar="P",
                        help=f"{'|'.join(precisions)} (default auto)")
@@ -173,22 +175,18 @@ class LengthPenalty(argparse.Action):
 
 def add_batch_args(g, *, batch_size: int | None, note: str = "") -> None:
     """--batch-tokens and --batch-size of decoding."""
-    from .defaults import BATCH_TOKENS as DEFAULT_BATCH_TOKENS
-
-    g.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, metavar="N",
-                   help=f"padded source tokens per batch (default {DEFAULT_BATCH_TOKENS})")
+    g.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, metavar="N",
+                   help=f"padded source tokens per batch (default {BATCH_TOKENS})")
     g.add_argument("--batch-size", type=int, default=batch_size, metavar="N",
                    help=f"sentences per batch (default {batch_size if batch_size is not None else note})")
 
 
 def add_stream_args(g) -> None:
     """How a file is read and decoded: lines cut to a length, chunks, worker processes."""
-    from .defaults import CHUNK_LINES as DEFAULT_CHUNK_LINES, MAX_INPUT_TOKENS as DEFAULT_MAX_INPUT_TOKENS
-
-    g.add_argument("--truncate-input", type=int, default=DEFAULT_MAX_INPUT_TOKENS, metavar="N", dest="max_input_tokens",
-                   help=f"cut longer lines to N tokens, warn (default {DEFAULT_MAX_INPUT_TOKENS})")
-    g.add_argument("--chunk-lines", type=int, default=DEFAULT_CHUNK_LINES, metavar="N",
-                   help=f"lines read and sorted at a time (default {DEFAULT_CHUNK_LINES})")
+    g.add_argument("--truncate-input", type=int, default=MAX_INPUT_TOKENS, metavar="N", dest="max_input_tokens",
+                   help=f"cut longer lines to N tokens, warn (default {MAX_INPUT_TOKENS})")
+    g.add_argument("--chunk-lines", type=int, default=CHUNK_LINES, metavar="N",
+                   help=f"lines read and sorted at a time (default {CHUNK_LINES})")
     g.add_argument("--workers", type=_workers, default="auto", metavar="W",
                    help="CPU decoding processes (default auto)")
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..defaults import PARSE_ALPHA, PARSE_BATCH_SIZE, PARSE_BEAM, PARSE_MAX_LEN_OFFSET
 from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
 from .common import (LineStreams, check_decoding_args, exit_on_sigterm, library_length_penalty, load_from_args,
@@ -32,8 +33,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--svg", type=Path, metavar="DIR", help="also draw each tree as DIR/LINE.svg")
     g.add_argument("--constrained", action="store_true", help="beam search of trees only (not the paper)")
     add_quiet(g, "no notes (warnings still shown)")
-    add_decoding_args(parser, beam=parsing.DEFAULT_BEAM, alpha=parsing.DEFAULT_ALPHA,
-                      max_len_offset=parsing.DEFAULT_MAX_LEN_OFFSET, batch_size=parsing.DEFAULT_BATCH_SIZE, section="6.3")
+    add_decoding_args(parser, beam=PARSE_BEAM, alpha=PARSE_ALPHA, max_len_offset=PARSE_MAX_LEN_OFFSET,
+                      batch_size=PARSE_BATCH_SIZE, section="6.3")
 
 
 def check_parsing_model(model_path: Path, metadata: dict | None) -> None:

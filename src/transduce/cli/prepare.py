@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..data.datasets import DATASETS, get_dataset
-from ..data.text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO
+from ..defaults import CHARACTER_COVERAGE, MAX_LEN, MAX_RATIO, TREE_MAX_LEN, TREE_VOCAB_SIZE, VOCAB_SAMPLE, VOCAB_SIZE
 from ..errors import UsageError
-from .defaults import CHARACTER_COVERAGE, TREE_MAX_LEN, TREE_VOCAB_SIZE, VOCAB_SAMPLE, VOCAB_SIZE
 from .options import add_quiet, epilog
 
 if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by the flags (--help)
@@ -61,9 +60,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help=f"characters covered, the rest UNK (default {CHARACTER_COVERAGE:g})")
     g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample (default 0)")
     g.add_argument("--max-len", type=int, metavar="N",
-                   help=f"drop longer pairs (default {DEFAULT_MAX_LEN}; trees {TREE_MAX_LEN})")
-    g.add_argument("--max-ratio", type=float, default=DEFAULT_MAX_RATIO, metavar="X",
-                   help=f"drop pairs of a longer ratio (default {DEFAULT_MAX_RATIO:g}; trees: none)")
+                   help=f"drop longer pairs (default {MAX_LEN}; trees {TREE_MAX_LEN})")
+    g.add_argument("--max-ratio", type=float, default=MAX_RATIO, metavar="X",
+                   help=f"drop pairs of a longer ratio (default {MAX_RATIO:g}; trees: none)")
 
     g = parser.add_argument_group("output")
     g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the output directory")
@@ -144,9 +143,8 @@ def check_inputs(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..data import prepare
     from ..data.prepare import check_output_dir, print_report
-    from ..data.vocab import DEFAULT_VOCAB_SIZE
     from ..finetune import model_vocabulary
-    from ..parsing.data import MAX_LEN as TREE_MAX_LEN, PAPER_VOCAB_SIZE, prepare_treebank
+    from ..parsing.data import prepare_treebank
 
     check_numbers(args)
     check_inputs(args)
@@ -157,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                          "(and it is for parallel text, not a treebank)")
     if tree_splits is not None:
         meta = prepare_treebank(
-            tree_splits, args.out, tags=args.keep_tags, vocab_size=args.vocab_size or PAPER_VOCAB_SIZE,
+            tree_splits, args.out, tags=args.keep_tags, vocab_size=args.vocab_size or TREE_VOCAB_SIZE,
             max_len=args.max_len or TREE_MAX_LEN, overwrite=args.overwrite,
             progress=not args.quiet, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
             seed=args.seed, extra={"dataset": args.dataset, "variant": None},
@@ -167,9 +165,9 @@ def run(args: argparse.Namespace) -> int:
     splits, src_lang, tgt_lang = resolve_splits(args)
     given = model_vocabulary(args.vocab) if args.vocab is not None else None
     meta = prepare.prepare(
-        splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size or DEFAULT_VOCAB_SIZE,
+        splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size or VOCAB_SIZE,
         separate_vocab=args.separate_vocab, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
-        seed=args.seed, max_len=args.max_len or DEFAULT_MAX_LEN, max_ratio=args.max_ratio, overwrite=args.overwrite,
+        seed=args.seed, max_len=args.max_len or MAX_LEN, max_ratio=args.max_ratio, overwrite=args.overwrite,
         progress=not args.quiet, extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
         vocab=given,
     )

@@ -15,10 +15,9 @@ from ..errors import TransduceError, UsageError
 from ..extras import require
 from ..parsing import parse
 from .common import check_search_args, fill_decoding_defaults, library_length_penalty, load_from_args, model_metadata
-from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
-from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
-from .defaults import (SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET, SERVE_MAX_QUEUE,
-                       SERVE_MAX_SENTENCES, SERVE_MAX_TOKENS)
+from ..defaults import (ALPHA, BATCH_SIZE, BEAM, MAX_LEN_OFFSET, PARSE_ALPHA, PARSE_BEAM, PARSE_MAX_LEN_OFFSET,
+                        SERVE_GRACEFUL_TIMEOUT, SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET,
+                        SERVE_MAX_QUEUE, SERVE_MAX_SENTENCES, SERVE_MAX_TOKENS, SERVE_MAX_WAIT)
 from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
 
 DESCRIPTION = """\
@@ -46,21 +45,21 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="required on the API (default $TRANSDUCE_API_KEY)")
     g.add_argument("--cors-origin", action="append", default=[], metavar="URL",
                    help="a site whose pages may call the API (*: any)")
-    g.add_argument("--graceful-timeout", type=float, default=30.0, metavar="S",
-                   help="SIGTERM: finish requests for S s (default 30)")
+    g.add_argument("--graceful-timeout", type=float, default=SERVE_GRACEFUL_TIMEOUT, metavar="S",
+                   help=f"SIGTERM: finish requests for S s (default {SERVE_GRACEFUL_TIMEOUT:g})")
     g.add_argument("--max-memory", metavar="SIZE", help="memory of the models loaded at once (e.g. 2G)")
     g.add_argument("--pivot", metavar="LANG", help="a pair no model serves: through LANG (e.g. en)")
     g = parser.add_argument_group("model and search defaults (a request may override them)")
     add_model_args(g)
     add_search_args(g, beam=None, alpha=None, max_len_offset=None, greedy=False,
-                    note=(f"{DEFAULT_BEAM}; parser {parse.DEFAULT_BEAM}", f"{DEFAULT_ALPHA}; parser {parse.DEFAULT_ALPHA}",
-                          f"{DEFAULT_MAX_LEN_OFFSET}; parser {parse.DEFAULT_MAX_LEN_OFFSET}"))
+                    note=(f"{BEAM}; parser {PARSE_BEAM}", f"{ALPHA}; parser {PARSE_ALPHA}",
+                          f"{MAX_LEN_OFFSET}; parser {PARSE_MAX_LEN_OFFSET}"))
     add_hardware_args(g)
     g.add_argument("--ct2-compute-type", default="default", metavar="TYPE", help="ct2: its precision (default: exported)")
     g = parser.add_argument_group("batching and limits (beyond them a request is refused)")
-    add_batch_args(g, batch_size=DEFAULT_BATCH_SIZE)
-    g.add_argument("--max-wait-ms", type=float, default=10.0, metavar="MS",
-                   help="the first request waits for others (default 10)")
+    add_batch_args(g, batch_size=BATCH_SIZE)
+    g.add_argument("--max-wait-ms", type=float, default=SERVE_MAX_WAIT * 1000, metavar="MS",
+                   help=f"the first request waits for others (default {SERVE_MAX_WAIT * 1000:g})")
     g.add_argument("--no-batching", action="store_true", help="decode each request on its own")
     for flags, default, what in ((["--max-body-bytes"], SERVE_MAX_BODY_BYTES, "request size"),
                                  (["--max-sentences"], SERVE_MAX_SENTENCES, "sentences per request"),
@@ -78,8 +77,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def resolve_defaults(args: argparse.Namespace) -> None:
     """Search defaults not given: the paper's for the model's task (6.1, or 6.3 for a parser); the
     limits on beam and max_len_offset at least as large as them."""
-    from ..serve.common import Limits
-
     try:  # a data.json that cannot be read is the loader's to report
         first = args.model_path[0] if isinstance(args.model_path, list) else args.model_path  # as parsed, a list
         parsing = args.engine == "torch" and parse.is_parsing_model(model_metadata(first))
@@ -87,11 +84,10 @@ def resolve_defaults(args: argparse.Namespace) -> None:
         parsing = False
     model_defaults(args, first, parsing)
     fill_decoding_defaults(args, parsing)
-    d = Limits()
     if args.max_beam is None:
-        args.max_beam = max(d.max_beam, args.beam)
+        args.max_beam = max(SERVE_MAX_BEAM, args.beam)
     if args.max_len_offset_limit is None:
-        args.max_len_offset_limit = max(d.max_len_offset, args.max_len_offset)
+        args.max_len_offset_limit = max(SERVE_MAX_LEN_OFFSET, args.max_len_offset)
 
 
 def model_defaults(args: argparse.Namespace, path, parsing: bool) -> None:

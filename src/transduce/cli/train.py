@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..defaults import PRECISIONS
 from ..errors import UsageError
 from ..train.options import TrainOptions, cpu_hours, lr_scale_for_peak
 from ..train.signals import EXIT_INTERRUPTED
@@ -61,8 +62,6 @@ HARDWARE = ("device", "precision", "threads")
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce train`. Regime flags default to the preset's TrainConfig."""
-    from .defaults import PRECISIONS
-
     g = parser.add_argument_group("input and output")
     g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output (resuming: the run's)")
     g.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="where everything the run writes goes")

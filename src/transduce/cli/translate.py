@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from .common import (LineStreams, check_decoding_args, decoding_options, exit_on_sigterm, fill_model_search_defaults,
                      library_length_penalty, load_from_args, model_default, to_file, warner)
-from .defaults import ALPHA as DEFAULT_ALPHA, BATCH_SIZE as DEFAULT_BATCH_SIZE, BEAM as DEFAULT_BEAM
-from .defaults import MAX_LEN_OFFSET as DEFAULT_MAX_LEN_OFFSET
+from ..defaults import ALPHA, BATCH_SIZE, BEAM, MAX_LEN_OFFSET
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
 if TYPE_CHECKING:  # the library that imports PyTorch: imported by `run`, not by the flags (--help)
@@ -42,10 +41,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E",
                    help="torch or ct2 (an `export ct2` dir; default torch)")
     g.add_argument("--ct2-compute-type", metavar="TYPE", help="ct2: its precision (default: the exported)")
-    decoding = add_decoding_args(parser, beam=DEFAULT_BEAM, alpha=DEFAULT_ALPHA, max_len_offset=DEFAULT_MAX_LEN_OFFSET,
-                               batch_size=DEFAULT_BATCH_SIZE)
-    parser.set_defaults(beam=model_default(DEFAULT_BEAM), length_penalty=model_default("gnmt"),  # an imported
-                        alpha=model_default(DEFAULT_ALPHA))  # model's own replace them (fill_model_search_defaults)
+    decoding = add_decoding_args(parser, beam=BEAM, alpha=ALPHA, max_len_offset=MAX_LEN_OFFSET, batch_size=BATCH_SIZE)
+    parser.set_defaults(beam=model_default(BEAM), length_penalty=model_default("gnmt"),  # an imported
+                        alpha=model_default(ALPHA))  # model's own replace them (fill_model_search_defaults)
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
     g.add_argument("--split-sentences", choices=SPLIT_MODES, default="off", metavar="S",
                    help="on: each of a line's sentences alone (default off)")

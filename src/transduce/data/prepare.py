@@ -24,12 +24,13 @@ from typing import Iterable, Iterator
 from tqdm import tqdm
 
 from ..checkpoint.files import atomic_dir
+from ..defaults import CHARACTER_COVERAGE, MAX_LEN, MAX_RATIO, VOCAB_SAMPLE, VOCAB_SIZE
 from ..errors import DataError
 from .batching import METADATA
 from .datasets import fetch, get_dataset
 from .indexed import IndexedWriter
-from .text import DEFAULT_MAX_LEN, DEFAULT_MAX_RATIO, FilterReport, filter_reason, read_lines, read_parallel
-from .vocab import DEFAULT_CHARACTER_COVERAGE, DEFAULT_SAMPLE_SIZE, DEFAULT_VOCAB_SIZE, Vocab, train_vocab
+from .text import FilterReport, filter_reason, read_lines, read_parallel
+from .vocab import Vocab, train_vocab
 
 CHUNK = 10_000  # lines encoded at a time
 
@@ -77,13 +78,13 @@ def prepare(
     *,
     src_lang: str,
     tgt_lang: str,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    vocab_size: int = VOCAB_SIZE,
     separate_vocab: bool = False,
-    sample_size: int = DEFAULT_SAMPLE_SIZE,
-    character_coverage: float = DEFAULT_CHARACTER_COVERAGE,
+    sample_size: int = VOCAB_SAMPLE,
+    character_coverage: float = CHARACTER_COVERAGE,
     seed: int = 0,
-    max_len: int = DEFAULT_MAX_LEN,
-    max_ratio: float = DEFAULT_MAX_RATIO,
+    max_len: int = MAX_LEN,
+    max_ratio: float = MAX_RATIO,
     overwrite: bool = False,
     progress: bool = True,
     extra: dict | None = None,

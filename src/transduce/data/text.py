@@ -15,6 +15,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from ..defaults import MAX_LEN, MAX_RATIO
 from ..errors import DataError
 
 
@@ -72,12 +73,8 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[
         yield src, tgt
 
 
-# --- the length filter: subword tokens without EOS, training pairs only (BLEU needs whole test sets)
-
-DEFAULT_MAX_LEN = 256  # Pairs with more subword tokens than this on either side are dropped from training
-
-DEFAULT_MAX_RATIO = 9.0  # Pairs whose longer side has more than this many times the tokens of the shorter
-# side are dropped from training (the default of Moses' clean-corpus-n.perl, there counted in words)
+# --- the length filter: subword tokens without EOS, training pairs only (BLEU needs whole test sets);
+# its defaults, `transduce.defaults.MAX_LEN` and `MAX_RATIO`
 
 def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
     """Why a pair of these token lengths is dropped ("empty", "too_long", "bad_ratio"), or None."""
@@ -94,8 +91,8 @@ def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) ->
 class FilterReport:
     """What the length filter did to one split, with the first few lines dropped for each reason."""
 
-    max_len: int = DEFAULT_MAX_LEN
-    max_ratio: float = DEFAULT_MAX_RATIO
+    max_len: int = MAX_LEN
+    max_ratio: float = MAX_RATIO
     read: int = 0
     kept: int = 0
     empty: int = 0

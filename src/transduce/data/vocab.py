@@ -22,27 +22,20 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 import torch
 
+from ..defaults import CHARACTER_COVERAGE, VOCAB_SAMPLE, VOCAB_SIZE
 from ..errors import DataError
 from ..special_ids import BOS, DEFAULT, EOS, PAD, UNK, SpecialIds  # noqa: F401 - PAD .. EOS: DEFAULT's, re-exported
 
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 
-DEFAULT_VOCAB_SIZE = 8000  # Right for small corpora such as Multi30k (29k pairs); the paper: ~37000 (WMT14 En-De)
-
-DEFAULT_SAMPLE_SIZE = 1_000_000  # Sentences sampled for training a vocabulary (all of them if the corpus is smaller)
-
-DEFAULT_CHARACTER_COVERAGE = 1.0
-"""Every character seen in the sample gets a piece (sentencepiece's 0.9995 maps letters such as "Ä"
-to UNK on a corpus the size of Multi30k); lower it for noisy web text full of rare scripts."""
-
 
 def train_vocab(
     model_prefix: str | Path,
     sentences: Iterable[str],
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    vocab_size: int = VOCAB_SIZE,
     *,
-    sample_size: int = DEFAULT_SAMPLE_SIZE,
-    character_coverage: float = DEFAULT_CHARACTER_COVERAGE,
+    sample_size: int = VOCAB_SAMPLE,
+    character_coverage: float = CHARACTER_COVERAGE,
     seed: int = 0,
     num_threads: int | None = None,
     model_type: str = "bpe",

@@ -10,11 +10,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..defaults import ALPHA, BEAM, MAX_LEN_OFFSET
 from ..model import Transformer, padding_mask
-
-DEFAULT_BEAM = 4  # 6.1: "beam search with a beam size of 4 and length penalty alpha = 0.6"
-DEFAULT_ALPHA = 0.6
-DEFAULT_MAX_LEN_OFFSET = 50  # 6.1: "maximum output length ... to input length + 50"
 
 
 @torch.no_grad()
@@ -24,7 +21,7 @@ def greedy_decode(
     *,
     bos_id: int | None = None,
     eos_id: int | None = None,
-    max_len_offset: int = 50,
+    max_len_offset: int = MAX_LEN_OFFSET,
 ) -> list[list[int]]:
     """Greedy search for a batch of right-padded sources (B, S): per sentence, the output ids
     without BOS/EOS (by default the model's, `config.bos_id`, `config.eos_id`). Finished sentences
@@ -169,9 +166,9 @@ def beam_search(
     model,
     src: Tensor,
     *,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
+    beam_size: int = BEAM,
+    alpha: float = ALPHA,
+    max_len_offset: int = MAX_LEN_OFFSET,
     n_best: int = 1,
     bos_id: int | None = None,
     eos_id: int | None = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
+from ..defaults import ALPHA, BEAM, MAX_LEN_OFFSET
 
 # The length penalties a search can rank by: the paper's ((5+|Y|)/6)^alpha (6.1, `search.length_penalty`),
 # Hugging Face generate's (transduce's engine only), CTranslate2's own |Y|^alpha (its engine only)
@@ -17,10 +17,10 @@ class SearchSettings:
     """How a batch is searched: hashable, so that the server decodes requests with equal settings
     together. Checked when made: an n-best the search cannot give is refused."""
 
-    beam: int = DEFAULT_BEAM
-    alpha: float = DEFAULT_ALPHA
+    beam: int = BEAM
+    alpha: float = ALPHA
     length_penalty: str = "paper"  # LENGTH_PENALTIES; anything but "paper" is not the paper's (docs/paper_map.md)
-    max_len_offset: int = DEFAULT_MAX_LEN_OFFSET  # the longest output: input length + this (6.1: 50)
+    max_len_offset: int = MAX_LEN_OFFSET  # the longest output: input length + this (6.1: 50)
     n_best: int = 1  # hypotheses per sentence, best first
     greedy: bool = False  # greedy decoding (beam and alpha unused)
 

@@ -13,13 +13,9 @@ import torch
 
 from ..data.batching import batch_for_decoding
 from ..data.vocab import Vocab
-from .search import DEFAULT_MAX_LEN_OFFSET, Hypothesis
+from ..defaults import MAX_INPUT_TOKENS, MAX_LEN_OFFSET
+from .search import Hypothesis
 from ..memory import Trimmer
-
-DEFAULT_MAX_INPUT_TOKENS = 1024
-DEFAULT_BATCH_TOKENS = 4096  # Padded source tokens per batch (sentences x longest sentence, EOS included)
-DEFAULT_BATCH_SIZE = 128  # Sentences per batch at most
-DEFAULT_CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
 
 Candidate = Hypothesis  # one hypothesis of one input line (`transduce.decoding.search.Hypothesis`, with its text)
 BatchSearch = Callable[[list[list[int]]], list[list[Candidate]]]  # a batch of source ids (with EOS) -> candidates per row
@@ -30,8 +26,8 @@ def one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
 
 
-def input_token_limit(max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS,
-                      max_len_offset: int = DEFAULT_MAX_LEN_OFFSET, positions: int | None = None) -> int:
+def input_token_limit(max_input_tokens: int | None = MAX_INPUT_TOKENS,
+                      max_len_offset: int = MAX_LEN_OFFSET, positions: int | None = None) -> int:
     """The most subword tokens (EOS not counted) a source line may have: `max_input_tokens`, and
     with a table of `positions` (learned positions, a CTranslate2 export) what it allows for the
     source (its EOS included) and for the longest output (source length + max_len_offset)."""

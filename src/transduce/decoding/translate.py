@@ -13,21 +13,18 @@ from typing import Callable, Iterable, Iterator, Sequence
 from tqdm import tqdm
 
 from ..data.vocab import Vocab
+from ..defaults import ALPHA, BATCH_SIZE, BATCH_TOKENS, BEAM, CHUNK_LINES, MAX_INPUT_TOKENS, MAX_LEN_OFFSET
 from .engines import engine_search
-from .search import DEFAULT_ALPHA, DEFAULT_BEAM, DEFAULT_MAX_LEN_OFFSET
 from .settings import SearchSettings
-from .streaming import (
-    DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS, DEFAULT_CHUNK_LINES, DEFAULT_MAX_INPUT_TOKENS, Candidate,
-    input_token_limit, stream_lines,
-)
+from .streaming import Candidate, input_token_limit, stream_lines
 
 
-def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[str], *, beam: int = DEFAULT_BEAM,
-                     alpha: float = DEFAULT_ALPHA, length_penalty: str = "paper",
-                     max_len_offset: int = DEFAULT_MAX_LEN_OFFSET, n_best: int = 1, greedy: bool = False,
-                     batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
-                     max_input_tokens: int | None = DEFAULT_MAX_INPUT_TOKENS, bf16: bool = False,
-                     chunk_lines: int = DEFAULT_CHUNK_LINES, source_name: str = "input",
+def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[str], *, beam: int = BEAM,
+                     alpha: float = ALPHA, length_penalty: str = "paper",
+                     max_len_offset: int = MAX_LEN_OFFSET, n_best: int = 1, greedy: bool = False,
+                     batch_tokens: int = BATCH_TOKENS, batch_size: int = BATCH_SIZE,
+                     max_input_tokens: int | None = MAX_INPUT_TOKENS, bf16: bool = False,
+                     chunk_lines: int = CHUNK_LINES, source_name: str = "input",
                      warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
                      constraint=None, workers: int = 1) -> Iterator[list[Candidate]]:
     """Translate `lines` (any iterable); yield, for every line in order, its `n_best` best

@@ -9,11 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import PRESETS, Config, apply_overrides, get_preset
+from ..defaults import TABLE3  # Table 3's rows, top to bottom: the default list of variants
 from ..errors import UsageError
 from ..train.trainer import TrainOptions, config_for_data
-
-TABLE3 = ("base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
-          "D1", "D2", "D3", "D4", "E", "big")  # Table 3's rows, top to bottom: the default list of variants
 
 MIN_DEPTH_SCALE = 0.5
 """The default depth scale's floor: at 0.5 Table 3's N = 2, 4, 6, 8 (C1, C2, base, C3) become 1, 2,

@@ -14,14 +14,10 @@ from tqdm import tqdm
 
 from ..data.datasets import fetch, get_dataset
 from ..data.prepare import Split, check_output_dir, prepare
+from ..defaults import TREE_MAX_LEN, TREE_VOCAB_SIZE
 from ..errors import DataError
 from .trees import clean, linearize, read_trees
 
-PAPER_VOCAB_SIZE = 16000
-"""Section 6.3: "We used a vocabulary of 16K tokens for the WSJ only setting"."""
-MAX_LEN = 512
-"""Training pairs with more target symbols (or source pieces) than this are left out: tensor2tensor's
-max_length of transformer_parsing_base. The longest tree of sections 02-21 has fewer."""
 MAX_RATIO = 1e9
 """No length-ratio filter: a tree's sequence is always longer than its words (about 3x)."""
 
@@ -41,8 +37,8 @@ def prepare_treebank(
     out: str | Path,
     *,
     tags: bool = False,
-    vocab_size: int = PAPER_VOCAB_SIZE,
-    max_len: int = MAX_LEN,
+    vocab_size: int = TREE_VOCAB_SIZE,
+    max_len: int = TREE_MAX_LEN,
     overwrite: bool = False,
     progress: bool = True,
     extra: dict | None = None,

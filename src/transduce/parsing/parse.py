@@ -12,16 +12,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
+from ..defaults import PARSE_ALPHA, PARSE_BATCH_SIZE, PARSE_BEAM, PARSE_MAX_LEN_OFFSET
 from .evalb import COLLINS, EvalbParams, EvalbResult, evalb
 from .trees import Repairs, Tree, delinearize
-
-DEFAULT_BEAM = 21
-"""Section 6.3: "We used a beam size of 21 and alpha = 0.3"."""
-DEFAULT_ALPHA = 0.3
-DEFAULT_MAX_LEN_OFFSET = 300
-"""Section 6.3: "we increased the maximum output length to input length + 300"."""
-DEFAULT_BATCH_SIZE = 16
-"""Sentences per batch: the decoder works on 21 beams of each."""
 
 
 @dataclass
@@ -50,10 +43,10 @@ def parse_stream(
     sentences: Iterable[Sequence[str]],
     *,
     tags: bool = False,
-    beam: int = DEFAULT_BEAM,
-    alpha: float = DEFAULT_ALPHA,
-    max_len_offset: int = DEFAULT_MAX_LEN_OFFSET,
-    batch_size: int = DEFAULT_BATCH_SIZE,
+    beam: int = PARSE_BEAM,
+    alpha: float = PARSE_ALPHA,
+    max_len_offset: int = PARSE_MAX_LEN_OFFSET,
+    batch_size: int = PARSE_BATCH_SIZE,
     constrained: bool = False,
     **options,
 ) -> Iterator[Parse]:

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from pydantic import BaseModel, Field, ValidationError
 
 from ..decoding.settings import SearchSettings
-from ..decoding.streaming import DEFAULT_BATCH_TOKENS
+from ..defaults import BATCH_TOKENS, SERVE_GRACEFUL_TIMEOUT, SERVE_MAX_WAIT
 from .batcher import Batcher, ShuttingDown
 from .common import (Limits, Problem, Server, ServerState, number, read_fields, request_model, validation_problem)
 from .backend import Engine, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
@@ -26,8 +26,6 @@ from .splitting import decode_texts, mode_of, source_language, warm
 from ..memory import Trimmer, bound_kernel_caches, memory_info
 
 log = logging.getLogger("transduce.serve")
-
-DEFAULT_GRACEFUL_TIMEOUT = 30.0  # seconds a shutdown waits for the requests in flight (as Kubernetes)
 
 
 class Hypothesis(BaseModel):
@@ -204,8 +202,8 @@ def _add_status_routes(app, server: Server, max_batch_tokens: int, max_wait: flo
 
 
 def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None,
-               defaults: SearchSettings | None = None, max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
-               max_wait: float = 0.01, poll_disconnect: float = 0.05,
+               defaults: SearchSettings | None = None, max_batch_tokens: int = BATCH_TOKENS,
+               max_wait: float = SERVE_MAX_WAIT, poll_disconnect: float = 0.05,
                on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None,
                cors_origins: Sequence[str] = ()):
     """The ASGI app: the FastAPI app (`.fastapi`) inside the request log and the body-size limit;
@@ -409,7 +407,7 @@ def bind_sockets(host: str, port: int) -> list:
 
 
 def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-           graceful_timeout: float = DEFAULT_GRACEFUL_TIMEOUT):
+           graceful_timeout: float = SERVE_GRACEFUL_TIMEOUT):
     """A uvicorn server for the app (its own request log, not uvicorn's): `.run()` blocks until
     Ctrl-C / SIGTERM or `.should_exit`. A shutdown gives the requests in flight `graceful_timeout`
     seconds (`app.begin_drain`), then answers them 503; Ctrl-C again answers them 503 at once."""

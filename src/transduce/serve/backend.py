@@ -15,9 +15,7 @@ from pathlib import PurePosixPath
 from typing import Callable
 
 from ..decoding.settings import SearchSettings
-from ..decoding.streaming import DEFAULT_BATCH_SIZE, DEFAULT_BATCH_TOKENS
-
-DEFAULT_MAX_TOKENS = 256  # subword tokens per sentence a request may send (EOS not counted)
+from ..defaults import BATCH_SIZE, BATCH_TOKENS, SERVE_MAX_TOKENS
 
 
 class RequestError(ValueError):
@@ -43,8 +41,8 @@ class Engine:
     align: Callable[[list[str], list[str]], list] | None = None
 
 
-def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
-                 max_tokens: int = DEFAULT_MAX_TOKENS, bf16: bool = False) -> Engine:
+def torch_engine(loaded, *, batch_tokens: int = BATCH_TOKENS, batch_size: int = BATCH_SIZE,
+                 max_tokens: int = SERVE_MAX_TOKENS, bf16: bool = False) -> Engine:
     """An engine over a `LoadedModel` (made ready once, by `transduce.decoding.ready.load_for_decoding`, for the
     server's life): `translate_stream` as `transduce translate` (or `parse`) runs it."""
     from ..parsing.parse import is_parsing_model, predicts_tags
@@ -86,8 +84,8 @@ def torch_engine(loaded, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size
                   tree=tree if parsing else None, encode_target=loaded.tgt_vocab.encode, align=align)
 
 
-def ct2_engine(model, *, batch_tokens: int = DEFAULT_BATCH_TOKENS, batch_size: int = DEFAULT_BATCH_SIZE,
-               max_tokens: int = DEFAULT_MAX_TOKENS) -> Engine:
+def ct2_engine(model, *, batch_tokens: int = BATCH_TOKENS, batch_size: int = BATCH_SIZE,
+               max_tokens: int = SERVE_MAX_TOKENS) -> Engine:
     """An engine over a `transduce.decoding.engines.CT2Model` (CTranslate2 gives no attention weights;
     the length penalty it ranks by is the search settings': "paper" or its own, "ct2")."""
     info = {"engine": "ct2", **public_model(model.description, model.config, None, model.compute_type),

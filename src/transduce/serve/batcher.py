@@ -19,6 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
+from ..defaults import BATCH_TOKENS, SERVE_MAX_QUEUE, SERVE_MAX_WAIT
+
 
 log = logging.getLogger("transduce.serve")
 
@@ -57,8 +59,8 @@ class Batcher:
     of every round (metrics); `after_round(idle)` runs after every round and call (`idle`: no job
     waits)."""
 
-    def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = 4096,
-                 max_wait: float = 0.01, max_queue: int = 256,
+    def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = BATCH_TOKENS,
+                 max_wait: float = SERVE_MAX_WAIT, max_queue: int = SERVE_MAX_QUEUE,
                  on_round: Callable[[list[Job], float, Sequence | None, BaseException | None], None] | None = None,
                  after_round: Callable[[bool], None] | None = None):
         if max_batch_tokens < 1 or not 0 <= max_wait <= threading.TIMEOUT_MAX or max_queue < 1:

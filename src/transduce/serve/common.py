@@ -17,7 +17,9 @@ from typing import Callable, Sequence
 from urllib.parse import parse_qsl
 
 from ..decoding.settings import SearchSettings
-from .backend import DEFAULT_MAX_TOKENS, Engine, RequestError, scrub
+from ..defaults import (SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET, SERVE_MAX_QUEUE,
+                        SERVE_MAX_SENTENCES, SERVE_MAX_TOKENS)
+from .backend import Engine, RequestError, scrub
 from .batcher import Batcher, QueueFull, ShuttingDown
 
 FORM = "application/x-www-form-urlencoded"
@@ -25,15 +27,15 @@ FORM = "application/x-www-form-urlencoded"
 
 @dataclass
 class Limits:
-    """What one request may ask for."""
+    """What one request may ask for; the defaults, and what each field counts: `transduce.defaults` (SERVE_*)."""
 
-    max_body_bytes: int = 1 << 20
-    max_sentences: int = 64  # Sentences per request (texts in q, and sentences in all after the split)
-    max_chars: int = 2000  # Characters per sentence (LibreTranslate's API: per request, summed over q)
-    max_tokens: int = DEFAULT_MAX_TOKENS  # Subword tokens per sentence (EOS not counted)
-    max_queue: int = 256  # Requests waiting to be decoded; more are answered 429
-    max_beam: int = 16
-    max_len_offset: int = 256  # The largest max_len_offset a request may ask for
+    max_body_bytes: int = SERVE_MAX_BODY_BYTES
+    max_sentences: int = SERVE_MAX_SENTENCES
+    max_chars: int = SERVE_MAX_CHARS
+    max_tokens: int = SERVE_MAX_TOKENS
+    max_queue: int = SERVE_MAX_QUEUE
+    max_beam: int = SERVE_MAX_BEAM
+    max_len_offset: int = SERVE_MAX_LEN_OFFSET
 
 
 @dataclass

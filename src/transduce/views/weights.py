@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..defaults import ALPHA, ATTENTION_MAX_TOKENS, ATTENTION_TYPES, BEAM, MAX_LEN_OFFSET
 from ..model import make_masks
 from ..restricted import within_window
 from ..data.batching import pad_batch
 
-TYPES = ("encoder", "decoder_self", "decoder_cross")  # the three uses of attention (3.2.3)
+TYPES = ATTENTION_TYPES  # the three uses of attention (3.2.3)
 
 TYPE_NAMES = {"encoder": "encoder self-attention", "decoder_self": "decoder self-attention (masked)",
               "decoder_cross": "encoder-decoder attention"}
@@ -150,14 +151,13 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
     }
 
 
-MAX_TOKENS = 64  # subword tokens per side kept by default (the page says so): a page stays a few MB
 MAX_SENTENCES = 8  # Sentences in one batch (one page) at most
 MAX_WEIGHTS = 4_000_000  # weights in one page at most (about 25 MB of text)
 
 
-def attention_data(loaded, sources: list[str], targets: list[str | None] | None = None, *, beam: int = 4,
-                   alpha: float = 0.6, greedy: bool = False, max_len_offset: int = 50,
-                   max_tokens: int = MAX_TOKENS) -> tuple[AttentionBatch, dict]:
+def attention_data(loaded, sources: list[str], targets: list[str | None] | None = None, *, beam: int = BEAM,
+                   alpha: float = ALPHA, greedy: bool = False, max_len_offset: int = MAX_LEN_OFFSET,
+                   max_tokens: int = ATTENTION_MAX_TOKENS) -> tuple[AttentionBatch, dict]:
     """Weights and JSON for `sources` with their `targets` (None: the model's own translation, as
     `transduce translate` decodes) from a `transduce.decoding.ready.LoadedModel`: what `transduce attention` does."""
     from ..decoding.translate import translate_stream
