@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import platform
 
 import torch
@@ -19,9 +20,13 @@ def can_int8() -> bool:
     return ops.has("int8") and platform.machine().lower() in ("x86_64", "amd64")
 
 
-_OFFSETS = tuple(torch.tensor([z + 0.5]) for z in range(256))
-"""The zero point + 0.5 of `quantize_activations`, made once; of shape (1,), not 0-d, so that the
-sum with bf16 activations is computed and stored in fp32 (no separate conversion pass)."""
+@functools.cache
+def _offset(zero: int) -> Tensor:
+    """The zero point + 0.5 of `quantize_activations`, made once for each zero point, on first use; of
+    shape (1,), not 0-d, so that the sum with bf16 activations is computed and stored in fp32 (no
+    separate conversion pass)."""
+    return torch.tensor([zero + 0.5])
+
 
 LEVELS = 254
 """Activation steps: 254, not 255, so that x / s + z + 0.5 never reaches 256 (no clamp needed)."""
@@ -35,7 +40,7 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, float, int]:
     lo, hi = min(lo.item(), 0.0), max(hi.item(), 0.0)
     scale = (hi - lo) / LEVELS or 1.0
     zero = round(-lo / scale)
-    q = torch.add(_OFFSETS[zero], x, alpha=1.0 / scale)  # fp32, >= 0: truncation to int16 rounds
+    q = torch.add(_offset(zero), x, alpha=1.0 / scale)  # fp32, >= 0: truncation to int16 rounds
     return q.to(torch.int16).to(torch.uint8), scale, zero
 
 
