@@ -6,13 +6,13 @@ header must say so instead of an ISA the library does not run."""
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks import machine
+from transduce.fast.cpu import x86_64
 
 AMX_LINE = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture Intel(R) "
             "Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8, BF16, FP16 (limited) "
@@ -37,13 +37,13 @@ def test_the_mkl_line_is_read_as_version_and_code_path():
     assert "MKL_ENABLE_INSTRUCTIONS" in machine.OVERRIDES
 
 
-needs_mkl = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not torch.backends.mkl.is_available(),
+needs_mkl = pytest.mark.skipif(not x86_64() or not torch.backends.mkl.is_available(),
                                reason="PyTorch without MKL (not an x86 build)")
 
 
 def test_the_vendor_is_read_from_cpuinfo_and_named_in_the_header(monkeypatch):
     vendor = machine.cpu_vendor()
-    if platform.machine() in ("x86_64", "AMD64") and Path("/proc/cpuinfo").exists():
+    if x86_64() and Path("/proc/cpuinfo").exists():
         assert vendor in ("GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls", "Shanghai"), vendor
     else:
         assert vendor

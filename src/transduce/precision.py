@@ -9,7 +9,6 @@ obeyed (emulated bf16 with a warning). The capability is an argument, so every r
 
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass
 
 import torch
@@ -125,10 +124,10 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     fp32; the decoder's layers in int8 as the CPU's row of `CPU_TABLE` says."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
-    from .fast.int8 import can_int8
+    from .fast.int8 import can_int8, int8_needs
 
     if not can_int8():
-        raise ValueError(f"--precision int8 needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()})")
+        raise ValueError(f"--precision int8 {int8_needs()}")
     cap = capability or read_capability("cpu")
     row = cpu_row(cap)
     base = "bf16" if cap.native_bf16 else "fp32"

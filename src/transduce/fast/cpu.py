@@ -40,6 +40,11 @@ def cpuinfo() -> dict[str, str]:
     return info
 
 
+def x86_64() -> bool:
+    """Whether this is an x86-64 machine (x86_64, or AMD64 as Windows names it): the one test of it."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def cpu_name() -> str:
     info = cpuinfo()
     names = (info.get("model name"), info.get("Model"), info.get("Hardware"), platform.processor(), platform.machine())
@@ -50,7 +55,7 @@ def proc_flags() -> frozenset:
     """All the CPU's flags, whatever oneDNN is held to (off Linux on x86-64: `CPU_FLAGS` as PyTorch sees them)."""
     info = cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
-    return frozenset(flags or (ops.cpu_features() if platform.machine().lower() in ("x86_64", "amd64") else ()))
+    return frozenset(flags or (ops.cpu_features() if x86_64() else ()))
 
 
 def cpu_flags() -> frozenset:

@@ -11,13 +11,18 @@ from torch import Tensor, nn
 
 from ..model import Embeddings, Transformer
 from . import ops
-from .cpu import int8_saturates
+from .cpu import int8_saturates, x86_64
 from .decode import PackedLinear, PackedWeight, block_key, can_pack, fuse_relu, replace_linears, restore_linears, unpack_weights
 
 
 def can_int8() -> bool:
     """Whether `quantize_int8` applies: oneDNN's int8 linear in this torch, on an x86-64 CPU."""
-    return ops.has("int8") and platform.machine().lower() in ("x86_64", "amd64")
+    return ops.has("int8") and x86_64()
+
+
+def int8_needs() -> str:
+    """What `can_int8` needs and what this machine is, for the errors that refuse int8."""
+    return f"needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()}, torch {torch.__version__})"
 
 
 @functools.cache
@@ -151,8 +156,7 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})")
     if not can_int8():
-        raise ValueError(f"int8 decoding needs PyTorch's oneDNN int8 kernels on x86-64 (this: {platform.machine()}, "
-                         f"torch {torch.__version__})")
+        raise ValueError(f"int8 decoding {int8_needs()}")
     unpack_weights(model)  # int8 replaces what would be packed
     n = 0
     for m in [m for m in model.modules() if isinstance(m, Transformer)]:
