@@ -132,7 +132,7 @@ def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path
     assert start["precision"] == "fp32" and start["options"]["precision"] == "auto"
 
 
-def test_resuming_keeps_the_runs_precision_instead_of_measuring_again(tmp_path, monkeypatch, capsys):
+def test_resuming_keeps_the_runs_precision_instead_of_choosing_again(tmp_path, monkeypatch, capsys):
     """A run that chose bf16 resumes in bf16, said as the run's recorded precision; where this CPU
     only emulates bf16, `auto` chooses again and says so; an explicit precision is obeyed, with a
     note."""
@@ -155,7 +155,8 @@ def test_resuming_keeps_the_runs_precision_instead_of_measuring_again(tmp_path, 
     assert state(1)["precision"] == "bf16"
     assert main(["train", "--max-steps", "2", *common]) == 0
     out = capsys.readouterr().out
-    assert "precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001; kept on resuming" in out
+    assert ("precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001; "
+            "kept on resuming, not chosen again)") in out
     assert "s of training steps in this session (from step 1; the run's training time over all sessions" in out
     assert state(2)["precision"] == "bf16"
 

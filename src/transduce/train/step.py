@@ -35,14 +35,16 @@ def autocast_for(device: torch.device, precision: str):
 
 def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
                       recorded: tuple[str, Path] | None = None) -> str:
-    """The precision this run trains in: `requested`, or for 'auto' the hardware's choice
-    (`transduce.precision.choose_precision`), said on one line. Rank 0 decides and every rank
-    follows, so that a probe's timing noise cannot split a job between two precisions.
+    """The precision this run trains in: `requested`, or for 'auto' the choice of the device's row
+    of the table (`transduce.precision.choose_precision`: CPU flags, or a GPU's compute capability),
+    said on one line. Rank 0 decides and every rank follows, so that a job whose ranks run on
+    different hardware still trains in one precision.
 
     Resuming (`recorded`: the precision of the run's checkpoint, and that checkpoint), 'auto' keeps
-    it without probing again (a resumed run then ends bitwise as if never stopped), unless this
-    device does not compute it natively: then it chooses again and says so. An explicit precision
-    is obeyed, with a note where it differs."""
+    it rather than looking the device up again (the device or the table may have changed since; a
+    resumed run then ends bitwise as if never stopped), unless this device does not compute it
+    natively: then it chooses again and says so. An explicit precision is obeyed, with a note where
+    it differs."""
     if requested not in PRECISIONS:
         raise UsageError(f"unknown precision {requested!r} ({', '.join(PRECISIONS)})")
     check_precision(env.device, requested)
@@ -51,7 +53,7 @@ def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
         kept, where = recorded
         if requested == "auto" and _computes_natively(env.device, kept):
             choice = Choice(kept, f"auto: this run's precision, recorded in its checkpoint {where.name}; "
-                                  "kept on resuming, not measured again")
+                                  "kept on resuming, not chosen again")
         elif requested == "auto":
             note = (f"note: this run trained in {kept} until {where.name}, which this {'GPU' if env.device.type == 'cuda' else 'CPU'} "
                     "does not compute natively: choosing again")
