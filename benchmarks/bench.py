@@ -31,7 +31,8 @@ from transduce.data.datasets import fetch
 from transduce.data.text import read_lines
 from transduce.fast.train import keep_freed_memory
 from transduce.flops import dims as model_dims, forward_flops, matmul_peak  # noqa: F401  (the one formula)
-from transduce.model import Transformer, sinusoidal_positions
+from transduce.model import Transformer
+from transduce.positions import sinusoidal_positions
 from transduce.train.loss import label_smoothed_nll
 from transduce.train.step import prepare_for_training
 

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from transduce.attention import (attention_reference, autocast_attention, concat_heads, decode_attention, fold_beams,
                                  product_attention)
-from transduce.model import MultiHeadAttention, causal_mask, padding_mask
+from transduce.masks import causal_mask, padding_mask
+from transduce.model import MultiHeadAttention
 
 
 def _qkv(B=3, h=4, Tq=5, Tk=7, dk=8, dv=6, seed=0):

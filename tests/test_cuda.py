@@ -14,7 +14,8 @@ import torch
 from transduce.config import Config, ModelConfig
 from transduce.data.vocab import BOS, EOS, PAD
 from transduce.decoding.search import beam_search, greedy_decode
-from transduce.model import Transformer, padding_mask
+from transduce.masks import padding_mask
+from transduce.model import Transformer
 from transduce.synthetic import make_batch
 from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step
 

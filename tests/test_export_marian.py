@@ -18,7 +18,7 @@ from transduce.data.vocab import EOS, PAD  # noqa: E402
 from transduce.decoding.search import greedy_decode  # noqa: E402
 from transduce.export.marian import export_marian, hidden_permutation  # noqa: E402
 from transduce.export.opus import import_marian  # noqa: E402
-from transduce.model import sinusoidal_positions  # noqa: E402
+from transduce.positions import sinusoidal_positions  # noqa: E402
 from transduce.decoding.ready import load_translation_model  # noqa: E402
 from transduce.decoding.translate import translate_lines  # noqa: E402
 

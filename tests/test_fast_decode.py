@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from transduce.fast import decode as kernels
 from transduce.attention import step_attention as decode_attention
 from transduce.fast.decode import PackedLinear, PackedWeight, can_pack
-from transduce.model import MultiHeadAttention, Transformer, attention_reference, causal_mask, make_masks
+from transduce.masks import causal_mask, make_masks
+from transduce.model import MultiHeadAttention, Transformer, attention_reference
 from transduce.decoding.ready import make_ready
 
 from test_model import PAD, padded_batch, tiny_config
@@ -44,7 +45,7 @@ def test_decode_attention_one_bf16_query_either_way_is_equation_1(keys_first):
 def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
     """K q^T is AMX's layout: on a CPU with AMX held to AVX2 by ONEDNN_MAX_CPU_ISA (what an
     AVX2-only laptop runs, imitated), oneDNN has no AMX, so q K^T, as on that laptop."""
-    from transduce.decoding.cache import cpu_keys_first
+    from transduce.cache import cpu_keys_first
     from transduce.fast import cpu
 
     monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8"})

@@ -15,7 +15,8 @@ from transduce.decoding.search import beam_search, greedy_decode
 from transduce.fast import decode as kernels
 from transduce.fast import int8, step as fast_step
 from transduce.fast.step import FALLBACK, HANDLED, FastDecoder
-from transduce.model import Decoder, Transformer, padding_mask
+from transduce.masks import padding_mask
+from transduce.model import Decoder, Transformer
 from transduce.decoding.ready import make_ready
 
 from test_model import padded_batch, tiny_config

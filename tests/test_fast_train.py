@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from transduce import attention
 from transduce.fast import train as kernels
 from transduce.fast.train import BitDropout
-from transduce.model import Transformer, attention_reference, causal_mask, make_masks
+from transduce.masks import causal_mask, make_masks
+from transduce.model import Transformer, attention_reference
 
 from test_model import PAD, padded_batch, tiny_config
 

@@ -13,7 +13,8 @@ from transduce.fast import decode as kernels
 from transduce.fast import int8
 from transduce.cli import main
 from transduce.config import ModelConfig
-from transduce.model import Transformer, padding_mask
+from transduce.masks import padding_mask
+from transduce.model import Transformer
 from transduce.decoding.ready import load_translation_model, make_ready
 from transduce.decoding.translate import translate_lines
 

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from transduce.config import ModelConfig
-from transduce.model import DecoderLayer, EncoderLayer, MultiHeadAttention, causal_mask, make_masks, padding_mask
+from transduce.masks import causal_mask, make_masks, padding_mask
+from transduce.model import DecoderLayer, EncoderLayer, MultiHeadAttention
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "paper_map.md"
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from transduce.model import DecoderLayer, EncoderLayer, make_masks
+from transduce.masks import make_masks
+from transduce.model import DecoderLayer, EncoderLayer
 
 from test_masks import EPS, FF, PAD, E, H, B, S, T, allowed_somewhere, as_float, config, nn_layer, nn_state, randomize, tokens
 

@@ -6,15 +6,9 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.model import (
-    MultiHeadAttention,
-    Transformer,
-    attention_reference,
-    causal_mask,
-    count_parameters,
-    make_masks,
-    sinusoidal_positions,
-)
+from transduce.masks import causal_mask, make_masks
+from transduce.model import MultiHeadAttention, Transformer, attention_reference, count_parameters
+from transduce.positions import sinusoidal_positions
 import torch.nn.functional as F
 
 PAD = 0

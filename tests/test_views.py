@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from transduce.cli import main
 from transduce.data.vocab import PAD
-from transduce.model import attention_reference, make_masks
+from transduce.masks import make_masks
+from transduce.model import attention_reference
 from transduce.decoding.ready import load_translation_model
 from transduce.decoding.translate import translate_stream
 from transduce.views import figures

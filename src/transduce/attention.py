@@ -95,7 +95,7 @@ def concat_heads(out: Tensor, group: int = 1) -> Tensor:
 
 def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
     """A decoding step's queries (no dropout): on the CPU `decode_attention` (`keys_first`: the
-    scores as K q^T, where oneDNN runs AMX: `decoding.cache.LayerCache.keys_first` says), elsewhere
+    scores as K q^T, where oneDNN runs AMX: `cache.LayerCache.keys_first` says), elsewhere
     PyTorch's fused kernel."""
     if q.device.type == "cpu":
         return decode_attention(q, k, v, mask, keys_first)

@@ -9,22 +9,15 @@
         [W^Q; W^K; W^V]. 3.2.3: its three uses (encoder, masked decoder, encoder-decoder).
 * 3.3   `PositionwiseFeedForward`: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2  (equation 2).
 * 3.4   `Embeddings`, scaled by sqrt(d_model); one matrix shared by both embeddings and the
-        pre-softmax projection. 3.5: `sinusoidal_positions` (`LearnedPositions`: Table 3 row E).
+        pre-softmax projection. 3.5: `transduce.positions` (sinusoids; learned: Table 3 row E).
 * 5.4   dropout (P_drop) on every sub-layer output before the residual add, and on the sums of
         the embeddings and the positional encodings.
 
-Every mask is a **boolean tensor, True = may attend**, broadcastable to the scores' shape
-(B, h, T_query, T_key), the convention of `scaled_dot_product_attention` (PyTorch's
-`nn.Transformer` has the opposite: docs/masks.md). `make_masks` builds them in one place:
-
-    src_mask  (B, 1, 1, S)  = padding_mask(src, pad)                  encoder self-attn, cross-attn
-    tgt_mask  (B, 1, T, T)  = causal_mask(T) & padding_mask(tgt, pad)  decoder self-attn
-
-Query positions that are padding are never masked: their outputs are computed and ignored (the
-loss skips them), so every row of the scores has an allowed key. Options off by default, not in
-the paper: the parser's word positions (`ModelConfig.word_positions`) and Section 4's restricted
-self-attention (`ModelConfig.attention_window`). CPU speed-ups are applied from the outside by
-`transduce.fast`.
+Every mask is a boolean tensor, True = may attend, built in one place: `transduce.masks`.
+Incremental decoding hands the decoder's layers a `transduce.cache.DecoderCache`. Options off by
+default, not in the paper: the parser's word positions (`ModelConfig.word_positions`) and
+Section 4's restricted self-attention (`ModelConfig.attention_window`). CPU speed-ups are applied
+from the outside by `transduce.fast`.
 """
 
 from __future__ import annotations
@@ -36,41 +29,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attention_reference, concat_heads, fold_beams, sequence_attention, step_attention
-from .decoding.cache import DecoderCache, LayerCache, cpu_keys_first
+from .cache import DecoderCache, LayerCache, cpu_keys_first
 from .config import ModelConfig
+from .masks import causal_mask, make_masks, padding_mask
+from .positions import LearnedPositions, SinusoidalPositions
 from .restricted import within_window
 from .word_positions import WordPositions
-
-# -- Masks: the one place they are built (boolean, True = may attend). -------------------------
-
-
-def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
-    """(B, L) tokens -> (B, 1, 1, L): True where a key position holds a real token."""
-    return (tokens != pad_id)[:, None, None, :]
-
-
-def causal_mask(q_len: int, k_len: int | None = None, device: torch.device | None = None) -> Tensor:
-    """(1, 1, q_len, k_len): query i may attend key j iff j <= i + (k_len - q_len) (3.1: "prevent
-    positions from attending to subsequent positions"); with k_len > q_len the queries are the last
-    q_len of k_len positions (incremental decoding with a cache of k_len - q_len earlier ones)."""
-    k_len = q_len if k_len is None else k_len
-    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-    k_pos = torch.arange(k_len, device=device)[None, :]
-    return (k_pos <= q_pos)[None, None]
-
-
-def make_masks(src: Tensor, tgt: Tensor | None, pad_id: int) -> tuple[Tensor, Tensor | None]:
-    """Source mask (B, 1, 1, S) and target mask (B, 1, T, T) from padded token batches. The
-    decoder's first input, its start token, is always a key, also where the start token is the
-    padding id (Marian's models start with PAD; `ModelConfig.bos_id`)."""
-    src_mask = padding_mask(src, pad_id)
-    if tgt is None:
-        return src_mask, None
-    keys = padding_mask(tgt, pad_id)
-    keys[..., 0] = True
-    tgt_mask = causal_mask(tgt.size(1), device=tgt.device) & keys
-    return src_mask, tgt_mask
-
 
 # -- 3.2 Attention -----------------------------------------------------------------------------
 
@@ -188,7 +152,7 @@ class PositionwiseFeedForward(nn.Module):
         return self.w_2(ACTIVATIONS[self.activation](self.w_1(x)))
 
 
-# -- 3.4 Embeddings, 3.5 Positional encoding ---------------------------------------------------
+# -- 3.4 Embeddings (3.5 Positional encoding: transduce.positions) -----------------------------
 
 
 class Embeddings(nn.Module):
@@ -204,48 +168,6 @@ class Embeddings(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         return F.embedding(tokens, self.weight) * self.scale
-
-
-def sinusoidal_positions(length: int, d_model: int, offset: int = 0) -> Tensor:
-    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same),
-    for pos in [offset, offset + length). Returns (length, d_model), float32, computed on the CPU
-    (also where a model is built on another default device)."""
-    pos = torch.arange(offset, offset + length, dtype=torch.float64, device="cpu")[:, None]
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")[None, :]
-    angle = pos / torch.pow(10000.0, two_i / d_model)
-    pe = torch.empty(length, d_model, dtype=torch.float64, device="cpu")
-    pe[:, 0::2] = torch.sin(angle)  # even dimensions
-    pe[:, 1::2] = torch.cos(angle)  # odd dimensions
-    return pe.float()
-
-
-class SinusoidalPositions(nn.Module):
-    """3.5's fixed sinusoids: a table of max_positions rows, computed once; longer sequences' per call."""
-
-    def __init__(self, d_model: int, max_positions: int = 1024):
-        super().__init__()
-        self.d_model = d_model
-        self.register_buffer("table", sinusoidal_positions(max_positions, d_model), persistent=False)
-
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        if offset + length <= self.table.size(0):
-            return self.table[offset : offset + length]
-        return sinusoidal_positions(length, self.d_model, offset).to(self.table)  # the table's device, dtype
-
-
-class LearnedPositions(nn.Module):
-    """Learned positional embeddings (Table 3 row E), one vector per position < max_positions."""
-
-    def __init__(self, d_model: int, max_positions: int = 1024):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(max_positions, d_model))
-        nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
-
-    def forward(self, length: int, offset: int = 0) -> Tensor:
-        if offset + length > self.weight.size(0):
-            raise ValueError(f"sequence of {offset + length} positions exceeds the learned position table "
-                             f"({self.weight.size(0)}); raise model.max_positions")
-        return self.weight[offset : offset + length]
 
 
 # -- 3.1 Encoder and decoder stacks ------------------------------------------------------------

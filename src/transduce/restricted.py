@@ -1,7 +1,7 @@
 """Restricted self-attention (Section 4, Table 1's fourth row), an option off by default
 (`ModelConfig.attention_window` r): each position attends only to the positions within r of it,
-and in the decoder to itself and the r before it. Masks in `transduce.model`'s convention (True =
-may attend); `Encoder` and `Decoder` narrow their self-attention masks with `within_window`;
+and in the decoder to itself and the r before it. Masks in the convention of `transduce.masks`
+(True = may attend); `Encoder` and `Decoder` narrow their self-attention masks with `within_window`;
 encoder-decoder attention stays full. Measured beside the other layer types: docs/table1.md."""
 
 from __future__ import annotations

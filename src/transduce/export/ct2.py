@@ -23,7 +23,8 @@ from ..checkpoint import atomic_dir
 from ..config import Config
 from ..data.vocab import Vocab, copy_vocabs
 from ..extras import require
-from ..model import Transformer, sinusoidal_positions
+from ..model import Transformer
+from ..positions import sinusoidal_positions
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
 """float32 (exact), int8 weights (computed in int8 where the hardware can, or in float32)."""

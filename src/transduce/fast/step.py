@@ -138,7 +138,7 @@ class FastDecoder(Decoder):
 
     def step(self, tgt: Tensor, cache) -> Tensor:
         """The decoder's output (R, 1, d_model) for one new position per row; advances the cache (a
-        `decoding.cache.DecoderCache`)."""
+        `cache.DecoderCache`)."""
         pre = self.norm_first
         norm = torch.layer_norm  # F.layer_norm's own call, without its Python wrapper
         x = self.embed(tgt) + self.positions(1, offset=cache.length)  # (R, 1, d_model)

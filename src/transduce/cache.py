@@ -6,7 +6,8 @@ one contiguous buffer (a strided view would be copied inside the batched product
 and the encoder-decoder keys/values, projected once per source (`Transformer.init_cache`).
 Beam search keeps the cache in step with its hypotheses through `reorder` (applied lazily, by
 the next step's append: one copy of each position a step) and `repeat_rows`; the source side
-keeps one row per source, never copied per beam.
+keeps one row per source, never copied per beam. The model's layers consume it, the searches
+(`transduce.decoding`) drive it: it stands beside the model, below both.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class LayerCache:
 def cpu_keys_first() -> bool:
     """Whether a CPU decoding step computes its scores as K q^T: where oneDNN runs AMX (`fast.cpu`,
     read once), whose layout that is (docs/speed.md)."""
-    from ..fast import cpu
+    from .fast import cpu
 
     return cpu.amx_products()
 
