@@ -11,7 +11,8 @@ import pytest
 from transduce.decoding.ready import load_translation_model
 from transduce.decoding.translate import translate_lines
 from transduce.text.align import AttentionAligner, ModelTranslator, piece_spans
-from transduce.text.markup import parse, translate_html
+from transduce.text.blocks import parse
+from transduce.text.markup import translate_html
 from transduce.views.weights import compute_attention
 
 from tiny_models import make_model

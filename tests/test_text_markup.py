@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from transduce.text.markup import parse, plan, proportional_links, translate_html, translate_tagged
+from transduce.text.blocks import parse
+from transduce.text.markup import plan, proportional_links, translate_html, translate_tagged
 
 TOKEN = re.compile(r"\w+|[^\w\s]")
 
