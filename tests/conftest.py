@@ -19,7 +19,7 @@ MIRROR = datasets.mirror_dir()
 """The mirror as the data layer finds it ($TRANSDUCE_DATA_DIR, else `shared/data` beside the
 repository), resolved once, before any test replaces the data layer's lookup."""
 
-FREE = "downloadable: transduce/data/datasets.py names each file's URL"
+FREE = "downloadable: transduce/data/corpora.py names each file's URL"
 CORPORA = {  # name -> what the tests read of it, and how to get it
     "multi30k": f"Multi30k Task 1, raw/ and tok/ ({FREE})",
     "wmt14-en-de": f"WMT14 En-De newstest2012-2014 and the 10k-pair train sample ({FREE})",

@@ -1,4 +1,5 @@
-"""The dataset registry: the local mirror, checksums, downloads (from file:// URLs), SGML extraction."""
+"""The dataset registry (data/corpora.py) and its files fetched (data/datasets.py): the local mirror,
+checksums, downloads (from file:// URLs), SGML extraction."""
 
 import dataclasses
 import gzip
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from transduce.data import datasets
-from transduce.data.datasets import DATASETS, Source, fetch, sgml_to_lines, sha256_text
+from transduce.data import corpora, datasets
+from transduce.data.corpora import DATASETS, Source
+from transduce.data.datasets import fetch, sgml_to_lines, sha256_text
 from transduce.data.text import DataError, read_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,7 +133,7 @@ def test_unknown_names():
 
 def register(monkeypatch, url, sha256, member=None, mirror="x/file.en.gz"):
     """A one-file dataset "toy" whose only file comes from `url`."""
-    info = datasets.DatasetInfo("toy", "test", ("en",), "train", "train", ("train",),
+    info = corpora.DatasetInfo("toy", "test", ("en",), "train", "train", ("train",),
                                 {("raw", "train", "en"): Source(mirror, url, sha256, member)})
     monkeypatch.setitem(DATASETS, "toy", info)
 
@@ -194,7 +196,7 @@ def test_interrupted_download_leaves_nothing(monkeypatch, tmp_path, no_mirror):
 def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, mirror, no_mirror):
     """The registry's own URL is used; urlopen is replaced by a local file's content."""
     source = DATASETS["multi30k"].source("val", "fr")
-    assert source.url == (f"https://raw.githubusercontent.com/multi30k/dataset/{datasets.MULTI30K_COMMIT}"
+    assert source.url == (f"https://raw.githubusercontent.com/multi30k/dataset/{corpora.MULTI30K_COMMIT}"
                           "/data/task1/raw/val.fr.gz")
     opened = []
 

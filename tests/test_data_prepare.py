@@ -178,7 +178,7 @@ def test_wmt14_offline_download_says_where_and_how_to_do_without(tmp_path, capsy
     """No network: one line naming the URL and the mirror option; nothing left in the cache."""
     import urllib.error
 
-    from transduce.data import datasets
+    from transduce.data import corpora, datasets
 
     def offline(*args, **kwargs):
         raise urllib.error.URLError("[Errno -2] Name or service not known")
@@ -196,13 +196,13 @@ def test_wmt14_offline_download_says_where_and_how_to_do_without(tmp_path, capsy
         assert not (tmp_path / "out").exists()
 
     # a plain file: the training sample
-    check(run_error(capsys, argv), f"{datasets.SEQ2SEQ_ATTN_URL}/src-train.txt")
+    check(run_error(capsys, argv), f"{corpora.SEQ2SEQ_ATTN_URL}/src-train.txt")
     assert [p for p in cache.rglob("*") if p.is_file()] == []
     # an archive: the test sets, once the sample is in the cache
     for lang in ("en", "de"):
         (cache / "wmt14-en-de").mkdir(parents=True, exist_ok=True)
         (cache / "wmt14-en-de" / f"train.{lang}").write_text("a b\n", encoding="utf-8")
-    check(run_error(capsys, argv), datasets.WMT14_DEV)
+    check(run_error(capsys, argv), corpora.WMT14_DEV)
     assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == ["train.de", "train.en"]
 
 

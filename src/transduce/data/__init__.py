@@ -1,8 +1,10 @@
 """The data pipeline: text (text.py) -> vocabulary (vocab.py) -> memory-mapped token arrays
-(indexed.py) -> batches (batching.py); datasets by name (datasets.py); `transduce prepare`.
+(indexed.py) -> batches (batching.py); datasets by name (corpora.py), their files fetched (datasets.py);
+`transduce prepare`.
 
 The names below are imported from their modules when first used (PEP 562), so that importing
-one light module of the package (text.py, datasets.py: a command's flags) imports no PyTorch."""
+one light module of the package (text.py, corpora.py, datasets.py: a command's flags) imports no
+PyTorch."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import importlib
 
 _HOMES = {
     "batching": ("ParallelDataset", "batch_by_tokens", "collate", "load_vocabs", "read_metadata"),
-    "datasets": ("DATASETS", "fetch"),
+    "corpora": ("DATASETS",),
+    "datasets": ("fetch",),
     "indexed": ("IndexedDataset", "IndexedWriter"),
     "text": ("DataError", "FilterReport", "read_lines", "read_parallel"),
     "vocab": ("BOS", "EOS", "PAD", "UNK", "Vocab", "train_vocab"),
