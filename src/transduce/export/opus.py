@@ -10,7 +10,7 @@ ids are the model's (`ModelConfig.special_ids`: OPUS-MT's EOS 0, UNK 1, and PAD,
 is also the decoder's start token; tc-big's EOS 43311 as well), and its files, vocab.json (and
 target_vocab.json) and source.spm / target.spm, are copied as they are (`data.vocab.MarianVocab`
 reads them). A directory `transduce export marian` wrote of a model transduce trained keeps its
-sentencepiece models alone (`marian.in_transduce_layout`). The weights are read memory-mapped and
+sentencepiece models alone (`marian_dir.in_transduce_layout`). The weights are read memory-mapped and
 written a tensor at a time (`checkpoint.save_made_tensors_as_model`): an import holds the model's
 largest tensor, never a second copy of the model.
 
@@ -39,8 +39,8 @@ from ..data.vocab import MarianVocab, Vocab, copy_vocabs
 from ..checkpoint.generation import GENERATION, Generation
 from ..errors import DataError, UsageError
 from ..model import Transformer
-from .marian import INFO, MarianWeights, _read_json, config_from_marian, in_transduce_layout, read_marian_config
-from .marian import tensor_plan
+from .marian import INFO
+from .marian_dir import MarianWeights, config_from_marian, in_transduce_layout, read_json, read_marian_config, tensor_plan
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """A Hugging Face hub id, owner/name (Helsinki-NLP/opus-mt-en-de)."""
@@ -65,7 +65,7 @@ class Imported:
 def read_import(path: Path) -> Iterator[Imported]:
     """The directory `path` read for an import, its weights open (memory-mapped) while in the block."""
     mc = read_marian_config(path)
-    info = _read_json(path / INFO) if (path / INFO).is_file() else None  # written by `transduce export marian`
+    info = read_json(path / INFO) if (path / INFO).is_file() else None  # written by `transduce export marian`
     separate = (path / "target_vocab.json").is_file()
     if in_transduce_layout(path):
         sv = Vocab(path / "source.spm")
@@ -149,9 +149,9 @@ kept in generation.json under "not_applied" and said at import."""
 def generation_settings(path: Path, pad_id: int, start_id: int, languages: dict) -> Generation:
     """The model's generation settings (generation_config.json over config.json's, generate's defaults
     for the rest) as transduce's search takes them (`checkpoint.generation.Generation`)."""
-    config = _read_json(path / "config.json")
+    config = read_json(path / "config.json")
     given = {**{k: v for k, v in config.items() if k in (*GENERATE_DEFAULTS, *NOT_APPLIED, "bad_words_ids")},
-             **(_read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {})}
+             **(read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {})}
     s = {**GENERATE_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
     bad = [list(ids) for ids in s.get("bad_words_ids") or []]
     unapplied = {k: given[k] for k, neutral in NOT_APPLIED.items() if given.get(k) not in (None, neutral)}
@@ -166,7 +166,7 @@ def model_languages(path: Path, name: str | None, src_vocab: Vocab) -> dict:
     """{"src_lang", "tgt_lang", "target_tokens"} as far as known: tokenizer_config.json's source_lang
     and target_lang, else the model's name (opus-mt-SRC-TGT, tc-big's too); a multilingual model's
     `>>xx<<` pieces."""
-    tok = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
+    tok = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
     found = {f"{k}_lang": tok[f"{full}_lang"] for k, full in (("src", "source"), ("tgt", "target"))
              if isinstance(tok.get(f"{full}_lang"), str)}
     parts = (name or path.name).rsplit("/", 1)[-1].split("-")
