@@ -1,7 +1,10 @@
 """The HTTP API: FastAPI on uvicorn, one model, one decoding thread (`serve.batcher`); the routes,
-fields and error codes: docs/serve.md. Translations equal `transduce translate`'s for the same
-sentences and settings. Every error is JSON. A shutdown (SIGTERM, Ctrl-C) finishes the requests it
-has for at most the grace period, answers the rest 503 and ends.
+fields and error codes: docs/serve.md. The app (`create_app`) gathers the routes, the native
+/translate (`serve.native`), LibreTranslate's (`serve.libre`, `serve.documents`) and the demo's,
+beside its own: /health, /info, /metrics; the error handlers and the body limit are its own too.
+Translations equal `transduce translate`'s for the same sentences and settings. Every error is
+JSON. A shutdown (SIGTERM, Ctrl-C) finishes the requests it has for at most the grace period,
+answers the rest 503 and ends.
 """
 
 from __future__ import annotations
@@ -12,40 +15,21 @@ import logging
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Callable, Sequence
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from ..decoding.settings import SearchSettings
 from ..defaults import BATCH_TOKENS, SERVE_GRACEFUL_TIMEOUT, SERVE_MAX_WAIT
 from .batcher import Batcher, ShuttingDown
-from .common import (Limits, Problem, Server, ServerState, number, read_fields, request_model, validation_problem)
+from .common import Limits, Problem, Server, ServerState, validation_problem
 from .backend import Engine, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
-from .splitting import decode_texts, mode_of, source_language, warm
+from .native import add_translate_route
+from .splitting import source_language, warm
 from ..memory import Trimmer, bound_kernel_caches, memory_info
 
 log = logging.getLogger("transduce.serve")
-
-
-class Hypothesis(BaseModel):
-    text: str
-    score: float | None = Field(None, description="log P(Y|X) / ((5+|Y|)/6)^alpha; null for greedy")
-    logprob: float | None = Field(None, description="log P(Y|X), EOS included; null for greedy")
-    tree: str | None = Field(None, description="a parsing model: the tree of this output over the sentence's Penn "
-                                               "Treebank tokens, repaired as `transduce parse` does")
-
-
-class Translation(BaseModel):
-    text: str = Field(description="the best translation")
-    score: float | None = Field(None, description="its score, if `scores` was asked for (null for greedy)")
-    logprob: float | None = Field(None, description="its log-probability, if `scores` was asked for")
-    tree: str | None = Field(None, description="a parsing model: its tree, bracketed on one line (`transduce parse`)")
-    n_best: list[Hypothesis] | None = Field(None, description="the n_best best hypotheses, best first, if n_best > 1")
-
-
-class TranslateResponse(BaseModel):
-    translations: list[Translation] = Field(description="one per sentence, in the order given")
 
 
 class ErrorResponse(BaseModel):
@@ -60,21 +44,6 @@ class ErrorResponse(BaseModel):
 
 class Health(BaseModel):
     status: str = Field(description="ok; or, with status 503, loading, shutting down or failed: WHY")
-
-
-def request_schema(limits: Limits, defaults: SearchSettings) -> type[BaseModel]:
-    """The request's schema, the limits in it (so the OpenAPI document states them)."""
-    return request_model("TranslateRequest", limits, defaults, {
-        "sentences": (list[str], Field(max_length=limits.max_sentences,
-                                       description="sentences to translate, one translation each (empty -> empty)"))}, {
-        "n_best": (int, Field(1, ge=1, le=limits.max_beam, description="hypotheses per sentence (at most beam)")),
-        "scores": (bool, Field(False, description="return scores and log-probabilities")),
-        "split_sentences": (str | bool, Field(
-            "off", description="split each input into sentences, translate them, join them back, its whitespace "
-                               "kept: on (or 1, true), nonewlines (not at line breaks), off (or 0, false: each input "
-                               "is one sentence, the default), as DeepL spells them; an input's score and logprob are "
-                               "then its sentences' sums, its n_best their k-th hypotheses put together",
-            examples=["on", "nonewlines", "off"]))})
 
 
 class BodyLimit:
@@ -141,26 +110,6 @@ def _add_error_handlers(app, limits: Limits) -> None:
         code = {400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = "the body is not valid JSON in UTF-8" if exc.status_code == 400 else str(exc.detail)
         return Problem(exc.status_code, code, message, headers=getattr(exc, "headers", None)).response()
-
-
-
-def _response(req, results, sources: list[str], tree=None) -> dict:
-    """The JSON answer: per sentence its best text, with scores, the n-best and trees as asked."""
-    def hypothesis(source: str, c, scores: bool) -> dict:
-        h = {"text": c.text}
-        if scores:
-            h["score"], h["logprob"] = number(c.score), number(c.logprob)
-        if tree is not None:
-            parsed = tree(source, c.text)
-            h["tree"] = "" if parsed is None else str(parsed)
-        return h
-
-    out = []
-    for source, cands in zip(sources, results):
-        out.append(hypothesis(source, cands[0], req.scores))
-        if req.n_best > 1:
-            out[-1]["n_best"] = [hypothesis(source, c, True) for c in cands]
-    return {"translations": out}
 
 
 def _add_status_routes(app, server: Server, max_batch_tokens: int, max_wait: float, metrics) -> None:
@@ -268,7 +217,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     keys = key_reader(api_key)  # the keys a request's headers carry (both schemes in the OpenAPI document)
     statuses = (400, 401, 413, 415, 422, 429, 500, 503) if api_key else (400, 413, 415, 422, 429, 500, 503)
     errors = {s: {"model": ErrorResponse} for s in statuses}
-    _add_translate_route(app, server, keys, errors)
+    add_translate_route(app, server, keys, errors)
     add_demo_routes(app, server, keys=keys, errors=errors)
     add_libre_routes(app, server, keys)
     add_document_routes(app, server, keys)  # LibreTranslate's /translate_file and /download_file
@@ -306,68 +255,6 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     wrapped.fastapi, wrapped.state, wrapped.metrics = app, state, metrics
     wrapped.begin_drain, wrapped.end_grace = begin_drain, end_grace
     return wrapped
-
-
-def _add_translate_route(app, server: Server, keys, errors: dict) -> None:
-    """POST /translate: its body read once (`common.read_fields`); a request that carries a field
-    of LibreTranslate's is that API's (`libre.translate`), any other the native API's, validated
-    by its schema (`request_schema`, stated in the OpenAPI document)."""
-    from fastapi import Depends, Request
-
-    from . import libre
-
-    TranslateRequest = request_schema(server.limits, server.defaults)
-
-    async def translate(request, given=Depends(keys)):
-        fields = await read_fields(request)
-        if libre.is_libretranslate(fields):
-            return await libre.translate(server, request, fields, given)
-        if fields.json and fields.problem is not None:
-            raise fields.problem
-        server.require_key(given)
-        content_type = request.headers.get("content-type")
-        if not fields.json:
-            raise validation_problem([], content_type, server.limits)  # 415, saying what to send
-        if fields.value is None:
-            raise Problem(422, "invalid_request", "body: Field required")
-        try:
-            req = TranslateRequest.model_validate(fields.value)
-        except ValidationError as e:
-            raise validation_problem(e.errors(), content_type, server.limits) from None
-        engine, batcher = server.lookup()
-        if req.n_best > (1 if req.greedy else req.beam):
-            raise Problem(422, "invalid_request", f"n_best ({req.n_best}) must be at most "
-                          f"{'1 with greedy' if req.greedy else f'beam ({req.beam})'}", field="n_best")
-        settings = replace(server.defaults, beam=req.beam, alpha=req.alpha, max_len_offset=req.max_len_offset,
-                           n_best=req.n_best, greedy=req.greedy)
-        try:
-            mode = mode_of(req.split_sentences, "off")
-        except ValueError as e:
-            raise Problem(422, "invalid_request", str(e), field="split_sentences") from None
-        if mode != "off":  # each input split into sentences, all of them one job
-            if engine.tree is not None:
-                raise Problem(422, "invalid_request", "split_sentences: a parsing model parses each input as one "
-                              "sentence (leave split_sentences off)", field="split_sentences")
-            results = await decode_texts(server, engine, batcher, req.sentences, source_language(engine), mode,
-                                         settings, request, where=lambda k, i, j: f"sentences.{i} (its sentence {j + 1})")
-            return _response(req, results, req.sentences, engine.tree)
-        tokens = server.count_tokens(engine.encode, req.sentences)
-        results = await server.decode(batcher, req.sentences, settings, tokens, request)
-        return _response(req, results, req.sentences, engine.tree)
-
-    translate.__annotations__.update(request=Request, given=list)  # classes the postponed annotations cannot name
-    ref = {"$ref": "#/components/schemas/TranslateRequest"}
-    body = {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
-    app.post("/translate", response_model=TranslateResponse, responses=errors, openapi_extra=body,
-             summary="translate sentences (beam search, Section 6.1)")(translate)
-    document = app.openapi
-
-    def openapi() -> dict:  # the request's schema among the document's, as a body parameter's would be
-        if app.openapi_schema is None:
-            document()["components"]["schemas"]["TranslateRequest"] = TranslateRequest.model_json_schema()
-        return app.openapi_schema
-
-    app.openapi = openapi
 
 
 def _answer_head(app) -> None:
