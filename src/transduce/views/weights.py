@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..defaults import ALPHA, ATTENTION_MAX_TOKENS, ATTENTION_TYPES, BEAM, MAX_LEN_OFFSET
-from ..model import make_masks
+from ..masks import make_masks
 from ..restricted import within_window
 from ..data.batching import pad_batch
 
@@ -146,7 +146,7 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
             "target_lengths": batch.tgt_lengths,
             "masks": {kind: batch.masks[kind].int().tolist() for kind in TYPES},
             "masks_layout": "masks[type][sentence][query][key]: 1 = may attend, 0 = blocked; the same for "
-                            "every layer and head (transduce.model.make_masks)",
+                            "every layer and head (transduce.masks.make_masks)",
         },
     }
 
