@@ -25,6 +25,10 @@ BATCH_SIZE = 128  # Sentences per batch at most
 CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
 MAX_INPUT_TOKENS = 1024  # Longer source lines are cut to this many subword tokens, with a warning
 
+# --- A vocabulary shortlist (not in the paper; `transduce shortlist`): a batch's candidate target tokens
+SHORTLIST_PER_SOURCE = 64  # Target tokens kept for each source token
+SHORTLIST_FREQUENT = 256  # The most frequent target tokens, candidates of every batch
+
 # --- Arithmetic (docs/precision.md): what --precision takes
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # Training's
 DECODING_PRECISIONS = ("auto", "auto-int8", "fp32", "bf16", "int8")  # Decoding's; int8: on the CPU only

@@ -372,12 +372,15 @@ class Transformer(nn.Module):
     def decode_step(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
         """Feed the next target tokens (B, n) (usually n = 1) at positions [cache.length,
         cache.length + n); returns their logits (B, n, V) and advances the cache."""
+        return self.logits(self.decode_hidden(tgt, cache))
+
+    def decode_hidden(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
+        """`decode_step` before the pre-softmax projection: the decoder's output (B, n, d_model)."""
         n = tgt.size(1)
         # One new position attends to every cached one: no mask. Several: causal with offset.
         # (The decoder restricts either to ModelConfig.attention_window where one is set.)
         tgt_mask = None if n == 1 else causal_mask(n, cache.length + n, device=tgt.device)
-        x, _, _ = self.decoder(tgt, None, cache.src_mask, tgt_mask, cache=cache)
-        return self.logits(x)
+        return self.decoder(tgt, None, cache.src_mask, tgt_mask, cache=cache)[0]
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -27,6 +27,7 @@ SUMMARIES = {  # in the order of `transduce --help`; each is the module `transdu
     "train": "train on prepared data (Section 5; torchrun for many GPUs)",
     "average": "average the last K checkpoints of a run (6.1)",
     "translate": "translate a file or stdin line for line (beam search, 6.1)",
+    "shortlist": "a vocabulary shortlist from parallel text: faster, not exact decoding",
     "evaluate": "score translations (BLEU in every convention) or parses (EVALB)",
     "parse": "parse English into constituency trees, line for line (6.3)",
     "attention": "what the model attends to: figures (PNG), an offline page, JSON",

@@ -47,6 +47,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
     g.add_argument("--split-sentences", choices=SPLIT_MODES, default="off", metavar="S",
                    help="on: each of a line's sentences alone (default off)")
+    decoding.add_argument("--shortlist", nargs="?", const="", metavar="FILE",
+                          help="faster, not exact (default MODEL's)")
 
 
 SPLIT_MODES = ("on", "off", "nonewlines")
@@ -100,13 +102,16 @@ def run(args: argparse.Namespace) -> int:
     warn = warner(PROG)
     fill_model_search_defaults(args)
     check_args(args)
+    shortlist = _shortlist(args)
     if args.file is not None:
-        return _run_file(args, warn)
+        return _run_file(args, warn, shortlist)
     with exit_on_sigterm(PROG), LineStreams(args) as streams, contextlib.ExitStack() as stack:
         loaded = load_from_args(args) if args.engine == "torch" else _load_ct2(args)
         if not args.quiet:
             print(f"{PROG}: model {loaded.description}", file=sys.stderr)
             print(f"{PROG}: {loaded.precision.line()}", file=sys.stderr)
+            if shortlist is not None:
+                print(f"{PROG}: {shortlist.describe()}", file=sys.stderr)
             if args.engine != "ct2" and not streams.interactive:
                 print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
         if loaded.precision.warning:
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             bar = stack.enter_context(tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines",
                                            mininterval=1))
         split = args.split_sentences != "off"
-        options = dict(streams.options(), n_best=args.n_best or 1, warn=warn,
+        options = dict(streams.options(), n_best=args.n_best or 1, warn=warn, shortlist=shortlist,
                        advance=bar.update if bar is not None and not split else None)
 
         def decode(lines):
@@ -147,7 +152,17 @@ def _split_lines(args: argparse.Namespace, decode, lines, bar):
     return ([SimpleNamespace(text=t)] for t in texts)
 
 
-def _run_file(args: argparse.Namespace, warn) -> int:
+def _shortlist(args: argparse.Namespace):
+    """--shortlist [FILE]: the shortlist `transduce shortlist` wrote (FILE, else MODEL's), read
+    before the model loads; None without the flag."""
+    if args.shortlist is None:
+        return None
+    from ..decoding.shortlist import FILE, Shortlist
+
+    return Shortlist.load(Path(args.shortlist) if args.shortlist else Path(args.model_path) / FILE)
+
+
+def _run_file(args: argparse.Namespace, warn, shortlist=None) -> int:
     """--file: the document read (an unknown or broken file refused before the model loads), its
     sentences translated as one batch, its tags placed by the model's attention (with --engine
     ct2, which gives none, in proportion), written to --out whole or not at all."""
@@ -167,7 +182,8 @@ def _run_file(args: argparse.Namespace, warn) -> int:
     def batch(sentences: list[str]) -> list[str]:
         from tqdm import tqdm
 
-        options = dict(decoding_options(args), warn=warn, source_name=str(args.file), length_penalty=args.penalty)
+        options = dict(decoding_options(args), warn=warn, source_name=str(args.file), length_penalty=args.penalty,
+                       shortlist=shortlist)
         with tqdm(total=len(sentences), desc="translate", unit=" sentences", mininterval=1,
                   disable=args.quiet or not sys.stderr.isatty()) as bar:
             stream = translate.translate_stream(_model(args, loaded), loaded.src_vocab, loaded.tgt_vocab, sentences,

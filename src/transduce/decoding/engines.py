@@ -22,6 +22,7 @@ from .search import length_penalty as paper_length_penalty
 from ..export.ct2 import INFO, is_ct2_dir, pieces
 from ..extras import require
 from .settings import SearchSettings
+from .shortlist import Shortlist, Shortlisted
 from .streaming import BatchSearch, Candidate, one_line
 
 
@@ -35,20 +36,25 @@ class TorchSearch:
     settings: SearchSettings  # its length_penalty "paper" or "hf" (`search.beam_search`'s penalty: not the paper)
     bf16: bool
     constraint: object = None
+    shortlist: Shortlist | None = None  # Not in the paper: each batch searched over its candidates only
 
     def __call__(self, sources: list[list[int]]) -> list[list[Candidate]]:
         model, s = self.model, self.settings
         param = next(model.parameters())
         src = pad_batch(sources, model.config.pad_id).to(param.device)
+        vocab = None
+        if self.shortlist is not None:
+            vocab = self.shortlist.candidates(sources, model.config.special_ids.to_dict().values()).to(param.device)
+            model = Shortlisted(model, vocab)
         autocast = (torch.autocast(device_type=param.device.type, dtype=torch.bfloat16)
                     if self.bf16 and param.dtype != torch.bfloat16 else contextlib.nullcontext())  # bf16 weights need none
         with torch.inference_mode(), autocast:
             if s.greedy:
-                outs = greedy_decode(model, src, max_len_offset=s.max_len_offset)  # the model's special ids
+                outs = greedy_decode(model, src, max_len_offset=s.max_len_offset, vocab=vocab)  # the model's special ids
                 return [[Candidate(o, math.nan, math.nan, one_line(self.tgt_vocab.decode(o)))] for o in outs]
             hyps = beam_search(model, src, beam_size=s.beam, alpha=s.alpha, max_len_offset=s.max_len_offset,
                                n_best=s.n_best, constraint=self.constraint,
-                               penalty=s.length_penalty)
+                               penalty=s.length_penalty, vocab=vocab)
         for hs in hyps:
             for h in hs:
                 h.text = one_line(self.tgt_vocab.decode(h.tokens))
@@ -114,7 +120,7 @@ def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str 
 
 
 def engine_search(model, src_vocab: Vocab, tgt_vocab: Vocab, settings: SearchSettings, *, bf16: bool = False,
-                  constraint=None, workers: int = 1) -> tuple[BatchSearch, int | None]:
+                  constraint=None, workers: int = 1, shortlist: Shortlist | None = None) -> tuple[BatchSearch, int | None]:
     """(the search of `model`'s engine on a batch of source ids, the rows of the position table
     that input and output must fit: None for none): transduce's (`TorchSearch`) for a PyTorch
     model, CTranslate2's (`CT2Search`) for a `CT2Model`; what the engine cannot do refused in one line."""
@@ -125,6 +131,8 @@ def engine_search(model, src_vocab: Vocab, tgt_vocab: Vocab, settings: SearchSet
                              "intra-op threads")
         if constraint is not None:
             raise ValueError("constrained decoding is transduce's engine's, not CTranslate2's")
+        if shortlist is not None:
+            raise ValueError("a shortlist is transduce's engine's: CTranslate2 takes its own (vocabulary map) at export")
         if penalty not in ("paper", "ct2"):
             raise ValueError(f"CTranslate2's engine ranks by the paper's length penalty or its own (ct2), not {penalty!r}")
         return CT2Search(model, src_vocab, tgt_vocab, settings), model.max_positions
@@ -132,11 +140,17 @@ def engine_search(model, src_vocab: Vocab, tgt_vocab: Vocab, settings: SearchSet
         raise ValueError(f"transduce's engine ranks by the paper's length penalty or Hugging Face's (hf), not {penalty!r}")
     if settings.greedy and constraint is not None:
         raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
+    if shortlist is not None:
+        if constraint is not None:
+            raise ValueError("a constrained search is over the whole vocabulary: no shortlist")
+        if shortlist.target_size != len(tgt_vocab):
+            raise ValueError(f"the shortlist is of a target vocabulary of {shortlist.target_size:,} tokens, this model's "
+                             f"has {len(tgt_vocab):,}: make it with `transduce shortlist` for this model")
     if workers > 1 and next(model.parameters()).device.type != "cpu":
         raise ValueError("workers are for the CPU: on a GPU, decode with one process (workers=1)")
     mc = model.config
     learned = getattr(mc, "positional", "sinusoidal") == "learned"
-    return TorchSearch(model, tgt_vocab, settings, bf16, constraint), mc.max_positions if learned else None
+    return TorchSearch(model, tgt_vocab, settings, bf16, constraint, shortlist), mc.max_positions if learned else None
 
 
 @dataclass

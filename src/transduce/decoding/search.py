@@ -22,11 +22,14 @@ def greedy_decode(
     bos_id: int | None = None,
     eos_id: int | None = None,
     max_len_offset: int = MAX_LEN_OFFSET,
+    vocab: Tensor | None = None,
 ) -> list[list[int]]:
     """Greedy search for a batch of right-padded sources (B, S): per sentence, the output ids
     without BOS/EOS (by default the model's, `config.bos_id`, `config.eos_id`). Finished sentences
-    leave the batch and the cache."""
+    leave the batch and the cache. `vocab` (not in the paper): the sorted target ids `model`'s
+    logits are over, a shortlist's (`transduce.decoding.shortlist`), where not the whole vocabulary."""
     pad_id, bos_id, eos_id = _special_ids(model, bos_id, eos_id)
+    banned = _local(vocab, [pad_id, bos_id])
     src_mask = padding_mask(src, pad_id)
     memory = model.encode(src, src_mask)
     max_lens = src_mask.sum(dim=(1, 2, 3)) + max_len_offset  # (B,) input length + b
@@ -37,8 +40,8 @@ def greedy_decode(
     outputs: list[list[int]] = [[] for _ in range(B)]
     for t in range(int(max_lens.max())):
         logits = model.decode_step(last, cache)[:, -1]  # (b, V)
-        logits[:, [pad_id, bos_id]] = float("-inf")  # never real output tokens
-        nxt = logits.argmax(dim=-1)
+        logits[:, banned] = float("-inf")  # never real output tokens
+        nxt = logits.argmax(dim=-1) if vocab is None else vocab[logits.argmax(dim=-1)]
         done = (nxt == eos_id) | (t + 1 >= max_lens[alive])
         for row, tok, d in zip(alive.tolist(), nxt.tolist(), done.tolist()):
             if tok != eos_id:
@@ -51,6 +54,15 @@ def greedy_decode(
             alive, nxt = alive[keep], nxt[keep]
         last = nxt[:, None]
     return outputs
+
+
+def _local(vocab: Tensor | None, ids: list[int]) -> list[int]:
+    """The columns of `ids` in logits over the sorted target ids `vocab` (all of them where None;
+    an id not in `vocab` has none)."""
+    if vocab is None:
+        return ids
+    at = torch.searchsorted(vocab, torch.tensor(ids, device=vocab.device)).clamp_max(vocab.numel() - 1)
+    return [int(i) for i, x in zip(at.tolist(), ids) if int(vocab[i]) == x]
 
 
 def _special_ids(model, bos_id: int | None, eos_id: int | None) -> tuple[int, int, int]:
@@ -175,6 +187,7 @@ def beam_search(
     early_stop: bool = True,
     constraint=None,
     penalty: str = "paper",
+    vocab: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search (Section 6.1: beam 4, alpha 0.6, "maximum output length ... input
     length + 50, but terminate early when possible"). src (B, S) right-padded. Each sentence keeps k = `beam_size` live hypotheses and up to k
@@ -197,15 +210,19 @@ def beam_search(
     searches to the maximum length (testing that stopping early is exact). `constraint` (not in
     the paper) restricts each hypothesis's next symbols: `start(src, k)`, `allowed(state)` ->
     (b, k, V) bool, `advance(state, parent, token)`, states with `select(keep)` (e.g.
-    `transduce.parsing.constrain.TreeConstraint`). `penalty`: `length_penalty`'s kind.
+    `transduce.parsing.constrain.TreeConstraint`). `penalty`: `length_penalty`'s kind. `vocab` (not
+    in the paper): the sorted target ids `model`'s logits are over, a shortlist's
+    (`transduce.decoding.shortlist`), where not the whole vocabulary; the search maps its choices back.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), not {n_best}")
     if penalty not in LENGTH_PENALTIES:
         raise ValueError(f"the length penalty must be one of {', '.join(LENGTH_PENALTIES)}, not {penalty!r}")
+    if vocab is not None and constraint is not None:
+        raise ValueError("a constrained search is over the whole vocabulary: no shortlist")
     _, bos_id, eos_id = _special_ids(model, bos_id, eos_id)
     beams = prefill(model, src, beam_size, max_len_offset, bos_id, eos_id, constraint)
-    beams.penalty = penalty
+    beams.penalty, beams.vocab = penalty, vocab
     for t in range(beams.max_len):  # t + 1 = tokens generated so far including this step's
         if not beam_step(model, beams, t, alpha, early_stop):
             break
@@ -232,6 +249,7 @@ class Beams:
     constraint: object = None  # What restricts the next symbols (see `beam_search`), or None
     cstate: object = None  # The constraint's state of each live hypothesis
     penalty: str = "paper"  # `length_penalty`'s kind
+    vocab: Tensor | None = None  # The sorted target ids the logits are over (a shortlist's), or None: all
 
     @property
     def max_len(self) -> int:
@@ -304,8 +322,13 @@ def _extensions(model, beams: Beams, t: int) -> tuple[Tensor, Tensor, Tensor]:
         allowed = allowed[:, 0] if t == 0 else allowed.reshape(b * k, -1)
     at_max = t + 1 >= beams.max_lens[active]  # (b,): only EOS may follow
     n = min(2 * k, k * logits.size(-1))
-    return _best_extensions(logits, alive_lp, n, beams.banned, beams.eos_id, allowed=allowed, only_eos=at_max,
-                            consume=True, forced_eos_lp=None if beams.penalty == "paper" else 0.0)
+    if beams.vocab is None:
+        return _best_extensions(logits, alive_lp, n, beams.banned, beams.eos_id, allowed=allowed, only_eos=at_max,
+                                consume=True, forced_eos_lp=None if beams.penalty == "paper" else 0.0)
+    (eos,) = _local(beams.vocab, [beams.eos_id])  # a shortlist always holds EOS
+    lp, beam, token = _best_extensions(logits, alive_lp, n, _local(beams.vocab, beams.banned), eos, only_eos=at_max,
+                                       consume=True, forced_eos_lp=None if beams.penalty == "paper" else 0.0)
+    return lp, beam, beams.vocab[token]
 
 
 def _add_finished(beams: Beams, t: int, alpha: float, cand_lp: Tensor, cand_seq: Tensor, is_eos: Tensor) -> None:

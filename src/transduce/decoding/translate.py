@@ -26,7 +26,7 @@ def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[
                      max_input_tokens: int | None = MAX_INPUT_TOKENS, bf16: bool = False,
                      chunk_lines: int = CHUNK_LINES, source_name: str = "input",
                      warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
-                     constraint=None, workers: int = 1) -> Iterator[list[Candidate]]:
+                     constraint=None, workers: int = 1, shortlist=None) -> Iterator[list[Candidate]]:
     """Translate `lines` (any iterable); yield, for every line in order, its `n_best` best
     candidates (best first; one empty candidate for an empty line). Lines over the limit
     (`streaming.input_token_limit`: `max_input_tokens`, and a position table's) are cut and
@@ -39,7 +39,8 @@ def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[
     layers (the scores equal but for float rounding), slower. With fp32 weights `bf16=True` runs
     under bf16 autocast. `constraint` restricts the beam search (not with `greedy`). `workers` > 1
     (CPU, Linux): batches decoded in that many forked processes (`streaming.Workers`), the output
-    unchanged. Or `model` a CTranslate2 export (`engines.CT2Model`, with its own vocabularies):
+    unchanged. `shortlist` (a `shortlist.Shortlist`; not in the paper, not exact): each batch
+    searched over the target tokens its sources make likely. Or `model` a CTranslate2 export (`engines.CT2Model`, with its own vocabularies):
     the same input handling, its precision the export's, no `constraint`, one worker.
     """
     settings = SearchSettings(beam=beam, alpha=alpha, length_penalty=length_penalty, max_len_offset=max_len_offset,
@@ -47,7 +48,7 @@ def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[
     if batch_tokens < 1 or batch_size < 1 or chunk_lines < 1 or workers < 1:
         raise ValueError("batch_tokens, batch_size, chunk_lines and workers must be positive")
     search, positions = engine_search(model, src_vocab, tgt_vocab, settings, bf16=bf16, constraint=constraint,
-                                      workers=workers)
+                                      workers=workers, shortlist=shortlist)
     limit = input_token_limit(max_input_tokens, max_len_offset, positions)
     was_training = getattr(model, "training", None)  # None: a CTranslate2 model, which has no training mode
     if was_training is not None:
