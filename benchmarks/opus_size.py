@@ -65,7 +65,10 @@ SHAPES = {
                     1024),
     "tiny": Shape("a tiny shape (the tests')", 32, 2, 4, 64, 500, 0, "swish", 512),
 }
-SYSTEMS = ("transduce-fp32", "transduce-int8", "transduce-bf16", "ct2-float32", "ct2-int8", "hf-fp32")
+SYSTEMS = ("transduce-fp32", "transduce-int8", "transduce-bf16", "ct2-float32", "ct2-int8", "hf-fp32",
+           "transduce-int8-shortlist")
+"""transduce-int8-shortlist: `translate --shortlist` (not exact; in batches, this tree only), the shortlist made
+by `transduce shortlist` of the WMT14 train sample (--shortlist-src/--shortlist-tgt)."""
 
 
 # -- the peak memory of a process tree ---------------------------------------------------------------
@@ -259,12 +262,17 @@ class Row:
 
     @property
     def precision(self) -> str:
-        return self.system.split("-", 1)[1]
+        return self.system.split("-")[1]
+
+    @property
+    def shortlist(self) -> bool:
+        return self.system.endswith("-shortlist")
 
     def label(self, regime: str = "batch", workers: str | None = None) -> str:
         """The row's name in the table; `workers`: how many the default --workers gave."""
         kind = self.system.split("-")[0]
         name = {"transduce": "transduce", "ct2": "CTranslate2", "hf": "Hugging Face generate"}[kind] + f" {self.precision}"
+        name += " --shortlist" if self.shortlist else ""
         name += " [before]" if self.tree == "before" else ""
         if regime == "single":
             return name + (" (serve)" if kind == "transduce" else " (in process)")
@@ -281,6 +289,7 @@ class Bench:
         self.threads = args.threads
         self.steps = args.source_pieces + 1 + args.max_len_offset  # the source's pieces and EOS, + the offset
         self.single_steps = args.source_pieces + 1 + args.single_max_len_offset
+        self.shortlist_text: tuple[Path, Path] | None = None  # parallel text for the shortlist rows
 
     def prepare(self, lines: list[str]) -> dict:
         """The MarianMT directory, its transduce imports and CTranslate2 conversions, and the inputs."""
@@ -313,6 +322,11 @@ class Bench:
             what = f"{' '.join(['transduce', *cmd[3:]])} ({tree})"
             setup[what] = {"wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
             progress(f"{s.title}: {what} {r['wall_s']:.1f} s, {r['peak_mb']:,.0f} MB")
+        if self.shortlist_text:
+            model = self.models["this tree"]
+            r = measured([sys.executable, "-m", "transduce", "shortlist", str(model), "--train-src", str(self.shortlist_text[0]),
+                          "--train-tgt", str(self.shortlist_text[1])], env, a.timeout)
+            setup["transduce shortlist (this tree)"] = {"wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
         for q in ("float32", "int8"):
             out = self.work / f"ct2-{q}"
             r = measured([*ct2_converter(), "--model", str(self.marian), "--output_dir", str(out), "--quantization", q],
@@ -330,6 +344,7 @@ class Bench:
                    row.precision, "--batch-size", str(a.batch_size), "--threads", str(self.threads), "--n-best", "1",
                    *self.penalty[row.tree]]
             cmd += ["--workers", row.workers] if row.workers != "auto" else []
+            cmd += ["--shortlist"] if row.shortlist else []
             r = measured(cmd, env_for(self.trees[row.tree]), a.timeout)
             check_lengths(row.label(), lengths_from_scores(out.read_text(encoding="utf-8")), n, self.steps)
             workers = re.search(r"workers: (\d+) x (\d+)", r["stderr"])
@@ -600,6 +615,8 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--shapes", default="en-de", metavar="S,...", help="comma-separated: en-de, tc-big (tiny: the tests'); default en-de")
     p.add_argument("--systems", default=",".join(SYSTEMS), metavar="S,...",
                    help="comma-separated, default all: " + ", ".join(SYSTEMS) + " (bf16 only where native)")
+    p.add_argument("--shortlist-src", metavar="FILE", help="transduce-int8-shortlist: parallel text's source side")
+    p.add_argument("--shortlist-tgt", metavar="FILE", help="... and its target side (default: the WMT14 train sample)")
     p.add_argument("--regimes", default="batch,single", metavar="R,...", help="comma-separated: batch, single (default both)")
     p.add_argument("--sentences", type=int, default=64, metavar="N", help="sentences decoded in batches (default 64)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences per batch (default 32)")
@@ -649,13 +666,25 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def shortlist_text(args) -> tuple[Path, Path]:
+    """The parallel text the shortlist rows' shortlist is made of: --shortlist-src/--shortlist-tgt, else the
+    WMT14 En-De train sample (the mirror, or downloaded)."""
+    from transduce.data.datasets import fetch
+
+    if args.shortlist_src and args.shortlist_tgt:
+        return Path(args.shortlist_src), Path(args.shortlist_tgt)
+    return tuple(fetch("wmt14-en-de", "train-sample", lang, data_dir=args.data_dir) for lang in ("en", "de"))
+
+
 def plan_rows(systems: list[str], trees: list[str], workers: list[str]) -> dict[str, list[Row]]:
     """The rows of each regime: transduce's for each tree (in batches, for each --workers), the peers' once
     (one sentence at a time: CTranslate2's alone)."""
     rows: dict[str, list[Row]] = {"batch": [], "single": []}
     for system in systems:
         for tree in trees:
-            if system.startswith("transduce"):
+            if system.endswith("-shortlist"):
+                rows["batch"] += [Row(system, tree, w) for w in workers] if tree == "this tree" else []
+            elif system.startswith("transduce"):
                 rows["batch"] += [Row(system, tree, w) for w in workers]
                 rows["single"].append(Row(system, tree))
             elif tree == "this tree":
@@ -681,6 +710,8 @@ def run(args) -> int:
             shape, work = SHAPES[key], Path(tmp) / key
             work.mkdir()
             bench = Bench(args, shape, work, trees)
+            if "transduce-int8-shortlist" in args.systems.split(","):
+                bench.shortlist_text = shortlist_text(args)
             s = result["shapes"][key] = {"title": shape.title, "shape": shape.describe(), "steps": bench.steps,
                                          "single_steps": bench.single_steps, "setup": bench.prepare(text),
                                          "batch": {}, "single": {}}
