@@ -77,6 +77,7 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
                      "--out", str(tmp / "out"), "--quiet"], f"{missing}: no such file"),
         "train": (["--data", str(tmp / "nope"), "--run-dir", str(tmp / "run")], "no such data directory"),
         "average": ([str(tmp / "nope")], "no such run directory"),
+        "shortlist": ([str(tmp / "nope"), "--train-src", missing, "--train-tgt", missing], "no such directory"),
         "translate": ([str(tmp / "nope")], "no such directory"),
         "parse": ([str(tmp / "nope")], "no such directory"),
         "evaluate": (["--hyp", missing, "--ref", missing], "give --tgt LANG"),

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.per_source < 1 or args.frequent < 0:
         raise ValueError("--per-source must be positive and --frequent not negative")
+    if not args.model.is_dir():
+        raise FileNotFoundError(f"{args.model}: no such directory (a model or run directory)")
     src_vocab, tgt_vocab = vocabulary_of(args.model)
     out = args.out or args.model / FILE
     def pairs():  # encoded 10,000 pairs at a time (sentencepiece's threads)
