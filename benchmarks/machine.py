@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from transduce.fast.cpu import cpu_name, cpuinfo, proc_flags
+from transduce.cpu import cpu_name, cpuinfo, proc_flags
 
 FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 """The /proc/cpuinfo flags that decide CPU decoding speed (bf16 and int8 products)."""
@@ -28,7 +28,8 @@ OVERRIDES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "C
              "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 """Environment variables that change which kernels run."""
 
-_ONEDNN_PROBE = "import torch; from transduce.fast import ops; ops.linear(torch.ones(2, 4), ops.pack(torch.ones(4, 4)), None)"
+_ONEDNN_PROBE = ("import torch; from transduce import torch_ops; "
+                 "torch_ops.linear(torch.ones(2, 4), torch_ops.pack(torch.ones(4, 4)), None)")
 
 _CT2_PROBE = """
 import torch

@@ -414,12 +414,12 @@ class Bench:
 def child_build(spec: dict) -> dict:
     """A MarianMT directory of the shape, made with transformers' own classes (as OPUS-MT's config.json
     says: tied embeddings, final logits bias, scaled embeddings, static sinusoids), EOS banned; and
-    whether `transduce.fast.cpu` says bf16 is native here."""
+    whether `transduce.cpu` says bf16 is native here."""
     import torch
     from transformers import MarianConfig, MarianMTModel
     from transformers.utils import logging as hf_logging
 
-    from transduce.fast.cpu import cpu_flags
+    from transduce.cpu import cpu_flags
 
     hf_logging.set_verbosity_error()
     s = Shape(**spec["shape"])
@@ -717,7 +717,7 @@ def run(args) -> int:
                                          "batch": {}, "single": {}}
             systems = [x for x in args.systems.split(",") if x != "transduce-bf16" or bench.bf16]
             if len(systems) < len(args.systems.split(",")):
-                progress("no transduce bf16 rows: transduce.fast.cpu finds no native bf16 here")
+                progress("no transduce bf16 rows: transduce.cpu finds no native bf16 here")
             rows = plan_rows(systems, list(trees), args.transduce_workers.split(","))
             for regime in args.regimes.split(","):
                 measure, timing = (bench.batch, "wall_s") if regime == "batch" else (bench.single, "latency_s")

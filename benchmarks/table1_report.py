@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from transduce.fast.cpu import cpu_name
+from transduce.cpu import cpu_name
 
 PAPER = {  # Table 1: complexity per layer, sequential operations, maximum path length
     "self-attention": ("O(n²·d)", "O(1)", "O(1)"),

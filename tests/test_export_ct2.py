@@ -25,7 +25,7 @@ from transduce.config import Config, ModelConfig  # noqa: E402
 from transduce.data.vocab import BOS, EOS, PAD, Vocab, train_vocab  # noqa: E402
 from transduce.decoding.engines import load_ct2  # noqa: E402
 from transduce.export.ct2 import build_spec, export_ct2, pieces  # noqa: E402
-from transduce.fast import cpu  # noqa: E402
+from transduce import cpu  # noqa: E402
 from transduce.model import Transformer  # noqa: E402
 from transduce.decoding.ready import load_translation_model  # noqa: E402
 from transduce.decoding.translate import translate_stream  # noqa: E402
@@ -111,7 +111,7 @@ def test_ct2_own_position_table_is_not_the_papers(exported, tmp_path):
 def test_int8_agreement_is_measured_where_int8_pairs_add_in_int32(exported, capsys):
     """int8 weights on the tiny random models: not exact; measured and printed, asserted close
     (mean |difference| of log-probabilities under 0.1) only where the CPU adds int8 pairs in int32
-    (VNNI or AMX, as `transduce.fast.cpu.has_vnni` detects them, `ONEDNN_MAX_CPU_ISA` included).
+    (VNNI or AMX, as `transduce.cpu.has_vnni` detects them, `ONEDNN_MAX_CPU_ISA` included).
     Without VNNI CTranslate2's int8 products add pairs in int16 and saturate: on these random models
     the log-probabilities move by 0.3 to 0.45 and most greedy outputs change, while a trained
     model keeps its quality (the next test, which holds on every CPU)."""
@@ -279,7 +279,7 @@ def test_options_the_format_does_not_use_are_refused(tmp_path, capsys):
 
 
 def test_int8_export_notes_a_cpu_without_vnni(tmp_path, capsys, monkeypatch):
-    """Where `fast.cpu.has_vnni` detects no VNNI (here oneDNN held to AVX2 stands for such a CPU),
+    """Where `cpu.has_vnni` detects no VNNI (here oneDNN held to AVX2 stands for such a CPU),
     `export ct2 --quantization int8` says what int8 does there; with VNNI, and for float32, no note."""
     model_dir = make_model(tmp_path / "m")
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)

@@ -46,7 +46,7 @@ def test_keys_first_follows_onednns_amx_not_the_cpu_flag_alone(monkeypatch):
     """K q^T is AMX's layout: on a CPU with AMX held to AVX2 by ONEDNN_MAX_CPU_ISA (what an
     AVX2-only laptop runs, imitated), oneDNN has no AMX, so q K^T, as on that laptop."""
     from transduce.cache import cpu_keys_first
-    from transduce.fast import cpu
+    from transduce import cpu
 
     monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8"})
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)

@@ -1,5 +1,6 @@
 """The house rules of the codebase (docs/architecture.md): no module over 400 lines, no import cycle
-between transduce's modules, and model.py (Section 3) importing only the modules below it.
+between transduce's modules, and model.py (Section 3) importing only the modules below it, which
+import nothing above it either.
 
 The import graph is read with `ast`, not by importing: every `import` and `from ... import` of a
 transduce module anywhere in a file counts, those under `if TYPE_CHECKING:` and inside functions
@@ -15,6 +16,10 @@ MAX_LINES = 400
 MODEL_IMPORTS = {"transduce.attention", "transduce.cache", "transduce.config", "transduce.masks", "transduce.positions",
                  "transduce.restricted", "transduce.word_positions"}
 """What model.py may import: modules beside it that import nothing of it, none of the rooms above it."""
+BELOW_MODEL = MODEL_IMPORTS | {"transduce.cpu", "transduce.special_ids", "transduce.torch_ops"}
+"""What model.py may reach, directly or through what it imports: besides `MODEL_IMPORTS`, the special
+ids (the config's defaults), the reading of the machine (`cpu`, which the cache asks where oneDNN runs
+AMX) and the shim over PyTorch's private operators (`torch_ops`, which `cpu` tests int8 with)."""
 
 
 def module_files(src: Path, package: str = "transduce") -> dict[str, Path]:
@@ -59,6 +64,17 @@ def import_graph(src: Path, package: str = "transduce") -> dict[str, set[str]]:
     return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module that `start` imports, directly or through others (not `start` itself)."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    seen.discard(start)
+    return seen
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of the graph as [a, b, ..., a], or None (depth-first search)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -93,6 +109,16 @@ def test_model_py_imports_only_the_modules_below_it():
     """No import arrow runs back up from the model: not to decoding/, fast/, train/ or anything that builds on it."""
     imported = import_graph(SRC)["transduce.model"]
     assert imported <= MODEL_IMPORTS, f"model.py imports {sorted(imported - MODEL_IMPORTS)}"
+
+
+def test_nothing_below_the_model_imports_a_room_above_it():
+    """No arrow runs back up from what the model imports either: the cache, the attention and the
+    rest reach only modules below the model (a lazy import inside a function counts)."""
+    graph = import_graph(SRC)
+    reached = reachable(graph, "transduce.model")
+    assert "transduce.cpu" in reached  # the cache's import of the CPU's reading is seen
+    assert reached <= BELOW_MODEL, f"below the model, imports of {sorted(reached - BELOW_MODEL)}: " + "; ".join(
+        f"{name} -> {sorted(graph[name] - BELOW_MODEL)}" for name in sorted(reached & BELOW_MODEL) if graph[name] - BELOW_MODEL)
 
 
 def test_the_package_has_no_import_cycle():

@@ -53,7 +53,7 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
         assert (q - ref).abs().max().item() < 0.05 * ref.abs().max().item()
         # where pairs add in int16 (no VNNI: AVX2, AVX-512 without VNNI) the weights take 7 bits, twice
         # the rounding step of the 8 they take elsewhere, and the probabilities differ twice as much
-        atol = 0.02 if int8.int8_saturates() else 0.01  # the feature test, `fast.cpu`'s
+        atol = 0.02 if int8.int8_saturates() else 0.01  # the feature test, `transduce.cpu`'s
         assert torch.allclose(q.log_softmax(-1).exp(), ref.log_softmax(-1).exp(), atol=atol)
         assert (q.argmax(-1) == ref.argmax(-1)).float().mean().item() >= 0.9
         int8.dequantize_int8(model)
@@ -137,14 +137,15 @@ def test_int8_saturation_test_matches_the_cpus_flags():
     """Pairs add in int16 exactly where oneDNN has no VNNI or AMX int8 (the CPU lacks them, or
     ONEDNN_MAX_CPU_ISA holds oneDNN below them): both answers are reachable (the subprocess test
     below holds this CPU to AVX2)."""
-    from transduce.fast import cpu
+    from transduce import cpu
 
     assert cpu.int8_saturates() is (not cpu.has_vnni())
 
 
 _WORST_CASE = """
 import torch
-from transduce.fast import cpu, int8
+from transduce import cpu
+from transduce.fast import int8
 assert cpu.int8_saturates(), "held to AVX2, oneDNN should add u8 x s8 pairs in int16"
 # every pair at its largest: activations at the top of their range, weights at +-max of their row
 x = torch.full((4, 256), 3.0)

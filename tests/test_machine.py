@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import machine
-from transduce.fast.cpu import x86_64
+from transduce.cpu import x86_64
 
 AMX_LINE = ("MKL_VERBOSE oneMKL 2024.0 Update 2 Product build 20240605 for Intel(R) 64 architecture Intel(R) "
             "Advanced Vector Extensions 512 (Intel(R) AVX-512) with support for INT8, BF16, FP16 (limited) "

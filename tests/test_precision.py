@@ -7,8 +7,8 @@ import json
 import pytest
 
 import transduce.precision as precision
-from transduce.fast import cpu
-from transduce.fast.cpu import cpu_flags
+from transduce import cpu
+from transduce.cpu import cpu_flags
 from transduce.fast.int8 import can_int8
 from transduce.precision import Capability, choose_decoding_precision, choose_precision, cpu_row, read_capability
 from train_data import make_data
@@ -84,7 +84,7 @@ def test_this_machine_gets_the_same_choice_every_time():
 
 def test_cpu_flags_are_those_onednn_is_left(monkeypatch):
     """ONEDNN_MAX_CPU_ISA holds oneDNN below the CPU (e.g. AVX2, to imitate a CPU without bf16):
-    the table then reads what oneDNN may use (`transduce.fast.cpu`)."""
+    the table then reads what oneDNN may use (`transduce.cpu`)."""
     monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "fpu avx2 avx512_bf16 avx512_vnni amx_bf16 amx_int8 amx_tile"})
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     for held, expected in (("", {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),

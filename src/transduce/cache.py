@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from . import cpu
+
 
 @dataclass
 class LayerCache:
@@ -51,10 +53,8 @@ class LayerCache:
 
 @functools.cache
 def cpu_keys_first() -> bool:
-    """Whether a CPU decoding step computes its scores as K q^T: where oneDNN runs AMX (`fast.cpu`,
+    """Whether a CPU decoding step computes its scores as K q^T: where oneDNN runs AMX (`transduce.cpu`,
     read once), whose layout that is (docs/speed.md)."""
-    from .fast import cpu
-
     return cpu.amx_products()
 
 

@@ -49,17 +49,17 @@ def training_flops(dm: dict, B: int, S: int, T: int) -> int:
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5, device: str | torch.device = "cpu") -> float:
     """Best FLOP/s of an n^3 matrix product in `dtype` on `device`, measured: `torch.mm`, and on the
-    CPU also the pre-packed oneDNN product (`transduce.fast.ops.linear`), faster on some CPUs: the
+    CPU also the pre-packed oneDNN product (`transduce.torch_ops.linear`), faster on some CPUs: the
     peak must be the best the machine does, or MFU overstates."""
-    from .fast import ops
+    from . import torch_ops
     from .fast.decode import can_pack
 
     device = torch.device(device)
     a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
     products = [lambda: torch.mm(a, b)]
     if device.type == "cpu" and can_pack(dtype, "cpu"):
-        packed = ops.pack(b.t())
-        products.append(lambda: ops.linear(a, packed, None))
+        packed = torch_ops.pack(b.t())
+        products.append(lambda: torch_ops.linear(a, packed, None))
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     best = 0.0
     with torch.inference_mode():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .defaults import DECODING_PRECISIONS, PRECISIONS
-from .fast.cpu import CPU_FLAGS, ONEDNN_ISA_FLAGS, cpu_flags, cpu_name, int8_saturates, onednn_isa_limit
+from .cpu import CPU_FLAGS, ONEDNN_ISA_FLAGS, cpu_flags, cpu_name, int8_saturates, onednn_isa_limit
 
 
 @dataclass(frozen=True)

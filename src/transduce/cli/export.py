@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                          quantization=args.quantization or "float32", max_positions=args.max_positions, force=args.overwrite,
                          description=loaded.description)
         print(f"wrote {out}: CTranslate2 ({args.quantization or 'float32'}) of {loaded.description}")
-        from ..fast.cpu import has_vnni
+        from ..cpu import has_vnni
 
         if (args.quantization or "").startswith("int8") and not has_vnni():
             print("note: this CPU has no VNNI: CTranslate2's int8 products saturate here, a trained model's "

@@ -77,7 +77,7 @@ class CT2Model:
     @property
     def precision(self) -> "_Precision":
         """What `transduce translate` prints about the precision (as `transduce.precision.Choice`)."""
-        from ..fast.cpu import has_vnni
+        from ..cpu import has_vnni
 
         saturates = self.compute_type.startswith("int8") and not has_vnni()  # docs/export.md, "int8 without VNNI"
         return _Precision(f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})"

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import torch_ops
 from ..model import DecoderLayer, Embeddings, MultiHeadAttention, PositionwiseFeedForward, Transformer
-from . import ops
 
 _SWAPS = [0]
 
@@ -30,13 +30,13 @@ def _swapped() -> None:
 
 def can_pack(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether `pack_weights` applies: CPU, oneDNN's packing operators in this torch (else one
-    warning: `ops.warn_missing`), fp32 or (where oneDNN computes it) bf16."""
+    warning: `torch_ops.warn_missing`), fp32 or (where oneDNN computes it) bf16."""
     if torch.device(device).type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return False
-    if not ops.has("packed"):
-        ops.warn_missing("packed")
+    if not torch_ops.has("packed"):
+        torch_ops.warn_missing("packed")
         return False
-    return dtype == torch.float32 or ops.bf16_packing()
+    return dtype == torch.float32 or torch_ops.bf16_packing()
 
 
 class PackedWeight:
@@ -48,7 +48,7 @@ class PackedWeight:
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
         w = source.detach() if rows is None else source.detach()[rows]
         self.dtype, self.out_features = w.dtype, w.size(0)
-        self.weight = ops.pack(w)
+        self.weight = torch_ops.pack(w)
 
     def forget_source(self) -> None:
         """Stand for the weights as they are now, without holding them (a model for decoding only)."""
@@ -61,8 +61,8 @@ class PackedWeight:
                 and not torch.is_autocast_enabled("cpu"))
 
     def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
-        """x W^T + b, and `activation` (`ops.linear`): bit for bit the same as a separate ReLU."""
-        return ops.linear(x, self.weight, bias, activation)
+        """x W^T + b, and `activation` (`torch_ops.linear`): bit for bit the same as a separate ReLU."""
+        return torch_ops.linear(x, self.weight, bias, activation)
 
 
 def block_key(rows: slice | None):

@@ -9,15 +9,15 @@ import platform
 import torch
 from torch import Tensor, nn
 
+from .. import torch_ops
+from ..cpu import int8_saturates, x86_64
 from ..model import Embeddings, Transformer
-from . import ops
-from .cpu import int8_saturates, x86_64
 from .decode import PackedLinear, PackedWeight, block_key, can_pack, fuse_relu, replace_linears, restore_linears, unpack_weights
 
 
 def can_int8() -> bool:
     """Whether `quantize_int8` applies: oneDNN's int8 linear in this torch, on an x86-64 CPU."""
-    return ops.has("int8") and x86_64()
+    return torch_ops.has("int8") and x86_64()
 
 
 def int8_needs() -> str:
@@ -80,7 +80,7 @@ class Int8Weight:
         self.dtype = source.dtype
         q, self.scales = quantize_rows(source.detach() if rows is None else source.detach()[rows])
         self.out_features = q.size(0)
-        self.weight = ops.int8_pack(q)
+        self.weight = torch_ops.int8_pack(q)
         self.zeros = torch.zeros(q.size(0), dtype=torch.long)
 
     def forget_source(self) -> None:
@@ -95,7 +95,7 @@ class Int8Weight:
     def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
         """x W^T + b (`activation` "relu": max(0, x W^T + b), applied by oneDNN as it writes)."""
         q, scale, zero = quantize_activations(x)
-        return ops.int8_linear(q, scale, zero, self.weight, self.scales, self.zeros, bias, self.out_dtype or x.dtype,
+        return torch_ops.int8_linear(q, scale, zero, self.weight, self.scales, self.zeros, bias, self.out_dtype or x.dtype,
                                activation)
 
 
@@ -116,7 +116,7 @@ class Int8Linear(PackedLinear):
         w.source = w.bias = w.bias_version = None
         w.version = w.ptr = None
         w.dtype, w.scales, w.out_features = dtype, scales, q.size(0)
-        w.weight, w.zeros = ops.int8_pack(q), torch.zeros(q.size(0), dtype=torch.long)
+        w.weight, w.zeros = torch_ops.int8_pack(q), torch.zeros(q.size(0), dtype=torch.long)
         layer.packed = {None: w}
         return layer
 

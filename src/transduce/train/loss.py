@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..fast import ops
+from .. import torch_ops
 from ..special_ids import DEFAULT
 
 
@@ -164,5 +164,5 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
                 g[:, excluded] = 0
             g.scatter_add_(1, target[sl, None], b[sl, None].neg())
             # input_dtype fp32, as g and z: CUDA fuses the cast for fp16 only and rejects bf16 there
-            grad[sl] = ops.log_softmax_backward(g, z, 1, dtype)
+            grad[sl] = torch_ops.log_softmax_backward(g, z, 1, dtype)
         return grad, None, None, None, None

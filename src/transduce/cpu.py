@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from . import ops
+from . import torch_ops
 
 CPU_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni")
 VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # int8 pairs added in int32 (else int16, saturating)
@@ -55,7 +55,7 @@ def proc_flags() -> frozenset:
     """All the CPU's flags, whatever oneDNN is held to (off Linux on x86-64: `CPU_FLAGS` as PyTorch sees them)."""
     info = cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
-    return frozenset(flags or (ops.cpu_features() if x86_64() else ()))
+    return frozenset(flags or (torch_ops.cpu_features() if x86_64() else ()))
 
 
 def cpu_flags() -> frozenset:
@@ -79,7 +79,7 @@ def int8_saturates() -> bool:
     """Whether oneDNN's int8 products add u8 x s8 pairs in int16 with saturation here (no VNNI or
     AMX, or held below them): then `fast.int8` takes 7-bit weights. A feature test, one product
     whose pairs overflow int16 with 8-bit weights."""
-    qw = ops.int8_pack(torch.full((1, 64), 127, dtype=torch.int8))
-    y = ops.int8_linear(torch.full((1, 64), 255, dtype=torch.uint8), 1.0, 0, qw, torch.ones(1),
-                        torch.zeros(1, dtype=torch.long), None, torch.float32)
+    qw = torch_ops.int8_pack(torch.full((1, 64), 127, dtype=torch.int8))
+    y = torch_ops.int8_linear(torch.full((1, 64), 255, dtype=torch.uint8), 1.0, 0, qw, torch.ones(1),
+                              torch.zeros(1, dtype=torch.long), None, torch.float32)
     return y.item() != 255 * 127 * 64
