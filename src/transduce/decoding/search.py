@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from ..defaults import ALPHA, BEAM, MAX_LEN_OFFSET
-from ..model import Transformer, padding_mask
+from ..masks import padding_mask
+from ..model import Transformer
 
 
 @torch.no_grad()
