@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .. import evaluate
-from ..data.datasets import DATASETS
+from ..data.corpora import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError, UsageError
 from .common import (check_decoding_args, decoding_options, fill_decoding_defaults, library_length_penalty, load_from_args,

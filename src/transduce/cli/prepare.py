@@ -8,7 +8,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from ..data.datasets import DATASETS, get_dataset
+from ..data.corpora import DATASETS
+from ..data.datasets import get_dataset
 from ..defaults import CHARACTER_COVERAGE, MAX_LEN, MAX_RATIO, TREE_MAX_LEN, TREE_VOCAB_SIZE, VOCAB_SAMPLE, VOCAB_SIZE
 from ..errors import UsageError
 from .options import add_quiet, epilog
