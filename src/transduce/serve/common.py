@@ -1,9 +1,9 @@
-"""The server's plumbing, written once under both APIs (the native one, `serve.app`, and
-LibreTranslate's, `serve.libre`): the limits, the server's state, a request's fields read once,
-the API key, the token limits, which engine decodes, waiting for the decoding thread (Retry-After,
-the client's disconnect, a decoding failure, a shutdown's grace period) and the request's log
-line. What goes wrong is a `Problem`, in neither API's shape: each API answers it in its own
-(`Problem.response` here, `libre.render` there)."""
+"""The server's plumbing, written once under both APIs (the native one, whose POST /translate is
+`serve.native`, and LibreTranslate's, `serve.libre`): the limits, the server's state, a request's
+fields read once, the API key, the token limits, which engine decodes, waiting for the decoding
+thread (Retry-After, the client's disconnect, a decoding failure, a shutdown's grace period) and
+the request's log line. What goes wrong is a `Problem`, in neither API's shape: each API answers
+it in its own (`Problem.response` here, `libre.render` there)."""
 
 from __future__ import annotations
 
