@@ -17,6 +17,7 @@ from transduce.cli import main  # noqa: E402
 from transduce.data.vocab import EOS, PAD  # noqa: E402
 from transduce.decoding.search import greedy_decode  # noqa: E402
 from transduce.export.marian import export_marian, hidden_permutation  # noqa: E402
+from transduce.export.marian_dir import MARIAN_DEFAULTS  # noqa: E402
 from transduce.export.opus import import_marian  # noqa: E402
 from transduce.positions import sinusoidal_positions  # noqa: E402
 from transduce.decoding.ready import load_translation_model  # noqa: E402
@@ -61,6 +62,24 @@ def max_logit_difference(loaded, hf, src, tgt):
         ref = loaded.model(src, tgt)
     real = tgt != PAD  # the outputs at padded target positions are computed and ignored, in both
     return (ref - hf_logits(hf, src, tgt))[real].abs().max().item()
+
+
+BART_ERA = {"normalize_before", "normalize_embedding", "static_position_embeddings", "add_bias_logits"}
+"""The keys of `MARIAN_DEFAULTS` that OPUS-MT's config.json files carry from the older BART-based config."""
+
+
+def test_marian_defaults_are_marianconfigs():
+    """What a config.json leaves out is read as transformers reads it: each key of `MARIAN_DEFAULTS` is
+    `MarianConfig()`'s (`decoder_vocab_size` None: the `vocab_size`, as MarianConfig sets it), except the
+    BART-era keys, which MarianConfig no longer has (their values: what MarianMTModel computes)."""
+    from transformers import MarianConfig
+
+    hf = MarianConfig()
+    ours = {**MARIAN_DEFAULTS, "decoder_vocab_size": MARIAN_DEFAULTS["decoder_vocab_size"] or MARIAN_DEFAULTS["vocab_size"]}
+    missing = {k for k in ours if not hasattr(hf, k)}
+    assert missing <= BART_ERA, f"MarianConfig has no {sorted(missing - BART_ERA)}"
+    differ = {k: (ours[k], getattr(hf, k)) for k in sorted(ours.keys() - missing) if getattr(hf, k) != ours[k]}
+    assert not differ, f"MARIAN_DEFAULTS differ from MarianConfig's (ours, theirs): {differ}"
 
 
 def test_positions_are_the_papers_in_marians_order():

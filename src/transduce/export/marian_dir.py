@@ -32,8 +32,11 @@ MARIAN_DEFAULTS = {
     "tie_word_embeddings": True, "normalize_before": False, "normalize_embedding": False,
     "static_position_embeddings": True, "add_bias_logits": False,
 }
-"""transformers' MarianConfig defaults for what a config.json may leave out (tests/test_export_marian.py holds
-them equal): the import reads config.json itself, with no model built."""
+"""transformers' MarianConfig defaults for what a config.json may leave out (`decoder_vocab_size` None: the
+`vocab_size`, as MarianConfig reads it), and the four keys of the older BART-based config that OPUS-MT's config.json
+files still carry and MarianConfig no longer has, at the values MarianMTModel computes with, the only ones
+`config_from_marian` runs (tests/test_export_marian.py holds them equal): the import reads config.json itself,
+with no model built."""
 
 
 def config_from_marian(mc: dict, unk_id: int, output_bias: bool) -> Config:
