@@ -12,9 +12,12 @@ import torch
 
 from tiny_models import SRC_WORDS, TGT_WORDS, make_model, sentences
 from transduce.checkpoint import load_model
-from transduce.cli import main
+from transduce.cli import build_parser, main
 from transduce.data.batching import ParallelDataset, load_vocabs
 from transduce.data.vocab import EOS, Vocab
+from transduce.cli.train import resolve_config
+from transduce.defaults import FINETUNE_LR, FINETUNE_WARMUP
+from transduce.train.options import lr_scale_for_peak
 from transduce.train.schedule import learning_rate
 from transduce.train.step import evaluate
 
@@ -88,7 +91,8 @@ def test_train_init_starts_at_the_models_weights_and_trains(model, data, tmp_pat
     assert len(train_set.batches(4000, seed=1)) == 1  # the first step's batch is the whole split
     expected = evaluate(initial, train_set, max_tokens=4000, label_smoothing=config.train.label_smoothing)
     assert first["step"] == 1 and first["loss"] == pytest.approx(expected["loss"], rel=1e-5)
-    assert first["lr"] == pytest.approx(learning_rate(1, config.model.d_model, 2))  # a fresh schedule: --warmup 2
+    d_model = config.model.d_model  # a fresh schedule: --warmup 2, --init's default peak (transduce.defaults)
+    assert first["lr"] == pytest.approx(learning_rate(1, d_model, 2, lr_scale_for_peak(FINETUNE_LR, d_model, 2)))
     tuned, tuned_config = load_model(run / "model")
     assert tuned_config.model == config.model
     assert not torch.equal(tuned.encoder.layers[0].feed_forward.w_1.weight, initial.encoder.layers[0].feed_forward.w_1.weight)
@@ -99,6 +103,24 @@ def test_train_init_starts_at_the_models_weights_and_trains(model, data, tmp_pat
     assert "resuming" in capsys.readouterr().out
     # a run directory is a MODEL too: its data is the same vocabulary
     assert main(["train", "--data", str(data), "--run-dir", str(tmp_path / "again"), "--init", str(run), *TRAIN]) == 0
+
+
+def init_schedule(model, data, tmp_path, *flags) -> tuple[int, float]:
+    args = build_parser(only="train").parse_args(["train", "--data", str(data), "--run-dir", str(tmp_path / "r"),
+                                                  "--init", str(model), *flags])
+    config = resolve_config(args)[0]
+    t, d_model = config.train, config.model.d_model
+    return t.warmup_steps, learning_rate(t.warmup_steps, d_model, t.warmup_steps, t.lr_scale)
+
+
+def test_init_has_a_trained_models_schedule_unless_the_flags_give_one(model, data, tmp_path, capsys):
+    # the defaults chosen on the WMT14 sample's validation split (docs/training.md, "Fine-tuning")
+    assert init_schedule(model, data, tmp_path) == (FINETUNE_WARMUP, pytest.approx(FINETUNE_LR))
+    assert "--init's default rate" in capsys.readouterr().out
+    assert init_schedule(model, data, tmp_path, "--lr", "2e-5", "--warmup", "7") == (7, pytest.approx(2e-5))
+    warmup, peak = init_schedule(model, data, tmp_path, "--lr-scale", "1")  # equation 3's own rate, as asked
+    d_model = load_model(model)[1].model.d_model
+    assert warmup == FINETUNE_WARMUP and peak == pytest.approx(learning_rate(warmup, d_model, warmup, 1.0))
 
 
 def one_error(capsys) -> str:

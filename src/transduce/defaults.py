@@ -25,6 +25,11 @@ BATCH_SIZE = 128  # Sentences per batch at most
 CHUNK_LINES = 2000  # Lines read, sorted and translated at a time
 MAX_INPUT_TOKENS = 1024  # Longer source lines are cut to this many subword tokens, with a warning
 
+# --- Fine-tuning (`train --init`; not in the paper): a trained model's schedule where the flags give none, chosen on the
+# WMT14 sample's validation split (docs/training.md, "Fine-tuning")
+FINETUNE_LR = 1e-3  # The peak rate, at step FINETUNE_WARMUP, where neither --lr nor --lr-scale is given
+FINETUNE_WARMUP = 100  # Warmup steps where --warmup is not given
+
 # --- A vocabulary shortlist (not in the paper; `transduce shortlist`): a batch's candidate target tokens
 SHORTLIST_PER_SOURCE = 64  # Target tokens kept for each source token
 SHORTLIST_FREQUENT = 256  # The most frequent target tokens, candidates of every batch

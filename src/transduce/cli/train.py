@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..defaults import PRECISIONS
+from ..defaults import FINETUNE_LR, FINETUNE_WARMUP, PRECISIONS
 from ..errors import UsageError
 from ..train.options import TrainOptions, cpu_hours, lr_scale_for_peak
 from ..train.signals import EXIT_INTERRUPTED
@@ -76,7 +76,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group(title)
         if title.startswith("optimizer"):
             add_schedule_args(g)
-            g.add_argument("--lr", type=float, metavar="PEAK", help="the rate's peak, at step --warmup (sets --lr-scale)")
+            g.add_argument("--lr", type=float, metavar="PEAK", help=f"peak rate at step --warmup (--init: {FINETUNE_LR:g}, warmup {FINETUNE_WARMUP})")
         for name in names:
             if name in CONFIG_FLAGS:
                 _, kind, metavar, help = CONFIG_FLAGS[name]
@@ -137,8 +137,16 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
                 t.check()  # the fields set before this one passed: a failure is this flag's
             except ValueError as e:
                 raise UsageError(f"{flag(dest)} {value:g}: {e}") from None
-    if args.lr is not None:  # the schedule's peak, as Hugging Face's and fairseq's --lr: equation 3 scaled to reach it
-        t.lr_scale = lr_scale_for_peak(args.lr, config.model.d_model, t.warmup_steps)
+    peak = args.lr
+    if args.init is not None:  # a trained model's gentler schedule where the flags give none (transduce.defaults)
+        if args.warmup is None:
+            t.warmup_steps = FINETUNE_WARMUP
+        if args.lr is None and args.lr_scale is None:
+            peak = FINETUNE_LR
+            print(f"fine-tuning at --init's default rate: peak {peak:g} at step {t.warmup_steps} (--lr PEAK to change it)",
+                  flush=True)
+    if peak is not None:  # the schedule's peak, as Hugging Face's and fairseq's --lr: equation 3 scaled to reach it
+        t.lr_scale = lr_scale_for_peak(peak, config.model.d_model, t.warmup_steps)
     return config, data_dir
 
 
