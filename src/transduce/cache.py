@@ -7,7 +7,9 @@ and the encoder-decoder keys/values, projected once per source (`Transformer.ini
 Beam search keeps the cache in step with its hypotheses through `reorder` (applied lazily, by
 the next step's append: one copy of each position a step) and `repeat_rows`; the source side
 keeps one row per source, never copied per beam. The model's layers consume it, the searches
-(`transduce.decoding`) drive it: it stands beside the model, below both.
+(`transduce.decoding`) drive it: it stands beside the model, below both. The model's side of it,
+which `model.Transformer` inherits, is `IncrementalDecoding`: the sources encoded once (`encode`),
+the cache made (`init_cache`), the decoder stepped through it (`decode_step`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from torch import Tensor
 
 from . import cpu
+from .masks import causal_mask, padding_mask
 
 
 @dataclass
@@ -154,3 +157,36 @@ def _group_sources(index: Tensor, g: int) -> Tensor:
     if not bool((sources == sources[:, :1]).all()):
         raise ValueError("reorder: a group of rows_per_source rows must read a single source")
     return sources[:, 0]
+
+
+class IncrementalDecoding:
+    """Incremental decoding (3.1's auto-regressive decoder) as the searches drive it, the methods that
+    `model.Transformer` inherits: they read its `config`, `encoder`, `decoder` and `logits`."""
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """Encoder output ("memory"), (B, S, d_model)."""
+        if src_mask is None:
+            src_mask = padding_mask(src, self.config.pad_id)
+        return self.encoder(src, src_mask)[0]
+
+    def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
+        """A decoding cache for these sources: the encoder-decoder keys/values of every layer are
+        projected here, once."""
+        # contiguous: every step multiplies by them (a strided view would be copied each time)
+        keys_first = memory.device.type == "cpu" and cpu_keys_first()
+        layers = [LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(memory)), keys_first=keys_first)
+                  for layer in self.decoder.layers]
+        return DecoderCache(layers=layers, src_mask=src_mask)
+
+    def decode_step(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
+        """Feed the next target tokens (B, n) (usually n = 1) at positions [cache.length,
+        cache.length + n); returns their logits (B, n, V) and advances the cache."""
+        return self.logits(self.decode_hidden(tgt, cache))
+
+    def decode_hidden(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
+        """`decode_step` before the pre-softmax projection: the decoder's output (B, n, d_model)."""
+        n = tgt.size(1)
+        # One new position attends to every cached one: no mask. Several: causal with offset.
+        # (The decoder restricts either to ModelConfig.attention_window where one is set.)
+        tgt_mask = None if n == 1 else causal_mask(n, cache.length + n, device=tgt.device)
+        return self.decoder(tgt, None, cache.src_mask, tgt_mask, cache=cache)[0]

@@ -14,10 +14,11 @@
         the embeddings and the positional encodings.
 
 Every mask is a boolean tensor, True = may attend, built in one place: `transduce.masks`.
-Incremental decoding hands the decoder's layers a `transduce.cache.DecoderCache`. Options off by
-default, not in the paper: the parser's word positions (`ModelConfig.word_positions`) and
-Section 4's restricted self-attention (`ModelConfig.attention_window`). CPU speed-ups are applied
-from the outside by `transduce.fast`.
+Incremental decoding hands the decoder's layers a `transduce.cache.DecoderCache`; the searches step
+the model through it with `encode`, `init_cache` and `decode_step`, which `Transformer` inherits
+(`transduce.cache.IncrementalDecoding`). Options off by default, not in the paper: the parser's word
+positions (`ModelConfig.word_positions`) and Section 4's restricted self-attention
+(`ModelConfig.attention_window`). CPU speed-ups are applied from the outside by `transduce.fast`.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attention_reference, concat_heads, fold_beams, sequence_attention, step_attention
-from .cache import DecoderCache, LayerCache, cpu_keys_first
+from .cache import DecoderCache, IncrementalDecoding, LayerCache
 from .config import ModelConfig
-from .masks import causal_mask, make_masks, padding_mask
+from .masks import make_masks
 from .positions import LearnedPositions, SinusoidalPositions
 from .restricted import within_window
 from .word_positions import WordPositions
@@ -305,7 +306,7 @@ class Decoder(_Stack):
         return x, self_w, cross_w
 
 
-class Transformer(nn.Module):
+class Transformer(IncrementalDecoding, nn.Module):
     """The encoder-decoder Transformer (Figure 1). `forward(src, tgt)` returns logits over the
     target vocabulary (the loss: `transduce.train.loss`). Token batches are (B, L) LongTensors
     right-padded with `config.pad_id`; `tgt` is the decoder input (`config.bos_id`, then the target shifted right)."""
@@ -340,12 +341,6 @@ class Transformer(nn.Module):
             logits = self.output_proj(x)
         return logits if self.output_bias is None else logits + self.output_bias
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        """Encoder output ("memory"), (B, S, d_model)."""
-        if src_mask is None:
-            src_mask = padding_mask(src, self.config.pad_id)
-        return self.encoder(src, src_mask)[0]
-
     def forward(self, src: Tensor, tgt: Tensor, return_attention: bool = False):
         """Teacher-forced pass: logits (B, T, V) for every target position. With `return_attention`,
         (logits, attention), the weights (B, h, Tq, Tk) of every layer (by the slower reference path):
@@ -357,30 +352,6 @@ class Transformer(nn.Module):
         if return_attention:
             return logits, {"encoder": enc_w, "decoder_self": self_w, "decoder_cross": cross_w}
         return logits
-
-    # -- incremental decoding -----------------------------------------------------------------
-
-    def init_cache(self, memory: Tensor, src_mask: Tensor) -> DecoderCache:
-        """A decoding cache for these sources: the encoder-decoder keys/values of every layer are
-        projected here, once."""
-        # contiguous: every step multiplies by them (a strided view would be copied each time)
-        keys_first = memory.device.type == "cpu" and cpu_keys_first()
-        layers = [LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(memory)), keys_first=keys_first)
-                  for layer in self.decoder.layers]
-        return DecoderCache(layers=layers, src_mask=src_mask)
-
-    def decode_step(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
-        """Feed the next target tokens (B, n) (usually n = 1) at positions [cache.length,
-        cache.length + n); returns their logits (B, n, V) and advances the cache."""
-        return self.logits(self.decode_hidden(tgt, cache))
-
-    def decode_hidden(self, tgt: Tensor, cache: DecoderCache) -> Tensor:
-        """`decode_step` before the pre-softmax projection: the decoder's output (B, n, d_model)."""
-        n = tgt.size(1)
-        # One new position attends to every cached one: no mask. Several: causal with offset.
-        # (The decoder restricts either to ModelConfig.attention_window where one is set.)
-        tgt_mask = None if n == 1 else causal_mask(n, cache.length + n, device=tgt.device)
-        return self.decoder(tgt, None, cache.src_mask, tgt_mask, cache=cache)[0]
 
 
 def count_parameters(model: nn.Module) -> int:
