@@ -28,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from benchmarks import decoding
 from benchmarks.bench import TorchTransformer, forward_flops, forward_logits, length_batches
 from benchmarks.decoding import BOS, EOS, PAD, VOCAB
+from transduce.decoding import ranking
 from transduce.decoding import search as decode
 from transduce.config import Config, get_preset
 from transduce.device import setup_cuda
@@ -254,12 +255,12 @@ def table2_projection(report: dict) -> list[dict]:
 def decode_variant(model: Transformer, variant: str):
     """transduce's search as it ships (`transduce`: on a GPU the log-probabilities ranked all at
     once, the step `fast.step.FastDecoder`), or a variant: `transduce-chunked` ranks them in the CPU's
-    chunks (`decode.CPU_CHUNK_ELEMENTS`), `transduce-modules` steps through the model's modules."""
+    chunks (`ranking.CPU_CHUNK_ELEMENTS`), `transduce-modules` steps through the model's modules."""
     with contextlib.ExitStack() as undo:
         if variant == "transduce-chunked":
             best = decode._best_extensions
             undo.enter_context(mock.patch.object(decode, "_best_extensions", lambda *a, **kw: best(
-                *a, **{**kw, "chunk_elements": decode.CPU_CHUNK_ELEMENTS})))
+                *a, **{**kw, "chunk_elements": ranking.CPU_CHUNK_ELEMENTS})))
         elif variant == "transduce-modules" and isinstance(model.decoder, fast_step.FastDecoder):
             fast_step.uninstall(model)
             undo.callback(fast_step.install, model)

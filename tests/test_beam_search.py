@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from transduce.config import ModelConfig
-from transduce.decoding.search import (CPU_CHUNK_ELEMENTS, _best_extensions, beam_search, greedy_decode, length_penalty,
-                              search_chunk_elements)
+from transduce.decoding.ranking import CPU_CHUNK_ELEMENTS, _best_extensions, search_chunk_elements
+from transduce.decoding.search import beam_search, greedy_decode, length_penalty
 from transduce.model import Transformer
 
 PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
