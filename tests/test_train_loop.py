@@ -19,7 +19,8 @@ from transduce.train.schedule import learning_rate
 from train_data import VOCAB, make_data
 from transduce.cli import main
 from transduce.train.step import autocast_for, build_optimizer, prepare_for_training, set_lr, train_step
-from transduce.train.trainer import BatchStream, TrainOptions
+from transduce.train.state import BatchStream
+from transduce.train.trainer import TrainOptions
 
 
 
@@ -299,7 +300,7 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
 def test_tensorboard_is_optional(tmp_path, monkeypatch):
     import sys
 
-    from transduce.train.trainer import RunLog
+    from transduce.train.state import RunLog
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if not installed
     log = RunLog(tmp_path / "a")
@@ -310,7 +311,7 @@ def test_tensorboard_is_optional(tmp_path, monkeypatch):
 
 def test_tensorboard_scalars_when_installed(tmp_path):
     """tensorboard is a test dependency (pyproject's `test` extra): this test runs, never skips."""
-    from transduce.train.trainer import RunLog
+    from transduce.train.state import RunLog
 
     log = RunLog(tmp_path)
     log.write("train", 5, loss=2.0, lr=1e-3, target_tokens_per_s=100.0, grad_norm=0.5)

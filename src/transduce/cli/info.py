@@ -42,7 +42,7 @@ def _build(name: str, args: argparse.Namespace) -> tuple[Config, int]:
 
     if args.data is not None:
         from ..data.batching import read_metadata
-        from ..train.trainer import config_for_data
+        from ..train.setup import config_for_data
 
         if args.vocab_size is not None or args.tgt_vocab_size is not None:
             raise UsageError("--data gives the vocabulary sizes: no --vocab-size or --tgt-vocab-size with it")

@@ -99,7 +99,7 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
     from ..data.batching import read_metadata
     from ..finetune import init_config
     from ..train.recovery import run_config
-    from ..train.trainer import config_for_data
+    from ..train.setup import config_for_data
 
     if args.lr is not None and args.lr_scale is not None:
         raise UsageError("give --lr (the peak rate) or --lr-scale (equation 3's factor), not both")

@@ -11,7 +11,8 @@ from pathlib import Path
 from ..config import PRESETS, Config, apply_overrides, get_preset
 from ..defaults import TABLE3  # Table 3's rows, top to bottom: the default list of variants
 from ..errors import UsageError
-from ..train.trainer import TrainOptions, config_for_data
+from ..train.setup import config_for_data
+from ..train.trainer import TrainOptions
 
 MIN_DEPTH_SCALE = 0.5
 """The default depth scale's floor: at 0.5 Table 3's N = 2, 4, 6, 8 (C1, C2, base, C3) become 1, 2,
