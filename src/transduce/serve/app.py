@@ -23,7 +23,8 @@ from pydantic import BaseModel, Field
 from ..decoding.settings import SearchSettings
 from ..defaults import BATCH_TOKENS, SERVE_GRACEFUL_TIMEOUT, SERVE_MAX_WAIT
 from .batcher import Batcher, ShuttingDown
-from .common import Limits, Problem, Server, ServerState, validation_problem
+from .common import Limits, Problem, Server, ServerState
+from .fields import validation_problem
 from .backend import Engine, ct2_engine, scrub, torch_engine  # noqa: F401 - the API's names, as before
 from .native import add_translate_route
 from .splitting import source_language, warm
@@ -91,7 +92,7 @@ class BodyLimit:
 
 def _add_error_handlers(app, limits: Limits) -> None:
     """Every error as JSON: a `Problem` as the native API answers it (LibreTranslate's routes
-    catch theirs), what FastAPI's own validation refuses as `common.validation_problem` says, the
+    catch theirs), what FastAPI's own validation refuses as `fields.validation_problem` says, the
     rest as it comes."""
     from fastapi import Request
     from fastapi.exceptions import RequestValidationError

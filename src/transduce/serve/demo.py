@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from ..decoding.settings import SearchSettings
-from .common import Limits, Problem, Server, request_model
+from .common import Limits, Problem, Server
+from .fields import request_model
 
 # The page's Content-Security-Policy: nothing from anywhere but the server's own origin
 CSP = ("default-src 'none'; connect-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "

@@ -4,9 +4,9 @@ LibreTranslate's: q, source, target, format, alternatives, api_key or apiKey; an
 native API's), `GET /languages`, `POST /detect`, `GET /frontend/settings`, `GET /health`, and the
 same under /libretranslate/. This layer maps shapes only: LibreTranslate's fields into sentences
 and search settings, the candidates into its answer, a `common.Problem` into its error (its
-app.py's fields, messages and status codes); the body, the key, the limits, which engine decodes
-and the waiting are the server's plumbing (`serve.common`), the native API's too. What differs
-from LibreTranslate: docs/serve.md.
+app.py's fields, messages and status codes); the body (`serve.fields`), the key, the limits, which
+engine decodes and the waiting are the server's plumbing (`serve.common`), the native API's too.
+What differs from LibreTranslate: docs/serve.md.
 
 The model was trained on sentence pairs (Section 5.1): a text is translated a sentence at a time
 (`split_sentences`, as DeepL spells it: "1" by default, "0", "nonewlines"), its whitespace and line
@@ -20,7 +20,8 @@ from starlette.responses import JSONResponse
 
 from ..decoding.settings import SearchSettings
 from ..documents import installed_formats
-from .common import Fields, Limits, Problem, Server, languages, name, read_fields, scrub
+from .common import Limits, Problem, Server, languages, name, scrub
+from .fields import Fields, read_fields
 from .splitting import decode_texts, mode_of, source_language, translate_html
 
 PREFIX = "/libretranslate"  # the same routes again, for a client given a base URL of their own

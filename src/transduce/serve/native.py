@@ -11,7 +11,8 @@ from dataclasses import replace
 from pydantic import BaseModel, Field, ValidationError
 
 from ..decoding.settings import SearchSettings
-from .common import Limits, Problem, Server, number, read_fields, request_model, validation_problem
+from .common import Limits, Problem, Server, number
+from .fields import read_fields, request_model, validation_problem
 from .splitting import decode_texts, mode_of, source_language
 
 
@@ -70,7 +71,7 @@ def _response(req, results, sources: list[str], tree=None) -> dict:
 
 
 def add_translate_route(app, server: Server, keys, errors: dict) -> None:
-    """POST /translate: its body read once (`common.read_fields`); a request that carries a field
+    """POST /translate: its body read once (`fields.read_fields`); a request that carries a field
     of LibreTranslate's is that API's (`libre.translate`), any other the native API's, validated
     by its schema (`request_schema`, stated in the OpenAPI document)."""
     from fastapi import Depends, Request
