@@ -388,7 +388,7 @@ LIBRARY_DEFAULTS = {  # "module:NAME", or "module:owner.name" (a dataclass field
     "transduce.serve.common:Limits.max_beam": "SERVE_MAX_BEAM",
     "transduce.serve.common:Limits.max_len_offset": "SERVE_MAX_LEN_OFFSET",
     "transduce.serve.batcher:Batcher.max_wait": "SERVE_MAX_WAIT",
-    "transduce.serve.app:server.graceful_timeout": "SERVE_GRACEFUL_TIMEOUT",
+    "transduce.serve.listen:server.graceful_timeout": "SERVE_GRACEFUL_TIMEOUT",
     "transduce.experiments.plan:TABLE3": "TABLE3",
 }
 """Where the library takes a default that a help page shows: each is `transduce.defaults`' own."""

@@ -162,7 +162,7 @@ def engine_loader(args: argparse.Namespace, limits):
 def run(args: argparse.Namespace) -> int:
     for module in ("fastapi", "uvicorn", "prometheus_client", "pysbd", "sentencex"):  # the serve extra's
         require(module, "transduce serve")
-    from ..serve.app import bind_sockets
+    from ..serve.listen import bind_sockets
 
     limits = check_args(args)
     args.models = open_set(args, limits) if args.several else None
@@ -258,7 +258,8 @@ def address(host: str, port: int) -> str:
 def serve(args: argparse.Namespace, limits, sockets: list) -> int:
     """The server on the bound sockets until SIGTERM / Ctrl-C, or until the model fails to load."""
     from ..decoding.settings import SearchSettings
-    from ..serve.app import create_app, server
+    from ..serve.app import create_app
+    from ..serve.listen import server
 
     def stop(_error: BaseException) -> None:  # the model cannot be loaded: stop the server, report below
         uv.should_exit = True
