@@ -25,7 +25,8 @@ from transduce.decoding.translate import translate_lines  # noqa: E402
 from transduce.memory import glibc, release_free_memory  # noqa: E402
 from transduce.serve.app import Limits, create_app, torch_engine  # noqa: E402
 from transduce.serve.catalog import code, model_names, parse_size  # noqa: E402
-from transduce.serve.models import Route, open_models, resident  # noqa: E402
+from transduce.serve.models import open_models, resident  # noqa: E402
+from transduce.serve.routes import Route  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

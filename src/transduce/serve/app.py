@@ -169,7 +169,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     from .demo import add_demo_routes
     from .documents import add_document_routes
     from .libre import add_libre_routes
-    from .ops import Metrics, RequestLog, key_reader
+    from .ops import Metrics, RequestLog, key_reader, models_collector
 
     bound_kernel_caches()
     state = ServerState()
@@ -184,7 +184,7 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         state.batcher, state.engine = batcher, e
         warm(source_language(e))  # the sentence splitters loaded before the first request needs them
         if e.models is not None:  # several models: each one's memory, loads and requests
-            metrics.registry.register(e.models.collector())
+            metrics.registry.register(models_collector(e.models))
 
     def load() -> None:
         try:

@@ -7,7 +7,8 @@ least-recently-used under a memory cap, on the one decoding thread (never unload
 A model's memory is the growth of the process's resident set (RSS) while it loaded, freed pages
 given back to the system before and after (`memory.release_free_memory`), and at least its
 parameters' bytes (a model reloaded into pages the process kept may grow it by less). The models,
-read without loading: `serve.catalog`. docs/serve.md, "Many models behind one server".
+read without loading: `serve.catalog`; a request's route: `serve.routes`; their metrics:
+`serve.ops.models_collector`. docs/serve.md, "Many models behind one server".
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -25,6 +26,7 @@ from ..errors import TransduceError
 from .backend import Engine, RequestError
 from .catalog import BYTES_PER_PARAMETER, Detector, Served, _mb, code, describe, model_names, model_paths
 from .common import Problem, name as language_name
+from .routes import Leg, Route, RouteBatcher, RouteError, _with_token
 
 if TYPE_CHECKING:
     from ..decoding.settings import SearchSettings
@@ -39,43 +41,6 @@ def resident() -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
-
-
-# -- routes ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Leg:
-    model: str
-    token: str | None = None  # put before each source sentence (a multilingual model's target)
-
-
-@dataclass(frozen=True)
-class Route:
-    """A request's way through the models (hashable: the batcher decodes jobs with equal routes
-    together): one leg, or two through `pivot`, the last with the request's search settings."""
-
-    legs: tuple[Leg, ...]
-    search: SearchSettings
-    pivot: str | None = None
-
-
-class RouteError(ValueError):
-    """No model translates the request's source into its target: the message says what is served."""
-
-
-class RouteBatcher:
-    """The server's batcher as one route's: each job it submits decodes on that route (its
-    settings the route with the job's search settings); everything else is the batcher's."""
-
-    def __init__(self, batcher, route: Route):
-        self._batcher, self._route = batcher, route
-
-    def submit(self, sentences: list[str], settings, tokens: int):
-        return self._batcher.submit(sentences, replace(self._route, search=settings), tokens)
-
-    def __getattr__(self, name: str):
-        return getattr(self._batcher, name)
 
 
 # -- the set ---------------------------------------------------------------------------------------------
@@ -321,7 +286,7 @@ class ModelSet:
                  m.name, _mb(self.max_memory), _mb(m.rss_freed))
         self._refresh()
 
-    # -- what /info and /metrics say ----------------------------------------------------------------------
+    # -- what /info says ----------------------------------------------------------------------------------
 
     def _refresh(self) -> None:
         """The engine's info, in place (GET /info reads it from another thread)."""
@@ -353,42 +318,6 @@ class ModelSet:
         return Engine(self.translate, lambda s: self.encode(None, s), self.info, attention=attend if attention else None,
                       tree=tree if self.default.parsing else None, models=self,
                       align=None if self.default.parsing else self.aligner(None))
-
-    def collector(self):
-        """A Prometheus collector of the models' figures, labelled by model."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        models = self
-
-        class Collector:
-            def collect(self):
-                with models._lock:
-                    rows = [(m.name, m.engine is not None, m.memory if m.engine is not None else 0, m.loads, m.unloads,
-                             m.requests, m.sentences) for m in models.models.values()]
-                families = [
-                    GaugeMetricFamily("transduce_model_loaded", "Whether the model is loaded (1) or not (0)", labels=["model"]),
-                    GaugeMetricFamily("transduce_model_memory_bytes", "Memory of the model while loaded: the resident set's "
-                                      "growth at its load, at least its parameters' bytes (0 when unloaded)", labels=["model"]),
-                    CounterMetricFamily("transduce_model_loads", "Times the model was loaded", labels=["model"]),
-                    CounterMetricFamily("transduce_model_unloads", "Times the model was unloaded (least recently used, "
-                                        "under the memory cap)", labels=["model"]),
-                    CounterMetricFamily("transduce_model_requests", "Requests routed to the model (a pivoted one to "
-                                        "both of its models)", labels=["model"]),
-                    CounterMetricFamily("transduce_model_sentences", "Sentences the model decoded", labels=["model"]),
-                ]
-                for name, loaded, memory, *counts in rows:
-                    for family, value in zip(families, (int(loaded), memory, *counts)):
-                        family.add_metric([name], value)
-                yield from families
-                if models.max_memory is not None:
-                    yield GaugeMetricFamily("transduce_models_memory_cap_bytes", "The cap on the loaded models' memory "
-                                            "(--max-memory)", value=models.max_memory)
-
-        return Collector()
-
-
-def _with_token(token: str | None, sentence: str) -> str:
-    return f"{token} {sentence}" if token and sentence.strip() else sentence
 
 
 def open_models(paths: list[Path], load: Callable[[Served], Engine], *, max_memory: int | None = None,

@@ -1,6 +1,7 @@
-"""Watching the server: its Prometheus metrics (a registry per app, with the process's own), one
-log line per request with its id (X-Request-ID), and the keys a request's headers carry
-(`Authorization: Bearer KEY` or `X-API-Key: KEY`). Every metric, the log line and the key: docs/serve.md.
+"""Watching the server: its Prometheus metrics (a registry per app, with the process's own; several
+models' figures by model, `models_collector`), one log line per request with its id (X-Request-ID),
+and the keys a request's headers carry (`Authorization: Bearer KEY` or `X-API-Key: KEY`). Every
+metric, the log line and the key: docs/serve.md.
 """
 
 from __future__ import annotations
@@ -135,3 +136,35 @@ def key_reader(key: str | None):
         return [k for k in (credentials.credentials if credentials else None, given) if k is not None]
 
     return keys
+
+
+def models_collector(models):
+    """A Prometheus collector of the figures of several models behind one server
+    (`serve.models.ModelSet`), labelled by model; read under the set's lock."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class Collector:
+        def collect(self):
+            with models._lock:
+                rows = [(m.name, m.engine is not None, m.memory if m.engine is not None else 0, m.loads, m.unloads,
+                         m.requests, m.sentences) for m in models.models.values()]
+            families = [
+                GaugeMetricFamily("transduce_model_loaded", "Whether the model is loaded (1) or not (0)", labels=["model"]),
+                GaugeMetricFamily("transduce_model_memory_bytes", "Memory of the model while loaded: the resident set's "
+                                  "growth at its load, at least its parameters' bytes (0 when unloaded)", labels=["model"]),
+                CounterMetricFamily("transduce_model_loads", "Times the model was loaded", labels=["model"]),
+                CounterMetricFamily("transduce_model_unloads", "Times the model was unloaded (least recently used, "
+                                    "under the memory cap)", labels=["model"]),
+                CounterMetricFamily("transduce_model_requests", "Requests routed to the model (a pivoted one to "
+                                    "both of its models)", labels=["model"]),
+                CounterMetricFamily("transduce_model_sentences", "Sentences the model decoded", labels=["model"]),
+            ]
+            for name, loaded, memory, *counts in rows:
+                for family, value in zip(families, (int(loaded), memory, *counts)):
+                    family.add_metric([name], value)
+            yield from families
+            if models.max_memory is not None:
+                yield GaugeMetricFamily("transduce_models_memory_cap_bytes", "The cap on the loaded models' memory "
+                                        "(--max-memory)", value=models.max_memory)
+
+    return Collector()
