@@ -1,5 +1,6 @@
 """`transduce serve`: a trained model behind an HTTP JSON API (`transduce.serve.app`), requests
-batched dynamically; the endpoints, limits, API key, shutdown and logs: docs/serve.md."""
+batched dynamically; the endpoints, limits, API key, shutdown and logs: docs/serve.md. Several
+models behind one server: `cli.serve_models`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from ..defaults import (ALPHA, BATCH_SIZE, BEAM, MAX_LEN_OFFSET, PARSE_ALPHA, PA
                         SERVE_GRACEFUL_TIMEOUT, SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET,
                         SERVE_MAX_QUEUE, SERVE_MAX_SENTENCES, SERVE_MAX_TOKENS, SERVE_MAX_WAIT)
 from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
+from .serve_models import open_set, several
 
 DESCRIPTION = """\
 Serve MODEL (several: each on demand) over HTTP: a JSON API, LibreTranslate's, a
@@ -208,46 +210,6 @@ def check_args(args: argparse.Namespace):
         if not is_ct2_dir(args.model_path):
             raise FileNotFoundError(f"{args.model_path}: not a directory written by `transduce export ct2`")
     return limits
-
-
-def several(args: argparse.Namespace) -> bool:
-    """Whether the models are a set (`serve.models`): MODEL given more than once, a directory of
-    model directories, --max-memory or --pivot."""
-    from ..checkpoint import check_model_path
-
-    if len(args.model_paths) > 1 or args.max_memory is not None or args.pivot is not None:
-        return True
-    try:
-        check_model_path(args.model_path)
-    except FileNotFoundError:
-        return args.model_path.is_dir() and args.engine == "torch" and args.checkpoint is None
-    return False
-
-
-def open_set(args: argparse.Namespace, limits):
-    """The models behind the server, read (not loaded: each on demand, on the decoding thread),
-    every one checked now."""
-    from ..serve.backend import torch_engine
-    from ..serve.catalog import parse_size
-    from ..serve.models import open_models
-
-    for flag in ("checkpoint", "vocab", "src_vocab", "tgt_vocab"):
-        if getattr(args, flag, None) is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} is one model's: serve that model alone")
-    if args.engine != "torch":
-        raise UsageError("--engine ct2 serves one model: several are served by the torch engine")
-    max_memory = parse_size(args.max_memory) if args.max_memory is not None else None
-
-    def load(served):
-        one = argparse.Namespace(**{**vars(args), "model_path": served.path, "keep_freed": False})  # unloads give back
-        loaded = load_from_args(one)
-        return torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
-                            max_tokens=limits.max_tokens, bf16=one.bf16)
-
-    models = open_models(args.model_paths, load, max_memory=max_memory, pivot=args.pivot)
-    if models.pivot is not None and models.pivot not in models.sources():
-        raise UsageError(f"--pivot {args.pivot}: no model translates from it")
-    return models
 
 
 def address(host: str, port: int) -> str:
