@@ -10,6 +10,7 @@ import torch
 
 from tiny_models import SRC_WORDS, make_model, sentences
 from transduce.fast import decode as kernels
+from transduce import cpu
 from transduce.fast import int8
 from transduce.cli import main
 from transduce.config import ModelConfig
@@ -241,9 +242,11 @@ def test_translate_auto_int8_says_what_it_chose_and_why(model_dir, tmp_path, cap
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").count("\n") == 1
 
 
-def test_int8_uses_no_deprecated_quantized_tensors():
-    """The maintained path: plain int8/uint8 tensors into oneDNN's qlinear, no torch.qint8 (whose
-    creation functions torch 2.13 announces as deprecated) and no warning to silence."""
+def test_int8_lets_no_deprecation_warning_out_and_holds_no_quantized_tensor_outside_fbgemm():
+    """oneDNN's path takes plain int8/uint8 tensors into its qlinear (no torch.qint8, whose creation
+    functions torch 2.13 announces as deprecated). FBGEMM's (where `int8_kernel` picks it: this
+    CPU adds u8 x s8 pairs in int16) takes its weights as a qint8 tensor, made under that warning
+    alone and held only inside its packed weight. Either way no warning reaches the user."""
     import warnings
 
     model, src, tgt = model_and_batch()
@@ -254,4 +257,40 @@ def test_int8_uses_no_deprecated_quantized_tensors():
             model(src, tgt)
     weights = [w for m in model.modules() if isinstance(m, int8.Int8Linear) for w in m.packed.values()
                if isinstance(w, int8.Int8Weight)]  # (cross-attention's key/value block: a packed float)
-    assert weights and all(not w.weight.is_quantized and w.weight.dtype == torch.int8 for w in weights)
+    assert weights and {w.kernel for w in weights} == {int8.int8_kernel(torch.float32)}
+    for w in weights:
+        if w.kernel == "onednn":
+            assert not w.weight.is_quantized and w.weight.dtype == torch.int8
+        else:
+            assert isinstance(w.weight, torch.ScriptObject) and w.zeros is None
+
+
+def test_int8_kernel_follows_the_saturation_test():
+    """FBGEMM's int8 product where pairs add in int16 (7-bit weights, fp32 activations), oneDNN's
+    elsewhere and for bf16 activations. Depends on this CPU: which branch runs is `int8_saturates`'s."""
+    from transduce import torch_ops
+
+    fbgemm = cpu.int8_saturates() and torch_ops.has("fbgemm")
+    assert int8.int8_kernel(torch.float32) == ("fbgemm" if fbgemm else "onednn")
+    assert int8.int8_kernel(torch.bfloat16) == "onednn"
+
+
+def test_fbgemm_product_matches_onednn_within_a_step(monkeypatch):
+    """Where both kernels run here, FBGEMM's product, ReLU and bias (packed with the weights, a
+    block's rows too) agree with oneDNN's to within the activations' quantization step."""
+    from transduce import torch_ops
+
+    if not (torch_ops.has("fbgemm") and int8.can_int8()):
+        pytest.skip("needs both FBGEMM's and oneDNN's int8 kernels in this torch build")
+    torch.manual_seed(0)
+    w, b, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(3, 7, 64)
+    for rows in (None, slice(32, 64)):
+        monkeypatch.setattr(int8, "int8_kernel", lambda dtype: "fbgemm")
+        f = int8.Int8Weight(w, rows, b)
+        monkeypatch.setattr(int8, "int8_kernel", lambda dtype: "onednn")
+        o = int8.Int8Weight(w, rows, b)
+        bias = b if rows is None else b[rows]
+        for act in ("none", "relu"):
+            yf, yo = f(x, bias, act), o(x, bias, act)
+            assert yf.shape == yo.shape == (3, 7, 96 if rows is None else 32)
+            assert (yf - yo).abs().max() < 0.05, act

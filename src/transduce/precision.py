@@ -124,7 +124,7 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     fp32; the decoder's layers in int8 as the CPU's row of `CPU_TABLE` says."""
     if torch.device(device).type != "cpu":
         raise ValueError(f"--precision int8 runs on the CPU only (not {device}); use --device cpu, or bf16 on a GPU")
-    from .fast.int8 import can_int8, int8_needs
+    from .fast.int8 import can_int8, int8_kernel, int8_needs
 
     if not can_int8():
         raise ValueError(f"--precision int8 {int8_needs()}")
@@ -135,7 +135,8 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
             else "8-bit activations")
     layers = ("the decoder's linear layers and the output projection in int8" if row.int8_decoder
               else f"the output projection in int8, the decoder's linear layers in {base} ({row.why_int8})")
-    return Choice("int8", f"{why}; {cap.name}: {layers} through oneDNN ({bits}), the source side and the rest in "
+    kernel = "FBGEMM" if int8_kernel(torch.bfloat16 if base == "bf16" else torch.float32) == "fbgemm" else "oneDNN"
+    return Choice("int8", f"{why}; {cap.name}: {layers} through {kernel} ({bits}), the source side and the rest in "
                           f"{base} ({cap.detail}); the search in fp32", base=base, int8_decoder=row.int8_decoder)
 
 

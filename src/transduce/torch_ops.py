@@ -1,5 +1,5 @@
 """The private PyTorch functions transduce calls, in one place: oneDNN's packed and int8 products,
-the CPU features PyTorch reports, log-softmax's backward. Not public API: `has` says whether this
+FBGEMM's int8 product, the CPU features PyTorch reports, log-softmax's backward. Not public API: `has` says whether this
 torch build has the operators; where one is missing the callers take the public path (`F.linear`;
 int8 refuses in one line), and `warn_missing` says so once per process."""
 
@@ -15,7 +15,10 @@ _WARNED: set[str] = set()
 
 def has(what: str) -> bool:
     """Whether this torch build has the operators of `what`: "packed" (oneDNN-packed fp32/bf16
-    products) or "int8" (oneDNN's int8 linear)."""
+    products), "int8" (oneDNN's int8 linear) or "fbgemm" (FBGEMM's int8 linear)."""
+    if what == "fbgemm":
+        return "fbgemm" in torch.backends.quantized.supported_engines and all(
+            hasattr(torch.ops.quantized, op) for op in ("linear_prepack", "linear_dynamic", "linear_relu_dynamic"))
     if not torch.backends.mkldnn.is_available():
         return False
     if what == "packed":
@@ -72,3 +75,25 @@ def int8_linear(q: Tensor, scale: float, zero: int, packed, w_scales: Tensor, w_
     """(q - zero) * scale times the int8 weight (per-row `w_scales`) plus bias, in `out_dtype`."""
     return torch.ops.onednn.qlinear_pointwise(q, scale, zero, packed, w_scales, w_zeros, bias, 1.0, 0, out_dtype,
                                               activation, [], "")
+
+
+def fbgemm_pack(q: Tensor, w_scales: Tensor, bias: Tensor | None) -> object:
+    """An int8 weight (out, in) with its per-row scales and fp32 bias, packed for `fbgemm_linear`.
+    FBGEMM takes its weights as a quantized tensor, whose creation torch 2.13 announces as
+    deprecated: made here, under that warning alone, and held only inside the packed weight."""
+    engine = torch.backends.quantized.engine
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated", category=UserWarning)
+        w = torch._make_per_channel_quantized_tensor(q, w_scales.double(), torch.zeros(q.size(0), dtype=torch.long), 0)
+        try:
+            torch.backends.quantized.engine = "fbgemm"
+            return torch.ops.quantized.linear_prepack(w, None if bias is None else bias.float().contiguous())
+        finally:
+            torch.backends.quantized.engine = engine
+
+
+def fbgemm_linear(x: Tensor, packed, activation: str = "none") -> Tensor:
+    """fp32 x times the weight packed by `fbgemm_pack`, plus its bias (`activation` "relu": max(0, .),
+    as FBGEMM writes): x quantized per tensor to u8 by FBGEMM as it reads it, 8 bits (no reduced range)."""
+    op = torch.ops.quantized.linear_relu_dynamic if activation == "relu" else torch.ops.quantized.linear_dynamic
+    return op(x, packed, False)
