@@ -100,8 +100,15 @@ class TorchTransformer(nn.Module):
         x = self.dropout(self.embed(src) * self.scale + self.pe[: src.size(1)])
         y = self.dropout(self.embed(tgt) * self.scale + self.pe[: tgt.size(1)])
         causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
-        out = self.core(x, y, tgt_mask=causal, src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD,
-                        memory_key_padding_mask=src == PAD, tgt_is_causal=True)
+        out = self.core(
+            x,
+            y,
+            tgt_mask=causal,
+            src_key_padding_mask=src == PAD,
+            tgt_key_padding_mask=tgt == PAD,
+            memory_key_padding_mask=src == PAD,
+            tgt_is_causal=True,
+        )
         return out @ self.embed.weight.T
 
 
@@ -117,18 +124,39 @@ def build(system: str, preset: str) -> nn.Module:
 
 def forward_logits(system: str, model: nn.Module, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
     if system == "hf":
-        return model(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt_in,
-                     decoder_attention_mask=(tgt_in != PAD).long(), use_cache=False).logits
+        return model(
+            input_ids=src,
+            attention_mask=(src != PAD).long(),
+            decoder_input_ids=tgt_in,
+            decoder_attention_mask=(tgt_in != PAD).long(),
+            use_cache=False,
+        ).logits
     return model(src, tgt_in)
 
 
-PRODUCT_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise",
-               "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_flash_attention_for_cpu_backward"}
+PRODUCT_OPS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "mkldnn::_linear_pointwise",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+}
 """What `--profile` counts as products: with the rest of a step free, a step costs at least these."""
 
 
-def train_throughput(system: str, preset: str, precision: str, batches, *, steps: int, warmup: int,
-                     repeats: int, compile: bool = False, profile: bool = False) -> dict:
+def train_throughput(
+    system: str,
+    preset: str,
+    precision: str,
+    batches,
+    *,
+    steps: int,
+    warmup: int,
+    repeats: int,
+    compile: bool = False,
+    profile: bool = False,
+) -> dict:
     model = build(system, preset).train()
     if system == "transduce":
         model = prepare_for_training(model, torch.device("cpu"), precision)  # as the trainer does
@@ -166,9 +194,14 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
         print(f"--- profile: one training step, {system} {preset} {precision} ---")
         events = prof.key_averages()
         print(events.table(sort_by="self_cpu_time_total", row_limit=20))
-        share = sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / sum(e.self_cpu_time_total for e in events)
-        print(f"matrix products and attention kernels: {100 * share:.0f}% of the step's operator time (the bound on "
-              f"what speeding up everything else can gain: {1 / share:.2f}x)", flush=True)
+        share = sum(e.self_cpu_time_total for e in events if e.key in PRODUCT_OPS) / sum(
+            e.self_cpu_time_total for e in events
+        )
+        print(
+            f"matrix products and attention kernels: {100 * share:.0f}% of the step's operator time (the bound on "
+            f"what speeding up everything else can gain: {1 / share:.2f}x)",
+            flush=True,
+        )
     rates, flops_rates, per_token = [], [], []
     for _ in range(repeats):
         tokens = flops = 0
@@ -180,15 +213,21 @@ def train_throughput(system: str, preset: str, precision: str, batches, *, steps
         rates.append(tokens / dt)
         flops_rates.append(flops / dt)
         per_token.append(flops / tokens)
-    return {"tokens_per_s": statistics.median(rates), "flops_per_s": statistics.median(flops_rates),
-            "flops_per_token": statistics.median(per_token), "rounds": rates,
-            "params": sum(p.numel() for p in model.parameters() if p.requires_grad), "first_step_s": compile_s}
+    return {
+        "tokens_per_s": statistics.median(rates),
+        "flops_per_s": statistics.median(flops_rates),
+        "flops_per_token": statistics.median(per_token),
+        "rounds": rates,
+        "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "first_step_s": compile_s,
+    }
 
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -202,16 +241,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=5, help="training steps per timed round (default 5)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds; the median counts (default 3)")
     p.add_argument("--warmup", type=int, default=2, help="untimed training steps first (default 2)")
-    p.add_argument("--decode-sentences", type=int, default=64,
-                   help="beam-4 decoding of the first N sentences of newstest2014 (0: skip; default 64)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile transduce's model (dynamic shapes); the first step's time is reported apart")
-    p.add_argument("--profile", action="store_true", help="print torch.profiler's top ops for one training step of each")
+    p.add_argument(
+        "--decode-sentences",
+        type=int,
+        default=64,
+        help="beam-4 decoding of the first N sentences of newstest2014 (0: skip; default 64)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile transduce's model (dynamic shapes); the first step's time is reported apart",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="print torch.profiler's top ops for one training step of each"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: the cores available)")
-    p.add_argument("--freed-memory", choices=("keep", "return"), default="keep",
-                   help="keep: glibc keeps freed memory for reuse, as transduce's CPU trainer sets it "
-                        "(transduce.fast.train.keep_freed_memory), for every system of the run; return: glibc's default "
-                        "(large blocks mapped afresh and returned when freed) (default keep)")
+    p.add_argument(
+        "--freed-memory",
+        choices=("keep", "return"),
+        default="keep",
+        help="keep: glibc keeps freed memory for reuse, as transduce's CPU trainer sets it "
+        "(transduce.fast.train.keep_freed_memory), for every system of the run; return: glibc's default "
+        "(large blocks mapped afresh and returned when freed) (default keep)",
+    )
     p.add_argument("--data-dir", help="dataset mirror (default: transduce's)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
@@ -221,18 +273,27 @@ def main(argv: list[str] | None = None) -> int:
     presets = [x for x in args.presets.split(",") if x]
     precisions = [x for x in args.precisions.split(",") if x]
     systems = [x for x in args.systems.split(",") if x]
-    for name, values, allowed in (("preset", presets, VOCAB), ("precision", precisions, ("fp32", "bf16")),
-                                  ("system", systems, SYSTEMS)):
+    for name, values, allowed in (
+        ("preset", presets, VOCAB),
+        ("precision", precisions, ("fp32", "bf16")),
+        ("system", systems, SYSTEMS),
+    ):
         if bad := [v for v in values if v not in allowed]:
             p.error(f"unknown {name} {bad[0]!r} (choose from {', '.join(allowed)})")
 
-    print(f"transduce bench: commit {git_commit()}, torch {torch.__version__}, {threads} threads, "
-          f"{platform.processor() or platform.machine()}", flush=True)
+    print(
+        f"transduce bench: commit {git_commit()}, torch {torch.__version__}, {threads} threads, "
+        f"{platform.processor() or platform.machine()}",
+        flush=True,
+    )
     machine = describe()  # the CPU, its ISA features and each library's: a table is read for this machine only
     print("\n".join(machine), flush=True)
     if args.freed_memory == "keep" and keep_freed_memory():  # process-wide: every system alike
-        print("allocator: freed memory kept for reuse, as transduce's CPU trainer does (keep_freed_memory), "
-              "for every system measured", flush=True)
+        print(
+            "allocator: freed memory kept for reuse, as transduce's CPU trainer does (keep_freed_memory), "
+            "for every system measured",
+            flush=True,
+        )
     peaks = {pr: matmul_peak(torch.bfloat16 if pr == "bf16" else torch.float32) for pr in precisions}
     for pr, v in peaks.items():
         print(f"matmul peak ({pr}, 2048^3, best of torch.mm and oneDNN packed): {v / 1e9:.1f} GFLOP/s", flush=True)
@@ -242,38 +303,87 @@ def main(argv: list[str] | None = None) -> int:
         batches = make_batches(VOCAB[preset], args.max_tokens, args.data_dir)
         for precision in precisions:
             for system in systems:
-                r = train_throughput(system, preset, precision, batches, steps=args.steps, warmup=args.warmup,
-                                     repeats=args.repeats, compile=args.compile, profile=args.profile)
-                r.update(kind="train", system=system, preset=preset, precision=precision,
-                         mfu=r["flops_per_s"] / peaks[precision])
+                r = train_throughput(
+                    system,
+                    preset,
+                    precision,
+                    batches,
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    repeats=args.repeats,
+                    compile=args.compile,
+                    profile=args.profile,
+                )
+                r.update(
+                    kind="train",
+                    system=system,
+                    preset=preset,
+                    precision=precision,
+                    mfu=r["flops_per_s"] / peaks[precision],
+                )
                 results.append(r)
-                print(f"train  {preset:<6} {precision:<5} {NAMES[system]:<17} {r['tokens_per_s']:>9,.0f} tgt tok/s  "
-                      f"{r['flops_per_s'] / 1e9:>6.1f} GFLOP/s  MFU {100 * r['mfu']:>4.1f}%  "
-                      f"({r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['params'] / 1e6:.1f}M params)"
-                      + (f", compile + first step {r['first_step_s']:.0f} s" if r["first_step_s"] else ""), flush=True)
+                print(
+                    f"train  {preset:<6} {precision:<5} {NAMES[system]:<17} {r['tokens_per_s']:>9,.0f} tgt tok/s  "
+                    f"{r['flops_per_s'] / 1e9:>6.1f} GFLOP/s  MFU {100 * r['mfu']:>4.1f}%  "
+                    f"({r['flops_per_token'] / 1e6:.1f} MFLOP/token, {r['params'] / 1e6:.1f}M params)"
+                    + (f", compile + first step {r['first_step_s']:.0f} s" if r["first_step_s"] else ""),
+                    flush=True,
+                )
             if args.decode_sentences > 0:
                 dec = [s for s in systems if s in ("transduce", "hf")]
                 d = decode(preset, precision, dec, args.decode_sentences, args.data_dir)
                 for system, sps in d.items():
-                    results.append({"kind": "decode", "system": system, "preset": preset, "precision": precision,
-                                    "sentences_per_s": sps})
-                    print(f"decode {preset:<6} {precision:<5} {NAMES[system]:<17} {sps:>9.2f} sentences/s (beam 4)",
-                          flush=True)
+                    results.append(
+                        {
+                            "kind": "decode",
+                            "system": system,
+                            "preset": preset,
+                            "precision": precision,
+                            "sentences_per_s": sps,
+                        }
+                    )
+                    print(
+                        f"decode {preset:<6} {precision:<5} {NAMES[system]:<17} {sps:>9.2f} sentences/s (beam 4)",
+                        flush=True,
+                    )
 
     print(f"\n{'':7}{'preset':<7}{'precision':<10}{'system':<18}{'result':>22}{'vs HF':>8}{'MFU':>7}")
     for r in results:
         key = "tokens_per_s" if r["kind"] == "train" else "sentences_per_s"
-        hf = next((x for x in results if x["kind"] == r["kind"] and x["system"] == "hf" and x["preset"] == r["preset"]
-                   and x["precision"] == r["precision"]), None)
+        hf = next(
+            (
+                x
+                for x in results
+                if x["kind"] == r["kind"]
+                and x["system"] == "hf"
+                and x["preset"] == r["preset"]
+                and x["precision"] == r["precision"]
+            ),
+            None,
+        )
         r["speedup_vs_hf"] = r[key] / hf[key] if hf else None
         unit = "tgt tok/s" if r["kind"] == "train" else "sent/s"
         mfu = f"{100 * r['mfu']:.1f}%" if "mfu" in r else "-"
         sp = f"{r['speedup_vs_hf']:.2f}x" if hf else "-"
-        print(f"{r['kind']:<7}{r['preset']:<7}{r['precision']:<10}{NAMES[r['system']]:<18}"
-              f"{r[key]:>12,.1f} {unit:<9}{sp:>8}{mfu:>7}")
+        print(
+            f"{r['kind']:<7}{r['preset']:<7}{r['precision']:<10}{NAMES[r['system']]:<18}"
+            f"{r[key]:>12,.1f} {unit:<9}{sp:>8}{mfu:>7}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine, "threads": threads, "commit": git_commit(),
-                                               "matmul_peak_flops": peaks, "results": results}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "args": vars(args),
+                    "machine": machine,
+                    "threads": threads,
+                    "commit": git_commit(),
+                    "matmul_peak_flops": peaks,
+                    "results": results,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -88,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             times[v].append((time.perf_counter() - t) / a.steps * 1e3)
             outs[v] = [h[0].tokens for h in hyps]
     first = next(iter(models))
-    print(f"{a.preset}, vocabulary {a.vocab:,}, {a.sentences} sentences x beam {a.beam}, {a.steps} steps, {a.precision}, "
-          f"{a.threads} thread(s), {device}; torch {torch.__version__}; ms a step, median of {a.rounds} rounds:")
+    print(
+        f"{a.preset}, vocabulary {a.vocab:,}, {a.sentences} sentences x beam {a.beam}, {a.steps} steps, {a.precision}, "
+        f"{a.threads} thread(s), {device}; torch {torch.__version__}; ms a step, median of {a.rounds} rounds:"
+    )
     ref = statistics.median(times[first])
     for v, ts in times.items():
         med = statistics.median(ts)

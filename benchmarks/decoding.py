@@ -114,20 +114,34 @@ def build_ct2(model: Transformer, directory: Path, threads: int, workers: int = 
 
     vocab = ct2_pieces(model.config.src_vocab_size)
     with torch.no_grad():
-        TransduceConverter(model, Config(model=model.config), vocab, vocab).convert(str(directory), quantization="float32",
-                                                                                      force=True)
-    return {p: ctranslate2.Translator(str(directory), device="cpu", compute_type=t, intra_threads=threads // workers,
-                                      inter_threads=workers)
-            for p, t in (("fp32", "float32"), ("int8", "int8"))}
+        TransduceConverter(model, Config(model=model.config), vocab, vocab).convert(
+            str(directory), quantization="float32", force=True
+        )
+    return {
+        p: ctranslate2.Translator(
+            str(directory), device="cpu", compute_type=t, intra_threads=threads // workers, inter_threads=workers
+        )
+        for p, t in (("fp32", "float32"), ("int8", "int8"))
+    }
 
 
 def run_ct2_group(translator, group: list[tuple[list[list[str]], int]]) -> float:
     """Wall time of CTranslate2 decoding the batches of `group` ((tokens, L) each), all submitted
     at once: with inter_threads > 1 its workers take them in parallel."""
     t0 = time.perf_counter()
-    pending = [translator.translate_batch(tokens, beam_size=BEAM, length_penalty=ALPHA, min_decoding_length=L,
-                                          max_decoding_length=L, return_end_token=True, max_batch_size=0,
-                                          asynchronous=True) for tokens, L in group]
+    pending = [
+        translator.translate_batch(
+            tokens,
+            beam_size=BEAM,
+            length_penalty=ALPHA,
+            min_decoding_length=L,
+            max_decoding_length=L,
+            return_end_token=True,
+            max_batch_size=0,
+            asynchronous=True,
+        )
+        for tokens, L in group
+    ]
     outs = [[r.result() for r in batch] for batch in pending]
     dt = time.perf_counter() - t0
     for out, (_, L) in zip(outs, group):
@@ -143,11 +157,27 @@ def build_marian(seed: int, d_model: int = 512, layers: int = 6, heads: int = 8,
 
     hf_logging.set_verbosity_error()
     config = MarianConfig(
-        vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers, encoder_attention_heads=heads,
-        decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, activation_function="relu",
-        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024,
-        scale_embedding=True, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, forced_eos_token_id=EOS,
+        vocab_size=vocab,
+        d_model=d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=ffn,
+        decoder_ffn_dim=ffn,
+        activation_function="relu",
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=1024,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=EOS,
     )
     torch.manual_seed(seed)
     return MarianMTModel(config).eval()
@@ -192,7 +222,9 @@ def run_transduce(forced: ForcedLength, src: torch.Tensor, L: int, precision: st
     forced.length = L
     t0 = time.perf_counter()
     with torch.inference_mode(), autocast(precision):
-        hyps = beam_search(forced, src, beam_size=BEAM, alpha=ALPHA, max_len_offset=MAX_LEN_OFFSET, bos_id=BOS, eos_id=EOS)
+        hyps = beam_search(
+            forced, src, beam_size=BEAM, alpha=ALPHA, max_len_offset=MAX_LEN_OFFSET, bos_id=BOS, eos_id=EOS
+        )
     dt = time.perf_counter() - t0
     lengths = {len(h[0].tokens) + 1 for h in hyps}  # + EOS
     assert lengths == {L}, f"transduce produced lengths {lengths}, expected {L}"
@@ -203,8 +235,15 @@ def run_hf(marian, src: torch.Tensor, mask: torch.Tensor, L: int, precision: str
     t0 = time.perf_counter()
     with torch.inference_mode(), autocast(precision):
         out = marian.generate(
-            input_ids=src, attention_mask=mask.long(), num_beams=BEAM, num_return_sequences=1,
-            length_penalty=ALPHA, min_new_tokens=L - 1, max_new_tokens=L, do_sample=False, early_stopping=False,
+            input_ids=src,
+            attention_mask=mask.long(),
+            num_beams=BEAM,
+            num_return_sequences=1,
+            length_penalty=ALPHA,
+            min_new_tokens=L - 1,
+            max_new_tokens=L,
+            do_sample=False,
+            early_stopping=False,
         )
     dt = time.perf_counter() - t0
     assert out.shape[1] == L + 1, f"Hugging Face produced {out.shape[1] - 1} tokens, expected {L}"

@@ -55,8 +55,10 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp(prefix="transduce-engines-"))
     t0 = time.perf_counter()
-    ct2_dirs = {q: export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp / q, quantization=q)
-                for q in ("float32", "int8")}
+    ct2_dirs = {
+        q: export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp / q, quantization=q)
+        for q in ("float32", "int8")
+    }
     print(f"exported in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     ct2 = {q: load_ct2(d, threads=args.threads) for q, d in ct2_dirs.items()}
 
@@ -67,8 +69,12 @@ def main() -> int:
     make_ready(fp32)  # as `transduce translate --precision fp32` decodes
 
     def torch_run(model, bf16, greedy=False):
-        return lambda lines: [c[0].text for c in translate_stream(model, loaded.src_vocab, loaded.tgt_vocab, lines, bf16=bf16,
-                                                                   greedy=greedy, **search)]
+        return lambda lines: [
+            c[0].text
+            for c in translate_stream(
+                model, loaded.src_vocab, loaded.tgt_vocab, lines, bf16=bf16, greedy=greedy, **search
+            )
+        ]
 
     runs.append(("transduce fp32", torch_run(fp32, False)))
     if bf16 is not None:
@@ -77,14 +83,35 @@ def main() -> int:
     for q, m in ct2.items():
         for lp in ("paper", "ct2"):
             label = "paper's ((5+|Y|)/6)^a" if lp == "paper" else "CT2's |Y|^a"
-            runs.append((f"CTranslate2 {q} [{m.compute_type}], {label}",
-                         (lambda m, lp: lambda lines: [c[0].text for c in translate_stream(m, m.src_vocab, m.tgt_vocab, lines,
-                                                                                            length_penalty=lp, **search)])(m, lp)))
+            runs.append(
+                (
+                    f"CTranslate2 {q} [{m.compute_type}], {label}",
+                    (
+                        lambda m, lp: (
+                            lambda lines: [
+                                c[0].text
+                                for c in translate_stream(
+                                    m, m.src_vocab, m.tgt_vocab, lines, length_penalty=lp, **search
+                                )
+                            ]
+                        )
+                    )(m, lp),
+                )
+            )
     if args.greedy:
         runs.append(("transduce fp32 greedy", torch_run(fp32, False, greedy=True)))
         m = ct2["float32"]
-        runs.append(("CTranslate2 float32 greedy", lambda lines: [c[0].text for c in translate_stream(
-            m, m.src_vocab, m.tgt_vocab, lines, greedy=True, max_len_offset=args.max_len_offset)]))
+        runs.append(
+            (
+                "CTranslate2 float32 greedy",
+                lambda lines: [
+                    c[0].text
+                    for c in translate_stream(
+                        m, m.src_vocab, m.tgt_vocab, lines, greedy=True, max_len_offset=args.max_len_offset
+                    )
+                ],
+            )
+        )
 
     rows, base = [], {}
     for name, fn in runs:
@@ -96,21 +123,27 @@ def main() -> int:
         first = base.setdefault("greedy" in name, hyps)  # beam rows against transduce's beam, greedy against its greedy
         same = sum(a == b for a, b in zip(hyps, first)) / len(hyps)
         length = statistics.mean(len(h.split()) for h in hyps)
-        rows.append((name, scores["sacrebleu"]["score"], scores["multi30k_lc_tok_bleu"]["score"], len(src) / dt, same, length))
+        rows.append(
+            (name, scores["sacrebleu"]["score"], scores["multi30k_lc_tok_bleu"]["score"], len(src) / dt, same, length)
+        )
         print(f"{name}: sacreBLEU {rows[-1][1]:.2f}, {rows[-1][3]:.1f} sentences/s", file=sys.stderr, flush=True)
 
     # int8 against float32, token by token: log-probabilities of the references
     sp, tp = pieces(loaded.src_vocab), pieces(loaded.tgt_vocab)
-    s_tok = [[sp[i] for i in loaded.src_vocab.encode(s)][: 1000] for s in src]
-    t_tok = [[tp[i] for i in loaded.tgt_vocab.encode(r)][: 1000] for r in ref]
+    s_tok = [[sp[i] for i in loaded.src_vocab.encode(s)][:1000] for s in src]
+    t_tok = [[tp[i] for i in loaded.tgt_vocab.encode(r)][:1000] for r in ref]
     lp32 = [r.log_probs for r in ct2["float32"].translator.score_batch(s_tok, t_tok, max_batch_size=64)]
     lp8 = [r.log_probs for r in ct2["int8"].translator.score_batch(s_tok, t_tok, max_batch_size=64)]
     diffs = [abs(a - b) for x, y in zip(lp32, lp8) for a, b in zip(x, y)]
     argmax_note = f"mean |log p int8 - log p float32| over {len(diffs):,} reference tokens {statistics.mean(diffs):.4f}, max {max(diffs):.3f}"
 
-    print(f"\n{len(src)} sentences of Multi30k {args.split}, beam {args.beam}, alpha {args.alpha}, max length input + "
-          f"{args.max_len_offset}, {args.threads} threads; model {loaded.description}\n")
-    print("| engine | sacreBLEU | Multi30k lc tok BLEU | sentences/s | outputs identical to transduce fp32's (same search) | mean words |")
+    print(
+        f"\n{len(src)} sentences of Multi30k {args.split}, beam {args.beam}, alpha {args.alpha}, max length input + "
+        f"{args.max_len_offset}, {args.threads} threads; model {loaded.description}\n"
+    )
+    print(
+        "| engine | sacreBLEU | Multi30k lc tok BLEU | sentences/s | outputs identical to transduce fp32's (same search) | mean words |"
+    )
     print("|---|---|---|---|---|---|")
     for name, bleu, tok_bleu, speed, same, length in rows:
         print(f"| {name} | {bleu:.2f} | {tok_bleu:.2f} | {speed:.1f} | {same:.1%} | {length:.2f} |")

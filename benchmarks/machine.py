@@ -24,12 +24,25 @@ from transduce.cpu import cpu_name, cpuinfo, proc_flags
 FEATURES = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 """The /proc/cpuinfo flags that decide CPU decoding speed (bf16 and int8 products)."""
 
-OVERRIDES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "CT2_FORCE_CPU_ISA", "CT2_USE_MKL",
-             "MKL_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_INSTRUCTIONS", "ONEDNN_DEFAULT_FPMATH_MODE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+OVERRIDES = (
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "CT2_FORCE_CPU_ISA",
+    "CT2_USE_MKL",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "FBGEMM_ENABLE_INSTRUCTIONS",
+    "ONEDNN_DEFAULT_FPMATH_MODE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+)
 """Environment variables that change which kernels run."""
 
-_ONEDNN_PROBE = ("import torch; from transduce import torch_ops; "
-                 "torch_ops.linear(torch.ones(2, 4), torch_ops.pack(torch.ones(4, 4)), None)")
+_ONEDNN_PROBE = (
+    "import torch; from transduce import torch_ops; "
+    "torch_ops.linear(torch.ones(2, 4), torch_ops.pack(torch.ones(4, 4)), None)"
+)
 
 _CT2_PROBE = """
 import torch
@@ -97,9 +110,10 @@ def mkl_isa() -> str:
 def ct2_isa() -> str:
     """CTranslate2's own ISA, GEMM backends, bundled oneDNN's ISA and compute types, as it reports them."""
     with tempfile.TemporaryDirectory(prefix="machine-ct2-") as tmp:
-        out = _run(_CT2_PROBE.format(out=str(Path(tmp) / "m")),
-                   {**os.environ, "CT2_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1",
-                    "MKL_VERBOSE": "1"})
+        out = _run(
+            _CT2_PROBE.format(out=str(Path(tmp) / "m")),
+            {**os.environ, "CT2_VERBOSE": "1", "ONEDNN_VERBOSE": "1", "DNNL_VERBOSE": "1", "MKL_VERBOSE": "1"},
+        )
     lines = out.splitlines()
     own = next((l.split("Selected ISA:", 1)[1].strip() for l in lines if "Selected ISA:" in l), "?")
     gemm = "; ".join(l.split("- ", 1)[1].strip() for l in lines if "backend:" in l)
@@ -116,11 +130,13 @@ def describe(ct2: bool = False) -> list[str]:
 
     name, flags = cpu_name(), [f for f in FEATURES if f in proc_flags()]
     env = [f"{k}={os.environ[k]}" for k in OVERRIDES if k in os.environ]
-    lines = [f"CPU: {name} ({cpu_vendor()}); {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable",
-             f"ISA features (/proc/cpuinfo): {' '.join(flags) or 'none of ' + ', '.join(FEATURES)}",
-             f"environment: {' '.join(env) or 'no ISA or thread overrides'}",
-             f"PyTorch {torch.__version__}: ATen CPU capability {torch.backends.cpu.get_cpu_capability()}; "
-             f"oneDNN {onednn_isa()}; MKL {mkl_isa()}"]
+    lines = [
+        f"CPU: {name} ({cpu_vendor()}); {os.cpu_count()} logical CPUs, {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else '?'} usable",
+        f"ISA features (/proc/cpuinfo): {' '.join(flags) or 'none of ' + ', '.join(FEATURES)}",
+        f"environment: {' '.join(env) or 'no ISA or thread overrides'}",
+        f"PyTorch {torch.__version__}: ATen CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+        f"oneDNN {onednn_isa()}; MKL {mkl_isa()}",
+    ]
     if ct2:
         try:
             import ctranslate2

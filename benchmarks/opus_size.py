@@ -55,18 +55,28 @@ class Shape:
     positions: int
 
     def describe(self) -> str:
-        return (f"d_model {self.d_model}, {self.layers}+{self.layers} layers, {self.heads} heads, FFN {self.ffn}, "
-                f"{self.activation}, vocabulary {self.vocab:,}, EOS {self.eos}, PAD {self.vocab - 1} = decoder start")
+        return (
+            f"d_model {self.d_model}, {self.layers}+{self.layers} layers, {self.heads} heads, FFN {self.ffn}, "
+            f"{self.activation}, vocabulary {self.vocab:,}, EOS {self.eos}, PAD {self.vocab - 1} = decoder start"
+        )
 
 
 SHAPES = {
     "en-de": Shape("opus-mt-en-de's shape", 512, 6, 8, 2048, 58101, 0, "swish", 512),
-    "tc-big": Shape("opus-mt-tc-big's shape (opus-mt-tc-big-fr-en's config.json)", 1024, 6, 16, 4096, 53017, 43311, "relu",
-                    1024),
+    "tc-big": Shape(
+        "opus-mt-tc-big's shape (opus-mt-tc-big-fr-en's config.json)", 1024, 6, 16, 4096, 53017, 43311, "relu", 1024
+    ),
     "tiny": Shape("a tiny shape (the tests')", 32, 2, 4, 64, 500, 0, "swish", 512),
 }
-SYSTEMS = ("transduce-fp32", "transduce-int8", "transduce-bf16", "ct2-float32", "ct2-int8", "hf-fp32",
-           "transduce-int8-shortlist")
+SYSTEMS = (
+    "transduce-fp32",
+    "transduce-int8",
+    "transduce-bf16",
+    "ct2-float32",
+    "ct2-int8",
+    "hf-fp32",
+    "transduce-int8-shortlist",
+)
 """transduce-int8-shortlist: `translate --shortlist` (not exact; in batches, this tree only), the shortlist made
 by `transduce shortlist` of the WMT14 train sample (--shortlist-src/--shortlist-tgt)."""
 
@@ -130,8 +140,9 @@ class TreeMemory:
 def measured(cmd: list[str], env: dict, timeout: float) -> dict:
     """Run `cmd` to its end: its wall time, its process tree's peak memory, its stdout and stderr."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     with TreeMemory(proc.pid) as mem:
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -142,8 +153,13 @@ def measured(cmd: list[str], env: dict, timeout: float) -> dict:
     if proc.returncode != 0:
         last = (err.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{' '.join(cmd[1:4])} ... failed ({proc.returncode}): {last}")
-    return {"wall_s": time.perf_counter() - t0, "peak_mb": mem.peak / 2**20, "processes": mem.processes,
-            "stdout": out, "stderr": err}
+    return {
+        "wall_s": time.perf_counter() - t0,
+        "peak_mb": mem.peak / 2**20,
+        "processes": mem.processes,
+        "stdout": out,
+        "stderr": err,
+    }
 
 
 # -- the inputs: a vocabulary of the published size, sentences of a fixed number of pieces ---------------
@@ -153,8 +169,16 @@ def train_spm(lines: list[str], size: int) -> bytes:
     import sentencepiece as spm
 
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=size, model_type="unigram",
-                                   character_coverage=1.0, hard_vocab_limit=False, num_threads=1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=buf,
+        vocab_size=size,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        num_threads=1,
+        minloglevel=2,
+    )
     return buf.getvalue()
 
 
@@ -176,17 +200,24 @@ def pick_sentences(lines: list[str], sp, vocab: dict[str, int], n: int, pieces: 
     for line in lines:
         cut = sp.encode(line.strip(), out_type=str)[:pieces]
         text = sp.decode_pieces(cut) if len(cut) == pieces else ""
-        if text and sp.encode(text, out_type=str) == cut and all(p in vocab for p in cut) and "<" not in text \
-                and not text.startswith(">>"):  # MarianTokenizer keeps <unk>, </s>, >>xx<< whole
+        if (
+            text
+            and sp.encode(text, out_type=str) == cut
+            and all(p in vocab for p in cut)
+            and "<" not in text
+            and not text.startswith(">>")
+        ):  # MarianTokenizer keeps <unk>, </s>, >>xx<< whole
             out.append((text, cut))
             if len(out) == n:
                 return out
-    raise RuntimeError(f"only {len(out)} lines of the source have {pieces} pieces that encode back to themselves "
-                       f"(--sentences asks for {n})")
+    raise RuntimeError(
+        f"only {len(out)} lines of the source have {pieces} pieces that encode back to themselves "
+        f"(--sentences asks for {n})"
+    )
 
 
 def read_text(path: Path) -> list[str]:
-    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as f:
+    with gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f]
 
 
@@ -213,21 +244,35 @@ def child_result(r: dict) -> dict:
 
 def ct2_converter() -> list[str]:
     exe = Path(sys.executable).with_name("ct2-transformers-converter")
-    return [str(exe)] if exe.is_file() else [sys.executable, "-c", "from ctranslate2.converters.transformers import main; main()"]
+    return (
+        [str(exe)]
+        if exe.is_file()
+        else [sys.executable, "-c", "from ctranslate2.converters.transformers import main; main()"]
+    )
 
 
 def import_command(env: dict) -> list[str]:
     """`transduce import` where the tree has it, else its older spelling `transduce export from-marian`."""
-    new = subprocess.run([sys.executable, "-m", "transduce", "import", "--help"], env=env, cwd=REPO, capture_output=True,
-                         check=False).returncode == 0
+    new = (
+        subprocess.run(
+            [sys.executable, "-m", "transduce", "import", "--help"], env=env, cwd=REPO, capture_output=True, check=False
+        ).returncode
+        == 0
+    )
     return [sys.executable, "-m", "transduce", *(["import"] if new else ["export", "from-marian"])]
 
 
 def penalty_flags(env: dict) -> list[str]:
     """The paper's length penalty as the tree's translate and serve spell it (`--length-penalty gnmt:A`,
     earlier `--alpha A`): given, so that every tree searches alike (an imported model's default is its own)."""
-    out = subprocess.run([sys.executable, "-m", "transduce", "translate", "--help"], env=env, cwd=REPO, capture_output=True,
-                         text=True, check=False).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "transduce", "translate", "--help"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
     return ["--length-penalty", f"gnmt:{ALPHA}"] if "gnmt:" in out else ["--alpha", str(ALPHA)]
 
 
@@ -271,7 +316,9 @@ class Row:
     def label(self, regime: str = "batch", workers: str | None = None) -> str:
         """The row's name in the table; `workers`: how many the default --workers gave."""
         kind = self.system.split("-")[0]
-        name = {"transduce": "transduce", "ct2": "CTranslate2", "hf": "Hugging Face generate"}[kind] + f" {self.precision}"
+        name = {"transduce": "transduce", "ct2": "CTranslate2", "hf": "Hugging Face generate"}[
+            kind
+        ] + f" {self.precision}"
         name += " --shortlist" if self.shortlist else ""
         name += " [before]" if self.tree == "before" else ""
         if regime == "single":
@@ -306,8 +353,13 @@ class Bench:
         self.source.write_text("\n".join(self.texts[: a.sentences]) + "\n", encoding="utf-8")
         self.marian = self.work / "marian"
         env = env_for(self.trees["this tree"])
-        built = child_result(measured(child_cmd("build", {"shape": asdict(s), "out": str(self.marian), "seed": a.seed},
-                                                self.work), env, a.timeout))
+        built = child_result(
+            measured(
+                child_cmd("build", {"shape": asdict(s), "out": str(self.marian), "seed": a.seed}, self.work),
+                env,
+                a.timeout,
+            )
+        )
         for name in ("source.spm", "target.spm"):
             (self.marian / name).write_bytes(model.serialized_model_proto())
         (self.marian / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
@@ -324,13 +376,29 @@ class Bench:
             progress(f"{s.title}: {what} {r['wall_s']:.1f} s, {r['peak_mb']:,.0f} MB")
         if self.shortlist_text:
             model = self.models["this tree"]
-            r = measured([sys.executable, "-m", "transduce", "shortlist", str(model), "--train-src", str(self.shortlist_text[0]),
-                          "--train-tgt", str(self.shortlist_text[1])], env, a.timeout)
+            r = measured(
+                [
+                    sys.executable,
+                    "-m",
+                    "transduce",
+                    "shortlist",
+                    str(model),
+                    "--train-src",
+                    str(self.shortlist_text[0]),
+                    "--train-tgt",
+                    str(self.shortlist_text[1]),
+                ],
+                env,
+                a.timeout,
+            )
             setup["transduce shortlist (this tree)"] = {"wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
         for q in ("float32", "int8"):
             out = self.work / f"ct2-{q}"
-            r = measured([*ct2_converter(), "--model", str(self.marian), "--output_dir", str(out), "--quantization", q],
-                         env, a.timeout)
+            r = measured(
+                [*ct2_converter(), "--model", str(self.marian), "--output_dir", str(out), "--quantization", q],
+                env,
+                a.timeout,
+            )
             setup[f"ct2-transformers-converter {q}"] = {"wall_s": r["wall_s"], "peak_mb": r["peak_mb"]}
         return setup
 
@@ -339,10 +407,30 @@ class Bench:
         a, n = self.args, self.args.sentences
         if row.system.startswith("transduce"):
             out = self.work / "out.tsv"
-            cmd = [sys.executable, "-m", "transduce", "translate", str(self.models[row.tree]), "-i", str(self.source),
-                   "-o", str(out), "--beam", str(a.beam), "--max-len-offset", str(a.max_len_offset), "--precision",
-                   row.precision, "--batch-size", str(a.batch_size), "--threads", str(self.threads), "--n-best", "1",
-                   *self.penalty[row.tree]]
+            cmd = [
+                sys.executable,
+                "-m",
+                "transduce",
+                "translate",
+                str(self.models[row.tree]),
+                "-i",
+                str(self.source),
+                "-o",
+                str(out),
+                "--beam",
+                str(a.beam),
+                "--max-len-offset",
+                str(a.max_len_offset),
+                "--precision",
+                row.precision,
+                "--batch-size",
+                str(a.batch_size),
+                "--threads",
+                str(self.threads),
+                "--n-best",
+                "1",
+                *self.penalty[row.tree],
+            ]
             cmd += ["--workers", row.workers] if row.workers != "auto" else []
             cmd += ["--shortlist"] if row.shortlist else []
             r = measured(cmd, env_for(self.trees[row.tree]), a.timeout)
@@ -370,10 +458,16 @@ class Bench:
         a = self.args
         n = a.single_sentences if single else a.sentences
         kind = row.system.split("-")[0]
-        spec = {"model": str(self.work / f"ct2-{row.precision}") if kind == "ct2" else str(self.marian),
-                "compute_type": row.precision, "threads": self.threads, "batch_size": a.batch_size, "beam": a.beam,
-                "steps": self.single_steps if single else self.steps, "single": single,
-                "tokens": self.pieces[:n] if kind == "ct2" else self.ids[:n]}
+        spec = {
+            "model": str(self.work / f"ct2-{row.precision}") if kind == "ct2" else str(self.marian),
+            "compute_type": row.precision,
+            "threads": self.threads,
+            "batch_size": a.batch_size,
+            "beam": a.beam,
+            "steps": self.single_steps if single else self.steps,
+            "single": single,
+            "tokens": self.pieces[:n] if kind == "ct2" else self.ids[:n],
+        }
         r = child_result(measured(child_cmd(kind, spec, self.work), env_for(self.trees["this tree"]), a.timeout))
         check_lengths(row.label("single" if single else "batch"), r.pop("lengths"), n, spec["steps"])
         return r
@@ -383,9 +477,21 @@ class Bench:
 
         a = self.args
         port, t0 = free_port(), time.perf_counter()
-        proc = start_server(str(self.models[row.tree]), port, ["--precision", row.precision, "--beam", str(a.beam),
-                            "--max-len-offset", str(a.single_max_len_offset), *self.penalty[row.tree]], self.threads,
-                            src=self.trees[row.tree])
+        proc = start_server(
+            str(self.models[row.tree]),
+            port,
+            [
+                "--precision",
+                row.precision,
+                "--beam",
+                str(a.beam),
+                "--max-len-offset",
+                str(a.single_max_len_offset),
+                *self.penalty[row.tree],
+            ],
+            self.threads,
+            src=self.trees[row.tree],
+        )
         url, latencies, lengths = f"http://127.0.0.1:{port}", [], []
         with TreeMemory(proc.pid) as mem:
             try:
@@ -394,7 +500,9 @@ class Bench:
                 with httpx.Client(timeout=a.timeout) as client:
                     for i in range(-2, a.single_sentences):  # two requests warm the server up
                         t1 = time.perf_counter()
-                        res = client.post(url + "/translate", json={"sentences": [self.texts[max(i, 0)]], "scores": True})
+                        res = client.post(
+                            url + "/translate", json={"sentences": [self.texts[max(i, 0)]], "scores": True}
+                        )
                         if res.status_code != 200:
                             raise RuntimeError(f"transduce serve answered {res.status_code}: {res.text[:200]}")
                         if i >= 0:
@@ -425,16 +533,41 @@ def child_build(spec: dict) -> dict:
     s = Shape(**spec["shape"])
     pad = s.vocab - 1
     config = MarianConfig(
-        vocab_size=s.vocab, decoder_vocab_size=s.vocab, d_model=s.d_model, encoder_layers=s.layers, decoder_layers=s.layers,
-        encoder_attention_heads=s.heads, decoder_attention_heads=s.heads, encoder_ffn_dim=s.ffn, decoder_ffn_dim=s.ffn,
-        activation_function=s.activation, scale_embedding=True, static_position_embeddings=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, normalize_before=False, normalize_embedding=False,
-        add_bias_logits=False, max_position_embeddings=s.positions, dropout=0.1, attention_dropout=0.0,
-        activation_dropout=0.0, pad_token_id=pad, eos_token_id=s.eos, bos_token_id=0, decoder_start_token_id=pad,
-        forced_eos_token_id=s.eos, architectures=["MarianMTModel"])
+        vocab_size=s.vocab,
+        decoder_vocab_size=s.vocab,
+        d_model=s.d_model,
+        encoder_layers=s.layers,
+        decoder_layers=s.layers,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=s.ffn,
+        decoder_ffn_dim=s.ffn,
+        activation_function=s.activation,
+        scale_embedding=True,
+        static_position_embeddings=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        normalize_before=False,
+        normalize_embedding=False,
+        add_bias_logits=False,
+        max_position_embeddings=s.positions,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=pad,
+        eos_token_id=s.eos,
+        bos_token_id=0,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=s.eos,
+        architectures=["MarianMTModel"],
+    )
     torch.manual_seed(spec["seed"])
     model = MarianMTModel(config).eval()
-    for k, v in {"num_beams": 4, "max_length": 512, "bad_words_ids": [[pad]]}.items():  # as the hub's generation_config.json
+    for k, v in {
+        "num_beams": 4,
+        "max_length": 512,
+        "bad_words_ids": [[pad]],
+    }.items():  # as the hub's generation_config.json
         setattr(model.generation_config, k, v)
     with torch.no_grad():
         model.final_logits_bias[0, s.eos] = EOS_BAN
@@ -445,8 +578,9 @@ def child_build(spec: dict) -> dict:
 def child_ct2(spec: dict) -> dict:
     import ctranslate2
 
-    t = ctranslate2.Translator(spec["model"], device="cpu", compute_type=spec["compute_type"],
-                               intra_threads=spec["threads"], inter_threads=1)
+    t = ctranslate2.Translator(
+        spec["model"], device="cpu", compute_type=spec["compute_type"], intra_threads=spec["threads"], inter_threads=1
+    )
     options = {"beam_size": spec["beam"], "length_penalty": ALPHA, "max_decoding_length": spec["steps"]}
     if not spec["single"]:
         out = t.translate_batch(spec["tokens"], max_batch_size=spec["batch_size"], **options)
@@ -473,8 +607,15 @@ def child_hf(spec: dict) -> dict:
     with torch.inference_mode():
         for start in range(0, len(ids), bs):
             src = torch.tensor(ids[start : start + bs])  # (B, S): every source as long as the others
-            out = model.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=spec["beam"],
-                                 max_new_tokens=spec["steps"], length_penalty=ALPHA, do_sample=False, early_stopping=False)
+            out = model.generate(
+                input_ids=src,
+                attention_mask=torch.ones_like(src),
+                num_beams=spec["beam"],
+                max_new_tokens=spec["steps"],
+                length_penalty=ALPHA,
+                do_sample=False,
+                early_stopping=False,
+            )
             lengths += [out.size(1) - 1] * src.size(0)  # (B, 1 + steps): the start token, then each step's
     return {"lengths": lengths}
 
@@ -496,8 +637,21 @@ def trained_bleu(args, trees: dict[str, Path], precisions: list[str], work: Path
 
     def translate(label: str, model: str, extra: list[str], src_tree: Path) -> None:
         out = work / "bleu.txt"
-        cmd = [sys.executable, "-m", "transduce", "translate", model, "-i", str(src), "-o", str(out), "-q",
-               "--threads", str(args.threads), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "transduce",
+            "translate",
+            model,
+            "-i",
+            str(src),
+            "-o",
+            str(out),
+            "-q",
+            "--threads",
+            str(args.threads),
+            *extra,
+        ]
         r = measured(cmd, env_for(src_tree), args.timeout)
         bleu = sacrebleu.corpus_bleu(read_text(out), [refs]).score
         rows.append({"system": label, "bleu": bleu, "wall_s": r["wall_s"], "peak_mb": r["peak_mb"]})
@@ -507,11 +661,18 @@ def trained_bleu(args, trees: dict[str, Path], precisions: list[str], work: Path
         for p in precisions:
             translate(Row(f"transduce-{p}", tree).label(), args.trained, ["--precision", p], src_tree)
     ct2 = work / "trained-ct2"
-    measured([sys.executable, "-m", "transduce", "export", "ct2", args.trained, "-o", str(ct2)], env_for(trees["this tree"]),
-             args.timeout)
+    measured(
+        [sys.executable, "-m", "transduce", "export", "ct2", args.trained, "-o", str(ct2)],
+        env_for(trees["this tree"]),
+        args.timeout,
+    )
     for q in ("float32", "int8"):
-        translate(f"CTranslate2 {q} (transduce export ct2)", str(ct2), ["--engine", "ct2", "--ct2-compute-type", q],
-                  trees["this tree"])
+        translate(
+            f"CTranslate2 {q} (transduce export ct2)",
+            str(ct2),
+            ["--engine", "ct2", "--ct2-compute-type", q],
+            trees["this tree"],
+        )
     return rows
 
 
@@ -525,8 +686,12 @@ def progress(line: str) -> None:
 def summarize(rounds: list[dict], steps: int) -> dict:
     """The rounds of one row: the median wall time (batches) or the median latency of all its
     sentences (one at a time), the largest peak memory; the rounds themselves kept."""
-    out = {"rounds": rounds, "peak_mb": max(r["peak_mb"] for r in rounds), "processes": max(r["processes"] for r in rounds),
-           "workers": rounds[0].get("workers")}
+    out = {
+        "rounds": rounds,
+        "peak_mb": max(r["peak_mb"] for r in rounds),
+        "processes": max(r["processes"] for r in rounds),
+        "workers": rounds[0].get("workers"),
+    }
     if "latencies" in rounds[0]:
         out["latency_s"] = statistics.median(x for r in rounds for x in r["latencies"])
         out["tokens_per_s"] = steps / out["latency_s"]
@@ -544,38 +709,75 @@ def versus(rows: dict, label: str, key: str) -> str:
 
 def markdown(result: dict) -> str:
     a, v = result["args"], result["versions"]
-    lines = ["# OPUS-MT's sizes: transduce, CTranslate2 and Hugging Face", "",
-             f"{result['date']}, commit {result['commit']}"
-             + (f" (before: commit {result['before_commit']}, {a['before']})" if a["before"] else "")
-             + f"; {a['threads']} threads; torch {v['torch']}, ctranslate2 {v['ctranslate2']}, transformers {v['transformers']}",
-             ""] + [f"    {m}" for m in result["machine"]]
+    lines = [
+        "# OPUS-MT's sizes: transduce, CTranslate2 and Hugging Face",
+        "",
+        f"{result['date']}, commit {result['commit']}"
+        + (f" (before: commit {result['before_commit']}, {a['before']})" if a["before"] else "")
+        + f"; {a['threads']} threads; torch {v['torch']}, ctranslate2 {v['ctranslate2']}, transformers {v['transformers']}",
+        "",
+    ] + [f"    {m}" for m in result["machine"]]
     for s in result["shapes"].values():
-        lines += ["", (f"## {s['title']}: {s['shape']}; {s['setup']['parameters'] / 1e6:.1f}M parameters, random weights, "
-                       "EOS banned"), "", "; ".join(f"{k}: {v['wall_s']:.1f} s, {v['peak_mb']:,.0f} MB"
-                                              for k, v in s["setup"].items() if isinstance(v, dict))]
+        lines += [
+            "",
+            (
+                f"## {s['title']}: {s['shape']}; {s['setup']['parameters'] / 1e6:.1f}M parameters, random weights, "
+                "EOS banned"
+            ),
+            "",
+            "; ".join(
+                f"{k}: {v['wall_s']:.1f} s, {v['peak_mb']:,.0f} MB"
+                for k, v in s["setup"].items()
+                if isinstance(v, dict)
+            ),
+        ]
         if s["batch"]:
-            lines += ["", (f"Batches of {a['batch_size']}: {a['sentences']} sentences cut to {a['source_pieces']} source "
-                           f"pieces, beam {a['beam']}, {s['steps']} decoder steps each ({a['sentences'] * s['steps']:,} target "
-                           f"tokens); each row a process of its own, timed whole; the median of {a['rounds']} round(s)"), "",
-                      "| system | target tokens/s | x CTranslate2 int8 | wall time | peak memory (process tree) |",
-                      "|---|---|---|---|---|"]
+            lines += [
+                "",
+                (
+                    f"Batches of {a['batch_size']}: {a['sentences']} sentences cut to {a['source_pieces']} source "
+                    f"pieces, beam {a['beam']}, {s['steps']} decoder steps each ({a['sentences'] * s['steps']:,} target "
+                    f"tokens); each row a process of its own, timed whole; the median of {a['rounds']} round(s)"
+                ),
+                "",
+                "| system | target tokens/s | x CTranslate2 int8 | wall time | peak memory (process tree) |",
+                "|---|---|---|---|---|",
+            ]
             for label, r in s["batch"].items():
                 n = r["processes"]
-                lines.append(f"| {label} | {r['tokens_per_s']:,.1f} | {versus(s['batch'], label, 'tokens_per_s')} | "
-                             f"{r['wall_s']:.1f} s | {r['peak_mb']:,.0f} MB ({n} process{'es' if n > 1 else ''}) |")
+                lines.append(
+                    f"| {label} | {r['tokens_per_s']:,.1f} | {versus(s['batch'], label, 'tokens_per_s')} | "
+                    f"{r['wall_s']:.1f} s | {r['peak_mb']:,.0f} MB ({n} process{'es' if n > 1 else ''}) |"
+                )
         if s["single"]:
-            lines += ["", (f"One sentence at a time: {a['single_sentences']} sentences, beam {a['beam']}, {s['single_steps']} "
-                           "decoder steps each; transduce through `transduce serve` over HTTP (started, warmed up, then the "
-                           "sentences one by one), CTranslate2 in its process; the median of the sentences and rounds"), "",
-                      "| system | latency per sentence | x CTranslate2 int8 | target tokens/s | peak memory (process tree) |",
-                      "|---|---|---|---|---|"]
+            lines += [
+                "",
+                (
+                    f"One sentence at a time: {a['single_sentences']} sentences, beam {a['beam']}, {s['single_steps']} "
+                    "decoder steps each; transduce through `transduce serve` over HTTP (started, warmed up, then the "
+                    "sentences one by one), CTranslate2 in its process; the median of the sentences and rounds"
+                ),
+                "",
+                "| system | latency per sentence | x CTranslate2 int8 | target tokens/s | peak memory (process tree) |",
+                "|---|---|---|---|---|",
+            ]
             for label, r in s["single"].items():
-                lines.append(f"| {label} | {r['latency_s']:.3f} s | {versus(s['single'], label, 'tokens_per_s')} | "
-                             f"{r['tokens_per_s']:,.1f} | {r['peak_mb']:,.0f} MB |")
+                lines.append(
+                    f"| {label} | {r['latency_s']:.3f} s | {versus(s['single'], label, 'tokens_per_s')} | "
+                    f"{r['tokens_per_s']:,.1f} | {r['peak_mb']:,.0f} MB |"
+                )
     if result.get("bleu"):
-        lines += ["", f"## BLEU of the trained model {a['trained']} (sacreBLEU; beam 4, alpha 0.6)", "",
-                  "| system | BLEU | wall time | peak memory (process tree) |", "|---|---|---|---|"]
-        lines += [f"| {r['system']} | {r['bleu']:.2f} | {r['wall_s']:.1f} s | {r['peak_mb']:,.0f} MB |" for r in result["bleu"]]
+        lines += [
+            "",
+            f"## BLEU of the trained model {a['trained']} (sacreBLEU; beam 4, alpha 0.6)",
+            "",
+            "| system | BLEU | wall time | peak memory (process tree) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['system']} | {r['bleu']:.2f} | {r['wall_s']:.1f} s | {r['peak_mb']:,.0f} MB |"
+            for r in result["bleu"]
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -583,8 +785,9 @@ def machine(env: dict) -> tuple[list[str], dict]:
     """benchmarks/machine.py's lines (the CPU, its flags, the kernels each library runs) and the libraries' versions."""
     from importlib.metadata import PackageNotFoundError, version
 
-    r = subprocess.run([sys.executable, "-m", "benchmarks.machine"], env=env, cwd=REPO, capture_output=True, text=True,
-                       check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.machine"], env=env, cwd=REPO, capture_output=True, text=True, check=False
+    )
     versions = {}
     for name in ("torch", "ctranslate2", "transformers"):
         try:
@@ -596,7 +799,9 @@ def machine(env: dict) -> tuple[list[str], dict]:
 
 def git_commit(path: Path) -> str:
     """The tree's commit, "-dirty" after it where files differ from it."""
-    r = subprocess.run(["git", "-C", str(path), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        ["git", "-C", str(path), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False
+    )
     return r.stdout.strip() or "unknown"
 
 
@@ -610,31 +815,75 @@ def source_tree(path: str) -> Path:
 
 
 def parse_args(argv: list[str] | None):
-    p = argparse.ArgumentParser(prog="python -m benchmarks.opus_size", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", default="en-de", metavar="S,...", help="comma-separated: en-de, tc-big (tiny: the tests'); default en-de")
-    p.add_argument("--systems", default=",".join(SYSTEMS), metavar="S,...",
-                   help="comma-separated, default all: " + ", ".join(SYSTEMS) + " (bf16 only where native)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.opus_size", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--shapes",
+        default="en-de",
+        metavar="S,...",
+        help="comma-separated: en-de, tc-big (tiny: the tests'); default en-de",
+    )
+    p.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        metavar="S,...",
+        help="comma-separated, default all: " + ", ".join(SYSTEMS) + " (bf16 only where native)",
+    )
     p.add_argument("--shortlist-src", metavar="FILE", help="transduce-int8-shortlist: parallel text's source side")
     p.add_argument("--shortlist-tgt", metavar="FILE", help="... and its target side (default: the WMT14 train sample)")
-    p.add_argument("--regimes", default="batch,single", metavar="R,...", help="comma-separated: batch, single (default both)")
+    p.add_argument(
+        "--regimes", default="batch,single", metavar="R,...", help="comma-separated: batch, single (default both)"
+    )
     p.add_argument("--sentences", type=int, default=64, metavar="N", help="sentences decoded in batches (default 64)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="sentences per batch (default 32)")
-    p.add_argument("--single-sentences", type=int, default=8, metavar="N", help="sentences decoded one at a time (default 8)")
-    p.add_argument("--source-pieces", type=int, default=20, metavar="N", help="each source cut to this many pieces (default 20)")
+    p.add_argument(
+        "--single-sentences", type=int, default=8, metavar="N", help="sentences decoded one at a time (default 8)"
+    )
+    p.add_argument(
+        "--source-pieces", type=int, default=20, metavar="N", help="each source cut to this many pieces (default 20)"
+    )
     p.add_argument("--beam", type=int, default=4, metavar="K", help="beam size (default 4)")
-    p.add_argument("--max-len-offset", type=int, default=10, metavar="N",
-                   help="batches: output length = source + EOS + this (default 10: 31 steps)")
-    p.add_argument("--single-max-len-offset", type=int, default=50, metavar="N", help="one at a time: the same (default 50: 71 steps)")
-    p.add_argument("--rounds", type=int, default=2, metavar="N", help="rounds, the rows taking turns in each (default 2)")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), metavar="N",
-                   help="CPU threads of every system (default: the usable cores)")
-    p.add_argument("--transduce-workers", default="auto,1", metavar="W,...",
-                   help="comma-separated: transduce translate's --workers in batches (default auto,1)")
-    p.add_argument("--before", metavar="SRC_TREE", help="also transduce's rows with this source tree (e.g. a git worktree)")
+    p.add_argument(
+        "--max-len-offset",
+        type=int,
+        default=10,
+        metavar="N",
+        help="batches: output length = source + EOS + this (default 10: 31 steps)",
+    )
+    p.add_argument(
+        "--single-max-len-offset",
+        type=int,
+        default=50,
+        metavar="N",
+        help="one at a time: the same (default 50: 71 steps)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, metavar="N", help="rounds, the rows taking turns in each (default 2)"
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        metavar="N",
+        help="CPU threads of every system (default: the usable cores)",
+    )
+    p.add_argument(
+        "--transduce-workers",
+        default="auto,1",
+        metavar="W,...",
+        help="comma-separated: transduce translate's --workers in batches (default auto,1)",
+    )
+    p.add_argument(
+        "--before", metavar="SRC_TREE", help="also transduce's rows with this source tree (e.g. a git worktree)"
+    )
     p.add_argument("--trained", metavar="RUN", help="also BLEU of this trained run or model directory")
-    p.add_argument("--test-src", metavar="FILE", help="--trained: source sentences (default Multi30k test_2016_flickr, English)")
-    p.add_argument("--test-ref", metavar="FILE", help="--trained: references (default Multi30k test_2016_flickr, German)")
+    p.add_argument(
+        "--test-src", metavar="FILE", help="--trained: source sentences (default Multi30k test_2016_flickr, English)"
+    )
+    p.add_argument(
+        "--test-ref", metavar="FILE", help="--trained: references (default Multi30k test_2016_flickr, German)"
+    )
     p.add_argument("--source", metavar="FILE", help="sentences to decode (default newstest2014's English side)")
     p.add_argument("--data-dir", metavar="DIR", help="dataset mirror (default: transduce's)")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="the random weights' seed (default 0)")
@@ -643,8 +892,11 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--out", metavar="JSON", help="also write the results as JSON")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name, values, allowed in (("shape", args.shapes, SHAPES), ("system", args.systems, SYSTEMS),
-                                  ("regime", args.regimes, ("batch", "single"))):
+    for name, values, allowed in (
+        ("shape", args.shapes, SHAPES),
+        ("system", args.systems, SYSTEMS),
+        ("regime", args.regimes, ("batch", "single")),
+    ):
         if bad := [v for v in values.split(",") if v not in allowed]:
             p.error(f"unknown {name} {bad[0]!r} (choose from {', '.join(allowed)})")
     if args.trained and bool(args.test_src) != bool(args.test_ref):
@@ -700,9 +952,15 @@ def run(args) -> int:
     if args.before:
         trees["before"] = source_tree(args.before)
     lines, versions = machine(env_for(trees["this tree"]))
-    result = {"args": vars(args), "machine": lines, "versions": versions, "commit": git_commit(REPO),
-              "before_commit": git_commit(trees["before"]) if args.before else None,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "shapes": {}}
+    result = {
+        "args": vars(args),
+        "machine": lines,
+        "versions": versions,
+        "commit": git_commit(REPO),
+        "before_commit": git_commit(trees["before"]) if args.before else None,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "shapes": {},
+    }
     source = Path(args.source) if args.source else fetch("wmt14-en-de", "newstest2014", "en", data_dir=args.data_dir)
     text = [line for line in read_text(source) if line.strip()]
     with tempfile.TemporaryDirectory(prefix="opus-size-", dir=args.workdir) as tmp:
@@ -712,9 +970,15 @@ def run(args) -> int:
             bench = Bench(args, shape, work, trees)
             if "transduce-int8-shortlist" in args.systems.split(","):
                 bench.shortlist_text = shortlist_text(args)
-            s = result["shapes"][key] = {"title": shape.title, "shape": shape.describe(), "steps": bench.steps,
-                                         "single_steps": bench.single_steps, "setup": bench.prepare(text),
-                                         "batch": {}, "single": {}}
+            s = result["shapes"][key] = {
+                "title": shape.title,
+                "shape": shape.describe(),
+                "steps": bench.steps,
+                "single_steps": bench.single_steps,
+                "setup": bench.prepare(text),
+                "batch": {},
+                "single": {},
+            }
             systems = [x for x in args.systems.split(",") if x != "transduce-bf16" or bench.bf16]
             if len(systems) < len(args.systems.split(",")):
                 progress("no transduce bf16 rows: transduce.cpu finds no native bf16 here")
@@ -727,8 +991,10 @@ def run(args) -> int:
                         m = measure(row)
                         label = row.label(regime, m.get("workers"))
                         done.setdefault(label, []).append(m)
-                        progress(f"{key} {regime} round {r + 1}/{args.rounds}: {label}: {m[timing]:.3f} s, "
-                                 f"{m['tokens_per_s']:,.1f} tokens/s, {m['peak_mb']:,.0f} MB")
+                        progress(
+                            f"{key} {regime} round {r + 1}/{args.rounds}: {label}: {m[timing]:.3f} s, "
+                            f"{m['tokens_per_s']:,.1f} tokens/s, {m['peak_mb']:,.0f} MB"
+                        )
                 steps = bench.steps if regime == "batch" else bench.single_steps
                 s[regime] = {label: summarize(ms, steps) for label, ms in done.items()}
         if args.trained:

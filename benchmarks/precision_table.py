@@ -68,6 +68,7 @@ def decoding_step(d: int, f: int, vocab: int, dtype: torch.dtype, int8: str | No
             p(x, None)
         ps[5](ps[4](x, None, "relu"), None)
         ps[6](x, None)
+
     return step
 
 
@@ -77,6 +78,7 @@ def training_ffn(d: int, f: int, bf16: bool, rows: int = 2048):
     def run() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             F.linear(F.linear(x, w1).relu_(), w2)
+
     return run
 
 
@@ -96,15 +98,20 @@ def main(argv: list[str] | None = None) -> int:
     for preset in args.presets.split(","):
         m = get_preset(preset).model
         d, f, v = m.d_model, m.d_ff, VOCAB.get(preset, m.target_vocab_size)
-        calls = {"fp32": decoding_step(d, f, v, torch.float32, None), "bf16": decoding_step(d, f, v, torch.bfloat16, None)}
+        calls = {
+            "fp32": decoding_step(d, f, v, torch.float32, None),
+            "bf16": decoding_step(d, f, v, torch.bfloat16, None),
+        }
         if can_int8():
             calls["int8"] = decoding_step(d, f, v, base, "all")
             calls["int8-out"] = decoding_step(d, f, v, base, "output")
         t = fastest(calls, args.rounds)
         decode = ", ".join(f"{p} {t['fp32'] / t[p]:.2f}x" for p in calls)
         t = fastest({"fp32": training_ffn(d, f, False), "bf16": training_ffn(d, f, True)}, max(3, args.rounds // 3))
-        print(f"{preset} (d_model {d}, d_ff {f}, vocab {v:,}): decoding step's products {decode}; "
-              f"training FFN bf16 {t['fp32'] / t['bf16']:.2f}x (speed over fp32's)")
+        print(
+            f"{preset} (d_model {d}, d_ff {f}, vocab {v:,}): decoding step's products {decode}; "
+            f"training FFN bf16 {t['fp32'] / t['bf16']:.2f}x (speed over fp32's)"
+        )
     return 0
 
 

@@ -46,8 +46,11 @@ def write_side(path: Path, lengths: np.ndarray, lexicon: list[str], rng: np.rand
     ranks = np.arange(1, len(lexicon) + 1)
     p = 1.0 / ranks
     p /= p.sum()
-    opener = (lambda f: gzip.open(f, "wt", encoding="utf-8", compresslevel=1)) if use_gzip else (
-        lambda f: open(f, "w", encoding="utf-8"))
+    opener = (
+        (lambda f: gzip.open(f, "wt", encoding="utf-8", compresslevel=1))
+        if use_gzip
+        else (lambda f: open(f, "w", encoding="utf-8"))
+    )
     with opener(path) as out:
         for start in range(0, len(lengths), 100_000):
             chunk = lengths[start : start + 100_000]
@@ -90,12 +93,27 @@ def main() -> int:
         files = make_corpus(work, args.pairs, args.gzip)
         generate_s = time.perf_counter() - t0
         corpus_bytes = sum(p.stat().st_size for p in files.values())
-        print(f"corpus: {args.pairs:,} pairs, {corpus_bytes / 2**20:,.0f} MiB on disk, generated in {generate_s:.0f} s",
-              flush=True)
+        print(
+            f"corpus: {args.pairs:,} pairs, {corpus_bytes / 2**20:,.0f} MiB on disk, generated in {generate_s:.0f} s",
+            flush=True,
+        )
 
-        command = [sys.executable, "-m", "transduce", "prepare", "--src", "en", "--tgt", "de",
-                   "--vocab-size", str(args.vocab_size), "--vocab-sample", str(args.vocab_sample),
-                   "--out", str(work / "prepared")]
+        command = [
+            sys.executable,
+            "-m",
+            "transduce",
+            "prepare",
+            "--src",
+            "en",
+            "--tgt",
+            "de",
+            "--vocab-size",
+            str(args.vocab_size),
+            "--vocab-sample",
+            str(args.vocab_sample),
+            "--out",
+            str(work / "prepared"),
+        ]
         for name, path in files.items():
             command += [f"--{name}", str(path)]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
@@ -126,8 +144,10 @@ def main() -> int:
         }
         print(json.dumps(result, indent=2))
         verdict = "OK" if peak_child < 2 * 2**30 else "OVER"
-        print(f"peak RSS of prepare: {peak_child / 2**30:.2f} GiB ({verdict}: target < 2 GiB); "
-              f"wall time {prepare_s / 60:.1f} min")
+        print(
+            f"peak RSS of prepare: {peak_child / 2**30:.2f} GiB ({verdict}: target < 2 GiB); "
+            f"wall time {prepare_s / 60:.1f} min"
+        )
         return 0
     finally:
         if args.keep:

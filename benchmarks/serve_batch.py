@@ -50,10 +50,21 @@ def reverse_model(root: Path) -> Path:
     torch.manual_seed(0)
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(300)]
-    vocab = Vocab(train_vocab(root / "words", lines, vocab_size=N_SPECIAL + len(WORDS), model_type="word", num_threads=1))
+    vocab = Vocab(
+        train_vocab(root / "words", lines, vocab_size=N_SPECIAL + len(WORDS), model_type="word", num_threads=1)
+    )
     config = ModelConfig(src_vocab_size=len(vocab), n_layers=2, d_model=64, d_ff=128, n_heads=4, dropout=0.0)
-    model, result = train_synthetic("reverse", n_symbols=len(WORDS), max_len=6, batch_size=64, eval_every=50,
-                                    n_dev=200, n_eval=200, lr_scale=0.5, model_config=config)
+    model, result = train_synthetic(
+        "reverse",
+        n_symbols=len(WORDS),
+        max_len=6,
+        batch_size=64,
+        eval_every=50,
+        n_dev=200,
+        n_eval=200,
+        lr_scale=0.5,
+        model_config=config,
+    )
     out = root / "reverse"
     save_model(model, Config(model=config), out)
     shutil.copy(vocab.path, out / "spm.model")
@@ -95,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="the server's threads")
     parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep the trained model in DIR/reverse (reused if there)")
+    parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="keep the trained model in DIR/reverse (reused if there)"
+    )
     args = parser.parse_args(argv)
     import httpx
 
@@ -107,10 +120,30 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model or (trained if trained.is_dir() else reverse_model(args.keep or tmp))
         q = strings(args.strings, args.model is not None, args.lang)
         port = free_port()
-        cmd = [sys.executable, "-m", "transduce", "serve", str(model), "--port", str(port), "--threads", str(args.threads),
-               "--precision", args.precision, "--max-sentences", str(max(64, args.strings)), "--log-level", "warning"]
-        server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+        cmd = [
+            sys.executable,
+            "-m",
+            "transduce",
+            "serve",
+            str(model),
+            "--port",
+            str(port),
+            "--threads",
+            str(args.threads),
+            "--precision",
+            args.precision,
+            "--max-sentences",
+            str(max(64, args.strings)),
+            "--log-level",
+            "warning",
+        ]
+        server = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": str(args.threads)},
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120
         while True:
@@ -120,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             except httpx.TransportError:
                 pass
             if server.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"transduce serve did not start: {server.stderr.read() if server.poll() is not None else ''}")
+                raise SystemExit(
+                    f"transduce serve did not start: {server.stderr.read() if server.poll() is not None else ''}"
+                )
             time.sleep(0.1)
         pair = httpx.get(url + "/info").json().get("languages") or {}  # a model that names none takes any codes
         body = {"source": pair.get("src") or args.lang, "target": pair.get("tgt") or "de"}
@@ -143,14 +178,17 @@ def main(argv: list[str] | None = None) -> int:
             with ThreadPoolExecutor(args.clients) as pool:
                 return list(pool.map(one, q))
 
-        ways = {"one request, a q list": as_list, "N requests, one client": sequential,
-                f"N requests, {args.clients} clients": concurrent}
+        ways = {
+            "one request, a q list": as_list,
+            "N requests, one client": sequential,
+            f"N requests, {args.clients} clients": concurrent,
+        }
         expected = as_list()  # also the first pass: the kernels made for the shapes, untimed
         sequential()
         times: dict[str, list[float]] = {w: [] for w in ways}
         rounds: dict[str, list[float]] = {w: [] for w in ways}
         for r in range(args.rounds):
-            order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]
+            order = list(ways)[r % len(ways) :] + list(ways)[: r % len(ways)]
             for way in order:
                 before = metric(url, "transduce_batch_sentences_count")
                 start = time.perf_counter()
@@ -166,16 +204,24 @@ def main(argv: list[str] | None = None) -> int:
             split.append(time.perf_counter() - start)
         server.terminate()
         server.wait(30)
-        rows = {w: {"seconds": round(statistics.median(t), 3), "decoding_rounds": statistics.median(rounds[w])}
-                for w, t in times.items()}
+        rows = {
+            w: {"seconds": round(statistics.median(t), 3), "decoding_rounds": statistics.median(rounds[w])}
+            for w, t in times.items()
+        }
         list_s = rows["one request, a q list"]["seconds"]
-        report = {"model": "a reverse model trained here (2 layers, d_model 64)" if args.model is None else str(args.model),
-                  "strings": len(q), "chars": sum(map(len, q)), "server_threads": args.threads,
-                  "precision": args.precision, "rounds": args.rounds, "ways": rows,
-                  "speedup_over_one_client": round(rows["N requests, one client"]["seconds"] / list_s, 1),
-                  "split_ms": round(statistics.median(split) * 1000, 2),
-                  "split_share_of_the_list_request": f"{statistics.median(split) / list_s:.1%}",
-                  "load": os.getloadavg()[0]}
+        report = {
+            "model": "a reverse model trained here (2 layers, d_model 64)" if args.model is None else str(args.model),
+            "strings": len(q),
+            "chars": sum(map(len, q)),
+            "server_threads": args.threads,
+            "precision": args.precision,
+            "rounds": args.rounds,
+            "ways": rows,
+            "speedup_over_one_client": round(rows["N requests, one client"]["seconds"] / list_s, 1),
+            "split_ms": round(statistics.median(split) * 1000, 2),
+            "split_share_of_the_list_request": f"{statistics.median(split) / list_s:.1%}",
+            "load": os.getloadavg()[0],
+        }
         print(json.dumps(report, indent=1))
         return 0
     finally:

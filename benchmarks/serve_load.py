@@ -36,13 +36,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, extra: list[str], threads: int, env_extra: dict | None = None,
-                 src: Path | None = None) -> subprocess.Popen:
+def start_server(
+    model: str, port: int, extra: list[str], threads: int, env_extra: dict | None = None, src: Path | None = None
+) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), **(env_extra or {})}
     src = src or Path(__file__).resolve().parents[1] / "src"
     env["PYTHONPATH"] = f"{src}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(src)
-    cmd = [sys.executable, "-m", "transduce", "serve", model, "--port", str(port), "--log-level", "warning",
-           "--threads", str(threads), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transduce",
+        "serve",
+        model,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--threads",
+        str(threads),
+        *extra,
+    ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -60,8 +73,9 @@ def wait_healthy(httpx, url: str, proc: subprocess.Popen, timeout: float = 180) 
     raise RuntimeError("the server did not become healthy")
 
 
-def load(httpx, url: str, lines: list[str], clients: int, requests: int, seconds: float, per_request: int,
-         body_extra: dict) -> dict:
+def load(
+    httpx, url: str, lines: list[str], clients: int, requests: int, seconds: float, per_request: int, body_extra: dict
+) -> dict:
     counter = itertools.count()
     latencies: list[float] = []
     errors: list[str] = []
@@ -98,10 +112,18 @@ def load(httpx, url: str, lines: list[str], clients: int, requests: int, seconds
     done = len(latencies)
     qs = statistics.quantiles(latencies, n=100) if done >= 2 else [float("nan")] * 99
     rounds = info["rounds"] - info0["rounds"]
-    return {"requests": done, "errors": len(errors), "first_error": errors[0] if errors else None, "wall_s": wall,
-            "requests_per_s": done / wall, "sentences_per_s": done * per_request / wall,
-            "p50_ms": qs[49] * 1000, "p99_ms": qs[98] * 1000, "rounds": rounds,
-            "jobs_per_round": (info["jobs"] - info0["jobs"]) / rounds if rounds else float("nan")}
+    return {
+        "requests": done,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "wall_s": wall,
+        "requests_per_s": done / wall,
+        "sentences_per_s": done * per_request / wall,
+        "p50_ms": qs[49] * 1000,
+        "p99_ms": qs[98] * 1000,
+        "rounds": rounds,
+        "jobs_per_round": (info["jobs"] - info0["jobs"]) / rounds if rounds else float("nan"),
+    }
 
 
 # -- soak: memory against requests served ------------------------------------------------------------
@@ -122,6 +144,7 @@ def soak_requests(lines: list[str], seed: int, max_beam: int = 12):
     """An endless, seeded stream of varied requests: (path, body)."""
     rng = random.Random(seed)
     while True:
+
         def sentence() -> str:
             return " ".join(rng.choice(lines) for _ in range(rng.choice((1, 1, 1, 1, 2, 3, 4))))
 
@@ -132,14 +155,29 @@ def soak_requests(lines: list[str], seed: int, max_beam: int = 12):
             continue
         greedy = rng.random() < 0.05
         count = 32 if rng.random() < 0.02 else rng.choice((1, 1, 1, 1, 2, 2, 3, 4, 4, 6, 8, 16))
-        body = {"sentences": [sentence() for _ in range(count)],
-                "beam": beam, "n_best": 1 if greedy else rng.randint(1, min(beam, 4)), "greedy": greedy,
-                "scores": rng.random() < 0.5}
+        body = {
+            "sentences": [sentence() for _ in range(count)],
+            "beam": beam,
+            "n_best": 1 if greedy else rng.randint(1, min(beam, 4)),
+            "greedy": greedy,
+            "scores": rng.random() < 0.5,
+        }
         yield "/translate", body
 
 
-def soak(httpx, url: str, pid: int, lines: list[str], clients: int, requests: int, warmup: int, every: int,
-         seed: int, csv_path: Path, max_seconds: float = float('inf')) -> tuple[list[dict], list[str]]:
+def soak(
+    httpx,
+    url: str,
+    pid: int,
+    lines: list[str],
+    clients: int,
+    requests: int,
+    warmup: int,
+    every: int,
+    seed: int,
+    csv_path: Path,
+    max_seconds: float = float("inf"),
+) -> tuple[list[dict], list[str]]:
     """Send `warmup + requests` varied requests from `clients` threads; RSS against requests served
     (each sample also appended to `csv_path` as it is taken)."""
     fields = ["requests", "seconds", "rss_mb", "vms_mb", "hwm_mb"]
@@ -170,7 +208,9 @@ def soak(httpx, url: str, pid: int, lines: list[str], clients: int, requests: in
                     path, body = next(stream)
                 try:
                     r = c.post(url + path, json=body)
-                    ok = r.status_code == 200 and (path != "/translate" or len(r.json()["translations"]) == len(body["sentences"]))
+                    ok = r.status_code == 200 and (
+                        path != "/translate" or len(r.json()["translations"]) == len(body["sentences"])
+                    )
                     problem = None if ok else f"{path} {r.status_code} {r.text[:200]}"
                 except httpx.HTTPError as e:
                     problem = f"{path} {type(e).__name__}: {e}"
@@ -181,7 +221,11 @@ def soak(httpx, url: str, pid: int, lines: list[str], clients: int, requests: in
                     if state["done"] % every == 0 or state["done"] == total:
                         record({"requests": state["done"], "seconds": time.perf_counter() - t0, **proc_memory(pid)})
                         if state["done"] % (every * 10) == 0:
-                            print(f"  {state['done']} requests, RSS {samples[-1]['rss_mb']:.0f} MB", file=sys.stderr, flush=True)
+                            print(
+                                f"  {state['done']} requests, RSS {samples[-1]['rss_mb']:.0f} MB",
+                                file=sys.stderr,
+                                flush=True,
+                            )
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for t in threads:
@@ -212,8 +256,19 @@ def run_soak(args, lines: list[str]) -> int:
         wait_healthy(httpx, url, proc, timeout=900)
         loaded = proc_memory(proc.pid)
         stem = out / f"soak-{label}"
-        samples, errors = soak(httpx, url, proc.pid, lines, args.clients, args.requests, args.warmup, args.sample_every,
-                               args.seed, Path(f"{stem}.csv"), max_seconds=args.soak_minutes * 60 if args.soak_minutes else float("inf"))
+        samples, errors = soak(
+            httpx,
+            url,
+            proc.pid,
+            lines,
+            args.clients,
+            args.requests,
+            args.warmup,
+            args.sample_every,
+            args.seed,
+            Path(f"{stem}.csv"),
+            max_seconds=args.soak_minutes * 60 if args.soak_minutes else float("inf"),
+        )
         info = httpx.get(url + "/info").json()
         rss_metric = metric(httpx, url, "process_resident_memory_bytes")
     finally:
@@ -221,19 +276,44 @@ def run_soak(args, lines: list[str]) -> int:
         proc.wait(60)
     after_warmup = next((s for s in samples if s["requests"] >= args.warmup), samples[-1])
     end = samples[-1]
-    summary = {"loaded_rss_mb": loaded["rss_mb"], "warmup_rss_mb": after_warmup["rss_mb"], "end_rss_mb": end["rss_mb"],
-               "growth_after_warmup_percent": 100 * (end["rss_mb"] / after_warmup["rss_mb"] - 1),
-               "peak_rss_mb": end.get("hwm_mb"), "requests": end["requests"], "errors": len(errors),
-               "first_error": errors[0] if errors else None, "seconds": end["seconds"],
-               "requests_per_s": end["requests"] / end["seconds"] if end["seconds"] else None,
-               "metrics_rss_mb": rss_metric / 2**20 if rss_metric is not None else None}
-    settings = {"model": info.get("model"), "model_detail": info.get("model_detail"), "size": info.get("size"),
-                "precision": info.get("precision"), "engine": args.engine, "threads": args.threads,
-                "clients": args.clients, "warmup": args.warmup, "requests": args.requests, "seed": args.seed,
-                "server_env": env, "server_src": args.server_src, "label": label}
-    Path(f"{stem}.json").write_text(json.dumps({"settings": settings, "summary": summary, "samples": samples}, indent=1))
-    plot_soak([(label, samples)], f"{stem}.png", args.warmup, f"{info.get('model')} ({info.get('size')}, "
-              f"{info.get('precision')}), {args.threads} threads, {args.clients} clients")
+    summary = {
+        "loaded_rss_mb": loaded["rss_mb"],
+        "warmup_rss_mb": after_warmup["rss_mb"],
+        "end_rss_mb": end["rss_mb"],
+        "growth_after_warmup_percent": 100 * (end["rss_mb"] / after_warmup["rss_mb"] - 1),
+        "peak_rss_mb": end.get("hwm_mb"),
+        "requests": end["requests"],
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "seconds": end["seconds"],
+        "requests_per_s": end["requests"] / end["seconds"] if end["seconds"] else None,
+        "metrics_rss_mb": rss_metric / 2**20 if rss_metric is not None else None,
+    }
+    settings = {
+        "model": info.get("model"),
+        "model_detail": info.get("model_detail"),
+        "size": info.get("size"),
+        "precision": info.get("precision"),
+        "engine": args.engine,
+        "threads": args.threads,
+        "clients": args.clients,
+        "warmup": args.warmup,
+        "requests": args.requests,
+        "seed": args.seed,
+        "server_env": env,
+        "server_src": args.server_src,
+        "label": label,
+    }
+    Path(f"{stem}.json").write_text(
+        json.dumps({"settings": settings, "summary": summary, "samples": samples}, indent=1)
+    )
+    plot_soak(
+        [(label, samples)],
+        f"{stem}.png",
+        args.warmup,
+        f"{info.get('model')} ({info.get('size')}, "
+        f"{info.get('precision')}), {args.threads} threads, {args.clients} clients",
+    )
     print(json.dumps(summary, indent=1))
     print(f"wrote {stem}.csv, {stem}.json" + (f", {stem}.png" if Path(f"{stem}.png").exists() else ""))
     return 0 if not errors else 1
@@ -279,13 +359,22 @@ def main() -> int:
     p.add_argument("--split", default="test_2016_flickr", help="Multi30k split whose English side is sent")
     p.add_argument("--modes", default="batching,no-batching", help="comma-separated: batching, no-batching")
     g = p.add_argument_group("soak")
-    g.add_argument("--soak", action="store_true", help="record the server's RSS against requests served (varied requests)")
+    g.add_argument(
+        "--soak", action="store_true", help="record the server's RSS against requests served (varied requests)"
+    )
     g.add_argument("--warmup", type=int, default=1000, help="requests before the growth is measured (default 1000)")
     g.add_argument("--sample-every", type=int, default=100, help="requests between RSS samples (default 100)")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="an environment variable for the server (repeatable)")
-    g.add_argument("--server-src", metavar="DIR", help="the transduce source tree the server runs (default: this one's src)")
+    g.add_argument(
+        "--server-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for the server (repeatable)",
+    )
+    g.add_argument(
+        "--server-src", metavar="DIR", help="the transduce source tree the server runs (default: this one's src)"
+    )
     g.add_argument("--label", help="names the output files (default: the --server-env settings)")
     g.add_argument("--out", default="soak", help="output directory (default soak/)")
     args = p.parse_args()
@@ -305,19 +394,24 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         try:
             wait_healthy(httpx, url, proc)
-            results[mode] = load(httpx, url, lines, args.clients, args.requests, args.seconds, args.per_request,
-                                 {"beam": args.beam})
+            results[mode] = load(
+                httpx, url, lines, args.clients, args.requests, args.seconds, args.per_request, {"beam": args.beam}
+            )
         finally:
             proc.terminate()
             proc.wait(30)
         print(f"{mode}: {results[mode]}", file=sys.stderr, flush=True)
-    print(f"\n{args.clients} clients, {args.per_request} sentence(s) per request, beam {args.beam}, engine {args.engine}, "
-          f"server threads {args.threads}\n")
+    print(
+        f"\n{args.clients} clients, {args.per_request} sentence(s) per request, beam {args.beam}, engine {args.engine}, "
+        f"server threads {args.threads}\n"
+    )
     print("| mode | requests | requests/s | sentences/s | p50 latency | p99 latency | requests per decoding round |")
     print("|---|---|---|---|---|---|---|")
     for mode, r in results.items():
-        print(f"| {mode} | {r['requests']} ({r['errors']} errors) in {r['wall_s']:.1f} s | {r['requests_per_s']:.2f} | "
-              f"{r['sentences_per_s']:.2f} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms | {r['jobs_per_round']:.2f} |")
+        print(
+            f"| {mode} | {r['requests']} ({r['errors']} errors) in {r['wall_s']:.1f} s | {r['requests_per_s']:.2f} | "
+            f"{r['sentences_per_s']:.2f} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms | {r['jobs_per_round']:.2f} |"
+        )
     return 0
 
 

@@ -53,7 +53,9 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, r: int) -> Tensor:
     vw = F.pad(v, (0, 0, r, r + pad)).unfold(2, 3 * r, r)
     scores = qb @ kw / math.sqrt(d)  # (B, h, nb, r, 3r)
     qi = torch.arange(nb * r, device=q.device).view(nb, r, 1)  # query position
-    kj = (torch.arange(nb, device=q.device) * r - r).view(nb, 1, 1) + torch.arange(3 * r, device=q.device)  # key position
+    kj = (torch.arange(nb, device=q.device) * r - r).view(nb, 1, 1) + torch.arange(
+        3 * r, device=q.device
+    )  # key position
     allowed = ((qi - kj).abs() <= r) & (kj >= 0) & (kj < n)
     weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
     return (weights @ vw.transpose(-1, -2)).view(B, h, nb * r, -1)[:, :, :n]
@@ -221,7 +223,7 @@ class ProductDepth(TorchDispatchMode):
         depth = max((getattr(a, "_depth", 0) for a in flat if isinstance(a, Tensor)), default=0)
         name = func.__name__.split(".")[0]
         depth += any(name.startswith(p) for p in PRODUCTS)
-        for o in (out if isinstance(out, (list, tuple)) else [out]):
+        for o in out if isinstance(out, (list, tuple)) else [out]:
             if isinstance(o, Tensor):
                 o._depth = max(depth, getattr(o, "_depth", 0))  # in place: the deeper of the two
         return out
@@ -242,8 +244,10 @@ def path_layers(kind: str, n: int, d: int, r: int, k: int, max_layers: int, back
     `backwards`), by the gradient; with the traced chain of dependent products of that stack."""
     torch.manual_seed(0)
     x = torch.randn(1, n, d, dtype=torch.float64, requires_grad=True)
-    layers = [make_layer(kind, d, heads=2, r=r, k=k, dilation=k ** i if kind == "dilated convolution" else 1).double()
-              for i in range(max_layers)]
+    layers = [
+        make_layer(kind, d, heads=2, r=r, k=k, dilation=k**i if kind == "dilated convolution" else 1).double()
+        for i in range(max_layers)
+    ]
 
     def reaches(depth: int) -> bool:
         h = x
@@ -267,13 +271,19 @@ def run(args) -> dict:
     from tqdm import tqdm
 
     torch.set_num_threads(args.threads)
-    ns = [n for n in (64, 128, 256, 512, 1024) if n <= args.max_n] if args.quick else \
-        [2**i for i in range(4, 20) if 2**i <= args.max_n]
+    ns = (
+        [n for n in (64, 128, 256, 512, 1024) if n <= args.max_n]
+        if args.quick
+        else [2**i for i in range(4, 20) if 2**i <= args.max_n]
+    )
     kinds = args.kinds or KINDS
     result = {"d": args.d, "r": args.r, "k": args.k, "ns": ns, "points": {}, "stopped": {}, "machine": machine()}
     m = result["machine"]
-    print(f"CPU: {m['cpu']} | ISA: {', '.join(m['isa'])} (torch: {m['torch_capability']}) | torch {m['torch']} | "
-          f"threads {m['threads']}", flush=True)
+    print(
+        f"CPU: {m['cpu']} | ISA: {', '.join(m['isa'])} (torch: {m['torch_capability']}) | torch {m['torch']} | "
+        f"threads {m['threads']}",
+        flush=True,
+    )
     bar = tqdm(total=len(kinds) * len(ns), desc="Table 1", unit="point", file=sys.stderr)
     for kind in kinds:
         torch.manual_seed(0)
@@ -281,7 +291,10 @@ def run(args) -> dict:
         pts, predicted = [], 0.0
         for n in ns:
             if predicted > args.time_limit:
-                result["stopped"][kind] = {"n": pts[-1]["n"], "why": f"n = {n} predicted {predicted:.0f} s > {args.time_limit} s"}
+                result["stopped"][kind] = {
+                    "n": pts[-1]["n"],
+                    "why": f"n = {n} predicted {predicted:.0f} s > {args.time_limit} s",
+                }
                 bar.update(len(ns) - ns.index(n))
                 break
             bar.set_postfix_str(f"{kind}, n = {n}")
@@ -291,15 +304,25 @@ def run(args) -> dict:
             with FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS) as att:  # equation 1 alone
                 if kind.startswith("self") or kind.startswith("restricted"):
                     with torch.no_grad():
-                        banded_attention(q, k, v, args.r) if layer.banded else \
-                            F.scaled_dot_product_attention(q, k, v, attn_mask=None if layer.window is None else
-                                                           window_mask(n, window=layer.window))
+                        banded_attention(q, k, v, args.r) if layer.banded else F.scaled_dot_product_attention(
+                            q, k, v, attn_mask=None if layer.window is None else window_mask(n, window=layer.window)
+                        )
             x.grad = None
             fwd, bwd = time_point(layer, x, args.budget, args.repeats)
             t_fwd, t_bwd = min(fwd), min(bwd)  # the fastest repeat: the usual defence against interference
-            pts.append({"n": n, "flops_fwd": flops_fwd, "flops_bwd": flops_bwd, "flops_attention_fwd": att.get_total_flops(),
-                        "time_fwd": t_fwd, "time_bwd": t_bwd, "median_fwd": statistics.median(fwd),
-                        "median_bwd": statistics.median(bwd), "repeats": len(fwd)})
+            pts.append(
+                {
+                    "n": n,
+                    "flops_fwd": flops_fwd,
+                    "flops_bwd": flops_bwd,
+                    "flops_attention_fwd": att.get_total_flops(),
+                    "time_fwd": t_fwd,
+                    "time_bwd": t_bwd,
+                    "median_fwd": statistics.median(fwd),
+                    "median_bwd": statistics.median(bwd),
+                    "repeats": len(fwd),
+                }
+            )
             bar.update()
             total = t_fwd + t_bwd
             predicted = total * 4.0  # the next n is twice this one: at most quadratic
@@ -312,31 +335,44 @@ def run(args) -> dict:
 
     if not args.no_memory:  # a pass of its own: mapping every allocation afresh slows the timings
         fixed = fix_mmap_threshold()
-        result["memory_method"] = ("peak RSS (VmHWM after /proc/self/clear_refs) above the RSS before the pass, "
-                                   + ("glibc mmap threshold fixed at 64 KiB" if fixed else "glibc's default allocator"))
+        result["memory_method"] = "peak RSS (VmHWM after /proc/self/clear_refs) above the RSS before the pass, " + (
+            "glibc mmap threshold fixed at 64 KiB" if fixed else "glibc's default allocator"
+        )
         for kind in tqdm(list(result["points"]), desc="memory", unit="type", file=sys.stderr):
             torch.manual_seed(0)
             layer = make_layer(kind, args.d, r=args.r, k=args.k)
             for p in result["points"][kind]:
                 p["memory"] = peak_memory(layer, torch.randn(1, p["n"], args.d, requires_grad=True))
                 if p["memory"] > args.memory_limit * 2**30:
-                    result["stopped"][kind] = {"n": p["n"], "why": f"{p['memory'] / 2**30:.1f} GiB > {args.memory_limit} GiB"}
+                    result["stopped"][kind] = {
+                        "n": p["n"],
+                        "why": f"{p['memory'] / 2**30:.1f} GiB > {args.memory_limit} GiB",
+                    }
                     result["points"][kind] = [q for q in result["points"][kind] if q["n"] <= p["n"]]
                     break
 
     result["seq_n"] = (16, 32)
-    result["sequential"] = {kind: [product_depth(make_layer(kind, 16, heads=2, r=4, k=args.k), torch.randn(1, n, 16))
-                                   for n in result["seq_n"]] for kind in KINDS}
+    result["sequential"] = {
+        kind: [
+            product_depth(make_layer(kind, 16, heads=2, r=4, k=args.k), torch.randn(1, n, 16)) for n in result["seq_n"]
+        ]
+        for kind in KINDS
+    }
     result["path_n"], result["path_r"] = args.path_n, args.path_r
     result["path"] = {}
     dilated_max = math.ceil(math.log(args.path_n, args.k)) + 2 if args.k > 1 else 1  # dilations grow as k^l
-    for kind in tqdm(["self-attention", "restricted (masked)", "recurrent", "convolution", "separable",
-                      "dilated convolution"], desc="path length", unit="type", file=sys.stderr):
+    for kind in tqdm(
+        ["self-attention", "restricted (masked)", "recurrent", "convolution", "separable", "dilated convolution"],
+        desc="path length",
+        unit="type",
+        file=sys.stderr,
+    ):
         causal = kind in ("recurrent", "dilated convolution")
         most = dilated_max if kind == "dilated convolution" else args.path_n
         result["path"][kind] = {
             "forward": path_layers(kind, args.path_n, 16, args.path_r, args.k, most),
-            "backward": path_layers(kind, args.path_n, 16, args.path_r, args.k, 1 if causal else most, backwards=True)}
+            "backward": path_layers(kind, args.path_n, 16, args.path_r, args.k, 1 if causal else most, backwards=True),
+        }
     result["summary"] = summarize(result)
     result["largest"] = max(p["n"] for pts in result["points"].values() for p in pts)
     return result

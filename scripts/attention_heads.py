@@ -63,7 +63,10 @@ def main() -> None:
         for layer, heads in enumerate(s["attention"][kind]):
             for h, w in enumerate(heads):
                 r = summary(w, k)
-                print(f"{layer + 1:5} {h + 1:4}  " + "  ".join(f"{r[x]:4.2f}" for x in ("prev", "self", "next", "eos", "period", "peak")))
+                print(
+                    f"{layer + 1:5} {h + 1:4}  "
+                    + "  ".join(f"{r[x]:4.2f}" for x in ("prev", "self", "next", "eos", "period", "peak"))
+                )
     for link in args.link:
         a, b = link.split(":")
         qa, kb = word_pieces(s["source_pieces"], a)[0], word_pieces(s["source_pieces"], b)
@@ -75,8 +78,10 @@ def main() -> None:
                 best = max(range(len(row)), key=row.__getitem__)
                 rows.append((sum(row[j] for j in kb), layer + 1, h + 1, s["source"][best], row[best]))
         rows.sort(reverse=True)
-        print(f"\nencoder self-attention from {s['source'][qa]!r} (position {qa + 1}) to {b!r} "
-              f"(pieces {', '.join(s['source'][j] for j in kb)}; spread evenly: {even:.3f}):")
+        print(
+            f"\nencoder self-attention from {s['source'][qa]!r} (position {qa + 1}) to {b!r} "
+            f"(pieces {', '.join(s['source'][j] for j in kb)}; spread evenly: {even:.3f}):"
+        )
         for total, layer, h, best, wb in rows[: args.top]:
             print(f"  layer {layer} head {h}: {total:.3f}   (its strongest key: {best!r} {wb:.3f})")
 

@@ -40,8 +40,24 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "transduce", "serve", str(args.model), "--port", str(port),
-                               "--precision", "fp32", "--threads", "1", "--log-level", "warning"], env=env)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "transduce",
+            "serve",
+            str(args.model),
+            "--port",
+            str(port),
+            "--precision",
+            "fp32",
+            "--threads",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120

@@ -45,7 +45,9 @@ def main() -> None:
     tgt_in = padded([np.concatenate([[BOS], t]) for t in tgts])
     tgt_out = padded([np.concatenate([t, [EOS]]) for t in tgts])
     for directory in args.models:
-        model = model_from_tensors(load_file(f"{directory}/model.safetensors"), load_config(directory), directory).eval()
+        model = model_from_tensors(
+            load_file(f"{directory}/model.safetensors"), load_config(directory), directory
+        ).eval()
         ppl = []
         with torch.no_grad():
             for s in (srcs, srcs[1:] + srcs[:1]):
@@ -54,8 +56,10 @@ def main() -> None:
                 ppl.append(nll.exp().item())
             memory = model.encode(padded(srcs))
             spread = np.mean([memory[i, : len(s)].std(0).mean().item() for i, s in enumerate(srcs)])
-        print(f"{directory}: perplexity right source {ppl[0]:.3f}, shuffled {ppl[1]:.3f}, ratio {ppl[1] / ppl[0]:.3f}; "
-              f"encoder spread across positions {spread:.3f}")
+        print(
+            f"{directory}: perplexity right source {ppl[0]:.3f}, shuffled {ppl[1]:.3f}, ratio {ppl[1] / ppl[0]:.3f}; "
+            f"encoder spread across positions {spread:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -8,14 +8,20 @@ import shutil
 
 import pytest
 
-INSTALL = ("run `bash scripts/test.sh` (the README's test command: it installs Debian's chromium with "
-           "apt-get), or `sudo apt-get install -y chromium`, or `python -m playwright install chromium`")
+INSTALL = (
+    "run `bash scripts/test.sh` (the README's test command: it installs Debian's chromium with "
+    "apt-get), or `sudo apt-get install -y chromium`, or `python -m playwright install chromium`"
+)
 
 
 def chromium_executable() -> str | None:
     """Debian's chromium or $TRANSDUCE_CHROMIUM; None: Playwright's own download, if any."""
-    for candidate in (os.environ.get("TRANSDUCE_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
-                      shutil.which("chromium-browser")):
+    for candidate in (
+        os.environ.get("TRANSDUCE_CHROMIUM"),
+        "/usr/bin/chromium",
+        shutil.which("chromium"),
+        shutil.which("chromium-browser"),
+    ):
         if candidate and os.path.exists(candidate):
             return candidate
     return None

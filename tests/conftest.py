@@ -35,13 +35,18 @@ def missing_corpus(name: str) -> str | None:
     if MIRROR is not None and (MIRROR / name).is_dir():
         return None
     where = "no data mirror" if MIRROR is None else f"no {name}/ in the data mirror {MIRROR}"
-    return (f"needs the {name} corpus ({where}): {CORPORA[name]}, in DIR/{name}/ with TRANSDUCE_DATA_DIR=DIR "
-            "(or shared/data beside the repository)")
+    return (
+        f"needs the {name} corpus ({where}): {CORPORA[name]}, in DIR/{name}/ with TRANSDUCE_DATA_DIR=DIR "
+        "(or shared/data beside the repository)"
+    )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "corpus(*names): reads these corpora from the data mirror; skipped, "
-                                       "saying how to get them, where the mirror lacks one (tests/conftest.py)")
+    config.addinivalue_line(
+        "markers",
+        "corpus(*names): reads these corpora from the data mirror; skipped, "
+        "saying how to get them, where the mirror lacks one (tests/conftest.py)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):

@@ -20,8 +20,16 @@ FR_WORDS = ["un", "homme", "femme", "chien", "court", "sur", "le", "gazon", "rou
 
 def train_spm(prefix: Path, lines: list[str], size: int) -> Path:
     """A sentencepiece unigram model with its default special ids (<unk> 0, <s> 1, </s> 2), as OPUS-MT's."""
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=size,
-                                   model_type="unigram", character_coverage=1.0, hard_vocab_limit=False, num_threads=1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=str(prefix),
+        vocab_size=size,
+        model_type="unigram",
+        character_coverage=1.0,
+        hard_vocab_limit=False,
+        num_threads=1,
+        minloglevel=2,
+    )
     return prefix.with_name(prefix.name + ".model")
 
 
@@ -32,7 +40,9 @@ def opus_vocab(*models: Path, languages: tuple[str, ...] = (), layout: str = "op
     pieces = [f">>{lang}<<" for lang in languages]
     for path in models:
         sp = spm.SentencePieceProcessor(model_file=str(path))
-        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+        pieces += [
+            sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)
+        ]
     pieces = list(dict.fromkeys(pieces))
     if layout == "tc-big":
         pieces = pieces[:1] + ["<unk>"] + pieces[1:]
@@ -42,9 +52,19 @@ def opus_vocab(*models: Path, languages: tuple[str, ...] = (), layout: str = "op
     return {p: i for i, p in enumerate(pieces + ["<pad>"])}
 
 
-def make_opus_dir(root: Path, *, languages: tuple[str, ...] = (), d_model: int = 32, layers: int = 2, seed: int = 0,
-                  eos_bias: float = 3.0, weights: str = "safetensors", layout: str = "opus", separate: bool = False,
-                  generation: dict | None = None) -> Path:
+def make_opus_dir(
+    root: Path,
+    *,
+    languages: tuple[str, ...] = (),
+    d_model: int = 32,
+    layers: int = 2,
+    seed: int = 0,
+    eos_bias: float = 3.0,
+    weights: str = "safetensors",
+    layout: str = "opus",
+    separate: bool = False,
+    generation: dict | None = None,
+) -> Path:
     """A MarianMT directory under `root` as OPUS-MT publishes them, at a tiny size with random
     weights (every parameter, bias and LayerNorm drawn, the final logits bias too, EOS raised by
     `eos_bias` so that outputs end before the length limit). `weights`: "safetensors" or "bin";
@@ -70,13 +90,32 @@ def make_opus_dir(root: Path, *, languages: tuple[str, ...] = (), d_model: int =
     V, V_tgt = len(vocab), len(tgt_vocab)
     pad, eos = vocab["<pad>"], vocab["</s>"]
     config = MarianConfig(  # Helsinki-NLP/opus-mt-en-de's config.json, smaller
-        vocab_size=V, decoder_vocab_size=V_tgt, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
-        activation_function="swish", scale_embedding=True, static_position_embeddings=True,
-        share_encoder_decoder_embeddings=not separate, tie_word_embeddings=True, normalize_before=False,
-        normalize_embedding=False, add_bias_logits=False, max_position_embeddings=512, dropout=0.1,
-        attention_dropout=0.0, activation_dropout=0.0, pad_token_id=pad, eos_token_id=eos, bos_token_id=eos,
-        decoder_start_token_id=pad, forced_eos_token_id=eos,
+        vocab_size=V,
+        decoder_vocab_size=V_tgt,
+        d_model=d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=2 * d_model,
+        decoder_ffn_dim=2 * d_model,
+        activation_function="swish",
+        scale_embedding=True,
+        static_position_embeddings=True,
+        share_encoder_decoder_embeddings=not separate,
+        tie_word_embeddings=True,
+        normalize_before=False,
+        normalize_embedding=False,
+        add_bias_logits=False,
+        max_position_embeddings=512,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        bos_token_id=eos,
+        decoder_start_token_id=pad,
+        forced_eos_token_id=eos,
         architectures=["MarianMTModel"],
     )
     torch.manual_seed(seed)

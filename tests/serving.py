@@ -53,9 +53,13 @@ def start_serve(args: list[str], *, prelude: str = "", env: dict | None = None) 
     that process: how a test slows the model down), once /health says ok: (the process, its URL)."""
     port = free_port()
     code = f"{prelude}\nimport sys\nfrom transduce.cli import main\nsys.exit(main(sys.argv[1:]))\n"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", *args, "--port", str(port)],
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "serve", *args, "--port", str(port)],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": SRC, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while True:

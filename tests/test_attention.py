@@ -7,21 +7,30 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transduce.attention import (attention_reference, autocast_attention, concat_heads, decode_attention, fold_beams,
-                                 product_attention)
+from transduce.attention import (
+    attention_reference,
+    autocast_attention,
+    concat_heads,
+    decode_attention,
+    fold_beams,
+    product_attention,
+)
 from transduce.masks import causal_mask, padding_mask
 from transduce.model import MultiHeadAttention
 
 
 def _qkv(B=3, h=4, Tq=5, Tk=7, dk=8, dv=6, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, h, Tq, dk, generator=g), torch.randn(B, h, Tk, dk, generator=g),
-            torch.randn(B, h, Tk, dv, generator=g))
+    return (
+        torch.randn(B, h, Tq, dk, generator=g),
+        torch.randn(B, h, Tk, dk, generator=g),
+        torch.randn(B, h, Tk, dv, generator=g),
+    )
 
 
 def _mask(B, Tq, Tk):
     tokens = torch.ones(B, Tk, dtype=torch.long)
-    tokens[0, Tk - 2:] = 0  # padding in the first row
+    tokens[0, Tk - 2 :] = 0  # padding in the first row
     return causal_mask(Tq, Tk) & padding_mask(tokens, 0)
 
 
@@ -31,11 +40,13 @@ def test_every_form_is_equation_1(form, masked):
     q, k, v = _qkv()
     mask = _mask(3, 5, 7) if masked else None
     want = attention_reference(q, k, v, mask)[0]
-    got = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
-           "decode": lambda: decode_attention(q, k, v, mask),
-           "product": lambda: product_attention(q, k, v, mask),
-           "product-keys-first": lambda: product_attention(q, k, v, mask, keys_first=True),
-           "autocast": lambda: autocast_attention(q, k, v, mask)}[form]()
+    got = {
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        "decode": lambda: decode_attention(q, k, v, mask),
+        "product": lambda: product_attention(q, k, v, mask),
+        "product-keys-first": lambda: product_attention(q, k, v, mask, keys_first=True),
+        "autocast": lambda: autocast_attention(q, k, v, mask),
+    }[form]()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -68,5 +79,6 @@ def test_folded_beams_attend_as_copied_keys_would(group):
     got_out, got_weights = mha.attend(q, k, v, None, need_weights=True)
     torch.testing.assert_close(got_weights, want_weights, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got_out, mha.attend(q, *copied, None, need_weights=True)[0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(concat_heads(out, group), want_out.transpose(1, 2).reshape(2 * group, 1, -1),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        concat_heads(out, group), want_out.transpose(1, 2).reshape(2 * group, 1, -1), rtol=1e-5, atol=1e-6
+    )

@@ -25,8 +25,9 @@ V = 24
 
 def model(window: int | None, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    m = Transformer(ModelConfig(src_vocab_size=V, n_layers=2, d_model=32, d_ff=64, n_heads=4, dropout=0.0,
-                                attention_window=window))
+    m = Transformer(
+        ModelConfig(src_vocab_size=V, n_layers=2, d_model=32, d_ff=64, n_heads=4, dropout=0.0, attention_window=window)
+    )
     with torch.no_grad():  # sharper distributions than the initialisation gives
         m.decoder.embed.weight.mul_(3.0)
     return m.eval()
@@ -113,9 +114,9 @@ def test_cached_decoding_equals_the_full_pass(r, fast):
             full = m(src, tgt)
             cache = m.init_cache(m.encode(src), src != PAD)
             cache.src_mask = cache.src_mask[:, None, None, :]
-            steps = [m.decode_step(tgt[:, t:t + 1], cache) for t in range(5)]  # one at a time
+            steps = [m.decode_step(tgt[:, t : t + 1], cache) for t in range(5)]  # one at a time
             steps.append(m.decode_step(tgt[:, 5:9], cache))  # four at once, on top of the cache
-            steps += [m.decode_step(tgt[:, t:t + 1], cache) for t in range(9, 12)]
+            steps += [m.decode_step(tgt[:, t : t + 1], cache) for t in range(9, 12)]
             torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-4, atol=1e-4)
 
             # greedy: the same tokens as re-running the full pass on the prefix at every step
@@ -124,7 +125,7 @@ def test_cached_decoding_equals_the_full_pass(r, fast):
                 nxt = m(src, torch.tensor([prefix]))[0, -1]
                 nxt[[PAD, BOS]] = float("-inf")
                 prefix.append(int(nxt.argmax()))
-            assert out == prefix[1:len(out) + 1]
+            assert out == prefix[1 : len(out) + 1]
             assert len(out) == 9 + 6 or prefix[-1] == EOS  # the maximum length, or EOS came next
 
             # beam search: every hypothesis's log-probability is the full pass's
@@ -195,8 +196,15 @@ def test_the_attention_views_show_the_window(tmp_path):
     assert figures.masks_figure(data, sentences=[1]).startswith(b"\x89PNG")
 
     html = tmp_path / "a.html"
-    args = ["attention", str(model_dir), "a dog runs on the grass with a red ball", "--target-text", "two children play",
-            "--html", str(html)]
+    args = [
+        "attention",
+        str(model_dir),
+        "a dog runs on the grass with a red ball",
+        "--target-text",
+        "two children play",
+        "--html",
+        str(html),
+    ]
     assert main(args) == 0
     with sync_playwright() as p:
         b = launch(p)
@@ -204,11 +212,15 @@ def test_the_attention_views_show_the_window(tmp_path):
             page = b.new_page()
             page.goto(html.as_uri())
             page.select_option("#view-kind", value="heatmap")
-            outside = page.eval_on_selector_all("#view svg.heatmap[data-h='0'] rect.cell[data-outside]",
-                                                "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, +r.dataset.w])")
+            outside = page.eval_on_selector_all(
+                "#view svg.heatmap[data-h='0'] rect.cell[data-outside]",
+                "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, +r.dataset.w])",
+            )
             assert outside and all(abs(i - j) > r and w == 0 for i, j, w in outside)
             page.select_option("#view-kind", value="masks")
-            cats = page.eval_on_selector_all("#masks rect.mask", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, r.dataset.cat])")
+            cats = page.eval_on_selector_all(
+                "#masks rect.mask", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, r.dataset.cat])"
+            )
             assert {(i, j) for i, j, c in cats if c == "window"} == {(i, j) for i, j, c in cats if abs(i - j) > r}
             assert "outside the window (r = 2)" in page.inner_text("#view")
         finally:

@@ -23,19 +23,33 @@ def bench_module():
 
 
 def test_help_answers_at_once_without_torch():
-    r = subprocess.run([sys.executable, "-m", "benchmarks.opus_size", "--help"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60, check=False)
+    r = subprocess.run(
+        [sys.executable, "-m", "benchmarks.opus_size", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode == 0 and "--before SRC_TREE" in r.stdout and "--trained RUN" in r.stdout
-    r = subprocess.run([sys.executable, "-c", "import sys, benchmarks.opus_size; print('torch' in sys.modules)"], cwd=REPO,
-                       capture_output=True, text=True, timeout=60, check=False)
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys, benchmarks.opus_size; print('torch' in sys.modules)"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.stdout.strip() == "False"
 
 
 def test_the_memory_of_a_process_tree_is_summed_over_its_descendants():
     """A process holding 120 MB that starts one holding 200 MB: the peak counts both."""
     child = "import time; x = b'\\x01' * (200 << 20); time.sleep(1.5)"
-    parent = (f"import subprocess, sys, time; x = b'\\x01' * (120 << 20); "
-              f"subprocess.run([sys.executable, '-c', {child!r}], check=True)")
+    parent = (
+        f"import subprocess, sys, time; x = b'\\x01' * (120 << 20); "
+        f"subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    )
     r = bench_module().measured([sys.executable, "-c", parent], dict(os.environ), timeout=60)
     assert r["processes"] == 2
     assert r["peak_mb"] > 320
@@ -72,10 +86,37 @@ def run_bench(tmp_path: Path, *flags: str) -> dict:
     source = tmp_path / "source.en"
     source.write_text("\n".join(sentences(SRC_WORDS, 30, seed=2, lo=22, hi=30)) + "\n")
     out = tmp_path / "result.json"
-    r = subprocess.run([sys.executable, "-m", "benchmarks.opus_size", "--shapes", "tiny", "--sentences", "2",
-                        "--batch-size", "2", "--single-sentences", "1", "--rounds", "1", "--threads", "2",
-                        "--source", str(source), "--workdir", str(tmp_path), "--out", str(out), *flags],
-                       cwd=REPO, capture_output=True, text=True, timeout=1800, check=False)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.opus_size",
+            "--shapes",
+            "tiny",
+            "--sentences",
+            "2",
+            "--batch-size",
+            "2",
+            "--single-sentences",
+            "1",
+            "--rounds",
+            "1",
+            "--threads",
+            "2",
+            "--source",
+            str(source),
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+            *flags,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["table"] in r.stdout
@@ -89,13 +130,18 @@ def test_end_to_end_on_a_tiny_shape(tmp_path):
     result = run_bench(tmp_path, "--systems", "transduce-fp32,ct2-int8,hf-fp32", "--transduce-workers", "auto")
     tiny = result["shapes"]["tiny"]
     assert tiny["steps"] == 31 and tiny["single_steps"] == 71
-    assert set(tiny["batch"]) == {"transduce fp32 (default workers: 2 x 1 thread(s))", "CTranslate2 int8",
-                                  "Hugging Face generate fp32"}
+    assert set(tiny["batch"]) == {
+        "transduce fp32 (default workers: 2 x 1 thread(s))",
+        "CTranslate2 int8",
+        "Hugging Face generate fp32",
+    }
     assert set(tiny["single"]) == {"transduce fp32 (serve)", "CTranslate2 int8 (in process)"}
     for r in [*tiny["batch"].values(), *tiny["single"].values()]:
         assert r["tokens_per_s"] > 0 and r["peak_mb"] > 20
     assert tiny["batch"]["transduce fp32 (default workers: 2 x 1 thread(s))"]["processes"] == 3  # itself and 2 workers
-    assert tiny["batch"]["CTranslate2 int8"]["tokens_per_s"] == pytest.approx(62 / tiny["batch"]["CTranslate2 int8"]["wall_s"])
+    assert tiny["batch"]["CTranslate2 int8"]["tokens_per_s"] == pytest.approx(
+        62 / tiny["batch"]["CTranslate2 int8"]["wall_s"]
+    )
     setup = tiny["setup"]
     assert {"ct2-transformers-converter float32", "ct2-transformers-converter int8"} <= set(setup)
     assert any(k.startswith(("transduce import", "transduce export from-marian")) for k in setup)
@@ -109,14 +155,38 @@ def test_end_to_end_with_a_tree_before_and_a_trained_model(tmp_path):
     model = make_model(tmp_path / "trained")
     (tmp_path / "test.en").write_text("\n".join(sentences(SRC_WORDS, 6, seed=4)) + "\n")
     (tmp_path / "test.de").write_text("\n".join(sentences(TGT_WORDS, 6, seed=5)) + "\n")
-    result = run_bench(tmp_path, "--systems", "transduce-int8,ct2-float32", "--transduce-workers", "1", "--before", str(REPO),
-                       "--trained", str(model), "--test-src", str(tmp_path / "test.en"), "--test-ref", str(tmp_path / "test.de"))
+    result = run_bench(
+        tmp_path,
+        "--systems",
+        "transduce-int8,ct2-float32",
+        "--transduce-workers",
+        "1",
+        "--before",
+        str(REPO),
+        "--trained",
+        str(model),
+        "--test-src",
+        str(tmp_path / "test.en"),
+        "--test-ref",
+        str(tmp_path / "test.de"),
+    )
     tiny = result["shapes"]["tiny"]
-    assert set(tiny["batch"]) == {"transduce int8 (--workers 1)", "transduce int8 [before] (--workers 1)", "CTranslate2 float32"}
-    assert set(tiny["single"]) == {"transduce int8 (serve)", "transduce int8 [before] (serve)", "CTranslate2 float32 (in process)"}
+    assert set(tiny["batch"]) == {
+        "transduce int8 (--workers 1)",
+        "transduce int8 [before] (--workers 1)",
+        "CTranslate2 float32",
+    }
+    assert set(tiny["single"]) == {
+        "transduce int8 (serve)",
+        "transduce int8 [before] (serve)",
+        "CTranslate2 float32 (in process)",
+    }
     assert sum(k.endswith("(before)") for k in tiny["setup"]) == 1  # the before tree's own import
-    assert [r["system"] for r in result["bleu"]] == ["transduce int8", "transduce int8 [before]",
-                                                     "CTranslate2 float32 (transduce export ct2)",
-                                                     "CTranslate2 int8 (transduce export ct2)"]
+    assert [r["system"] for r in result["bleu"]] == [
+        "transduce int8",
+        "transduce int8 [before]",
+        "CTranslate2 float32 (transduce export ct2)",
+        "CTranslate2 int8 (transduce export ct2)",
+    ]
     assert all(0 <= r["bleu"] <= 100 for r in result["bleu"])
     assert "## BLEU of the trained model" in result["table"] and "(before: commit " in result["table"]

@@ -48,9 +48,11 @@ def test_atomic_dir_errors_name_the_users_path_not_the_temporary_one(tmp_path):
     from transduce.checkpoint import atomic_dir
 
     (tmp_path / "a_file").write_text("x\n")
-    for out, what in [(tmp_path / "nodir" / "out", "No such file or directory"),
-                      (tmp_path / "a_file" / "out", "Not a directory"),
-                      (tmp_path / "a_file", "Not a directory")]:
+    for out, what in [
+        (tmp_path / "nodir" / "out", "No such file or directory"),
+        (tmp_path / "a_file" / "out", "Not a directory"),
+        (tmp_path / "a_file", "Not a directory"),
+    ]:
         with pytest.raises(OSError) as e:
             with atomic_dir(out):
                 raise AssertionError("not reached")

@@ -44,12 +44,15 @@ def test_info_says_the_vocabulary_it_counts_at_and_takes_a_datas(capsys, tmp_pat
     assert "data.json: no such file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--set", "model.nope=3"], "bad override"),
-    (["--preset", "tiny", "--set", "model.dropout=0.1x"], "bad --set model.dropout=0.1x: expected a number"),
-    (["--vocab-size", "-5"], "vocabulary sizes must be at least 1"),
-    (["--tgt-vocab-size", "0"], "vocabulary sizes must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--set", "model.nope=3"], "bad override"),
+        (["--preset", "tiny", "--set", "model.dropout=0.1x"], "bad --set model.dropout=0.1x: expected a number"),
+        (["--vocab-size", "-5"], "vocabulary sizes must be at least 1"),
+        (["--tgt-vocab-size", "0"], "vocabulary sizes must be at least 1"),
+    ],
+)
 def test_info_bad_override_is_one_line_error(argv, message, capsys):
     assert main(["info", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -58,8 +61,9 @@ def test_info_bad_override_is_one_line_error(argv, message, capsys):
 
 def test_console_help_lists_subcommands():
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    out = subprocess.run([sys.executable, "-m", "transduce", "--help"], capture_output=True, text=True, check=True,
-                         env=env).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "transduce", "--help"], capture_output=True, text=True, check=True, env=env
+    ).stdout
     for cmd in ("info", "prepare", "train", "average", "translate", "evaluate", "synthetic", "experiment"):
         assert cmd in out
 
@@ -73,8 +77,22 @@ def _bad_input(command: str, tmp: Path) -> tuple[list[str], str]:
     (tmp / "a_file").write_text("x\n")
     return {
         "info": (["--set", "model.nope=3"], "bad override"),
-        "prepare": (["--train-src", missing, "--train-tgt", missing, "--valid-src", missing, "--valid-tgt", missing,
-                     "--out", str(tmp / "out"), "--quiet"], f"{missing}: no such file"),
+        "prepare": (
+            [
+                "--train-src",
+                missing,
+                "--train-tgt",
+                missing,
+                "--valid-src",
+                missing,
+                "--valid-tgt",
+                missing,
+                "--out",
+                str(tmp / "out"),
+                "--quiet",
+            ],
+            f"{missing}: no such file",
+        ),
         "train": (["--data", str(tmp / "nope"), "--run-dir", str(tmp / "run")], "no such data directory"),
         "average": ([str(tmp / "nope")], "no such run directory"),
         "shortlist": ([str(tmp / "nope"), "--train-src", missing, "--train-tgt", missing], "no such directory"),
@@ -101,15 +119,18 @@ def test_every_subcommand_reports_bad_input_on_one_line_with_status_2(command, t
     assert lines[0].startswith(f"transduce {command}: error: ") and message in lines[0], err
 
 
-@pytest.mark.parametrize("error, line", [
-    (DataError("invalid UTF-8", "f.txt", 3), "f.txt:3: invalid UTF-8"),
-    (UsageError("give --data DIR"), "give --data DIR"),
-    (ValueError("two\nlines"), "two lines"),
-    (KeyError("a key's message"), "a key's message"),
-    (FileNotFoundError("runs/x: no such run directory"), "runs/x: no such run directory"),
-    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.txt"), "x.txt: No such file or directory"),
-    (OSError(errno.ENOSPC, "No space left on device", "/out"), "/out: No space left on device"),
-])
+@pytest.mark.parametrize(
+    "error, line",
+    [
+        (DataError("invalid UTF-8", "f.txt", 3), "f.txt:3: invalid UTF-8"),
+        (UsageError("give --data DIR"), "give --data DIR"),
+        (ValueError("two\nlines"), "two lines"),
+        (KeyError("a key's message"), "a key's message"),
+        (FileNotFoundError("runs/x: no such run directory"), "runs/x: no such run directory"),
+        (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.txt"), "x.txt: No such file or directory"),
+        (OSError(errno.ENOSPC, "No space left on device", "/out"), "/out: No space left on device"),
+    ],
+)
 def test_the_reporter_turns_bad_input_into_one_line(error, line, capsys):
     def fail():
         raise error
@@ -152,8 +173,22 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
     parser = build_parser()
     args = parser.parse_args(["train", "--run-dir", str(tmp_path)])
     assert from_args(TrainOptions, args) == TrainOptions()
-    args = parser.parse_args(["train", "--run-dir", str(tmp_path), "--quiet", "--no-tensorboard",
-                              "--compile", "--batch-tokens", "40", "--max-minutes", "1.5", "--precision", "bf16"])
+    args = parser.parse_args(
+        [
+            "train",
+            "--run-dir",
+            str(tmp_path),
+            "--quiet",
+            "--no-tensorboard",
+            "--compile",
+            "--batch-tokens",
+            "40",
+            "--max-minutes",
+            "1.5",
+            "--precision",
+            "bf16",
+        ]
+    )
     got = from_args(TrainOptions, args)
     assert (got.progress, got.tensorboard, got.resume, got.compile) == (False, False, True, True)
     assert (got.max_tokens, got.max_minutes, got.precision) == (40, 1.5, "bf16")
@@ -171,8 +206,23 @@ def test_train_flags_come_from_the_option_fields(tmp_path, capsys):
     data = make_data(tmp_path / "data")  # the TrainConfig flags land in the config
     from transduce.cli.train import resolve_config
 
-    config, _ = resolve_config(parser.parse_args(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"),
-                                                  "--warmup", "3", "--save-every-minutes", "0", "--lr-scale", "2"]))
+    config, _ = resolve_config(
+        parser.parse_args(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(tmp_path / "run"),
+                "--warmup",
+                "3",
+                "--save-every-minutes",
+                "0",
+                "--lr-scale",
+                "2",
+            ]
+        )
+    )
     assert (config.train.warmup_steps, config.train.checkpoint_minutes, config.train.lr_scale) == (3, 0.0, 2.0)
 
 
@@ -180,12 +230,29 @@ def test_every_command_but_the_extras_own_runs_without_the_optional_packages(tmp
     """The first GPU machine had no pydantic: `transduce train` died building its parser, because
     `serve`'s options imported the HTTP app. The parser must build with every extra missing, and
     `train --help` must work."""
-    extras = ["pydantic", "fastapi", "uvicorn", "prometheus_client", "ctranslate2", "transformers", "matplotlib",
-              "playwright", "tensorboard"]
-    code = ("import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in extras)
-            + "from transduce.cli import main\nsys.exit(main(['train', '--help']))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    extras = [
+        "pydantic",
+        "fastapi",
+        "uvicorn",
+        "prometheus_client",
+        "ctranslate2",
+        "transformers",
+        "matplotlib",
+        "playwright",
+        "tensorboard",
+    ]
+    code = (
+        "import sys\n"
+        + "".join(f"sys.modules[{m!r}] = None\n" for m in extras)
+        + "from transduce.cli import main\nsys.exit(main(['train', '--help']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     assert out.returncode == 0, out.stderr
     assert "--max-minutes" in out.stdout
 
@@ -194,18 +261,25 @@ def test_ctrl_c_while_the_command_imports_torch_is_interrupted_not_a_traceback()
     """The first seconds of every command import torch (the subcommands' modules); a Ctrl-C there
     printed an import traceback. `import transduce.cli` itself no longer imports torch, so `main`
     catches it."""
-    code = ("import signal, sys\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the test runner's is\n"
-            "import transduce.cli as cli\n"
-            "assert 'torch' not in sys.modules, 'import transduce.cli imported torch'\n"
-            "build = cli.build_parser\n"
-            "def ready(only=None):  # say so from inside main, where the Ctrl-C must land\n"
-            "    print('ready', flush=True)\n"
-            "    return build(only)\n"
-            "cli.build_parser = ready\n"
-            "sys.exit(cli.main(['translate', 'no-model']))\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    code = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the test runner's is\n"
+        "import transduce.cli as cli\n"
+        "assert 'torch' not in sys.modules, 'import transduce.cli imported torch'\n"
+        "build = cli.build_parser\n"
+        "def ready(only=None):  # say so from inside main, where the Ctrl-C must land\n"
+        "    print('ready', flush=True)\n"
+        "    return build(only)\n"
+        "cli.build_parser = ready\n"
+        "sys.exit(cli.main(['translate', 'no-model']))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+    )
     try:
         assert proc.stdout.readline() == "ready\n"
         proc.send_signal(signal.SIGINT)  # torch takes a second or more to import: main is importing it

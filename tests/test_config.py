@@ -48,11 +48,29 @@ def test_base_is_the_paper():
 
 NOT_IN_PAPER = {
     "small": {"n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4},
-    "multi30k": {"n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4, "max_tokens": 2048,
-                 "warmup_steps": 600, "lr_scale": 0.4, "max_steps": 5200},
+    "multi30k": {
+        "n_layers": 3,
+        "d_model": 256,
+        "d_ff": 1024,
+        "n_heads": 4,
+        "max_tokens": 2048,
+        "warmup_steps": 600,
+        "lr_scale": 0.4,
+        "max_steps": 5200,
+    },
     # Transformer-Tiny (Wu et al. 2021)
-    "tiny": {"n_layers": 4, "d_model": 128, "d_ff": 256, "n_heads": 4, "dropout": 0.3, "max_tokens": 4096,
-             "warmup_steps": 2000, "lr_scale": 2.53, "max_steps": 8000, "average_last": 10},
+    "tiny": {
+        "n_layers": 4,
+        "d_model": 128,
+        "d_ff": 256,
+        "n_heads": 4,
+        "dropout": 0.3,
+        "max_tokens": 4096,
+        "warmup_steps": 2000,
+        "lr_scale": 2.53,
+        "max_steps": 8000,
+        "average_last": 10,
+    },
 }
 
 
@@ -63,11 +81,32 @@ def test_every_table3_row_has_a_preset():
 # Section 6.3 (parse-wsj: the paper's 4 layers and d_model 1024; the rest tensor2tensor's
 # transformer_parsing_base) and its CPU size: what each changes from base.
 PARSING = {
-    "parse-wsj": {"n_layers": 4, "d_model": 1024, "dropout": 0.2, "attention_dropout": 0.2, "share_embeddings": False,
-                  "tie_output": False, "max_tokens": 32768, "warmup_steps": 16000, "lr_scale": 0.5},
-    "parse-cpu": {"n_layers": 4, "d_model": 256, "d_ff": 1024, "n_heads": 4, "attention_dropout": 0.1,
-                  "share_embeddings": False, "tie_output": False, "norm_first": True, "word_positions": True,
-                  "max_tokens": 4096, "warmup_steps": 600, "lr_scale": 0.8, "max_steps": 5500},
+    "parse-wsj": {
+        "n_layers": 4,
+        "d_model": 1024,
+        "dropout": 0.2,
+        "attention_dropout": 0.2,
+        "share_embeddings": False,
+        "tie_output": False,
+        "max_tokens": 32768,
+        "warmup_steps": 16000,
+        "lr_scale": 0.5,
+    },
+    "parse-cpu": {
+        "n_layers": 4,
+        "d_model": 256,
+        "d_ff": 1024,
+        "n_heads": 4,
+        "attention_dropout": 0.1,
+        "share_embeddings": False,
+        "tie_output": False,
+        "norm_first": True,
+        "word_positions": True,
+        "max_tokens": 4096,
+        "warmup_steps": 600,
+        "lr_scale": 0.8,
+        "max_steps": 5500,
+    },
 }
 
 
@@ -125,11 +164,20 @@ def test_overrides_and_errors():
 
 
 def test_set_values_are_read_as_the_fields_type():
-    c = apply_overrides(get_preset("base"), [
-        "model.norm_first=False", "model.share_embeddings=TRUE", "model.dropout=0", "model.attention_window=None",
-        "model.d_k=null", "train.adam_betas=[0.9, 0.99]", "train.lr_scale=2", "train.max_tokens=4096",
-        "model.positional=learned",
-    ])
+    c = apply_overrides(
+        get_preset("base"),
+        [
+            "model.norm_first=False",
+            "model.share_embeddings=TRUE",
+            "model.dropout=0",
+            "model.attention_window=None",
+            "model.d_k=null",
+            "train.adam_betas=[0.9, 0.99]",
+            "train.lr_scale=2",
+            "train.max_tokens=4096",
+            "model.positional=learned",
+        ],
+    )
     m, t = c.model, c.train
     assert m.norm_first is False and m.share_embeddings is True  # "False" was a truthy string: pre-norm
     assert m.dropout == 0.0 and isinstance(m.dropout, float) and m.attention_window is None and m.d_k is None
@@ -137,27 +185,30 @@ def test_set_values_are_read_as_the_fields_type():
     assert apply_overrides(get_preset("base"), ["model.attention_window=3"]).model.attention_window == 3
 
 
-@pytest.mark.parametrize("item, expected", [
-    ("model.n_layers=abc", "bad --set model.n_layers=abc: expected an integer"),
-    ("model.n_layers=2.5", "bad --set model.n_layers=2.5: expected an integer"),
-    ("model.norm_first=yes", "bad --set model.norm_first=yes: expected true or false"),
-    ("model.share_embeddings=maybe", "bad --set model.share_embeddings=maybe: expected true or false"),
-    ("model.dropout=0.1x", "bad --set model.dropout=0.1x: expected a number"),
-    ("train.lr_scale=abc", "bad --set train.lr_scale=abc: expected a number"),
-    ("train.label_smoothing=abc", "bad --set train.label_smoothing=abc: expected a number"),
-    ("train.max_tokens=abc", "bad --set train.max_tokens=abc: expected an integer"),
-    ("train.adam_betas=0.9", "bad --set train.adam_betas=0.9: expected a list of 2 numbers"),
-    ("model.attention_window=wide", "bad --set model.attention_window=wide: expected an integer or null"),
-    ("train.lr_scale=-1", "train.lr_scale must be positive"),
-    ("train.label_smoothing=1", "train.label_smoothing must be in [0, 1)"),
-    ("train.max_tokens=0", "train.max_tokens must be at least 1"),
-    ("train.warmup_steps=0", "train.warmup_steps must be at least 1"),
-    ("train.max_steps=0", "train.max_steps must be at least 1"),
-    ("train.adam_betas=[0.9,1.0]", "train.adam_betas must be two numbers in [0, 1)"),
-    ("train.adam_eps=0", "train.adam_eps must be positive"),
-    ("model.n_heads=5", "n_heads (5) must divide d_model (512)"),
-    ("model.src_vocab_size=0", "vocabulary sizes must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "item, expected",
+    [
+        ("model.n_layers=abc", "bad --set model.n_layers=abc: expected an integer"),
+        ("model.n_layers=2.5", "bad --set model.n_layers=2.5: expected an integer"),
+        ("model.norm_first=yes", "bad --set model.norm_first=yes: expected true or false"),
+        ("model.share_embeddings=maybe", "bad --set model.share_embeddings=maybe: expected true or false"),
+        ("model.dropout=0.1x", "bad --set model.dropout=0.1x: expected a number"),
+        ("train.lr_scale=abc", "bad --set train.lr_scale=abc: expected a number"),
+        ("train.label_smoothing=abc", "bad --set train.label_smoothing=abc: expected a number"),
+        ("train.max_tokens=abc", "bad --set train.max_tokens=abc: expected an integer"),
+        ("train.adam_betas=0.9", "bad --set train.adam_betas=0.9: expected a list of 2 numbers"),
+        ("model.attention_window=wide", "bad --set model.attention_window=wide: expected an integer or null"),
+        ("train.lr_scale=-1", "train.lr_scale must be positive"),
+        ("train.label_smoothing=1", "train.label_smoothing must be in [0, 1)"),
+        ("train.max_tokens=0", "train.max_tokens must be at least 1"),
+        ("train.warmup_steps=0", "train.warmup_steps must be at least 1"),
+        ("train.max_steps=0", "train.max_steps must be at least 1"),
+        ("train.adam_betas=[0.9,1.0]", "train.adam_betas must be two numbers in [0, 1)"),
+        ("train.adam_eps=0", "train.adam_eps must be positive"),
+        ("model.n_heads=5", "n_heads (5) must divide d_model (512)"),
+        ("model.src_vocab_size=0", "vocabulary sizes must be at least 1"),
+    ],
+)
 def test_bad_set_values_name_the_field_and_what_it_takes(item, expected):
     with pytest.raises(ValueError) as e:
         apply_overrides(get_preset("base"), [item])

@@ -20,8 +20,10 @@ from transduce.synthetic import make_batch
 from transduce.train.step import build_optimizer, make_grad_scaler, set_lr, train_step
 
 DEVICE = os.environ.get("TRANSDUCE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
-pytestmark = [pytest.mark.skipif(not DEVICE, reason="needs CUDA (or TRANSDUCE_TEST_DEVICE)"),
-              pytest.mark.usefixtures("one_thread")]
+pytestmark = [
+    pytest.mark.skipif(not DEVICE, reason="needs CUDA (or TRANSDUCE_TEST_DEVICE)"),
+    pytest.mark.usefixtures("one_thread"),
+]
 PRECISIONS = ["fp32", "bf16"]
 
 
@@ -83,8 +85,16 @@ def test_beam_search_on_the_device_finds_what_the_cpu_finds():
     src, _ = batch(b=6)
     with torch.no_grad():
         ref = beam_search(tiny(), src, beam_size=4, alpha=0.6, max_len_offset=8, n_best=2, bos_id=BOS, eos_id=EOS)
-        out = beam_search(tiny().to(DEVICE), src.to(DEVICE), beam_size=4, alpha=0.6, max_len_offset=8, n_best=2,
-                          bos_id=BOS, eos_id=EOS)
+        out = beam_search(
+            tiny().to(DEVICE),
+            src.to(DEVICE),
+            beam_size=4,
+            alpha=0.6,
+            max_len_offset=8,
+            n_best=2,
+            bos_id=BOS,
+            eos_id=EOS,
+        )
     same = sum(a[0].tokens == b[0].tokens for a, b in zip(ref, out))
     assert same >= len(ref) - 1  # a near-tie may flip on other hardware, rarely
     for a, b in zip(ref, out):
@@ -120,9 +130,16 @@ def test_training_steps_on_the_device_lower_the_loss(precision):
     for step in range(150):
         src, tgt_in, tgt_out = (x.to(DEVICE) for x in make_batch("reverse", 64, 10, 1, 8, g))
         set_lr(opt, min((step + 1) * 2e-4, 2e-3))
-        r = train_step(model, opt, [{"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out,
-                                     "ntokens": int((tgt_out != PAD).sum())}],
-                       label_smoothing=0.0, precision=precision, scaler=scaler, pad_id=PAD, smooth_exclude=())
+        r = train_step(
+            model,
+            opt,
+            [{"src": src, "tgt_in": tgt_in, "tgt_out": tgt_out, "ntokens": int((tgt_out != PAD).sum())}],
+            label_smoothing=0.0,
+            precision=precision,
+            scaler=scaler,
+            pad_id=PAD,
+            smooth_exclude=(),
+        )
         losses.append(r.sums[0].item() / int((tgt_out != PAD).sum()))
     first, last = sum(losses[:10]) / 10, sum(losses[-10:]) / 10
     assert last < first / 2, (first, last)

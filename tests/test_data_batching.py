@@ -90,7 +90,9 @@ def test_bad_arguments():
 def test_shards_have_equal_counts_and_cover_everything(num_shards):
     src, tgt = sizes(3001)
     full = batch_by_tokens(src, tgt, 700, seed=5, epoch=2)
-    shards = [batch_by_tokens(src, tgt, 700, seed=5, epoch=2, num_shards=num_shards, shard_id=r) for r in range(num_shards)]
+    shards = [
+        batch_by_tokens(src, tgt, 700, seed=5, epoch=2, num_shards=num_shards, shard_id=r) for r in range(num_shards)
+    ]
     counts = {len(s) for s in shards}
     assert counts == {-(-len(full) // num_shards)}  # the same number of batches on every rank
     seen = np.concatenate([np.concatenate(s) for s in shards])
@@ -145,7 +147,10 @@ def test_collate_custom_ids():
 
 
 def write_split(data_dir, split, pairs, vocab_size=50):
-    with IndexedWriter(data_dir / f"{split}.src", vocab_size) as s, IndexedWriter(data_dir / f"{split}.tgt", vocab_size) as t:
+    with (
+        IndexedWriter(data_dir / f"{split}.src", vocab_size) as s,
+        IndexedWriter(data_dir / f"{split}.tgt", vocab_size) as t,
+    ):
         for a, b in pairs:
             s.add(a)
             t.add(b)
@@ -153,7 +158,10 @@ def write_split(data_dir, split, pairs, vocab_size=50):
 
 def test_parallel_dataset(tmp_path):
     rng = np.random.default_rng(0)
-    pairs = [(rng.integers(4, 50, rng.integers(1, 20)).tolist(), rng.integers(4, 50, rng.integers(1, 20)).tolist()) for _ in range(200)]
+    pairs = [
+        (rng.integers(4, 50, rng.integers(1, 20)).tolist(), rng.integers(4, 50, rng.integers(1, 20)).tolist())
+        for _ in range(200)
+    ]
     write_split(tmp_path, "train", pairs)
     ds = ParallelDataset.load(tmp_path, "train")
     assert len(ds) == 200

@@ -63,8 +63,13 @@ def test_multi30k_variants_differ(mirror):
     assert tok == raw.lower().replace(",", " ,").replace(".", " .")
 
 
-@pytest.mark.parametrize("name, lang", [pytest.param(name, lang, marks=pytest.mark.corpus(name)) for name, lang in
-                                        [("wmt14-en-de", "en"), ("wmt14-en-de", "de"), ("wmt14-en-fr", "fr")]])
+@pytest.mark.parametrize(
+    "name, lang",
+    [
+        pytest.param(name, lang, marks=pytest.mark.corpus(name))
+        for name, lang in [("wmt14-en-de", "en"), ("wmt14-en-de", "de"), ("wmt14-en-fr", "fr")]
+    ],
+)
 def test_wmt14_test_sets_from_mirror(tmp_path, mirror, name, lang):
     for split, n in [("newstest2012", 3003), ("newstest2013", 3000), ("newstest2014", 3003)]:
         assert line_count(fetch(name, split, lang, data_dir=mirror, cache_dir=tmp_path)) == n
@@ -88,7 +93,11 @@ def test_env_var_points_at_a_mirror(monkeypatch, tmp_path):
     mirror_file = tmp_path / "mirror" / "multi30k" / source.mirror
     mirror_file.parent.mkdir(parents=True)
     mirror_file.write_bytes(gzip.compress(text))
-    monkeypatch.setitem(DATASETS["multi30k"].files, ("raw", "val", "en"), dataclasses.replace(source, sha256=hashlib.sha256(text).hexdigest()))
+    monkeypatch.setitem(
+        DATASETS["multi30k"].files,
+        ("raw", "val", "en"),
+        dataclasses.replace(source, sha256=hashlib.sha256(text).hexdigest()),
+    )
     monkeypatch.setenv(datasets.ENV_DATA_DIR, str(tmp_path / "mirror"))
     assert fetch("multi30k", "val", "en", cache_dir=tmp_path / "cache") == mirror_file
 
@@ -105,7 +114,9 @@ def test_plain_file_may_stand_in_for_gz_in_a_mirror(tmp_path, mirror):
 def test_explicit_mirror_without_the_file_is_an_error(tmp_path):
     with pytest.raises(DataError) as e:
         fetch("multi30k", "train", "en", data_dir=tmp_path, cache_dir=tmp_path / "cache")
-    assert str(e.value).startswith(f"{tmp_path / 'multi30k' / 'raw' / 'train.en.gz'}: no such file in the data directory")
+    assert str(e.value).startswith(
+        f"{tmp_path / 'multi30k' / 'raw' / 'train.en.gz'}: no such file in the data directory"
+    )
     assert not (tmp_path / "cache").exists()
 
 
@@ -133,8 +144,15 @@ def test_unknown_names():
 
 def register(monkeypatch, url, sha256, member=None, mirror="x/file.en.gz"):
     """A one-file dataset "toy" whose only file comes from `url`."""
-    info = corpora.DatasetInfo("toy", "test", ("en",), "train", "train", ("train",),
-                                {("raw", "train", "en"): Source(mirror, url, sha256, member)})
+    info = corpora.DatasetInfo(
+        "toy",
+        "test",
+        ("en",),
+        "train",
+        "train",
+        ("train",),
+        {("raw", "train", "en"): Source(mirror, url, sha256, member)},
+    )
     monkeypatch.setitem(DATASETS, "toy", info)
 
 
@@ -196,8 +214,9 @@ def test_interrupted_download_leaves_nothing(monkeypatch, tmp_path, no_mirror):
 def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, mirror, no_mirror):
     """The registry's own URL is used; urlopen is replaced by a local file's content."""
     source = DATASETS["multi30k"].source("val", "fr")
-    assert source.url == (f"https://raw.githubusercontent.com/multi30k/dataset/{corpora.MULTI30K_COMMIT}"
-                          "/data/task1/raw/val.fr.gz")
+    assert source.url == (
+        f"https://raw.githubusercontent.com/multi30k/dataset/{corpora.MULTI30K_COMMIT}/data/task1/raw/val.fr.gz"
+    )
     opened = []
 
     def fake_urlopen(url, timeout):
@@ -211,16 +230,22 @@ def test_download_of_the_real_multi30k_url_is_attempted(monkeypatch, tmp_path, m
 
 def make_sgml(lines, doc="test"):
     segs = "".join(f'<seg id="{i}">{line}</seg>\n' for i, line in enumerate(lines, 1))
-    return f'<srcset setid="{doc}" srclang="any">\n<doc docid="d1" genre="news" origlang="en">\n{segs}</doc>\n</srcset>\n'
+    return (
+        f'<srcset setid="{doc}" srclang="any">\n<doc docid="d1" genre="news" origlang="en">\n{segs}</doc>\n</srcset>\n'
+    )
 
 
 def test_sgml_to_lines():
-    sgml = make_sgml(["Hello  \tworld ", "A &amp; B", "Tel\xa0Aviv", "x"]) + "<seg id=\"9\"> tail </seg> junk\n"
+    sgml = make_sgml(["Hello  \tworld ", "A &amp; B", "Tel\xa0Aviv", "x"]) + '<seg id="9"> tail </seg> junk\n'
     assert sgml_to_lines(sgml) == ["Hello world", "A &amp; B", "Tel\xa0Aviv", "x", "tail"]
 
 
-SGML_FILES = [(name, split, lang) for name in ("wmt14-en-de", "wmt14-en-fr")
-              for (_, split, lang), source in DATASETS[name].files.items() if source.member]
+SGML_FILES = [
+    (name, split, lang)
+    for name in ("wmt14-en-de", "wmt14-en-fr")
+    for (_, split, lang), source in DATASETS[name].files.items()
+    if source.member
+]
 
 
 @pytest.mark.parametrize("name, split, lang", [pytest.param(*f, marks=pytest.mark.corpus(f[0])) for f in SGML_FILES])

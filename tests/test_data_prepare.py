@@ -74,7 +74,7 @@ def run_error(capsys, argv):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err  # one line, no traceback
     assert lines[0].startswith("transduce prepare: error: ")
-    return lines[0][len("transduce prepare: error: "):]
+    return lines[0][len("transduce prepare: error: ") :]
 
 
 # --- Multi30k, the real thing ---------------------------------------------------------------------
@@ -84,8 +84,24 @@ def run_error(capsys, argv):
 def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch, mirror):
     monkeypatch.setenv("TRANSDUCE_DATA_DIR", str(mirror))  # the mirror found without --data-dir
     out = tmp_path / "m30k"
-    assert prepare(["--dataset", "multi30k", "--src", "en", "--tgt", "de", "--vocab-size", "2000",
-                 "--out", str(out), "--quiet"]) == 0
+    assert (
+        prepare(
+            [
+                "--dataset",
+                "multi30k",
+                "--src",
+                "en",
+                "--tgt",
+                "de",
+                "--vocab-size",
+                "2000",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     report = capsys.readouterr().out
     assert "29,000 pairs read" in report and "0 empty" in report
 
@@ -125,11 +141,34 @@ def test_multi30k_en_de_end_to_end(tmp_path, capsys, monkeypatch, mirror):
 @pytest.mark.corpus("wmt14-en-de")
 def test_wmt14_sample_and_test_sets(tmp_path, capsys, mirror):
     out = tmp_path / "wmt"
-    assert prepare(["--dataset", "wmt14-en-de", "--train-split", "train-sample", "--src", "de", "--tgt", "en",
-                 "--data-dir", str(mirror), "--vocab-size", "1000", "--out", str(out), "--quiet"]) == 0
+    assert (
+        prepare(
+            [
+                "--dataset",
+                "wmt14-en-de",
+                "--train-split",
+                "train-sample",
+                "--src",
+                "de",
+                "--tgt",
+                "en",
+                "--data-dir",
+                str(mirror),
+                "--vocab-size",
+                "1000",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     meta = read_metadata(out)
     assert {n: s["pairs"] for n, s in meta["splits"].items() if n != "train"} == {
-        "valid": 3000, "test": 3003, "newstest2014-filtered": 2737}
+        "valid": 3000,
+        "test": 3003,
+        "newstest2014-filtered": 2737,
+    }
     assert meta["splits"]["train"]["filter_report"]["read"] == 10000
     assert meta["splits"]["valid"]["src_file"].endswith("wmt14-en-de/newstest2013.de.gz")
     # the report says which of the dataset's sets each split is
@@ -140,8 +179,21 @@ def test_wmt14_sample_and_test_sets(tmp_path, capsys, mirror):
 
 def test_wmt14_full_training_set_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # Hugging Face datasets not installed
-    message = run_error(capsys, ["--dataset", "wmt14-en-de", "--src", "en", "--tgt", "de", "--cache-dir",
-                                 str(tmp_path / "cache"), "--out", str(tmp_path / "out")])
+    message = run_error(
+        capsys,
+        [
+            "--dataset",
+            "wmt14-en-de",
+            "--src",
+            "en",
+            "--tgt",
+            "de",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert "pip install datasets" in message
     assert not (tmp_path / "out").exists()
 
@@ -153,7 +205,9 @@ def test_readme_wmt14_recipe_uses_the_papers_vocabulary_sizes():
     from transduce.cli import build_parser
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    commands = [line.split() for line in readme.splitlines() if line.strip().startswith("transduce prepare --dataset wmt14")]
+    commands = [
+        line.split() for line in readme.splitlines() if line.strip().startswith("transduce prepare --dataset wmt14")
+    ]
     sizes = {}
     for argv in commands:
         args = build_parser().parse_args(shlex.split(" ".join(argv[1:])))
@@ -166,9 +220,23 @@ def test_wmt14_full_training_set_error_names_the_mirror_and_the_sample(tmp_path,
     the mirror's own 10,000-pair sample is offered."""
     monkeypatch.setitem(sys.modules, "datasets", None)
     (tmp_path / "mirror").mkdir()
-    message = run_error(capsys, ["--dataset", "wmt14-en-de", "--src", "en", "--tgt", "de", "--data-dir",
-                                 str(tmp_path / "mirror"), "--cache-dir", str(tmp_path / "cache"),
-                                 "--out", str(tmp_path / "out")])
+    message = run_error(
+        capsys,
+        [
+            "--dataset",
+            "wmt14-en-de",
+            "--src",
+            "en",
+            "--tgt",
+            "de",
+            "--data-dir",
+            str(tmp_path / "mirror"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert f"train-full.<lang>.gz files in {tmp_path / 'mirror' / 'wmt14-en-de'}/" in message
     assert "--train-split train-sample" in message and "<data-dir>" not in message
     assert not (tmp_path / "out").exists()
@@ -187,8 +255,20 @@ def test_wmt14_offline_download_says_where_and_how_to_do_without(tmp_path, capsy
     monkeypatch.setattr(datasets, "default_data_dir", lambda: None)
     monkeypatch.setattr(datasets.urllib.request, "urlopen", offline)
     cache = tmp_path / "cache"
-    argv = ["--dataset", "wmt14-en-de", "--train-split", "train-sample", "--src", "en", "--tgt", "de",
-            "--cache-dir", str(cache), "--out", str(tmp_path / "out")]
+    argv = [
+        "--dataset",
+        "wmt14-en-de",
+        "--train-split",
+        "train-sample",
+        "--src",
+        "en",
+        "--tgt",
+        "de",
+        "--cache-dir",
+        str(cache),
+        "--out",
+        str(tmp_path / "out"),
+    ]
 
     def check(message, url):
         assert message.startswith(f"{url}: download failed ([Errno -2] Name or service not known)")
@@ -213,8 +293,9 @@ def test_own_files(tmp_path, files, capsys):
     out = tmp_path / "data"
     assert prepare(args_for(files, out)) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["data.json", "spm.model", "spm.vocab"] + [f"{s}.{side}.{ext}" for s in ("train", "valid", "test")
-                                                   for side in ("src", "tgt") for ext in ("bin", "idx")])
+        ["data.json", "spm.model", "spm.vocab"]
+        + [f"{s}.{side}.{ext}" for s in ("train", "valid", "test") for side in ("src", "tgt") for ext in ("bin", "idx")]
+    )
     meta = json.loads((out / "data.json").read_text())
     assert [meta["splits"][s]["pairs"] for s in ("train", "valid", "test")] == [2000, 50, 40]
     assert meta["splits"]["train"]["src_file"] == str(files["train_src"])
@@ -261,7 +342,9 @@ def test_filtering_is_counted_and_reported(tmp_path, files, capsys):
 
 def test_help_runs_as_a_module():
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    result = subprocess.run([sys.executable, "-m", "transduce", "prepare", "--help"], capture_output=True, text=True, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "transduce", "prepare", "--help"], capture_output=True, text=True, env=env
+    )
     assert result.returncode == 0 and "--vocab-size" in result.stdout and "--separate-vocab" in result.stdout
     assert "Warning" not in result.stderr
 
@@ -330,14 +413,17 @@ def test_vocabulary_too_small_for_the_characters_says_the_least_size(tmp_path, f
     assert leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--vocab-size", "0", "--vocab-size must be at least 1, not 0"),  # was silently the default 8000
-    ("--vocab-size", "-5", "--vocab-size must be at least 1, not -5"),
-    ("--vocab-sample", "0", "--vocab-sample must be at least 1"),
-    ("--character-coverage", "2", "--character-coverage must be in [0.98, 1]"),
-    ("--max-len", "0", "--max-len must be at least 1, not 0"),  # was silently the default
-    ("--max-ratio", "0.5", "--max-ratio must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--vocab-size", "0", "--vocab-size must be at least 1, not 0"),  # was silently the default 8000
+        ("--vocab-size", "-5", "--vocab-size must be at least 1, not -5"),
+        ("--vocab-sample", "0", "--vocab-sample must be at least 1"),
+        ("--character-coverage", "2", "--character-coverage must be in [0.98, 1]"),
+        ("--max-len", "0", "--max-len must be at least 1, not 0"),  # was silently the default
+        ("--max-ratio", "0.5", "--max-ratio must be at least 1"),
+    ],
+)
 def test_numeric_options_out_of_range(tmp_path, files, capsys, flag, value, message):
     assert run_error(capsys, args_for(files, tmp_path / "out", flag, value)).startswith(message)
     assert not (tmp_path / "out").exists()
@@ -353,7 +439,10 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path, files, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    assert run_error(capsys, args_for(files, out)) == f"{out}: output directory is not empty (use --overwrite to replace it)"
+    assert (
+        run_error(capsys, args_for(files, out))
+        == f"{out}: output directory is not empty (use --overwrite to replace it)"
+    )
     assert (out / "precious.txt").read_text() == "keep me"
     assert prepare(args_for(files, out, "--overwrite")) == 0
     assert not (out / "precious.txt").exists() and (out / "data.json").is_file()
@@ -367,10 +456,15 @@ def test_empty_output_directory_is_fine(tmp_path, files):
 
 def test_argument_errors(tmp_path, files, capsys):
     out = str(tmp_path / "out")
-    assert "not both" in run_error(capsys, ["--dataset", "multi30k", "--src", "en", "--tgt", "de",
-                                            "--train-src", str(files["train_src"]), "--out", out])
+    assert "not both" in run_error(
+        capsys,
+        ["--dataset", "multi30k", "--src", "en", "--tgt", "de", "--train-src", str(files["train_src"]), "--out", out],
+    )
     assert "--valid-src and --valid-tgt" in run_error(
-        capsys, ["--train-src", str(files["train_src"]), "--train-tgt", str(files["train_tgt"]), "--out", out])
+        capsys, ["--train-src", str(files["train_src"]), "--train-tgt", str(files["train_tgt"]), "--out", out]
+    )
     assert "needs --src and --tgt" in run_error(capsys, ["--dataset", "multi30k", "--out", out])
-    assert "has no language 'cs'" in run_error(capsys, ["--dataset", "multi30k", "--src", "en", "--tgt", "cs", "--out", out])
+    assert "has no language 'cs'" in run_error(
+        capsys, ["--dataset", "multi30k", "--src", "en", "--tgt", "cs", "--out", out]
+    )
     assert "both 'en'" in run_error(capsys, ["--dataset", "multi30k", "--src", "en", "--tgt", "en", "--out", out])

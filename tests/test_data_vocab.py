@@ -78,8 +78,15 @@ def test_load_errors(tmp_path):
 
 def test_a_model_of_another_layout_is_read_with_its_own_ids(tmp_path):
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences(500)), model_prefix=str(tmp_path / "other"), vocab_size=60, model_type="bpe",
-        minloglevel=2, unk_id=0, bos_id=1, eos_id=2, pad_id=3,
+        sentence_iterator=iter(sentences(500)),
+        model_prefix=str(tmp_path / "other"),
+        vocab_size=60,
+        model_type="bpe",
+        minloglevel=2,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=3,
     )
     v = Vocab(tmp_path / "other.model")
     assert (v.pad, v.unk, v.bos, v.eos) == (3, 0, 1, 2)
@@ -89,8 +96,11 @@ def test_a_model_of_another_layout_is_read_with_its_own_ids(tmp_path):
 
 def test_a_model_without_a_pad_piece_is_refused_in_one_line(tmp_path):
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences(500)), model_prefix=str(tmp_path / "other"), vocab_size=60,
-        model_type="bpe", minloglevel=2,  # sentencepiece defaults: unk=0, bos=1, eos=2, no pad
+        sentence_iterator=iter(sentences(500)),
+        model_prefix=str(tmp_path / "other"),
+        vocab_size=60,
+        model_type="bpe",
+        minloglevel=2,  # sentencepiece defaults: unk=0, bos=1, eos=2, no pad
     )
     with pytest.raises(DataError, match="no pad piece .*train the vocabulary with transduce"):
         Vocab(tmp_path / "other.model")

@@ -18,10 +18,38 @@ REPO = Path(__file__).resolve().parents[1]
 def run(tmp_path: Path, mirror: Path, *args: str) -> dict:
     out = tmp_path / "result.json"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    subprocess.run([sys.executable, "-m", "benchmarks.decode_speed", "--presets", "small", "--systems",
-                    "transduce", "--precisions", "fp32", "--n-sentences", "10", "--batch-size", "2", "--threads", "2",
-                    "--repeats", "1", "--data-dir", str(mirror), "--json", str(out), *args],
-                   check=True, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.decode_speed",
+            "--presets",
+            "small",
+            "--systems",
+            "transduce",
+            "--precisions",
+            "fp32",
+            "--n-sentences",
+            "10",
+            "--batch-size",
+            "2",
+            "--threads",
+            "2",
+            "--repeats",
+            "1",
+            "--data-dir",
+            str(mirror),
+            "--json",
+            str(out),
+            *args,
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     return json.loads(out.read_text())
 
 

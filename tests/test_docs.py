@@ -46,8 +46,11 @@ def _items(text: str) -> list[str]:
 
 
 def test_every_section_3_and_5_subsection_is_mapped():
-    first_cells = [re.match(r"\*\*(.+?)\*\*", item).group(1) for item in _items(DOC.read_text(encoding="utf-8"))
-                   if item.startswith("**")]
+    first_cells = [
+        re.match(r"\*\*(.+?)\*\*", item).group(1)
+        for item in _items(DOC.read_text(encoding="utf-8"))
+        if item.startswith("**")
+    ]
     for sec in ["3.1", "3.2.1", "3.2.2", "3.2.3", "3.3", "3.4", "3.5", "5.1", "5.3", "5.4", "eq. 1", "eq. 2", "eq. 3"]:
         assert any(sec in cell for cell in first_cells), sec
 
@@ -72,8 +75,9 @@ def test_every_deviation_defaults_to_the_papers_choice():
     rows = _deviation_rows()
     assert len(rows) >= 10
     for deviation, options, default in rows:
-        expected = json.loads(default.strip("`").replace("True", "true").replace("False", "false")
-                              .replace("None", "null"))
+        expected = json.loads(
+            default.strip("`").replace("True", "true").replace("False", "false").replace("None", "null")
+        )
         for name in re.findall(r"`(transduce(?:\.\w+)+)`", options):
             owner, field = name.rsplit(".", 1)
             cls = resolve(owner)
@@ -95,7 +99,10 @@ def test_no_line_of_the_docs_is_over_160_characters():
     """README.md and docs/*.md read in a terminal and a diff: lines of at most 160 characters
     (a table too wide for that is written as a list)."""
     root = DOC.parents[1]
-    long = [f"{path.relative_to(root)}:{n}: {len(line)} characters"
-            for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
-            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if len(line) > 160]
+    long = [
+        f"{path.relative_to(root)}:{n}: {len(line)} characters"
+        for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if len(line) > 160
+    ]
     assert not long, "lines over 160 characters:\n" + "\n".join(long)

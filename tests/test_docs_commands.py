@@ -80,7 +80,9 @@ def commands_in(doc: Path) -> list[Command]:
         pending = []
     for m in re.finditer(r"`([^`]+)`", prose):
         span = " ".join(m.group(1).split())
-        if re.match(r"(\[[^]]*\] |\S+=\S+ )*(transduce [a-z]|python3? -m benchmarks\.|bash (scripts|benchmarks)/)", span):
+        if re.match(
+            r"(\[[^]]*\] |\S+=\S+ )*(transduce [a-z]|python3? -m benchmarks\.|bash (scripts|benchmarks)/)", span
+        ):
             found.append(Command(doc, prose.count("\n", 0, m.start()) + 1, span))
     return found
 
@@ -112,8 +114,15 @@ def _words(text: str) -> list[list[str]]:
 
 
 def _placeholder(word: str) -> bool:
-    return (word in ("...", "…") or "|" in word or "¦" in word or word.isupper() or word.startswith("$") or "$" in word
-            or bool(re.fullmatch(r"[A-Z][A-Z0-9_]*[/.].*|.*/[A-Z][A-Z0-9_]*", word)))
+    return (
+        word in ("...", "…")
+        or "|" in word
+        or "¦" in word
+        or word.isupper()
+        or word.startswith("$")
+        or "$" in word
+        or bool(re.fullmatch(r"[A-Z][A-Z0-9_]*[/.].*|.*/[A-Z][A-Z0-9_]*", word))
+    )
 
 
 def _unbracket(words: list[str]) -> list[str]:
@@ -122,7 +131,8 @@ def _unbracket(words: list[str]) -> list[str]:
 
 
 PARSERS: dict[str, argparse.ArgumentParser] = next(
-    a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+).choices
 
 
 def check_transduce(words: list[str]) -> str | None:
@@ -190,8 +200,11 @@ def _check_value(action: argparse.Action, value: str) -> str | None:
 def declared_flags(script: Path) -> set[str]:
     """The option strings a script declares with add_argument (read, not imported)."""
     text = script.read_text(encoding="utf-8")
-    return {s for call in re.findall(r"add_argument\(((?:\s*[\"']-[^\"']+[\"'],)+)", text)
-            for s in re.findall(r"[\"'](-[^\"']+)[\"']", call)} | {"-h", "--help"}
+    return {
+        s
+        for call in re.findall(r"add_argument\(((?:\s*[\"']-[^\"']+[\"'],)+)", text)
+        for s in re.findall(r"[\"'](-[^\"']+)[\"']", call)
+    } | {"-h", "--help"}
 
 
 def check_benchmark(module: str, rest: list[str]) -> str | None:
@@ -230,7 +243,7 @@ def problem_of(command: Command) -> str | None:
         if head == "transduce":
             problem = check_transduce(words[1:])
         elif head == "torchrun" and "transduce" in words and words[words.index("transduce") - 1] == "-m":
-            problem = check_transduce(words[words.index("transduce") + 1:])
+            problem = check_transduce(words[words.index("transduce") + 1 :])
         elif head in ("python", "python3") and words[1:2] == ["-m"] and len(words) > 2:
             target = words[2]
             if target == "transduce":
@@ -262,19 +275,22 @@ def test_every_command_in_the_docs_parses_with_todays_flags():
     assert not problems, "commands in the docs that today's CLI refuses:\n" + "\n".join(problems)
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("transduce translate runs/multi30k-en-de --alpha 1.2", "transduce translate has no flag --alpha"),
-    ("transduce trian --data d", "unknown subcommand 'trian'"),
-    ("transduce translate RUN --length-penalty paper", "the formula is one of"),
-    ("transduce translate RUN --precision fp64", "not one of"),
-    ("echo a | transduce translate RUN --alph 1 > out.txt", "no flag --alph"),
-    ("torchrun --nproc_per_node 8 -m transduce train --run-dir r --resume", "no flag --resume"),
-    ("python -m benchmarks.decode_speed --no-such-flag 1", "no flag --no-such-flag"),
-    ("STEPS=10 bash scripts/multi30k.sh", None),
-    ("NO_SUCH_VARIABLE=1 bash scripts/multi30k.sh", "does not read NO_SUCH_VARIABLE"),
-    ("transduce translate RUN/avg_last5 -i test.en -o OUT --length-penalty gnmt:1.2 --precision fp32|int8", None),
-    ("transduce export ct2 RUN -o OUT --quantization int8", None),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("transduce translate runs/multi30k-en-de --alpha 1.2", "transduce translate has no flag --alpha"),
+        ("transduce trian --data d", "unknown subcommand 'trian'"),
+        ("transduce translate RUN --length-penalty paper", "the formula is one of"),
+        ("transduce translate RUN --precision fp64", "not one of"),
+        ("echo a | transduce translate RUN --alph 1 > out.txt", "no flag --alph"),
+        ("torchrun --nproc_per_node 8 -m transduce train --run-dir r --resume", "no flag --resume"),
+        ("python -m benchmarks.decode_speed --no-such-flag 1", "no flag --no-such-flag"),
+        ("STEPS=10 bash scripts/multi30k.sh", None),
+        ("NO_SUCH_VARIABLE=1 bash scripts/multi30k.sh", "does not read NO_SUCH_VARIABLE"),
+        ("transduce translate RUN/avg_last5 -i test.en -o OUT --length-penalty gnmt:1.2 --precision fp32|int8", None),
+        ("transduce export ct2 RUN -o OUT --quantization int8", None),
+    ],
+)
 def test_the_checker_refuses_what_the_cli_refuses(text, problem):
     got = problem_of(Command(REPO / "README.md", 1, text))
     assert (got is None) if problem is None else (got is not None and problem in got), got
@@ -282,9 +298,14 @@ def test_the_checker_refuses_what_the_cli_refuses(text, problem):
 
 def test_commands_are_found_where_the_docs_write_them(tmp_path):
     doc = tmp_path / "x.md"
-    doc.write_text("Run `transduce average RUN --last 3` here.\n\n```bash\ntransduce translate m \\\n"
-                   "    --alpha 1   # a comment --nope\n```\n", encoding="utf-8")
+    doc.write_text(
+        "Run `transduce average RUN --last 3` here.\n\n```bash\ntransduce translate m \\\n"
+        "    --alpha 1   # a comment --nope\n```\n",
+        encoding="utf-8",
+    )
     found = commands_in(doc)
-    assert [(c.line, c.text) for c in found] == [(4, "transduce translate m      --alpha 1   # a comment --nope"),
-                                                 (1, "transduce average RUN --last 3")]
+    assert [(c.line, c.text) for c in found] == [
+        (4, "transduce translate m      --alpha 1   # a comment --nope"),
+        (1, "transduce average RUN --last 3"),
+    ]
     assert "no flag --alpha" in problem_of(found[0]) and "no flag --last" in problem_of(found[1])

@@ -17,8 +17,14 @@ pptx = pytest.importorskip("pptx")
 odf = pytest.importorskip("odf")
 srt = pytest.importorskip("srt")
 
-from transduce.documents import (DocumentError, Translator, format_of, output_name, read,  # noqa: E402
-                                 translate_document)
+from transduce.documents import (  # noqa: E402
+    DocumentError,
+    Translator,
+    format_of,
+    output_name,
+    read,
+    translate_document,
+)
 from transduce.documents.inline import Piece, tagged, untagged  # noqa: E402
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -121,16 +127,37 @@ def runs(paragraph) -> list[tuple[str, bool, bool]]:
 
 def test_docx_round_trip():
     assert read(build_docx(), ".docx").segments == [
-        "a dog <r1>runs fast</r1> in <r2>the park</r2>.", "read <r1>the manual</r1> first.", "look at <r1/> this picture",
-        "first cell", "second cell", "bold cell", "42", "the header of every page", "the footer, <r1>in italics</r1>"]
+        "a dog <r1>runs fast</r1> in <r2>the park</r2>.",
+        "read <r1>the manual</r1> first.",
+        "look at <r1/> this picture",
+        "first cell",
+        "second cell",
+        "bold cell",
+        "42",
+        "the header of every page",
+        "the footer, <r1>in italics</r1>",
+    ]
     out, marking = translated(build_docx(), ".docx")
-    assert marking.calls[0] == ["a dog runs fast in the park.", "read the manual first.", "look at this picture",
-                                "first cell", "second cell", "bold cell", "42", "the header of every page",
-                                "the footer, in italics"]
+    assert marking.calls[0] == [
+        "a dog runs fast in the park.",
+        "read the manual first.",
+        "look at this picture",
+        "first cell",
+        "second cell",
+        "bold cell",
+        "42",
+        "the header of every page",
+        "the footer, in italics",
+    ]
     d = docx.Document(BytesIO(out))  # opens in python-docx
     body = d.paragraphs
-    assert runs(body[0]) == [("A DOG ", False, False), ("RUNS FAST", True, False), (" IN ", False, False),
-                             ("THE PARK", False, True), (".", False, False)]
+    assert runs(body[0]) == [
+        ("A DOG ", False, False),
+        ("RUNS FAST", True, False),
+        (" IN ", False, False),
+        ("THE PARK", False, True),
+        (".", False, False),
+    ]
     assert body[1].text == "READ THE MANUAL FIRST."
     (link,) = body[1].hyperlinks
     assert link.address == URL and link.text == "THE MANUAL" and link.runs[0].underline
@@ -172,8 +199,13 @@ def test_docx_runs_follow_their_tags():
     wherever the translator put it."""
     out = translate_document(read(build_docx(), ".docx"), Reordering(), "en")
     d = docx.Document(BytesIO(out))
-    assert runs(d.paragraphs[0]) == [("im ", False, False), ("Park", False, True), (" ", False, False),
-                                     ("rennt schnell", True, False), (" ein Hund.", False, False)]
+    assert runs(d.paragraphs[0]) == [
+        ("im ", False, False),
+        ("Park", False, True),
+        (" ", False, False),
+        ("rennt schnell", True, False),
+        (" ein Hund.", False, False),
+    ]
 
 
 def test_without_an_alignment_the_tags_land_in_proportion():
@@ -181,8 +213,13 @@ def test_without_an_alignment_the_tags_land_in_proportion():
     runs come back in order, each translated, where they were in proportion."""
     upper = Translator(lambda sentences: [s.upper() for s in sentences])
     d = docx.Document(BytesIO(translate_document(read(build_docx(), ".docx"), upper, "en")))
-    assert runs(d.paragraphs[0]) == [("A DOG ", False, False), ("RUNS FAST", True, False), (" IN ", False, False),
-                                     ("THE PARK", False, True), (".", False, False)]
+    assert runs(d.paragraphs[0]) == [
+        ("A DOG ", False, False),
+        ("RUNS FAST", True, False),
+        (" IN ", False, False),
+        ("THE PARK", False, True),
+        (".", False, False),
+    ]
 
 
 # -- PowerPoint --------------------------------------------------------------------------------------
@@ -196,8 +233,12 @@ def build_pptx() -> bytes:
     slide.shapes.title.text = "the first slide"
     frame = slide.shapes.add_textbox(Inches(1), Inches(2), Inches(6), Inches(1)).text_frame
     p = frame.paragraphs[0]
-    for text, bold, link in (("a dog ", False, None), ("runs", True, None), (" to ", False, None),
-                             ("the site", False, URL)):
+    for text, bold, link in (
+        ("a dog ", False, None),
+        ("runs", True, None),
+        (" to ", False, None),
+        ("the site", False, URL),
+    ):
         r = p.add_run()
         r.text = text
         r.font.bold = bold or None
@@ -215,21 +256,46 @@ def build_pptx() -> bytes:
 
 def test_pptx_round_trip():
     assert read(build_pptx(), ".pptx").segments == [
-        "the first slide", "a dog <r1>runs</r1> to <r2>the site</r2>", "one line\nanother line", "first cell",
-        "second cell", "third cell", "7", "what the speaker says"]
+        "the first slide",
+        "a dog <r1>runs</r1> to <r2>the site</r2>",
+        "one line\nanother line",
+        "first cell",
+        "second cell",
+        "third cell",
+        "7",
+        "what the speaker says",
+    ]
     out, marking = translated(build_pptx(), ".pptx")
-    assert marking.calls[0] == ["the first slide", "a dog runs to the site", "one line", "another line", "first cell",
-                                "second cell", "third cell", "7", "what the speaker says"]
+    assert marking.calls[0] == [
+        "the first slide",
+        "a dog runs to the site",
+        "one line",
+        "another line",
+        "first cell",
+        "second cell",
+        "third cell",
+        "7",
+        "what the speaker says",
+    ]
     slide = pptx.Presentation(BytesIO(out)).slides[0]  # opens in python-pptx
     assert slide.shapes.title.text == "THE FIRST SLIDE"
     frame = next(s for s in slide.shapes if s.has_text_frame and s != slide.shapes.title).text_frame
     first, second = frame.paragraphs
-    assert [(r.text, bool(r.font.bold)) for r in first.runs] == [("A DOG ", False), ("RUNS", True), (" TO ", False),
-                                                                 ("THE SITE", False)]
+    assert [(r.text, bool(r.font.bold)) for r in first.runs] == [
+        ("A DOG ", False),
+        ("RUNS", True),
+        (" TO ", False),
+        ("THE SITE", False),
+    ]
     assert first.runs[3].hyperlink.address == URL
     assert second.text == "ONE LINE\vANOTHER LINE"  # the line break where it was
     table = next(s for s in slide.shapes if s.has_table).table
-    assert [table.cell(i, j).text for i in range(2) for j in range(2)] == ["FIRST CELL", "SECOND CELL", "THIRD CELL", "7"]
+    assert [table.cell(i, j).text for i in range(2) for j in range(2)] == [
+        "FIRST CELL",
+        "SECOND CELL",
+        "THIRD CELL",
+        "7",
+    ]
     assert slide.notes_slide.notes_text_frame.text == "WHAT THE SPEAKER SAYS"
     no_lower(r.text for s in slide.shapes if s.has_text_frame for p in s.text_frame.paragraphs for r in p.runs)
 
@@ -288,15 +354,37 @@ def test_odt_round_trip():
     from odf.text import A, LineBreak, P, Span
 
     assert read(build_odt(), ".odt").segments == [
-        "the header of every page", "the footer", "a dog <r1>runs fast</r1> to <r2>the site</r2>.",
-        "one line\nanother line", "first cell", "second cell", "third cell", "7"]
+        "the header of every page",
+        "the footer",
+        "a dog <r1>runs fast</r1> to <r2>the site</r2>.",
+        "one line\nanother line",
+        "first cell",
+        "second cell",
+        "third cell",
+        "7",
+    ]
     out, marking = translated(build_odt(), ".odt")
-    assert marking.calls[0] == ["the header of every page", "the footer", "a dog runs fast to the site.", "one line",
-                                "another line", "first cell", "second cell", "third cell", "7"]
+    assert marking.calls[0] == [
+        "the header of every page",
+        "the footer",
+        "a dog runs fast to the site.",
+        "one line",
+        "another line",
+        "first cell",
+        "second cell",
+        "third cell",
+        "7",
+    ]
     doc = load(BytesIO(out))  # opens in odfpy
     body = doc.text.getElementsByType(P)
-    assert [teletype.extractText(p) for p in body] == ["A DOG RUNS FAST TO THE SITE.", "ONE LINE\nANOTHER LINE",
-                                                       "FIRST CELL", "SECOND CELL", "THIRD CELL", "7"]
+    assert [teletype.extractText(p) for p in body] == [
+        "A DOG RUNS FAST TO THE SITE.",
+        "ONE LINE\nANOTHER LINE",
+        "FIRST CELL",
+        "SECOND CELL",
+        "THIRD CELL",
+        "7",
+    ]
     (span,) = body[0].getElementsByType(Span)
     assert teletype.extractText(span) == "RUNS FAST" and span.getAttribute("stylename") == "Bold"
     (link,) = body[0].getElementsByType(A)
@@ -338,7 +426,10 @@ def test_odp_slides_and_notes():
     out, marking = translated(data.getvalue(), ".odp")
     assert marking.calls[0] == ["a slide with bold words", "what the speaker says"]
     slide, notes = load(BytesIO(out)).presentation.getElementsByType(P)  # opens in odfpy
-    assert teletype.extractText(slide) == "A SLIDE WITH BOLD WORDS" and teletype.extractText(notes) == "WHAT THE SPEAKER SAYS"
+    assert (
+        teletype.extractText(slide) == "A SLIDE WITH BOLD WORDS"
+        and teletype.extractText(notes) == "WHAT THE SPEAKER SAYS"
+    )
     assert teletype.extractText(slide.getElementsByType(Span)[0]) == "BOLD WORDS"
 
 
@@ -364,15 +455,30 @@ def test_html_round_trip():
     from lxml import html as lxml_html
 
     out, marking = translated(HTML.encode(), ".html")
-    assert marking.calls[0] == ["a small page", "the first heading", "a dog runs & jumps.",
-                                "read the manual, then run make all twice.", "one item", "two items", "a cell <one>", "42"]
+    assert marking.calls[0] == [
+        "a small page",
+        "the first heading",
+        "a dog runs & jumps.",
+        "read the manual, then run make all twice.",
+        "one item",
+        "two items",
+        "a cell <one>",
+        "42",
+    ]
     text = out.decode()
     assert "<title>A SMALL PAGE</title>" in text and "<h1>THE <em>FIRST</em> HEADING</h1>" in text
-    assert ('<p>A DOG <b>RUNS</b> &amp; JUMPS.<br>READ <a href="manual.html" title="the manual">THE MANUAL</a>, '
-            "THEN RUN <code>make all</code> TWICE.</p>") in text
+    assert (
+        '<p>A DOG <b>RUNS</b> &amp; JUMPS.<br>READ <a href="manual.html" title="the manual">THE MANUAL</a>, '
+        "THEN RUN <code>make all</code> TWICE.</p>"
+    ) in text
     assert '<li><a href="#two">TWO ITEMS</a></li>' in text and "<td>A CELL &lt;ONE&gt;</td><td>42</td>" in text
-    for kept in ('<script>var x = "not text";</script>', "<pre>kept as it is</pre>", '<p translate="no">not this one</p>',
-                 "<!-- a comment -->", "<style>p { color: red }</style>"):
+    for kept in (
+        '<script>var x = "not text";</script>',
+        "<pre>kept as it is</pre>",
+        '<p translate="no">not this one</p>',
+        "<!-- a comment -->",
+        "<style>p { color: red }</style>",
+    ):
         assert kept in text
     assert text.replace("\n", "").count("<") == HTML.replace("\n", "").count("<")  # no tag added or lost
     root = lxml_html.fromstring(out)  # opens in lxml
@@ -380,8 +486,10 @@ def test_html_round_trip():
     def kept(el) -> bool:
         return not isinstance(el.tag, str) or el.tag in ("script", "style", "pre", "code") or el.get("translate")
 
-    no_lower([el.text for el in root.iter() if not kept(el) and el.text and el.text.strip()] +
-             [el.tail for el in root.iter() if el.tail and el.tail.strip()])
+    no_lower(
+        [el.text for el in root.iter() if not kept(el) and el.text and el.text.strip()]
+        + [el.tail for el in root.iter() if el.tail and el.tail.strip()]
+    )
 
 
 SRT = """1
@@ -401,20 +509,29 @@ the <i>green</i> park.
 
 def test_srt_round_trip():
     out, marking = translated(SRT.encode(), ".srt")
-    assert read(SRT.encode(), ".srt").segments == ["a dog runs across the <r1>green</r1> park.", "<r1/>the second cue",
-                                                   "<r1>the third</r1> one"]
+    assert read(SRT.encode(), ".srt").segments == [
+        "a dog runs across the <r1>green</r1> park.",
+        "<r1/>the second cue",
+        "<r1>the third</r1> one",
+    ]
     assert marking.calls[0] == ["a dog runs across the green park.", "the second cue", "the third one"]
     before, after = list(srt.parse(SRT)), list(srt.parse(out.decode()))  # opens in srt
     assert [(c.index, c.start, c.end) for c in after] == [(c.index, c.start, c.end) for c in before]
-    assert [c.content for c in after] == ["A DOG RUNS ACROSS\nTHE <i>GREEN</i> PARK.", "{\\an8}THE SECOND CUE",
-                                          "<b>THE THIRD</b> ONE"]
+    assert [c.content for c in after] == [
+        "A DOG RUNS ACROSS\nTHE <i>GREEN</i> PARK.",
+        "{\\an8}THE SECOND CUE",
+        "<b>THE THIRD</b> ONE",
+    ]
 
 
 def test_txt_round_trip():
     text = "\ufeffthe first line.\r\n\r\n   an indented one & <more>.  \r\n...\r\nlast, without an ending"
     out, marking = translated(text.encode(), ".txt")
     assert marking.calls[0] == ["the first line.", "an indented one & <more>.", "last, without an ending"]
-    assert out.decode("utf-8") == "\ufeffTHE FIRST LINE.\r\n\r\n   AN INDENTED ONE & <MORE>.  \r\n...\r\nLAST, WITHOUT AN ENDING"
+    assert (
+        out.decode("utf-8")
+        == "\ufeffTHE FIRST LINE.\r\n\r\n   AN INDENTED ONE & <MORE>.  \r\n...\r\nLAST, WITHOUT AN ENDING"
+    )
 
 
 def test_epub_round_trip(tmp_path):
@@ -426,8 +543,13 @@ def test_epub_round_trip(tmp_path):
     book.set_title("a test book")
     book.set_language("en")
     chapters = []
-    for i, body in enumerate(("<h1>the first chapter</h1><p>a dog <b>runs</b> far.</p>",
-                              "<h1>the second chapter</h1><p>it <i>comes</i> back.</p>"), start=1):
+    for i, body in enumerate(
+        (
+            "<h1>the first chapter</h1><p>a dog <b>runs</b> far.</p>",
+            "<h1>the second chapter</h1><p>it <i>comes</i> back.</p>",
+        ),
+        start=1,
+    ):
         c = epub.EpubHtml(title=f"chapter {i}", file_name=f"ch{i}.xhtml", lang="en")
         c.content = body
         book.add_item(c)
@@ -453,8 +575,12 @@ def test_tags_there_and_back():
     pieces = [Piece("a "), Piece("b & c", (1,)), Piece(stack=(1,), atom=2), Piece("d", (1, 3))]
     text = tagged(pieces)
     assert text == "a <r1>b &amp; c<r2/><r3>d</r3></r1>"
-    assert untagged(text, {1, 3}, {2}) == [Piece("a "), Piece("b & c", (1,)), Piece(stack=(1,), atom=2),
-                                           Piece("d", (1, 3))]
+    assert untagged(text, {1, 3}, {2}) == [
+        Piece("a "),
+        Piece("b & c", (1,)),
+        Piece(stack=(1,), atom=2),
+        Piece("d", (1, 3)),
+    ]
 
 
 def test_a_translator_that_loses_tags_loses_no_text_and_no_image():

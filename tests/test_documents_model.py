@@ -38,8 +38,11 @@ def texts(data: bytes) -> list[str]:
     """Every paragraph's text of a .docx: the body's, the table's, the header's and footer's."""
     d = docx.Document(BytesIO(data))
     section = d.sections[0]
-    return ([p.text for p in d.paragraphs] + [c.text for c in d.tables[0]._cells]
-            + [section.header.paragraphs[0].text, section.footer.paragraphs[0].text])
+    return (
+        [p.text for p in d.paragraphs]
+        + [c.text for c in d.tables[0]._cells]
+        + [section.header.paragraphs[0].text, section.footer.paragraphs[0].text]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,12 @@ def cli_output(model_dir, tmp_path_factory):
     """`transduce translate MODEL --file report.docx` (beam 2, fp32): the file it wrote."""
     d = tmp_path_factory.mktemp("cli")
     (d / "report.docx").write_bytes(build_docx())
-    assert main(["translate", str(model_dir), "--file", str(d / "report.docx"), "--beam", "2", "--precision", "fp32",
-                 "-q"]) == 0
+    assert (
+        main(
+            ["translate", str(model_dir), "--file", str(d / "report.docx"), "--beam", "2", "--precision", "fp32", "-q"]
+        )
+        == 0
+    )
     return (d / "report.de.docx").read_bytes()  # the model's target language in the default name
 
 
@@ -61,8 +68,11 @@ def test_translate_file_writes_the_document_beside_it(cli_output):
 def test_translate_file_refuses_in_one_line_and_writes_nothing(model_dir, tmp_path, capsys):
     (tmp_path / "notes.xml").write_text("<a/>")
     (tmp_path / "broken.docx").write_bytes(b"not a zip")
-    for name, why in (("notes.xml", ".xml files are not translated"), ("broken.docx", "not a readable Word (.docx) file"),
-                      ("missing.odt", "No such file or directory")):
+    for name, why in (
+        ("notes.xml", ".xml files are not translated"),
+        ("broken.docx", "not a readable Word (.docx) file"),
+        ("missing.odt", "No such file or directory"),
+    ):
         assert main(["translate", str(model_dir), "--file", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and why in err and "Traceback" not in err
@@ -76,8 +86,13 @@ def test_translate_file_and_download_file_on_a_live_server(model_dir, cli_output
     try:
         settings = httpx.get(url + "/frontend/settings").json()
         assert settings["filesTranslation"] is True and ".docx" in settings["supportedFilesFormat"]
-        files = {"file": ("report.docx", build_docx(),
-                          "application/vnd.openxmlformats-officedocument.wordprocessingml.document")}
+        files = {
+            "file": (
+                "report.docx",
+                build_docx(),
+                "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+            )
+        }
         r = httpx.post(url + "/translate_file", files=files, data={"source": "en", "target": "de"}, timeout=60)
         assert r.status_code == 200, r.text
         link = r.json()["translatedFileUrl"]
@@ -93,14 +108,31 @@ def test_translate_file_and_download_file_on_a_live_server(model_dir, cli_output
             assert (r.status_code, r.json()) == (status, {"error": message})
 
         refused(400, "Invalid request: missing target parameter", files=files, data={"source": "en"})
-        refused(400, "Invalid request: missing file parameter", data={"source": "en", "target": "de"},
-                files={"other": ("x.txt", b"hello")})
-        refused(400, "Invalid request: file format not supported", files={"file": ("notes.xml", b"<a/>")},
-                data={"source": "en", "target": "de"})
-        refused(400, "French (fr) is not available as a target language from English (en): this server translates "
-                     "English (en) into German (de)", files=files, data={"source": "en", "target": "fr"})
-        r = httpx.post(url + "/translate_file", files={"file": ("broken.pptx", b"junk")}, data={"source": "en", "target": "de"})
-        assert r.status_code == 400 and r.json()["error"].startswith("Invalid request: broken.pptx: not a readable PowerPoint")
+        refused(
+            400,
+            "Invalid request: missing file parameter",
+            data={"source": "en", "target": "de"},
+            files={"other": ("x.txt", b"hello")},
+        )
+        refused(
+            400,
+            "Invalid request: file format not supported",
+            files={"file": ("notes.xml", b"<a/>")},
+            data={"source": "en", "target": "de"},
+        )
+        refused(
+            400,
+            "French (fr) is not available as a target language from English (en): this server translates "
+            "English (en) into German (de)",
+            files=files,
+            data={"source": "en", "target": "fr"},
+        )
+        r = httpx.post(
+            url + "/translate_file", files={"file": ("broken.pptx", b"junk")}, data={"source": "en", "target": "de"}
+        )
+        assert r.status_code == 400 and r.json()["error"].startswith(
+            "Invalid request: broken.pptx: not a readable PowerPoint"
+        )
         assert httpx.get(url + "/download_file/00000000-0000-0000-0000-000000000000.x.docx").status_code == 404
         assert httpx.get(url + "/download_file/..%2F..%2Fetc%2Fpasswd").status_code in (400, 404)
     finally:

@@ -20,22 +20,25 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 # -- the ##AT## compound split: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g' ------------------
 
 
-@pytest.mark.parametrize("line, expected", [
-    ("Auto-Fahrer", "Auto ##AT##-##AT## Fahrer"),
-    ("die E-Mail-Adresse", "die E ##AT##-##AT## Mail ##AT##-##AT## Adresse"),
-    ("a-b-c", "a ##AT##-##AT## b-c"),  # /g matches do not overlap: "b" was taken by the first (Perl too)
-    ("1990-2000", "1990 ##AT##-##AT## 2000"),
-    ("z.B.", "z.B."),
-    ("-Test-", "-Test-"),  # hyphens at the ends of a token
-    ("Berlin - Paris", "Berlin - Paris"),  # a free-standing hyphen
-    ("-", "-"),
-    ("x-", "x-"),
-    ("---", "- ##AT##-##AT## -"),
-    ("a\t-b", "a\t-b"),
-    ("ß-Ü-ß", "ß ##AT##-##AT## Ü ##AT##-##AT## ß"),  # Perl consumed one byte of "Ü" only
-    ("a\u00a0-b", "a\u00a0 ##AT##-##AT## b"),  # Perl reads bytes: a no-break space is \S there
-    ("&quot;-Gruppe", "&quot; ##AT##-##AT## Gruppe"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("Auto-Fahrer", "Auto ##AT##-##AT## Fahrer"),
+        ("die E-Mail-Adresse", "die E ##AT##-##AT## Mail ##AT##-##AT## Adresse"),
+        ("a-b-c", "a ##AT##-##AT## b-c"),  # /g matches do not overlap: "b" was taken by the first (Perl too)
+        ("1990-2000", "1990 ##AT##-##AT## 2000"),
+        ("z.B.", "z.B."),
+        ("-Test-", "-Test-"),  # hyphens at the ends of a token
+        ("Berlin - Paris", "Berlin - Paris"),  # a free-standing hyphen
+        ("-", "-"),
+        ("x-", "x-"),
+        ("---", "- ##AT##-##AT## -"),
+        ("a\t-b", "a\t-b"),
+        ("ß-Ü-ß", "ß ##AT##-##AT## Ü ##AT##-##AT## ß"),  # Perl consumed one byte of "Ü" only
+        ("a\u00a0-b", "a\u00a0 ##AT##-##AT## b"),  # Perl reads bytes: a no-break space is \S there
+        ("&quot;-Gruppe", "&quot; ##AT##-##AT## Gruppe"),
+    ],
+)
 def test_compound_split_regex(line, expected):
     assert compound_split(line) == expected
 
@@ -47,16 +50,22 @@ def test_compound_split_equals_perl():
     rng = random.Random(0)
     alphabet = ["a", "Ü", "-", "-", " ", "\t", "\u00a0", "z.B.", "&quot;", "ß"]
     lines = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(500)]
-    perl = subprocess.run(["perl", "-ple", "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g"],
-                          input="".join(x + "\n" for x in lines).encode("utf-8"), capture_output=True, check=True)
+    perl = subprocess.run(
+        ["perl", "-ple", "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g"],
+        input="".join(x + "\n" for x in lines).encode("utf-8"),
+        capture_output=True,
+        check=True,
+    )
     assert perl.stdout.decode("utf-8").split("\n")[:-1] == [compound_split(x) for x in lines]
 
 
 def test_moses_tokenizer_de_defaults():
     # tokenizer.perl -l de: punctuation split off, "z.B." kept (non-breaking prefix), hyphens
     # kept inside words (no -a), special characters escaped.
-    assert moses_tokenize('Er sagte: "Das ist z.B. ein Auto-Test & mehr."', "de") == \
-        "Er sagte : &quot; Das ist z.B. ein Auto-Test &amp; mehr . &quot;"
+    assert (
+        moses_tokenize('Er sagte: "Das ist z.B. ein Auto-Test & mehr."', "de")
+        == "Er sagte : &quot; Das ist z.B. ein Auto-Test &amp; mehr . &quot;"
+    )
 
 
 # -- the paper's convention, by hand -----------------------------------------------------------
@@ -97,7 +106,9 @@ def test_multi_bleu_equals_sacrebleu_on_tokens():
     rng = random.Random(0)
     words = "der die das ein eine Haus Auto ##AT##-##AT## Mann Frau geht läuft schnell , . und".split()
     refs = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 25))) for _ in range(60)]
-    hyps = [" ".join(w for w in r.split() if rng.random() > 0.15) + (" und" if rng.random() > 0.7 else "") for r in refs]
+    hyps = [
+        " ".join(w for w in r.split() if rng.random() > 0.15) + (" und" if rng.random() > 0.7 else "") for r in refs
+    ]
     ours = multi_bleu(hyps, refs)
     theirs = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none", force=True)
     assert ours.score == pytest.approx(theirs.score, abs=1e-9)
@@ -119,7 +130,9 @@ def test_sacrebleu_and_chrf_equal_sacrebleu_itself():
     s = score(hyps, refs, lang="de")
     assert s["sacrebleu"]["score"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
     assert s["chrf"]["score"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
-    assert s["sacrebleu"]["signature"] == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
+    assert (
+        s["sacrebleu"]["signature"] == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
+    )
     assert s["chrf"]["signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no")
 
 
@@ -128,7 +141,7 @@ def test_sacrebleu_and_chrf_equal_sacrebleu_itself():
 # test_2016_flickr.de lines 2, 457 and 792, raw and as in tok/test_2016_flickr.lc.norm.tok.de
 M30K_RAW = [
     "Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun.",
-    "Eine Frau hält einen großen Scheck für \"Kids' Food Basket\".",
+    'Eine Frau hält einen großen Scheck für "Kids\' Food Basket".',
     "Zwei Jungen essen ihr McDonald's-Menü im Außenbereich, umgeben von vielen anderen Leuten.",
 ]
 M30K_TOK = [
@@ -172,8 +185,14 @@ def _write(path, lines):
 def test_json_report_keys(tmp_path, capsys):
     hyp = _write(tmp_path / "hyp.de", ["Das ist Test.", "Der Auto-Fahrer hatte z.B. drei Kinder."])
     ref = _write(tmp_path / "ref.de", ["Das ist ein Test.", "Der Auto-Fahrer hat z.B. 3 Kinder."])
-    tok = _write(tmp_path / "ref.tok.de", [multi30k_tokenize(x, "de") for x in ["Das ist ein Test.", "Der Auto-Fahrer hat z.B. 3 Kinder."]])
-    assert main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tok-ref", str(tok), "--tgt", "de", "--json", "-"]) == 0
+    tok = _write(
+        tmp_path / "ref.tok.de",
+        [multi30k_tokenize(x, "de") for x in ["Das ist ein Test.", "Der Auto-Fahrer hat z.B. 3 Kinder."]],
+    )
+    assert (
+        main(["evaluate", "--hyp", str(hyp), "--ref", str(ref), "--tok-ref", str(tok), "--tgt", "de", "--json", "-"])
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert {"n_sentences", "tgt_lang", "hyp", "ref", "tok_ref", "scores", "conventions"} <= set(report)
     assert report["n_sentences"] == 2
@@ -182,7 +201,9 @@ def test_json_report_keys(tmp_path, capsys):
     for key in ("sacrebleu", "chrf"):
         assert {"score", "signature", "convention"} <= set(report["scores"][key])
     for key in ("paper_bleu", "multi30k_lc_tok_bleu"):
-        assert {"score", "precisions", "bp", "ratio", "hyp_len", "ref_len", "text", "convention"} <= set(report["scores"][key])
+        assert {"score", "precisions", "bp", "ratio", "hyp_len", "ref_len", "text", "convention"} <= set(
+            report["scores"][key]
+        )
     assert report["scores"]["paper_bleu"]["score"] == pytest.approx(32.22, abs=0.01)
     # The table, and the JSON into a file.
     out = tmp_path / "report.json"
@@ -213,7 +234,9 @@ def test_multi30k_dataset_from_the_mirror(tmp_path, capsys, monkeypatch, mirror)
     monkeypatch.setenv("TRANSDUCE_DATA_DIR", str(mirror))
     with gzip.open(mirror / "multi30k" / "raw" / "test_2016_flickr.de.gz", "rt", encoding="utf-8") as f:
         hyp = _write(tmp_path / "hyp.de", f.read().splitlines())
-    assert main(["evaluate", "--hyp", str(hyp), "--dataset", "multi30k", "--src", "en", "--tgt", "de", "--json", "-"]) == 0
+    assert (
+        main(["evaluate", "--hyp", str(hyp), "--dataset", "multi30k", "--src", "en", "--tgt", "de", "--json", "-"]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["n_sentences"] == 1000 and report["split"] == "test_2016_flickr"
     for key in ("sacrebleu", "paper_bleu", "multi30k_lc_tok_bleu"):  # the reference scored against itself
@@ -244,8 +267,30 @@ def test_translate_and_evaluate_with_a_model(tmp_path, capsys):
     src = _write(tmp_path / "src.txt", lines[:5] + [""])
     ref = _write(tmp_path / "ref.txt", lines[5:10] + [""])
     saved = tmp_path / "hyp.txt"
-    assert main(["evaluate", str(model_dir), "--input", str(src), "--ref", str(ref), "--tgt", "de", "--beam", "2",
-                 "--max-len-offset", "3", "--out", str(saved), "--json", "-", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(model_dir),
+                "--input",
+                str(src),
+                "--ref",
+                str(ref),
+                "--tgt",
+                "de",
+                "--beam",
+                "2",
+                "--max-len-offset",
+                "3",
+                "--out",
+                str(saved),
+                "--json",
+                "-",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["model"] == str(model_dir) and report["decoding"]["beam"] == 2
     assert report["n_sentences"] == 6 and len(saved.read_text(encoding="utf-8").split("\n")) == 7
@@ -282,13 +327,24 @@ def test_outputs_are_checked_before_the_work_and_errors_name_the_users_path(tmp_
     for argv, path, what in [
         (model + ["--out", str(tmp_path / "nodir" / "h.de")], tmp_path / "nodir" / "h.de", "No such file or directory"),
         (model + ["--json", str(tmp_path / "adir")], tmp_path / "adir", "Is a directory"),
-        (hyp + ["--json", str(tmp_path / "nodir" / "x.json")], tmp_path / "nodir" / "x.json", "No such file or directory"),
+        (
+            hyp + ["--json", str(tmp_path / "nodir" / "x.json")],
+            tmp_path / "nodir" / "x.json",
+            "No such file or directory",
+        ),
         (hyp + ["--out", str(tmp_path / "adir")], tmp_path / "adir", "Is a directory"),
     ]:
         assert main(["evaluate", *argv]) == 2
         out, err = capsys.readouterr()
         assert err.splitlines() == [f"transduce evaluate: error: {path}: {what}"] and out == ""  # nothing decoded
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "model", "ref.txt", "spm.model", "spm.vocab", "src.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "adir",
+        "model",
+        "ref.txt",
+        "spm.model",
+        "spm.vocab",
+        "src.txt",
+    ]
     assert not list((tmp_path / "adir").iterdir())
 
 
@@ -303,6 +359,7 @@ def test_the_table_is_printed_before_the_json_file_is_written(tmp_path, capsys, 
 
     def disk_full(path, text):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
     monkeypatch.setattr(files, "atomic_write_text", disk_full)
     assert main(["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--tgt", "de", "--json", str(report)]) == 2
     out, err = capsys.readouterr()
@@ -318,7 +375,9 @@ def test_json_follows_a_symlink_and_streams_into_a_fifo(tmp_path, capsys):
     argv = ["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--tgt", "de", "--json"]
     (tmp_path / "link.json").symlink_to("real.json")  # dangling: its target is made, as `>` would
     assert main([*argv, str(tmp_path / "link.json")]) == 0
-    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "real.json").read_text())["n_sentences"] == 1
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "real.json").read_text())[
+        "n_sentences"
+    ] == 1
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got = []
@@ -335,16 +394,23 @@ def test_json_follows_a_symlink_and_streams_into_a_fifo(tmp_path, capsys):
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--threads", "-1"], "--threads must be at least 1, not -1"),
-    (["--threads", "0"], "--threads must be at least 1, not 0"),
-    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
-    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--threads", "-1"], "--threads must be at least 1, not -1"),
+        (["--threads", "0"], "--threads must be at least 1, not 0"),
+        (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+        (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
+    ],
+)
 def test_bad_decoding_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
     src = _write(tmp_path / "src.txt", ["ein mann"])
-    assert main(["evaluate", str(tmp_path / "no-such-model"), "--input", str(src), "--ref", str(src), "--tgt", "de",
-                 *flags]) == 2
+    assert (
+        main(
+            ["evaluate", str(tmp_path / "no-such-model"), "--input", str(src), "--ref", str(src), "--tgt", "de", *flags]
+        )
+        == 2
+    )
     assert capsys.readouterr().err.splitlines() == [f"transduce evaluate: error: {message}"]
 
 

@@ -29,8 +29,20 @@ from transduce.train.trainer import TrainOptions
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # base: d_model 512 / 32 = 16, d_ff 64, h 8 with d_k = d_v = 2, N = 6 / 6 = 1; C6: d_ff 1024 / 32 = 32.
-RECIPE = ["--max-steps", "4", "--update-tokens", "256", "--warmup", "2", "--save-every-steps", "2", "--scale", "0.03125",
-          "--depth-scale", "0.1667"]
+RECIPE = [
+    "--max-steps",
+    "4",
+    "--update-tokens",
+    "256",
+    "--warmup",
+    "2",
+    "--save-every-steps",
+    "2",
+    "--scale",
+    "0.03125",
+    "--depth-scale",
+    "0.1667",
+]
 MACHINE = ["--device", "cpu", "--precision", "fp32", "--threads", "1", "--quiet"]
 PEAK_TFLOPS = 0.05
 
@@ -43,15 +55,51 @@ def data(tmp_path_factory):
         (root / f"{split}.en").write_text("\n".join(sentences(SRC_WORDS, n, seed)) + "\n")
         (root / f"{split}.de").write_text("\n".join(sentences(TGT_WORDS, n, seed)) + "\n")
     out = root / "prepared"
-    assert main(["prepare", "--train-src", str(root / "train.en"), "--train-tgt", str(root / "train.de"),
-                 "--valid-src", str(root / "valid.en"), "--valid-tgt", str(root / "valid.de"), "--src", "en",
-                 "--tgt", "de", "--vocab-size", "80", "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--train-src",
+                str(root / "train.en"),
+                "--train-tgt",
+                str(root / "train.de"),
+                "--valid-src",
+                str(root / "valid.en"),
+                "--valid-tgt",
+                str(root / "valid.de"),
+                "--src",
+                "en",
+                "--tgt",
+                "de",
+                "--vocab-size",
+                "80",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return out
 
 
 def experiment(data, out, *extra, variants="base,C6"):
-    return main(["experiment", "--data", str(data), "--out", str(out), "--variants", variants, *RECIPE, *MACHINE,
-                 "--peak-tflops", str(PEAK_TFLOPS), *extra])
+    return main(
+        [
+            "experiment",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--variants",
+            variants,
+            *RECIPE,
+            *MACHINE,
+            "--peak-tflops",
+            str(PEAK_TFLOPS),
+            *extra,
+        ]
+    )
 
 
 def weights(run_dir):
@@ -65,8 +113,10 @@ def expected_flops(data, run_dir, steps):
     train = ParallelDataset.load(data, "train")
     batches = train.batches(config.train.max_tokens, seed=1, epoch=0, shuffle=True)[:steps]
     dm = flops.dims(config.model)
-    return sum(3 * flops.forward_flops(dm, len(b), int(train.src_sizes[b].max()), int(train.tgt_sizes[b].max()))
-               for b in batches)
+    return sum(
+        3 * flops.forward_flops(dm, len(b), int(train.src_sizes[b].max()), int(train.tgt_sizes[b].max()))
+        for b in batches
+    )
 
 
 def test_two_variants_end_to_end_then_skipped_resumed_and_another_recipe_refused(data, tmp_path, capsys):
@@ -77,8 +127,13 @@ def test_two_variants_end_to_end_then_skipped_resumed_and_another_recipe_refused
     assert table["reduced_scale"] and "REDUCED SCALE, not the paper's" in (out / "table.md").read_text()
     assert (out / "table.png").read_bytes()[:4] == b"\x89PNG" and (out / "table.csv").read_text().count("\n") == 3
     rows = {r["variant"]: r for r in table["rows"]}
-    assert (rows["base"]["N"], rows["base"]["d_model"], rows["base"]["d_ff"], rows["base"]["h"], rows["base"]["d_k"]) \
-        == (1, 16, 64, 8, 2)
+    assert (
+        rows["base"]["N"],
+        rows["base"]["d_model"],
+        rows["base"]["d_ff"],
+        rows["base"]["h"],
+        rows["base"]["d_k"],
+    ) == (1, 16, 64, 8, 2)
     assert rows["C6"]["d_ff"] == 32 and rows["C6"]["params"] < rows["base"]["params"]
     for name, r in rows.items():
         run_dir = out / "runs" / name
@@ -122,9 +177,32 @@ def test_two_variants_end_to_end_then_skipped_resumed_and_another_recipe_refused
 def test_a_run_directory_of_another_recipe_is_refused(data, tmp_path, capsys):
     out = tmp_path / "exp"
     run_dir = out / "runs" / "base"
-    assert main(["train", "--data", str(data), "--run-dir", str(run_dir), "--preset", "base", "--set",
-                 "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=64", "--max-steps", "1",
-                 "--device", "cpu", "--quiet", "--no-tensorboard"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(run_dir),
+                "--preset",
+                "base",
+                "--set",
+                "model.n_layers=1",
+                "--set",
+                "model.d_model=16",
+                "--set",
+                "model.d_ff=64",
+                "--max-steps",
+                "1",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--no-tensorboard",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert experiment(data, out, variants="base") == 2
     err = capsys.readouterr().err
@@ -170,10 +248,16 @@ def test_unknown_variant_and_missing_validation_split_are_one_line_errors(data, 
 def test_the_default_depth_keeps_table3s_depths_apart_and_twins_are_refused():
     """At --scale 0.25 a depth scale of 0.25 would give C1 (N=2) and C2 (N=4) both N=1, C3 (N=8) and
     base (N=6) both N=2: the default depth scale is at least 0.5, and twins are refused."""
-    depths = {v.name: next(s for s in v.sets if s.startswith("model.n_layers="))
-              for v in plan(["C1", "C2", "base", "C3"], Recipe(updates=100, scale=0.25))}
-    assert depths == {"C1": "model.n_layers=1", "C2": "model.n_layers=2", "base": "model.n_layers=3",
-                      "C3": "model.n_layers=4"}
+    depths = {
+        v.name: next(s for s in v.sets if s.startswith("model.n_layers="))
+        for v in plan(["C1", "C2", "base", "C3"], Recipe(updates=100, scale=0.25))
+    }
+    assert depths == {
+        "C1": "model.n_layers=1",
+        "C2": "model.n_layers=2",
+        "base": "model.n_layers=3",
+        "C3": "model.n_layers=4",
+    }
     assert Recipe(updates=100, scale=0.75).depth_scale == 0.75
     with pytest.raises(UsageError, match="variants C1 and C2 become the same model at --scale 0.25 --depth-scale 0.25"):
         plan(["base", "C1", "C2"], Recipe(updates=100, scale=0.25, depth_scale=0.25))
@@ -181,8 +265,13 @@ def test_the_default_depth_keeps_table3s_depths_apart_and_twins_are_refused():
 
 
 def test_scaling_keeps_the_ratios_between_rows():
-    assert scaled_sets("base", 0.5, 0.5) == ["model.n_layers=3", "model.d_model=256", "model.d_ff=1024",
-                                             "model.d_k=32", "model.d_v=32"]
+    assert scaled_sets("base", 0.5, 0.5) == [
+        "model.n_layers=3",
+        "model.d_model=256",
+        "model.d_ff=1024",
+        "model.d_k=32",
+        "model.d_v=32",
+    ]
     assert "model.d_k=256" in scaled_sets("table3-A1", 0.5, 0.5)  # h = 1, d_k = d_model: still
     assert "model.n_layers=1" in scaled_sets("table3-C1", 0.5, 0.5) and scaled_sets("base", 1, 1) == []
     steps = {v.name: v.max_steps for v in plan(["base", "big", "D3"], Recipe(updates=1000))}
@@ -205,8 +294,24 @@ def test_slurm_jobs_run_the_train_commands_then_the_experiment_measures_them(dat
     assert isinstance(jobs["C6"], submitit.Job)
     jobs["C6"].result()  # waits; raises if the command failed
     assert (out / "runs" / "C6" / "model").is_dir()
-    assert main(["experiment", "--data", str(data), "--out", str(out), "--variants", "C6", *RECIPE[:1], "2",
-                 *RECIPE[2:], *MACHINE]) == 0
+    assert (
+        main(
+            [
+                "experiment",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--variants",
+                "C6",
+                *RECIPE[:1],
+                "2",
+                *RECIPE[2:],
+                *MACHINE,
+            ]
+        )
+        == 0
+    )
     assert "1 rows: C6 measured" in capsys.readouterr().out
 
 
@@ -225,11 +330,14 @@ def test_slurm_where_there_is_no_slurm_is_a_one_line_error_not_local_jobs(data, 
 def test_each_rows_direction_against_base_is_set_beside_the_papers():
     from transduce.experiments.plan import TABLE3
     from transduce.experiments.table import PAPER, directions, directions_markdown
+
     assert set(PAPER) == set(TABLE3)
-    rows = [{"variant": "base", "dev_ppl": 10.0, "dev_bleu": 30.0},
-            {"variant": "A1", "dev_ppl": 11.0, "dev_bleu": 29.0},   # worse, as the paper's A1
-            {"variant": "C7", "dev_ppl": 10.1, "dev_bleu": 30.2},   # within noise: the paper's C7 is better
-            {"variant": "A3", "dev_ppl": 9.0, "dev_bleu": 30.1}]    # paper's A3: -0.2% PPL, same BLEU
+    rows = [
+        {"variant": "base", "dev_ppl": 10.0, "dev_bleu": 30.0},
+        {"variant": "A1", "dev_ppl": 11.0, "dev_bleu": 29.0},  # worse, as the paper's A1
+        {"variant": "C7", "dev_ppl": 10.1, "dev_bleu": 30.2},  # within noise: the paper's C7 is better
+        {"variant": "A3", "dev_ppl": 9.0, "dev_bleu": 30.1},
+    ]  # paper's A3: -0.2% PPL, same BLEU
     d = {x["variant"]: x for x in directions(rows)}
     assert set(d) == {"A1", "C7", "A3"}
     assert (d["A1"]["paper_ppl_dir"], d["A1"]["here_ppl_dir"], d["A1"]["ppl_holds"]) == ("worse", "worse", True)

@@ -35,8 +35,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 VARIANTS = {
     "paper-shared": dict(shared=True, n_layers=3),
     "separate-untied": dict(shared=False, n_layers=3, tie_output=False),
-    "prenorm-bias-learned-dk": dict(shared=False, n_layers=2, norm_first=True, attention_bias=True, positional="learned",
-                                    max_positions=64, d_k=4, d_v=4),
+    "prenorm-bias-learned-dk": dict(
+        shared=False,
+        n_layers=2,
+        norm_first=True,
+        attention_bias=True,
+        positional="learned",
+        max_positions=64,
+        d_k=4,
+        d_v=4,
+    ),
 }
 
 
@@ -57,7 +65,9 @@ def transduce_log_probs(loaded, src, tgt, tgt_ids):
 
 def ct2_log_probs(ct2, src_ids, tgt_ids):
     sp, tp = pieces(ct2.src_vocab), pieces(ct2.tgt_vocab)
-    results = ct2.translator.score_batch([[sp[i] for i in s[:-1]] for s in src_ids], [[tp[i] for i in t] for t in tgt_ids])
+    results = ct2.translator.score_batch(
+        [[sp[i] for i in s[:-1]] for s in src_ids], [[tp[i] for i in t] for t in tgt_ids]
+    )
     return [r.log_probs for r in results]
 
 
@@ -102,8 +112,10 @@ def test_ct2_own_position_table_is_not_the_papers(exported, tmp_path):
     wrong = ctranslate2.Translator(str(tmp_path / "own"), intra_threads=1)
     src, tgt, src_ids, tgt_ids = padded_batch(loaded.src_vocab, loaded.tgt_vocab)
     sp, tp = pieces(ct2.src_vocab), pieces(ct2.tgt_vocab)
-    got = [r.log_probs for r in wrong.score_batch([[sp[i] for i in s[:-1]] for s in src_ids],
-                                                   [[tp[i] for i in t] for t in tgt_ids])]
+    got = [
+        r.log_probs
+        for r in wrong.score_batch([[sp[i] for i in s[:-1]] for s in src_ids], [[tp[i] for i in t] for t in tgt_ids])
+    ]
     ref = transduce_log_probs(loaded, src, tgt, tgt_ids)
     assert max(abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g)) > 0.05
 
@@ -116,18 +128,35 @@ def test_int8_agreement_is_measured_where_int8_pairs_add_in_int32(exported, caps
     the log-probabilities move by 0.3 to 0.45 and most greedy outputs change, while a trained
     model keeps its quality (the next test, which holds on every CPU)."""
     loaded, _, root = exported
-    ct2 = load_ct2(export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, root / "ct2-int8",
-                              quantization="int8", force=True), threads=1)
+    ct2 = load_ct2(
+        export_ct2(
+            loaded.model,
+            loaded.config,
+            loaded.src_vocab,
+            loaded.tgt_vocab,
+            root / "ct2-int8",
+            quantization="int8",
+            force=True,
+        ),
+        threads=1,
+    )
     src, tgt, src_ids, tgt_ids = padded_batch(loaded.src_vocab, loaded.tgt_vocab)
     ref, got = transduce_log_probs(loaded, src, tgt, tgt_ids), ct2_log_probs(ct2, src_ids, tgt_ids)
     diffs = [abs(a - b) for r, g in zip(ref, got) for a, b in zip(r, g)]
     lines = sentences(SRC_WORDS, 40, seed=7)
-    a = [c[0].tokens for c in translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=6)]
+    a = [
+        c[0].tokens
+        for c in translate_stream(
+            loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=6
+        )
+    ]
     b = [c[0].tokens for c in translate_stream(ct2, ct2.src_vocab, ct2.tgt_vocab, lines, greedy=True, max_len_offset=6)]
     same = sum(x == y for x, y in zip(a, b)) / len(a)
     with capsys.disabled():
-        print(f"\n[int8 {ct2.compute_type}, VNNI {cpu.has_vnni()}] mean |d log p| {sum(diffs) / len(diffs):.4f}, "
-              f"max {max(diffs):.4f}, greedy outputs identical {same:.0%}")
+        print(
+            f"\n[int8 {ct2.compute_type}, VNNI {cpu.has_vnni()}] mean |d log p| {sum(diffs) / len(diffs):.4f}, "
+            f"max {max(diffs):.4f}, greedy outputs identical {same:.0%}"
+        )
     if not cpu.has_vnni():
         pytest.skip("no VNNI detected: int8 pairs add in int16 here (the trained model's test holds on every CPU)")
     assert sum(diffs) / len(diffs) < 0.1
@@ -179,12 +208,15 @@ def test_int8_keeps_a_trained_models_quality_on_every_cpu(tmp_path, capsys, mirr
     for q in ("float32", "int8"):
         ct2 = export_ct2(model, Config(model=config), vocab, vocab, tmp_path / q, quantization=q)
         scored = ctranslate2.Translator(str(ct2), intra_threads=1).score_batch(
-            [[sp[i] for i in s[:-1]] for s in src_ids], [[sp[i] for i in t] for t in tgt_ids])
+            [[sp[i] for i in s[:-1]] for s in src_ids], [[sp[i] for i in t] for t in tgt_ids]
+        )
         nll[q] = -sum(sum(r.log_probs) for r in scored) / sum(len(r.log_probs) for r in scored)
     change = abs(nll["int8"] - nll["float32"]) / nll["float32"]
     with capsys.disabled():
-        print(f"\n[trained model, VNNI {cpu.has_vnni()}] cross-entropy fp32 {nll['float32']:.4f}, "
-              f"int8 {nll['int8']:.4f} ({change:.2%})")
+        print(
+            f"\n[trained model, VNNI {cpu.has_vnni()}] cross-entropy fp32 {nll['float32']:.4f}, "
+            f"int8 {nll['int8']:.4f} ({change:.2%})"
+        )
     assert change < 0.02
 
 
@@ -196,14 +228,53 @@ def test_translate_engine_ct2_equals_translate(exported, tmp_path, capsys):
     outs = {}
     for engine, path in (("torch", model_dir), ("ct2", root / "ct2")):
         out = tmp_path / f"{engine}.txt"
-        assert main(["translate", str(path), "--engine", engine, "-i", str(src), "-o", str(out), "--greedy",
-                     "--max-len-offset", "5", "--quiet", "--precision", "fp32"]) == 0
+        assert (
+            main(
+                [
+                    "translate",
+                    str(path),
+                    "--engine",
+                    engine,
+                    "-i",
+                    str(src),
+                    "-o",
+                    str(out),
+                    "--greedy",
+                    "--max-len-offset",
+                    "5",
+                    "--quiet",
+                    "--precision",
+                    "fp32",
+                ]
+            )
+            == 0
+        )
         outs[engine] = out.read_text(encoding="utf-8")
     assert outs["ct2"] == outs["torch"] and outs["torch"].count("\n") == 14
     # n-best TSV through CTranslate2's beam search, ranked by the paper's length penalty
     out = tmp_path / "nbest.tsv"
-    assert main(["translate", str(root / "ct2"), "--engine", "ct2", "-i", str(src), "-o", str(out), "--beam", "3",
-                 "--n-best", "2", "--max-len-offset", "5", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "translate",
+                str(root / "ct2"),
+                "--engine",
+                "ct2",
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--beam",
+                "3",
+                "--n-best",
+                "2",
+                "--max-len-offset",
+                "5",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     for line_no in {r[0] for r in rows if r[4]}:
         scores = [float(r[2]) for r in rows if r[0] == line_no]
@@ -217,8 +288,9 @@ def test_paper_length_penalty_ranks_ct2s_hypotheses(exported):
     _, ct2, _ = exported
     lines = sentences(SRC_WORDS, 10, seed=11)
     for mode, lp in (("paper", lambda n, a: ((5 + n) / 6) ** a), ("ct2", lambda n, a: n**a)):
-        for cands in translate_stream(ct2, ct2.src_vocab, ct2.tgt_vocab, lines, beam=4, n_best=4, alpha=0.8,
-                                      max_len_offset=5, length_penalty=mode):
+        for cands in translate_stream(
+            ct2, ct2.src_vocab, ct2.tgt_vocab, lines, beam=4, n_best=4, alpha=0.8, max_len_offset=5, length_penalty=mode
+        ):
             for c in cands:  # |Y| counts the EOS, unless the hypothesis stopped at the maximum length
                 n = len(c.tokens)
                 assert any(math.isclose(c.score, c.logprob / lp(m, 0.8), rel_tol=1e-5) for m in (n + 1, n) if m > 0)

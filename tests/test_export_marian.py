@@ -53,8 +53,12 @@ def exported(request, tmp_path_factory):
 
 def hf_logits(hf, src, tgt):
     with torch.no_grad():
-        return hf(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt,
-                  decoder_attention_mask=(tgt != PAD).long()).logits
+        return hf(
+            input_ids=src,
+            attention_mask=(src != PAD).long(),
+            decoder_input_ids=tgt,
+            decoder_attention_mask=(tgt != PAD).long(),
+        ).logits
 
 
 def max_logit_difference(loaded, hf, src, tgt):
@@ -75,7 +79,10 @@ def test_marian_defaults_are_marianconfigs():
     from transformers import MarianConfig
 
     hf = MarianConfig()
-    ours = {**MARIAN_DEFAULTS, "decoder_vocab_size": MARIAN_DEFAULTS["decoder_vocab_size"] or MARIAN_DEFAULTS["vocab_size"]}
+    ours = {
+        **MARIAN_DEFAULTS,
+        "decoder_vocab_size": MARIAN_DEFAULTS["decoder_vocab_size"] or MARIAN_DEFAULTS["vocab_size"],
+    }
     missing = {k for k in ours if not hasattr(hf, k)}
     assert missing <= BART_ERA, f"MarianConfig has no {sorted(missing - BART_ERA)}"
     differ = {k: (ours[k], getattr(hf, k)) for k in sorted(ours.keys() - missing) if getattr(hf, k) != ours[k]}
@@ -112,8 +119,9 @@ def test_without_the_permutation_the_logits_are_wrong(exported, tmp_path):
     from transformers import MarianMTModel
 
     loaded, _, _ = exported
-    out = export_marian(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "unpermuted",
-                        permute_hidden=False)
+    out = export_marian(
+        loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "unpermuted", permute_hidden=False
+    )
     hf = MarianMTModel.from_pretrained(str(out), attn_implementation="eager").eval()
     src, tgt, _, _ = padded_batch(loaded.src_vocab, loaded.tgt_vocab)
     assert max_logit_difference(loaded, hf, src, tgt) > 0.1
@@ -128,8 +136,9 @@ def test_greedy_generate_equals_greedy_decode(exported):
     offset = 6
     ref = greedy_decode(loaded.model, src, max_len_offset=offset)
     with torch.no_grad():
-        out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=1, do_sample=False,
-                          max_new_tokens=S + offset)
+        out = hf.generate(
+            input_ids=src, attention_mask=(src != PAD).long(), num_beams=1, do_sample=False, max_new_tokens=S + offset
+        )
     for row, s, r in zip(out.tolist(), ids, ref):
         row = row[1:]  # the decoder start token (BOS)
         got = row[: row.index(EOS)] if EOS in row else row
@@ -143,8 +152,9 @@ def test_generate_without_length_arguments_is_not_cut_at_20_tokens(tmp_path):
     from transformers import MarianMTModel
 
     loaded = load_translation_model(make_model(tmp_path, shared=True, n_layers=2))
-    out = export_marian(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "marian",
-                        max_positions=64)
+    out = export_marian(
+        loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "marian", max_positions=64
+    )
     hf = MarianMTModel.from_pretrained(str(out), attn_implementation="eager").eval()
     assert hf.generation_config.max_length == 64
     ids = [loaded.src_vocab.encode(s) + [EOS] for s in sentences(SRC_WORDS, 6, seed=7)]
@@ -181,14 +191,18 @@ def test_round_trip_is_bitwise_identical(exported, tmp_path, capsys):
     assert main(["import", str(out), "-o", str(tmp_path / "back")]) == 0
     again = load_translation_model(tmp_path / "back")
     lines = sentences(SRC_WORDS, 6, seed=4)
-    assert translate_lines(again.model, again.src_vocab, again.tgt_vocab, lines, beam=2, max_len_offset=4) == \
-        translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=2, max_len_offset=4)
+    assert translate_lines(
+        again.model, again.src_vocab, again.tgt_vocab, lines, beam=2, max_len_offset=4
+    ) == translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=2, max_len_offset=4)
     capsys.readouterr()
 
 
 def test_what_marian_cannot_express_is_refused_in_one_line(tmp_path, capsys):
-    for name, knobs in (("pre", dict(norm_first=True)), ("learned", dict(positional="learned", max_positions=64)),
-                        ("dk", dict(d_k=4, d_v=4))):
+    for name, knobs in (
+        ("pre", dict(norm_first=True)),
+        ("learned", dict(positional="learned", max_positions=64)),
+        ("dk", dict(d_k=4, d_v=4)),
+    ):
         model_dir = make_model(tmp_path / name, **knobs)
         assert main(["export", "marian", str(model_dir), "-o", str(tmp_path / f"{name}-out")]) == 2
         err = capsys.readouterr().err
@@ -212,10 +226,15 @@ def test_import_says_in_one_line_what_a_directory_is_instead(tmp_path, capsys):
     config = json.loads((misfit / "config.json").read_text())
     (misfit / "config.json").write_text(json.dumps({**config, "d_model": 2 * config["d_model"]}))
     (misfit / "transduce.json").unlink()  # config.json is then the config
-    cases = [(model_dir, "a transduce model directory, not a MarianMT one (`transduce export marian` turns it into one)"),
-             (model_dir.parent, "not a MarianMT model directory (no config.json saying model_type \"marian\")"),
-             (no_tokenizer, "a MarianMT model without source.spm: its tokenizer's files"),
-             (misfit, "the shapes of its weights do not fit its config.json (model.encoder.embed_tokens.weight: [100, 32], not [100, 64])")]
+    cases = [
+        (model_dir, "a transduce model directory, not a MarianMT one (`transduce export marian` turns it into one)"),
+        (model_dir.parent, 'not a MarianMT model directory (no config.json saying model_type "marian")'),
+        (no_tokenizer, "a MarianMT model without source.spm: its tokenizer's files"),
+        (
+            misfit,
+            "the shapes of its weights do not fit its config.json (model.encoder.embed_tokens.weight: [100, 32], not [100, 64])",
+        ),
+    ]
     for path, words in cases:
         out = tmp_path / f"{path.name}-back"
         assert main(["import", str(path), "-o", str(out)]) == 2

@@ -24,8 +24,12 @@ from transduce.decoding.search import beam_search, greedy_decode  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-MODELS = {"bilingual": dict(eos_bias=3.0), "multilingual": dict(languages=("de", "fr"), eos_bias=2.0),
-          "tc-big": dict(layout="tc-big", eos_bias=1.5), "separate": dict(separate=True, eos_bias=1.5)}
+MODELS = {
+    "bilingual": dict(eos_bias=3.0),
+    "multilingual": dict(languages=("de", "fr"), eos_bias=2.0),
+    "tc-big": dict(layout="tc-big", eos_bias=1.5),
+    "separate": dict(separate=True, eos_bias=1.5),
+}
 """Each model's shape (tests/opus_models.py) and EOS's logits bias: the value at which its outputs
 have various lengths (a random model's are mostly empty or to the length limit)."""
 OFFSET = 20  # transduce's max_len_offset; generate's max_length is 1 (the start token) + source + OFFSET
@@ -66,8 +70,13 @@ class Imported:
         c = self.hf.config
         enc = self.tok([line], return_tensors="pt")
         with torch.no_grad():
-            out = self.hf.generate(**enc, do_sample=False, max_length=1 + len(self.ids(line)) + OFFSET,
-                                   bad_words_ids=[[c.pad_token_id]], **options)[0].tolist()
+            out = self.hf.generate(
+                **enc,
+                do_sample=False,
+                max_length=1 + len(self.ids(line)) + OFFSET,
+                bad_words_ids=[[c.pad_token_id]],
+                **options,
+            )[0].tolist()
         assert out[0] == c.decoder_start_token_id
         return [i for i in out[1:] if i not in (c.eos_token_id, c.pad_token_id)]
 
@@ -89,8 +98,12 @@ def test_the_imported_model_is_marians_ids_and_files_as_they_are(imported):
     assert (m.activation, m.attention_bias, m.output_bias, m.layer_norm_eps) == ("swish", True, True, 1e-5)
     assert (m.src_vocab_size, m.target_vocab_size) == (c.vocab_size, c.decoder_vocab_size)
     vocab = json.loads((imported.marian / "vocab.json").read_text(encoding="utf-8"))
-    assert (m.pad_id, m.unk_id, m.bos_id, m.eos_id) == (c.pad_token_id, vocab["<unk>"], c.decoder_start_token_id,
-                                                        c.eos_token_id)
+    assert (m.pad_id, m.unk_id, m.bos_id, m.eos_id) == (
+        c.pad_token_id,
+        vocab["<unk>"],
+        c.decoder_start_token_id,
+        c.eos_token_id,
+    )
     assert m.bos_id == m.pad_id and (m.eos_id != 0) == (imported.marian.parent.name.startswith("tc-big"))
     assert torch.equal(imported.model.output_bias.detach(), imported.hf.final_logits_bias.reshape(-1))
     assert isinstance(imported.src_vocab, MarianVocab) and isinstance(imported.tgt_vocab, MarianVocab)
@@ -104,15 +117,18 @@ def test_the_imported_model_is_marians_ids_and_files_as_they_are(imported):
 
 def test_the_same_ids_as_marian_tokenizer(imported):
     specials = ["a dog </s> sits <unk> x", "Ä ü a", "", "  two  children ", ">>xx<< dog", "a <pad> b"]
-    lines = imported.lines + specials + ([f"{line} >>de<<" for line in imported.lines[:3]] if imported.languages else [])
+    lines = (
+        imported.lines + specials + ([f"{line} >>de<<" for line in imported.lines[:3]] if imported.languages else [])
+    )
     ours = imported.src_vocab.encode_batch(lines)
     for line, got in zip(lines, ours):
         assert got + [imported.src_vocab.eos] == imported.tok(line).input_ids == imported.ids(line), line
     targets = ["ein mann läuft", "zwei kinder spielen", "Ä x"]
-    assert [t + [imported.tgt_vocab.eos] for t in imported.tgt_vocab.encode_batch(targets)] == \
-        imported.tok(text_target=targets).input_ids
+    assert [t + [imported.tgt_vocab.eos] for t in imported.tgt_vocab.encode_batch(targets)] == imported.tok(
+        text_target=targets
+    ).input_ids
     if imported.languages:  # the language token is one token, at the start
-        assert all(imported.src_vocab.id_to_piece(ids[0]).startswith(">>") for ids in ours[:len(imported.lines)])
+        assert all(imported.src_vocab.id_to_piece(ids[0]).startswith(">>") for ids in ours[: len(imported.lines)])
 
 
 def test_the_same_logits_as_marian_mt_model(imported):
@@ -121,16 +137,19 @@ def test_the_same_logits_as_marian_mt_model(imported):
     lines = imported.lines[:6]
     pad, start = imported.config.model.pad_id, imported.config.model.bos_id
     srcs = [imported.ids(line) for line in lines]
-    tgts = [[start] + imported.tgt_vocab.encode(line)[::-1] for line in ["ein mann", "zwei kinder spielen", "gras",
-                                                                            "hund auf dem gras", "ein", "rot blau"]]
+    tgts = [
+        [start] + imported.tgt_vocab.encode(line)[::-1]
+        for line in ["ein mann", "zwei kinder spielen", "gras", "hund auf dem gras", "ein", "rot blau"]
+    ]
     S, T = max(map(len, srcs)), max(map(len, tgts))
     src = torch.tensor([s + [pad] * (S - len(s)) for s in srcs])
     tgt = torch.tensor([t + [pad] * (T - len(t)) for t in tgts])
     real = torch.tensor([[j < len(t) for j in range(T)] for t in tgts])  # the start token (PAD) included
     with torch.no_grad():
         ours = imported.model(src, tgt)
-        theirs = imported.hf(input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt,
-                             decoder_attention_mask=real.long()).logits
+        theirs = imported.hf(
+            input_ids=src, attention_mask=(src != pad).long(), decoder_input_ids=tgt, decoder_attention_mask=real.long()
+        ).logits
     diff = (ours[real] - theirs[real]).abs().max().item()
     print(f"max |logit diff| {diff:.2e}")
     assert diff < 1e-5
@@ -153,13 +172,21 @@ def test_the_same_beam_outputs_as_generate(imported):
     at_limit, nonempty = 0, 0
     for line in imported.lines:
         theirs = imported.generate(line, num_beams=4, length_penalty=ALPHA)
-        ours = beam_search(imported.model, torch.tensor([imported.ids(line)]), beam_size=4, alpha=ALPHA,
-                           max_len_offset=OFFSET, penalty="hf")[0][0]
+        ours = beam_search(
+            imported.model,
+            torch.tensor([imported.ids(line)]),
+            beam_size=4,
+            alpha=ALPHA,
+            max_len_offset=OFFSET,
+            penalty="hf",
+        )[0][0]
         assert ours.tokens == theirs, line
         assert imported.tgt_vocab.decode(ours.tokens) == imported.tok.decode(ours.tokens, skip_special_tokens=True)
         at_limit += len(theirs) + 1 >= len(imported.ids(line)) + OFFSET
         nonempty += bool(theirs)
-    print(f"beam: {len(imported.lines)}/{len(imported.lines)} equal ({nonempty} non-empty, {at_limit} at the length limit)")
+    print(
+        f"beam: {len(imported.lines)}/{len(imported.lines)} equal ({nonempty} non-empty, {at_limit} at the length limit)"
+    )
     assert nonempty >= 10
 
 
@@ -253,8 +280,10 @@ def test_generation_settings_travel_and_translate_decodes_as_generate(with_setti
     lines = opus_sentences(8, seed=9)
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert main(["translate", str(out), "-i", str(src), "-o", str(tmp_path / "out.txt"), "--precision", "fp32",
-                 "--quiet"]) == 0
+    assert (
+        main(["translate", str(out), "-i", str(src), "-o", str(tmp_path / "out.txt"), "--precision", "fp32", "--quiet"])
+        == 0
+    )
     got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
     for line, ours in zip(lines, got):
         enc = tok([line], return_tensors="pt")
@@ -334,7 +363,9 @@ def test_a_model_by_hub_id_from_the_cache_offline(with_settings, tmp_path, monke
     assert _digest(out / "vocab.json") == _digest(with_settings / "vocab.json")
     assert main(["import", "Helsinki-NLP/opus-mt-en-fr", "-o", str(tmp_path / "fr")]) == 2  # not in the cache
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "not in huggingface_hub's cache" in err and "pass its directory" in err
+    assert (
+        len(err.strip().splitlines()) == 1 and "not in huggingface_hub's cache" in err and "pass its directory" in err
+    )
 
 
 def test_the_hub_unreachable_is_one_line_saying_what_to_do(tmp_path, monkeypatch, capsys):
@@ -348,7 +379,9 @@ def test_the_hub_unreachable_is_one_line_saying_what_to_do(tmp_path, monkeypatch
     monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "2")
     assert main(["import", "Helsinki-NLP/opus-mt-en-de", "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("transduce import: error: Helsinki-NLP/opus-mt-en-de: ") and len(err.strip().splitlines()) == 1
+    assert (
+        err.startswith("transduce import: error: Helsinki-NLP/opus-mt-en-de: ") and len(err.strip().splitlines()) == 1
+    )
     assert "HF_HUB_OFFLINE" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
@@ -362,7 +395,7 @@ def multilingual(tmp_path_factory):
 
 
 def _translate(model_dir, tmp_path, lines, *flags) -> list[str]:
-    src, out = tmp_path / "in.txt", tmp_path / f"out{len(flags)}{hash(flags) & 0xffff}.txt"
+    src, out = tmp_path / "in.txt", tmp_path / f"out{len(flags)}{hash(flags) & 0xFFFF}.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--quiet", *flags]) == 0
     return out.read_text(encoding="utf-8").splitlines()
@@ -374,30 +407,74 @@ def test_translate_cli_fp32_bf16_int8(multilingual, tmp_path):
     from transduce.fast.int8 import can_int8
 
     lines = multilingual.lines[:8]
-    fp32 = _translate(multilingual.model_dir, tmp_path, lines, "--greedy", "--max-len-offset", str(OFFSET),
-                      "--precision", "fp32")
-    want = [multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=1, forced_eos_token_id=None))
-            for line in lines]
+    fp32 = _translate(
+        multilingual.model_dir, tmp_path, lines, "--greedy", "--max-len-offset", str(OFFSET), "--precision", "fp32"
+    )
+    want = [
+        multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=1, forced_eos_token_id=None))
+        for line in lines
+    ]
     assert fp32 == want
-    beam = _translate(multilingual.model_dir, tmp_path, lines, "--beam", "4", "--length-penalty", f"hf:{ALPHA}",
-                      "--max-len-offset", str(OFFSET), "--precision", "fp32")
-    assert beam == [multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=4, length_penalty=ALPHA))
-                    for line in lines]
+    beam = _translate(
+        multilingual.model_dir,
+        tmp_path,
+        lines,
+        "--beam",
+        "4",
+        "--length-penalty",
+        f"hf:{ALPHA}",
+        "--max-len-offset",
+        str(OFFSET),
+        "--precision",
+        "fp32",
+    )
+    assert beam == [
+        multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=4, length_penalty=ALPHA)) for line in lines
+    ]
     assert len(_translate(multilingual.model_dir, tmp_path, lines, "--greedy", "--precision", "bf16")) == len(lines)
     if can_int8():  # oneDNN's int8 kernels on x86-64
         assert len(_translate(multilingual.model_dir, tmp_path, lines, "--greedy", "--precision", "int8")) == len(lines)
 
 
 def test_attention_and_evaluate_cli(multilingual, tmp_path, capsys):
-    assert main(["attention", str(multilingual.model_dir), multilingual.lines[0], "--greedy", "--max-len-offset", "3",
-                 "--json", str(tmp_path / "a.json")]) == 0
+    assert (
+        main(
+            [
+                "attention",
+                str(multilingual.model_dir),
+                multilingual.lines[0],
+                "--greedy",
+                "--max-len-offset",
+                "3",
+                "--json",
+                str(tmp_path / "a.json"),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "a.json").read_text(encoding="utf-8"))
     assert data  # the weights of a teacher-forced pass, with the source's pieces
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("\n".join(multilingual.lines[:5]) + "\n", encoding="utf-8")
     ref.write_text("ein mann\n" * 5, encoding="utf-8")
-    assert main(["evaluate", str(multilingual.model_dir), "-i", str(src), "--ref", str(ref), "--tgt", "de",
-                 "--greedy", "--precision", "fp32"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(multilingual.model_dir),
+                "-i",
+                str(src),
+                "--ref",
+                str(ref),
+                "--tgt",
+                "de",
+                "--greedy",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
 
 
 def test_ct2_export_decodes_as_transduce(multilingual, tmp_path):
@@ -422,9 +499,13 @@ def test_serve_translates_as_generate(multilingual):
     lines = multilingual.lines[:6]
     with TestClient(create_app(torch_engine(loaded))) as client:
         body = {"sentences": lines, "greedy": True, "max_len_offset": OFFSET}
-        got = [t if isinstance(t, str) else t["text"] for t in client.post("/translate", json=body).json()["translations"]]
-    assert got == [multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=1, forced_eos_token_id=None))
-                   for line in lines]
+        got = [
+            t if isinstance(t, str) else t["text"] for t in client.post("/translate", json=body).json()["translations"]
+        ]
+    assert got == [
+        multilingual.tgt_vocab.decode(multilingual.generate(line, num_beams=1, forced_eos_token_id=None))
+        for line in lines
+    ]
 
 
 def test_the_vocabulary_loads_where_prepared_data_and_runs_load_theirs(multilingual):
@@ -442,7 +523,6 @@ def test_the_vocabulary_loads_where_prepared_data_and_runs_load_theirs(multiling
     assert tv.word_starts().shape == (len(tv),)
 
 
-
 def test_fine_tuning_the_imported_model(multilingual, tmp_path, capsys):
     """`prepare --vocab` encodes text with the imported model's vocabulary (MarianTokenizer's ids,
     as they are) and `train --init` starts from its weights, with OPUS-MT's options and ids kept: the
@@ -455,17 +535,63 @@ def test_fine_tuning_the_imported_model(multilingual, tmp_path, capsys):
         (tmp_path / f"{split}.src").write_text("\n".join(lines) + "\n", encoding="utf-8")
         (tmp_path / f"{split}.tgt").write_text("\n".join(targets) + "\n", encoding="utf-8")
     data, run = tmp_path / "data", tmp_path / "run"
-    assert main(["prepare", "--train-src", str(tmp_path / "train.src"), "--train-tgt", str(tmp_path / "train.tgt"),
-                 "--valid-src", str(tmp_path / "valid.src"), "--valid-tgt", str(tmp_path / "valid.tgt"),
-                 "--max-ratio", "100", "--vocab", str(multilingual.model_dir), "-o", str(data), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--train-src",
+                str(tmp_path / "train.src"),
+                "--train-tgt",
+                str(tmp_path / "train.tgt"),
+                "--valid-src",
+                str(tmp_path / "valid.src"),
+                "--valid-tgt",
+                str(tmp_path / "valid.tgt"),
+                "--max-ratio",
+                "100",
+                "--vocab",
+                str(multilingual.model_dir),
+                "-o",
+                str(data),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     pairs = ParallelDataset.load(data, "train")
     assert pairs[0][0].tolist() == multilingual.tok(lines[0]).input_ids
     assert pairs.ids == multilingual.config.model.special_ids
     batch = pairs.collate([0, 1])
     assert batch["tgt_in"][0, 0] == multilingual.config.model.bos_id == multilingual.config.model.pad_id
-    assert main(["train", "--data", str(data), "--run-dir", str(run), "--init", str(multilingual.model_dir),
-                 "--max-steps", "3", "--warmup", "2", "--batch-tokens", "4000", "--precision", "fp32", "--threads", "1",
-                 "--save-every-minutes", "0", "--valid-every", "0", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(run),
+                "--init",
+                str(multilingual.model_dir),
+                "--max-steps",
+                "3",
+                "--warmup",
+                "2",
+                "--batch-tokens",
+                "4000",
+                "--precision",
+                "fp32",
+                "--threads",
+                "1",
+                "--save-every-minutes",
+                "0",
+                "--valid-every",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "starting from the weights of" in capsys.readouterr().out
     tuned, config = load_model(run / "model")
     assert config.model == multilingual.config.model  # swish, biases, the logits bias: OPUS-MT's options kept

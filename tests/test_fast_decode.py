@@ -30,7 +30,9 @@ def test_decode_attention_is_equation_1(masked):
     B, h, n, T, dk, dv = 3, 4, 2, 7, 8, 6
     q, k, v = torch.randn(B, h, n, dk), torch.randn(B, h, T, dk), torch.randn(B, h, T, dv)
     mask = causal_mask(n, T) & make_masks(padded_batch([7, 5, 6]), None, PAD)[0] if masked else None
-    torch.testing.assert_close(decode_attention(q, k, v, mask), attention_reference(q, k, v, mask)[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        decode_attention(q, k, v, mask), attention_reference(q, k, v, mask)[0], rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("keys_first", [False, True])
@@ -135,7 +137,9 @@ def test_packing_keeps_the_parameters_and_unpacking_restores_the_layers(tied):
     layers = dict(model.named_modules())
     assert kernels.pack_weights(model) and kernels.is_packed(model)
     assert kernels.pack_weights(model) is False  # packed already
-    assert isinstance(model.output_proj, PackedLinear) and isinstance(model.decoder.layers[0].self_attn.in_proj, PackedLinear)
+    assert isinstance(model.output_proj, PackedLinear) and isinstance(
+        model.decoder.layers[0].self_attn.in_proj, PackedLinear
+    )
     after = dict(model.state_dict(keep_vars=True))
     assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
     kernels.unpack_weights(model)
@@ -166,7 +170,12 @@ def test_packed_feed_forward_fuses_the_relu_bit_for_bit(dtype):
     kernels.unpack_weights(holder)
     assert holder[0] is ffn and type(ffn.w_1) is torch.nn.Linear
     with torch.no_grad():
-        torch.testing.assert_close(ffn(x), fused, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+        torch.testing.assert_close(
+            ffn(x),
+            fused,
+            rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+            atol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+        )
 
 
 def test_packed_attention_without_biases():
@@ -175,7 +184,10 @@ def test_packed_attention_without_biases():
     x = torch.randn(2, 5, 16)
     kernels.pack_weights(mha)
     with torch.no_grad():
-        torch.testing.assert_close(mha(x)[0], mha.out_proj(F.scaled_dot_product_attention(*mha.project_qkv(x)).transpose(1, 2).reshape(2, 5, 16)))
+        torch.testing.assert_close(
+            mha(x)[0],
+            mha.out_proj(F.scaled_dot_product_attention(*mha.project_qkv(x)).transpose(1, 2).reshape(2, 5, 16)),
+        )
 
 
 def test_make_ready_and_undo_leave_what_the_caller_set():
@@ -188,7 +200,9 @@ def test_make_ready_and_undo_leave_what_the_caller_set():
     undo = make_ready(model)
     assert isinstance(model.decoder, FastDecoder)
     assert kernels.is_packed(model) == can_pack(torch.float32, "cpu")
-    assert not any(k in m.__dict__ for m in model.modules() for k in ("decode_step", "step_attention", "sequence_attention"))
+    assert not any(
+        k in m.__dict__ for m in model.modules() for k in ("decode_step", "step_attention", "sequence_attention")
+    )
     undo()
     assert type(model.decoder) is Decoder and not kernels.is_packed(model)
     make_ready(model, pack=False)  # the caller's choice: the flat decoder only

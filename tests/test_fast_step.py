@@ -34,14 +34,19 @@ def test_every_model_option_is_handled_by_the_step_or_handed_back():
     """A `ModelConfig` field added without a line in `HANDLED` or `FALLBACK` fails here (and, until
     it has one, every model decodes through its own step: `covers` is False)."""
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    assert fields == set(HANDLED) | set(FALLBACK), (fields - set(HANDLED) - set(FALLBACK), set(HANDLED) | set(FALLBACK) - fields)
+    assert fields == set(HANDLED) | set(FALLBACK), (
+        fields - set(HANDLED) - set(FALLBACK),
+        set(HANDLED) | set(FALLBACK) - fields,
+    )
     assert not set(HANDLED) & set(FALLBACK)
     defaults = ModelConfig()
     assert all(getattr(defaults, name) == value for name, value in FALLBACK.items())  # the paper's model is covered
     assert fast_step.covers(defaults)
     for name in FALLBACK:  # every other value of a fallback option: the model's own step
-        other = dict(word_positions=dict(word_positions=True, share_embeddings=False, tie_output=False),
-                     attention_window=dict(attention_window=2))[name]
+        other = dict(
+            word_positions=dict(word_positions=True, share_embeddings=False, tie_output=False),
+            attention_window=dict(attention_window=2),
+        )[name]
         assert not fast_step.covers(dataclasses.replace(defaults, **other))
 
 
@@ -133,13 +138,25 @@ def test_fast_step_on_the_test_device_is_the_models_step_bit_for_bit(dtype, norm
 
 
 OTHER_VALUES = {
-    "src_vocab_size": dict(src_vocab_size=70), "tgt_vocab_size": dict(tgt_vocab_size=50, share_embeddings=False),
-    "n_layers": dict(n_layers=3), "d_model": dict(d_model=48), "d_ff": dict(d_ff=96), "n_heads": dict(n_heads=2),
-    "d_k": dict(d_k=4), "d_v": dict(d_v=12), "dropout": dict(dropout=0.3), "attention_dropout": dict(attention_dropout=0.2),
-    "positional": dict(positional="learned"), "max_positions": dict(max_positions=64, positional="learned"),
-    "tie_output": dict(tie_output=False, share_embeddings=False), "layer_norm_eps": dict(layer_norm_eps=1e-2),
-    "pad_id": dict(pad_id=1), "activation": dict(activation="swish"),
-    "unk_id": dict(unk_id=7), "bos_id": dict(bos_id=8), "eos_id": dict(eos_id=9),
+    "src_vocab_size": dict(src_vocab_size=70),
+    "tgt_vocab_size": dict(tgt_vocab_size=50, share_embeddings=False),
+    "n_layers": dict(n_layers=3),
+    "d_model": dict(d_model=48),
+    "d_ff": dict(d_ff=96),
+    "n_heads": dict(n_heads=2),
+    "d_k": dict(d_k=4),
+    "d_v": dict(d_v=12),
+    "dropout": dict(dropout=0.3),
+    "attention_dropout": dict(attention_dropout=0.2),
+    "positional": dict(positional="learned"),
+    "max_positions": dict(max_positions=64, positional="learned"),
+    "tie_output": dict(tie_output=False, share_embeddings=False),
+    "layer_norm_eps": dict(layer_norm_eps=1e-2),
+    "pad_id": dict(pad_id=1),
+    "activation": dict(activation="swish"),
+    "unk_id": dict(unk_id=7),
+    "bos_id": dict(bos_id=8),
+    "eos_id": dict(eos_id=9),
 }
 """For each `HANDLED` field, a value unlike `tiny_config`'s (with what that value needs beside it);
 a boolean field left out here takes the other value."""
@@ -208,7 +225,9 @@ def test_fast_step_hands_what_it_does_not_cover_to_the_model(monkeypatch):
     fast = model.decoder
     calls = []
     original = Decoder.forward
-    monkeypatch.setattr(Decoder, "forward", lambda self, t, *a, **k: calls.append(t.size(1)) or original(self, t, *a, **k))
+    monkeypatch.setattr(
+        Decoder, "forward", lambda self, t, *a, **k: calls.append(t.size(1)) or original(self, t, *a, **k)
+    )
     mask = padding_mask(src, 0)
     with torch.no_grad():
         cache = model.init_cache(model.encode(src, mask), mask)

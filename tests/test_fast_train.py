@@ -87,10 +87,15 @@ def test_autocast_attention_is_equation_1_in_fp32():
     q, k, v = torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 8), torch.randn(3, 4, 7, 6)
     mask = causal_mask(7, 7) & make_masks(padded_batch([7, 5, 6]), None, PAD)[0]
     for m in (None, mask):
-        torch.testing.assert_close(attention.autocast_attention(q, k, v, m), attention_reference(q, k, v, m)[0],
-                                   rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(attention.autocast_attention(q, k, v, m),
-                                   F.scaled_dot_product_attention(q, k, v, attn_mask=m), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            attention.autocast_attention(q, k, v, m), attention_reference(q, k, v, m)[0], rtol=1e-5, atol=1e-6
+        )
+        torch.testing.assert_close(
+            attention.autocast_attention(q, k, v, m),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+            rtol=1e-5,
+            atol=1e-6,
+        )
 
 
 def test_fast_attention_trains_like_the_math_kernel_under_bf16_autocast(monkeypatch):
@@ -110,7 +115,8 @@ def test_fast_attention_trains_like_the_math_kernel_under_bf16_autocast(monkeypa
     monkeypatch.setattr(attention, "autocast_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
     losses, grads = [], []
     sdpa = lambda q, k, v, attn_mask=None, dropout_p=0.0: F.scaled_dot_product_attention(  # noqa: E731
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p
+    )
     for form in (sdpa, attention.sequence_attention):
         monkeypatch.setattr(transduce.model, "sequence_attention", form)
         model.zero_grad()

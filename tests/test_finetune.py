@@ -37,8 +37,19 @@ def texts(tmp_path_factory) -> Path:
 
 
 def files(texts: Path) -> list[str]:
-    return ["--train-src", str(texts / "train.en"), "--train-tgt", str(texts / "train.de"), "--valid-src",
-            str(texts / "valid.en"), "--valid-tgt", str(texts / "valid.de"), "--max-ratio", "100", "--quiet"]
+    return [
+        "--train-src",
+        str(texts / "train.en"),
+        "--train-tgt",
+        str(texts / "train.de"),
+        "--valid-src",
+        str(texts / "valid.en"),
+        "--valid-tgt",
+        str(texts / "valid.de"),
+        "--max-ratio",
+        "100",
+        "--quiet",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +69,9 @@ def test_prepare_with_a_models_vocabulary_gives_its_ids(model, texts, data):
     assert len(src) == len(tgt) == len(theirs) == load_model(model)[1].model.src_vocab_size
     for split in ("train", "valid"):
         pairs = ParallelDataset.load(data, split)
-        for i, (s, t) in enumerate(zip((texts / f"{split}.en").read_text().splitlines(),
-                                       (texts / f"{split}.de").read_text().splitlines())):
+        for i, (s, t) in enumerate(
+            zip((texts / f"{split}.en").read_text().splitlines(), (texts / f"{split}.de").read_text().splitlines())
+        ):
             assert pairs[i][0].tolist() == theirs.encode(s) + [EOS]
             assert pairs[i][1].tolist() == theirs.encode(t) + [EOS]
 
@@ -72,11 +84,31 @@ def test_prepare_with_separate_vocabularies_and_a_run_directory(model, texts, tm
     assert (len(src), len(tgt)) == (100, 90)
     line = (texts / "valid.de").read_text().splitlines()[0]
     assert ParallelDataset.load(out, "valid")[0][1].tolist() == Vocab(separate / "spm.tgt.model").encode(line) + [EOS]
-    assert main(["prepare", *files(texts), "--vocab", str(separate), "--vocab-size", "50", "-o", str(tmp_path / "x")]) == 2
+    assert (
+        main(["prepare", *files(texts), "--vocab", str(separate), "--vocab-size", "50", "-o", str(tmp_path / "x")]) == 2
+    )
 
 
-TRAIN = ["--max-steps", "3", "--warmup", "2", "--batch-tokens", "4000", "--valid-every", "0", "--log-every", "1",
-         "--save-every-minutes", "0", "--threads", "1", "--quiet", "--no-tensorboard", "--precision", "fp32"]
+TRAIN = [
+    "--max-steps",
+    "3",
+    "--warmup",
+    "2",
+    "--batch-tokens",
+    "4000",
+    "--valid-every",
+    "0",
+    "--log-every",
+    "1",
+    "--save-every-minutes",
+    "0",
+    "--threads",
+    "1",
+    "--quiet",
+    "--no-tensorboard",
+    "--precision",
+    "fp32",
+]
 
 
 def test_train_init_starts_at_the_models_weights_and_trains(model, data, tmp_path, capsys):
@@ -95,19 +127,25 @@ def test_train_init_starts_at_the_models_weights_and_trains(model, data, tmp_pat
     assert first["lr"] == pytest.approx(learning_rate(1, d_model, 2, lr_scale_for_peak(FINETUNE_LR, d_model, 2)))
     tuned, tuned_config = load_model(run / "model")
     assert tuned_config.model == config.model
-    assert not torch.equal(tuned.encoder.layers[0].feed_forward.w_1.weight, initial.encoder.layers[0].feed_forward.w_1.weight)
+    assert not torch.equal(
+        tuned.encoder.layers[0].feed_forward.w_1.weight, initial.encoder.layers[0].feed_forward.w_1.weight
+    )
     losses = [r["loss"] for r in records if r["type"] == "train"]
     assert losses[-1] < losses[0]
     # run again, longer: it resumes its own checkpoints, not MODEL's weights
-    assert main(["train", "--data", str(data), "--run-dir", str(run), "--init", str(model), *TRAIN, "--max-steps", "4"]) == 0
+    assert (
+        main(["train", "--data", str(data), "--run-dir", str(run), "--init", str(model), *TRAIN, "--max-steps", "4"])
+        == 0
+    )
     assert "resuming" in capsys.readouterr().out
     # a run directory is a MODEL too: its data is the same vocabulary
     assert main(["train", "--data", str(data), "--run-dir", str(tmp_path / "again"), "--init", str(run), *TRAIN]) == 0
 
 
 def init_schedule(model, data, tmp_path, *flags) -> tuple[int, float]:
-    args = build_parser(only="train").parse_args(["train", "--data", str(data), "--run-dir", str(tmp_path / "r"),
-                                                  "--init", str(model), *flags])
+    args = build_parser(only="train").parse_args(
+        ["train", "--data", str(data), "--run-dir", str(tmp_path / "r"), "--init", str(model), *flags]
+    )
     config = resolve_config(args)[0]
     t, d_model = config.train, config.model.d_model
     return t.warmup_steps, learning_rate(t.warmup_steps, d_model, t.warmup_steps, t.lr_scale)
@@ -144,8 +182,10 @@ def test_data_of_another_vocabulary_is_refused_in_one_line(model, texts, tmp_pat
 
 def test_a_preset_or_set_that_changes_the_architecture_is_refused(model, data, tmp_path, capsys):
     run = tmp_path / "run"
-    for extra, named in ((["--set", "model.n_layers=1"], "model.n_layers 1 (the model's 2)"),
-                         (["--preset", "multi30k"], "model.d_model 256 (the model's 32)")):
+    for extra, named in (
+        (["--set", "model.n_layers=1"], "model.n_layers 1 (the model's 2)"),
+        (["--preset", "multi30k"], "model.d_model 256 (the model's 32)"),
+    ):
         assert main(["train", "--data", str(data), "--run-dir", str(run), "--init", str(model), *TRAIN, *extra]) == 2
         err = one_error(capsys)
         assert named in err and "--init" in err, err

@@ -28,34 +28,61 @@ def subparsers() -> dict[str, argparse.ArgumentParser]:
 PARSERS = subparsers()
 
 REFUSED = {  # command -> a spelling of an earlier, unreleased version -> argv that uses it: refused
-    "translate": {"--output": ["m", "--output", "x"], "--max-tokens": ["m", "--max-tokens", "7"],
-                  "--max-input-tokens": ["m", "--max-input-tokens", "7"], "--alpha": ["m", "--alpha", "0.6"],
-                  "--ct2-length-penalty": ["m", "--ct2-length-penalty", "ct2"]},
-    "parse": {"--output": ["m", "--output", "x"], "--max-input-tokens": ["m", "--max-input-tokens", "7"],
-              "--alpha": ["m", "--alpha", "0.3"]},
-    "evaluate": {"--save-hyp": ["m", "--save-hyp", "x"], "--src-file": ["m", "--src-file", "x"],
-                 "--max-input-tokens": ["m", "--max-input-tokens", "7"], "--alpha": ["m", "--alpha", "1"]},
+    "translate": {
+        "--output": ["m", "--output", "x"],
+        "--max-tokens": ["m", "--max-tokens", "7"],
+        "--max-input-tokens": ["m", "--max-input-tokens", "7"],
+        "--alpha": ["m", "--alpha", "0.6"],
+        "--ct2-length-penalty": ["m", "--ct2-length-penalty", "ct2"],
+    },
+    "parse": {
+        "--output": ["m", "--output", "x"],
+        "--max-input-tokens": ["m", "--max-input-tokens", "7"],
+        "--alpha": ["m", "--alpha", "0.3"],
+    },
+    "evaluate": {
+        "--save-hyp": ["m", "--save-hyp", "x"],
+        "--src-file": ["m", "--src-file", "x"],
+        "--max-input-tokens": ["m", "--max-input-tokens", "7"],
+        "--alpha": ["m", "--alpha", "1"],
+    },
     "average": {"--force": ["r", "--force"], "--last": ["r", "--last", "3"]},
     "export": {"--force": ["ct2", "m", "-o", "x", "--force"]},
     "prepare": {"--no-progress": ["-o", "x", "--no-progress"], "--force": ["-o", "x", "--force"]},
-    "train": {"--max-tokens": ["--run-dir", "r", "--max-tokens", "7"], "--no-progress": ["--run-dir", "r", "--no-progress"],
-              "--resume": ["--run-dir", "r", "--resume"]},
-    "experiment": {"--updates": ["--data", "d", "-o", "x", "--max-steps", "1", "--updates", "7"],
-                   "--max-tokens": ["--data", "d", "-o", "x", "--max-steps", "1", "--max-tokens", "7"],
-                   "--save-every": ["--data", "d", "-o", "x", "--max-steps", "1", "--save-every", "7"],
-                   "--no-progress": ["--data", "d", "-o", "x", "--max-steps", "1", "--no-progress"],
-                   "--average": ["--data", "d", "-o", "x", "--max-steps", "1", "--average"]},
-    "serve": {"--max-tokens": ["m", "--max-tokens", "7"], "--alpha": ["m", "--alpha", "1"],
-              "--ct2-length-penalty": ["m", "--ct2-length-penalty", "ct2"]},
-    "attention": {"--max-tokens": ["m", "--max-tokens", "7"], "--max-input-tokens": ["m", "--max-input-tokens", "7"],
-                  "--target": ["m", "a", "--target", "x"], "-t": ["m", "a", "-t", "x"], "--alpha": ["m", "a", "--alpha", "1"]},
+    "train": {
+        "--max-tokens": ["--run-dir", "r", "--max-tokens", "7"],
+        "--no-progress": ["--run-dir", "r", "--no-progress"],
+        "--resume": ["--run-dir", "r", "--resume"],
+    },
+    "experiment": {
+        "--updates": ["--data", "d", "-o", "x", "--max-steps", "1", "--updates", "7"],
+        "--max-tokens": ["--data", "d", "-o", "x", "--max-steps", "1", "--max-tokens", "7"],
+        "--save-every": ["--data", "d", "-o", "x", "--max-steps", "1", "--save-every", "7"],
+        "--no-progress": ["--data", "d", "-o", "x", "--max-steps", "1", "--no-progress"],
+        "--average": ["--data", "d", "-o", "x", "--max-steps", "1", "--average"],
+    },
+    "serve": {
+        "--max-tokens": ["m", "--max-tokens", "7"],
+        "--alpha": ["m", "--alpha", "1"],
+        "--ct2-length-penalty": ["m", "--ct2-length-penalty", "ct2"],
+    },
+    "attention": {
+        "--max-tokens": ["m", "--max-tokens", "7"],
+        "--max-input-tokens": ["m", "--max-input-tokens", "7"],
+        "--target": ["m", "a", "--target", "x"],
+        "-t": ["m", "a", "-t", "x"],
+        "--alpha": ["m", "a", "--alpha", "1"],
+    },
     "synthetic": {"--save": ["--save", "x"]},
 }
 """Every spelling an earlier version accepted as a hidden alias (for a version never released):
 each now an unknown flag, and no prefix of a flag either (abbreviations are off)."""
 
-DEST = {("train", "max_tokens"): "batch_tokens", ("train", "progress"): "quiet",
-        **{(c, "max_input_tokens"): "truncate_input" for c in ("translate", "evaluate", "parse")}}
+DEST = {
+    ("train", "max_tokens"): "batch_tokens",
+    ("train", "progress"): "quiet",
+    **{(c, "max_input_tokens"): "truncate_input" for c in ("translate", "evaluate", "parse")},
+}
 """train's flags set its TrainOptions fields, translate's --truncate-input the decoding option
 `max_input_tokens`: the concept each of these destinations is."""
 
@@ -88,17 +115,30 @@ def test_every_help_page_is_one_screen(command):
     for topic in [m.group(1), *(m.group(3) or "").replace(",", " ").split()]:
         assert (REPO / "docs" / f"{topic}.md").is_file(), (command, topic)
     if m.group(2):
-        assert re.search(rf"^#+ {m.group(2)}\b", (REPO / "docs" / f"{m.group(1)}.md").read_text(encoding="utf-8"), re.M | re.I)
-    examples = [line for line in lines if line.startswith("  transduce ") or line.startswith("  torchrun ")
-                or line.startswith("  echo ")]
+        assert re.search(
+            rf"^#+ {m.group(2)}\b", (REPO / "docs" / f"{m.group(1)}.md").read_text(encoding="utf-8"), re.M | re.I
+        )
+    examples = [
+        line
+        for line in lines
+        if line.startswith("  transduce ") or line.startswith("  torchrun ") or line.startswith("  echo ")
+    ]
     assert 2 <= len(examples) <= 4, command
     wrapped = [line for line in lines if re.match(r" {20,}\S", line)]  # an option's help continued
     assert not wrapped, (command, wrapped)
 
 
 def test_the_help_does_not_depend_on_the_terminal():
-    out = [subprocess.run([sys.executable, "-m", "transduce", "translate", "--help"], capture_output=True, text=True,
-                          env={**ENV, "COLUMNS": str(cols)}, check=True).stdout for cols in (60, 200)]
+    out = [
+        subprocess.run(
+            [sys.executable, "-m", "transduce", "translate", "--help"],
+            capture_output=True,
+            text=True,
+            env={**ENV, "COLUMNS": str(cols)},
+            check=True,
+        ).stdout
+        for cols in (60, 200)
+    ]
     assert out[0] == out[1]
 
 
@@ -179,8 +219,18 @@ def test_the_decoding_flags_have_the_same_defaults_wherever_they_decode_as_trans
     parser = build_parser()
     translate = parser.parse_args(["translate", "m"])
     attention = parser.parse_args(["attention", "m", "a"])
-    for name in ("beam", "length_penalty", "alpha", "max_len_offset", "greedy", "device", "threads", "checkpoint",
-                 "average", "vocab"):
+    for name in (
+        "beam",
+        "length_penalty",
+        "alpha",
+        "max_len_offset",
+        "greedy",
+        "device",
+        "threads",
+        "checkpoint",
+        "average",
+        "vocab",
+    ):
         assert getattr(attention, name) == getattr(translate, name), name
     assert (translate.beam, translate.length_penalty, translate.alpha, translate.max_len_offset) == (4, "gnmt", 0.6, 50)
     parse = parser.parse_args(["parse", "m"])
@@ -194,18 +244,21 @@ def test_the_decoding_flags_have_the_same_defaults_wherever_they_decode_as_trans
 # --- --length-penalty: one flag, its value names the formula ------------------------------------
 
 
-@pytest.mark.parametrize("argv, formula, alpha", [
-    (["translate", "m"], "gnmt", 0.6),  # 6.1's
-    (["translate", "m", "--length-penalty", "gnmt:1.2"], "gnmt", 1.2),
-    (["translate", "m", "--length-penalty", "gnmt"], "gnmt", 0.6),  # a bare formula: its own default alpha
-    (["translate", "m", "--length-penalty", "hf"], "hf", 1.0),  # generate's default
-    (["translate", "m", "--length-penalty", "ct2:0.5", "--engine", "ct2"], "ct2", 0.5),
-    (["translate", "m", "--length-penalty", "none"], "none", 0.0),
-    (["parse", "m"], "gnmt", 0.3),  # 6.3's
-    (["parse", "m", "--length-penalty", "gnmt"], "gnmt", 0.3),
-    (["evaluate", "m", "--length-penalty", "gnmt"], "gnmt", None),  # the task's, once the model is known
-    (["serve", "m", "--length-penalty", "gnmt:0.8"], "gnmt", 0.8),
-])
+@pytest.mark.parametrize(
+    "argv, formula, alpha",
+    [
+        (["translate", "m"], "gnmt", 0.6),  # 6.1's
+        (["translate", "m", "--length-penalty", "gnmt:1.2"], "gnmt", 1.2),
+        (["translate", "m", "--length-penalty", "gnmt"], "gnmt", 0.6),  # a bare formula: its own default alpha
+        (["translate", "m", "--length-penalty", "hf"], "hf", 1.0),  # generate's default
+        (["translate", "m", "--length-penalty", "ct2:0.5", "--engine", "ct2"], "ct2", 0.5),
+        (["translate", "m", "--length-penalty", "none"], "none", 0.0),
+        (["parse", "m"], "gnmt", 0.3),  # 6.3's
+        (["parse", "m", "--length-penalty", "gnmt"], "gnmt", 0.3),
+        (["evaluate", "m", "--length-penalty", "gnmt"], "gnmt", None),  # the task's, once the model is known
+        (["serve", "m", "--length-penalty", "gnmt:0.8"], "gnmt", 0.8),
+    ],
+)
 def test_the_length_penalty_names_its_formula_and_alpha(argv, formula, alpha):
     from transduce.cli.common import check_length_penalty
 
@@ -216,15 +269,18 @@ def test_the_length_penalty_names_its_formula_and_alpha(argv, formula, alpha):
     assert formula in LENGTH_PENALTIES
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--length-penalty", "paper"], "--length-penalty paper: the formula is one of gnmt, hf, ct2, none"),
-    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
-    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
-    (["--length-penalty", "gnmt:x"], "--length-penalty gnmt:x: alpha must be a finite number >= 0"),
-    (["--length-penalty", "none:1"], "--length-penalty none:1: none takes no alpha"),
-    (["--length-penalty", "ct2"], "--length-penalty ct2: --engine torch takes gnmt, hf, none"),
-    (["--engine", "ct2", "--length-penalty", "hf"], "--length-penalty hf: --engine ct2 takes gnmt, ct2, none"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--length-penalty", "paper"], "--length-penalty paper: the formula is one of gnmt, hf, ct2, none"),
+        (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+        (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
+        (["--length-penalty", "gnmt:x"], "--length-penalty gnmt:x: alpha must be a finite number >= 0"),
+        (["--length-penalty", "none:1"], "--length-penalty none:1: none takes no alpha"),
+        (["--length-penalty", "ct2"], "--length-penalty ct2: --engine torch takes gnmt, hf, none"),
+        (["--engine", "ct2", "--length-penalty", "hf"], "--length-penalty hf: --engine ct2 takes gnmt, ct2, none"),
+    ],
+)
 def test_a_bad_length_penalty_is_one_line(tmp_path, capsys, flags, message):
     assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -232,8 +288,10 @@ def test_a_bad_length_penalty_is_one_line(tmp_path, capsys, flags, message):
 
 
 def test_parsing_and_attention_take_the_papers_penalty_or_none(tmp_path, capsys):
-    for argv in (["parse", str(tmp_path / "m"), "--length-penalty", "hf"],
-                 ["attention", str(tmp_path / "m"), "a", "--length-penalty", "hf:1", "--json", str(tmp_path / "a.json")]):
+    for argv in (
+        ["parse", str(tmp_path / "m"), "--length-penalty", "hf"],
+        ["attention", str(tmp_path / "m"), "a", "--length-penalty", "hf:1", "--json", str(tmp_path / "a.json")],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err.splitlines()
         assert err == [f"transduce {argv[0]}: error: --length-penalty hf: {argv[0]} takes gnmt, none"], err
@@ -243,9 +301,11 @@ def test_parsing_and_attention_take_the_papers_penalty_or_none(tmp_path, capsys)
 
 
 def test_the_top_level_help_lists_each_subcommand_once_without_importing_torch():
-    code = ("import sys\nfrom transduce.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'transduce --help imported torch'\n")
+    code = (
+        "import sys\nfrom transduce.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'transduce --help imported torch'\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -255,10 +315,12 @@ def test_the_top_level_help_lists_each_subcommand_once_without_importing_torch()
 
 
 def test_docs_prints_a_page_without_importing_torch():
-    code = ("import sys\nfrom transduce.cli import main\n"
-            "assert main(['docs', 'masks']) == 0\n"
-            "assert main(['docs', 'cli', 'prepare']) == 0\n"
-            "assert 'torch' not in sys.modules, 'transduce docs imported torch'\n")
+    code = (
+        "import sys\nfrom transduce.cli import main\n"
+        "assert main(['docs', 'masks']) == 0\n"
+        "assert main(['docs', 'cli', 'prepare']) == 0\n"
+        "assert 'torch' not in sys.modules, 'transduce docs imported torch'\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith((REPO / "docs" / "masks.md").read_text(encoding="utf-8"))
@@ -270,13 +332,18 @@ def test_docs_names_the_nearest_page_in_one_line(capsys):
     assert capsys.readouterr().err == "transduce docs: error: no page 'trainig'; did you mean 'training'?\n"
     assert main(["docs", "cli", "nothing"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("transduce docs: error: transduce docs cli has no section 'nothing'; its sections: ") and "\n" == err[-1]
+    assert (
+        err.startswith("transduce docs: error: transduce docs cli has no section 'nothing'; its sections: ")
+        and "\n" == err[-1]
+    )
 
 
 def test_version_is_the_installed_one_and_imports_no_torch():
-    code = ("import sys\nfrom transduce.cli import main\n"
-            "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'transduce --version imported torch'\n")
+    code = (
+        "import sys\nfrom transduce.cli import main\n"
+        "try:\n    main(['--version'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'transduce --version imported torch'\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"transduce {version('transduce')}\n"
@@ -285,12 +352,15 @@ def test_version_is_the_installed_one_and_imports_no_torch():
 # --- suggestions, inputs checked first ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, line", [
-    (["info", "--preset", "multi30"], "unknown preset 'multi30'; did you mean 'multi30k'?"),
-    (["info", "--set", "model.norm_frist=true"], "no field model.norm_frist; did you mean model.norm_first?"),
-    (["info", "--set", "trian.warmup_steps=10"], "did you mean train.warmup_steps?"),
-    (["train", "--data", ".", "--run-dir", "r", "--preset", "multi30"], "did you mean 'multi30k'?"),
-])
+@pytest.mark.parametrize(
+    "argv, line",
+    [
+        (["info", "--preset", "multi30"], "unknown preset 'multi30'; did you mean 'multi30k'?"),
+        (["info", "--set", "model.norm_frist=true"], "no field model.norm_frist; did you mean model.norm_first?"),
+        (["info", "--set", "trian.warmup_steps=10"], "did you mean train.warmup_steps?"),
+        (["train", "--data", ".", "--run-dir", "r", "--preset", "multi30"], "did you mean 'multi30k'?"),
+    ],
+)
 def test_a_misspelled_preset_or_field_suggests_the_nearest(argv, line, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
@@ -303,8 +373,19 @@ def test_prepare_checks_every_input_file_before_any_work(tmp_path, capsys):
     text = tmp_path / "a.txt"
     text.write_text("a b\n")
     out = tmp_path / "out"
-    argv = ["prepare", "--train-src", str(text), "--train-tgt", str(text), "--valid-src", str(text),
-            "--valid-tgt", str(tmp_path / "nope.txt"), "-o", str(out)]
+    argv = [
+        "prepare",
+        "--train-src",
+        str(text),
+        "--train-tgt",
+        str(text),
+        "--valid-src",
+        str(text),
+        "--valid-tgt",
+        str(tmp_path / "nope.txt"),
+        "-o",
+        str(out),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err == f"transduce prepare: error: {tmp_path / 'nope.txt'}: no such file\n"
@@ -326,11 +407,13 @@ def test_average_takes_dash_o(tmp_path, capsys):
 def test_every_subcommand_help_imports_no_torch(command):
     """`transduce COMMAND --help` builds the command's parser from light modules only (the run
     functions import the library): checked in a fresh interpreter's sys.modules, not by timing."""
-    code = ("import sys\nfrom transduce.cli import main\n"
-            f"try:\n    main([{command!r}, '--help'])\nexcept SystemExit:\n    pass\n"
-            "heavy = sorted(m for m in ('torch', 'numpy', 'safetensors', 'transduce.model', 'transduce.config') "
-            "if m in sys.modules)\n"
-            "assert not heavy, heavy\n")
+    code = (
+        "import sys\nfrom transduce.cli import main\n"
+        f"try:\n    main([{command!r}, '--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('torch', 'numpy', 'safetensors', 'transduce.model', 'transduce.config') "
+        "if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: transduce {command}")
@@ -340,15 +423,17 @@ def test_the_defaults_module_imports_nothing_heavy():
     """`transduce.defaults`, which every parser and the library read, imports nothing but the
     standard library (the package's own `__init__` included) and no other module of transduce; with
     every subcommand's parser built, still no PyTorch: checked in a fresh interpreter."""
-    code = ("import sys\nbefore = set(sys.modules)\nimport transduce.defaults\n"
-            "new = set(sys.modules) - before\n"
-            "other = sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names | {'transduce'})\n"
-            "ours = sorted(m for m in new if m.split('.')[0] == 'transduce')\n"
-            "assert not other and ours == ['transduce', 'transduce.defaults'], (other, ours)\n"
-            "from transduce.cli import build_parser\nbuild_parser()\n"
-            "heavy = sorted(m for m in ('torch', 'numpy', 'safetensors', 'transduce.model', 'transduce.config') "
-            "if m in sys.modules)\n"
-            "assert not heavy, heavy\n")
+    code = (
+        "import sys\nbefore = set(sys.modules)\nimport transduce.defaults\n"
+        "new = set(sys.modules) - before\n"
+        "other = sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names | {'transduce'})\n"
+        "ours = sorted(m for m in new if m.split('.')[0] == 'transduce')\n"
+        "assert not other and ours == ['transduce', 'transduce.defaults'], (other, ours)\n"
+        "from transduce.cli import build_parser\nbuild_parser()\n"
+        "heavy = sorted(m for m in ('torch', 'numpy', 'safetensors', 'transduce.model', 'transduce.config') "
+        "if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
     assert out.returncode == 0, out.stderr
 
@@ -418,14 +503,31 @@ def test_the_help_shows_the_defaults_modules_values():
     from transduce import defaults
 
     serve = " ".join(help_of("serve").split())
-    for shown in (f"default {defaults.BEAM}; parser {defaults.PARSE_BEAM}", f"default {defaults.SERVE_MAX_QUEUE})",
-                  f"default {defaults.SERVE_GRACEFUL_TIMEOUT:g})", f"default {defaults.SERVE_MAX_WAIT * 1000:g})"):
+    for shown in (
+        f"default {defaults.BEAM}; parser {defaults.PARSE_BEAM}",
+        f"default {defaults.SERVE_MAX_QUEUE})",
+        f"default {defaults.SERVE_GRACEFUL_TIMEOUT:g})",
+        f"default {defaults.SERVE_MAX_WAIT * 1000:g})",
+    ):
         assert shown in serve, shown
     translate = build_parser().parse_args(["translate", "m"])
-    assert (translate.beam, translate.alpha, translate.max_len_offset, translate.batch_size, translate.batch_tokens,
-            translate.chunk_lines, translate.max_input_tokens) == (
-        defaults.BEAM, defaults.ALPHA, defaults.MAX_LEN_OFFSET, defaults.BATCH_SIZE, defaults.BATCH_TOKENS,
-        defaults.CHUNK_LINES, defaults.MAX_INPUT_TOKENS)
+    assert (
+        translate.beam,
+        translate.alpha,
+        translate.max_len_offset,
+        translate.batch_size,
+        translate.batch_tokens,
+        translate.chunk_lines,
+        translate.max_input_tokens,
+    ) == (
+        defaults.BEAM,
+        defaults.ALPHA,
+        defaults.MAX_LEN_OFFSET,
+        defaults.BATCH_SIZE,
+        defaults.BATCH_TOKENS,
+        defaults.CHUNK_LINES,
+        defaults.MAX_INPUT_TOKENS,
+    )
 
 
 def test_train_config_flags_have_the_config_fields_types():

@@ -13,8 +13,15 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 400
-MODEL_IMPORTS = {"transduce.attention", "transduce.cache", "transduce.config", "transduce.masks", "transduce.positions",
-                 "transduce.restricted", "transduce.word_positions"}
+MODEL_IMPORTS = {
+    "transduce.attention",
+    "transduce.cache",
+    "transduce.config",
+    "transduce.masks",
+    "transduce.positions",
+    "transduce.restricted",
+    "transduce.word_positions",
+}
 """What model.py may import: modules beside it that import nothing of it, none of the rooms above it."""
 BELOW_MODEL = MODEL_IMPORTS | {"transduce.cpu", "transduce.special_ids", "transduce.torch_ops"}
 """What model.py may reach, directly or through what it imports: besides `MODEL_IMPORTS`, the special
@@ -85,7 +92,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -118,7 +125,10 @@ def test_nothing_below_the_model_imports_a_room_above_it():
     reached = reachable(graph, "transduce.model")
     assert "transduce.cpu" in reached  # the cache's import of the CPU's reading is seen
     assert reached <= BELOW_MODEL, f"below the model, imports of {sorted(reached - BELOW_MODEL)}: " + "; ".join(
-        f"{name} -> {sorted(graph[name] - BELOW_MODEL)}" for name in sorted(reached & BELOW_MODEL) if graph[name] - BELOW_MODEL)
+        f"{name} -> {sorted(graph[name] - BELOW_MODEL)}"
+        for name in sorted(reached & BELOW_MODEL)
+        if graph[name] - BELOW_MODEL
+    )
 
 
 def test_the_package_has_no_import_cycle():

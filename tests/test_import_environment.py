@@ -32,8 +32,9 @@ print(json.dumps({"imported": len(names) - len(missing), "missing": missing, "ch
 
 def test_importing_every_transduce_module_changes_no_environment_variable():
     env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
-    out = subprocess.run([sys.executable, "-c", IMPORT_ALL], env={**env, "PYTHONPATH": SRC},
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL], env={**env, "PYTHONPATH": SRC}, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["imported"] > 50 and result["changed"] == [], result

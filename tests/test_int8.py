@@ -45,10 +45,12 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
         assert torch.equal(model.encode(src), memory)  # the encoder untouched
         for layer in model.decoder.layers:  # encoder-decoder attention's keys/values: packed floats
             blocks = layer.cross_attn.in_proj.packed
-            assert isinstance(blocks[(layer.cross_attn.kv_rows.start, layer.cross_attn.kv_rows.stop, None)],
-                              kernels.PackedWeight)
-            assert isinstance(blocks[(layer.cross_attn.q_rows.start, layer.cross_attn.q_rows.stop, None)],
-                              int8.Int8Weight)
+            assert isinstance(
+                blocks[(layer.cross_attn.kv_rows.start, layer.cross_attn.kv_rows.stop, None)], kernels.PackedWeight
+            )
+            assert isinstance(
+                blocks[(layer.cross_attn.q_rows.start, layer.cross_attn.q_rows.stop, None)], int8.Int8Weight
+            )
         q = model(src, tgt)
         assert not torch.equal(q, ref)  # the int8 kernels ran
         assert (q - ref).abs().max().item() < 0.05 * ref.abs().max().item()
@@ -125,8 +127,13 @@ def test_int8_over_bf16_weights_takes_and_gives_bf16_with_fp32_logits():
 def test_activations_are_quantized_within_half_a_step():
     levels = int8.LEVELS
     g = torch.Generator().manual_seed(0)
-    for x in (torch.randn(7, 33, generator=g) * 3, torch.rand(5, 64, generator=g) + 0.5, -torch.rand(3, 8, generator=g),
-              torch.zeros(2, 4), torch.randn(4, 16, generator=g).bfloat16()):
+    for x in (
+        torch.randn(7, 33, generator=g) * 3,
+        torch.rand(5, 64, generator=g) + 0.5,
+        -torch.rand(3, 8, generator=g),
+        torch.zeros(2, 4),
+        torch.randn(4, 16, generator=g).bfloat16(),
+    ):
         q, scale, zero = int8.quantize_activations(x)
         assert q.dtype == torch.uint8 and q.shape == x.shape and 0 <= zero <= levels
         assert int(q.max()) <= levels
@@ -186,7 +193,9 @@ def test_translate_int8_is_close_to_fp32_and_fp32_stays_exact(model_dir, tmp_pat
     flags = ["--beam", "3", "--max-len-offset", "6", "--threads", "1", "-i", str(src)]
     assert main(["translate", str(model_dir), *flags, "-o", str(tmp_path / "int8.txt"), "--int8"]) == 0
     assert "precision: int8 (as asked" in capsys.readouterr().err
-    assert main(["translate", str(model_dir), *flags, "-o", str(tmp_path / "fp32.txt"), "--precision", "fp32", "-q"]) == 0
+    assert (
+        main(["translate", str(model_dir), *flags, "-o", str(tmp_path / "fp32.txt"), "--precision", "fp32", "-q"]) == 0
+    )
     quantized = (tmp_path / "int8.txt").read_text(encoding="utf-8").splitlines()
     fp32 = (tmp_path / "fp32.txt").read_text(encoding="utf-8").splitlines()
     assert len(quantized) == len(fp32) == len(lines)
@@ -200,9 +209,32 @@ def test_evaluate_int8_records_the_precision(model_dir, tmp_path):
     (tmp_path / "src.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp_path / "ref.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "r.json"
-    assert main(["evaluate", str(model_dir), "--input", str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"),
-                 "--tgt", "en", "--precision", "int8", "--beam", "2", "--max-len-offset", "4", "--threads", "1", "--quiet",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(model_dir),
+                "--input",
+                str(tmp_path / "src.txt"),
+                "--ref",
+                str(tmp_path / "ref.txt"),
+                "--tgt",
+                "en",
+                "--precision",
+                "int8",
+                "--beam",
+                "2",
+                "--max-len-offset",
+                "4",
+                "--threads",
+                "1",
+                "--quiet",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["decoding"]["precision"] == "int8"
 
 
@@ -233,8 +265,25 @@ def test_int8_off_the_cpu_is_a_one_line_error(model_dir, capsys):
 def test_translate_auto_int8_says_what_it_chose_and_why(model_dir, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("a man runs on the grass\n", encoding="utf-8")
-    assert main(["translate", str(model_dir), "--precision", "auto-int8", "--beam", "2", "--threads", "1", "-i", str(src),
-                 "-o", str(tmp_path / "out.txt")]) == 0
+    assert (
+        main(
+            [
+                "translate",
+                str(model_dir),
+                "--precision",
+                "auto-int8",
+                "--beam",
+                "2",
+                "--threads",
+                "1",
+                "-i",
+                str(src),
+                "-o",
+                str(tmp_path / "out.txt"),
+            ]
+        )
+        == 0
+    )
     from transduce.precision import choose_decoding_precision
 
     line = next(x for x in capsys.readouterr().err.splitlines() if "precision:" in x)
@@ -255,8 +304,13 @@ def test_int8_lets_no_deprecation_warning_out_and_holds_no_quantized_tensor_outs
         int8.quantize_int8(model)
         with torch.inference_mode():
             model(src, tgt)
-    weights = [w for m in model.modules() if isinstance(m, int8.Int8Linear) for w in m.packed.values()
-               if isinstance(w, int8.Int8Weight)]  # (cross-attention's key/value block: a packed float)
+    weights = [
+        w
+        for m in model.modules()
+        if isinstance(m, int8.Int8Linear)
+        for w in m.packed.values()
+        if isinstance(w, int8.Int8Weight)
+    ]  # (cross-attention's key/value block: a packed float)
     assert weights and {w.kernel for w in weights} == {int8.int8_kernel(torch.float32)}
     for w in weights:
         if w.kernel == "onednn":

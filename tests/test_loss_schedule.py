@@ -1,4 +1,3 @@
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -70,7 +69,9 @@ def test_fused_label_smoothing_gradient_matches_log_softmax(dtype):
     torch.testing.assert_close(loss, ref_loss / n, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(nll, ref_nll / n, rtol=1e-5, atol=1e-5)
     assert x1.grad.dtype == dtype
-    torch.testing.assert_close(x1.grad.float(), x2.grad.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        x1.grad.float(), x2.grad.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-7
+    )
     assert x1.grad[0, 60:].abs().sum() == 0 and x1.grad[2, 10:].abs().sum() == 0  # padding
 
 
@@ -119,12 +120,14 @@ def test_trainer_smooths_over_emittable_classes_by_default():
     assert TrainConfig().smooth_all_classes is False
     import inspect
     from transduce.train import step
+
     assert inspect.signature(step.train_step).parameters["smooth_exclude"].default is None  # the model's
     assert inspect.signature(evaluate).parameters["smooth_exclude"].default is None
     model = Transformer(ModelConfig(src_vocab_size=20, n_layers=1, d_model=8, d_ff=16, n_heads=2))
     assert step.loss_ids(model, None, None) == (PAD, (PAD, BOS))
-    model = Transformer(ModelConfig(src_vocab_size=20, n_layers=1, d_model=8, d_ff=16, n_heads=2, pad_id=19, bos_id=19,
-                                    eos_id=0))  # Marian's layout: the decoder starts with PAD
+    model = Transformer(
+        ModelConfig(src_vocab_size=20, n_layers=1, d_model=8, d_ff=16, n_heads=2, pad_id=19, bos_id=19, eos_id=0)
+    )  # Marian's layout: the decoder starts with PAD
     assert step.loss_ids(model, None, None) == (19, (19, 19))
 
 
@@ -148,8 +151,9 @@ def test_the_fused_loss_off_the_cpu_is_the_blocked_loss(dtype, monkeypatch):
         return loss, nll, z.grad
 
     want = run(loss_module._SmoothedCrossEntropy)
-    monkeypatch.setattr(loss_module, "_row_blocks",
-                        lambda x, d: (range(0, x.size(0), 70), 70, torch.empty(70, x.size(1), dtype=d)))
+    monkeypatch.setattr(
+        loss_module, "_row_blocks", lambda x, d: (range(0, x.size(0), 70), 70, torch.empty(70, x.size(1), dtype=d))
+    )
     got = run(loss_module._FusedSmoothedCrossEntropy)
     tol = 1e-5 if dtype == "float32" else 1e-2
     for w, g in zip(want, got):

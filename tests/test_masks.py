@@ -31,8 +31,13 @@ SRC_LENGTHS, TGT_LENGTHS = [7, 4, 2], [3, 5, 1]
 ATOL = RTOL = 1e-5
 
 # What transduce and nn.Transformer call each sub-layer's parameters.
-NN_NAMES = [("in_proj.weight", "in_proj_weight"), ("in_proj.bias", "in_proj_bias"),
-            ("cross_attn.", "multihead_attn."), ("feed_forward.w_1.", "linear1."), ("feed_forward.w_2.", "linear2.")]
+NN_NAMES = [
+    ("in_proj.weight", "in_proj_weight"),
+    ("in_proj.bias", "in_proj_bias"),
+    ("cross_attn.", "multihead_attn."),
+    ("feed_forward.w_1.", "linear1."),
+    ("feed_forward.w_2.", "linear2."),
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,8 +72,19 @@ TABLE = doc_table()
 
 
 def evaluate(expr: str, batch: dict, **names):
-    scope = dict(torch=torch, nn=nn, causal_mask=causal_mask, padding_mask=padding_mask, pad=PAD,
-                 B=B, S=S, T=T, h=H, **batch, **names)
+    scope = dict(
+        torch=torch,
+        nn=nn,
+        causal_mask=causal_mask,
+        padding_mask=padding_mask,
+        pad=PAD,
+        B=B,
+        S=S,
+        T=T,
+        h=H,
+        **batch,
+        **names,
+    )
     return eval(expr, {"__builtins__": {"float": float}}, scope)  # noqa: S307 - the docs' own code
 
 
@@ -112,8 +128,14 @@ def batch() -> dict:
     gen = torch.Generator().manual_seed(0)
     src, tgt = tokens(SRC_LENGTHS, S, gen), tokens(TGT_LENGTHS, T, gen)
     src_mask, tgt_mask = make_masks(src, tgt, PAD)
-    return dict(src=src, tgt=tgt, src_mask=src_mask, tgt_mask=tgt_mask,
-                x=torch.randn(B, S, E, generator=gen), y=torch.randn(B, T, E, generator=gen))
+    return dict(
+        src=src,
+        tgt=tgt,
+        src_mask=src_mask,
+        tgt_mask=tgt_mask,
+        x=torch.randn(B, S, E, generator=gen),
+        y=torch.randn(B, T, E, generator=gen),
+    )
 
 
 def randomize(module: nn.Module, seed: int) -> nn.Module:
@@ -126,8 +148,18 @@ def randomize(module: nn.Module, seed: int) -> nn.Module:
 
 
 def config(n_layers: int = 1) -> ModelConfig:
-    return ModelConfig(src_vocab_size=20, n_layers=n_layers, d_model=E, n_heads=H, d_ff=FF, dropout=0.0,
-                       attention_dropout=0.0, attention_bias=True, layer_norm_eps=EPS, norm_first=False)
+    return ModelConfig(
+        src_vocab_size=20,
+        n_layers=n_layers,
+        d_model=E,
+        n_heads=H,
+        d_ff=FF,
+        dropout=0.0,
+        attention_dropout=0.0,
+        attention_bias=True,
+        layer_norm_eps=EPS,
+        norm_first=False,
+    )
 
 
 def nn_state(ours: nn.Module) -> dict:
@@ -178,15 +210,28 @@ def allowed_somewhere(rows: int, cols: int, seed: int) -> torch.Tensor:
 
 def test_table_has_a_row_for_every_mask_argument_of_nn_transformer():
     params = set(inspect.signature(nn.Transformer.forward).parameters) - {"self", "src", "tgt"}
-    assert params == {"src_mask", "tgt_mask", "memory_mask", "src_key_padding_mask", "tgt_key_padding_mask",
-                      "memory_key_padding_mask", "src_is_causal", "tgt_is_causal", "memory_is_causal"}
+    assert params == {
+        "src_mask",
+        "tgt_mask",
+        "memory_mask",
+        "src_key_padding_mask",
+        "tgt_key_padding_mask",
+        "memory_key_padding_mask",
+        "src_is_causal",
+        "tgt_is_causal",
+        "memory_is_causal",
+    }
     assert set(TABLE) == params
     for flag in ["src_is_causal", "tgt_is_causal", "memory_is_causal"]:
         assert TABLE[flag][0] in (["True"], ["False"]) and not TABLE[flag][1], flag
 
 
 def test_the_padding_masks_the_table_gives_are_transduce_masks_inverted(batch):
-    for arg, key in [("src_key_padding_mask", "src"), ("memory_key_padding_mask", "src"), ("tgt_key_padding_mask", "tgt")]:
+    for arg, key in [
+        ("src_key_padding_mask", "src"),
+        ("memory_key_padding_mask", "src"),
+        ("tgt_key_padding_mask", "tgt"),
+    ]:
         for value in passes(arg, batch):
             assert value.dtype == torch.bool and torch.equal(value, batch[key] == PAD), arg
     kpm = batch["src"] == PAD
@@ -228,8 +273,15 @@ def test_decoder_self_attention_tgt_mask_is_inverted_causal_plus_tgt_key_padding
     assert bool_causal.dtype == torch.bool and float_causal.is_floating_point()
     for attn_mask in (bool_causal, float_causal):
         for is_causal in (False, True):
-            out, _ = theirs(y, y, y, attn_mask=attn_mask, key_padding_mask=like(kpm, attn_mask),
-                            need_weights=False, is_causal=is_causal)
+            out, _ = theirs(
+                y,
+                y,
+                y,
+                attn_mask=attn_mask,
+                key_padding_mask=like(kpm, attn_mask),
+                need_weights=False,
+                is_causal=is_causal,
+            )
             assert_same_on_real_positions(expected, out, batch["tgt"])
     out, _ = theirs(y, y, y, attn_mask=whole, need_weights=False)
     assert_same_on_real_positions(expected, out, batch["tgt"])
@@ -318,10 +370,16 @@ def test_decoder_layer(batch, grad):
         for mem_kpm in passes("memory_key_padding_mask", batch):
             for tgt_mask in (bool_causal, float_causal):
                 for flag in (False, tgt_is_causal):
-                    out = theirs(y, x, tgt_mask=tgt_mask, memory_mask=mem_none,
-                                 tgt_key_padding_mask=like(tgt_kpm, tgt_mask),
-                                 memory_key_padding_mask=like(mem_kpm, tgt_mask),
-                                 tgt_is_causal=flag, memory_is_causal=memory_is_causal)
+                    out = theirs(
+                        y,
+                        x,
+                        tgt_mask=tgt_mask,
+                        memory_mask=mem_none,
+                        tgt_key_padding_mask=like(tgt_kpm, tgt_mask),
+                        memory_key_padding_mask=like(mem_kpm, tgt_mask),
+                        tgt_is_causal=flag,
+                        memory_is_causal=memory_is_causal,
+                    )
                     assert_same_on_real_positions(expected, out, tgt)
             out = theirs(y, x, tgt_mask=whole, memory_key_padding_mask=mem_kpm)
             assert_same_on_real_positions(expected, out, tgt)
@@ -331,8 +389,14 @@ def test_decoder_layer(batch, grad):
         a_tgt, a_mem = allowed_somewhere(T, T, seed=10), allowed_somewhere(T, S, seed=11)
         expected, _, _ = ours(y, x, meaning("tgt_mask", batch, a_tgt), meaning("memory_mask", batch, a_mem))
         for f in (lambda m: m, as_float):  # bool, then float
-            out = theirs(y, x, tgt_mask=f(a_tgt), memory_mask=f(a_mem),
-                         tgt_key_padding_mask=f(tgt_kpm), memory_key_padding_mask=f(src_kpm))
+            out = theirs(
+                y,
+                x,
+                tgt_mask=f(a_tgt),
+                memory_mask=f(a_mem),
+                tgt_key_padding_mask=f(tgt_kpm),
+                memory_key_padding_mask=f(src_kpm),
+            )
             assert_same_on_real_positions(expected, out, tgt)
 
 
@@ -340,8 +404,13 @@ def test_decoder_layer_with_causal_mask_itself_is_the_inversion_trap(batch):
     ours = randomize(DecoderLayer(config()), 12)
     theirs, x, y, tgt = nn_layer(ours), batch["x"], batch["y"], batch["tgt"]
     expected, _, _ = ours(y, x, batch["tgt_mask"], batch["src_mask"])
-    out = theirs(y, x, tgt_mask=causal_mask(T)[0, 0], tgt_key_padding_mask=tgt == PAD,
-                 memory_key_padding_mask=batch["src"] == PAD)
+    out = theirs(
+        y,
+        x,
+        tgt_mask=causal_mask(T)[0, 0],
+        tgt_key_padding_mask=tgt == PAD,
+        memory_key_padding_mask=batch["src"] == PAD,
+    )
     assert differs_on_real_positions(expected, out, tgt)
 
 
@@ -360,8 +429,18 @@ def test_nn_transformer_forward_with_every_mask_argument(batch, grad, form):
     # nn.Transformer's stacks end in a LayerNorm; transduce's post-norm stacks do not (norm=None).
     encoder = nn.TransformerEncoder(nn_layer(enc[0]), c.n_layers, norm=None)
     decoder = nn.TransformerDecoder(nn_layer(dec[0]), c.n_layers, norm=None)
-    model = nn.Transformer(E, H, c.n_layers, c.n_layers, FF, dropout=0.0, custom_encoder=encoder,
-                           custom_decoder=decoder, layer_norm_eps=EPS, batch_first=True).eval()
+    model = nn.Transformer(
+        E,
+        H,
+        c.n_layers,
+        c.n_layers,
+        FF,
+        dropout=0.0,
+        custom_encoder=encoder,
+        custom_decoder=decoder,
+        layer_norm_eps=EPS,
+        batch_first=True,
+    ).eval()
     # After construction: nn.Transformer re-initializes its (custom) stacks' parameters.
     for ours, theirs in zip(enc + dec, list(model.encoder.layers) + list(model.decoder.layers)):
         theirs.load_state_dict(nn_state(ours))

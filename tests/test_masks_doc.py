@@ -15,7 +15,23 @@ from torch import nn
 from transduce.masks import make_masks
 from transduce.model import DecoderLayer, EncoderLayer
 
-from test_masks import EPS, FF, PAD, E, H, B, S, T, allowed_somewhere, as_float, config, nn_layer, nn_state, randomize, tokens
+from test_masks import (
+    EPS,
+    FF,
+    PAD,
+    E,
+    H,
+    B,
+    S,
+    T,
+    allowed_somewhere,
+    as_float,
+    config,
+    nn_layer,
+    nn_state,
+    randomize,
+    tokens,
+)
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "masks.md"
 
@@ -47,8 +63,18 @@ def models():
     dec = [randomize(DecoderLayer(c), 50 + i) for i in range(2)]
     encoder = nn.TransformerEncoder(nn_layer(enc[0]), 2, norm=None, enable_nested_tensor=False)
     decoder = nn.TransformerDecoder(nn_layer(dec[0]), 2, norm=None)
-    model = nn.Transformer(E, H, 2, 2, FF, dropout=0.0, custom_encoder=encoder, custom_decoder=decoder,
-                           layer_norm_eps=EPS, batch_first=True).eval()
+    model = nn.Transformer(
+        E,
+        H,
+        2,
+        2,
+        FF,
+        dropout=0.0,
+        custom_encoder=encoder,
+        custom_decoder=decoder,
+        layer_norm_eps=EPS,
+        batch_first=True,
+    ).eval()
     for ours, theirs in zip(enc + dec, list(model.encoder.layers) + list(model.decoder.layers)):
         theirs.load_state_dict(nn_state(ours))
     return enc, dec, model
@@ -103,9 +129,14 @@ def test_from_pytorch_gives_transduce_nn_transformers_masks(batch, models, form,
         return torch.stack([allowed_somewhere(q, k, seed + i) for i in range(B * H)])
 
     f = as_float if form == "float" else (lambda m: m)
-    kw = dict(src_mask=f(mask(S, S, 60)), tgt_mask=f(mask(T, T, 70)), memory_mask=f(mask(T, S, 80)),
-              src_key_padding_mask=f(src == PAD), tgt_key_padding_mask=f(tgt == PAD),
-              memory_key_padding_mask=f(src == PAD))
+    kw = dict(
+        src_mask=f(mask(S, S, 60)),
+        tgt_mask=f(mask(T, T, 70)),
+        memory_mask=f(mask(T, S, 80)),
+        src_key_padding_mask=f(src == PAD),
+        tgt_key_padding_mask=f(tgt == PAD),
+        memory_key_padding_mask=f(src == PAD),
+    )
     with torch.no_grad():
         out = model(x, y, **kw)
     expected = ours(enc, dec, x, y, *from_pytorch(B, H, S, T, **kw))

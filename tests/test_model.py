@@ -124,8 +124,10 @@ def step_attention(request, monkeypatch):
     import torch.nn.functional as F
 
     if request.param == "sdpa":
-        monkeypatch.setattr("transduce.model.step_attention", lambda q, k, v, mask=None, keys_first=False: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask))
+        monkeypatch.setattr(
+            "transduce.model.step_attention",
+            lambda q, k, v, mask=None, keys_first=False: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        )
     return request.param
 
 
@@ -306,8 +308,12 @@ def test_beams_folded_into_cross_attention_equal_copied_sources(step_attention):
     assert folded.batch_size == copied.batch_size == 6 and folded.layers[0].cross_k.size(0) == 3
     tgt = padded_batch([5] * 6, seed=8)
     for t in range(2):
-        torch.testing.assert_close(model.decode_step(tgt[:, t : t + 1], folded),
-                                   model.decode_step(tgt[:, t : t + 1], copied), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            model.decode_step(tgt[:, t : t + 1], folded),
+            model.decode_step(tgt[:, t : t + 1], copied),
+            rtol=1e-5,
+            atol=1e-5,
+        )
     within = torch.tensor([1, 1, 3, 2, 4, 5])  # beams move within their sentence
     folded.reorder(within, same_sources=True)
     copied.reorder(within, same_sources=True)
@@ -315,8 +321,12 @@ def test_beams_folded_into_cross_attention_equal_copied_sources(step_attention):
     folded.reorder(drop)
     copied.reorder(drop)
     for t in range(2, 5):
-        torch.testing.assert_close(model.decode_step(tgt[:4, t : t + 1], folded),
-                                   model.decode_step(tgt[:4, t : t + 1], copied), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            model.decode_step(tgt[:4, t : t + 1], folded),
+            model.decode_step(tgt[:4, t : t + 1], copied),
+            rtol=1e-5,
+            atol=1e-5,
+        )
     with pytest.raises(ValueError, match="single source"):
         folded.reorder(torch.tensor([0, 2, 1, 3]))
 
@@ -327,11 +337,16 @@ def test_attention_has_no_biases_unless_asked():
     model = Transformer(c)
     names = [n for n, _ in model.named_parameters() if "attn" in n]
     assert names and not any(n.endswith("bias") for n in names)
-    biased = Transformer(ModelConfig(src_vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2, attention_bias=True))
+    biased = Transformer(
+        ModelConfig(src_vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2, attention_bias=True)
+    )
     extra = count_parameters(biased) - count_parameters(model)
     assert extra == 3 * (3 * 16 + 16)  # three attentions, each [b^Q; b^K; b^V] and b^O
     mha = MultiHeadAttention(16, 2, 8, 8)
     assert mha.in_proj.bias is None and mha.out_proj.bias is None
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
-        torch.testing.assert_close(mha(x)[0], mha.out_proj(F.scaled_dot_product_attention(*mha.project_qkv(x)).transpose(1, 2).reshape(2, 5, 16)))
+        torch.testing.assert_close(
+            mha(x)[0],
+            mha.out_proj(F.scaled_dot_product_attention(*mha.project_qkv(x)).transpose(1, 2).reshape(2, 5, 16)),
+        )

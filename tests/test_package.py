@@ -31,7 +31,9 @@ def pyproject_version() -> str:
 
 def run(*args, **kwargs) -> subprocess.CompletedProcess:
     p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, **kwargs)
-    assert p.returncode == 0, f"{' '.join(map(str, args))} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    assert p.returncode == 0, (
+        f"{' '.join(map(str, args))} exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    )
     return p
 
 
@@ -49,16 +51,29 @@ def wheel(tmp_path_factory) -> Path:
     """A wheel built from a copy of the source tree (so that the build's own files, build/ and
     *.egg-info, land outside the checkout)."""
     if setuptools_major() < 77:
-        pytest.skip("building without downloads uses this environment's setuptools, which must be >= 77 "
-                    "(PEP 639 license expressions, as pyproject.toml's build-system requires)")
+        pytest.skip(
+            "building without downloads uses this environment's setuptools, which must be >= 77 "
+            "(PEP 639 license expressions, as pyproject.toml's build-system requires)"
+        )
     tmp = tmp_path_factory.mktemp("package")
     tree = tmp / "tree"
     tree.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, tree / name)
     shutil.copytree(ROOT / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc"))
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-        "-w", tmp / "dist", tree)
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "-q",
+        "-w",
+        tmp / "dist",
+        tree,
+    )
     (built,) = (tmp / "dist").glob("transduce-*.whl")
     return built
 

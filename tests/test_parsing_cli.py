@@ -28,8 +28,13 @@ def _np(rng):
 def toy_tree(rng) -> str:
     r = rng.random()
     verb = f"(VBZ {rng.choice(VBZ)})"
-    vp = (f"(VP {verb})" if r < 0.25 else f"(VP {verb} {_np(rng)})" if r < 0.6
-          else f"(VP {verb} (PP (IN {rng.choice(IN)}) {_np(rng)}))")
+    vp = (
+        f"(VP {verb})"
+        if r < 0.25
+        else f"(VP {verb} {_np(rng)})"
+        if r < 0.6
+        else f"(VP {verb} (PP (IN {rng.choice(IN)}) {_np(rng)}))"
+    )
     return f"(TOP (S {_np(rng)} {vp} (. .)))"
 
 
@@ -39,9 +44,26 @@ def toy_treebank(root, sizes=(400, 20, 30), *flags: str):
     for name, n in zip(("train", "valid", "test"), sizes):
         (root / f"{name}.trees").write_text("".join(toy_tree(rng) + "\n" for _ in range(n)))
     data = root / "data"
-    assert main(["prepare", "--train-trees", str(root / "train.trees"), "--valid-trees", str(root / "valid.trees"),
-                 "--test-trees", str(root / "test.trees"), *flags, "--vocab-size", "90", "--out", str(data),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                "--train-trees",
+                str(root / "train.trees"),
+                "--valid-trees",
+                str(root / "valid.trees"),
+                "--test-trees",
+                str(root / "test.trees"),
+                *flags,
+                "--vocab-size",
+                "90",
+                "--out",
+                str(data),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return data
 
 
@@ -53,12 +75,51 @@ def parser_run(tmp_path_factory):
     meta = json.loads((data / "data.json").read_text())
     assert meta["task"] == "parsing" and meta["vocab"]["tgt_type"] == "sentencepiece-word"
     assert meta["splits"]["test"]["trees_file"] == str(root / "test.trees")
-    assert main(["train", "--data", str(data), "--run-dir", str(run), "--preset", "parse-cpu",
-                 "--set", "model.d_model=64", "--set", "model.d_ff=128", "--set", "model.n_layers=2",
-                 "--set", "model.dropout=0.0", "--set", "model.attention_dropout=0.0", "--batch-tokens", "1024",
-                 "--warmup", "100", "--lr-scale", "0.2", "--max-steps", "500", "--precision", "fp32", "--threads", "1",
-                 "--save-every-steps", "250", "--save-every-minutes", "0", "--valid-every", "1000", "--quiet",
-                 "--log-every", "1000"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(run),
+                "--preset",
+                "parse-cpu",
+                "--set",
+                "model.d_model=64",
+                "--set",
+                "model.d_ff=128",
+                "--set",
+                "model.n_layers=2",
+                "--set",
+                "model.dropout=0.0",
+                "--set",
+                "model.attention_dropout=0.0",
+                "--batch-tokens",
+                "1024",
+                "--warmup",
+                "100",
+                "--lr-scale",
+                "0.2",
+                "--max-steps",
+                "500",
+                "--precision",
+                "fp32",
+                "--threads",
+                "1",
+                "--save-every-steps",
+                "250",
+                "--save-every-minutes",
+                "0",
+                "--valid-every",
+                "1000",
+                "--quiet",
+                "--log-every",
+                "1000",
+            ]
+        )
+        == 0
+    )
     return root, run
 
 
@@ -75,8 +136,25 @@ def test_parse_raw_sentences_line_for_line(parser_run, tmp_path, capsys):
     src = tmp_path / "in.txt"
     src.write_text("John sees the big dog.\n\nThe cat sleeps near Mary.\n")
     out, svg = tmp_path / "out.txt", tmp_path / "svg"
-    assert main(["parse", str(run), "--input", str(src), "--out", str(out), "--svg", str(svg), "--beam", "4",
-                 "--precision", "fp32"]) == 0
+    assert (
+        main(
+            [
+                "parse",
+                str(run),
+                "--input",
+                str(src),
+                "--out",
+                str(out),
+                "--svg",
+                str(svg),
+                "--beam",
+                "4",
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     lines = out.read_text().split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # line for line, the empty one kept
     first = parse_tree(lines[0])
@@ -98,8 +176,25 @@ def test_tokenized_input_brackets_as_the_treebank_writes_them(parser_run, tmp_pa
     src = tmp_path / "in.txt"
     src.write_text("John ( the dog ) sees Mary .\nMary :) sees [ John ] .\n")
     out = tmp_path / "out.txt"
-    assert main(["parse", str(run), "--tokenized", "--input", str(src), "--out", str(out), "--beam", "2",
-                 "--precision", "fp32", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "parse",
+                str(run),
+                "--tokenized",
+                "--input",
+                str(src),
+                "--out",
+                str(out),
+                "--beam",
+                "2",
+                "--precision",
+                "fp32",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     first, second = [parse_tree(line) for line in out.read_text().splitlines()]
     assert first.leaves() == ["John", "-LRB-", "the", "dog", "-RRB-", "sees", "Mary", "."]
     assert second.leaves() == ["Mary", ":-RRB-", "sees", "-LSB-", "John", "-RSB-", "."]
@@ -112,8 +207,26 @@ def test_evaluate_the_model_with_evalb(parser_run, tmp_path, capsys):
     root, run = parser_run
     report = tmp_path / "report.json"
     hyp = tmp_path / "hyp.trees"
-    assert main(["evaluate", str(run), "--ref", str(root / "test.trees"), "--beam", "4", "--precision", "fp32",
-                 "--json", str(report), "--out", str(hyp), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(run),
+                "--ref",
+                str(root / "test.trees"),
+                "--beam",
+                "4",
+                "--precision",
+                "fp32",
+                "--json",
+                str(report),
+                "--out",
+                str(hyp),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     r = json.loads(report.read_text())
     scores = r["scores"]["evalb_gold_tags"]["all"]
     assert r["decoding"]["alpha"] == 0.3 and r["decoding"]["max_len_offset"] == 300  # the paper's parsing settings
@@ -131,12 +244,16 @@ def test_evaluate_names_the_hyp_lines_with_other_words(tmp_path, capsys):
     named, file and line, on stderr; the scores stay EVALB's (a dropped final period is not even
     an error there, punctuation being deleted, so nothing else would tell)."""
     gold, hyp = tmp_path / "gold.trees", tmp_path / "hyp.trees"
-    gold.write_text("(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs)) (. .)))\n"
-                    "(TOP (S (NP (NNP John)) (VP (VBZ sleeps)) (. .)))\n"
-                    "(TOP (S (NP (NNP Mary)) (VP (VBZ runs)) (. .)))\n")
-    hyp.write_text("(TOP (S (NP (XX the) (XX dog)) (VP (XX runs)) (XX .)))\n"
-                   "(TOP (S (NP (XX John)) (VP (XX sleeps))))\n"
-                   "(TOP (S (NP (XX Mary)) (VP (XX sees)) (XX .)))\n")
+    gold.write_text(
+        "(TOP (S (NP (DT the) (NN dog)) (VP (VBZ runs)) (. .)))\n"
+        "(TOP (S (NP (NNP John)) (VP (VBZ sleeps)) (. .)))\n"
+        "(TOP (S (NP (NNP Mary)) (VP (VBZ runs)) (. .)))\n"
+    )
+    hyp.write_text(
+        "(TOP (S (NP (XX the) (XX dog)) (VP (XX runs)) (XX .)))\n"
+        "(TOP (S (NP (XX John)) (VP (XX sleeps))))\n"
+        "(TOP (S (NP (XX Mary)) (VP (XX sees)) (XX .)))\n"
+    )
     assert main(["evaluate", "--hyp", str(hyp), "--ref", str(gold), "--trees", "--json", "-"]) == 0
     out, err = capsys.readouterr()
     scores = json.loads(out)["scores"]["evalb_gold_tags"]["all"]
@@ -158,14 +275,27 @@ def test_constrained_search_gives_well_formed_trees(parser_run, tmp_path):
     m = load_translation_model(run, checkpoint="250")
     sentences = [t.leaves() for t in read_trees(root / "test.trees")][:10]
     free = list(parse_stream(m.model, m.src_vocab, m.tgt_vocab, sentences, beam=3, max_len_offset=20))
-    tight = list(parse_stream(m.model, m.src_vocab, m.tgt_vocab, sentences, beam=3, max_len_offset=20, constrained=True))
+    tight = list(
+        parse_stream(m.model, m.src_vocab, m.tgt_vocab, sentences, beam=3, max_len_offset=20, constrained=True)
+    )
     for p, words in zip(free + tight, sentences + sentences):
         assert p.tree.leaves() == words
     assert all(is_well_formed(p.symbols, len(w)) and p.repairs.total == 0 for p, w in zip(tight, sentences))
     assert list(read_lines(root / "test.trees"))  # (the file is intact)
     # Two forked workers (the constraint inherited by each): the same trees.
-    two = list(parse_stream(m.model, m.src_vocab, m.tgt_vocab, sentences, beam=3, max_len_offset=20, constrained=True,
-                            batch_size=3, workers=2))
+    two = list(
+        parse_stream(
+            m.model,
+            m.src_vocab,
+            m.tgt_vocab,
+            sentences,
+            beam=3,
+            max_len_offset=20,
+            constrained=True,
+            batch_size=3,
+            workers=2,
+        )
+    )
     assert [p.symbols for p in two] == [p.symbols for p in tight]
 
 
@@ -200,11 +330,15 @@ def test_constrained_greedy_is_refused_before_the_model_loads(tmp_path, capsys):
     "parsing N sentences with ..."): here MODEL does not even exist."""
     svg, gold = tmp_path / "svg", tmp_path / "gold.trees"
     gold.write_text("(TOP (S (NP (NNP John)) (VP (VBZ sleeps)) (. .)))\n")
-    for argv in (["parse", str(tmp_path / "run"), "--svg", str(svg)],
-                 ["evaluate", str(tmp_path / "run"), "--ref", str(gold), "--trees"]):
+    for argv in (
+        ["parse", str(tmp_path / "run"), "--svg", str(svg)],
+        ["evaluate", str(tmp_path / "run"), "--ref", str(gold), "--trees"],
+    ):
         assert main([*argv, "--greedy", "--constrained"]) == 2
         err = capsys.readouterr().err
-        assert err == f"transduce {argv[0]}: error: --constrained is a beam search: give --beam 1 rather than --greedy\n"
+        assert (
+            err == f"transduce {argv[0]}: error: --constrained is a beam search: give --beam 1 rather than --greedy\n"
+        )
     assert not svg.exists()
 
 
@@ -220,9 +354,27 @@ def test_sigterm_leaves_the_output_as_it_was(parser_run, tmp_path):
     out = tmp_path / "out.txt"
     out.write_text("before\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "transduce", "parse", str(run), "--out", str(out), "--threads", "1",
-                          "--precision", "fp32", "--beam", "2"], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=env, cwd=tmp_path)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "transduce",
+            "parse",
+            str(run),
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+            "--precision",
+            "fp32",
+            "--beam",
+            "2",
+        ],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
     p.stdin.write(b"John sees the dog.\n" * 3)  # and the input stays open: it waits for more
     p.stdin.flush()
     deadline = time.monotonic() + 120

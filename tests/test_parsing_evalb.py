@@ -16,64 +16,83 @@ from transduce.parsing.evalb import COLLINS, EvalbParams, evalb, evalb_files, fo
 CASES = [
     # PP attachment: gold NP(the man with a telescope) is missing from the test tree; the 6 others
     # (S, NP I, VP, NP the man, PP, NP a telescope) match. Nothing crosses.
-    ("wrong attachment",
-     "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (NP (DT the) (NN man)) (PP (IN with) (NP (DT a) (NN telescope))))) (. .)))",
-     "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man)) (PP (IN with) (NP (DT a) (NN telescope)))) (. .)))",
-     (8, 0, 6, 7, 6, 0, 7, 7)),
+    (
+        "wrong attachment",
+        "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (NP (DT the) (NN man)) (PP (IN with) (NP (DT a) (NN telescope))))) (. .)))",
+        "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man)) (PP (IN with) (NP (DT a) (NN telescope)))) (. .)))",
+        (8, 0, 6, 7, 6, 0, 7, 7),
+    ),
     # test NP(I saw) crosses gold VP(saw the man); test VP(the man) has the span of gold NP, another label
-    ("crossing brackets",
-     "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man)))))",
-     "(TOP (S (NP (PRP I) (VBD saw)) (VP (DT the) (NN man))))",
-     (4, 0, 1, 4, 3, 1, 4, 4)),
+    (
+        "crossing brackets",
+        "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man)))))",
+        "(TOP (S (NP (PRP I) (VBD saw)) (VP (DT the) (NN man))))",
+        (4, 0, 1, 4, 3, 1, 4, 4),
+    ),
     # S-TPC, NP-SBJ-1, VP=2, ADVP-MNR are cut to S, NP, VP, ADVP: all four match
-    ("function tags",
-     "(TOP (S (NP (NNP John)) (VP (VBZ runs) (ADVP (RB fast)))))",
-     "(TOP (S-TPC (NP-SBJ-1 (NNP John)) (VP=2 (VBZ runs) (ADVP-MNR (RB fast)))))",
-     (3, 0, 4, 4, 4, 0, 3, 3)),
+    (
+        "function tags",
+        "(TOP (S (NP (NNP John)) (VP (VBZ runs) (ADVP (RB fast)))))",
+        "(TOP (S-TPC (NP-SBJ-1 (NNP John)) (VP=2 (VBZ runs) (ADVP-MNR (RB fast)))))",
+        (3, 0, 4, 4, 4, 0, 3, 3),
+    ),
     # EQ_LABEL ADVP PRT: the particle's bracket matches; its tag (RP vs RB) does not
-    ("PRT vs ADVP",
-     "(TOP (S (NP (PRP He)) (VP (VBD gave) (PRT (RP up)))))",
-     "(TOP (S (NP (PRP He)) (VP (VBD gave) (ADVP (RB up)))))",
-     (3, 0, 4, 4, 4, 0, 3, 2)),
-    ("PRT vs ADJP",
-     "(TOP (S (NP (PRP He)) (VP (VBD gave) (PRT (RP up)))))",
-     "(TOP (S (NP (PRP He)) (VP (VBD gave) (ADJP (JJ up)))))",
-     (3, 0, 3, 4, 4, 0, 3, 2)),
+    (
+        "PRT vs ADVP",
+        "(TOP (S (NP (PRP He)) (VP (VBD gave) (PRT (RP up)))))",
+        "(TOP (S (NP (PRP He)) (VP (VBD gave) (ADVP (RB up)))))",
+        (3, 0, 4, 4, 4, 0, 3, 2),
+    ),
+    (
+        "PRT vs ADJP",
+        "(TOP (S (NP (PRP He)) (VP (VBD gave) (PRT (RP up)))))",
+        "(TOP (S (NP (PRP He)) (VP (VBD gave) (ADJP (JJ up)))))",
+        (3, 0, 3, 4, 4, 0, 3, 2),
+    ),
     # extra unaries S-S, NP-NP, VP-VP: a bracket matches once only (multisets), so 3 of 6 test
     # brackets match; the final period is not a word, so S spans the same 2 words
-    ("extra unaries",
-     "(TOP (S (NP (PRP He)) (VP (VBD left)) (. .)))",
-     "(TOP (S (S (NP (NP (PRP He))) (VP (VP (VBD left))) (. .))))",
-     (3, 0, 3, 3, 6, 0, 2, 2)),
+    (
+        "extra unaries",
+        "(TOP (S (NP (PRP He)) (VP (VBD left)) (. .)))",
+        "(TOP (S (S (NP (NP (PRP He))) (VP (VP (VBD left))) (. .))))",
+        (3, 0, 3, 3, 6, 0, 2, 2),
+    ),
     # a phrase labelled "." over a word is deleted (its label is a DELETE_LABEL); an NP over the
     # period spans no word once the period is deleted, so it is deleted too
-    ("punctuation as a phrase",
-     "(TOP (S (NP (PRP He)) (VP (VBD left) (NP (NN today))) (. .)))",
-     "(TOP (S (NP (PRP He)) (VP (VBD left) (. (NN today))) (NP (. .))))",
-     (4, 0, 3, 4, 3, 0, 3, 3)),
-    ("flat tree",
-     "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man))) (. .)))",
-     "(TOP (S (PRP I) (VBD saw) (DT the) (NN man) (. .)))",
-     (5, 0, 1, 4, 1, 0, 4, 4)),
+    (
+        "punctuation as a phrase",
+        "(TOP (S (NP (PRP He)) (VP (VBD left) (NP (NN today))) (. .)))",
+        "(TOP (S (NP (PRP He)) (VP (VBD left) (. (NN today))) (NP (. .))))",
+        (4, 0, 3, 4, 3, 0, 3, 3),
+    ),
+    (
+        "flat tree",
+        "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man))) (. .)))",
+        "(TOP (S (PRP I) (VBD saw) (DT the) (NN man) (. .)))",
+        (5, 0, 1, 4, 1, 0, 4, 4),
+    ),
     # a word less: "Length unmatch (4|3)", an error sentence, nothing counted
-    ("length mismatch",
-     "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man))) (. .)))",
-     "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (NN man))) (. .)))",
-     (5, 1, 0, 0, 0, 0, 0, 0)),
+    (
+        "length mismatch",
+        "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (DT the) (NN man))) (. .)))",
+        "(TOP (S (NP (PRP I)) (VP (VBD saw) (NP (NN man))) (. .)))",
+        (5, 1, 0, 0, 0, 0, 0, 0),
+    ),
     # the period tagged NN is a word in the test tree only: "Length unmatch (2|3)"
-    ("punctuation tagged as a word",
-     "(TOP (S (NP (PRP I)) (VP (VBD left)) (. .)))",
-     "(TOP (S (NP (PRP I)) (VP (VBD left)) (NN .)))",
-     (3, 1, 0, 0, 0, 0, 0, 0)),
-    ("different word",
-     "(TOP (S (NP (PRP I)) (VP (VBD left)) (. .)))",
-     "(TOP (S (NP (PRP You)) (VP (VBD left)) (. .)))",
-     (3, 1, 0, 0, 0, 0, 0, 0)),
+    (
+        "punctuation tagged as a word",
+        "(TOP (S (NP (PRP I)) (VP (VBD left)) (. .)))",
+        "(TOP (S (NP (PRP I)) (VP (VBD left)) (NN .)))",
+        (3, 1, 0, 0, 0, 0, 0, 0),
+    ),
+    (
+        "different word",
+        "(TOP (S (NP (PRP I)) (VP (VBD left)) (. .)))",
+        "(TOP (S (NP (PRP You)) (VP (VBD left)) (. .)))",
+        (3, 1, 0, 0, 0, 0, 0, 0),
+    ),
     # no test tree (a parser that gave up): skipped, not an error
-    ("empty test line",
-     "(TOP (S (NP (PRP I)) (VP (VBD left)) (. .)))",
-     "",
-     (3, 2, 0, 0, 0, 0, 0, 0)),
+    ("empty test line", "(TOP (S (NP (PRP I)) (VP (VBD left)) (. .)))", "", (3, 2, 0, 0, 0, 0, 0, 0)),
 ]
 
 
@@ -91,7 +110,11 @@ def test_hand_checked_corpus_totals():
     assert (t.sentences, t.errors, t.skipped, t.valid) == (12, 3, 1, 8)
     assert (t.matched, t.gold, t.test, t.crossing, t.words, t.correct_tags) == (25, 34, 31, 1, 29, 27)
     assert (round(t.recall, 2), round(t.precision, 2), round(t.f1, 2)) == (73.53, 80.65, 76.92)
-    assert (round(t.complete_match, 2), round(t.average_crossing, 2), round(t.tagging_accuracy, 2)) == (25.0, 0.12, 93.10)
+    assert (round(t.complete_match, 2), round(t.average_crossing, 2), round(t.tagging_accuracy, 2)) == (
+        25.0,
+        0.12,
+        93.10,
+    )
     assert r.short.sentences == 12  # every sentence has at most 40 words
     report = format_report(r)
     assert "Bracketing FMeasure       =  76.92" in report and "Number of Skip  sentence  =      1" in report
@@ -108,8 +131,11 @@ def test_length_cut_counts_punctuation_but_not_empty_elements():
 
 def test_unreadable_test_line_is_an_error_sentence():
     gold = "(TOP (S (NP (PRP I)) (VP (VBD left))))"
-    for bad in ("(TOP (S (NP (PRP I)) (VP (VBD left))", "(TOP (S (NP (PRP I) x) (VP (VBD left))))",
-                "(TOP (S (NP (PRP I)) (VP (VBD left)))))"):
+    for bad in (
+        "(TOP (S (NP (PRP I)) (VP (VBD left))",
+        "(TOP (S (NP (PRP I) x) (VP (VBD left))))",
+        "(TOP (S (NP (PRP I)) (VP (VBD left)))))",
+    ):
         s, errors = score_sentence(gold, bad)
         assert s.status == 1 and errors >= 1
         r = evalb([gold], [bad])

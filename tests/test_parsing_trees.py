@@ -6,7 +6,15 @@ import pytest
 from transduce.data.text import read_lines
 from transduce.errors import DataError
 from transduce.parsing.trees import (
-    Repairs, Tree, clean, delinearize, is_well_formed, linearize, parse_tree, read_tree_lines, read_trees,
+    Repairs,
+    Tree,
+    clean,
+    delinearize,
+    is_well_formed,
+    linearize,
+    parse_tree,
+    read_tree_lines,
+    read_trees,
 )
 
 CAT = "(TOP (S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (PRP it)))) (. .)))"
@@ -30,30 +38,40 @@ def test_round_trip_small():
     assert linearize(one) == ["XX"] and delinearize(["XX"], ["Hello"], pos=["UH"])[0] == one
 
 
-@pytest.mark.parametrize("symbols,words,repairs,tree", [
-    # unbalanced: a bracket left open is closed at the end
-    ("(S (NP XX XX )NP (VP XX", "a b c", dict(unclosed=2), "(TOP (S (NP (XX a) (XX b)) (VP (XX c))))"),
-    # a close with nothing open is dropped
-    ("(S XX )S )S XX", "a b", dict(unmatched_closes=1, missing_leaves=0, extra_roots=1),
-     "(TOP (S (XX a)) (XX b))"),
-    # a close with another label closes the innermost constituent, which keeps its label
-    ("(S (NP XX )VP XX )S", "a b", dict(mismatched_closes=1), "(TOP (S (NP (XX a)) (XX b)))"),
-    # more XX than words: dropped; the constituent left empty is dropped too
-    ("(S (NP XX XX )NP (VP XX )VP )S", "a b", dict(extra_leaves=1, empty_constituents=1),
-     "(TOP (S (NP (XX a) (XX b))))"),
-    # fewer XX than words: the rest go at the end, into the innermost open constituent ...
-    ("(S (NP XX )NP (VP XX", "a b c d", dict(missing_leaves=2, unclosed=2),
-     "(TOP (S (NP (XX a)) (VP (XX b) (XX c) (XX d))))"),
-    # ... or, everything closed, into the last top-level constituent
-    ("(S (NP XX )NP )S", "a b", dict(missing_leaves=1), "(TOP (S (NP (XX a)) (XX b)))"),
-    # symbols that are neither brackets nor XX (an unknown-token mark, a tag in XX mode)
-    ("(S ⁇ XX NN )S", "a", dict(unknown_symbols=2), "(TOP (S (XX a)))"),
-    # nothing but garbage: the words still make a tree
-    (")S )NP", "a b", dict(unmatched_closes=2, missing_leaves=2, extra_roots=1), "(TOP (XX a) (XX b))"),
-    ("", "a", dict(missing_leaves=1), "(TOP (XX a))"),
-    # two top-level constituents are kept side by side under TOP
-    ("(NP XX )NP (VP XX )VP", "a b", dict(extra_roots=1), "(TOP (NP (XX a)) (VP (XX b)))"),
-])
+@pytest.mark.parametrize(
+    "symbols,words,repairs,tree",
+    [
+        # unbalanced: a bracket left open is closed at the end
+        ("(S (NP XX XX )NP (VP XX", "a b c", dict(unclosed=2), "(TOP (S (NP (XX a) (XX b)) (VP (XX c))))"),
+        # a close with nothing open is dropped
+        ("(S XX )S )S XX", "a b", dict(unmatched_closes=1, missing_leaves=0, extra_roots=1), "(TOP (S (XX a)) (XX b))"),
+        # a close with another label closes the innermost constituent, which keeps its label
+        ("(S (NP XX )VP XX )S", "a b", dict(mismatched_closes=1), "(TOP (S (NP (XX a)) (XX b)))"),
+        # more XX than words: dropped; the constituent left empty is dropped too
+        (
+            "(S (NP XX XX )NP (VP XX )VP )S",
+            "a b",
+            dict(extra_leaves=1, empty_constituents=1),
+            "(TOP (S (NP (XX a) (XX b))))",
+        ),
+        # fewer XX than words: the rest go at the end, into the innermost open constituent ...
+        (
+            "(S (NP XX )NP (VP XX",
+            "a b c d",
+            dict(missing_leaves=2, unclosed=2),
+            "(TOP (S (NP (XX a)) (VP (XX b) (XX c) (XX d))))",
+        ),
+        # ... or, everything closed, into the last top-level constituent
+        ("(S (NP XX )NP )S", "a b", dict(missing_leaves=1), "(TOP (S (NP (XX a)) (XX b)))"),
+        # symbols that are neither brackets nor XX (an unknown-token mark, a tag in XX mode)
+        ("(S ⁇ XX NN )S", "a", dict(unknown_symbols=2), "(TOP (S (XX a)))"),
+        # nothing but garbage: the words still make a tree
+        (")S )NP", "a b", dict(unmatched_closes=2, missing_leaves=2, extra_roots=1), "(TOP (XX a) (XX b))"),
+        ("", "a", dict(missing_leaves=1), "(TOP (XX a))"),
+        # two top-level constituents are kept side by side under TOP
+        ("(NP XX )NP (VP XX )VP", "a b", dict(extra_roots=1), "(TOP (NP (XX a)) (VP (XX b)))"),
+    ],
+)
 def test_repairs(symbols, words, repairs, tree):
     out, rep = delinearize(symbols, words.split())
     assert str(out) == tree
@@ -85,17 +103,21 @@ def test_reading_mrg_multiline_and_cleaning(tmp_path):
     trees = list(read_trees(mrg))
     assert len(trees) == 2 and trees[0].label == ""
     assert str(clean(trees[0])) == (
-        "(TOP (S (NP (NNP Pierre) (NNP Vinken)) (VP (MD will) (VP (VB join) (NP (DT the) (NN board)))) (. .)))")
+        "(TOP (S (NP (NNP Pierre) (NNP Vinken)) (VP (MD will) (VP (VB join) (NP (DT the) (NN board)))) (. .)))"
+    )
     assert str(clean(trees[1])) == "(TOP (S (NP (PRP It)) (VP (VBD ended)) (-LRB- -LRB-) (. .)))"
 
 
-@pytest.mark.parametrize("text,message", [
-    ("(S (NP a)", "never closed"),
-    ("(S (NP a)))", "without an open bracket"),
-    ("(S (NP a b))", "two words"),
-    ("word (S (NP a))", "outside brackets"),
-    ("(S a (NP b))", "beside"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("(S (NP a)", "never closed"),
+        ("(S (NP a)))", "without an open bracket"),
+        ("(S (NP a b))", "two words"),
+        ("word (S (NP a))", "outside brackets"),
+        ("(S a (NP b))", "beside"),
+    ],
+)
 def test_bad_trees_name_the_file_and_line(tmp_path, text, message):
     f = tmp_path / "bad.trees"
     f.write_text("(TOP (NN ok))\n" + text + "\n")

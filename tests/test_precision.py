@@ -13,8 +13,12 @@ from transduce.fast.int8 import can_int8
 from transduce.precision import Capability, choose_decoding_precision, choose_precision, cpu_row, read_capability
 from train_data import make_data
 
-AMX = Capability("cpu", "Intel Xeon (Sapphire Rapids)", frozenset({"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
-                 "amx_bf16, amx_int8, avx512_bf16, avx512_vnni")
+AMX = Capability(
+    "cpu",
+    "Intel Xeon (Sapphire Rapids)",
+    frozenset({"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
+    "amx_bf16, amx_int8, avx512_bf16, avx512_vnni",
+)
 ZEN4 = Capability("cpu", "AMD EPYC (Zen 4)", frozenset({"avx512_bf16", "avx512_vnni"}), "avx512_bf16, avx512_vnni")
 ZEN3 = Capability("cpu", "AMD EPYC (Zen 3)", frozenset(), "AVX2 only")
 ALDER = Capability("cpu", "Intel Core (Alder Lake)", frozenset({"avx_vnni"}), "avx_vnni")
@@ -22,12 +26,16 @@ H100 = Capability("cuda", "NVIDIA H100", frozenset({"bf16"}), "compute capabilit
 T4 = Capability("cuda", "Tesla T4", frozenset(), "compute capability 7.5")
 
 
-@pytest.mark.parametrize("cap, auto, auto_int8, decoder", [
-    (AMX, "bf16", "int8", False),  # AMX: bf16 beats int8 at the decoder's sizes; the projection alone in int8
-    (ZEN4, "bf16", "int8", True),
-    (ZEN3, "fp32", "fp32", True),  # bf16 emulated; int8 no faster than fp32 without VNNI
-    (ALDER, "fp32", "fp32", True),  # no row measured for VNNI without bf16: fp32, exact
-], ids=["amx", "zen4", "avx2", "avx_vnni"])
+@pytest.mark.parametrize(
+    "cap, auto, auto_int8, decoder",
+    [
+        (AMX, "bf16", "int8", False),  # AMX: bf16 beats int8 at the decoder's sizes; the projection alone in int8
+        (ZEN4, "bf16", "int8", True),
+        (ZEN3, "fp32", "fp32", True),  # bf16 emulated; int8 no faster than fp32 without VNNI
+        (ALDER, "fp32", "fp32", True),  # no row measured for VNNI without bf16: fp32, exact
+    ],
+    ids=["amx", "zen4", "avx2", "avx_vnni"],
+)
 def test_the_table_chooses_by_what_the_cpu_has(cap, auto, auto_int8, decoder):
     c = choose_precision("auto", "cpu", capability=cap)
     assert c.precision == auto and c.warning is None and c.reason.startswith(f"auto: {cap.name}: {cap.detail}: ")
@@ -85,12 +93,17 @@ def test_this_machine_gets_the_same_choice_every_time():
 def test_cpu_flags_are_those_onednn_is_left(monkeypatch):
     """ONEDNN_MAX_CPU_ISA holds oneDNN below the CPU (e.g. AVX2, to imitate a CPU without bf16):
     the table then reads what oneDNN may use (`transduce.cpu`)."""
-    monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "fpu avx2 avx512_bf16 avx512_vnni amx_bf16 amx_int8 amx_tile"})
+    monkeypatch.setattr(
+        cpu, "cpuinfo", lambda: {"flags": "fpu avx2 avx512_bf16 avx512_vnni amx_bf16 amx_int8 amx_tile"}
+    )
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
-    for held, expected in (("", {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
-                           ("AVX512_CORE_AMX", {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
-                           ("avx2", set()), ("AVX512_CORE_VNNI", {"avx512_vnni"}),
-                           ("AVX512_CORE_BF16", {"avx512_bf16", "avx512_vnni"})):
+    for held, expected in (
+        ("", {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
+        ("AVX512_CORE_AMX", {"amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni"}),
+        ("avx2", set()),
+        ("AVX512_CORE_VNNI", {"avx512_vnni"}),
+        ("AVX512_CORE_BF16", {"avx512_bf16", "avx512_vnni"}),
+    ):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
         assert cpu_flags() == expected, held
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
@@ -102,8 +115,15 @@ def test_cpu_flags_are_those_onednn_is_left(monkeypatch):
 def test_amx_products_and_vnni_follow_the_cpu_and_onednns_isa_limit(monkeypatch):
     monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
     monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 avx512_bf16 avx512_vnni amx_tile amx_bf16 amx_int8"})
-    for held, amx, vnni in (("", True, True), ("AVX512_CORE_AMX", True, True), ("all", True, True), ("AVX2", False, False),
-                            ("AVX512_CORE_BF16", False, True), ("AVX10_1_512", False, True), ("AVX512_CORE_FP16", False, True)):
+    for held, amx, vnni in (
+        ("", True, True),
+        ("AVX512_CORE_AMX", True, True),
+        ("all", True, True),
+        ("AVX2", False, False),
+        ("AVX512_CORE_BF16", False, True),
+        ("AVX10_1_512", False, True),
+        ("AVX512_CORE_FP16", False, True),
+    ):
         monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", held)
         assert (cpu.amx_products(), cpu.has_vnni()) == (amx, vnni), held
     monkeypatch.setattr(cpu, "cpuinfo", lambda: {"flags": "avx2 fma"})  # an AVX2-only CPU (Zen 3)
@@ -117,10 +137,32 @@ def test_train_with_bf16_on_an_emulating_cpu_warns_and_auto_trains_fp32(tmp_path
 
     monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)
     data = make_data(tmp_path / "data")
-    common = ["--data", str(data), "--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16",
-              "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--threads", "1", "--quiet",
-              "--no-tensorboard", "--batch-tokens", "64", "--max-steps", "2", "--valid-every", "0",
-              "--save-every-minutes", "0"]
+    common = [
+        "--data",
+        str(data),
+        "--preset",
+        "base",
+        "--set",
+        "model.n_layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.d_ff=32",
+        "--set",
+        "model.n_heads=2",
+        "--threads",
+        "1",
+        "--quiet",
+        "--no-tensorboard",
+        "--batch-tokens",
+        "64",
+        "--max-steps",
+        "2",
+        "--valid-every",
+        "0",
+        "--save-every-minutes",
+        "0",
+    ]
     assert main(["train", "--run-dir", str(tmp_path / "bf16"), "--precision", "bf16", *common]) == 0
     out = capsys.readouterr().out
     assert "precision: bf16 (as asked; AMD EPYC (Zen 3)" in out
@@ -141,10 +183,36 @@ def test_resuming_keeps_the_runs_precision_instead_of_choosing_again(tmp_path, m
     monkeypatch.setattr(precision, "read_capability", lambda device: AMX)
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    common = ["--run-dir", str(run), "--threads", "1", "--quiet", "--no-tensorboard", "--valid-every", "0",
-              "--save-every-minutes", "0", "--save-every-steps", "1"]
-    first = ["--data", str(data), "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
-             "--set", "model.n_heads=2", "--batch-tokens", "64", "--max-steps", "1"]
+    common = [
+        "--run-dir",
+        str(run),
+        "--threads",
+        "1",
+        "--quiet",
+        "--no-tensorboard",
+        "--valid-every",
+        "0",
+        "--save-every-minutes",
+        "0",
+        "--save-every-steps",
+        "1",
+    ]
+    first = [
+        "--data",
+        str(data),
+        "--set",
+        "model.n_layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.d_ff=32",
+        "--set",
+        "model.n_heads=2",
+        "--batch-tokens",
+        "64",
+        "--max-steps",
+        "1",
+    ]
     assert main(["train", *first, *common]) == 0
     out = capsys.readouterr().out
     assert "precision: bf16 (auto: Intel Xeon" in out and "in this session" not in out
@@ -155,15 +223,20 @@ def test_resuming_keeps_the_runs_precision_instead_of_choosing_again(tmp_path, m
     assert state(1)["precision"] == "bf16"
     assert main(["train", "--max-steps", "2", *common]) == 0
     out = capsys.readouterr().out
-    assert ("precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001; "
-            "kept on resuming, not chosen again)") in out
+    assert (
+        "precision: bf16 (auto: this run's precision, recorded in its checkpoint step_0000001; "
+        "kept on resuming, not chosen again)"
+    ) in out
     assert "s of training steps in this session (from step 1; the run's training time over all sessions" in out
     assert state(2)["precision"] == "bf16"
 
     monkeypatch.setattr(precision, "read_capability", lambda device: ZEN3)  # the run moved to a CPU without bf16
     assert main(["train", "--max-steps", "3", *common]) == 0
     out = capsys.readouterr().out
-    assert "note: this run trained in bf16 until step_0000002, which this CPU does not compute natively: choosing again" in out
+    assert (
+        "note: this run trained in bf16 until step_0000002, which this CPU does not compute natively: choosing again"
+        in out
+    )
     assert "precision: fp32 (auto: AMD EPYC (Zen 3)" in out and state(3)["precision"] == "fp32"
 
     assert main(["train", "--max-steps", "4", "--precision", "bf16", *common]) == 0
@@ -180,11 +253,45 @@ def test_resuming_past_a_damaged_checkpoint_names_the_one_it_resumes_from(tmp_pa
     monkeypatch.setattr(precision, "read_capability", lambda device: AMX)
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    common = ["--run-dir", str(run), "--threads", "1", "--quiet", "--no-tensorboard", "--valid-every", "0",
-              "--save-every-minutes", "0", "--save-every-steps", "1", "--keep-last", "0"]
-    assert main(["train", "--data", str(data), "--set", "model.n_layers=1", "--set", "model.d_model=16",
-                 "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--batch-tokens", "64", "--max-steps", "2",
-                 *common]) == 0
+    common = [
+        "--run-dir",
+        str(run),
+        "--threads",
+        "1",
+        "--quiet",
+        "--no-tensorboard",
+        "--valid-every",
+        "0",
+        "--save-every-minutes",
+        "0",
+        "--save-every-steps",
+        "1",
+        "--keep-last",
+        "0",
+    ]
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--set",
+                "model.n_layers=1",
+                "--set",
+                "model.d_model=16",
+                "--set",
+                "model.d_ff=32",
+                "--set",
+                "model.n_heads=2",
+                "--batch-tokens",
+                "64",
+                "--max-steps",
+                "2",
+                *common,
+            ]
+        )
+        == 0
+    )
     weights = run / "checkpoints" / "step_0000002" / "model.safetensors"
     damaged = bytearray(weights.read_bytes())
     damaged[len(damaged) * 2 // 3] ^= 0x10

@@ -73,8 +73,9 @@ def post(url, body, **kw):
 
 def test_concurrent_requests_share_batches_without_cross_talk(recording, loaded):
     requests = [sentences(SRC_WORDS, 1 + k % 3, seed=100 + k) for k in range(8)]
-    expected = [translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, r, beam=2, max_len_offset=4)
-                for r in requests]
+    expected = [
+        translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, r, beam=2, max_len_offset=4) for r in requests
+    ]
     app = create_app(torch_engine(recording), max_wait=0.3)
     results: list = [None] * len(requests)
     with live(app) as url:
@@ -159,10 +160,32 @@ def test_server_output_equals_transduce_translate(model_dir, loaded, tmp_path, c
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.tsv"
     search = ["--greedy"] if greedy else ["--beam", "3", "--length-penalty", "gnmt:0.8", "--n-best", "2"]
-    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--max-len-offset", "5", "--quiet",
-                 "--precision", "fp32", *search]) == 0
+    assert (
+        main(
+            [
+                "translate",
+                str(model_dir),
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--max-len-offset",
+                "5",
+                "--quiet",
+                "--precision",
+                "fp32",
+                *search,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    body = {"sentences": lines, "max_len_offset": 5, "scores": True, **({"greedy": True} if greedy else {"beam": 3, "alpha": 0.8, "n_best": 2})}
+    body = {
+        "sentences": lines,
+        "max_len_offset": 5,
+        "scores": True,
+        **({"greedy": True} if greedy else {"beam": 3, "alpha": 0.8, "n_best": 2}),
+    }
     from starlette.testclient import TestClient
 
     with TestClient(create_app(torch_engine(loaded))) as client:
@@ -172,8 +195,11 @@ def test_server_output_equals_transduce_translate(model_dir, loaded, tmp_path, c
         assert all(t["score"] is None for t, line in zip(got, lines) if line)  # greedy: no score (NaN, null in JSON)
         return
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
-    served = [(str(i + 1), str(rank + 1), f"{h['score']:.6f}", f"{h['logprob']:.6f}", h["text"])
-              for i, t in enumerate(got) for rank, h in enumerate(t["n_best"])]
+    served = [
+        (str(i + 1), str(rank + 1), f"{h['score']:.6f}", f"{h['logprob']:.6f}", h["text"])
+        for i, t in enumerate(got)
+        for rank, h in enumerate(t["n_best"])
+    ]
     assert served == [tuple(r) for r in rows]
     assert [t["text"] for t in got] == [r[4] for r in rows if r[1] == "1"]
 
@@ -187,7 +213,9 @@ def test_ct2_engine_serves_what_translate_engine_ct2_writes(model_dir, tmp_path)
     from transduce.serve.app import ct2_engine
 
     loaded = load_translation_model(model_dir)  # as loaded: a model made ready for decoding is not exported
-    ct2 = load_ct2(export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "ct2"), threads=1)
+    ct2 = load_ct2(
+        export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "ct2"), threads=1
+    )
     lines = sentences(SRC_WORDS, 10, seed=31)
     with TestClient(create_app(ct2_engine(ct2))) as client:
         body = client.post("/translate", json={"sentences": lines, "beam": 3, "max_len_offset": 5}).json()
@@ -199,15 +227,22 @@ def test_ct2_engine_serves_what_translate_engine_ct2_writes(model_dir, tmp_path)
 
 # -- limits and errors ----------------------------------------------------------------------------------
 
-LIMITS = Limits(max_body_bytes=600, max_sentences=3, max_chars=40, max_tokens=6, max_queue=1, max_beam=4, max_len_offset=8)
+LIMITS = Limits(
+    max_body_bytes=600, max_sentences=3, max_chars=40, max_tokens=6, max_queue=1, max_beam=4, max_len_offset=8
+)
 
 
 @pytest.fixture(scope="module")
 def client(loaded):
     from starlette.testclient import TestClient
 
-    with TestClient(create_app(torch_engine(loaded, max_tokens=LIMITS.max_tokens), limits=LIMITS,
-                               defaults=SearchSettings(beam=2, max_len_offset=3))) as c:
+    with TestClient(
+        create_app(
+            torch_engine(loaded, max_tokens=LIMITS.max_tokens),
+            limits=LIMITS,
+            defaults=SearchSettings(beam=2, max_len_offset=3),
+        )
+    ) as c:
         yield c
 
 
@@ -217,14 +252,17 @@ def test_no_page_loads_anything_from_the_internet(client):
     assert client.get("/openapi.json").json()["paths"].keys() >= {"/translate", "/health", "/info"}
 
 
-@pytest.mark.parametrize("body, status, limit", [
-    ({"sentences": ["a"] * 4}, 422, "max_sentences"),
-    ({"sentences": ["a", "x" * 41]}, 422, "max_chars"),
-    ({"sentences": ["a man runs on the grass with two dogs"]}, 422, "max_tokens"),
-    ({"sentences": ["a"], "beam": 5}, 422, "max_beam"),
-    ({"sentences": ["a"], "max_len_offset": 9}, 422, "max_len_offset"),
-    ({"sentences": ["a b"] * 200}, 413, "max_body_bytes"),
-])
+@pytest.mark.parametrize(
+    "body, status, limit",
+    [
+        ({"sentences": ["a"] * 4}, 422, "max_sentences"),
+        ({"sentences": ["a", "x" * 41]}, 422, "max_chars"),
+        ({"sentences": ["a man runs on the grass with two dogs"]}, 422, "max_tokens"),
+        ({"sentences": ["a"], "beam": 5}, 422, "max_beam"),
+        ({"sentences": ["a"], "max_len_offset": 9}, 422, "max_len_offset"),
+        ({"sentences": ["a b"] * 200}, 413, "max_body_bytes"),
+    ],
+)
 def test_every_limit_is_a_json_error_naming_it(client, body, status, limit):
     r = client.post("/translate", json=body)
     assert r.status_code == status and r.headers["content-type"].startswith("application/json")
@@ -241,20 +279,37 @@ def test_body_limit_holds_without_content_length(client):
     assert r.status_code == 413 and r.json()["limit"] == "max_body_bytes"
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"sentences": [', b"\xff\xfe\x00", b'{"sentences": ["\xff\xfe"]}', b"", b"[]", b'"a"', b"null",
-    b'{"sentences": "a man"}', b'{"sentences": [1, 2]}', b'{"sentences": ["a"], "beam": "4"}',
-    b'{"sentences": ["a"], "alpha": NaN}', b'{"sentences": ["a"], "alpha": 1e999}', b'{"sentences": ["\\ud800"]}',
-    b'{"sentences": ["a"], "beam": 99999999999999999999999}', b'{"sentences": ["a"], "unknown": 1}',
-    b'{"sentences": ["a"], "greedy": true, "n_best": 2}', b'{"sentences": ["a"], "beam": 2, "n_best": 3}',
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"sentences": [',
+        b"\xff\xfe\x00",
+        b'{"sentences": ["\xff\xfe"]}',
+        b"",
+        b"[]",
+        b'"a"',
+        b"null",
+        b'{"sentences": "a man"}',
+        b'{"sentences": [1, 2]}',
+        b'{"sentences": ["a"], "beam": "4"}',
+        b'{"sentences": ["a"], "alpha": NaN}',
+        b'{"sentences": ["a"], "alpha": 1e999}',
+        b'{"sentences": ["\\ud800"]}',
+        b'{"sentences": ["a"], "beam": 99999999999999999999999}',
+        b'{"sentences": ["a"], "unknown": 1}',
+        b'{"sentences": ["a"], "greedy": true, "n_best": 2}',
+        b'{"sentences": ["a"], "beam": 2, "n_best": 3}',
+    ],
+)
 def test_invalid_requests_are_4xx_json_never_500(client, raw):
     r = client.post("/translate", content=raw, headers={"content-type": "application/json"})
     assert 400 <= r.status_code < 500, (r.status_code, r.text)
     assert r.json()["error"] in ("invalid_json", "invalid_request", "limit_exceeded") and "Traceback" not in r.text
 
 
-@pytest.mark.parametrize("path, body", [("/translate", b'{"sentences": ["a man runs"]}'), ("/attention", b'{"source": "a"}')])
+@pytest.mark.parametrize(
+    "path, body", [("/translate", b'{"sentences": ["a man runs"]}'), ("/attention", b'{"source": "a"}')]
+)
 @pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain", None])
 def test_a_body_not_sent_as_json_is_415_saying_so(client, path, body, content_type):
     """curl -d without -H sends application/x-www-form-urlencoded: the answer says what to send."""
@@ -264,7 +319,9 @@ def test_a_body_not_sent_as_json_is_415_saying_so(client, path, body, content_ty
     message = r.json()["message"]
     assert message.startswith("the body must be JSON, sent with Content-Type: application/json")
     assert (content_type or "this request has none") in message
-    assert client.post(path, content=body, headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+    assert (
+        client.post(path, content=body, headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+    )
     assert 415 in {int(s) for s in client.app.fastapi.openapi()["paths"][path]["post"]["responses"]}
 
 
@@ -286,14 +343,23 @@ def test_queue_full_is_429_with_retry_after_and_a_disconnect_leaves_the_others_a
         entered.set()
         gate.wait(10)
         seen.append(list(lines))
-        return list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=search.beam,
-                                     max_len_offset=search.max_len_offset))
+        return list(
+            translate_stream(
+                loaded.model,
+                loaded.src_vocab,
+                loaded.tgt_vocab,
+                lines,
+                beam=search.beam,
+                max_len_offset=search.max_len_offset,
+            )
+        )
 
     app = create_app(Engine(translate, loaded.src_vocab.encode, {}), limits=Limits(max_queue=1), max_wait=0.0)
     batcher = app.state.batcher
     answers = {}
     body = {"beam": 2, "max_len_offset": 3}
     with live(app) as url:
+
         def send(name, text):
             answers[name] = post(url, {"sentences": [text], **body})
 
@@ -316,16 +382,21 @@ def test_queue_full_is_429_with_retry_after_and_a_disconnect_leaves_the_others_a
     assert answers["held"].status_code == answers["waiting"].status_code == after.status_code == 200
     assert seen == [["a man runs"], ["the dog"], ["a woman sits"]]  # "gone away" was never decoded
     for name, text in (("held", "a man runs"), ("waiting", "the dog")):
-        assert answers[name].json()["translations"][0]["text"] == translate_lines(
-            loaded.model, loaded.src_vocab, loaded.tgt_vocab, [text], beam=2, max_len_offset=3)[0]
+        assert (
+            answers[name].json()["translations"][0]["text"]
+            == translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, [text], beam=2, max_len_offset=3)[0]
+        )
 
 
 def _open_request(url, body) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     data = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)))
-    sock.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    sock.sendall(
+        b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     return sock
 
 
@@ -349,7 +420,9 @@ def test_health_says_loading_until_the_model_is_loaded(loaded):
             time.sleep(0.02)
         assert c.get("/health").json() == {"status": "ok"}
         info = c.get("/info").json()
-        assert info["loaded"] and info["engine"] == "torch" and info["limits"]["max_sentences"] == Limits().max_sentences
+        assert (
+            info["loaded"] and info["engine"] == "torch" and info["limits"]["max_sentences"] == Limits().max_sentences
+        )
         assert info["vocab"]["src_size"] == len(loaded.src_vocab) and info["config"]["d_model"] == 32
         assert c.post("/translate", json={"sentences": ["a"], "beam": 1, "max_len_offset": 2}).status_code == 200
 
@@ -384,8 +457,11 @@ def test_api_conforms_to_its_openapi_document(loaded):
     from schemathesis import GenerationMode
 
     limits = Limits(max_sentences=3, max_chars=20, max_tokens=8, max_beam=2, max_len_offset=3)
-    app = create_app(torch_engine(loaded, max_tokens=limits.max_tokens), limits=limits,
-                     defaults=SearchSettings(beam=2, max_len_offset=2))
+    app = create_app(
+        torch_engine(loaded, max_tokens=limits.max_tokens),
+        limits=limits,
+        defaults=SearchSettings(beam=2, max_len_offset=2),
+    )
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     doc = app.fastapi.openapi()
     request = doc["components"]["schemas"]["TranslateRequest"]["properties"]
@@ -396,7 +472,10 @@ def test_api_conforms_to_its_openapi_document(loaded):
         op = result.ok()
         modes = [GenerationMode.POSITIVE] + ([GenerationMode.NEGATIVE] if op.method.upper() == "POST" else [])
         for mode in modes:
-            @settings(max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+            @settings(
+                max_examples=20, deadline=None, database=None, suppress_health_check=list(HealthCheck), derandomize=True
+            )
             @given(case=op.as_strategy(generation_mode=mode))
             def check(case):
                 response = case.call_and_validate(excluded_checks=[schemathesis.checks.positive_data_acceptance])
@@ -414,9 +493,27 @@ def test_transduce_serve_command(model_dir, tmp_path):
     """The command a user runs: up on the port the system chose for --port 0 (the URL it prints
     says which), healthy, translating; SIGTERM ends it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    proc = subprocess.Popen([sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", "0",
-                             "--log-level", "warning", "--precision", "fp32", "--threads", "1"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "transduce",
+            "serve",
+            str(model_dir),
+            "--port",
+            "0",
+            "--log-level",
+            "warning",
+            "--precision",
+            "fp32",
+            "--threads",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert select.select([proc.stdout], [], [], 60)[0], "no line from transduce serve in 60 s"
         first = proc.stdout.readline()
@@ -440,16 +537,22 @@ def test_transduce_serve_command(model_dir, tmp_path):
     assert "loaded" in out
 
 
-AVX2_ONLY = {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
-             "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "CT2_FORCE_CPU_ISA": "AVX2"}
+AVX2_ONLY = {
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+    "CT2_FORCE_CPU_ISA": "AVX2",
+}
 """The environment that imitates an AVX2-only CPU (no AVX-512, bf16, VNNI or AMX) on a newer one."""
 
 
 def test_transduce_serve_warns_of_bf16_emulated_on_an_avx2_only_cpu(model_dir):
     """--precision bf16 where the CPU only emulates it (held to AVX2 here) is obeyed, with the
     warning `translate` and `evaluate` give (a product of the model's size N x slower), not silently."""
-    proc, _ = start_serve([str(model_dir), "--precision", "bf16", "--threads", "1", "--log-level", "warning"],
-                          env=AVX2_ONLY)
+    proc, _ = start_serve(
+        [str(model_dir), "--precision", "bf16", "--threads", "1", "--log-level", "warning"], env=AVX2_ONLY
+    )
     proc.terminate()
     out, err = proc.communicate(timeout=30)
     assert "transduce serve: precision: bf16 (as asked;" in out, out
@@ -461,17 +564,25 @@ def test_transduce_serve_warns_of_bf16_emulated_on_an_avx2_only_cpu(model_dir):
 def test_transduce_serve_refuses_a_port_out_of_range_before_loading(model_dir, capsys, port):
     assert main(["serve", str(model_dir), "--port", port, "--log-level", "warning"]) == 2
     out, err = capsys.readouterr()
-    assert err == f"transduce serve: error: --port must be between 0 and 65535 (0: a free port the system chooses), not {port}\n"
+    assert (
+        err
+        == f"transduce serve: error: --port must be between 0 and 65535 (0: a free port the system chooses), not {port}\n"
+    )
     assert out == ""  # no URL announced, no model loaded
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--threads", "-1"], "--threads must be at least 1, not -1"),
-    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
-    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
-    (["--cors-origin", "https://example.org/app"],
-     "--cors-origin https://example.org/app: a site is http(s)://HOST[:PORT], without a path (or *: any)"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--threads", "-1"], "--threads must be at least 1, not -1"),
+        (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+        (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
+        (
+            ["--cors-origin", "https://example.org/app"],
+            "--cors-origin https://example.org/app: a site is http(s)://HOST[:PORT], without a path (or *: any)",
+        ),
+    ],
+)
 def test_transduce_serve_refuses_bad_threads_and_alpha_before_loading(model_dir, capsys, flags, message):
     assert main(["serve", str(model_dir), "--port", "0", "--log-level", "warning", *flags]) == 2
     out, err = capsys.readouterr()
@@ -498,8 +609,13 @@ def test_transduce_serve_on_a_port_in_use_is_one_line_without_an_abort(model_dir
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port),
-                               "--threads", "1"], env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "transduce", "serve", str(model_dir), "--port", str(port), "--threads", "1"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"transduce serve: error: cannot listen on 127.0.0.1:{port}: address already in use\n"
     assert proc.stdout == ""
@@ -525,6 +641,8 @@ def test_transduce_serve_refuses_a_directory_that_is_not_a_model_before_listenin
     (tmp_path / "notes.txt").write_text("not a model")
     assert main(["serve", str(tmp_path), "--port", "0", "--log-level", "warning"]) == 2
     out, err = capsys.readouterr()
-    assert err == (f"transduce serve: error: {tmp_path}: neither a model directory (model.safetensors + config.json) "
-                   "nor a run directory with a model/ or checkpoints/\n")
+    assert err == (
+        f"transduce serve: error: {tmp_path}: neither a model directory (model.safetensors + config.json) "
+        "nor a run directory with a model/ or checkpoints/\n"
+    )
     assert out == ""  # no URL announced, nothing loaded

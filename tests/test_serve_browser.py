@@ -55,7 +55,9 @@ def open_page(browser, url):
         r.continue_() if r.request.url.startswith((url + "/", "data:", "about:")) else r.abort()
 
     page.route("**/*", route)
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.on(
+        "console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
     page.goto(url + "/")
@@ -78,7 +80,8 @@ def model_weights(loaded, source: str, target: str) -> dict:
 
 def row_cells(frame) -> list[tuple[int, int, float, str]]:
     return frame.locator("#row td.w").evaluate_all(
-        "cs => cs.map(c => [+c.dataset.h, +c.dataset.k, +c.dataset.w, c.textContent])")
+        "cs => cs.map(c => [+c.dataset.h, +c.dataset.k, +c.dataset.w, c.textContent])"
+    )
 
 
 def test_demo_page_in_chromium(browser, loaded, tmp_path):
@@ -101,13 +104,20 @@ def test_demo_page_in_chromium(browser, loaded, tmp_path):
         page.wait_for_selector("#results tr.sentence")
 
         # What is shown is what the API answers: every hypothesis, in order, with its scores.
-        api = httpx.post(url + "/translate", json={"sentences": SOURCES, "beam": 3, "alpha": 0.6, "greedy": False,
-                                                   "n_best": 3, "scores": True}, timeout=30).json()
+        api = httpx.post(
+            url + "/translate",
+            json={"sentences": SOURCES, "beam": 3, "alpha": 0.6, "greedy": False, "n_best": 3, "scores": True},
+            timeout=30,
+        ).json()
         shown = page.locator("#results tr.clickable").evaluate_all(
             "rs => rs.map(r => [+r.dataset.i, +r.dataset.rank, r.querySelector('td.out').textContent, +r.dataset.score, "
-            "+r.dataset.logprob, r.querySelector('td.score').textContent, r.querySelector('td.logprob').textContent])")
-        expected = [(i, k + 1, h["text"], h["score"], h["logprob"], f"{h['score']:.4f}", f"{h['logprob']:.4f}")
-                    for i, t in enumerate(api["translations"]) for k, h in enumerate(t["n_best"])]
+            "+r.dataset.logprob, r.querySelector('td.score').textContent, r.querySelector('td.logprob').textContent])"
+        )
+        expected = [
+            (i, k + 1, h["text"], h["score"], h["logprob"], f"{h['score']:.4f}", f"{h['logprob']:.4f}")
+            for i, t in enumerate(api["translations"])
+            for k, h in enumerate(t["n_best"])
+        ]
         assert [tuple(row) for row in shown] == expected and len(expected) == 6
         assert page.locator("#results tr.source td.src").all_text_contents() == SOURCES
 

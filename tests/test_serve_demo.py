@@ -36,8 +36,13 @@ def loaded(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(loaded):
     limits = Limits(max_body_bytes=2000, max_chars=60, max_tokens=20, max_beam=4, max_len_offset=8)
-    with TestClient(create_app(torch_engine(loaded, max_tokens=limits.max_tokens), limits=limits,
-                               defaults=SearchSettings(beam=2, max_len_offset=4))) as c:
+    with TestClient(
+        create_app(
+            torch_engine(loaded, max_tokens=limits.max_tokens),
+            limits=limits,
+            defaults=SearchSettings(beam=2, max_len_offset=4),
+        )
+    ) as c:
         yield c
 
 
@@ -81,19 +86,26 @@ def test_attention_without_a_target_is_of_the_models_own_translation(client):
     assert only_page["attention"] is None and only_page["page"].startswith("<!DOCTYPE html>")
 
 
-@pytest.mark.parametrize("body, status, error, limit", [
-    ({"source": "x" * 61}, 422, "limit_exceeded", "max_chars"),
-    ({"source": "a man runs on the grass with two dogs near the water"}, 422, "limit_exceeded", "max_tokens"),
-    ({"source": "a", "target": "ein mann läuft auf dem gras mit zwei hunden nahe dem wasser " * 2}, 422,
-     "limit_exceeded", "max_tokens"),  # more than max_tokens + max_len_offset (20 + 8)
-    ({"source": "a", "beam": 5}, 422, "limit_exceeded", "max_beam"),
-    ({"source": "a", "max_len_offset": 9}, 422, "limit_exceeded", "max_len_offset"),
-    ({"source": "a " * 1100}, 413, "limit_exceeded", "max_body_bytes"),
-    ({"source": "  "}, 422, "invalid_request", None),
-    ({"source": "a", "weights": False}, 422, "invalid_request", None),
-    ({"source": "a", "unknown": 1}, 422, "invalid_request", None),
-    ({"sentences": ["a"]}, 422, "invalid_request", None),
-])
+@pytest.mark.parametrize(
+    "body, status, error, limit",
+    [
+        ({"source": "x" * 61}, 422, "limit_exceeded", "max_chars"),
+        ({"source": "a man runs on the grass with two dogs near the water"}, 422, "limit_exceeded", "max_tokens"),
+        (
+            {"source": "a", "target": "ein mann läuft auf dem gras mit zwei hunden nahe dem wasser " * 2},
+            422,
+            "limit_exceeded",
+            "max_tokens",
+        ),  # more than max_tokens + max_len_offset (20 + 8)
+        ({"source": "a", "beam": 5}, 422, "limit_exceeded", "max_beam"),
+        ({"source": "a", "max_len_offset": 9}, 422, "limit_exceeded", "max_len_offset"),
+        ({"source": "a " * 1100}, 413, "limit_exceeded", "max_body_bytes"),
+        ({"source": "  "}, 422, "invalid_request", None),
+        ({"source": "a", "weights": False}, 422, "invalid_request", None),
+        ({"source": "a", "unknown": 1}, 422, "invalid_request", None),
+        ({"sentences": ["a"]}, 422, "invalid_request", None),
+    ],
+)
 def test_attention_requests_are_held_to_the_limits(client, body, status, error, limit):
     r = client.post("/attention", json=body)
     assert r.status_code == status and r.json()["error"] == error, r.text
@@ -112,7 +124,9 @@ def test_attention_with_the_ct2_engine_is_not_supported(loaded, tmp_path):
     from transduce.export.ct2 import export_ct2
     from transduce.serve.app import ct2_engine
 
-    ct2 = load_ct2(export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "ct2"), threads=1)
+    ct2 = load_ct2(
+        export_ct2(loaded.model, loaded.config, loaded.src_vocab, loaded.tgt_vocab, tmp_path / "ct2"), threads=1
+    )
     with TestClient(create_app(ct2_engine(ct2))) as c:
         r = c.post("/attention", json={"source": "a man"})
         assert c.get("/info").json()["attention"] is False
@@ -149,8 +163,28 @@ def test_a_parser_is_served_as_transduce_parse_runs_it(parser_dir, tmp_path, cap
     lines = ["A man runs on the grass.", "Two children play near the water, don't they?", "", "The dog sits."]
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n")
-    assert main(["parse", str(parser_dir), "-i", str(src), "-o", str(out), "--beam", "3", "--max-len-offset", "12",
-                 "--precision", "fp32", "--workers", "1", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "parse",
+                str(parser_dir),
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--beam",
+                "3",
+                "--max-len-offset",
+                "12",
+                "--precision",
+                "fp32",
+                "--workers",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     trees = out.read_text().splitlines()
     with TestClient(create_app(torch_engine(load_translation_model(parser_dir)))) as c:

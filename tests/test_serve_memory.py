@@ -67,12 +67,25 @@ def test_kernel_caches_are_bounded_so_new_shapes_do_not_grow_the_heap():
 
 
 def test_building_the_app_sets_the_bound_and_keeps_the_users_own():
-    code = ("import os; from transduce.serve.app import create_app; create_app(lambda: None); "
-            "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])")
-    base = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY",
-                                                              "TRANSDUCE_KERNEL_CACHE")}
-    run = lambda **env: subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": SRC, **env},  # noqa: E731
-                                       capture_output=True, text=True, timeout=120).stdout.split()
+    code = (
+        "import os; from transduce.serve.app import create_app; create_app(lambda: None); "
+        "print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    )
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY", "TRANSDUCE_KERNEL_CACHE")
+    }
+
+    def run(**env):
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env={**base, "PYTHONPATH": SRC, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout.split()
+
     assert run() == ["256", "256"]  # transduce's training default (16384) replaced
     assert run(TRANSDUCE_KERNEL_CACHE="1000") == ["1000", "1000"]
     assert run(ONEDNN_PRIMITIVE_CACHE_CAPACITY="4096") == ["4096", "256"]  # the user's own value stays
@@ -123,14 +136,24 @@ def test_release_free_memory_gives_pages_back():
 # -- what clients are told -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("description, name, detail", [
-    ("average of the last 5 checkpoints (step_0000100 .. step_0000500) of /srv/runs/multi30k-en-de",
-     "multi30k-en-de", "average of the last 5 checkpoints (step_0000100 .. step_0000500)"),
-    ("/srv/x/runs/multi30k-en-de/avg_last5", "avg_last5", "model directory"),
-    ("/srv/runs/m30k/model", "m30k", "final weights"),
-    ("runs/m30k/checkpoints/step_0000300", "m30k", "checkpoint step_0000300"),
-    ("CTranslate2 model /srv/m30k-ct2 (int8, computed float32)", "m30k-ct2", "CTranslate2 export (int8, computed float32)"),
-])
+@pytest.mark.parametrize(
+    "description, name, detail",
+    [
+        (
+            "average of the last 5 checkpoints (step_0000100 .. step_0000500) of /srv/runs/multi30k-en-de",
+            "multi30k-en-de",
+            "average of the last 5 checkpoints (step_0000100 .. step_0000500)",
+        ),
+        ("/srv/x/runs/multi30k-en-de/avg_last5", "avg_last5", "model directory"),
+        ("/srv/runs/m30k/model", "m30k", "final weights"),
+        ("runs/m30k/checkpoints/step_0000300", "m30k", "checkpoint step_0000300"),
+        (
+            "CTranslate2 model /srv/m30k-ct2 (int8, computed float32)",
+            "m30k-ct2",
+            "CTranslate2 export (int8, computed float32)",
+        ),
+    ],
+)
 def test_a_model_is_named_without_its_directories(description, name, detail):
     assert model_name(description) == (name, detail)
 
@@ -165,7 +188,9 @@ def test_no_absolute_path_reaches_a_client(served):
         bodies["/metrics"] = c.get("/metrics").text
         bodies["/openapi.json"] = c.get("/openapi.json").text
         bodies["/health"] = c.get("/health").text
-        bodies["/translate"] = c.post("/translate", json={"sentences": ["a dog runs"], "n_best": 2, "scores": True}).text
+        bodies["/translate"] = c.post(
+            "/translate", json={"sentences": ["a dog runs"], "n_best": 2, "scores": True}
+        ).text
         bodies["/attention"] = c.post("/attention", json={"source": "a dog runs", "page": True}).text
         bodies["422"] = c.post("/translate", json={"sentences": "not a list"}).text
         bodies["404"] = c.get(str(root)).text
@@ -204,8 +229,17 @@ def test_metrics_carry_the_process_memory_cpu_and_open_files(served):
 def test_public_model_says_languages_size_and_precision():
     from transduce.config import Config, ModelConfig
 
-    info = public_model("/srv/runs/m30k/model", Config(model=ModelConfig(src_vocab_size=8000, n_layers=3, d_model=256,
-                                                                         d_ff=1024, n_heads=4)),
-                        {"src_lang": "en", "tgt_lang": "de"}, "bf16")
-    assert info == {"model": "m30k", "model_detail": "final weights", "languages": {"src": "en", "tgt": "de"},
-                    "parameters": 7_568_384, "size": "7.6M", "precision": "bf16"}
+    info = public_model(
+        "/srv/runs/m30k/model",
+        Config(model=ModelConfig(src_vocab_size=8000, n_layers=3, d_model=256, d_ff=1024, n_heads=4)),
+        {"src_lang": "en", "tgt_lang": "de"},
+        "bf16",
+    )
+    assert info == {
+        "model": "m30k",
+        "model_detail": "final weights",
+        "languages": {"src": "en", "tgt": "de"},
+        "parameters": 7_568_384,
+        "size": "7.6M",
+        "precision": "bf16",
+    }

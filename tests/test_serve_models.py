@@ -32,8 +32,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 LIMITS = Limits(max_sentences=8, max_chars=600, max_tokens=64, max_beam=4)
 SEARCH = dict(beam=2, alpha=0.6, max_len_offset=4)
-DETECTABLE = {"en": "The man is walking his dog along the street in the morning.",
-              "de": "Der Mann geht am Morgen mit seinem Hund die Straße entlang."}
+DETECTABLE = {
+    "en": "The man is walking his dog along the street in the morning.",
+    "de": "Der Mann geht am Morgen mit seinem Hund die Straße entlang.",
+}
 
 
 def pair_model(root, source: str, target: str, seed: int, **knobs):
@@ -47,7 +49,9 @@ def pair_model(root, source: str, target: str, seed: int, **knobs):
 def load(served):
     """What `transduce serve` loads each of several models with (fp32, made ready, its freed memory
     given back), as an engine."""
-    return torch_engine(load_for_decoding(served.path, precision="fp32", keep_freed=False), max_tokens=LIMITS.max_tokens)
+    return torch_engine(
+        load_for_decoding(served.path, precision="fp32", keep_freed=False), max_tokens=LIMITS.max_tokens
+    )
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +101,13 @@ def test_languages_lists_every_source_with_all_its_targets(server):
         {"code": "fr", "name": "French", "targets": []},
         {"code": "es", "name": "Spanish", "targets": []},
     ]
-    assert [(m["name"], m["source"], m["targets"], m["multilingual"]) for m in httpx.get(url + "/info").json()["models"]] == [
-        ("en-de", "en", ["de"], False), ("de-en", "de", ["en"], False), ("opus-mt-en-ROMANCE", "en", ["fr", "es"], True)]
+    assert [
+        (m["name"], m["source"], m["targets"], m["multilingual"]) for m in httpx.get(url + "/info").json()["models"]
+    ] == [
+        ("en-de", "en", ["de"], False),
+        ("de-en", "de", ["en"], False),
+        ("opus-mt-en-ROMANCE", "en", ["fr", "es"], True),
+    ]
 
 
 def test_the_clients_reach_en_de_and_de_en_on_the_same_server(server, reference):
@@ -107,11 +116,14 @@ def test_the_clients_reach_en_de_and_de_en_on_the_same_server(server, reference)
     assert client.translate("a man runs on the grass", "en", "de") == reference("en-de", ["a man runs on the grass"])[0]
     assert client.translate("ein mann läuft", "de", "en") == reference("de-en", ["ein mann läuft"])[0]
     # deep-translator wants a key even where the server asks for none: any then
-    assert LibreTranslator(source="de", target="en", api_key="any", custom_url=url + "/").translate("zwei kinder spielen") == \
-        reference("de-en", ["zwei kinder spielen"])[0]
+    assert (
+        LibreTranslator(source="de", target="en", api_key="any", custom_url=url + "/").translate("zwei kinder spielen")
+        == reference("de-en", ["zwei kinder spielen"])[0]
+    )
     lines = ["a man runs", "the dog sits near the water"]
-    assert LibreTranslator(source="en", target="de", api_key="any", custom_url=url + "/").translate_batch(lines) == \
-        reference("en-de", lines)
+    assert LibreTranslator(source="en", target="de", api_key="any", custom_url=url + "/").translate_batch(
+        lines
+    ) == reference("en-de", lines)
 
 
 def test_a_multilingual_model_gets_its_target_token_from_target(server, reference):
@@ -145,9 +157,15 @@ def test_a_pair_not_served_is_a_400_naming_what_is(server):
     url, _ = server
     r = httpx.post(url + "/translate", json={"q": "un homme", "source": "fr", "target": "de"}, timeout=30)
     assert r.status_code == 400
-    assert r.json()["error"] == "French (fr) is not a source language of this server: it translates from English (en), German (de)"
+    assert (
+        r.json()["error"]
+        == "French (fr) is not a source language of this server: it translates from English (en), German (de)"
+    )
     r = httpx.post(url + "/translate", json={"q": "a man", "source": "en", "target": "it"}, timeout=30)
-    assert r.status_code == 400 and "from it this server translates into German (de), French (fr), Spanish (es)" in r.json()["error"]
+    assert (
+        r.status_code == 400
+        and "from it this server translates into German (de), French (fr), Spanish (es)" in r.json()["error"]
+    )
 
 
 def test_auto_detects_the_source_among_those_that_reach_the_target(server, reference):
@@ -163,8 +181,10 @@ def test_auto_detects_the_source_among_those_that_reach_the_target(server, refer
         assert ranked[0]["confidence"] > ranked[1]["confidence"]
     # one source reaches German: no detection needed, as with one model
     r = httpx.post(url + "/translate", json={"q": "a man runs", "source": "auto", "target": "de"}, timeout=60).json()
-    assert r == {"translatedText": reference("en-de", ["a man runs"])[0],
-                 "detectedLanguage": {"confidence": 100.0, "language": "en"}}
+    assert r == {
+        "translatedText": reference("en-de", ["a man runs"])[0],
+        "detectedLanguage": {"confidence": 100.0, "language": "en"},
+    }
 
 
 def test_the_native_api_translates_with_the_first_model(server, reference):
@@ -198,13 +218,16 @@ def larger_models(tmp_path_factory):
     """Three models of the same architecture (3.7M parameters: 15 MB in fp32), large enough for
     the resident set to show each one's memory."""
     root = tmp_path_factory.mktemp("larger")
-    return [pair_model(root, s, t, seed, d_model=256, d_ff=1024) for seed, (s, t) in
-            enumerate((("en", "de"), ("de", "en"), ("en", "fr")))]
+    return [
+        pair_model(root, s, t, seed, d_model=256, d_ff=1024)
+        for seed, (s, t) in enumerate((("en", "de"), ("de", "en"), ("en", "fr")))
+    ]
 
 
 def measured_load(path) -> int:
     """The resident set's growth while one such model loads and decodes, as the set measures it
     (PyTorch's one-time costs paid first)."""
+
     def once():
         m = load_for_decoding(path, precision="fp32", keep_freed=False)
         translate_lines(m.model, m.src_vocab, m.tgt_vocab, ["a man runs"], **SEARCH)
@@ -226,6 +249,7 @@ def test_models_are_loaded_on_demand_and_unloaded_least_recently_used(larger_mod
     models = open_models(larger_models, load, max_memory=int(2.5 * per_model))  # two fit, three do not
     app = create_app(models.engine(), limits=LIMITS, defaults=SearchSettings(**SEARCH))
     with live(app) as url:
+
         def ask(source, target):
             r = httpx.post(url + "/translate", json={"q": "a man runs", "source": source, "target": target}, timeout=60)
             assert r.status_code == 200
@@ -245,7 +269,9 @@ def test_models_are_loaded_on_demand_and_unloaded_least_recently_used(larger_mod
         assert httpx.get(url + "/info").json()["loaded_memory_mb"] <= 2.5 * per_model / 2**20
         metrics = httpx.get(url + "/metrics").text
         assert 'transduce_model_unloads_total{model="de-en"} 1.0' in metrics
-        assert float(re.search(r"^transduce_models_memory_cap_bytes (\S+)$", metrics, re.M).group(1)) == int(2.5 * per_model)
+        assert float(re.search(r"^transduce_models_memory_cap_bytes (\S+)$", metrics, re.M).group(1)) == int(
+            2.5 * per_model
+        )
         ask("de", "en")  # loaded again, in place of en-de (now the least recently used)
         assert loaded() == {"en-de": False, "de-en": True, "en-fr": True}
         info = {m["name"]: m for m in httpx.get(url + "/info").json()["models"]}
@@ -261,11 +287,26 @@ def test_transduce_serve_a_directory_of_models(model_dirs, reference, tmp_path):
     models.mkdir()
     for name in ("en-de", "de-en"):
         (models / name).symlink_to(model_dirs[name], target_is_directory=True)
-    proc, url = start_serve([str(models), "--max-memory", "1G", "--pivot", "en", "--beam", "2", "--max-len-offset", "4",
-                             "--precision", "fp32"])
+    proc, url = start_serve(
+        [
+            str(models),
+            "--max-memory",
+            "1G",
+            "--pivot",
+            "en",
+            "--beam",
+            "2",
+            "--max-len-offset",
+            "4",
+            "--precision",
+            "fp32",
+        ]
+    )
     try:
-        assert LibreTranslateAPI(url).languages() == [{"code": "de", "name": "German", "targets": ["en"]},
-                                                       {"code": "en", "name": "English", "targets": ["de"]}]
+        assert LibreTranslateAPI(url).languages() == [
+            {"code": "de", "name": "German", "targets": ["en"]},
+            {"code": "en", "name": "English", "targets": ["de"]},
+        ]
         assert LibreTranslateAPI(url).translate("ein mann", "de", "en") == reference("de-en", ["ein mann"])[0]
         info = httpx.get(url + "/info").json()
         assert info["max_memory_mb"] == 1024.0 and info["pivot"] == "en"

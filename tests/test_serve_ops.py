@@ -68,8 +68,11 @@ def post(url, body, **kw):
 
 def metrics(text: str) -> dict:
     """{(name, labels as sorted tuple): value} of a Prometheus exposition."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 # -- failures ------------------------------------------------------------------------------------------
@@ -97,12 +100,16 @@ def test_a_decoding_failure_answers_its_round_500_json_and_the_server_goes_on(fa
         exposition = httpx.get(url + "/metrics").text
     for r in answers.values():  # both callers of the failed round: 500, JSON, the failure named
         assert r.status_code == 500 and r.headers["content-type"].startswith("application/json")
-        assert r.json() == {"error": "decoding_failed", "exception": "RuntimeError",
-                            "message": "decoding failed: RuntimeError: injected failure in encode"}
+        assert r.json() == {
+            "error": "decoding_failed",
+            "exception": "RuntimeError",
+            "message": "decoding failed: RuntimeError: injected failure in encode",
+        }
     assert app.state.batcher.stats.failed_rounds == 1  # decoded together: one round failed
     assert after.status_code == 200  # the server goes on
     assert [t["text"] for t in after.json()["translations"]] == translate_lines(
-        loaded.model, loaded.src_vocab, loaded.tgt_vocab, body["sentences"], beam=2, max_len_offset=3)
+        loaded.model, loaded.src_vocab, loaded.tgt_vocab, body["sentences"], beam=2, max_len_offset=3
+    )
     m = metrics(exposition)
     assert m[("transduce_decode_failures_total", ())] == 1
     assert m[("transduce_requests_total", (("endpoint", "/translate"), ("status", "500")))] == 2
@@ -142,8 +149,10 @@ def test_a_request_to_a_server_whose_decoding_thread_ended_gets_500_json(loaded)
         r = c.post("/translate", json={"sentences": ["a man"]})
         a = c.post("/attention", json={"source": "a man"})
     for x in (r, a):
-        assert x.status_code == 500 and x.json() == {"error": "decoding_failed",
-                                                     "message": "the decoding thread has ended (MemoryError: )"}
+        assert x.status_code == 500 and x.json() == {
+            "error": "decoding_failed",
+            "message": "the decoding thread has ended (MemoryError: )",
+        }
 
 
 def test_a_keyboard_interrupt_inside_translate_fails_its_round_as_an_ordinary_error():
@@ -183,8 +192,10 @@ def test_metrics_count_what_was_sent_and_decoded(loaded):
     assert m[("transduce_batch_requests_count", ())] == 3 and m[("transduce_batch_requests_sum", ())] == 3
     lines = [s for r in requests for s in r]
     assert m[("transduce_source_tokens_total", ())] == sum(len(loaded.src_vocab.encode(s)) + 1 for s in lines)
-    best = [c[0] for c in translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=2,
-                                           max_len_offset=4)]
+    best = [
+        c[0]
+        for c in translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=2, max_len_offset=4)
+    ]
     assert m[("transduce_output_tokens_total", ())] == sum(len(h.tokens) + 1 for h in best)
     assert m[("transduce_output_tokens_per_second", ())] > 0 and m[("transduce_decode_seconds_total", ())] > 0
     assert m[("transduce_queue_depth", ())] == 0 and m[("transduce_requests_in_flight", ())] == 1  # this one
@@ -200,7 +211,9 @@ def test_metrics_show_the_queue_while_requests_wait(loaded):
 
     app = create_app(Engine(translate, loaded.src_vocab.encode, {}), max_wait=0.0)
     with live(app) as url:
-        held = [threading.Thread(target=post, args=(url, {"sentences": [s], "beam": b})) for s, b in (("a", 1), ("b", 2))]
+        held = [
+            threading.Thread(target=post, args=(url, {"sentences": [s], "beam": b})) for s, b in (("a", 1), ("b", 2))
+        ]
         held[0].start()
         assert entered.wait(10)
         held[1].start()  # other settings: it waits for the next round
@@ -219,7 +232,12 @@ def test_an_api_key_guards_translate_and_attention_only(loaded):
     app = create_app(torch_engine(loaded), api_key="s3cret-key")
     body = {"sentences": ["a man"], "beam": 1, "max_len_offset": 2}
     with TestClient(app) as c:
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-API-Key": "s3cret"}, {"Authorization": "s3cret-key"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"X-API-Key": "s3cret"},
+            {"Authorization": "s3cret-key"},
+        ):
             for path, b in (("/translate", body), ("/attention", {"source": "a man"})):
                 r = c.post(path, json=b, headers=headers)
                 assert r.status_code == 401 and r.json()["error"] == "unauthorized", (path, headers)
@@ -262,7 +280,9 @@ def request_lines():
 
 def test_one_log_line_per_request_with_its_id(loaded, request_lines):
     with TestClient(create_app(torch_engine(loaded), limits=Limits(max_body_bytes=200))) as c:
-        given = c.post("/translate", json={"sentences": ["a man", "the dog"], "beam": 1}, headers={"X-Request-ID": "abc-123.x"})
+        given = c.post(
+            "/translate", json={"sentences": ["a man", "the dog"], "beam": 1}, headers={"X-Request-ID": "abc-123.x"}
+        )
         made = c.get("/health")
         bad_id = c.get("/health", headers={"X-Request-ID": "no spaces\tor tabs"})
         too_big = c.post("/translate", json={"sentences": ["a " * 200]}, headers={"X-Request-ID": "big"})
@@ -345,7 +365,8 @@ def test_sigterm_lets_the_request_in_flight_finish_then_ends(model_dir, loaded):
     r = answer["r"]
     assert r.status_code == 200  # finished within the grace period
     assert [t["text"] for t in r.json()["translations"]] == translate_lines(
-        loaded.model, loaded.src_vocab, loaded.tgt_vocab, body["sentences"], beam=16, max_len_offset=3)
+        loaded.model, loaded.src_vocab, loaded.tgt_vocab, body["sentences"], beam=16, max_len_offset=3
+    )
     assert answer["at"] > signalled  # answered after the signal
     assert proc.returncode == -signal.SIGTERM, err  # ended by the signal, as a process should
     assert ended - answer["at"] < 5, err
@@ -361,14 +382,17 @@ def _refused(url) -> bool:
 
 
 def test_a_stuck_decode_cannot_hold_a_shutdown_past_the_grace_period(model_dir):
-    proc, url = serve_slowly(model_dir, "threading.Event().wait()", "forever", "--graceful-timeout", "1",
-                             "--max-wait-ms", "0")
+    proc, url = serve_slowly(
+        model_dir, "threading.Event().wait()", "forever", "--graceful-timeout", "1", "--max-wait-ms", "0"
+    )
     answers = {}
     try:
         stuck = threading.Thread(target=lambda: answers.update(stuck=post(url, {"sentences": ["a man"], "beam": 1})))
         stuck.start()
         until(lambda: decoding(url))
-        waiting = threading.Thread(target=lambda: answers.update(waiting=post(url, {"sentences": ["a dog"], "beam": 2})))
+        waiting = threading.Thread(
+            target=lambda: answers.update(waiting=post(url, {"sentences": ["a dog"], "beam": 2}))
+        )
         waiting.start()
         until(lambda: metrics(httpx.get(url + "/metrics").text)[("transduce_queue_depth", ())] == 1)
         proc.send_signal(signal.SIGTERM)
@@ -404,8 +428,16 @@ def _one_busy_request(url, answers):
 def test_ctrl_c_with_a_decode_busy_past_the_grace_period_ends_130_without_an_abort(model_dir, sigint):
     """Ctrl-C as SIGTERM: the grace period, then 503; the process then ended by an abort (SIGABRT,
     "terminate called without an active exception"), torch busy on the decoding thread."""
-    proc, url = serve_slowly(model_dir, BUSY_IN_TORCH, "forever, in torch", "--graceful-timeout", "1",
-                             "--max-wait-ms", "0", first=SIGINT_AS[sigint])
+    proc, url = serve_slowly(
+        model_dir,
+        BUSY_IN_TORCH,
+        "forever, in torch",
+        "--graceful-timeout",
+        "1",
+        "--max-wait-ms",
+        "0",
+        first=SIGINT_AS[sigint],
+    )
     answers = {}
     try:
         client = _one_busy_request(url, answers)
@@ -424,8 +456,16 @@ def test_ctrl_c_with_a_decode_busy_past_the_grace_period_ends_130_without_an_abo
 def test_ctrl_c_twice_answers_the_requests_in_flight_503_at_once(model_dir, sigint):
     """uvicorn's force quit (Ctrl-C again) cancelled the requests in flight: a bare 500 "Internal
     Server Error" each, a traceback each, and an abort. Now they get 503 JSON at once."""
-    proc, url = serve_slowly(model_dir, BUSY_IN_TORCH, "forever, in torch", "--graceful-timeout", "30",
-                             "--max-wait-ms", "0", first=SIGINT_AS[sigint])
+    proc, url = serve_slowly(
+        model_dir,
+        BUSY_IN_TORCH,
+        "forever, in torch",
+        "--graceful-timeout",
+        "30",
+        "--max-wait-ms",
+        "0",
+        first=SIGINT_AS[sigint],
+    )
     answers = {}
     try:
         client = _one_busy_request(url, answers)
@@ -447,8 +487,10 @@ def test_ctrl_c_twice_answers_the_requests_in_flight_503_at_once(model_dir, sigi
 
 
 def test_the_command_takes_its_api_key_from_the_environment(model_dir):
-    proc, url = start_serve([str(model_dir), "--precision", "fp32", "--threads", "1", "--log-level", "info"],
-                            env={"TRANSDUCE_API_KEY": "from-env"})
+    proc, url = start_serve(
+        [str(model_dir), "--precision", "fp32", "--threads", "1", "--log-level", "info"],
+        env={"TRANSDUCE_API_KEY": "from-env"},
+    )
     try:
         body = {"sentences": ["a man"], "beam": 1}
         denied = post(url, body)

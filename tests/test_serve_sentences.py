@@ -58,8 +58,14 @@ class Scripted:
         out = []
         for s in sentences:
             n = len(TOKEN.findall(s))
-            out.append([Hypothesis(list(range(n + k)), float(-n - k), float(-2 * n - k), self.output(s) + f" ALT{k}" * (k > 0))
-                        for k in range(search.n_best)])
+            out.append(
+                [
+                    Hypothesis(
+                        list(range(n + k)), float(-n - k), float(-2 * n - k), self.output(s) + f" ALT{k}" * (k > 0)
+                    )
+                    for k in range(search.n_best)
+                ]
+            )
         return out
 
     def align(self, sources, outputs):
@@ -72,8 +78,9 @@ class Scripted:
         return links
 
     def engine(self) -> Engine:
-        return Engine(self.translate, lambda s: [5] * len(TOKEN.findall(s)), dict(PAIR),
-                      align=self.align if self.aligns else None)
+        return Engine(
+            self.translate, lambda s: [5] * len(TOKEN.findall(s)), dict(PAIR), align=self.align if self.aligns else None
+        )
 
 
 @pytest.fixture
@@ -104,37 +111,55 @@ def test_a_paragraph_is_its_sentences_joined_as_they_were_spaced(scripted):
     assert r.json() == {"translatedText": "  A MAN RUNS .  THE DOG SITS !\nTWO CHILDREN PLAY ?\n\n"}
     assert engine.rounds == [["A man runs.", "The dog sits!", "Two children play?"]]  # one round, three sentences
     metrics = httpx.get(url + "/metrics").text
-    assert metric(metrics, "transduce_batch_sentences_sum") == 3 and metric(metrics, "transduce_batch_sentences_count") == 1
+    assert (
+        metric(metrics, "transduce_batch_sentences_sum") == 3
+        and metric(metrics, "transduce_batch_sentences_count") == 1
+    )
 
 
 def test_the_modes_off_and_nonewlines_as_deepl_spells_them(scripted):
     engine, url, _ = scripted
     text = "A man\nruns. The dog sits!\nTwo children play?\n"
     for value in ("nonewlines", "NoNewlines"):
-        assert libre(url, text, split_sentences=value).json() == \
-            {"translatedText": "A MAN RUNS . THE DOG SITS !\nTWO CHILDREN PLAY ?\n"}  # the line break in a sentence a space
+        assert libre(url, text, split_sentences=value).json() == {
+            "translatedText": "A MAN RUNS . THE DOG SITS !\nTWO CHILDREN PLAY ?\n"
+        }  # the line break in a sentence a space
         assert engine.rounds.pop() == ["A man runs.", "The dog sits!", "Two children play?"]
     for value in ("0", 0, False, "off"):  # the whole text one sentence, its line breaks spaces to the model
-        assert libre(url, text, split_sentences=value).json() == \
-            {"translatedText": "A MAN RUNS . THE DOG SITS ! TWO CHILDREN PLAY ?\n"}
+        assert libre(url, text, split_sentences=value).json() == {
+            "translatedText": "A MAN RUNS . THE DOG SITS ! TWO CHILDREN PLAY ?\n"
+        }
         assert engine.rounds.pop() == ["A man runs. The dog sits! Two children play?"]
     for value in ("1", 1, True, "on", None):  # on, the default: at sentence ends and at line breaks
         body = {} if value is None else {"split_sentences": value}
-        assert libre(url, text, **body).json() == {"translatedText": "A MAN\nRUNS . THE DOG SITS !\nTWO CHILDREN PLAY ?\n"}
+        assert libre(url, text, **body).json() == {
+            "translatedText": "A MAN\nRUNS . THE DOG SITS !\nTWO CHILDREN PLAY ?\n"
+        }
         assert engine.rounds.pop() == ["A man", "runs.", "The dog sits!", "Two children play?"]
-    form = httpx.post(url + "/translate", data={"q": "One. Two.", "source": "en", "target": "de", "split_sentences": "0"})
+    form = httpx.post(
+        url + "/translate", data={"q": "One. Two.", "source": "en", "target": "de", "split_sentences": "0"}
+    )
     assert form.json() == {"translatedText": "ONE . TWO ."} and engine.rounds.pop() == ["One. Two."]
     for bad in ("2", "yes", 0.5):
         r = libre(url, text, split_sentences=bad)
         assert r.status_code == 400 and r.json()["error"].startswith("Invalid request: split_sentences must be ")
     assert engine.rounds == []
-    assert [mode_of(v, "off") for v in (None, "", "1", "nonewlines", False)] == ["off", "off", "on", "nonewlines", "off"]
+    assert [mode_of(v, "off") for v in (None, "", "1", "nonewlines", False)] == [
+        "off",
+        "off",
+        "on",
+        "nonewlines",
+        "off",
+    ]
 
 
 def test_alternatives_are_the_kth_hypotheses_of_every_sentence_put_together(scripted):
     _, url, _ = scripted
     r = libre(url, "One. Two.", alternatives=2)
-    assert r.json() == {"translatedText": "ONE . TWO .", "alternatives": ["ONE . ALT1 TWO . ALT1", "ONE . ALT2 TWO . ALT2"]}
+    assert r.json() == {
+        "translatedText": "ONE . TWO .",
+        "alternatives": ["ONE . ALT1 TWO . ALT1", "ONE . ALT2 TWO . ALT2"],
+    }
 
 
 def test_a_q_list_of_100_strings_is_one_job_decoded_in_one_round(scripted):
@@ -145,7 +170,9 @@ def test_a_q_list_of_100_strings_is_one_job_decoded_in_one_round(scripted):
     assert r.json() == {"translatedText": [f"ITEM {i} IS READY ." for i in range(100)]}
     assert app.state.batcher.stats.rounds == rounds + 1 and engine.rounds == [q]
     metrics = httpx.get(url + "/metrics").text
-    assert metric(metrics, "transduce_batch_sentences_sum") == 100 and metric(metrics, "transduce_batch_requests_sum") == 1
+    assert (
+        metric(metrics, "transduce_batch_sentences_sum") == 100 and metric(metrics, "transduce_batch_requests_sum") == 1
+    )
 
 
 def test_requests_that_arrive_together_are_decoded_together():
@@ -154,23 +181,31 @@ def test_requests_that_arrive_together_are_decoded_together():
     app = create_app(engine.engine(), max_wait=2.0)  # the first waits up to 2 s for others
     answers = {}
     with live(app) as url:
+
         def send(name, text):
             answers[name] = libre(url, text).json()
 
-        threads = [threading.Thread(target=send, args=a) for a in (("a", "One dog. Two cats."), ("b", "Red. Blue! Green?"))]
+        threads = [
+            threading.Thread(target=send, args=a) for a in (("a", "One dog. Two cats."), ("b", "Red. Blue! Green?"))
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
     assert answers == {"a": {"translatedText": "ONE DOG . TWO CATS ."}, "b": {"translatedText": "RED . BLUE ! GREEN ?"}}
-    assert len(engine.rounds) == 1 and sorted(engine.rounds[0]) == sorted(["One dog.", "Two cats.", "Red.", "Blue!", "Green?"])
+    assert len(engine.rounds) == 1 and sorted(engine.rounds[0]) == sorted(
+        ["One dog.", "Two cats.", "Red.", "Blue!", "Green?"]
+    )
     assert app.state.batcher.stats.rounds == 1 and app.state.batcher.stats.jobs == 2
 
 
 def test_the_limits_count_sentences(scripted):
     _, url, _ = scripted
     r = libre(url, "Go. " * 129)
-    assert (r.status_code, r.json()) == (400, {"error": "Invalid request: 129 sentences, more than the 128 a request may have"})
+    assert (r.status_code, r.json()) == (
+        400,
+        {"error": "Invalid request: 129 sentences, more than the 128 a request may have"},
+    )
 
 
 # -- LibreTranslate's API: HTML ---------------------------------------------------------------------
@@ -195,12 +230,23 @@ def test_html_without_an_alignment_places_tags_in_proportion():
     assert engine.rounds == [["A dog runs.", "No tags here.", "None!"]] and engine.aligned == []
 
 
-@pytest.mark.parametrize("doc", ["plain text", "<a href='x'>link</a>", "a <b>c</b> <i>", "x < y & z",
-                                 "<script>if (a < b) { c }</script>tail", "<!DOCTYPE html><html><body>\n hi \n</body>",
-                                 "<p>line\r\nnext &nbsp; </p>", "</b>stray<br>", "<?xml version='1.0'?><x>&#65;</x>",
-                                 "<p>a</p><p> . </p>\U0001F600 <i>!</i>",
-                                 '<p>Use <code>ls -l</code> now.</p><pre>keep  <b>this</b></pre><p translate="no">No.</p>'
-                                 "<style>p { color: red }</style><textarea>as is</textarea>"])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        "plain text",
+        "<a href='x'>link</a>",
+        "a <b>c</b> <i>",
+        "x < y & z",
+        "<script>if (a < b) { c }</script>tail",
+        "<!DOCTYPE html><html><body>\n hi \n</body>",
+        "<p>line\r\nnext &nbsp; </p>",
+        "</b>stray<br>",
+        "<?xml version='1.0'?><x>&#65;</x>",
+        "<p>a</p><p> . </p>\U0001f600 <i>!</i>",
+        '<p>Use <code>ls -l</code> now.</p><pre>keep  <b>this</b></pre><p translate="no">No.</p>'
+        "<style>p { color: red }</style><textarea>as is</textarea>",
+    ],
+)
 def test_html_as_text_markup_translates_it(scripted, doc):
     """The server's answer is text.markup's for the same engine: markup, entities and what is never
     translated as sent; a document with no words exactly as sent."""
@@ -243,16 +289,20 @@ def test_the_native_api_splits_when_asked(scripted):
     assert first["text"] == "A MAN RUNS .  THE DOG SITS !\nOK" and second["text"] == "TWO ."
     # its sentences' scores and log-probabilities summed (4, 4 and 1 tokens), the n-best their k-th put together
     assert (first["score"], first["logprob"]) == (-9.0, -18.0)
-    assert [h["text"] for h in first["n_best"]] == ["A MAN RUNS .  THE DOG SITS !\nOK",
-                                                    "A MAN RUNS . ALT1  THE DOG SITS ! ALT1\nOK ALT1"]
+    assert [h["text"] for h in first["n_best"]] == [
+        "A MAN RUNS .  THE DOG SITS !\nOK",
+        "A MAN RUNS . ALT1  THE DOG SITS ! ALT1\nOK ALT1",
+    ]
     assert first["n_best"][1]["score"] == -12.0
     assert kept["text"] == ":-)" and kept["score"] is None  # nothing to translate: as sent
     r = native(url, sentences=["One\ntwo. Three."], split_sentences="nonewlines")
     assert r.json()["translations"][0]["text"] == "ONE TWO . THREE ." and engine.rounds.pop() == ["One two.", "Three."]
     r = native(url, sentences=["One."], split_sentences="sometimes")
     assert r.status_code == 422 and r.json()["error"] == "invalid_request" and r.json()["field"] == "split_sentences"
-    assert "split_sentences" in httpx.get(url + "/openapi.json").json()["components"]["schemas"]["TranslateRequest"][
-        "properties"]
+    assert (
+        "split_sentences"
+        in httpx.get(url + "/openapi.json").json()["components"]["schemas"]["TranslateRequest"]["properties"]
+    )
 
 
 def test_the_native_api_names_the_input_of_a_sentence_over_the_limit():
@@ -294,7 +344,10 @@ def test_a_model_translates_each_sentence_as_transduce_translate(model_dir):
         r = native(url, sentences=[paragraph], split_sentences="on")
         assert r.json()["translations"][0]["text"] == f"{first} {second}\n\n  {third}"
         metrics = httpx.get(url + "/metrics").text
-    assert metric(metrics, "transduce_batch_sentences_sum") == 6 and metric(metrics, "transduce_batch_sentences_count") == 2
+    assert (
+        metric(metrics, "transduce_batch_sentences_sum") == 6
+        and metric(metrics, "transduce_batch_sentences_count") == 2
+    )
 
 
 # -- several models: a multilingual model's alignment ---------------------------------------------
@@ -336,15 +389,27 @@ def test_a_model_that_reverses_gets_its_tags_from_its_own_attention(tmp_path):
 
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(300)]
-    vocab = Vocab(train_vocab(tmp_path / "words", lines, vocab_size=N_SPECIAL + len(WORDS), model_type="word",
-                              num_threads=1))
+    vocab = Vocab(
+        train_vocab(tmp_path / "words", lines, vocab_size=N_SPECIAL + len(WORDS), model_type="word", num_threads=1)
+    )
     config = ModelConfig(src_vocab_size=len(vocab), n_layers=2, d_model=64, d_ff=128, n_heads=4, dropout=0.0)
-    model, result = train_synthetic("reverse", n_symbols=len(WORDS), max_len=6, batch_size=64, eval_every=50,
-                                    n_dev=200, n_eval=200, lr_scale=0.5, model_config=config)
+    model, result = train_synthetic(
+        "reverse",
+        n_symbols=len(WORDS),
+        max_len=6,
+        batch_size=64,
+        eval_every=50,
+        n_dev=200,
+        n_eval=200,
+        lr_scale=0.5,
+        model_config=config,
+    )
     assert result.exact_match >= 0.95, result
     save_model(model, Config(model=config), tmp_path / "model")
     shutil.copy(vocab.path, tmp_path / "model" / "spm.model")
-    app = create_app(torch_engine(load_translation_model(tmp_path / "model")), defaults=SearchSettings(beam=1, greedy=True))
+    app = create_app(
+        torch_engine(load_translation_model(tmp_path / "model")), defaults=SearchSettings(beam=1, greedy=True)
+    )
     with live(app) as url:
         r = libre(url, '<p>ant <b>bee</b> cat <a href="#x">dog elk</a></p><p><i>fox</i> gnu</p>', format="html")
     assert r.json() == {"translatedText": '<p><a href="#x">elk dog</a> cat <b>bee</b> ant</p><p>gnu <i>fox</i></p>'}

@@ -57,7 +57,9 @@ def test_over_every_id_the_search_is_the_whole_vocabularys(knobs):
         full = beam_search(model, src, beam_size=3, max_len_offset=5, n_best=2)
         short = beam_search(everything, src, beam_size=3, max_len_offset=5, n_best=2, vocab=everything.ids)
         assert [[h.tokens for h in hs] for hs in short] == [[h.tokens for h in hs] for hs in full]
-        assert greedy_decode(everything, src, max_len_offset=5, vocab=everything.ids) == greedy_decode(model, src, max_len_offset=5)
+        assert greedy_decode(everything, src, max_len_offset=5, vocab=everything.ids) == greedy_decode(
+            model, src, max_len_offset=5
+        )
 
 
 def test_a_shortlisted_search_outputs_only_candidates():
@@ -102,22 +104,49 @@ def test_translate_with_a_shortlist(model_dir, tmp_path, capsys):
     tgt.write_text("\n".join(reference) + "\n", encoding="utf-8")
     flags = ["--beam", "3", "--max-len-offset", "6", "--threads", "1", "-i", str(src), "--precision", "fp32"]
     # every target token frequent: the shortlisted search is the whole vocabulary's, to the byte
-    assert main(["shortlist", str(model_dir), "--train-src", str(src), "--train-tgt", str(tgt), "--frequent", "100000"]) == 0
+    assert (
+        main(["shortlist", str(model_dir), "--train-src", str(src), "--train-tgt", str(tgt), "--frequent", "100000"])
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out and (model_dir / FILE).is_file()
     assert main(["translate", str(model_dir), *flags, "--shortlist", "-o", str(tmp_path / "all.txt")]) == 0
     assert "shortlist" in capsys.readouterr().err
     assert (tmp_path / "all.txt").read_text(encoding="utf-8").splitlines() == reference
     # a short one: every output token is one of the batch's candidates (the 24 lines are one batch)
     small = tmp_path / "small.safetensors"
-    assert main(["shortlist", str(model_dir), "--train-src", str(src), "--train-tgt", str(tgt), "--frequent", "2",
-                 "--per-source", "2", "-o", str(small)]) == 0
-    assert main(["translate", str(model_dir), *flags, "--shortlist", str(small), "-o", str(tmp_path / "small.txt")]) == 0
+    assert (
+        main(
+            [
+                "shortlist",
+                str(model_dir),
+                "--train-src",
+                str(src),
+                "--train-tgt",
+                str(tgt),
+                "--frequent",
+                "2",
+                "--per-source",
+                "2",
+                "-o",
+                str(small),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(["translate", str(model_dir), *flags, "--shortlist", str(small), "-o", str(tmp_path / "small.txt")]) == 0
+    )
     out = (tmp_path / "small.txt").read_text(encoding="utf-8").splitlines()
     shortlist = Shortlist.load(small)
     ids = loaded.model.config.special_ids.to_dict().values()
-    allowed = set(shortlist.candidates([loaded.src_vocab.encode(x) + [loaded.model.config.eos_id] for x in lines], ids).tolist())
-    cands = list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=3, max_len_offset=6,
-                                  shortlist=shortlist))
+    allowed = set(
+        shortlist.candidates([loaded.src_vocab.encode(x) + [loaded.model.config.eos_id] for x in lines], ids).tolist()
+    )
+    cands = list(
+        translate_stream(
+            loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, beam=3, max_len_offset=6, shortlist=shortlist
+        )
+    )
     assert [c[0].text for c in cands] == out and len(allowed) < len(loaded.tgt_vocab)
     assert {t for c in cands for t in c[0].tokens} <= allowed
 
@@ -125,9 +154,27 @@ def test_translate_with_a_shortlist(model_dir, tmp_path, capsys):
 def test_bad_shortlist_input_is_one_line(model_dir, tmp_path, capsys):
     (tmp_path / "a").write_text("x y\nz\n", encoding="utf-8")
     (tmp_path / "b").write_text("x\n", encoding="utf-8")
-    assert main(["shortlist", str(model_dir), "--train-src", str(tmp_path / "a"), "--train-tgt", str(tmp_path / "b"),
-                 "-o", str(tmp_path / "s.safetensors")]) == 2
+    assert (
+        main(
+            [
+                "shortlist",
+                str(model_dir),
+                "--train-src",
+                str(tmp_path / "a"),
+                "--train-tgt",
+                str(tmp_path / "b"),
+                "-o",
+                str(tmp_path / "s.safetensors"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "line counts differ" in err and "Traceback" not in err and not (tmp_path / "s.safetensors").exists()
-    assert main(["translate", str(model_dir), "--shortlist", str(tmp_path / "none.safetensors"), "-i", str(tmp_path / "a")]) == 2
+    assert (
+        main(
+            ["translate", str(model_dir), "--shortlist", str(tmp_path / "none.safetensors"), "-i", str(tmp_path / "a")]
+        )
+        == 2
+    )
     assert "no shortlist" in capsys.readouterr().err

@@ -55,8 +55,12 @@ def test_a_model_directory_written_before_decodes_to_the_same_bytes(tmp_path):
     for path in (d, before):
         m = load_translation_model(path)
         assert m.config.model.special_ids == DEFAULT
-        out.append([translate_lines(m.model, m.src_vocab, m.tgt_vocab, lines, beam=4, max_len_offset=10),
-                    translate_lines(m.model, m.src_vocab, m.tgt_vocab, lines, greedy=True, max_len_offset=10)])
+        out.append(
+            [
+                translate_lines(m.model, m.src_vocab, m.tgt_vocab, lines, beam=4, max_len_offset=10),
+                translate_lines(m.model, m.src_vocab, m.tgt_vocab, lines, greedy=True, max_len_offset=10),
+            ]
+        )
     assert out[0] == out[1] and any(out[0][0])
 
 
@@ -102,7 +106,10 @@ def test_another_layout_decodes_as_the_same_model_renumbered():
     """Greedy and beam search, reading PAD, BOS and EOS from the model's config: the outputs of the
     renumbered model are the renumbered outputs (and the scores the same)."""
     a, b, pi = _twins()
-    greedy_a, greedy_b = greedy_decode(a, _sources(), max_len_offset=6), greedy_decode(b, _sources(pi), max_len_offset=6)
+    greedy_a, greedy_b = (
+        greedy_decode(a, _sources(), max_len_offset=6),
+        greedy_decode(b, _sources(pi), max_len_offset=6),
+    )
     assert [pi[torch.tensor(o, dtype=torch.long)].tolist() for o in greedy_a] == greedy_b
     beams_a = beam_search(a, _sources(), beam_size=4, alpha=0.6, max_len_offset=6, n_best=3)
     beams_b = beam_search(b, _sources(pi), beam_size=4, alpha=0.6, max_len_offset=6, n_best=3)
@@ -121,8 +128,12 @@ def test_another_layout_trains_as_the_same_model_renumbered():
     pairs = [(g.integers(6, V, n), g.integers(6, V, m)) for n, m in ((5, 4), (2, 6), (7, 1))]
     batch_a = collate([np.r_[s, DEFAULT.eos] for s, _ in pairs], [np.r_[t, DEFAULT.eos] for _, t in pairs])
     pin = pi.numpy()
-    batch_b = collate([pin[np.r_[s, DEFAULT.eos]] for s, _ in pairs], [pin[np.r_[t, DEFAULT.eos]] for _, t in pairs],
-                      LAYOUT.pad, LAYOUT.bos)
+    batch_b = collate(
+        [pin[np.r_[s, DEFAULT.eos]] for s, _ in pairs],
+        [pin[np.r_[t, DEFAULT.eos]] for _, t in pairs],
+        LAYOUT.pad,
+        LAYOUT.bos,
+    )
     assert batch_b["tgt_in"][0, 0] == LAYOUT.bos and (batch_b["src"] == LAYOUT.pad).any()
     sums = []
     for model, batch in ((a, batch_a), (b, batch_b)):

@@ -60,12 +60,16 @@ def test_registered_flop_formulas_match_pytorchs_counts(table1):
 
 def test_quick_run_has_table1s_shape(table1, tmp_path, capsys):
     out = tmp_path / "t1"
-    assert table1.main(["--out", str(out), "--quick", "--d", "64", "--threads", "1", "--path-n", "64",
-                        "--max-n", "512"]) == 0
+    assert (
+        table1.main(["--out", str(out), "--quick", "--d", "64", "--threads", "1", "--path-n", "64", "--max-n", "512"])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert printed.startswith("CPU: ") and "threads 1" in printed.splitlines()[0]
     result = json.loads((out / "table1.json").read_text())
-    assert (out / "table1.png").read_bytes()[:4] == b"\x89PNG" and "| self-attention | O(n²·d) |" in (out / "table1.md").read_text()
+    assert (out / "table1.png").read_bytes()[:4] == b"\x89PNG" and "| self-attention | O(n²·d) |" in (
+        out / "table1.md"
+    ).read_text()
     fits = result["summary"]["fits"]
     assert abs(fits["self-attention"]["attention_flops_exponent"] - 2) < 0.02  # equation 1: n² d
     assert abs(fits["restricted (masked)"]["attention_flops_exponent"] - 2) < 0.02  # masked: still n² d

@@ -58,7 +58,7 @@ def test_links_are_the_heads_mean_argmax_of_the_chosen_layer(loaded):
     for source, output, found in zip(sources, outputs, links):
         s_ids, t_ids = loaded.src_vocab.encode(source), loaded.tgt_vocab.encode(output)
         w = compute_attention(loaded.model, [s_ids], [t_ids]).weights["decoder_cross"][1][0]  # (h, T, S)
-        best = w[:, :len(t_ids), :len(s_ids)].mean(0).argmax(-1).tolist()
+        best = w[:, : len(t_ids), : len(s_ids)].mean(0).argmax(-1).tolist()
         s_spans = piece_spans(loaded.src_vocab, source, s_ids)
         t_spans = piece_spans(loaded.tgt_vocab, output, t_ids)
         assert found == [(*t_spans[j], *s_spans[best[j]]) for j in range(len(t_ids))]
@@ -73,8 +73,10 @@ def tags(html: str) -> list[str]:
 
 def test_html_through_a_real_model(loaded):
     translator = ModelTranslator.from_loaded(loaded, beam=2, max_len_offset=4)
-    doc = ('<p>A man <b>runs</b> on the grass. Two <i>children <u>play</u></i> near water.</p>'
-           '<ul><li>a red ball<br>the blue ball</li></ul><pre>a dog</pre>')
+    doc = (
+        "<p>A man <b>runs</b> on the grass. Two <i>children <u>play</u></i> near water.</p>"
+        "<ul><li>a red ball<br>the blue ball</li></ul><pre>a dog</pre>"
+    )
     out = translate_html(doc, "en", translator)
     assert tags(out) == tags(doc)  # every tag back, nested as it was
     assert out.endswith("</ul><pre>a dog</pre>")
@@ -97,12 +99,22 @@ def test_a_model_that_reverses_carries_each_tag_with_its_word(tmp_path):
 
     rng = random.Random(0)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(300)]
-    vocab = Vocab(train_vocab(tmp_path / "words", lines, vocab_size=N_SPECIAL + len(WORDS), model_type="word",
-                              num_threads=1))
+    vocab = Vocab(
+        train_vocab(tmp_path / "words", lines, vocab_size=N_SPECIAL + len(WORDS), model_type="word", num_threads=1)
+    )
     assert len(vocab) == N_SPECIAL + len(WORDS)  # each word one id of the synthetic task's symbols
     config = ModelConfig(src_vocab_size=len(vocab), n_layers=2, d_model=64, d_ff=128, n_heads=4, dropout=0.0)
-    model, result = train_synthetic("reverse", n_symbols=len(WORDS), max_len=6, batch_size=64, eval_every=50,
-                                    n_dev=200, n_eval=200, lr_scale=0.5, model_config=config)
+    model, result = train_synthetic(
+        "reverse",
+        n_symbols=len(WORDS),
+        max_len=6,
+        batch_size=64,
+        eval_every=50,
+        n_dev=200,
+        n_eval=200,
+        lr_scale=0.5,
+        model_config=config,
+    )
     assert result.exact_match >= 0.95, result
     translator = ModelTranslator(model, vocab, vocab, greedy=True, beam=1)
     out = translate_html('<p>ant <b>bee</b> cat <a href="#x">dog elk</a></p><p><i>fox</i> gnu</p>', "en", translator)

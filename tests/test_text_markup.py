@@ -47,10 +47,14 @@ def test_the_issues_example_keeps_the_bold_word_bold():
 
 def test_sentences_of_a_block_across_tags_in_one_call():
     t = Scripted()
-    out = translate_html('<p>One <a href="/x?a=1&amp;b=2">two three</a> four. Five <i>six</i>.</p><p>Seven.</p>', "en", t)
+    out = translate_html(
+        '<p>One <a href="/x?a=1&amp;b=2">two three</a> four. Five <i>six</i>.</p><p>Seven.</p>', "en", t
+    )
     assert out == '<p>ONE <a href="/x?a=1&amp;b=2">TWO THREE</a> FOUR . FIVE <i>SIX</i> .</p><p>SEVEN .</p>'
-    assert t.calls == [("translate", ["One two three four.", "Five six.", "Seven."]),
-                       ("align", ["One two three four.", "Five six."])]  # "Seven." has no tag to place
+    assert t.calls == [
+        ("translate", ["One two three four.", "Five six.", "Seven."]),
+        ("align", ["One two three four.", "Five six."]),
+    ]  # "Seven." has no tag to place
 
 
 def test_reordered_words_carry_their_tags_nested():
@@ -59,9 +63,11 @@ def test_reordered_words_carry_their_tags_nested():
 
 
 def test_kept_as_written():
-    doc = ('<!DOCTYPE html>\n<html><head><style>p { color: red }</style><script>var s = "<p>no</p>";</script></head>'
-           '<body><!-- note --><pre>keep  <b>this</b></pre><p translate="no">Not this.</p>'
-           '<p>Use <code>ls -l</code> now.</p><p>  </p><p>:-)</p></body></html>')
+    doc = (
+        '<!DOCTYPE html>\n<html><head><style>p { color: red }</style><script>var s = "<p>no</p>";</script></head>'
+        '<body><!-- note --><pre>keep  <b>this</b></pre><p translate="no">Not this.</p>'
+        "<p>Use <code>ls -l</code> now.</p><p>  </p><p>:-)</p></body></html>"
+    )
     out = translate_html(doc, "en", Scripted())
     assert out == doc.replace("Use <code>ls -l</code> now.", "USE <code>ls -l</code> NOW .")
 
@@ -99,7 +105,10 @@ def test_line_breaks_of_tagged_text_split_sentences():
 def test_a_job_for_a_caller_that_batches_itself():
     job = plan(["<p>A <b>b</b>.</p>", "<p>C.</p>"], "en")
     assert job.sentences == ["A b.", "C."] and job.aligned == [0]
-    assert job.render(["X Y.", "Z."], [[(0, 1, 0, 1), (2, 3, 2, 3), (3, 4, 3, 4)]]) == ["<p>X <b>Y</b>.</p>", "<p>Z.</p>"]
+    assert job.render(["X Y.", "Z."], [[(0, 1, 0, 1), (2, 3, 2, 3), (3, 4, 3, 4)]]) == [
+        "<p>X <b>Y</b>.</p>",
+        "<p>Z.</p>",
+    ]
     with pytest.raises(ValueError, match="1 outputs and 1 alignments for 2 sentences"):
         job.render(["X"], [[]])
 
@@ -108,7 +117,9 @@ def test_parse_remembers_spans():
     (block,) = [p for p in parse("<p>A <b>big <i>red</i></b> dog</p>") if not isinstance(p, str)]
     assert block.text == "A big red dog"
     assert [(t.start, t.end, t.open, t.close, t.parent) for t in block.tags] == [
-        (2, 9, "<b>", "</b>", None), (6, 9, "<i>", "</i>", 0)]
+        (2, 9, "<b>", "</b>", None),
+        (6, 9, "<i>", "</i>", 0),
+    ]
 
 
 def test_no_alignment_places_tags_in_proportion():

@@ -8,23 +8,34 @@ from hypothesis import given, settings, strategies as st
 from transduce.text import sentences
 from transduce.text.sentences import Piece, rejoin, split, split_all, rejoin_all, translate_text, translate_texts
 
-PARAGRAPH = ("Two dogs are playing in the snow. A man is riding a bike. A woman in a red dress sings on a stage "
-             "while children watch her.")
+PARAGRAPH = (
+    "Two dogs are playing in the snow. A man is riding a bike. A woman in a red dress sings on a stage "
+    "while children watch her."
+)
 
 
 def test_a_paragraph_is_three_sentences_with_their_spaces():
     pieces = split(PARAGRAPH, "en")
     assert [p.text for p in pieces if p.translate] == [
-        "Two dogs are playing in the snow.", "A man is riding a bike.",
-        "A woman in a red dress sings on a stage while children watch her."]
+        "Two dogs are playing in the snow.",
+        "A man is riding a bike.",
+        "A woman in a red dress sings on a stage while children watch her.",
+    ]
     assert [p.text for p in pieces if not p.translate] == [" ", " "]
 
 
 def test_line_breaks_and_whitespace_are_pieces_kept_as_they_are():
     text = "  Dr. Müller kam am 1. Januar.\n\nZ. B. hier...  Ja!\r\n"
     pieces = split(text, "de")
-    assert pieces == [Piece("  ", False), Piece("Dr. Müller kam am 1. Januar.", True), Piece("\n\n", False),
-                      Piece("Z. B. hier...", True), Piece("  ", False), Piece("Ja!", True), Piece("\r\n", False)]
+    assert pieces == [
+        Piece("  ", False),
+        Piece("Dr. Müller kam am 1. Januar.", True),
+        Piece("\n\n", False),
+        Piece("Z. B. hier...", True),
+        Piece("  ", False),
+        Piece("Ja!", True),
+        Piece("\r\n", False),
+    ]
 
 
 def test_modes_are_deepls():
@@ -77,8 +88,9 @@ def test_a_translator_that_loses_a_sentence_is_an_error():
         translate_text(lambda batch: batch[:1], "One. Two.", "en")
 
 
-TEXT = st.lists(st.sampled_from(list("ab .!?…\"'()\n\r\t\u00a0\u2028Z3:-") + ["Dr.", "z. B.", "...", "\r\n", "M. "]),
-                max_size=40).map("".join) | st.text(max_size=40)
+TEXT = st.lists(
+    st.sampled_from(list("ab .!?…\"'()\n\r\t\u00a0\u2028Z3:-") + ["Dr.", "z. B.", "...", "\r\n", "M. "]), max_size=40
+).map("".join) | st.text(max_size=40)
 
 
 @settings(max_examples=300, deadline=None)

@@ -15,12 +15,15 @@ from tiny_models import make_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-PARAGRAPH = ("Two dogs are playing in the snow. A man is riding a bike. A woman in a red dress sings on a stage "
-             "while children watch her.")
-GERMAN = {"Two dogs are playing in the snow.": "Zwei Hunde spielen im Schnee.",
-          "A man is riding a bike.": "Ein Mann fährt Fahrrad.",
-          "A woman in a red dress sings on a stage while children watch her.":
-              "Eine Frau in einem roten Kleid singt auf einer Bühne, während Kinder ihr zusehen."}
+PARAGRAPH = (
+    "Two dogs are playing in the snow. A man is riding a bike. A woman in a red dress sings on a stage "
+    "while children watch her."
+)
+GERMAN = {
+    "Two dogs are playing in the snow.": "Zwei Hunde spielen im Schnee.",
+    "A man is riding a bike.": "Ein Mann fährt Fahrrad.",
+    "A woman in a red dress sings on a stage while children watch her.": "Eine Frau in einem roten Kleid singt auf einer Bühne, während Kinder ihr zusehen.",
+}
 
 
 def test_the_paragraph_comes_back_as_three_translated_sentences():
@@ -48,7 +51,11 @@ def test_lines_stream_through_one_translation_stream():
     lines = ["One. Two.", "", " Three.  ", "Four? Five!"]
     done = []
     assert list(translate_lines_split(stream, iter(lines), "en", advance=done.append)) == [
-        "ONE. TWO.", "", " THREE.  ", "FOUR? FIVE!"]
+        "ONE. TWO.",
+        "",
+        " THREE.  ",
+        "FOUR? FIVE!",
+    ]
     assert seen == ["One.", "Two.", "Three.", "Four?", "Five!"] and done == [1, 1, 1, 1]
     assert list(translate_lines_split(stream, iter(["", " "]), "en")) == ["", " "]
 
@@ -72,9 +79,16 @@ def test_translate_splits_lines_when_asked(model_dir, tmp_path):
     lines = ["a man runs on the grass. the dog sits near water.", "", "two children play with a red ball"]
     sentences = ["a man runs on the grass.", "the dog sits near water.", "", "two children play with a red ball"]
     each = translate_file(model_dir, tmp_path, sentences)
-    assert translate_file(model_dir, tmp_path, lines, "--split-sentences", "on") == [each[0] + " " + each[1], "", each[3]]
+    assert translate_file(model_dir, tmp_path, lines, "--split-sentences", "on") == [
+        each[0] + " " + each[1],
+        "",
+        each[3],
+    ]
     assert translate_file(model_dir, tmp_path, lines, "--split-sentences", "nonewlines") == [
-        each[0] + " " + each[1], "", each[3]]
+        each[0] + " " + each[1],
+        "",
+        each[3],
+    ]
     default = translate_file(model_dir, tmp_path, lines)
     assert default == translate_file(model_dir, tmp_path, lines, "--split-sentences", "off")
     assert len(default) == 3 and default[2] == each[3]

@@ -31,13 +31,55 @@ MAX_STEPS, EVERY = 100, 25
 
 
 def command(data: Path, run: Path) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "transduce", "train",
-            "--data", str(data), "--run-dir", str(run), "--set", "model.n_layers=2", "--set", "model.d_model=32",
-            "--set", "model.d_ff=64", "--set", "model.n_heads=2", "--batch-tokens", "64", "--max-steps", str(MAX_STEPS),
-            "--warmup", "4", "--save-every-steps", str(EVERY), "--save-every-minutes", "0", "--valid-every", "0",
-            "--log-every", "1", "--seed", "7", "--threads", "1", "--quiet", "--no-tensorboard",
-            "--precision", "fp32"]  # two separate jobs: auto's timed probe could choose differently in each
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--monitor-interval",
+        "0.2",
+        "-m",
+        "transduce",
+        "train",
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run),
+        "--set",
+        "model.n_layers=2",
+        "--set",
+        "model.d_model=32",
+        "--set",
+        "model.d_ff=64",
+        "--set",
+        "model.n_heads=2",
+        "--batch-tokens",
+        "64",
+        "--max-steps",
+        str(MAX_STEPS),
+        "--warmup",
+        "4",
+        "--save-every-steps",
+        str(EVERY),
+        "--save-every-minutes",
+        "0",
+        "--valid-every",
+        "0",
+        "--log-every",
+        "1",
+        "--seed",
+        "7",
+        "--threads",
+        "1",
+        "--quiet",
+        "--no-tensorboard",
+        "--precision",
+        "fp32",
+    ]  # two separate jobs: auto's timed probe could choose differently in each
 
 
 def records(run: Path) -> list[dict]:
@@ -85,8 +127,10 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_ends_bitwise_as_if_uninte
     data = make_data(tmp_path / "data", n_train=400, n_valid=10)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     runs = {name: tmp_path / name for name in ("killed", "alone")}
-    procs = {name: subprocess.Popen(command(data, run), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True) for name, run in runs.items()}
+    procs = {
+        name: subprocess.Popen(command(data, run), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for name, run in runs.items()
+    }
     try:
         killed_at = kill_rank_1_between_checkpoints(procs["killed"], runs["killed"])
         out = {name: p.communicate(timeout=300)[0] for name, p in procs.items()}
@@ -115,8 +159,10 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_ends_bitwise_as_if_uninte
     assert killed.keys() == alone.keys() and len(killed) > 10
     for name, tensor in alone.items():
         assert torch.equal(killed[name], tensor), name
-    print(f"\nkilled rank 1 after step {killed_at}, resumed at step {resumed_at}; "
-          f"{len(alone)} tensors bitwise equal; {time.perf_counter() - t0:.1f} s")
+    print(
+        f"\nkilled rank 1 after step {killed_at}, resumed at step {resumed_at}; "
+        f"{len(alone)} tensors bitwise equal; {time.perf_counter() - t0:.1f} s"
+    )
 
 
 def test_a_restarted_attempt_sets_up_its_group_under_keys_of_its_own(monkeypatch):

@@ -1,6 +1,5 @@
 """Checkpoint averaging (Section 6.1): `transduce average RUN_DIR --average K`."""
 
-
 import pytest
 import torch
 
@@ -15,8 +14,16 @@ from transduce.train.step import build_optimizer
 def _run_with_checkpoints(run_dir, n: int, separate: bool = False, average_last: int = 5):
     model_config = ModelConfig(src_vocab_size=20, n_layers=1, d_model=8, d_ff=16, n_heads=2)
     if separate:
-        model_config = ModelConfig(src_vocab_size=20, tgt_vocab_size=17, share_embeddings=False, tie_output=False,
-                                   n_layers=1, d_model=8, d_ff=16, n_heads=2)
+        model_config = ModelConfig(
+            src_vocab_size=20,
+            tgt_vocab_size=17,
+            share_embeddings=False,
+            tie_output=False,
+            n_layers=1,
+            d_model=8,
+            d_ff=16,
+            n_heads=2,
+        )
     config = Config(model=model_config, train=TrainConfig(average_last=average_last))
     states = []
     for step in range(1, n + 1):
@@ -29,7 +36,9 @@ def _run_with_checkpoints(run_dir, n: int, separate: bool = False, average_last:
 
 def average(run_dir, last=None, out=None) -> int:
     """`transduce average RUN_DIR [--average K] [--out DIR]`."""
-    return main(["average", str(run_dir)] + (["--average", str(last)] if last else []) + (["--out", str(out)] if out else []))
+    return main(
+        ["average", str(run_dir)] + (["--average", str(last)] if last else []) + (["--out", str(out)] if out else [])
+    )
 
 
 @pytest.mark.parametrize("separate", [False, True])

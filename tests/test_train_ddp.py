@@ -32,8 +32,9 @@ def config() -> Config:
     return Config(model=model, train=TrainConfig(warmup_steps=2, max_steps=STEPS, checkpoint_minutes=0))
 
 
-OPTIONS = dict(max_tokens=40, threads=1, progress=False, tensorboard=False, valid_every=0,
-               log_every=1, seed=5, precision="fp32")  # not auto's timed probe: compared runs
+OPTIONS = dict(
+    max_tokens=40, threads=1, progress=False, tensorboard=False, valid_every=0, log_every=1, seed=5, precision="fp32"
+)  # not auto's timed probe: compared runs
 
 WORKER = """
 import os, sys
@@ -76,10 +77,24 @@ def free_port() -> int:
 def test_two_processes_match_one_process_with_the_union_of_their_batches(tmp_path):
     data = make_data(tmp_path / "data", n_train=100, n_valid=10)
     script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(test_dir=str(Path(__file__).parent), data=str(data), run=str(tmp_path / "ddp"), out=str(tmp_path)))
+    script.write_text(
+        WORKER.format(test_dir=str(Path(__file__).parent), data=str(data), run=str(tmp_path / "ddp"), out=str(tmp_path))
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        str(script),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -108,11 +123,46 @@ def test_torchrun_runs_the_transduce_command(tmp_path):
     data = make_data(tmp_path / "data", n_train=40, n_valid=4)
     run = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "transduce", "train",
-           "--data", str(data), "--run-dir", str(run), "--set", "model.n_layers=1", "--set", "model.d_model=16",
-           "--set", "model.d_ff=32", "--set", "model.n_heads=2", "--batch-tokens", "40", "--max-steps", "2",
-           "--valid-every", "0", "--save-every-minutes", "0", "--threads", "1", "--quiet", "--no-tensorboard"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "transduce",
+        "train",
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run),
+        "--set",
+        "model.n_layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.d_ff=32",
+        "--set",
+        "model.n_heads=2",
+        "--batch-tokens",
+        "40",
+        "--max-steps",
+        "2",
+        "--valid-every",
+        "0",
+        "--save-every-minutes",
+        "0",
+        "--threads",
+        "1",
+        "--quiet",
+        "--no-tensorboard",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     start = json.loads((run / "logs" / "train.jsonl").read_text().splitlines()[0])

@@ -23,9 +23,22 @@ from transduce.train.state import BatchStream
 from transduce.train.trainer import TrainOptions
 
 
-
-TINY = ["--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
-        "--set", "model.n_heads=2", "--threads", "1", "--quiet", "--no-tensorboard"]
+TINY = [
+    "--preset",
+    "base",
+    "--set",
+    "model.n_layers=1",
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.d_ff=32",
+    "--set",
+    "model.n_heads=2",
+    "--threads",
+    "1",
+    "--quiet",
+    "--no-tensorboard",
+]
 
 
 # --- the loss and the schedule ----------------------------------------------------------------------
@@ -99,11 +112,34 @@ def test_cooldown_is_off_by_default_and_linear_to_zero():
 def test_cooldown_in_a_run_follows_the_step_budget(tmp_path):
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--max-steps", "8",
-               "--valid-every", "0", "--log-every", "1", "--warmup", "2", "--cooldown", "0.5"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--run-dir",
+            str(run),
+            *TINY,
+            "--batch-tokens",
+            "40",
+            "--max-steps",
+            "8",
+            "--valid-every",
+            "0",
+            "--log-every",
+            "1",
+            "--warmup",
+            "2",
+            "--cooldown",
+            "0.5",
+        ]
+    )
     assert rc == 0
-    lrs = [json.loads(line)["lr"] for line in (run / "logs" / "train.jsonl").read_text().splitlines()
-           if json.loads(line)["type"] == "train"]
+    lrs = [
+        json.loads(line)["lr"]
+        for line in (run / "logs" / "train.jsonl").read_text().splitlines()
+        if json.loads(line)["type"] == "train"
+    ]
     # step s + 1 uses progress s / 8: full rate up to step 5, then 3/4, 1/2, 1/4 of equation 3
     expected = [learning_rate(s, 16, 2, cooldown=0.5, max_steps=8) for s in range(1, 9)]
     assert lrs == pytest.approx(expected)
@@ -118,8 +154,28 @@ def test_max_minutes_is_a_cap_that_says_when_it_binds(tmp_path, capsys):
 
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
-    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--max-steps", "100000",
-               "--valid-every", "0", "--save-every-steps", "2", "--max-minutes", "0.004", "--log-every", "1"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--run-dir",
+            str(run),
+            *TINY,
+            "--batch-tokens",
+            "40",
+            "--max-steps",
+            "100000",
+            "--valid-every",
+            "0",
+            "--save-every-steps",
+            "2",
+            "--max-minutes",
+            "0.004",
+            "--log-every",
+            "1",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "stopped training at step" in out and "of 100000: this model is not the recipe's" in out
@@ -147,7 +203,9 @@ def test_remaining_time_estimate():
 
 def _model_and_optimizer(seed=0, dropout=0.0):
     torch.manual_seed(seed)
-    config = Config(model=ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=dropout))
+    config = Config(
+        model=ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=dropout)
+    )
     model = Transformer(config.model).train()
     optimizer = build_optimizer(model, config)
     set_lr(optimizer, 1e-2)
@@ -174,8 +232,11 @@ def test_bf16_autocast_really_computes_in_bf16_and_keeps_fp32_weights(tmp_path):
     dataset = ParallelDataset.load(make_data(tmp_path), "train")
     model, optimizer = _model_and_optimizer()
     dtypes = set()
-    hooks = [m.register_forward_hook(lambda mod, inp, out: dtypes.add(out.dtype))
-             for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    hooks = [
+        m.register_forward_hook(lambda mod, inp, out: dtypes.add(out.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     batch = dataset.collate(list(range(8)))
     with autocast_for(torch.device("cpu"), "bf16"):
         logits = model(batch["src"], batch["tgt_in"])
@@ -207,8 +268,30 @@ def test_batch_stream_position_continues_the_same_order(tmp_path):
 def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     data = make_data(tmp_path / "data", separate=True)
     run = tmp_path / "run"
-    rc = main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--update-freq", "2",
-               "--max-steps", "4", "--save-every-steps", "2", "--valid-every", "2", "--log-every", "2", "--warmup", "3"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--run-dir",
+            str(run),
+            *TINY,
+            "--batch-tokens",
+            "40",
+            "--update-freq",
+            "2",
+            "--max-steps",
+            "4",
+            "--save-every-steps",
+            "2",
+            "--valid-every",
+            "2",
+            "--log-every",
+            "2",
+            "--warmup",
+            "3",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "valid loss" in out and "target tokens/s" in out
@@ -248,8 +331,10 @@ def test_cli_run_dir_holds_everything_later_commands_need(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--run-dir", str(run), "--max-steps", "3", "--quiet", "--no-tensorboard"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"transduce train: error: {run} is already at step 4, past --max-steps 3: nothing was trained "
-                   "(a larger --max-steps continues it)\n")
+    assert err == (
+        f"transduce train: error: {run} is already at step 4, past --max-steps 3: nothing was trained "
+        "(a larger --max-steps continues it)\n"
+    )
     assert {k: v for k, v in _files(run).items() if k != ".lock"} == {k: v for k, v in before.items() if k != ".lock"}
 
 
@@ -288,8 +373,19 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, extra, message):
     (tmp_path / "badjson").mkdir()
     (tmp_path / "badjson" / "data.json").write_text('{"format": 1\n"vocab": {}}')
     extra = [str(tmp_path / x.lower()) if x in ("EMPTY", "BADJSON") else x for x in extra]
-    argv = ["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), "--max-steps", "1",
-            "--quiet", "--no-tensorboard", "--threads", "1"]
+    argv = [
+        "train",
+        "--data",
+        str(data),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "1",
+        "--quiet",
+        "--no-tensorboard",
+        "--threads",
+        "1",
+    ]
     rc = main(argv + extra)
     err = capsys.readouterr().err
     assert rc == 2
@@ -334,8 +430,24 @@ def test_resume_refuses_data_of_another_vocabulary_before_writing_anything(tmp_p
     data = make_data(tmp_path / "data")
     run = tmp_path / "run"
     common = ["--run-dir", str(run), "--quiet", "--no-tensorboard", "--threads", "1", "--valid-every", "0"]
-    assert main(["train", "--data", str(data), *TINY[:-4], "--batch-tokens", "40", "--max-steps", "2", "--warmup", "3",
-                 *common]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                *TINY[:-4],
+                "--batch-tokens",
+                "40",
+                "--max-steps",
+                "2",
+                "--warmup",
+                "3",
+                *common,
+            ]
+        )
+        == 0
+    )
     others = {}
     others["model"] = shutil.copytree(data, tmp_path / "other_model")  # same sizes, another sentencepiece model
     (others["model"] / "spm.model").write_bytes(b"another sentencepiece model")
@@ -366,8 +478,27 @@ def test_a_fresh_run_replaces_stale_vocabulary_copies(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "spm.model").write_bytes(b"left by an earlier run on other data")
-    assert main(["train", "--data", str(data), "--run-dir", str(run), *TINY, "--batch-tokens", "40", "--max-steps", "1",
-                 "--warmup", "3", "--valid-every", "0"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(run),
+                *TINY,
+                "--batch-tokens",
+                "40",
+                "--max-steps",
+                "1",
+                "--warmup",
+                "3",
+                "--valid-every",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert (run / "spm.model").read_bytes() == (data / "spm.model").read_bytes()
 
 
@@ -393,8 +524,30 @@ def test_on_a_terminal_the_start_line_comes_before_the_progress_bar(tmp_path, mo
     data = make_data(tmp_path / "data")
     monkeypatch.setattr(sys, "stdout", Terminal("out"))
     monkeypatch.setattr(sys, "stderr", Terminal("err"))
-    assert main(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), *TINY[:-4], "--threads", "1",
-                 "--no-tensorboard", "--batch-tokens", "40", "--max-steps", "2", "--warmup", "3", "--valid-every", "0"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(tmp_path / "run"),
+                *TINY[:-4],
+                "--threads",
+                "1",
+                "--no-tensorboard",
+                "--batch-tokens",
+                "40",
+                "--max-steps",
+                "2",
+                "--warmup",
+                "3",
+                "--valid-every",
+                "0",
+            ]
+        )
+        == 0
+    )
     start = next(i for i, (_, text) in enumerate(events) if text.startswith("training "))
     bar = next(i for i, (name, text) in enumerate(events) if name == "err" and "train:" in text)
     assert start < bar

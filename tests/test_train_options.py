@@ -21,8 +21,9 @@ def data(tmp_path_factory):
 
 
 def config_for(data, tmp_path, *flags):
-    args = build_parser(only="train").parse_args(["train", "--data", str(data), "--run-dir", str(tmp_path / "run"),
-                                                  "--preset", "small", *flags])
+    args = build_parser(only="train").parse_args(
+        ["train", "--data", str(data), "--run-dir", str(tmp_path / "run"), "--preset", "small", *flags]
+    )
     return resolve_config(args)[0]
 
 
@@ -41,12 +42,18 @@ def test_lr_with_the_presets_warmup(data, tmp_path):
     assert config_for(data, tmp_path).train.lr_scale == 1.0  # without it: the preset's factor
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--lr", "1e-4", "--lr-scale", "2"], "give --lr (the peak rate) or --lr-scale (equation 3's factor), not both"),
-    (["--lr", "0"], "--lr must be a positive rate, not 0"),
-    (["--lr=-1e-3"], "--lr must be a positive rate, not -0.001"),
-    (["--lr", "nan"], "--lr must be a positive rate, not nan"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--lr", "1e-4", "--lr-scale", "2"],
+            "give --lr (the peak rate) or --lr-scale (equation 3's factor), not both",
+        ),
+        (["--lr", "0"], "--lr must be a positive rate, not 0"),
+        (["--lr=-1e-3"], "--lr must be a positive rate, not -0.001"),
+        (["--lr", "nan"], "--lr must be a positive rate, not nan"),
+    ],
+)
 def test_bad_lr_is_a_one_line_error(data, tmp_path, flags, message):
     with pytest.raises(UsageError) as e:
         config_for(data, tmp_path, *flags)

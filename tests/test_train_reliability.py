@@ -20,7 +20,12 @@ from train_data import make_data
 from transduce import checkpoint as checkpointing
 from transduce.checkpoint import run_dir  # where save_checkpoint writes its tensors
 from transduce.checkpoint import (
-    DamagedCheckpoint, RunLock, RunLocked, latest_checkpoint, list_checkpoints, load_for_inference,
+    DamagedCheckpoint,
+    RunLock,
+    RunLocked,
+    latest_checkpoint,
+    list_checkpoints,
+    load_for_inference,
 )
 from transduce.errors import TrainingStopped
 from transduce.train import step as step_module
@@ -53,12 +58,49 @@ CLI_STEPS = 1500
 
 
 def cli(data: Path, run: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "transduce", "train", "--data", str(data), "--run-dir", str(run),
-            "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
-            "--set", "model.n_heads=2", "--max-steps", str(CLI_STEPS), "--warmup", "50", "--batch-tokens", "48",
-            "--threads", "1", "--precision", "fp32", "--valid-every", "0", "--save-every-steps", "500",
-            "--save-every-minutes", "0", "--keep-last", "0", "--log-every", "10", "--no-tensorboard",
-            "--quiet", "--device", "cpu", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "transduce",
+        "train",
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run),
+        "--set",
+        "model.n_layers=1",
+        "--set",
+        "model.d_model=16",
+        "--set",
+        "model.d_ff=32",
+        "--set",
+        "model.n_heads=2",
+        "--max-steps",
+        str(CLI_STEPS),
+        "--warmup",
+        "50",
+        "--batch-tokens",
+        "48",
+        "--threads",
+        "1",
+        "--precision",
+        "fp32",
+        "--valid-every",
+        "0",
+        "--save-every-steps",
+        "500",
+        "--save-every-minutes",
+        "0",
+        "--keep-last",
+        "0",
+        "--log-every",
+        "10",
+        "--no-tensorboard",
+        "--quiet",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -109,8 +151,10 @@ def flip_a_bit(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("damage,name", [(truncate, "model.safetensors"), (flip_a_bit, "model.safetensors"),
-                                         (flip_a_bit, "optimizer.safetensors")])
+@pytest.mark.parametrize(
+    "damage,name",
+    [(truncate, "model.safetensors"), (flip_a_bit, "model.safetensors"), (flip_a_bit, "optimizer.safetensors")],
+)
 def test_resume_falls_back_to_the_newest_intact_checkpoint(damage, name, full, data, tmp_path, capsys):
     full_run, full_params = full
     run = tmp_path / "run"
@@ -186,8 +230,11 @@ def test_a_failed_checkpoint_write_stops_cleanly_and_resumes_exactly(full, data,
         real(tensors, path)
 
     monkeypatch.setattr(run_dir, "save_tensors", disk_fills_at_the_second_checkpoint)
-    with pytest.raises(TrainingStopped, match="step 4 could not be written .*No space left on device.*"
-                                              "step_0000002 and `latest` are intact.*2 steps lost"):
+    with pytest.raises(
+        TrainingStopped,
+        match="step 4 could not be written .*No space left on device.*"
+        "step_0000002 and `latest` are intact.*2 steps lost",
+    ):
         train(tiny_config(9), data, run, options())
     assert [s for s, _ in list_checkpoints(run)] == [2] and latest_checkpoint(run).name == "step_0000002"
     assert not list((run / "checkpoints").glob(".tmp-*"))  # the half-written one is gone
@@ -254,7 +301,9 @@ def test_nan_steps_in_a_row_stop_with_the_weights_from_before_them(full, data, t
     full_run, _ = full
     run = tmp_path / "run"
     nan_on(monkeypatch, set(range(9, 1000)))  # from step 5 on, every batch
-    with pytest.raises(TrainingStopped, match="3 steps in a row had a non-finite loss.*after step 4.*run the same command again"):
+    with pytest.raises(
+        TrainingStopped, match="3 steps in a row had a non-finite loss.*after step 4.*run the same command again"
+    ):
         train(tiny_config(9), data, run, options(max_nonfinite=3))
     latest = latest_checkpoint(run)
     assert latest.name == "step_0000004"
@@ -273,8 +322,21 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(d
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-                "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "transduce"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        "-m",
+        "transduce",
+    ]
     args = cli(data, run)[3:]  # after `python -m transduce`
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(torchrun + args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -284,8 +346,12 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(d
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
         time.sleep(0.05)
     workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    rank1 = [int(pid) for pid in workers
-             if "RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n").decode(errors="replace").split("\n")]
+    rank1 = [
+        int(pid)
+        for pid in workers
+        if "RANK=1"
+        in Path(f"/proc/{pid}/environ").read_bytes().replace(b"\0", b"\n").decode(errors="replace").split("\n")
+    ]
     assert len(rank1) == 1, workers
     os.kill(rank1[0], signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
@@ -293,8 +359,13 @@ def test_under_torchrun_a_signal_to_one_rank_stops_every_rank_at_the_same_step(d
     assert len(stopped) == 1 and stopped[0]["signal"] == "a signal to another rank", out
     step = stopped[0]["step"]
     assert latest_checkpoint(run).name == f"step_{step:07d}" and 0 < step < CLI_STEPS
-    done = subprocess.run(torchrun[:-4] + ["--master_port", str(port + 1), "-m", "transduce"] + args,
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        torchrun[:-4] + ["--master_port", str(port + 1), "-m", "transduce"] + args,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert [r["step"] for r in records(run) if r["type"] == "end"] == [CLI_STEPS]
 
@@ -304,13 +375,20 @@ def test_the_same_signal_twice_at_once_is_one_request_in_a_torchrun_worker_only(
     process of the job too: a worker gets the same SIGTERM twice at once, and must still stop with
     a checkpoint. Outside torchrun a second press still ends the process at once. (In processes of
     their own: the second signal may end the process.)"""
-    code = ("import os, signal, time; from transduce.train.signals import StopSignals\n"
-            "with StopSignals() as stop:\n    os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
-            "    time.sleep(0.5)\nprint('survived', stop.requested)")
+    code = (
+        "import os, signal, time; from transduce.train.signals import StopSignals\n"
+        "with StopSignals() as stop:\n    os.kill(os.getpid(), signal.SIGTERM); os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.5)\nprint('survived', stop.requested)"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    worker = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**env, "TORCHELASTIC_RUN_ID": "test"})
+    worker = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "TORCHELASTIC_RUN_ID": "test"},
+    )
     assert worker.returncode == 0 and worker.stdout.strip() == "survived SIGTERM", worker.stderr
     alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert alone.returncode == -signal.SIGTERM and "survived" not in alone.stdout
@@ -327,18 +405,34 @@ def test_under_torchrun_sigterm_to_every_process_of_the_job_stops_with_a_checkpo
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--nnodes", "1",
-                "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "transduce"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        "-m",
+        "transduce",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(torchrun + cli(data, run)[3:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+    proc = subprocess.Popen(
+        torchrun + cli(data, run)[3:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     log = run / "logs" / "train.jsonl"
     deadline = time.monotonic() + 120
     while not (log.is_file() and '"train"' in log.read_text()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
         time.sleep(0.05)
-    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                  text=True).stdout.split()]
+    workers = [
+        int(pid)
+        for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    ]
     assert len(workers) == 2
     for pid in [proc.pid, *workers]:
         os.kill(pid, signal.SIGTERM)

@@ -13,23 +13,38 @@ from transduce.model import Transformer
 from transduce import checkpoint as checkpointing
 from transduce.checkpoint import run_dir  # where save_checkpoint writes its tensors
 from transduce.checkpoint import (
-    TrainingState, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint,
+    TrainingState,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
 )
 from train_data import VOCAB, make_data
 from transduce.train.step import build_optimizer
 from transduce.train.trainer import TrainOptions, train
 
 
-
 def tiny_config(max_steps: int) -> Config:
-    model = ModelConfig(src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=0.3, attention_dropout=0.1)
+    model = ModelConfig(
+        src_vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, dropout=0.3, attention_dropout=0.1
+    )
     return Config(model=model, train=TrainConfig(warmup_steps=4, max_steps=max_steps, checkpoint_minutes=0))
 
 
 def options(**kw) -> TrainOptions:
-    base = dict(max_tokens=48, update_freq=2, threads=1, progress=False, tensorboard=False, valid_every=3,
-                save_every_steps=2, keep_last=0, log_every=2, seed=3,
-                precision="fp32")  # two fresh runs compared bit for bit: not auto's timed probe
+    base = dict(
+        max_tokens=48,
+        update_freq=2,
+        threads=1,
+        progress=False,
+        tensorboard=False,
+        valid_every=3,
+        save_every_steps=2,
+        keep_last=0,
+        log_every=2,
+        seed=3,
+        precision="fp32",
+    )  # two fresh runs compared bit for bit: not auto's timed probe
     return TrainOptions(**{**base, **kw})
 
 
@@ -103,16 +118,54 @@ def test_without_resume_a_run_dir_with_checkpoints_is_refused(uninterrupted, dat
 
 # --- the command line: run the same command again and it resumes --------------------------------------
 
-CLI = ["--preset", "base", "--set", "model.n_layers=1", "--set", "model.d_model=16", "--set", "model.d_ff=32",
-       "--set", "model.n_heads=2", "--set", "model.dropout=0.3", "--warmup", "4", "--max-steps", "9",
-       "--save-every-minutes", "0", "--batch-tokens", "48", "--update-freq", "2", "--valid-every", "3",
-       "--save-every-steps", "2", "--keep-last", "0", "--log-every", "2", "--seed", "3", "--precision", "fp32",
-       "--threads", "1", "--quiet", "--no-tensorboard"]
+CLI = [
+    "--preset",
+    "base",
+    "--set",
+    "model.n_layers=1",
+    "--set",
+    "model.d_model=16",
+    "--set",
+    "model.d_ff=32",
+    "--set",
+    "model.n_heads=2",
+    "--set",
+    "model.dropout=0.3",
+    "--warmup",
+    "4",
+    "--max-steps",
+    "9",
+    "--save-every-minutes",
+    "0",
+    "--batch-tokens",
+    "48",
+    "--update-freq",
+    "2",
+    "--valid-every",
+    "3",
+    "--save-every-steps",
+    "2",
+    "--keep-last",
+    "0",
+    "--log-every",
+    "2",
+    "--seed",
+    "3",
+    "--precision",
+    "fp32",
+    "--threads",
+    "1",
+    "--quiet",
+    "--no-tensorboard",
+]
 
 
 def files(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +229,9 @@ def test_another_config_is_refused_in_one_line_naming_the_fields(cli_run, data, 
     capsys.readouterr()
     assert main(["train", "--data", str(data), "--run-dir", str(run), *changed]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"transduce train: error: {run} was trained with another config: "), err
+    assert err.count("\n") == 1 and err.startswith(
+        f"transduce train: error: {run} was trained with another config: "
+    ), err
     assert "model.dropout 0.2 (the run's 0.3)" in err and "train.warmup_steps 5 (the run's 4)" in err, err
     assert "--restart" in err and "max_steps" not in err
     assert files(run) == before  # nothing written
@@ -197,8 +252,24 @@ def test_restart_replaces_the_checkpoints_only_once_the_new_run_has_started(cli_
     assert main(["train", "--data", str(empty), "--run-dir", str(run), "--restart", *CLI]) == 2
     assert "the training split is empty" in capsys.readouterr().err
     assert files(run) == before
-    assert main(["train", "--data", str(data), "--run-dir", str(run), "--restart", *CLI,
-                 "--set", "model.dropout=0.2", "--max-steps", "3"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(run),
+                "--restart",
+                *CLI,
+                "--set",
+                "model.dropout=0.2",
+                "--max-steps",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert "--restart: the earlier run's checkpoints/ in" in capsys.readouterr().out
     assert [s for s, _ in list_checkpoints(run)] == [2, 3]
     assert not [p for p in run.iterdir() if p.name.startswith(".replaced")]

@@ -21,8 +21,28 @@ from transduce.decoding.ready import load_translation_model
 from transduce.decoding.streaming import Workers
 from transduce.decoding.translate import translate_lines, translate_stream
 
-WORDS = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "grass", "red", "blue", "ball", "with",
-         "two", "children", "play", "near", "water", "street", "looks"]
+WORDS = [
+    "a",
+    "man",
+    "woman",
+    "dog",
+    "runs",
+    "sits",
+    "on",
+    "the",
+    "grass",
+    "red",
+    "blue",
+    "ball",
+    "with",
+    "two",
+    "children",
+    "play",
+    "near",
+    "water",
+    "street",
+    "looks",
+]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -131,11 +151,15 @@ def test_a_model_not_made_ready_translates_the_same(model_dir):
     rng = random.Random(3)
     lines = [sentence(rng, rng.randint(1, 12)) for _ in range(12)]
     for greedy in (False, True):
-        got = [list(translate_stream(m.model, m.src_vocab, m.tgt_vocab, lines, greedy=greedy, n_best=1 if greedy else 4))
-               for m in (plain, ready)]
+        got = [
+            list(translate_stream(m.model, m.src_vocab, m.tgt_vocab, lines, greedy=greedy, n_best=1 if greedy else 4))
+            for m in (plain, ready)
+        ]
         assert [[c.tokens for c in cands] for cands in got[0]] == [[c.tokens for c in cands] for cands in got[1]]
         if not greedy:
-            assert [c.score for cands in got[0] for c in cands] == pytest.approx([c.score for cands in got[1] for c in cands])
+            assert [c.score for cands in got[0] for c in cands] == pytest.approx(
+                [c.score for cands in got[1] for c in cands]
+            )
     assert not is_packed(plain.model) and type(plain.model.decoder) is Decoder
     undo()
     assert not is_packed(ready.model) and type(ready.model.decoder) is Decoder
@@ -163,10 +187,23 @@ def test_truncated_gzip_is_the_same_one_line_error_everywhere(model_dir, tmp_pat
     src = tmp_path / "broken.gz"
     src.write_bytes(data[: len(data) // 2])
     out = tmp_path / "out"
-    argv = {"translate": ["translate", str(model_dir), "-i", str(src), "-o", str(out), *FAST],
-            "evaluate": ["evaluate", "--hyp", str(src), "--ref", str(src), "--tgt", "de"],
-            "prepare": ["prepare", "--train-src", str(src), "--train-tgt", str(src), "--valid-src", str(src),
-                        "--valid-tgt", str(src), "--out", str(out)]}[command]
+    argv = {
+        "translate": ["translate", str(model_dir), "-i", str(src), "-o", str(out), *FAST],
+        "evaluate": ["evaluate", "--hyp", str(src), "--ref", str(src), "--tgt", "de"],
+        "prepare": [
+            "prepare",
+            "--train-src",
+            str(src),
+            "--train-tgt",
+            str(src),
+            "--valid-src",
+            str(src),
+            "--valid-tgt",
+            str(src),
+            "--out",
+            str(out),
+        ],
+    }[command]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if "error" in line]  # (prepare also draws progress lines)
@@ -192,7 +229,9 @@ def test_batch_equals_each_line_alone(loaded):
     assert [c[0].tokens for c in batched] == [c[0].tokens for c in alone]
     assert [c[0].score for c in batched] == pytest.approx([c[0].score for c in alone], abs=1e-4)
     # Small batches (several per chunk, chunks of 5 lines) give the same again, in input order.
-    small = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, batch_size=2, batch_tokens=30, **kw)
+    small = translate_lines(
+        loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, batch_size=2, batch_tokens=30, **kw
+    )
     assert small == [c[0].text for c in alone]
     assert small[-1] == ""
 
@@ -240,14 +279,46 @@ def test_cli_workers_write_the_same_file(model_dir, tmp_path, capsys):
     outs = []
     for w in ("1", "2"):
         out = tmp_path / f"out{w}.txt"
-        assert main(["translate", str(model_dir), "--input", str(src), "--out", str(out), "--batch-size", "2",
-                     "--workers", w, *FAST]) == 0
+        assert (
+            main(
+                [
+                    "translate",
+                    str(model_dir),
+                    "--input",
+                    str(src),
+                    "--out",
+                    str(out),
+                    "--batch-size",
+                    "2",
+                    "--workers",
+                    w,
+                    *FAST,
+                ]
+            )
+            == 0
+        )
         outs.append(out.read_text(encoding="utf-8"))
     assert outs[0] == outs[1] and outs[0].count("\n") == 10
     # auto (the default) on two threads and a small model: two workers, said so, the same file.
     out = tmp_path / "auto.txt"
-    assert main(["translate", str(model_dir), "--input", str(src), "--out", str(out), "--batch-size", "2",
-                 "--threads", "2", *[f for f in FAST if f != "--quiet"]]) == 0
+    assert (
+        main(
+            [
+                "translate",
+                str(model_dir),
+                "--input",
+                str(src),
+                "--out",
+                str(out),
+                "--batch-size",
+                "2",
+                "--threads",
+                "2",
+                *[f for f in FAST if f != "--quiet"],
+            ]
+        )
+        == 0
+    )
     assert "workers: 2 x 1 thread(s) (auto: CPU, d_model 32 <= 512: one worker per thread)" in capsys.readouterr().err
     assert out.read_text(encoding="utf-8") == outs[0]
     with pytest.raises(SystemExit) as stop:
@@ -258,8 +329,18 @@ def test_cli_workers_write_the_same_file(model_dir, tmp_path, capsys):
 
 def test_greedy_and_bf16_run(loaded):
     lines = ["a man runs", "", "the dog sits"]
-    assert len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=4)) == 3
-    assert len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, bf16=True, beam=2, max_len_offset=4)) == 3
+    assert (
+        len(translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, greedy=True, max_len_offset=4))
+        == 3
+    )
+    assert (
+        len(
+            translate_lines(
+                loaded.model, loaded.src_vocab, loaded.tgt_vocab, lines, bf16=True, beam=2, max_len_offset=4
+            )
+        )
+        == 3
+    )
     assert loaded.model.training is False
 
 
@@ -268,14 +349,36 @@ def test_cli_precision_auto_says_what_it_chose_and_bf16_warns_where_emulated(mod
     from transduce.precision import Capability
 
     src = write(tmp_path / "in.txt", ["a man runs", "blue ball"])
-    monkeypatch.setattr(precision, "read_capability",
-                        lambda device: Capability("cpu", "AMD EPYC (Zen 3)", frozenset(), "AVX2 only"))
-    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(tmp_path / "a.txt"), *FAST[1:]]) == 0  # not --quiet
+    monkeypatch.setattr(
+        precision, "read_capability", lambda device: Capability("cpu", "AMD EPYC (Zen 3)", frozenset(), "AVX2 only")
+    )
+    assert (
+        main(["translate", str(model_dir), "-i", str(src), "-o", str(tmp_path / "a.txt"), *FAST[1:]]) == 0
+    )  # not --quiet
     err = capsys.readouterr().err
     assert "precision: fp32 (auto: AMD EPYC (Zen 3): AVX2 only" in err and "warning" not in err
-    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(tmp_path / "b.txt"), "--precision", "bf16", *FAST[1:]]) == 0
+    assert (
+        main(
+            [
+                "translate",
+                str(model_dir),
+                "-i",
+                str(src),
+                "-o",
+                str(tmp_path / "b.txt"),
+                "--precision",
+                "bf16",
+                *FAST[1:],
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
-    assert "precision: bf16 (as asked" in err and "warning: bf16 is emulated on this CPU" in err and "slower than fp32" in err
+    assert (
+        "precision: bf16 (as asked" in err
+        and "warning: bf16 is emulated on this CPU" in err
+        and "slower than fp32" in err
+    )
     assert (tmp_path / "b.txt").read_text().count("\n") == 2
 
 
@@ -302,8 +405,26 @@ def test_cli_bf16_casts_the_weights_and_keeps_line_count(model_dir, tmp_path, mo
 def test_n_best_format(model_dir, tmp_path):
     src = write(tmp_path / "in.txt", ["a man runs", "", "the dog sits on the grass"])
     out = tmp_path / "out.tsv"
-    assert main(["translate", str(model_dir), "-i", str(src), "-o", str(out), "--quiet", "--beam", "3", "--n-best", "3",
-                 "--max-len-offset", "4"]) == 0
+    assert (
+        main(
+            [
+                "translate",
+                str(model_dir),
+                "-i",
+                str(src),
+                "-o",
+                str(out),
+                "--quiet",
+                "--beam",
+                "3",
+                "--n-best",
+                "3",
+                "--max-len-offset",
+                "4",
+            ]
+        )
+        == 0
+    )
     rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
     assert all(len(r) == 5 for r in rows)
     by_line: dict[int, list] = {}
@@ -346,19 +467,45 @@ def test_average_of_two_identical_checkpoints_equals_one(loaded, model_dir, tmp_
         assert torch.equal(a, b), name
     src = write(tmp_path / "in.txt", ["a man runs", "the dog sits on the grass", "blue ball"])
     out_avg, out_one = tmp_path / "avg.txt", tmp_path / "one.txt"
-    assert main(["translate", str(run), "-i", str(src), "-o", str(out_avg), "--average", "2", *FAST, "--precision", "fp32"]) == 0
-    assert main(["translate", str(run), "-i", str(src), "-o", str(out_one), "--checkpoint", "step_0000001", *FAST, "--precision", "fp32"]) == 0
+    assert (
+        main(
+            ["translate", str(run), "-i", str(src), "-o", str(out_avg), "--average", "2", *FAST, "--precision", "fp32"]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "translate",
+                str(run),
+                "-i",
+                str(src),
+                "-o",
+                str(out_one),
+                "--checkpoint",
+                "step_0000001",
+                *FAST,
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
     assert out_avg.read_text(encoding="utf-8") == out_one.read_text(encoding="utf-8")
 
 
-def test_run_dir_defaults_to_the_average_of_its_last_checkpoints_and_rejects_bad_choices(loaded, model_dir, tmp_path, capsys):
+def test_run_dir_defaults_to_the_average_of_its_last_checkpoints_and_rejects_bad_choices(
+    loaded, model_dir, tmp_path, capsys
+):
     """6.1: the paper's Table 2 results are averaged, so a run directory gives the average of its
     last train.average_last checkpoints (all it has, if fewer); one checkpoint is a choice."""
     from transduce.checkpoint import STATE, TrainingState, checkpoint_name
 
     run = _run_dir_with_checkpoints(tmp_path, loaded, model_dir)
     assert loaded.config.train.average_last == 5
-    assert load_translation_model(run).description.startswith("average of the last 2 checkpoints (step_0000001 .. step_0000002)")
+    assert load_translation_model(run).description.startswith(
+        "average of the last 2 checkpoints (step_0000001 .. step_0000002)"
+    )
     assert load_translation_model(run, checkpoint="latest").description.endswith("step_0000002")
     # A final checkpoint forced off the interval stays out of "the last K" (evenly spaced, as in 6.1).
     d = save_model(loaded.model, loaded.config, run / "checkpoints" / checkpoint_name(3))
@@ -418,6 +565,7 @@ def _read_fifo_in_background(fifo):
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         t.join(10)
         return got[0] if got else None
+
     return done
 
 
@@ -436,13 +584,18 @@ def test_output_follows_a_symlink_and_writes_a_fifo_in_place(model_dir, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "in.txt", "link.txt", "real.txt"]  # no temporary file
 
 
-@pytest.mark.parametrize("output, message", [
-    ("adir", "adir: Is a directory"),
-    ("nodir/out.txt", "nodir/out.txt: No such file or directory"),
-    ("in.txt/out.txt", "in.txt/out.txt: Not a directory"),
-    ("ro/out.txt", "ro/out.txt: Permission denied"),
-])
-def test_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch, output, message):
+@pytest.mark.parametrize(
+    "output, message",
+    [
+        ("adir", "adir: Is a directory"),
+        ("nodir/out.txt", "nodir/out.txt: No such file or directory"),
+        ("in.txt/out.txt", "in.txt/out.txt: Not a directory"),
+        ("ro/out.txt", "ro/out.txt: Permission denied"),
+    ],
+)
+def test_output_that_cannot_be_written_is_refused_before_the_model_loads(
+    tmp_path, capsys, monkeypatch, output, message
+):
     """One line naming the user's path (never a temporary name), before anything loads (MODEL
     does not even exist here)."""
     from transduce.checkpoint import files
@@ -455,7 +608,9 @@ def test_output_that_cannot_be_written_is_refused_before_the_model_loads(tmp_pat
     monkeypatch.chdir(tmp_path)
     assert main(["translate", "no-such-model", "-i", "in.txt", "-o", output, *FAST]) == 2
     assert capsys.readouterr().err.splitlines() == [f"transduce translate: error: {message}"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "in.txt", "ro"] and not list((tmp_path / "ro").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "in.txt", "ro"] and not list(
+        (tmp_path / "ro").iterdir()
+    )
 
 
 def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(model_dir, tmp_path):
@@ -466,8 +621,13 @@ def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(mod
     out = tmp_path / "out.txt"
     out.write_text("before\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    p = subprocess.Popen([sys.executable, "-m", "transduce", "translate", str(model_dir), "-o", str(out), *FAST,
-                          "--threads", "1"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "transduce", "translate", str(model_dir), "-o", str(out), *FAST, "--threads", "1"],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=tmp_path,
+    )
     p.stdin.write(b"a man runs\n" * 5)  # and the input stays open: it waits for more
     p.stdin.flush()
     deadline = time.monotonic() + 120
@@ -481,18 +641,26 @@ def test_sigterm_discards_the_temporary_file_and_leaves_the_output_as_it_was(mod
     assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"] and out.read_text() == "before\n"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--threads", "-1"], "--threads must be at least 1, not -1"),
-    (["--threads", "0"], "--threads must be at least 1, not 0"),
-    (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
-    (["--length-penalty", "gnmt:inf"], "--length-penalty gnmt:inf: alpha must be a finite number >= 0"),
-    (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
-    (["--engine", "ct2", "--precision", "auto-int8"], "--precision auto-int8 does not apply to --engine ct2: choose"),
-    (["--engine", "ct2", "--int8", "--ct2-compute-type", "float32"],
-     "--precision int8 is --ct2-compute-type int8, not float32: give one of them"),
-    (["--ct2-compute-type", "int8"], "--ct2-compute-type applies to --engine ct2 only"),
-    (["--length-penalty", "ct2:1"], "--length-penalty ct2: --engine torch takes gnmt, hf, none"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--threads", "-1"], "--threads must be at least 1, not -1"),
+        (["--threads", "0"], "--threads must be at least 1, not 0"),
+        (["--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),
+        (["--length-penalty", "gnmt:inf"], "--length-penalty gnmt:inf: alpha must be a finite number >= 0"),
+        (["--length-penalty", "gnmt:-1"], "--length-penalty gnmt:-1: alpha must be a finite number >= 0"),
+        (
+            ["--engine", "ct2", "--precision", "auto-int8"],
+            "--precision auto-int8 does not apply to --engine ct2: choose",
+        ),
+        (
+            ["--engine", "ct2", "--int8", "--ct2-compute-type", "float32"],
+            "--precision int8 is --ct2-compute-type int8, not float32: give one of them",
+        ),
+        (["--ct2-compute-type", "int8"], "--ct2-compute-type applies to --engine ct2 only"),
+        (["--length-penalty", "ct2:1"], "--length-penalty ct2: --engine torch takes gnmt, hf, none"),
+    ],
+)
 def test_bad_flags_are_one_line_errors_before_the_model_loads(tmp_path, capsys, flags, message):
     assert main(["translate", str(tmp_path / "no-such-model"), *flags]) == 2
     err = capsys.readouterr().err.splitlines()
@@ -503,9 +671,13 @@ def test_precision_with_engine_ct2_is_its_compute_type():
     from transduce.cli import build_parser
     from transduce.cli.translate import check_args
 
-    for flags, compute_type in [([], None), (["--int8"], "int8"), (["--precision", "fp32"], "float32"),
-                                (["--bf16", "--ct2-compute-type", "bfloat16"], "bfloat16"),
-                                (["--ct2-compute-type", "int8_float32"], "int8_float32")]:
+    for flags, compute_type in [
+        ([], None),
+        (["--int8"], "int8"),
+        (["--precision", "fp32"], "float32"),
+        (["--bf16", "--ct2-compute-type", "bfloat16"], "bfloat16"),
+        (["--ct2-compute-type", "int8_float32"], "int8_float32"),
+    ]:
         args = build_parser().parse_args(["translate", "m", "--engine", "ct2", *flags])
         check_args(args)
         assert args.ct2_compute_type == compute_type, flags

@@ -71,7 +71,8 @@ def test_weights_are_the_fast_paths(loaded, padded, monkeypatch):
         slow_logits, _ = model(padded.src, padded.tgt, return_attention=True)
     torch.testing.assert_close(slow_logits, fast_logits, atol=1e-4, rtol=1e-4)  # float32 sums in another order
     order = [("encoder", l) for l in range(N_LAYERS)] + [
-        (kind, l) for l in range(N_LAYERS) for kind in ("decoder_self", "decoder_cross")]
+        (kind, l) for l in range(N_LAYERS) for kind in ("decoder_self", "decoder_cross")
+    ]
     assert len(calls) == len(order)  # every attention of the fast pass went through SDPA
     for (kind, layer), (q, k, v, mask, out) in zip(order, calls):
         shown = padded.weights[kind][layer]
@@ -114,14 +115,23 @@ def test_json_holds_each_sentences_weights_cut_to_its_tokens(loaded, padded):
             w = torch.tensor(s["attention"][kind], dtype=torch.double)
             assert w.shape == (N_LAYERS, N_HEADS, q, k)
             torch.testing.assert_close(w, padded.sentence(i, kind).double(), atol=0.5e-4 + 1e-9, rtol=0)
-            torch.testing.assert_close(w.sum(-1), torch.ones(N_LAYERS, N_HEADS, q, dtype=torch.double), atol=1e-3, rtol=0)
+            torch.testing.assert_close(
+                w.sum(-1), torch.ones(N_LAYERS, N_HEADS, q, dtype=torch.double), atol=1e-3, rtol=0
+            )
     masks = data["batch"]["masks"]
     assert torch.equal(torch.tensor(masks["decoder_cross"]).bool(), padded.masks["decoder_cross"])
     assert [len(r) for r in data["batch"]["source"]] == [padded.src.size(1)] * 3
 
 
 def test_labels_of_subword_pieces_and_repeated_tokens():
-    assert [readable(p) for p in ["\u2581mak", "ing", "</s>", "<s>", "\u2581", "."]] == ["mak", "\u00b7ing", "</s>", "<s>", "\u2423", "\u00b7."]
+    assert [readable(p) for p in ["\u2581mak", "ing", "</s>", "<s>", "\u2581", "."]] == [
+        "mak",
+        "\u00b7ing",
+        "</s>",
+        "<s>",
+        "\u2423",
+        "\u00b7.",
+    ]
     labels = ["the", "mak", "\u00b7ing", "the", "</s>"]
     pieces = ["\u2581the", "\u2581mak", "ing", "\u2581the", "</s>"]
     assert find_token(labels, pieces, "making", "source") == 1  # a word of two pieces: its first
@@ -181,12 +191,33 @@ def test_page_is_self_contained_and_embeds_the_json(data):
 
 def test_command_writes_png_json_html_with_the_models_own_translation(model_dir, loaded, tmp_path, capsys):
     out = {ext: tmp_path / f"a.{ext}" for ext in ("png", "json", "html")}
-    args = ["attention", str(model_dir), SOURCES[0], SOURCES[1], "--beam", "2", "--max-len-offset", "5",
-            "--layer", "1", "--heads", "1,3", "--query", "dog", "--png", str(out["png"]), "--json", str(out["json"]),
-            "--html", str(out["html"])]
+    args = [
+        "attention",
+        str(model_dir),
+        SOURCES[0],
+        SOURCES[1],
+        "--beam",
+        "2",
+        "--max-len-offset",
+        "5",
+        "--layer",
+        "1",
+        "--heads",
+        "1,3",
+        "--query",
+        "dog",
+        "--png",
+        str(out["png"]),
+        "--json",
+        str(out["json"]),
+        "--html",
+        str(out["html"]),
+    ]
     assert main(args) == 0
     data = json.loads(out["json"].read_text(encoding="utf-8"))
-    own = list(translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, SOURCES[:2], beam=2, max_len_offset=5))
+    own = list(
+        translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, SOURCES[:2], beam=2, max_len_offset=5)
+    )
     for s, cands in zip(data["sentences"], own):
         assert s["target_pieces"][1:] == [loaded.tgt_vocab.sp.id_to_piece(t) for t in cands[0].tokens]
         assert s["target_text"] == cands[0].text and "beam 2" in s["target_from"]
@@ -199,8 +230,24 @@ def test_command_writes_png_json_html_with_the_models_own_translation(model_dir,
 def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path, capsys):
     tsv = tmp_path / "in.tsv"
     tsv.write_text("a dog runs on the grass with a red ball\ttwo children\nthe man looks\n", encoding="utf-8")
-    assert main(["attention", str(model_dir), "-i", str(tsv), "--greedy", "--max-len-offset", "3", "--keep-tokens", "4",
-                 "--json", str(tmp_path / "b.json")]) == 0
+    assert (
+        main(
+            [
+                "attention",
+                str(model_dir),
+                "-i",
+                str(tsv),
+                "--greedy",
+                "--max-len-offset",
+                "3",
+                "--keep-tokens",
+                "4",
+                "--json",
+                str(tmp_path / "b.json"),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "b.json").read_text(encoding="utf-8"))
     first, second = data["sentences"]
     assert first["target_from"] == "given" and first["target_text"] == "two children"
@@ -209,21 +256,30 @@ def test_command_with_targets_from_a_file_and_the_token_cap(model_dir, tmp_path,
     assert "source cut" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("extra, message", [
-    ([], "nothing to write"),
-    (["--json", "X/none/out.json"], "no such directory"),
-    (["--png", "OUT.png", "--query", "a"], "occurs at positions"),
-    (["--json", "OUT.json", "--target-text", "x", "--target-text", "y"], "2 --target-text for 1 sentences"),
-    (["--png", "OUT.png", "--heads", "9"], "heads [9]: the model has heads 1 to 4"),
-    (["--png", "OUT.svg"], "--png"),
-    (["--json", "OUT.json", "--threads", "-1"], "--threads must be at least 1"),
-    (["--json", "OUT.json", "--length-penalty", "gnmt:nan"], "--length-penalty gnmt:nan: alpha must be a finite number >= 0"),  # the figure is a PNG: a name saying otherwise is refused
-    (["--json", "OUT.json", "--heads", "9"], "--heads choose what the PNG figure shows: add --png FILE"),
-    (["--html", "OUT.html", "--type", "decoder-cross", "--query", "dog"], "--type, --query choose what the PNG"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "nothing to write"),
+        (["--json", "X/none/out.json"], "no such directory"),
+        (["--png", "OUT.png", "--query", "a"], "occurs at positions"),
+        (["--json", "OUT.json", "--target-text", "x", "--target-text", "y"], "2 --target-text for 1 sentences"),
+        (["--png", "OUT.png", "--heads", "9"], "heads [9]: the model has heads 1 to 4"),
+        (["--png", "OUT.svg"], "--png"),
+        (["--json", "OUT.json", "--threads", "-1"], "--threads must be at least 1"),
+        (
+            ["--json", "OUT.json", "--length-penalty", "gnmt:nan"],
+            "--length-penalty gnmt:nan: alpha must be a finite number >= 0",
+        ),  # the figure is a PNG: a name saying otherwise is refused
+        (["--json", "OUT.json", "--heads", "9"], "--heads choose what the PNG figure shows: add --png FILE"),
+        (["--html", "OUT.html", "--type", "decoder-cross", "--query", "dog"], "--type, --query choose what the PNG"),
+    ],
+)
 def test_command_errors_are_one_line(model_dir, tmp_path, capsys, extra, message):
     extra = [e.replace("OUT", str(tmp_path / "o")).replace("X/", str(tmp_path) + "/") for e in extra]
-    assert main(["attention", str(model_dir), "a dog runs with a red ball", "--greedy", "--max-len-offset", "2", *extra]) == 2
+    assert (
+        main(["attention", str(model_dir), "a dog runs with a red ball", "--greedy", "--max-len-offset", "2", *extra])
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("transduce attention: error: ") and message in err[-1], err
     assert not list(tmp_path.iterdir())  # nothing half-written
@@ -239,8 +295,20 @@ def test_a_page_too_large_is_refused_with_what_to_do(model_dir, tmp_path, monkey
     import transduce.views.weights as weights
 
     monkeypatch.setattr(weights, "MAX_WEIGHTS", 100)  # 2 layers x 4 heads x (S^2 + T^2 + TS) > 100 here
-    assert main(["attention", str(model_dir), "a dog runs on the grass", "--target-text", "a dog",
-                 "--json", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            [
+                "attention",
+                str(model_dir),
+                "a dog runs on the grass",
+                "--target-text",
+                "a dog",
+                "--json",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "weights would be more than a page should hold" in err and "--keep-tokens" in err
     assert not (tmp_path / "x.json").exists()

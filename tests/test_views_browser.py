@@ -30,8 +30,16 @@ def page_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("page")
     model = make_model_dir(root)
     html, data = root / "attention.html", root / "attention.json"
-    args = ["attention", str(model), *SOURCES, *[a for t in TARGETS for a in ("--target-text", t)], "--html", str(html),
-            "--json", str(data)]
+    args = [
+        "attention",
+        str(model),
+        *SOURCES,
+        *[a for t in TARGETS for a in ("--target-text", t)],
+        "--html",
+        str(html),
+        "--json",
+        str(data),
+    ]
     assert main(args) == 0
     return html, json.loads(data.read_text(encoding="utf-8"))
 
@@ -46,13 +54,19 @@ def browser():
 
 def lines_drawn(page) -> list[dict]:
     return page.eval_on_selector_all(
-        "#view line.attn", "ls => ls.map(l => ({q: +l.dataset.q, k: +l.dataset.k, h: +l.dataset.h, w: +l.dataset.w}))")
+        "#view line.attn", "ls => ls.map(l => ({q: +l.dataset.q, k: +l.dataset.k, h: +l.dataset.h, w: +l.dataset.w}))"
+    )
 
 
 def expected_lines(data, sentence, kind, layer, rows, heads=range(N_HEADS)) -> list[dict]:
     w = data["sentences"][sentence]["attention"][kind][layer]
-    return [{"q": i, "k": j, "h": h, "w": w[h][i][j]} for h in heads for i in rows for j in range(len(w[h][i]))
-            if w[h][i][j] > 0]
+    return [
+        {"q": i, "k": j, "h": h, "w": w[h][i][j]}
+        for h in heads
+        for i in rows
+        for j in range(len(w[h][i]))
+        if w[h][i][j] > 0
+    ]
 
 
 def key(line):
@@ -64,9 +78,16 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     html, data = page_file
     page = browser.new_page(viewport={"width": 1200, "height": 900})
     requests, problems = [], []
-    page.route("**/*", lambda route: (requests.append(route.request.url),
-                                      route.continue_() if route.request.url.startswith(("file:", "data:")) else route.abort()))
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None)
+    page.route(
+        "**/*",
+        lambda route: (
+            requests.append(route.request.url),
+            route.continue_() if route.request.url.startswith(("file:", "data:")) else route.abort(),
+        ),
+    )
+    page.on(
+        "console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type in ("error", "warning") else None
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
     page.goto(html.as_uri())
@@ -77,13 +98,21 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     assert embedded == data
 
     # What it offers: L layers, h heads, three attention types, the sentences.
-    assert page.eval_on_selector_all("#layer option", "os => os.map(o => o.textContent)") == [str(i + 1) for i in range(N_LAYERS)]
+    assert page.eval_on_selector_all("#layer option", "os => os.map(o => o.textContent)") == [
+        str(i + 1) for i in range(N_LAYERS)
+    ]
     assert page.locator("input.head").count() == N_HEADS
-    assert page.eval_on_selector_all("#type option", "os => os.map(o => o.value)") == ["encoder", "decoder_self", "decoder_cross"]
+    assert page.eval_on_selector_all("#type option", "os => os.map(o => o.value)") == [
+        "encoder",
+        "decoder_self",
+        "decoder_cross",
+    ]
     assert page.locator("#sentence option").count() == 2
     layer = N_LAYERS - 1  # the default: the last layer, encoder self-attention, every row
     n_src = len(data["sentences"][0]["source"])
-    assert sorted(map(key, lines_drawn(page))) == sorted(map(key, expected_lines(data, 0, "encoder", layer, range(n_src))))
+    assert sorted(map(key, lines_drawn(page))) == sorted(
+        map(key, expected_lines(data, 0, "encoder", layer, range(n_src)))
+    )
 
     # Hover a query token: exactly its row, with the embedded values, in the lines and the table.
     q = 3
@@ -92,7 +121,9 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     assert {d["q"] for d in drawn} == {q}
     assert sorted(drawn, key=key) == sorted(expected_lines(data, 0, "encoder", layer, [q]), key=key)
     assert page.get_attribute("#row", "data-q") == str(q)
-    cells = page.eval_on_selector_all("#row td.w", "cs => cs.map(c => [+c.dataset.h, +c.dataset.k, +c.dataset.w, c.textContent])")
+    cells = page.eval_on_selector_all(
+        "#row td.w", "cs => cs.map(c => [+c.dataset.h, +c.dataset.k, +c.dataset.w, c.textContent])"
+    )
     w = data["sentences"][0]["attention"]["encoder"][layer]
     assert len(cells) == N_HEADS * n_src
     for h, k, value, text in cells:
@@ -114,8 +145,12 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     assert page.locator("#view text.tok.q").count() == n_tgt and page.locator("#view text.tok.k").count() == n_src
     # Decoder queries are labelled by the token they predict; the keys are the source tokens.
     assert page.eval_on_selector_all("#view text.tok.q", "ts => ts.map(t => t.childNodes[0].nodeValue)") == [
-        "\u2192" + t for t in data["sentences"][0]["predicts"]]
-    assert page.eval_on_selector_all("#view text.tok.k", "ts => ts.map(t => t.textContent)") == data["sentences"][0]["source"]
+        "\u2192" + t for t in data["sentences"][0]["predicts"]
+    ]
+    assert (
+        page.eval_on_selector_all("#view text.tok.k", "ts => ts.map(t => t.textContent)")
+        == data["sentences"][0]["source"]
+    )
     page.hover("#view text.tok.q[data-i='2']")
     assert sorted(lines_drawn(page), key=key) == sorted(expected_lines(data, 0, "decoder_cross", 0, [2]), key=key)
     # Decoder self-attention: the hovered row reaches no later position.
@@ -133,8 +168,10 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     page.select_option("#view-kind", value="heatmap")
     assert page.locator("#view svg.heatmap").count() == N_HEADS
     page.hover("#view svg.heatmap[data-h='0'] text.tok.q[data-i='1']")
-    faded = page.eval_on_selector_all("#view svg.heatmap[data-h='0'] rect.cell",
-                                      "rs => rs.map(r => [+r.dataset.q, +r.getAttribute('fill-opacity'), +r.dataset.w])")
+    faded = page.eval_on_selector_all(
+        "#view svg.heatmap[data-h='0'] rect.cell",
+        "rs => rs.map(r => [+r.dataset.q, +r.getAttribute('fill-opacity'), +r.dataset.w])",
+    )
     for row, opacity, value in faded:
         assert opacity == pytest.approx(0.05 + 0.95 * value if row == 1 else 0.04 * value, abs=1e-6)
     assert page.get_attribute("#row", "data-q") == "1"
@@ -145,7 +182,9 @@ def test_page_in_chromium(page_file, browser, tmp_path):
     page.select_option("#sentence", index=1)
     for kind in ("encoder", "decoder_self", "decoder_cross"):
         page.select_option("#type", value=kind)
-        cats = page.eval_on_selector_all("#masks rect.mask", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, r.dataset.cat])")
+        cats = page.eval_on_selector_all(
+            "#masks rect.mask", "rs => rs.map(r => [+r.dataset.q, +r.dataset.k, r.dataset.cat])"
+        )
         mask = data["batch"]["masks"][kind][1]
         assert len(cats) == len(mask) * len(mask[0])
         for i, j, cat in cats:

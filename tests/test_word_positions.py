@@ -26,9 +26,20 @@ TGT_WORD = torch.tensor([i in (4, 5, 6) for i in range(TGT_V)])  # target symbol
 
 def model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    m = Transformer(ModelConfig(src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, n_layers=2, d_model=32, d_ff=64,
-                                n_heads=4, share_embeddings=False, tie_output=False, word_positions=True,
-                                dropout=0.0))
+    m = Transformer(
+        ModelConfig(
+            src_vocab_size=SRC_V,
+            tgt_vocab_size=TGT_V,
+            n_layers=2,
+            d_model=32,
+            d_ff=64,
+            n_heads=4,
+            share_embeddings=False,
+            tie_output=False,
+            word_positions=True,
+            dropout=0.0,
+        )
+    )
     m.word_positions.set_symbols(WORD_START, TGT_WORD)
     with torch.no_grad():  # sharper distributions than the initialisation gives
         m.decoder.embed.weight.mul_(3.0)
@@ -48,7 +59,10 @@ def test_word_indices_of_both_sides():
 
 
 def test_off_by_default_and_no_effect_without_it():
-    assert Transformer(ModelConfig(src_vocab_size=SRC_V, n_layers=1, d_model=16, d_ff=32, n_heads=2)).word_positions is None
+    assert (
+        Transformer(ModelConfig(src_vocab_size=SRC_V, n_layers=1, d_model=16, d_ff=32, n_heads=2)).word_positions
+        is None
+    )
 
 
 def test_the_words_change_the_output():
@@ -96,10 +110,41 @@ def test_beam_search_scores_are_the_models_through_reorders():
 def parser_with_words(tmp_path_factory):
     root = tmp_path_factory.mktemp("words")
     data, run = toy_treebank(root, (200, 10, 10), "--keep-tags"), root / "run"
-    assert main(["train", "--data", str(data), "--run-dir", str(run), "--preset", "parse-cpu",
-                 "--set", "model.word_positions=true", "--set", "model.d_model=32", "--set", "model.d_ff=64",
-                 "--set", "model.n_layers=1", "--batch-tokens", "512", "--max-steps", "20", "--precision", "fp32",
-                 "--threads", "1", "--save-every-minutes", "0", "--valid-every", "0", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--run-dir",
+                str(run),
+                "--preset",
+                "parse-cpu",
+                "--set",
+                "model.word_positions=true",
+                "--set",
+                "model.d_model=32",
+                "--set",
+                "model.d_ff=64",
+                "--set",
+                "model.n_layers=1",
+                "--batch-tokens",
+                "512",
+                "--max-steps",
+                "20",
+                "--precision",
+                "fp32",
+                "--threads",
+                "1",
+                "--save-every-minutes",
+                "0",
+                "--valid-every",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     return root, data, run
 
 
@@ -120,8 +165,25 @@ def test_a_parser_with_words_parses_and_does_not_export(parser_with_words, tmp_p
     inp = tmp_path / "in.txt"
     inp.write_text("the dog sees John .\nMary sleeps .\n")
     out = tmp_path / "out.trees"
-    assert main(["parse", str(run), "--input", str(inp), "--out", str(out), "--beam", "2", "--constrained",
-                 "--threads", "1", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "parse",
+                str(run),
+                "--input",
+                str(inp),
+                "--out",
+                str(out),
+                "--beam",
+                "2",
+                "--constrained",
+                "--threads",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     trees = out.read_text().splitlines()
     assert len(trees) == 2 and all(t.startswith("(") for t in trees)
     capsys.readouterr()

@@ -14,10 +14,50 @@ from transduce.config import Config, ModelConfig
 from transduce.data.vocab import BOS, EOS, PAD, Vocab, train_vocab
 from transduce.model import Transformer
 
-SRC_WORDS = ["a", "man", "woman", "dog", "runs", "sits", "on", "the", "grass", "red", "blue", "ball", "with",
-             "two", "children", "play", "near", "water", "street", "looks"]
-TGT_WORDS = ["ein", "mann", "frau", "hund", "läuft", "sitzt", "auf", "dem", "gras", "rot", "blau", "ball", "mit",
-             "zwei", "kinder", "spielen", "nahe", "wasser", "straße", "schaut"]
+SRC_WORDS = [
+    "a",
+    "man",
+    "woman",
+    "dog",
+    "runs",
+    "sits",
+    "on",
+    "the",
+    "grass",
+    "red",
+    "blue",
+    "ball",
+    "with",
+    "two",
+    "children",
+    "play",
+    "near",
+    "water",
+    "street",
+    "looks",
+]
+TGT_WORDS = [
+    "ein",
+    "mann",
+    "frau",
+    "hund",
+    "läuft",
+    "sitzt",
+    "auf",
+    "dem",
+    "gras",
+    "rot",
+    "blau",
+    "ball",
+    "mit",
+    "zwei",
+    "kinder",
+    "spielen",
+    "nahe",
+    "wasser",
+    "straße",
+    "schaut",
+]
 
 
 def sentences(words, n: int, seed: int = 0, lo: int = 2, hi: int = 12) -> list[str]:
@@ -51,8 +91,14 @@ def make_model(root: Path, *, shared: bool = True, seed: int = 0, **knobs) -> Pa
     else:
         shutil.copy(sv.path, d / "spm.src.model")
         shutil.copy(tv.path, d / "spm.tgt.model")
-        meta = {"format": 1, "vocab": {"shared": False, "files": {"src": "spm.src.model", "tgt": "spm.tgt.model"},
-                                       "size": {"src": len(sv), "tgt": len(tv)}}}
+        meta = {
+            "format": 1,
+            "vocab": {
+                "shared": False,
+                "files": {"src": "spm.src.model", "tgt": "spm.tgt.model"},
+                "size": {"src": len(sv), "tgt": len(tv)},
+            },
+        }
         (d / "data.json").write_text(json.dumps(meta))
     return d
 

@@ -24,7 +24,12 @@ def make_data(out: Path, n_train: int = 60, n_valid: int = 12, separate: bool = 
     files = {"src": "spm.src.model", "tgt": "spm.tgt.model"} if separate else {"src": "spm.model", "tgt": "spm.model"}
     for name in set(files.values()):
         (out / name).write_bytes(b"not a real sentencepiece model")
-    meta = {"format": 1, "src_lang": "x", "tgt_lang": "y", "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
-            "vocab": {"shared": not separate, "files": files, "size": {"src": VOCAB, "tgt": tgt_vocab}}}
+    meta = {
+        "format": 1,
+        "src_lang": "x",
+        "tgt_lang": "y",
+        "special_ids": {"pad": 0, "unk": 1, "bos": 2, "eos": 3},
+        "vocab": {"shared": not separate, "files": files, "size": {"src": VOCAB, "tgt": tgt_vocab}},
+    }
     (out / "data.json").write_text(json.dumps(meta))
     return out

@@ -26,8 +26,14 @@ def _version() -> str:
 __version__ = _version()
 __all__ = ["Config", "ModelConfig", "TrainConfig", "get_preset", "PRESETS", "Transformer", "__version__"]
 
-_EXPORTS = {"Config": "config", "ModelConfig": "config", "TrainConfig": "config", "get_preset": "config",
-            "PRESETS": "config", "Transformer": "model"}
+_EXPORTS = {
+    "Config": "config",
+    "ModelConfig": "config",
+    "TrainConfig": "config",
+    "get_preset": "config",
+    "PRESETS": "config",
+    "Transformer": "model",
+}
 
 
 def __getattr__(name: str):

@@ -34,8 +34,12 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     """A CPU decoding step's few queries: `product_attention`, or PyTorch's fused kernel for one
     unmasked query per row on one thread where it is the faster (docs/speed.md): with oneDNN's AMX
     (`keys_first`), or for at most `FUSED_MAX_HEADS` rows x heads (one sentence's beams)."""
-    if (q.size(2) == 1 and mask is None and torch.get_num_threads() == 1
-            and (keys_first or q.size(0) * q.size(1) <= FUSED_MAX_HEADS)):
+    if (
+        q.size(2) == 1
+        and mask is None
+        and torch.get_num_threads() == 1
+        and (keys_first or q.size(0) * q.size(1) <= FUSED_MAX_HEADS)
+    ):
         return F.scaled_dot_product_attention(q, k, v)
     return product_attention(q, k, v, mask, keys_first)
 
@@ -58,8 +62,9 @@ def product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = Non
     return torch.bmm(weights, v3).view(B, h, Tq, -1)
 
 
-def autocast_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                       dropout_p: float = 0.0) -> Tensor:
+def autocast_attention(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
     """Training under bf16 autocast on the CPU: the scores in fp32 (as SDPA's math kernel), the
     second product in bf16; SDPA's arguments. On the CPU SDPA's flash kernel's bf16 backward is
     slow and its math kernel runs both products in fp32 (docs/speed.md, "CPU training")."""
@@ -102,10 +107,15 @@ def step_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def sequence_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
-                       dropout_p: float = 0.0) -> Tensor:
+def sequence_attention(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
     """Every other call (whole sequences, training): PyTorch's fused kernel, or on the CPU under
     bf16 autocast `autocast_attention` (fp32 scores, the fused kernel's bf16 backward being slow there)."""
-    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+    if (
+        q.device.type == "cpu"
+        and torch.is_autocast_enabled("cpu")
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    ):
         return autocast_attention(q, k, v, attn_mask, dropout_p)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)

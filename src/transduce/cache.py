@@ -174,8 +174,10 @@ class IncrementalDecoding:
         projected here, once."""
         # contiguous: every step multiplies by them (a strided view would be copied each time)
         keys_first = memory.device.type == "cpu" and cpu_keys_first()
-        layers = [LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(memory)), keys_first=keys_first)
-                  for layer in self.decoder.layers]
+        layers = [
+            LayerCache(*(x.contiguous() for x in layer.cross_attn.project_kv(memory)), keys_first=keys_first)
+            for layer in self.decoder.layers
+        ]
         return DecoderCache(layers=layers, src_mask=src_mask)
 
     def decode_step(self, tgt: Tensor, cache: DecoderCache) -> Tensor:

@@ -86,29 +86,36 @@ class ModelConfig:
                 "set share_embeddings=False for separate vocabularies"
             )
         if self.src_vocab_size < 1 or self.target_vocab_size < 1:
-            raise ValueError(f"vocabulary sizes must be at least 1 (src_vocab_size={self.src_vocab_size}, "
-                             f"tgt_vocab_size={self.tgt_vocab_size})")
+            raise ValueError(
+                f"vocabulary sizes must be at least 1 (src_vocab_size={self.src_vocab_size}, "
+                f"tgt_vocab_size={self.tgt_vocab_size})"
+            )
         if self.d_model % 2:
             raise ValueError("d_model must be even for sinusoidal positions")
         for name in ("n_layers", "d_model", "d_ff", "n_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if (self.d_k is None or self.d_v is None) and self.d_model % self.n_heads:
-            raise ValueError(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): d_k and d_v are "
-                             "d_model / h (3.2.2) unless given explicitly (model.d_k, model.d_v)")
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}): d_k and d_v are "
+                "d_model / h (3.2.2) unless given explicitly (model.d_k, model.d_v)"
+            )
         for name in ("head_dim_k", "head_dim_v"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.attention_window is not None and (isinstance(self.attention_window, bool)
-                                                  or not isinstance(self.attention_window, int)
-                                                  or self.attention_window < 0):
+        if self.attention_window is not None and (
+            isinstance(self.attention_window, bool)
+            or not isinstance(self.attention_window, int)
+            or self.attention_window < 0
+        ):
             raise ValueError(f"attention_window must be a whole number >= 0 or None, not {self.attention_window!r}")
         if not 0.0 <= self.dropout < 1.0 or not 0.0 <= self.attention_dropout < 1.0:
             raise ValueError("dropout rates must be in [0, 1)")
         ids = self.special_ids.to_dict()
         if any(not 0 <= i < min(self.src_vocab_size, self.target_vocab_size) for i in ids.values()):
-            raise ValueError(f"special ids {ids} must be ids of both vocabularies "
-                             f"({self.src_vocab_size}, {self.target_vocab_size})")
+            raise ValueError(
+                f"special ids {ids} must be ids of both vocabularies ({self.src_vocab_size}, {self.target_vocab_size})"
+            )
         if self.eos_id in (self.pad_id, self.bos_id):
             raise ValueError(f"eos_id {self.eos_id} must differ from pad_id and bos_id")
 
@@ -234,25 +241,51 @@ PRESETS: dict[str, Config] = {
     # vocabularies; what the paper leaves open follows tensor2tensor's `transformer_parsing_base`
     # (its learning_rate 0.05 is lr_scale 0.5; 4096 tokens on each of 8 GPUs); steps: base's.
     "parse-wsj": _variant(
-        model=dict(n_layers=4, d_model=1024, d_ff=2048, n_heads=8, dropout=0.2, attention_dropout=0.2,
-                   share_embeddings=False, tie_output=False),
+        model=dict(
+            n_layers=4,
+            d_model=1024,
+            d_ff=2048,
+            n_heads=8,
+            dropout=0.2,
+            attention_dropout=0.2,
+            share_embeddings=False,
+            tie_output=False,
+        ),
         train=dict(max_tokens=8 * 4096, warmup_steps=16000, lr_scale=0.5),
     ),
     # Not in the paper: parsing on a 2-core CPU in about an hour (scripts/wsj.sh): parse-wsj's shape
     # at a quarter of its width, a regime for the 9 epochs an hour allows, pre-norm (the post-norm
     # encoder collapsed here) and word positions; why each: docs/parsing.md.
     "parse-cpu": _variant(
-        model=dict(n_layers=4, d_model=256, d_ff=1024, n_heads=4, dropout=0.1, attention_dropout=0.1,
-                   share_embeddings=False, tie_output=False, norm_first=True, word_positions=True),
+        model=dict(
+            n_layers=4,
+            d_model=256,
+            d_ff=1024,
+            n_heads=4,
+            dropout=0.1,
+            attention_dropout=0.1,
+            share_embeddings=False,
+            tie_output=False,
+            norm_first=True,
+            word_positions=True,
+        ),
         train=dict(max_tokens=4096, warmup_steps=600, lr_scale=0.8, max_steps=5500, average_last=5),
     ),
 }
 
 # Table 3's params column (x 10^6), for the rows that list one
 TABLE3_PARAMS_M: dict[str, float] = {
-    "base": 65, "table3-B1": 58, "table3-B2": 60,
-    "table3-C1": 36, "table3-C2": 50, "table3-C3": 80, "table3-C4": 28,
-    "table3-C5": 168, "table3-C6": 53, "table3-C7": 90, "big": 213,
+    "base": 65,
+    "table3-B1": 58,
+    "table3-B2": 60,
+    "table3-C1": 36,
+    "table3-C2": 50,
+    "table3-C3": 80,
+    "table3-C4": 28,
+    "table3-C5": 168,
+    "table3-C6": 53,
+    "table3-C7": 90,
+    "big": 213,
 }
 
 
@@ -292,8 +325,7 @@ def apply_overrides(config: Config, overrides: list[str]) -> Config:
                 raise ValueError(f"bad override {item!r}: no field {key.strip()}; did you mean {near}?")
         if not sep or not dot or section not in d or name not in d[section]:
             raise ValueError(
-                f"bad override {item!r}: expected section.field=value with section in "
-                f"{sorted(d)} and a known field"
+                f"bad override {item!r}: expected section.field=value with section in {sorted(d)} and a known field"
             )
         try:
             d[section][name] = parse_value(typing.get_type_hints(sections[section])[name], raw)
@@ -334,7 +366,10 @@ def parse_value(hint: Any, raw: str) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError:
         raise ValueError(what) from None
-    if not (isinstance(value, list) and len(value) == len(items)
-            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+    if not (
+        isinstance(value, list)
+        and len(value) == len(items)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+    ):
         raise ValueError(what)
     return tuple(float(v) for v in value)

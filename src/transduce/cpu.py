@@ -18,9 +18,18 @@ CPU_FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni")
 VNNI = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})  # int8 pairs added in int32 (else int16, saturating)
 
 _VNNI, _BF16 = ("avx512_vnni", "avx_vnni"), ("avx512_vnni", "avx_vnni", "avx512_bf16")
-ONEDNN_ISA_FLAGS = {"SSE41": (), "AVX": (), "AVX2": (), "AVX2_VNNI": ("avx_vnni",), "AVX2_VNNI_2": ("avx_vnni",),
-                    "AVX512_CORE": (), "AVX512_CORE_VNNI": _VNNI, "AVX512_CORE_BF16": _BF16,
-                    "AVX512_CORE_FP16": _BF16, "AVX10_1_512": _BF16}
+ONEDNN_ISA_FLAGS = {
+    "SSE41": (),
+    "AVX": (),
+    "AVX2": (),
+    "AVX2_VNNI": ("avx_vnni",),
+    "AVX2_VNNI_2": ("avx_vnni",),
+    "AVX512_CORE": (),
+    "AVX512_CORE_VNNI": _VNNI,
+    "AVX512_CORE_BF16": _BF16,
+    "AVX512_CORE_FP16": _BF16,
+    "AVX10_1_512": _BF16,
+}
 """The `CPU_FLAGS` an `ONEDNN_MAX_CPU_ISA` value leaves to oneDNN (AVX2: to imitate a CPU without
 bf16); any other value (unset, ALL, the AMX ones) leaves all."""
 
@@ -80,6 +89,14 @@ def int8_saturates() -> bool:
     AMX, or held below them): then `fast.int8` takes 7-bit weights. A feature test, one product
     whose pairs overflow int16 with 8-bit weights."""
     qw = torch_ops.int8_pack(torch.full((1, 64), 127, dtype=torch.int8))
-    y = torch_ops.int8_linear(torch.full((1, 64), 255, dtype=torch.uint8), 1.0, 0, qw, torch.ones(1),
-                              torch.zeros(1, dtype=torch.long), None, torch.float32)
+    y = torch_ops.int8_linear(
+        torch.full((1, 64), 255, dtype=torch.uint8),
+        1.0,
+        0,
+        qw,
+        torch.ones(1),
+        torch.zeros(1, dtype=torch.long),
+        None,
+        torch.float32,
+    )
     return y.item() != 255 * 127 * 64

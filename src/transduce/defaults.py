@@ -72,5 +72,25 @@ SERVE_MAX_WAIT = 0.01  # Seconds the first request of a batch waits for others
 SERVE_GRACEFUL_TIMEOUT = 30.0  # Seconds a shutdown waits for the requests in flight (as Kubernetes)
 
 # --- experiment's variants: Table 3's rows, top to bottom
-TABLE3 = ("base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
-          "D1", "D2", "D3", "D4", "E", "big")
+TABLE3 = (
+    "base",
+    "A1",
+    "A2",
+    "A3",
+    "A4",
+    "B1",
+    "B2",
+    "C1",
+    "C2",
+    "C3",
+    "C4",
+    "C5",
+    "C6",
+    "C7",
+    "D1",
+    "D2",
+    "D3",
+    "D4",
+    "E",
+    "big",
+)

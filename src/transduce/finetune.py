@@ -63,7 +63,9 @@ def _named_files(record: dict, home: Path) -> list[Path]:
 
     walk(record)
     files = [home / n for n in dict.fromkeys(names)]
-    return files + [f.with_suffix(".vocab") for f in files if f.with_suffix(".vocab").is_file() and f.suffix == ".model"]
+    return files + [
+        f.with_suffix(".vocab") for f in files if f.with_suffix(".vocab").is_file() and f.suffix == ".model"
+    ]
 
 
 def checksums(home: Path, record: dict) -> dict[str, str]:
@@ -85,14 +87,22 @@ def model_vocabulary(model: str | Path):
     model = Path(model)
     if model.is_file():  # a sentencepiece model itself
         src = tgt = Vocab(model)
-        home, record = model.parent, {"type": "sentencepiece-bpe", "shared": True, "files": {"src": model.name, "tgt": model.name}}
+        home, record = (
+            model.parent,
+            {"type": "sentencepiece-bpe", "shared": True, "files": {"src": model.name, "tgt": model.name}},
+        )
     else:
         check_model_path(model)
         home, record = _vocab_home(model)
         src, tgt = find_vocabs(_search_dirs(model))
     shared = record.get("shared", record["files"]["src"] == record["files"]["tgt"])
-    record = {**record, "shared": shared, "size": {"src": len(src), "tgt": len(tgt)}, "from_model": str(model.absolute()),
-              "sha256": checksums(home, record)}
+    record = {
+        **record,
+        "shared": shared,
+        "size": {"src": len(src), "tgt": len(tgt)},
+        "from_model": str(model.absolute()),
+        "sha256": checksums(home, record),
+    }
     return GivenVocabulary(record=record, files=_named_files(record, home), src=src, tgt=tgt)
 
 
@@ -104,19 +114,28 @@ def check_data_vocabulary(model: Path, data_dir: Path, meta: dict) -> None:
     ours = meta["vocab"]
     sizes = {role: int(ours["size"][role]) for role in ("src", "tgt")}
     mc = load_config(model).model
-    differences = [f"{side} size {sizes[role]} (the model's {n})"
-                   for role, side, n in (("src", "source", mc.src_vocab_size), ("tgt", "target", mc.target_vocab_size))
-                   if sizes[role] != n]
+    differences = [
+        f"{side} size {sizes[role]} (the model's {n})"
+        for role, side, n in (("src", "source", mc.src_vocab_size), ("tgt", "target", mc.target_vocab_size))
+        if sizes[role] != n
+    ]
     if not differences:
         data_sums = checksums(data_dir, ours)
-        differences = [f"{data_dir / ours['files'][role]} is not the model's {given.record['files'][role]} (SHA-256)"
-                       for role in ("src", "tgt") if data_sums[role] != given.record["sha256"][role]]
+        differences = [
+            f"{data_dir / ours['files'][role]} is not the model's {given.record['files'][role]} (SHA-256)"
+            for role in ("src", "tgt")
+            if data_sums[role] != given.record["sha256"][role]
+        ]
     if differences:
-        raise UsageError(f"{data_dir} is not tokenized with the vocabulary of --init {model}: "
-                         f"{'; '.join(dict.fromkeys(differences))}; prepare it with `transduce prepare ... --vocab {model}`")
+        raise UsageError(
+            f"{data_dir} is not tokenized with the vocabulary of --init {model}: "
+            f"{'; '.join(dict.fromkeys(differences))}; prepare it with `transduce prepare ... --vocab {model}`"
+        )
 
 
-def init_config(model: str | Path, preset_config: Config | None, overrides: list[str], data_dir: Path, meta: dict) -> Config:
+def init_config(
+    model: str | Path, preset_config: Config | None, overrides: list[str], data_dir: Path, meta: dict
+) -> Config:
     """The config of a run that starts from MODEL: MODEL's architecture; the regime of the preset
     (`preset_config`, when --preset is given) or else MODEL's own; --set applied. Refused in one
     line: data of another vocabulary, a preset or --set that changes the architecture."""
@@ -133,11 +152,16 @@ def init_config(model: str | Path, preset_config: Config | None, overrides: list
     except (ValueError, TypeError) as e:
         raise UsageError(f"bad --set ({e}) in: {' '.join(overrides)}") from None
     ours, theirs = config.model.__dict__, base.model.__dict__
-    changed = [f"model.{name} {ours[name]!r} (the model's {theirs[name]!r})"
-               for name in theirs if name not in TUNABLE and ours[name] != theirs[name]]
+    changed = [
+        f"model.{name} {ours[name]!r} (the model's {theirs[name]!r})"
+        for name in theirs
+        if name not in TUNABLE and ours[name] != theirs[name]
+    ]
     if changed:
-        raise UsageError(f"--init {model} fixes the architecture, and --preset/--set change it: {'; '.join(changed)}; "
-                         "drop them (--set model.dropout=... and train.* may change)")
+        raise UsageError(
+            f"--init {model} fixes the architecture, and --preset/--set change it: {'; '.join(changed)}; "
+            "drop them (--set model.dropout=... and train.* may change)"
+        )
     return config
 
 

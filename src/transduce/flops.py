@@ -27,9 +27,15 @@ from .config import ModelConfig
 
 def dims(config: ModelConfig) -> dict:
     """The sizes `forward_flops` reads, from a model config: d, f, h, N, a = h*d_k, c = h*d_v, V."""
-    return dict(d=config.d_model, f=config.d_ff, h=config.n_heads, N=config.n_layers,
-                a=config.n_heads * config.head_dim_k, c=config.n_heads * config.head_dim_v,
-                V=config.target_vocab_size)
+    return dict(
+        d=config.d_model,
+        f=config.d_ff,
+        h=config.n_heads,
+        N=config.n_layers,
+        a=config.n_heads * config.head_dim_k,
+        c=config.n_heads * config.head_dim_v,
+        V=config.target_vocab_size,
+    )
 
 
 def forward_flops(dm: dict, B: int, S: int, T: int) -> int:
@@ -37,8 +43,11 @@ def forward_flops(dm: dict, B: int, S: int, T: int) -> int:
     module docstring); `dm` as `dims` makes it."""
     d, f, a, c, N, V = dm["d"], dm["f"], dm["a"], dm["c"], dm["N"], dm["V"]
     enc = B * S * N * 2 * (d * (2 * a + c) + c * d + 2 * d * f) + B * N * 2 * (S * S * a + S * S * c)
-    dec = (B * T * N * 2 * (d * (2 * a + c) + c * d + d * a + c * d + 2 * d * f) + B * S * N * 2 * d * (a + c)
-           + B * N * 2 * (T * T * a + T * T * c + T * S * a + T * S * c))
+    dec = (
+        B * T * N * 2 * (d * (2 * a + c) + c * d + d * a + c * d + 2 * d * f)
+        + B * S * N * 2 * d * (a + c)
+        + B * N * 2 * (T * T * a + T * T * c + T * S * a + T * S * c)
+    )
     return enc + dec + B * T * 2 * d * V
 
 

@@ -92,8 +92,21 @@ def map_large_blocks(size: int = MAP_LARGE_FROM) -> bool:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                                        "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def malloc_stats() -> dict[str, int] | None:
@@ -127,6 +140,8 @@ class Trimmer:
 def memory_info() -> dict:
     """For /info: the kernel caches' bounds as set, and the heap as glibc sees it (MB)."""
     stats = malloc_stats()
-    return {"kernel_cache": {name: os.environ.get(name) for name in _CACHES},
-            "malloc_in_use_mb": round(stats["in_use"] / 2**20, 1) if stats else None,
-            "malloc_free_mb": round(stats["free"] / 2**20, 1) if stats else None}
+    return {
+        "kernel_cache": {name: os.environ.get(name) for name in _CACHES},
+        "malloc_in_use_mb": round(stats["in_use"] / 2**20, 1) if stats else None,
+        "malloc_free_mb": round(stats["free"] / 2**20, 1) if stats else None,
+    }

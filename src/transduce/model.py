@@ -62,8 +62,9 @@ class MultiHeadAttention(nn.Module):
     picks the one for a decoding step's queries (`step_attention`) and for all others
     (`sequence_attention`) from where and how they are computed."""
 
-    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0,
-                 bias: bool = False):
+    def __init__(
+        self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0, bias: bool = False
+    ):
         super().__init__()
         self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
         self.attention_dropout = attention_dropout
@@ -99,8 +100,16 @@ class MultiHeadAttention(nn.Module):
         k, v = self.in_proj(memory, self.kv_rows).split([self.n_heads * self.d_k, self.n_heads * self.d_v], -1)
         return self._heads(k, self.d_k), self._heads(v, self.d_v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool = False,
-               incremental: bool = False, keys_first: bool = False) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        need_weights: bool = False,
+        incremental: bool = False,
+        keys_first: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
         """Equation 1 on every head, then Concat and W^O: (B, Tq, d_model) and, if asked, the weights
         (B, h, Tq, Tk). `incremental`: q holds one decoding step's positions (`attention.step_attention`,
         with the cache's `keys_first`).
@@ -119,8 +128,9 @@ class MultiHeadAttention(nn.Module):
             out, weights = sequence_attention(q, k, v, attn_mask=mask, dropout_p=p), None
         return self.out_proj(concat_heads(out, group)), weights  # Concat(head_1..h) W^O
 
-    def forward(self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """Self-attention over x, or encoder-decoder attention from x to `memory`."""
         if memory is None:
             q, k, v = self.project_qkv(x)
@@ -175,8 +185,7 @@ class Embeddings(nn.Module):
 
 
 def _attention(c: ModelConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout,
-                              c.attention_bias)
+    return MultiHeadAttention(c.d_model, c.n_heads, c.head_dim_k, c.head_dim_v, c.attention_dropout, c.attention_bias)
 
 
 def _norm(c: ModelConfig) -> nn.LayerNorm:
@@ -225,8 +234,15 @@ class DecoderLayer(_Sublayers):
         self.dropout = nn.Dropout(c.dropout)
         self.norm_first = c.norm_first
 
-    def forward(self, x: Tensor, memory: Tensor | None, tgt_mask: Tensor | None, src_mask: Tensor | None,
-                cache: LayerCache | None = None, need_weights: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        tgt_mask: Tensor | None,
+        src_mask: Tensor | None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         # Masked self-attention (3.2.3): each position sees itself and earlier positions.
         q, k, v = self.self_attn.project_qkv(self._input(x, self.norm1))
         incremental = cache is not None
@@ -284,8 +300,15 @@ class Decoder(_Stack):
 
     Layer = DecoderLayer
 
-    def forward(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor, tgt_mask: Tensor | None,
-                cache: DecoderCache | None = None, need_weights: bool = False) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None,
+        src_mask: Tensor,
+        tgt_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         start = cache.length if cache is not None else 0
         # with a window, the cached keys too: the step at position t sees keys max(0, t - r) .. t
         tgt_mask = within_window(tgt_mask, self.window, tgt.size(1), start + tgt.size(1), tgt.device)
@@ -321,7 +344,10 @@ class Transformer(IncrementalDecoding, nn.Module):
         if c.positional == "sinusoidal":
             src_pos = tgt_pos = SinusoidalPositions(c.d_model, c.max_positions)
         else:
-            src_pos, tgt_pos = LearnedPositions(c.d_model, c.max_positions), LearnedPositions(c.d_model, c.max_positions)
+            src_pos, tgt_pos = (
+                LearnedPositions(c.d_model, c.max_positions),
+                LearnedPositions(c.d_model, c.max_positions),
+            )
         self.word_positions = WordPositions(c) if c.word_positions else None  # not in the paper
         self.encoder = Encoder(c, src_embed, src_pos, self.word_positions)
         self.decoder = Decoder(c, tgt_embed, tgt_pos, self.word_positions)

@@ -49,6 +49,8 @@ class LearnedPositions(nn.Module):
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         if offset + length > self.weight.size(0):
-            raise ValueError(f"sequence of {offset + length} positions exceeds the learned position table "
-                             f"({self.weight.size(0)}); raise model.max_positions")
+            raise ValueError(
+                f"sequence of {offset + length} positions exceeds the learned position table "
+                f"({self.weight.size(0)}); raise model.max_positions"
+            )
         return self.weight[offset : offset + length]

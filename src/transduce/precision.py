@@ -48,13 +48,31 @@ class Row:
 
 # Rows in order, the first whose flags the CPU has decides (docs/speed.md has the measurements)
 CPU_TABLE = (
-    Row(frozenset({"amx_bf16", "amx_int8"}), "bf16", "int8", False, "AMX: bf16 products faster than fp32",
-        "int8 for the output projection alone, where bf16 beats int8 with its quantization at the decoder's sizes"),
-    Row(frozenset({"avx512_bf16", "avx512_vnni"}), "bf16", "int8", True, "bf16 products faster than fp32",
-        "the decoder's int8 products faster than bf16"),
+    Row(
+        frozenset({"amx_bf16", "amx_int8"}),
+        "bf16",
+        "int8",
+        False,
+        "AMX: bf16 products faster than fp32",
+        "int8 for the output projection alone, where bf16 beats int8 with its quantization at the decoder's sizes",
+    ),
+    Row(
+        frozenset({"avx512_bf16", "avx512_vnni"}),
+        "bf16",
+        "int8",
+        True,
+        "bf16 products faster than fp32",
+        "the decoder's int8 products faster than bf16",
+    ),
     Row(frozenset({"avx512_bf16"}), "bf16", "bf16", True, "bf16 products faster than fp32", "no int8 measured"),
-    Row(frozenset(), "fp32", "fp32", True, "no bf16 instructions: bf16 emulated, far slower",
-        "int8 no faster than fp32 without VNNI"),
+    Row(
+        frozenset(),
+        "fp32",
+        "fp32",
+        True,
+        "no bf16 instructions: bf16 emulated, far slower",
+        "int8 no faster than fp32 without VNNI",
+    ),
 )
 
 
@@ -78,8 +96,12 @@ def read_capability(device: torch.device | str = "cpu") -> Capability:
     device = torch.device(device)
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
-        return Capability("cuda", torch.cuda.get_device_name(device), frozenset({"bf16"} if major >= 8 else ()),
-                          f"compute capability {major}.{minor}")
+        return Capability(
+            "cuda",
+            torch.cuda.get_device_name(device),
+            frozenset({"bf16"} if major >= 8 else ()),
+            f"compute capability {major}.{minor}",
+        )
     flags = cpu_flags()
     held = onednn_isa_limit()
     detail = ", ".join(f for f in CPU_FLAGS if f in flags) or f"{held or torch.backends.cpu.get_cpu_capability()} only"
@@ -93,7 +115,9 @@ def cpu_row(cap: Capability) -> Row:
     return next(row for row in CPU_TABLE if row.needs <= cap.features)
 
 
-def choose_precision(requested: str, device: torch.device | str = "cpu", *, capability: Capability | None = None) -> Choice:
+def choose_precision(
+    requested: str, device: torch.device | str = "cpu", *, capability: Capability | None = None
+) -> Choice:
     """The precision to train (or evaluate a loss) in: `requested` itself (with a warning where
     bf16 is emulated), or for 'auto' the table's choice."""
     if requested not in PRECISIONS + ("int8",):
@@ -107,8 +131,11 @@ def choose_precision(requested: str, device: torch.device | str = "cpu", *, capa
     where = f"{cap.name}: {cap.detail}"
     if requested == "bf16":
         emulated = cap.device == "cpu" and not cap.native_bf16
-        warning = (f"bf16 is emulated on this CPU ({where}): many times slower than fp32; "
-                   "--precision auto would use fp32") if emulated else None
+        warning = (
+            (f"bf16 is emulated on this CPU ({where}): many times slower than fp32; --precision auto would use fp32")
+            if emulated
+            else None
+        )
         return Choice("bf16", f"as asked; {where}", warning=warning)
     if cap.device == "cuda":
         if cap.native_bf16:
@@ -118,7 +145,9 @@ def choose_precision(requested: str, device: torch.device | str = "cpu", *, capa
     return Choice(row.auto, f"auto: {where}: {row.why}")
 
 
-def int8_choice(device: torch.device | str = "cpu", capability: Capability | None = None, why: str = "as asked") -> Choice:
+def int8_choice(
+    device: torch.device | str = "cpu", capability: Capability | None = None, why: str = "as asked"
+) -> Choice:
     """`--precision int8`: where it runs and how, or a ValueError off the CPU (or without oneDNN's
     int8 kernels). Everything but the products in bf16 where the CPU computes bf16 natively, else
     fp32; the decoder's layers in int8 as the CPU's row of `CPU_TABLE` says."""
@@ -131,17 +160,29 @@ def int8_choice(device: torch.device | str = "cpu", capability: Capability | Non
     cap = capability or read_capability("cpu")
     row = cpu_row(cap)
     base = "bf16" if cap.native_bf16 else "fp32"
-    bits = ("7-bit weights, 8-bit activations: this CPU's int8 products add pairs in int16" if int8_saturates()
-            else "8-bit activations")
-    layers = ("the decoder's linear layers and the output projection in int8" if row.int8_decoder
-              else f"the output projection in int8, the decoder's linear layers in {base} ({row.why_int8})")
+    bits = (
+        "7-bit weights, 8-bit activations: this CPU's int8 products add pairs in int16"
+        if int8_saturates()
+        else "8-bit activations"
+    )
+    layers = (
+        "the decoder's linear layers and the output projection in int8"
+        if row.int8_decoder
+        else f"the output projection in int8, the decoder's linear layers in {base} ({row.why_int8})"
+    )
     kernel = "FBGEMM" if int8_kernel(torch.bfloat16 if base == "bf16" else torch.float32) == "fbgemm" else "oneDNN"
-    return Choice("int8", f"{why}; {cap.name}: {layers} through {kernel} ({bits}), the source side and the rest in "
-                          f"{base} ({cap.detail}); the search in fp32", base=base, int8_decoder=row.int8_decoder)
+    return Choice(
+        "int8",
+        f"{why}; {cap.name}: {layers} through {kernel} ({bits}), the source side and the rest in "
+        f"{base} ({cap.detail}); the search in fp32",
+        base=base,
+        int8_decoder=row.int8_decoder,
+    )
 
 
-def choose_decoding_precision(requested: str, device: torch.device | str = "cpu", *,
-                              capability: Capability | None = None) -> Choice:
+def choose_decoding_precision(
+    requested: str, device: torch.device | str = "cpu", *, capability: Capability | None = None
+) -> Choice:
     """The precision `translate`, `evaluate`, `serve` and `parse` decode in: fp32, bf16, int8 as
     asked; `auto` the table's float type for the device; `auto-int8` on the CPU the table's
     choice among fp32, bf16 and int8 (elsewhere `auto`'s)."""

@@ -19,8 +19,9 @@ def window_mask(q_len: int, k_len: int | None = None, window: int = 0, device: t
     return ((q_pos - k_pos).abs() <= window)[None, None]
 
 
-def within_window(mask: Tensor | None, window: int | None, q_len: int, k_len: int,
-                  device: torch.device | None = None) -> Tensor | None:
+def within_window(
+    mask: Tensor | None, window: int | None, q_len: int, k_len: int, device: torch.device | None = None
+) -> Tensor | None:
     """A self-attention mask restricted to `window_mask` (unchanged where `window` is None, the
     paper). A query whose window holds no key `mask` allows (only a padding query, whose output
     is ignored) keeps its row of `mask`, so that no row of the scores is empty."""

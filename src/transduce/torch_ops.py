@@ -18,7 +18,8 @@ def has(what: str) -> bool:
     products), "int8" (oneDNN's int8 linear) or "fbgemm" (FBGEMM's int8 linear)."""
     if what == "fbgemm":
         return "fbgemm" in torch.backends.quantized.supported_engines and all(
-            hasattr(torch.ops.quantized, op) for op in ("linear_prepack", "linear_dynamic", "linear_relu_dynamic"))
+            hasattr(torch.ops.quantized, op) for op in ("linear_prepack", "linear_dynamic", "linear_relu_dynamic")
+        )
     if not torch.backends.mkldnn.is_available():
         return False
     if what == "packed":
@@ -32,8 +33,12 @@ def warn_missing(what: str) -> None:
     """One warning per process that `what`'s private operators are missing from this torch."""
     if what not in _WARNED:
         _WARNED.add(what)
-        warnings.warn(f"torch {torch.__version__} lacks oneDNN's {what} operators: decoding takes PyTorch's public "
-                      "path (correct, slower)", RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"torch {torch.__version__} lacks oneDNN's {what} operators: decoding takes PyTorch's public "
+            "path (correct, slower)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def bf16_packing() -> bool:
@@ -43,8 +48,12 @@ def bf16_packing() -> bool:
 
 def cpu_features() -> set[str]:
     """The CPU's AMX, bf16 and VNNI flags as PyTorch reports them (where /proc/cpuinfo is not)."""
-    tests = {"amx_bf16": "_is_amx_tile_supported", "amx_int8": "_is_amx_tile_supported",
-             "avx512_bf16": "_is_avx512_bf16_supported", "avx512_vnni": "_is_vnni_supported"}
+    tests = {
+        "amx_bf16": "_is_amx_tile_supported",
+        "amx_int8": "_is_amx_tile_supported",
+        "avx512_bf16": "_is_avx512_bf16_supported",
+        "avx512_vnni": "_is_vnni_supported",
+    }
     return {f for f, test in tests.items() if getattr(torch.cpu, test, lambda: False)()}
 
 
@@ -70,11 +79,21 @@ def int8_pack(q: Tensor) -> object:
     return torch.ops.onednn.qlinear_prepack(q, None)
 
 
-def int8_linear(q: Tensor, scale: float, zero: int, packed, w_scales: Tensor, w_zeros: Tensor, bias: Tensor | None,
-                out_dtype: torch.dtype, activation: str = "none") -> Tensor:
+def int8_linear(
+    q: Tensor,
+    scale: float,
+    zero: int,
+    packed,
+    w_scales: Tensor,
+    w_zeros: Tensor,
+    bias: Tensor | None,
+    out_dtype: torch.dtype,
+    activation: str = "none",
+) -> Tensor:
     """(q - zero) * scale times the int8 weight (per-row `w_scales`) plus bias, in `out_dtype`."""
-    return torch.ops.onednn.qlinear_pointwise(q, scale, zero, packed, w_scales, w_zeros, bias, 1.0, 0, out_dtype,
-                                              activation, [], "")
+    return torch.ops.onednn.qlinear_pointwise(
+        q, scale, zero, packed, w_scales, w_zeros, bias, 1.0, 0, out_dtype, activation, [], ""
+    )
 
 
 def fbgemm_pack(q: Tensor, w_scales: Tensor, bias: Tensor | None) -> object:
@@ -83,7 +102,9 @@ def fbgemm_pack(q: Tensor, w_scales: Tensor, bias: Tensor | None) -> object:
     deprecated: made here, under that warning alone, and held only inside the packed weight."""
     engine = torch.backends.quantized.engine
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated", category=UserWarning)
+        warnings.filterwarnings(
+            "ignore", message=".*quantized tensor creation functions.*deprecated", category=UserWarning
+        )
         w = torch._make_per_channel_quantized_tensor(q, w_scales.double(), torch.zeros(q.size(0), dtype=torch.long), 0)
         try:
             torch.backends.quantized.engine = "fbgemm"

@@ -29,9 +29,11 @@ def last_checkpoints(run_dir: str | os.PathLike, k: int, flag: str = "--average"
         raise ValueError(f"{flag} must be at least 1")
     found = [(s, p) for s, p in found if on_interval(p)] or found
     if len(found) < k:
-        raise ValueError(f"asked for the last {k} checkpoints but {run_dir} has {len(found)} "
-                         f"({', '.join(p.name for _, p in found)}); use {flag} {len(found)}, or train keeping more "
-                         "(train --keep-last)")
+        raise ValueError(
+            f"asked for the last {k} checkpoints but {run_dir} has {len(found)} "
+            f"({', '.join(p.name for _, p in found)}); use {flag} {len(found)}, or train keeping more "
+            "(train --keep-last)"
+        )
     return [p for _, p in found[-k:]]
 
 
@@ -102,11 +104,15 @@ def resolve_checkpoint(run_dir: Path, name: str) -> Path:
     for c in candidates:
         if is_model_dir(c):
             return c
-    raise FileNotFoundError(f"{name}: no such checkpoint (a model directory, a name under {run_dir / CHECKPOINTS}, "
-                            "a step number, 'latest' or 'model')")
+    raise FileNotFoundError(
+        f"{name}: no such checkpoint (a model directory, a name under {run_dir / CHECKPOINTS}, "
+        "a step number, 'latest' or 'model')"
+    )
 
 
-NOT_A_MODEL = "neither a model directory (model.safetensors + config.json) nor a run directory with a model/ or checkpoints/"
+NOT_A_MODEL = (
+    "neither a model directory (model.safetensors + config.json) nor a run directory with a model/ or checkpoints/"
+)
 
 
 def check_model_path(path: Path) -> None:
@@ -127,8 +133,14 @@ class Resolved:
     search_dirs: list[Path]  # where data.json and the vocabulary are looked for
 
 
-def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
-                       device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> Resolved:
+def load_for_inference(
+    path: str | os.PathLike,
+    *,
+    checkpoint: str | None = None,
+    average: int | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> Resolved:
     """The model a MODEL argument names: a model directory; or, for a run directory, the average
     of its last `average` checkpoints (by default `default_average`, as for Table 2), one
     `checkpoint` (`resolve_checkpoint`), or its model/ when it has no checkpoints. `dtype`: its
@@ -158,5 +170,6 @@ def load_for_inference(path: str | os.PathLike, *, checkpoint: str | None = None
         raise FileNotFoundError(f"{path}: {NOT_A_MODEL}")
     model, config = guarded(load_model, model_dir, device=device, dtype=dtype)
     # A run directory holds data.json; a checkpoint's is two levels up (RUN_DIR/checkpoints/step_*).
-    return Resolved(model, config, str(model_dir),
-                    list(dict.fromkeys([path, model_dir, model_dir.parent, model_dir.parent.parent])))
+    return Resolved(
+        model, config, str(model_dir), list(dict.fromkeys([path, model_dir, model_dir.parent, model_dir.parent.parent]))
+    )

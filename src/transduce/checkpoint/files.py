@@ -93,7 +93,9 @@ class AtomicOutput:
         self.target = output_target(self.path)
         self.tmp = None if self.target is None else self.target.with_name(f".{self.target.name}.tmp-{os.getpid()}")
         self._raw = raw = self._do(open, self.tmp or self.path, "wb")
-        self.f: BinaryIO = gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) if self.path.name.endswith(".gz") else raw
+        self.f: BinaryIO = (
+            gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0) if self.path.name.endswith(".gz") else raw
+        )
 
     def _do(self, fn, *args):
         """fn(*args), an OSError made to name the user's path."""

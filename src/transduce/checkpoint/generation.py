@@ -35,13 +35,17 @@ class Generation:
         """What an import prints: the settings taken, and those not applied."""
         how = "greedy" if self.beam == 1 else f"beam {self.beam}, length penalty hf:{self.length_penalty:g}"
         langs = f"{self.src_lang or '?'} -> {self.tgt_lang or '?'}" + (
-            f" ({len(self.target_tokens)} target tokens)" if self.target_tokens else "")
-        rest = f"; not applied: {', '.join(f'{k} {v}' for k, v in self.not_applied.items())}" if self.not_applied else ""
+            f" ({len(self.target_tokens)} target tokens)" if self.target_tokens else ""
+        )
+        rest = (
+            f"; not applied: {', '.join(f'{k} {v}' for k, v in self.not_applied.items())}" if self.not_applied else ""
+        )
         return f"decoded as generate: {how}; {langs}{rest}"
 
     def write(self, path: Path) -> None:
-        Path(path).write_text(json.dumps({"format": 1, **asdict(self)}, indent=2, ensure_ascii=False) + "\n",
-                              encoding="utf-8")
+        Path(path).write_text(
+            json.dumps({"format": 1, **asdict(self)}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
 
     @classmethod
     def read(cls, path: Path) -> "Generation":

@@ -49,8 +49,9 @@ def save_tensors_as_model(tensors: dict[str, torch.Tensor], config: Config, dire
     return _write_model_dir(directory, config, lambda tmp: save_file(tensors, tmp, metadata=METADATA))
 
 
-def save_made_tensors_as_model(makers: dict[str, Callable[[], torch.Tensor]], config: Config,
-                               directory: str | os.PathLike) -> Path:
+def save_made_tensors_as_model(
+    makers: dict[str, Callable[[], torch.Tensor]], config: Config, directory: str | os.PathLike
+) -> Path:
     """A model directory whose tensors are made one at a time (`makers[name]()`, named as in
     model.safetensors, fp32), each written and let go before the next is made: an import that holds
     the model's largest tensor, not the model. Every parameter of `config`'s model is made once (of
@@ -101,8 +102,9 @@ def load_config(directory: str | os.PathLike) -> Config:
     return Config.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> tuple[Transformer, Config]:
+def load_model(
+    directory: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> tuple[Transformer, Config]:
     """(the model in eval mode, its config), its weights loaded strictly from a model directory;
     with `dtype`, its floating-point tensors in that type (as `model.to(dtype)` would give them),
     read and cast one at a time (`build_model`)."""
@@ -114,7 +116,9 @@ def load_model(directory: str | os.PathLike, device: str | torch.device = "cpu",
     verify(directory, (WEIGHTS, CONFIG))
     with safe_open(str(weights), "pt") as f:
         names = set(f.keys())
-    model = build_model(config, names, lambda name: read_tensor(weights, name), device=device, dtype=dtype, where=weights)
+    model = build_model(
+        config, names, lambda name: read_tensor(weights, name), device=device, dtype=dtype, where=weights
+    )
     return model.eval(), config
 
 
@@ -124,7 +128,9 @@ def skeleton(config: Config) -> Transformer:
     decompositions, about 70 MB, to draw numbers that are replaced at once; the sinusoids' table,
     3.5, is computed on the CPU for the same reason)."""
     normal = torch.nn.init.normal_
-    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: tensor if tensor.is_meta else normal(tensor, *args, **kwargs)
+    torch.nn.init.normal_ = lambda tensor, *args, **kwargs: (
+        tensor if tensor.is_meta else normal(tensor, *args, **kwargs)
+    )
     try:
         with torch.device("meta"):
             return Transformer(config.model)
@@ -139,8 +145,15 @@ def read_tensor(path: Path, name: str) -> torch.Tensor:
         return f.get_tensor(name)
 
 
-def build_model(config: Config, names: set[str], read, *, device: str | torch.device = "cpu",
-                dtype: torch.dtype | None = None, where: object = "the weights") -> Transformer:
+def build_model(
+    config: Config,
+    names: set[str],
+    read,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    where: object = "the weights",
+) -> Transformer:
     """A Transformer whose every parameter and persistent buffer is `read(name)` for a name in
     `names` (the weights file's: a tensor tied to another is stored under one of its names), each
     cast to `dtype` where floating (None: as stored) and moved to `device` as soon as read; built
@@ -173,12 +186,16 @@ def build_model(config: Config, names: set[str], read, *, device: str | torch.de
             if key in module._non_persistent_buffers_set:  # computed, not stored: the sinusoids (3.5)
                 if b.is_meta:
                     raise ValueError(f"{where}: {aliases[id(module)][0]}.{key} is neither stored nor computed")
-                module._buffers[key] = b.to(device=device, dtype=dtype if dtype is not None and b.is_floating_point() else b.dtype)
+                module._buffers[key] = b.to(
+                    device=device, dtype=dtype if dtype is not None and b.is_floating_point() else b.dtype
+                )
             elif (t := load(module, key, b)) is not None:
                 module._buffers[key] = t
     unexpected = sorted(names - used)
     if missing or unexpected:
-        raise ValueError(f"{where}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ValueError(
+            f"{where}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return model
 
 
@@ -190,7 +207,9 @@ def model_from_tensors(tensors: dict[str, torch.Tensor], config: Config, where) 
     loaded = {state[k].data_ptr() for k in tensors if k in state}
     missing = [k for k in missing if state[k].data_ptr() not in loaded]  # not an alias of a loaded tensor
     if missing or unexpected:
-        raise ValueError(f"{where}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ValueError(
+            f"{where}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return model
 
 

@@ -21,8 +21,25 @@ from safetensors.torch import load_model as _st_load_model
 from ..config import Config
 from ..errors import TrainingStopped, UsageError
 from .files import (
-    CHECKPOINTS, CHECKSUMS, CONFIG, DAMAGED, FORMAT, LATEST, LOCK, OPTIMIZER, RNG, STATE, WEIGHTS,
-    DamagedCheckpoint, as_os_error, atomic_write_text, digests, fsync_dir, replace_dir, save_tensors, verify,
+    CHECKPOINTS,
+    CHECKSUMS,
+    CONFIG,
+    DAMAGED,
+    FORMAT,
+    LATEST,
+    LOCK,
+    OPTIMIZER,
+    RNG,
+    STATE,
+    WEIGHTS,
+    DamagedCheckpoint,
+    as_os_error,
+    atomic_write_text,
+    digests,
+    fsync_dir,
+    replace_dir,
+    save_tensors,
+    verify,
 )
 from .model_dir import save_model
 
@@ -33,7 +50,9 @@ def prepare_run_dir(run_dir: Path, data_dir: Path, meta: dict, config: Config) -
     """Create the run directory: config.json, data.json (+ "data_dir") and the vocabulary files."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     atomic_write_text(run_dir / "config.json", config.to_json() + "\n")
-    atomic_write_text(run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n")
+    atomic_write_text(
+        run_dir / "data.json", json.dumps({**meta, "data_dir": str(data_dir.absolute())}, indent=2) + "\n"
+    )
     for name in sorted(set(meta["vocab"]["files"].values())):
         for f in (data_dir / name, (data_dir / name).with_suffix(".vocab")):
             copy = run_dir / f.name
@@ -57,8 +76,10 @@ def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) 
         differences.append(f"sizes {size[0]}/{size[1]}, the run's {m.src_vocab_size}/{m.target_vocab_size}")
     run_shared = bool(run_vocab.get("shared", m.tgt_vocab_size is None))
     if shared != run_shared:
-        differences.append(f"{'one shared' if shared else 'separate'} vocabular{'y' if shared else 'ies'}, "
-                           f"the run's {'one shared' if run_shared else 'separate'}")
+        differences.append(
+            f"{'one shared' if shared else 'separate'} vocabular{'y' if shared else 'ies'}, "
+            f"the run's {'one shared' if run_shared else 'separate'}"
+        )
     run_files = run_vocab.get("files", vocab["files"])
     for role in ("src", "tgt"):
         ours, theirs = run_dir / run_files[role], data_dir / vocab["files"][role]
@@ -66,9 +87,11 @@ def check_vocabulary(run_dir: Path, config: Config, data_dir: Path, meta: dict) 
             differences.append(f"{theirs} is not the run's {ours}")
     if differences:
         used = recorded.get("data_dir", "the data it was trained on")
-        raise UsageError(f"{data_dir} has another vocabulary than the run being resumed ({run_dir}): "
-                         f"{'; '.join(dict.fromkeys(differences))}; resume on the run's data ({used}), "
-                         "or start over with --restart or in another --run-dir")
+        raise UsageError(
+            f"{data_dir} has another vocabulary than the run being resumed ({run_dir}): "
+            f"{'; '.join(dict.fromkeys(differences))}; resume on the run's data ({used}), "
+            "or start over with --restart or in another --run-dir"
+        )
 
 
 @dataclass
@@ -177,7 +200,9 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module) 
     return out
 
 
-def load_optimizer_tensors(optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+def load_optimizer_tensors(
+    optimizer: torch.optim.Optimizer, model: torch.nn.Module, tensors: dict[str, torch.Tensor]
+) -> None:
     """Inverse of `optimizer_tensors`, keeping the optimizer's hyperparameters (from the config)."""
     names = _param_names(model)
     by_name: dict[str, dict[str, torch.Tensor]] = {}
@@ -214,7 +239,10 @@ def save_checkpoint(
         save_model(model, config, tmp)  # model.safetensors + config.json: a model directory
         save_tensors(optimizer_tensors(optimizer, model), tmp / OPTIMIZER)
         save_tensors({k: v.to("cpu").contiguous() for k, v in rng.items()}, tmp / RNG)
-        files = {**json.loads((tmp / CHECKSUMS).read_text(encoding="utf-8")), **digests(tmp, (CHECKSUMS, OPTIMIZER, RNG))}
+        files = {
+            **json.loads((tmp / CHECKSUMS).read_text(encoding="utf-8")),
+            **digests(tmp, (CHECKSUMS, OPTIMIZER, RNG)),
+        }
         state = dataclasses.replace(state, files=files)
         atomic_write_text(tmp / STATE, state.to_json() + "\n")  # last: marks the directory complete
         fsync_dir(tmp)
@@ -311,11 +339,18 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise RunLocked(f"{self.path.parent} is being written by another trainer ({self.holder()}); "
-                            "wait for it to end, stop it, or use another --run-dir") from None
+            raise RunLocked(
+                f"{self.path.parent} is being written by another trainer ({self.holder()}); "
+                "wait for it to end, stop it, or use another --run-dir"
+            ) from None
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode() + b"\n")
+        os.write(
+            fd,
+            json.dumps(
+                {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+            ).encode()
+            + b"\n",
+        )
         self._fd = fd
         return self
 

@@ -74,8 +74,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     from .options import HelpFormatter, usage
 
     listing = "\n\nsubcommands:\n" + "".join(f"  {name:<11} {line}\n" for name, line in SUMMARIES.items())
-    parser = argparse.ArgumentParser(prog="transduce", usage="%(prog)s [-h] [--version] SUBCOMMAND ...", description=DESCRIPTION + listing.rstrip(), epilog=EPILOG,
-                                     formatter_class=HelpFormatter, allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="transduce",
+        usage="%(prog)s [-h] [--version] SUBCOMMAND ...",
+        description=DESCRIPTION + listing.rstrip(),
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
+        allow_abbrev=False,
+    )
     parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", help=argparse.SUPPRESS)
     for name in SUBCOMMANDS:  # listed once, in the description
@@ -83,8 +89,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name, add_help=False)
             continue
         module = importlib.import_module(f"{__name__}.{MODULES.get(name, name)}")  # `import` is a keyword
-        p = sub.add_parser(name, prog=f"transduce {name}", description=module.DESCRIPTION, epilog=getattr(module, "EPILOG", None),
-                           formatter_class=HelpFormatter, add_help=False, allow_abbrev=False)  # a flag is its whole name
+        p = sub.add_parser(
+            name,
+            prog=f"transduce {name}",
+            description=module.DESCRIPTION,
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=HelpFormatter,
+            add_help=False,
+            allow_abbrev=False,
+        )  # a flag is its whole name
         module.add_args(p)
         _add_help(p)
         p.usage = usage(p)

@@ -32,24 +32,49 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("model_path", type=Path, metavar="MODEL", help="a run directory or a model directory")
     g.add_argument("sentences", nargs="*", metavar="SENTENCE", help="source sentences, right after MODEL")
     g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, a line each (SOURCE[<TAB>TARGET])")
-    g.add_argument("--target-text", action="append", metavar="TEXT", dest="target_text",
-                   help="a SENTENCE's target, one each (default: translated)")
-    g.add_argument("--keep-tokens", type=int, default=ATTENTION_MAX_TOKENS, metavar="N",
-                   help=f"subword tokens kept per side, the rest cut (default {ATTENTION_MAX_TOKENS})")
+    g.add_argument(
+        "--target-text",
+        action="append",
+        metavar="TEXT",
+        dest="target_text",
+        help="a SENTENCE's target, one each (default: translated)",
+    )
+    g.add_argument(
+        "--keep-tokens",
+        type=int,
+        default=ATTENTION_MAX_TOKENS,
+        metavar="N",
+        help=f"subword tokens kept per side, the rest cut (default {ATTENTION_MAX_TOKENS})",
+    )
     g.add_argument("--html", type=Path, metavar="FILE", help="the interactive page")
     g.add_argument("--json", type=Path, metavar="FILE", help="the weights as JSON")
     g.add_argument("--png", type=Path, metavar="FILE", help="a figure (see --figure)")
     g = parser.add_argument_group("the PNG figure")
-    g.add_argument("--figure", choices=("lines", "heatmap", "masks"), default="lines", metavar="F",
-                   help="lines (Figures 3-5; default), heatmap or masks")
-    g.add_argument("--type", choices=tuple(TYPES), default="encoder", metavar="T",
-                   help="encoder (default), decoder-self or decoder-cross")
+    g.add_argument(
+        "--figure",
+        choices=("lines", "heatmap", "masks"),
+        default="lines",
+        metavar="F",
+        help="lines (Figures 3-5; default), heatmap or masks",
+    )
+    g.add_argument(
+        "--type",
+        choices=tuple(TYPES),
+        default="encoder",
+        metavar="T",
+        help="encoder (default), decoder-self or decoder-cross",
+    )
     g.add_argument("--layer", type=int, metavar="N", help="layer, from 1 (default: the last)")
     g.add_argument("--heads", metavar="LIST", help="heads, from 1, e.g. 5,6 (default: all)")
     g.add_argument("--query", metavar="TOKEN|POS", help="one query only: a token or a position")
     g.add_argument("--sentence", type=int, default=1, metavar="N", help="which sentence, from 1 (default 1)")
-    g.add_argument("--layout", choices=("columns", "rows"), default="columns", metavar="L",
-                   help="lines: columns (default) or rows (the paper's)")
+    g.add_argument(
+        "--layout",
+        choices=("columns", "rows"),
+        default="columns",
+        metavar="L",
+        help="lines: columns (default) or rows (the paper's)",
+    )
     g = parser.add_argument_group("model and its translation (when no target is given; Section 6.1)")
     add_model_args(g)
     add_search_args(g, beam=BEAM, alpha=ALPHA, max_len_offset=MAX_LEN_OFFSET)
@@ -78,9 +103,13 @@ def read_input(args: argparse.Namespace) -> tuple[list[str], list[str | None] | 
             raise DataError("no sentences", args.input)
     if args.target_text:
         if args.input is not None:
-            raise UsageError("--target-text goes with sentences on the command line; in --input, put targets after a tab")
+            raise UsageError(
+                "--target-text goes with sentences on the command line; in --input, put targets after a tab"
+            )
         if len(args.target_text) != len(sources):
-            raise UsageError(f"{len(args.target_text)} --target-text for {len(sources)} sentences: give one per sentence")
+            raise UsageError(
+                f"{len(args.target_text)} --target-text for {len(sources)} sentences: give one per sentence"
+            )
         targets = list(args.target_text)
     if not sources:
         raise UsageError("no sentence: give SENTENCE arguments or --input FILE")
@@ -119,13 +148,24 @@ def run(args: argparse.Namespace) -> int:
 
         require_matplotlib()  # before the model is loaded
     else:
-        figure_only = [flag for flag, given in (
-            ("--figure", args.figure != "lines"), ("--type", args.type != "encoder"), ("--layer", args.layer is not None),
-            ("--heads", args.heads is not None), ("--query", args.query is not None), ("--sentence", args.sentence != 1),
-            ("--layout", args.layout != "columns")) if given]
+        figure_only = [
+            flag
+            for flag, given in (
+                ("--figure", args.figure != "lines"),
+                ("--type", args.type != "encoder"),
+                ("--layer", args.layer is not None),
+                ("--heads", args.heads is not None),
+                ("--query", args.query is not None),
+                ("--sentence", args.sentence != 1),
+                ("--layout", args.layout != "columns"),
+            )
+            if given
+        ]
         if figure_only:
-            raise UsageError(f"{', '.join(figure_only)} choose what the PNG figure shows: add --png FILE "
-                             "(the HTML page and the JSON hold every type, layer and head)")
+            raise UsageError(
+                f"{', '.join(figure_only)} choose what the PNG figure shows: add --png FILE "
+                "(the HTML page and the JSON hold every type, layer and head)"
+            )
     check_search_args(args)
     library_length_penalty(args, "attention")
     for path in (args.html, args.json, args.png):
@@ -138,8 +178,16 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_from_args(args)  # fp32: the weights as trained
     print(f"{PROG}: model {loaded.description}", file=sys.stderr)
-    _, data = attention_data(loaded, sources, targets, beam=args.beam, alpha=args.alpha, greedy=args.greedy,
-                             max_len_offset=args.max_len_offset, max_tokens=args.keep_tokens)
+    _, data = attention_data(
+        loaded,
+        sources,
+        targets,
+        beam=args.beam,
+        alpha=args.alpha,
+        greedy=args.greedy,
+        max_len_offset=args.max_len_offset,
+        max_tokens=args.keep_tokens,
+    )
     for i, s in enumerate(data["sentences"], start=1):
         print(f"{i} source: {' '.join(s['source'])}")
         print(f"{i} target: {' '.join(s['target'][1:])}   ({s['target_from']})")
@@ -158,12 +206,20 @@ def run(args: argparse.Namespace) -> int:
         query = None
         if args.query is not None:
             s = data["sentences"][sentence]
-            side, labels, pieces = ("source", s["source"], s["source_pieces"]) if kind == "encoder" else \
-                ("target (the token a decoder position predicts)", s["predicts"], s["target_pieces"][1:] + ["</s>"])
+            side, labels, pieces = (
+                ("source", s["source"], s["source_pieces"])
+                if kind == "encoder"
+                else (
+                    "target (the token a decoder position predicts)",
+                    s["predicts"],
+                    s["target_pieces"][1:] + ["</s>"],
+                )
+            )
             query = find_token(labels, pieces, args.query, side)
         if args.figure == "lines":
-            png = figures.lines_figure(data, sentence=sentence, kind=kind, layer=layer, heads=heads, query=query,
-                                       layout=args.layout)
+            png = figures.lines_figure(
+                data, sentence=sentence, kind=kind, layer=layer, heads=heads, query=query, layout=args.layout
+            )
         elif args.figure == "heatmap":
             png = figures.heatmap_figure(data, sentence=sentence, kind=kind, layer=layer, heads=heads, query=query)
         else:

@@ -38,13 +38,17 @@ def check_out(out: Path, run_dir: Path, overwrite: bool) -> None:
 
     o, r = out.resolve(), run_dir.resolve()
     if o == r or o == r / CHECKPOINTS or r / CHECKPOINTS in o.parents:
-        raise UsageError(f"--out {out} is the run directory or one of its checkpoints: write the average into a "
-                         f"directory of its own (default: {run_dir / 'avg_lastK'})")
+        raise UsageError(
+            f"--out {out} is the run directory or one of its checkpoints: write the average into a "
+            f"directory of its own (default: {run_dir / 'avg_lastK'})"
+        )
     if overwrite or not o.is_dir() or not any(o.iterdir()):
         return
     if o.parent == r and {p.name for p in o.iterdir()} <= MODEL_FILES:
         return  # an earlier average of this run, beside its checkpoints (RUN_DIR/avg_lastK): replaced
-    raise UsageError(f"--out {out} is not empty: choose a new directory, or --overwrite to write the model files into it")
+    raise UsageError(
+        f"--out {out} is not empty: choose a new directory, or --overwrite to write the model files into it"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -141,10 +141,19 @@ def load_from_args(args: argparse.Namespace) -> LoadedModel:
     `args.bf16` to whether the precision is bf16."""
     from ..decoding.ready import load_for_decoding
 
-    loaded = load_for_decoding(args.model_path, precision=getattr(args, "precision", "fp32"), device=args.device,
-                               threads=args.threads, workers=getattr(args, "workers", None), checkpoint=args.checkpoint,
-                               average=args.average, vocab=args.vocab, src_vocab=args.src_vocab, tgt_vocab=args.tgt_vocab,
-                               keep_freed=getattr(args, "keep_freed", True))
+    loaded = load_for_decoding(
+        args.model_path,
+        precision=getattr(args, "precision", "fp32"),
+        device=args.device,
+        threads=args.threads,
+        workers=getattr(args, "workers", None),
+        checkpoint=args.checkpoint,
+        average=args.average,
+        vocab=args.vocab,
+        src_vocab=args.src_vocab,
+        tgt_vocab=args.tgt_vocab,
+        keep_freed=getattr(args, "keep_freed", True),
+    )
     if getattr(args, "workers", None) is not None:  # translate, evaluate, parse
         args.workers = loaded.workers
     args.bf16 = loaded.precision.precision == "bf16"
@@ -160,9 +169,18 @@ def model_metadata(path: Path) -> dict | None:
 
 def decoding_options(args: argparse.Namespace) -> dict:
     """The keyword arguments of `translate_stream` / `translate_lines` that the flags set."""
-    return dict(beam=args.beam, alpha=args.alpha, max_len_offset=args.max_len_offset, greedy=args.greedy,
-                batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_input_tokens=args.max_input_tokens,
-                bf16=args.bf16, chunk_lines=args.chunk_lines, workers=args.workers)
+    return dict(
+        beam=args.beam,
+        alpha=args.alpha,
+        max_len_offset=args.max_len_offset,
+        greedy=args.greedy,
+        batch_tokens=args.batch_tokens,
+        batch_size=args.batch_size,
+        max_input_tokens=args.max_input_tokens,
+        bf16=args.bf16,
+        chunk_lines=args.chunk_lines,
+        workers=args.workers,
+    )
 
 
 @contextlib.contextmanager
@@ -211,8 +229,12 @@ class LineStreams:
     def options(self) -> dict:
         """`decoding_options`, one line at a time in an interactive session, and the source's name."""
         one = self.interactive
-        return {**decoding_options(self.args), "chunk_lines": 1 if one else self.args.chunk_lines,
-                "workers": 1 if one else self.args.workers, "source_name": self.name}
+        return {
+            **decoding_options(self.args),
+            "chunk_lines": 1 if one else self.args.chunk_lines,
+            "workers": 1 if one else self.args.workers,
+            "source_name": self.name,
+        }
 
     def output(self):
         """(write, flush) of --out, or of stdout."""

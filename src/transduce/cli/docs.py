@@ -61,7 +61,7 @@ def section(text: str, name: str, where: str) -> str:
     want = name.lower().strip()
     for n, (i, level, heading) in enumerate(heads):
         if heading.lower().strip("`").startswith(want) or heading.lower().startswith(want):
-            end = next((j for j, lv, _ in heads[n + 1:] if lv <= level), len(lines))
+            end = next((j for j, lv, _ in heads[n + 1 :] if lv <= level), len(lines))
             return "\n".join(lines[i:end]).rstrip() + "\n"
     names = ", ".join(h for _, lv, h in heads if lv == 2)
     raise UsageError(f"{where} has no section {name!r}; its sections: {names}")

@@ -11,8 +11,15 @@ from .. import evaluate
 from ..data.corpora import DATASETS
 from ..data.text import read_lines
 from ..errors import DataError, UsageError
-from .common import (check_decoding_args, decoding_options, fill_decoding_defaults, library_length_penalty, load_from_args,
-                     model_metadata, warner)
+from .common import (
+    check_decoding_args,
+    decoding_options,
+    fill_decoding_defaults,
+    library_length_penalty,
+    load_from_args,
+    model_metadata,
+    warner,
+)
 from .options import add_decoding_args, add_quiet, epilog
 
 DESCRIPTION = """\
@@ -37,25 +44,43 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ref", type=Path, metavar="FILE", help="references (detokenized, cased)")
     g.add_argument("--input", "-i", type=Path, metavar="FILE", help="source sentences, for MODEL")
     g.add_argument("--tok-ref", type=Path, metavar="FILE", help="Multi30k's lowercased tokenized references")
-    g.add_argument("--dataset", choices=sorted(DATASETS), metavar="NAME",
-                   help="a registered test set instead of --ref, --input")
+    g.add_argument(
+        "--dataset", choices=sorted(DATASETS), metavar="NAME", help="a registered test set instead of --ref, --input"
+    )
     g.add_argument("--split", help="its split (default: its main test set)")
-    g.add_argument("--variant", default="raw", choices=["raw", "tok"], metavar="V",
-                   help="multi30k: raw (default) or tok (lowercased)")
+    g.add_argument(
+        "--variant",
+        default="raw",
+        choices=["raw", "tok"],
+        metavar="V",
+        help="multi30k: raw (default) or tok (lowercased)",
+    )
     g.add_argument("--src", metavar="LANG", help="source language (with --dataset)")
     g.add_argument("--tgt", metavar="LANG", help="target language (required for BLEU)")
     g.add_argument("--data-dir", metavar="DIR", help="datasets' mirror (default $TRANSDUCE_DATA_DIR)")
     g = parser.add_argument_group("scoring and output")
-    g.add_argument("--sacrebleu-tokenize", default="13a", choices=list(BLEU.TOKENIZERS), metavar="NAME",
-                   help="sacreBLEU's tokenizer (default 13a)")
+    g.add_argument(
+        "--sacrebleu-tokenize",
+        default="13a",
+        choices=list(BLEU.TOKENIZERS),
+        metavar="NAME",
+        help="sacreBLEU's tokenizer (default 13a)",
+    )
     g.add_argument("--json", metavar="FILE", help="the report as JSON into FILE (-: stdout, no table)")
     g.add_argument("--out", "-o", type=Path, metavar="FILE", help="write MODEL's translations")
     add_quiet(g)
     g.add_argument("--trees", action="store_true", help="--hyp and --ref are trees: EVALB (6.3)")
     g.add_argument("--evalb-params", type=Path, metavar="PRM", help="EVALB parameters (default COLLINS.prm)")
     g.add_argument("--constrained", action="store_true", help="MODEL's beam only makes trees (not the paper)")
-    add_decoding_args(parser, beam=None, alpha=None, max_len_offset=None, batch_size=None, note="the task's",
-                      section="6.1; parsing 6.3")
+    add_decoding_args(
+        parser,
+        beam=None,
+        alpha=None,
+        max_len_offset=None,
+        batch_size=None,
+        note="the task's",
+        section="6.1; parsing 6.3",
+    )
 
 
 def is_parsing(args: argparse.Namespace) -> bool:
@@ -86,8 +111,9 @@ def check_direction(model_path: Path, src: str | None, tgt: str) -> None:
                 return
             if tgt != trained[1] or (src is not None and src != trained[0]):
                 asked = f"{src}->{tgt}" if src else f"target {tgt}"
-                raise UsageError(f"{model_path} translates {trained[0]}->{trained[1]} ({meta_path}); "
-                                 f"--src/--tgt ask for {asked}")
+                raise UsageError(
+                    f"{model_path} translates {trained[0]}->{trained[1]} ({meta_path}); --src/--tgt ask for {asked}"
+                )
             return
 
 
@@ -126,7 +152,9 @@ def resolve_files(args: argparse.Namespace) -> tuple[dict, Path | None, Path, Pa
     return report, src_path, ref_path, tok_ref_path
 
 
-def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: Path, n_refs: int, report: dict) -> list[str]:
+def translate_source(
+    args: argparse.Namespace, src_path: Path | None, ref_path: Path, n_refs: int, report: dict
+) -> list[str]:
     """MODEL's translations of the source (saved to --out if given), noted in `report`."""
     from ..checkpoint.files import atomic_write_text
     from ..decoding.translate import translate_lines
@@ -141,9 +169,17 @@ def translate_source(args: argparse.Namespace, src_path: Path | None, ref_path: 
     loaded = load_model(args, f"translating {len(srcs):,} sentences", report)
     if loaded.precision.warning:
         warn(loaded.precision.warning)
-    hyps = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **decoding_options(args), warn=warn,
-                           progress=not args.quiet and sys.stderr.isatty(), source_name=str(src_path),
-                           length_penalty=penalty)
+    hyps = translate_lines(
+        loaded.model,
+        loaded.src_vocab,
+        loaded.tgt_vocab,
+        srcs,
+        **decoding_options(args),
+        warn=warn,
+        progress=not args.quiet and sys.stderr.isatty(),
+        source_name=str(src_path),
+        length_penalty=penalty,
+    )
     report["decoding"] = decoding_report(args, loaded, bf16=args.bf16)
     if args.out:
         atomic_write_text(args.out, "".join(h + "\n" for h in hyps))
@@ -158,18 +194,25 @@ def load_model(args: argparse.Namespace, doing: str, report: dict, parsing_model
     loaded = load_from_args(args)
     if parsing_model and not is_parsing_model(loaded.metadata):
         raise DataError("not a parsing model (its data.json does not say task: parsing)", args.model_path)
-    print(f"{PROG}: {doing} with {loaded.description}; {loaded.precision.line()}; {loaded.workers_line}",
-          file=sys.stderr)
+    print(
+        f"{PROG}: {doing} with {loaded.description}; {loaded.precision.line()}; {loaded.workers_line}", file=sys.stderr
+    )
     report["model"] = loaded.description
     return loaded
 
 
 def decoding_report(args: argparse.Namespace, loaded, **task) -> dict:
     """How MODEL decoded, for the report (`task`: what only the task has)."""
-    return {"greedy": args.greedy, "beam": 1 if args.greedy else args.beam, "alpha": args.alpha,
-            "length_penalty": args.length_penalty,
-            "max_len_offset": args.max_len_offset, **task, "precision": loaded.precision.precision,
-            "workers": args.workers}
+    return {
+        "greedy": args.greedy,
+        "beam": 1 if args.greedy else args.beam,
+        "alpha": args.alpha,
+        "length_penalty": args.length_penalty,
+        "max_len_offset": args.max_len_offset,
+        **task,
+        "precision": loaded.precision.precision,
+        "workers": args.workers,
+    }
 
 
 def print_report(args: argparse.Namespace, report: dict, table: str, ensure_ascii: bool = True) -> int:
@@ -208,8 +251,14 @@ def run(args: argparse.Namespace) -> int:
         hyps = translate_source(args, src_path, ref_path, len(refs), report)
     files = {"ref": ref_path, "src": src_path, "tok_ref": tok_ref_path}
     report.update({name: str(path) for name, path in files.items() if path is not None}, n_sentences=len(hyps))
-    report["scores"] = evaluate.score(hyps, refs, lang=args.tgt, tok_refs=tok_refs, sacrebleu_tokenize=args.sacrebleu_tokenize,
-                                      tokenized=args.variant == "tok")
+    report["scores"] = evaluate.score(
+        hyps,
+        refs,
+        lang=args.tgt,
+        tok_refs=tok_refs,
+        sacrebleu_tokenize=args.sacrebleu_tokenize,
+        tokenized=args.variant == "tok",
+    )
     report["conventions"] = {k: v["convention"] for k, v in report["scores"].items()}
     return print_report(args, report, evaluate.format_table(report), ensure_ascii=False)
 
@@ -222,18 +271,26 @@ TREEBANK_SPLIT_ALIASES = {"dev": "22", "valid": "22", "test": "23", "train": "02
 def warn_other_words(hyp_path: Path, gold: list, parsed: list, shown: int = 10) -> None:
     """Name the --hyp lines whose tree holds other words than the gold tree's: EVALB makes each an
     error sentence, left out of the scores (unless only punctuation differs)."""
-    other = [(n, g.leaves(), p.leaves()) for n, (g, p) in enumerate(zip(gold, parsed), start=1)
-             if p is not None and p.leaves() != g.leaves()]
+    other = [
+        (n, g.leaves(), p.leaves())
+        for n, (g, p) in enumerate(zip(gold, parsed), start=1)
+        if p is not None and p.leaves() != g.leaves()
+    ]
     for n, gw, pw in other[:shown]:
         k = next((i for i, (a, b) in enumerate(zip(gw, pw)) if a != b), min(len(gw), len(pw)))
-        what = (f"{len(pw)} words, the gold tree {len(gw)}" if len(gw) != len(pw)
-                else f"word {k + 1} is {pw[k]!r}, the gold tree's {gw[k]!r}")
+        what = (
+            f"{len(pw)} words, the gold tree {len(gw)}"
+            if len(gw) != len(pw)
+            else f"word {k + 1} is {pw[k]!r}, the gold tree's {gw[k]!r}"
+        )
         print(f"{PROG}: warning: {hyp_path}:{n}: other words than the gold tree's ({what})", file=sys.stderr)
     if other:
         more = f" ({len(other) - shown} more not shown)" if len(other) > shown else ""
-        print(f"{PROG}: warning: {len(other)} of {len(parsed)} trees in {hyp_path} have other words than the gold "
-              f"trees{more}: EVALB makes them error sentences, left out of the scores (unless only punctuation differs)",
-              file=sys.stderr)
+        print(
+            f"{PROG}: warning: {len(other)} of {len(parsed)} trees in {hyp_path} have other words than the gold "
+            f"trees{more}: EVALB makes them error sentences, left out of the scores (unless only punctuation differs)",
+            file=sys.stderr,
+        )
 
 
 def run_parsing(args: argparse.Namespace) -> int:
@@ -280,8 +337,14 @@ def run_parsing(args: argparse.Namespace) -> int:
         library_length_penalty(args, "parsing")
         loaded = load_model(args, f"parsing {len(gold):,} sentences", report, parsing_model=True)
         scores, parses = parsing.evaluate_parser(
-            loaded, gold, progress=not args.quiet and sys.stderr.isatty(), source_name=str(ref_path), warn=warn,
-            constrained=args.constrained, **decoding_options(args))
+            loaded,
+            gold,
+            progress=not args.quiet and sys.stderr.isatty(),
+            source_name=str(ref_path),
+            warn=warn,
+            constrained=args.constrained,
+            **decoding_options(args),
+        )
         report["decoding"] = decoding_report(args, loaded, constrained=args.constrained)
         if args.out:
             atomic_write_text(args.out, "".join(line + "\n" for line in tree_lines(p.tree for p in parses)))

@@ -22,8 +22,9 @@ def field_type(cls: type, name: str) -> type:
     return args[0] if len(args) == 1 else hint
 
 
-def add_field_flags(parser, cls: type, names: typing.Iterable[str] | None = None,
-                    flags: dict[str, tuple[str, ...]] | None = None) -> None:
+def add_field_flags(
+    parser, cls: type, names: typing.Iterable[str] | None = None, flags: dict[str, tuple[str, ...]] | None = None
+) -> None:
     """Flags for the fields `names` of dataclass `cls` (default: all of them), in that order;
     `flags` gives a field other option strings."""
     by_name = {f.name: f for f in dataclasses.fields(cls)}

@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"{args.out}: exists (use --overwrite to replace it)")
     path, hub_id = resolve_source(args.source)
     if args.out.exists() and (args.out.resolve() == path.resolve() or args.out.resolve() in path.resolve().parents):
-        raise UsageError(f"--out {args.out}: is or holds SOURCE {path}, which --overwrite would delete; write it elsewhere")
+        raise UsageError(
+            f"--out {args.out}: is or holds SOURCE {path}, which --overwrite would delete; write it elsewhere"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)  # -o models/en-de on a fresh machine, as prepare's --out
     what = write_model_dir(path, args.out, name=hub_id)
     print(f"wrote {args.out}: transduce model directory from {args.source} ({what})")

@@ -25,13 +25,16 @@ EPILOG = epilog(
 def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("arguments")
     g.add_argument("--preset", default="base", metavar="NAME", help="a preset (default base; --all lists them)")
-    g.add_argument("--vocab-size", type=int, default=None, metavar="N",
-                   help="source vocabulary, shared (default: the preset's)")
-    g.add_argument("--tgt-vocab-size", type=int, default=None, metavar="N",
-                   help="a separate target vocabulary (default: shared)")
+    g.add_argument(
+        "--vocab-size", type=int, default=None, metavar="N", help="source vocabulary, shared (default: the preset's)"
+    )
+    g.add_argument(
+        "--tgt-vocab-size", type=int, default=None, metavar="N", help="a separate target vocabulary (default: shared)"
+    )
     g.add_argument("--data", metavar="DIR", help="both sizes from `transduce prepare` output")
-    g.add_argument("--set", action="append", default=[], metavar="S.F=V",
-                   help="override a field, e.g. model.n_layers=3")
+    g.add_argument(
+        "--set", action="append", default=[], metavar="S.F=V", help="override a field, e.g. model.n_layers=3"
+    )
     g.add_argument("--all", action="store_true", help="a table of every preset's parameters")
 
 
@@ -69,17 +72,23 @@ def run(args: argparse.Namespace) -> int:
     from ..config import PRESETS, TABLE3_PARAMS_M
 
     if args.all:
-        print(f"parameters at {vocabulary(_build('base', args)[0])}, for every preset "
-              "(--vocab-size, --tgt-vocab-size or --data for yours)")
-        print(f"{'preset':<12} {'N':>2} {'d_model':>7} {'d_ff':>5} {'h':>3} {'d_k':>4} {'d_v':>4} "
-              f"{'P_drop':>6} {'eps_ls':>6} {'positions':>10} {'params':>9} {'Table 3':>8}")
+        print(
+            f"parameters at {vocabulary(_build('base', args)[0])}, for every preset "
+            "(--vocab-size, --tgt-vocab-size or --data for yours)"
+        )
+        print(
+            f"{'preset':<12} {'N':>2} {'d_model':>7} {'d_ff':>5} {'h':>3} {'d_k':>4} {'d_v':>4} "
+            f"{'P_drop':>6} {'eps_ls':>6} {'positions':>10} {'params':>9} {'Table 3':>8}"
+        )
         for name in PRESETS:
             c, n = _build(name, args)
             m, t = c.model, c.train
             paper = TABLE3_PARAMS_M.get(name)
-            print(f"{name:<12} {m.n_layers:>2} {m.d_model:>7} {m.d_ff:>5} {m.n_heads:>3} {m.head_dim_k:>4} "
-                  f"{m.head_dim_v:>4} {m.dropout:>6} {t.label_smoothing:>6} {m.positional:>10} "
-                  f"{n / 1e6:>8.1f}M {f'{paper}M' if paper else '-':>8}")
+            print(
+                f"{name:<12} {m.n_layers:>2} {m.d_model:>7} {m.d_ff:>5} {m.n_heads:>3} {m.head_dim_k:>4} "
+                f"{m.head_dim_v:>4} {m.dropout:>6} {t.label_smoothing:>6} {m.positional:>10} "
+                f"{n / 1e6:>8.1f}M {f'{paper}M' if paper else '-':>8}"
+            )
         return 0
     config, n = _build(args.preset, args)
     print(f"preset: {args.preset}")

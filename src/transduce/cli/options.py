@@ -31,10 +31,15 @@ VOCABULARY: tuple[Concept, ...] = (
     Concept("no progress bars", "--quiet", "-q", "quiet"),
     Concept("tokens per training or decoding batch", "--batch-tokens", None, "batch_tokens"),
     Concept("tokens per optimizer update (experiment)", "--update-tokens", None, "update_tokens"),
-    Concept("input lines cut to N subword tokens, with a warning (translate, evaluate, parse)", "--truncate-input", None,
-            "truncate_input"),
-    Concept("longest input sentence accepted, longer ones refused (serve)", "--max-input-tokens", None,
-            "max_input_tokens"),
+    Concept(
+        "input lines cut to N subword tokens, with a warning (translate, evaluate, parse)",
+        "--truncate-input",
+        None,
+        "truncate_input",
+    ),
+    Concept(
+        "longest input sentence accepted, longer ones refused (serve)", "--max-input-tokens", None, "max_input_tokens"
+    ),
     Concept("subword tokens kept per side (attention)", "--keep-tokens", None, "keep_tokens"),
     Concept("a sentence's target text (attention; --tgt is a language)", "--target-text", None, "target_text"),
     Concept("training length", "--max-steps", None, "max_steps"),
@@ -128,31 +133,56 @@ def add_hardware_args(g, *, precisions: tuple[str, ...] | None = None, training:
     if precisions is None:
         precisions = DECODING_PRECISIONS
     if precisions:
-        g.add_argument("--precision", choices=precisions, default="auto", metavar="P",
-                       help=f"{'|'.join(precisions)} (default auto)")
+        g.add_argument(
+            "--precision",
+            choices=precisions,
+            default="auto",
+            metavar="P",
+            help=f"{'|'.join(precisions)} (default auto)",
+        )
     if "int8" in precisions:
         g.add_argument("--bf16", action="store_const", const="bf16", dest="precision", help=argparse.SUPPRESS)
         g.add_argument("--int8", action="store_const", const="int8", dest="precision", help=argparse.SUPPRESS)
     g.add_argument("--device", default="auto", metavar="NAME", help="auto, cpu, cuda or cuda:N (default auto)")
-    g.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads" + (" per process (default: cores / processes)" if training
-                                         else " (default: PyTorch's)"))
+    g.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads" + (" per process (default: cores / processes)" if training else " (default: PyTorch's)"),
+    )
 
 
-def add_search_args(g, *, beam: int | None, alpha: float | None, max_len_offset: int | None,
-                    note: str | tuple[str, str, str] = "", greedy: bool = True) -> None:
+def add_search_args(
+    g,
+    *,
+    beam: int | None,
+    alpha: float | None,
+    max_len_offset: int | None,
+    note: str | tuple[str, str, str] = "",
+    greedy: bool = True,
+) -> None:
     """The search of Section 6.1 (6.3 for parsing): defaults as given, or None: the task's, as
     `note` says (one text for the three, or one each). --length-penalty sets `length_penalty` (the
     formula) and `alpha` (`LengthPenalty`)."""
     notes = note if isinstance(note, tuple) else (note,) * 3
     said = [f"default {n if v is None else v}" for v, n in zip((beam, alpha, max_len_offset), notes)]
     g.add_argument("--beam", type=int, default=beam, metavar="K", help=f"beam size ({said[0]})")
-    g.add_argument("--length-penalty", action=LengthPenalty, default="gnmt", default_alpha=alpha, metavar="F:A",
-                   help="gnmt:A (6.1), hf:A, ct2:A, none (default: " + (f"gnmt:{alpha})" if alpha is not None
-                                                                            else "task's)"))
+    g.add_argument(
+        "--length-penalty",
+        action=LengthPenalty,
+        default="gnmt",
+        default_alpha=alpha,
+        metavar="F:A",
+        help="gnmt:A (6.1), hf:A, ct2:A, none (default: " + (f"gnmt:{alpha})" if alpha is not None else "task's)"),
+    )
     g.set_defaults(alpha=alpha)
-    g.add_argument("--max-len-offset", type=int, default=max_len_offset, metavar="N",
-                   help=f"output length <= input + N ({said[2]})")
+    g.add_argument(
+        "--max-len-offset",
+        type=int,
+        default=max_len_offset,
+        metavar="N",
+        help=f"output length <= input + N ({said[2]})",
+    )
     if greedy:
         g.add_argument("--greedy", action="store_true", help="greedy decoding (ignores --beam, --length-penalty)")
 
@@ -175,20 +205,42 @@ class LengthPenalty(argparse.Action):
 
 def add_batch_args(g, *, batch_size: int | None, note: str = "") -> None:
     """--batch-tokens and --batch-size of decoding."""
-    g.add_argument("--batch-tokens", type=int, default=BATCH_TOKENS, metavar="N",
-                   help=f"padded source tokens per batch (default {BATCH_TOKENS})")
-    g.add_argument("--batch-size", type=int, default=batch_size, metavar="N",
-                   help=f"sentences per batch (default {batch_size if batch_size is not None else note})")
+    g.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=BATCH_TOKENS,
+        metavar="N",
+        help=f"padded source tokens per batch (default {BATCH_TOKENS})",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=batch_size,
+        metavar="N",
+        help=f"sentences per batch (default {batch_size if batch_size is not None else note})",
+    )
 
 
 def add_stream_args(g) -> None:
     """How a file is read and decoded: lines cut to a length, chunks, worker processes."""
-    g.add_argument("--truncate-input", type=int, default=MAX_INPUT_TOKENS, metavar="N", dest="max_input_tokens",
-                   help=f"cut longer lines to N tokens, warn (default {MAX_INPUT_TOKENS})")
-    g.add_argument("--chunk-lines", type=int, default=CHUNK_LINES, metavar="N",
-                   help=f"lines read and sorted at a time (default {CHUNK_LINES})")
-    g.add_argument("--workers", type=_workers, default="auto", metavar="W",
-                   help="CPU decoding processes (default auto)")
+    g.add_argument(
+        "--truncate-input",
+        type=int,
+        default=MAX_INPUT_TOKENS,
+        metavar="N",
+        dest="max_input_tokens",
+        help=f"cut longer lines to N tokens, warn (default {MAX_INPUT_TOKENS})",
+    )
+    g.add_argument(
+        "--chunk-lines",
+        type=int,
+        default=CHUNK_LINES,
+        metavar="N",
+        help=f"lines read and sorted at a time (default {CHUNK_LINES})",
+    )
+    g.add_argument(
+        "--workers", type=_workers, default="auto", metavar="W", help="CPU decoding processes (default auto)"
+    )
 
 
 def _workers(value: str) -> int | str:
@@ -208,13 +260,20 @@ def add_line_args(parser: argparse.ArgumentParser, model: str, out: str):
     g = parser.add_argument_group("input and output")
     g.add_argument("model_path", type=Path, metavar="MODEL", help=model)
     g.add_argument("--input", "-i", type=Path, metavar="FILE", help="sentences, plain or .gz (default: stdin)")
-    g.add_argument("--out", "-o", type=Path, metavar="FILE",
-                   help=f"{out} (default: stdout; .gz: gzip)")
+    g.add_argument("--out", "-o", type=Path, metavar="FILE", help=f"{out} (default: stdout; .gz: gzip)")
     return g
 
 
-def add_decoding_args(parser: argparse.ArgumentParser, *, beam: int | None, alpha: float | None,
-                      max_len_offset: int | None, batch_size: int | None, section: str = "6.1", note: str = ""):
+def add_decoding_args(
+    parser: argparse.ArgumentParser,
+    *,
+    beam: int | None,
+    alpha: float | None,
+    max_len_offset: int | None,
+    batch_size: int | None,
+    section: str = "6.1",
+    note: str = "",
+):
     """The group of the commands that decode a file (translate, evaluate, parse): the model, the
     search, the hardware, the batching. Returns it, for a command's own decoding flags."""
     g = parser.add_argument_group(f"model and decoding (Section {section})")
@@ -234,8 +293,13 @@ def add_schedule_args(g, default: tuple[str, str] = ("the preset's", "the preset
     d = TrainOptions()
     g.add_argument("--warmup", type=int, metavar="N", help=f"warmup_steps of equation 3 (default: {default[0]})")
     g.add_argument("--lr-scale", type=float, metavar="X", help=f"factor on equation 3 (default: {default[1]})")
-    g.add_argument("--cooldown", type=float, default=d.cooldown, metavar="F",
-                   help=f"not the paper: decay to 0 over the last F (default {d.cooldown:g})")
+    g.add_argument(
+        "--cooldown",
+        type=float,
+        default=d.cooldown,
+        metavar="F",
+        help=f"not the paper: decay to 0 over the last F (default {d.cooldown:g})",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help=f"training seed (default {d.seed})")
 
 

@@ -10,8 +10,15 @@ from pathlib import Path
 from ..defaults import PARSE_ALPHA, PARSE_BATCH_SIZE, PARSE_BEAM, PARSE_MAX_LEN_OFFSET
 from ..errors import DataError, UsageError
 from ..parsing import parse as parsing
-from .common import (LineStreams, check_decoding_args, exit_on_sigterm, library_length_penalty, load_from_args,
-                     model_metadata, warner)
+from .common import (
+    LineStreams,
+    check_decoding_args,
+    exit_on_sigterm,
+    library_length_penalty,
+    load_from_args,
+    model_metadata,
+    warner,
+)
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
 DESCRIPTION = """\
@@ -33,15 +40,24 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--svg", type=Path, metavar="DIR", help="also draw each tree as DIR/LINE.svg")
     g.add_argument("--constrained", action="store_true", help="beam search of trees only (not the paper)")
     add_quiet(g, "no notes (warnings still shown)")
-    add_decoding_args(parser, beam=PARSE_BEAM, alpha=PARSE_ALPHA, max_len_offset=PARSE_MAX_LEN_OFFSET,
-                      batch_size=PARSE_BATCH_SIZE, section="6.3")
+    add_decoding_args(
+        parser,
+        beam=PARSE_BEAM,
+        alpha=PARSE_ALPHA,
+        max_len_offset=PARSE_MAX_LEN_OFFSET,
+        batch_size=PARSE_BATCH_SIZE,
+        section="6.3",
+    )
 
 
 def check_parsing_model(model_path: Path, metadata: dict | None) -> None:
     """Refuse a model whose data.json does not say it was trained on a treebank."""
     if not parsing.is_parsing_model(metadata):
-        raise DataError("not a parsing model (its data.json does not say task: parsing; prepare a treebank "
-                        "with `transduce prepare --dataset ptb-wsj`)", model_path)
+        raise DataError(
+            "not a parsing model (its data.json does not say task: parsing; prepare a treebank "
+            "with `transduce prepare --dataset ptb-wsj`)",
+            model_path,
+        )
 
 
 @exit_on_sigterm(PROG)
@@ -71,18 +87,32 @@ def run(args: argparse.Namespace) -> int:
             if not streams.interactive:
                 print(f"{PROG}: {loaded.workers_line}", file=sys.stderr)
             if not tags:
-                print(f"{PROG}: note: this model was trained on XX sequences (the paper's): its trees carry no "
-                      "part-of-speech tags (XX); no tagger is run. Prepare with --keep-tags to train one that "
-                      "predicts them.", file=sys.stderr)
+                print(
+                    f"{PROG}: note: this model was trained on XX sequences (the paper's): its trees carry no "
+                    "part-of-speech tags (XX); no tagger is run. Prepare with --keep-tags to train one that "
+                    "predicts them.",
+                    file=sys.stderr,
+                )
         if loaded.precision.warning:
             warn(loaded.precision.warning)
         write, flush = streams.output()
-        sentences = (escape_brackets(line.split()) if args.tokenized else ptb_tokenize(line)
-                     for line in streams.lines())
+        sentences = (
+            escape_brackets(line.split()) if args.tokenized else ptb_tokenize(line) for line in streams.lines()
+        )
         total, repaired, n = Repairs(), 0, 0
-        for n, p in enumerate(parsing.parse_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, sentences,
-                                                   tags=tags, constrained=args.constrained, warn=warn,
-                                                   **streams.options()), start=1):
+        for n, p in enumerate(
+            parsing.parse_stream(
+                loaded.model,
+                loaded.src_vocab,
+                loaded.tgt_vocab,
+                sentences,
+                tags=tags,
+                constrained=args.constrained,
+                warn=warn,
+                **streams.options(),
+            ),
+            start=1,
+        ):
             write(((str(p.tree) if p.tree is not None else "") + "\n").encode("utf-8"))
             if streams.interactive:
                 flush()
@@ -93,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         flush()
         streams.commit()
         if not args.quiet:
-            print(f"{PROG}: {n} lines; {repaired} outputs were not well-formed trees and were repaired "
-                  f"({total.summary()})", file=sys.stderr)
+            print(
+                f"{PROG}: {n} lines; {repaired} outputs were not well-formed trees and were repaired "
+                f"({total.summary()})",
+                file=sys.stderr,
+            )
     return 0

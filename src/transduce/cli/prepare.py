@@ -43,27 +43,55 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", metavar="DIR", help="downloads (default ~/.cache/transduce)")
     for name in FILE_FLAGS:
         split, side = name.split("_")
-        g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE",
-                       help=f"{split} {'source' if side == 'src' else 'target'} sentences, a line each")
+        g.add_argument(
+            "--" + name.replace("_", "-"),
+            type=Path,
+            metavar="FILE",
+            help=f"{split} {'source' if side == 'src' else 'target'} sentences, a line each",
+        )
     for name in TREE_FLAGS:
-        g.add_argument("--" + name.replace("_", "-"), type=Path, metavar="FILE",
-                       help=f"{name.split('_')[0]} trees, bracketed or PTB .mrg")
+        g.add_argument(
+            "--" + name.replace("_", "-"),
+            type=Path,
+            metavar="FILE",
+            help=f"{name.split('_')[0]} trees, bracketed or PTB .mrg",
+        )
     g.add_argument("--keep-tags", action="store_true", help="trees keep their POS tags (default XX, the paper)")
 
     g = parser.add_argument_group("vocabulary and filtering (lengths in subword tokens)")
     g.add_argument("--vocab", type=Path, metavar="PATH", help="PATH's vocabulary (an SPM file or a model dir)")
-    g.add_argument("--vocab-size", type=int, metavar="N",
-                   help=f"pieces (default {VOCAB_SIZE}; the paper 37000; trees {TREE_VOCAB_SIZE})")
+    g.add_argument(
+        "--vocab-size",
+        type=int,
+        metavar="N",
+        help=f"pieces (default {VOCAB_SIZE}; the paper 37000; trees {TREE_VOCAB_SIZE})",
+    )
     g.add_argument("--separate-vocab", action="store_true", help="separate source and target vocabularies")
-    g.add_argument("--vocab-sample", type=int, default=VOCAB_SAMPLE, metavar="N",
-                   help=f"learn it from N sentences (default {VOCAB_SAMPLE})")
-    g.add_argument("--character-coverage", type=float, default=CHARACTER_COVERAGE, metavar="X",
-                   help=f"characters covered, the rest UNK (default {CHARACTER_COVERAGE:g})")
+    g.add_argument(
+        "--vocab-sample",
+        type=int,
+        default=VOCAB_SAMPLE,
+        metavar="N",
+        help=f"learn it from N sentences (default {VOCAB_SAMPLE})",
+    )
+    g.add_argument(
+        "--character-coverage",
+        type=float,
+        default=CHARACTER_COVERAGE,
+        metavar="X",
+        help=f"characters covered, the rest UNK (default {CHARACTER_COVERAGE:g})",
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the sentence sample (default 0)")
-    g.add_argument("--max-len", type=int, metavar="N",
-                   help=f"drop longer pairs (default {MAX_LEN}; trees {TREE_MAX_LEN})")
-    g.add_argument("--max-ratio", type=float, default=MAX_RATIO, metavar="X",
-                   help=f"drop pairs of a longer ratio (default {MAX_RATIO:g}; trees: none)")
+    g.add_argument(
+        "--max-len", type=int, metavar="N", help=f"drop longer pairs (default {MAX_LEN}; trees {TREE_MAX_LEN})"
+    )
+    g.add_argument(
+        "--max-ratio",
+        type=float,
+        default=MAX_RATIO,
+        metavar="X",
+        help=f"drop pairs of a longer ratio (default {MAX_RATIO:g}; trees: none)",
+    )
 
     g = parser.add_argument_group("output")
     g.add_argument("--out", "-o", type=Path, required=True, metavar="DIR", help="the output directory")
@@ -93,8 +121,15 @@ def resolve_splits(args: argparse.Namespace) -> tuple[list[Split], str, str]:
         raise UsageError(f"--dataset {info.name} needs --src and --tgt (languages: {', '.join(info.langs)})")
     if args.src == args.tgt:
         raise UsageError(f"--src and --tgt are both {args.src!r}")
-    splits = dataset_splits(info.name, args.src, args.tgt, variant=args.variant, train_split=args.train_split,
-                            data_dir=args.data_dir, cache_dir=args.cache_dir)
+    splits = dataset_splits(
+        info.name,
+        args.src,
+        args.tgt,
+        variant=args.variant,
+        train_split=args.train_split,
+        data_dir=args.data_dir,
+        cache_dir=args.cache_dir,
+    )
     return splits, args.src, args.tgt
 
 
@@ -111,8 +146,10 @@ def resolve_tree_splits(args: argparse.Namespace) -> list[tuple[str, Path, str]]
     if any(getattr(args, k) is not None for k in FILE_FLAGS) or (args.dataset and any(trees.values())):
         raise UsageError("give one input: --dataset, --train-src/--train-tgt/..., or --train-trees/--valid-trees/...")
     if args.separate_vocab or args.src or args.tgt:
-        raise UsageError("a treebank has words as source and trees as target, with separate vocabularies: "
-                         "drop --src/--tgt/--separate-vocab")
+        raise UsageError(
+            "a treebank has words as source and trees as target, with separate vocabularies: "
+            "drop --src/--tgt/--separate-vocab"
+        )
     if is_treebank:
         return dataset_tree_splits(args.dataset, data_dir=args.data_dir)
     if trees["train_trees"] is None or trees["valid_trees"] is None:
@@ -152,24 +189,43 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(Path(args.out).absolute(), args.overwrite)  # before any slow work
     tree_splits = resolve_tree_splits(args)
     if args.vocab is not None and (tree_splits is not None or args.vocab_size or args.separate_vocab):
-        raise UsageError("--vocab PATH takes PATH's vocabulary: drop --vocab-size and --separate-vocab "
-                         "(and it is for parallel text, not a treebank)")
+        raise UsageError(
+            "--vocab PATH takes PATH's vocabulary: drop --vocab-size and --separate-vocab "
+            "(and it is for parallel text, not a treebank)"
+        )
     if tree_splits is not None:
         meta = prepare_treebank(
-            tree_splits, args.out, tags=args.keep_tags, vocab_size=args.vocab_size or TREE_VOCAB_SIZE,
-            max_len=args.max_len or TREE_MAX_LEN, overwrite=args.overwrite,
-            progress=not args.quiet, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
-            seed=args.seed, extra={"dataset": args.dataset, "variant": None},
+            tree_splits,
+            args.out,
+            tags=args.keep_tags,
+            vocab_size=args.vocab_size or TREE_VOCAB_SIZE,
+            max_len=args.max_len or TREE_MAX_LEN,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+            sample_size=args.vocab_sample,
+            character_coverage=args.character_coverage,
+            seed=args.seed,
+            extra={"dataset": args.dataset, "variant": None},
         )
         print_report(meta)
         return 0
     splits, src_lang, tgt_lang = resolve_splits(args)
     given = model_vocabulary(args.vocab) if args.vocab is not None else None
     meta = prepare.prepare(
-        splits, args.out, src_lang=src_lang, tgt_lang=tgt_lang, vocab_size=args.vocab_size or VOCAB_SIZE,
-        separate_vocab=args.separate_vocab, sample_size=args.vocab_sample, character_coverage=args.character_coverage,
-        seed=args.seed, max_len=args.max_len or MAX_LEN, max_ratio=args.max_ratio, overwrite=args.overwrite,
-        progress=not args.quiet, extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
+        splits,
+        args.out,
+        src_lang=src_lang,
+        tgt_lang=tgt_lang,
+        vocab_size=args.vocab_size or VOCAB_SIZE,
+        separate_vocab=args.separate_vocab,
+        sample_size=args.vocab_sample,
+        character_coverage=args.character_coverage,
+        seed=args.seed,
+        max_len=args.max_len or MAX_LEN,
+        max_ratio=args.max_ratio,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+        extra={"dataset": args.dataset, "variant": args.variant if args.dataset else None},
         vocab=given,
     )
     print_report(meta)

@@ -16,9 +16,24 @@ from ..errors import TransduceError, UsageError
 from ..extras import require
 from ..parsing import parse
 from .common import check_search_args, fill_decoding_defaults, library_length_penalty, load_from_args, model_metadata
-from ..defaults import (ALPHA, BATCH_SIZE, BEAM, MAX_LEN_OFFSET, PARSE_ALPHA, PARSE_BEAM, PARSE_MAX_LEN_OFFSET,
-                        SERVE_GRACEFUL_TIMEOUT, SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET,
-                        SERVE_MAX_QUEUE, SERVE_MAX_SENTENCES, SERVE_MAX_TOKENS, SERVE_MAX_WAIT)
+from ..defaults import (
+    ALPHA,
+    BATCH_SIZE,
+    BEAM,
+    MAX_LEN_OFFSET,
+    PARSE_ALPHA,
+    PARSE_BEAM,
+    PARSE_MAX_LEN_OFFSET,
+    SERVE_GRACEFUL_TIMEOUT,
+    SERVE_MAX_BEAM,
+    SERVE_MAX_BODY_BYTES,
+    SERVE_MAX_CHARS,
+    SERVE_MAX_LEN_OFFSET,
+    SERVE_MAX_QUEUE,
+    SERVE_MAX_SENTENCES,
+    SERVE_MAX_TOKENS,
+    SERVE_MAX_WAIT,
+)
 from .options import add_batch_args, add_hardware_args, add_model_args, add_search_args, epilog
 from .serve_models import open_set, several
 
@@ -36,44 +51,84 @@ PROG = "transduce serve"
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
-    g.add_argument("model_path", type=Path, nargs="+", metavar="MODEL",
-                   help="run or model dirs, or a dir of them (ct2: an export)")
+    g.add_argument(
+        "model_path", type=Path, nargs="+", metavar="MODEL", help="run or model dirs, or a dir of them (ct2: an export)"
+    )
     g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     g.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one, printed)")
-    g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E", help="torch or ct2 (default torch)")
-    g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
-                   metavar="L", help="critical ... debug (default info: a line a request)")
-    g.add_argument("--api-key", default=os.environ.get("TRANSDUCE_API_KEY") or None, metavar="KEY",
-                   help="required on the API (default $TRANSDUCE_API_KEY)")
-    g.add_argument("--cors-origin", action="append", default=[], metavar="URL",
-                   help="a site whose pages may call the API (*: any)")
-    g.add_argument("--graceful-timeout", type=float, default=SERVE_GRACEFUL_TIMEOUT, metavar="S",
-                   help=f"SIGTERM: finish requests for S s (default {SERVE_GRACEFUL_TIMEOUT:g})")
+    g.add_argument(
+        "--engine", choices=("torch", "ct2"), default="torch", metavar="E", help="torch or ct2 (default torch)"
+    )
+    g.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        metavar="L",
+        help="critical ... debug (default info: a line a request)",
+    )
+    g.add_argument(
+        "--api-key",
+        default=os.environ.get("TRANSDUCE_API_KEY") or None,
+        metavar="KEY",
+        help="required on the API (default $TRANSDUCE_API_KEY)",
+    )
+    g.add_argument(
+        "--cors-origin", action="append", default=[], metavar="URL", help="a site whose pages may call the API (*: any)"
+    )
+    g.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=SERVE_GRACEFUL_TIMEOUT,
+        metavar="S",
+        help=f"SIGTERM: finish requests for S s (default {SERVE_GRACEFUL_TIMEOUT:g})",
+    )
     g.add_argument("--max-memory", metavar="SIZE", help="memory of the models loaded at once (e.g. 2G)")
     g.add_argument("--pivot", metavar="LANG", help="a pair no model serves: through LANG (e.g. en)")
     g = parser.add_argument_group("model and search defaults (a request may override them)")
     add_model_args(g)
-    add_search_args(g, beam=None, alpha=None, max_len_offset=None, greedy=False,
-                    note=(f"{BEAM}; parser {PARSE_BEAM}", f"{ALPHA}; parser {PARSE_ALPHA}",
-                          f"{MAX_LEN_OFFSET}; parser {PARSE_MAX_LEN_OFFSET}"))
+    add_search_args(
+        g,
+        beam=None,
+        alpha=None,
+        max_len_offset=None,
+        greedy=False,
+        note=(
+            f"{BEAM}; parser {PARSE_BEAM}",
+            f"{ALPHA}; parser {PARSE_ALPHA}",
+            f"{MAX_LEN_OFFSET}; parser {PARSE_MAX_LEN_OFFSET}",
+        ),
+    )
     add_hardware_args(g)
-    g.add_argument("--ct2-compute-type", default="default", metavar="TYPE", help="ct2: its precision (default: exported)")
+    g.add_argument(
+        "--ct2-compute-type", default="default", metavar="TYPE", help="ct2: its precision (default: exported)"
+    )
     g = parser.add_argument_group("batching and limits (beyond them a request is refused)")
     add_batch_args(g, batch_size=BATCH_SIZE)
-    g.add_argument("--max-wait-ms", type=float, default=SERVE_MAX_WAIT * 1000, metavar="MS",
-                   help=f"the first request waits for others (default {SERVE_MAX_WAIT * 1000:g})")
+    g.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=SERVE_MAX_WAIT * 1000,
+        metavar="MS",
+        help=f"the first request waits for others (default {SERVE_MAX_WAIT * 1000:g})",
+    )
     g.add_argument("--no-batching", action="store_true", help="decode each request on its own")
-    for flags, default, what in ((["--max-body-bytes"], SERVE_MAX_BODY_BYTES, "request size"),
-                                 (["--max-sentences"], SERVE_MAX_SENTENCES, "sentences per request"),
-                                 (["--max-chars"], SERVE_MAX_CHARS, "characters per sentence"),
-                                 (["--max-input-tokens"], SERVE_MAX_TOKENS,
-                                  "subword tokens a sentence, never cut"),
-                                 (["--max-queue"], SERVE_MAX_QUEUE, "requests waiting")):
+    for flags, default, what in (
+        (["--max-body-bytes"], SERVE_MAX_BODY_BYTES, "request size"),
+        (["--max-sentences"], SERVE_MAX_SENTENCES, "sentences per request"),
+        (["--max-chars"], SERVE_MAX_CHARS, "characters per sentence"),
+        (["--max-input-tokens"], SERVE_MAX_TOKENS, "subword tokens a sentence, never cut"),
+        (["--max-queue"], SERVE_MAX_QUEUE, "requests waiting"),
+    ):
         g.add_argument(*flags, type=int, default=default, metavar="N", help=f"{what} (default {default})")
-    g.add_argument("--max-beam", type=int, metavar="K",
-                   help=f"largest beam asked for (default {SERVE_MAX_BEAM} or --beam)")
-    g.add_argument("--max-len-offset-limit", type=int, metavar="N",
-                   help=f"largest max_len_offset (default {SERVE_MAX_LEN_OFFSET} or more)")
+    g.add_argument(
+        "--max-beam", type=int, metavar="K", help=f"largest beam asked for (default {SERVE_MAX_BEAM} or --beam)"
+    )
+    g.add_argument(
+        "--max-len-offset-limit",
+        type=int,
+        metavar="N",
+        help=f"largest max_len_offset (default {SERVE_MAX_LEN_OFFSET} or more)",
+    )
 
 
 def resolve_defaults(args: argparse.Namespace) -> None:
@@ -114,8 +169,15 @@ def model_defaults(args: argparse.Namespace, path, parsing: bool) -> None:
 def limits_from_args(args: argparse.Namespace):
     from ..serve.common import Limits
 
-    limits = Limits(args.max_body_bytes, args.max_sentences, args.max_chars, args.max_input_tokens, args.max_queue,
-                    args.max_beam, args.max_len_offset_limit)
+    limits = Limits(
+        args.max_body_bytes,
+        args.max_sentences,
+        args.max_chars,
+        args.max_input_tokens,
+        args.max_queue,
+        args.max_beam,
+        args.max_len_offset_limit,
+    )
     for name, value in vars(limits).items():
         if value < 1:
             flag = "max_input_tokens" if name == "max_tokens" else name  # the Limits field's flag
@@ -128,10 +190,15 @@ def limits_from_args(args: argparse.Namespace):
         raise ValueError(f"--beam must be between 1 and --max-beam ({limits.max_beam})")
     if args.max_len_offset > limits.max_len_offset:
         raise ValueError(f"--max-len-offset must be between 0 and --max-len-offset-limit ({limits.max_len_offset})")
-    for flag, value, scale in (("--max-wait-ms", args.max_wait_ms, 1000), ("--graceful-timeout", args.graceful_timeout, 1)):
+    for flag, value, scale in (
+        ("--max-wait-ms", args.max_wait_ms, 1000),
+        ("--graceful-timeout", args.graceful_timeout, 1),
+    ):
         # a wait that can end: not NaN, not infinite, not past what Python can wait for (an error at shutdown)
         if not 0 <= value <= threading.TIMEOUT_MAX * scale:
-            raise ValueError(f"{flag} must be a finite number >= 0 (at most {threading.TIMEOUT_MAX * scale:.0f}), not {value}")
+            raise ValueError(
+                f"{flag} must be a finite number >= 0 (at most {threading.TIMEOUT_MAX * scale:.0f}), not {value}"
+            )
     return limits
 
 
@@ -141,17 +208,29 @@ def engine_loader(args: argparse.Namespace, limits):
 
     def load():
         if getattr(args, "models", None) is not None:  # several: each loaded when a request first needs it
-            print(f"{PROG}: {len(args.models.models)} models ({', '.join(args.models.models)}), loaded on demand", flush=True)
+            print(
+                f"{PROG}: {len(args.models.models)} models ({', '.join(args.models.models)}), loaded on demand",
+                flush=True,
+            )
             return args.models.engine()
         if args.engine == "ct2":
             from ..decoding.engines import load_ct2
 
-            model = load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0)
-            engine = ct2_engine(model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens)
+            model = load_ct2(
+                args.model_path, device=args.device, compute_type=args.ct2_compute_type, threads=args.threads or 0
+            )
+            engine = ct2_engine(
+                model, batch_tokens=args.batch_tokens, batch_size=args.batch_size, max_tokens=limits.max_tokens
+            )
         else:
             loaded = load_from_args(args)
-            engine = torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
-                                  max_tokens=limits.max_tokens, bf16=args.bf16)
+            engine = torch_engine(
+                loaded,
+                batch_tokens=args.batch_tokens,
+                batch_size=args.batch_size,
+                max_tokens=limits.max_tokens,
+                bf16=args.bf16,
+            )
             print(f"{PROG}: {loaded.precision.line()}", flush=True)
             if loaded.precision.warning:  # e.g. bf16 asked for where the CPU emulates it (hundreds of times slower)
                 print(f"{PROG}: warning: {loaded.precision.warning}", file=sys.stderr, flush=True)
@@ -226,18 +305,28 @@ def serve(args: argparse.Namespace, limits, sockets: list) -> int:
     def stop(_error: BaseException) -> None:  # the model cannot be loaded: stop the server, report below
         uv.should_exit = True
 
-    app = create_app(engine_loader(args, limits), limits=limits,
-                     defaults=SearchSettings(beam=args.beam, alpha=args.alpha, length_penalty=args.penalty,
-                                             max_len_offset=args.max_len_offset),
-                     max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
-                     max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000, on_load_error=stop,
-                     api_key=args.api_key, cors_origins=args.cors_origin)
+    app = create_app(
+        engine_loader(args, limits),
+        limits=limits,
+        defaults=SearchSettings(
+            beam=args.beam, alpha=args.alpha, length_penalty=args.penalty, max_len_offset=args.max_len_offset
+        ),
+        max_batch_tokens=1 if args.no_batching else args.batch_tokens,  # 1: one request a round
+        max_wait=0.0 if args.no_batching else args.max_wait_ms / 1000,
+        on_load_error=stop,
+        api_key=args.api_key,
+        cors_origins=args.cors_origin,
+    )
     port = sockets[0].getsockname()[1]  # the port the system chose, for --port 0
     uv = server(app, host=args.host, port=port, log_level=args.log_level, graceful_timeout=args.graceful_timeout)
-    what = f"{len(args.models.models)} models, each on demand" if args.models is not None else f"loading {args.model_path}"
-    print(f"{PROG}: http://{address(args.host, port)} ({what}; GET /health says when it is ready; "
-          f"the demo page is at /)" + ("; an API key is required on /translate and /attention" if args.api_key else ""),
-          flush=True)
+    what = (
+        f"{len(args.models.models)} models, each on demand" if args.models is not None else f"loading {args.model_path}"
+    )
+    print(
+        f"{PROG}: http://{address(args.host, port)} ({what}; GET /health says when it is ready; "
+        f"the demo page is at /)" + ("; an API key is required on /translate and /attention" if args.api_key else ""),
+        flush=True,
+    )
     try:
         uv.run(sockets=sockets)
     except SystemExit as e:  # uvicorn could not start (it said why above)

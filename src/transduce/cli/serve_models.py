@@ -41,8 +41,13 @@ def open_set(args: argparse.Namespace, limits):
     def load(served):
         one = argparse.Namespace(**{**vars(args), "model_path": served.path, "keep_freed": False})  # unloads give back
         loaded = load_from_args(one)
-        return torch_engine(loaded, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
-                            max_tokens=limits.max_tokens, bf16=one.bf16)
+        return torch_engine(
+            loaded,
+            batch_tokens=args.batch_tokens,
+            batch_size=args.batch_size,
+            max_tokens=limits.max_tokens,
+            bf16=one.bf16,
+        )
 
     models = open_models(args.model_paths, load, max_memory=max_memory, pivot=args.pivot)
     if models.pivot is not None and models.pivot not in models.sources():

@@ -26,12 +26,24 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
     g = parser.add_argument_group("arguments")
     g.add_argument("model", type=Path, metavar="MODEL", help="a model or run directory (its vocabularies)")
-    g.add_argument("--train-src", type=Path, required=True, metavar="FILE", help="parallel text's source side, a sentence a line")
+    g.add_argument(
+        "--train-src", type=Path, required=True, metavar="FILE", help="parallel text's source side, a sentence a line"
+    )
     g.add_argument("--train-tgt", type=Path, required=True, metavar="FILE", help="its target side, line for line")
-    g.add_argument("--per-source", type=int, default=SHORTLIST_PER_SOURCE, metavar="K",
-                   help=f"target tokens kept for each source token (default {SHORTLIST_PER_SOURCE})")
-    g.add_argument("--frequent", type=int, default=SHORTLIST_FREQUENT, metavar="N",
-                   help=f"the N most frequent targets, always in (default {SHORTLIST_FREQUENT})")
+    g.add_argument(
+        "--per-source",
+        type=int,
+        default=SHORTLIST_PER_SOURCE,
+        metavar="K",
+        help=f"target tokens kept for each source token (default {SHORTLIST_PER_SOURCE})",
+    )
+    g.add_argument(
+        "--frequent",
+        type=int,
+        default=SHORTLIST_FREQUENT,
+        metavar="N",
+        help=f"the N most frequent targets, always in (default {SHORTLIST_FREQUENT})",
+    )
     g.add_argument("--out", "-o", type=Path, metavar="FILE", help="default MODEL/shortlist.safetensors")
     add_quiet(g, "no progress bar")
 
@@ -48,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{args.model}: no such directory (a model or run directory)")
     src_vocab, tgt_vocab = vocabulary_of(args.model)
     out = args.out or args.model / FILE
+
     def pairs():  # encoded 10,000 pairs at a time (sentencepiece's threads)
         lines = read_parallel(args.train_src, args.train_tgt)
         with tqdm(desc="shortlist", unit=" pairs", mininterval=1, disable=args.quiet) as bar:
@@ -62,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     os.chmod(tmp, 0o644)
     tmp.replace(out)  # nothing half-written
     info = shortlist.info
-    print(f"wrote {out}: {info['pairs']:,} sentence pairs; {info['frequent']} frequent target tokens and up to "
-          f"{info['per_source']} for each of {len(src_vocab):,} source tokens")
+    print(
+        f"wrote {out}: {info['pairs']:,} sentence pairs; {info['frequent']} frequent target tokens and up to "
+        f"{info['per_source']} for each of {len(src_vocab):,} source tokens"
+    )
     return 0

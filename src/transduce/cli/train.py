@@ -24,11 +24,14 @@ DESCRIPTION = """\
 Train on `transduce prepare` output into RUN_DIR (Section 5: Adam, equation 3,
 label smoothing, token batches). Run again: it resumes (another config refused).
 details: transduce docs training (and precision, cluster)"""
-EPILOG = epilog(
-    "transduce train --data DIR --run-dir runs/multi30k-en-de --preset multi30k",
-    "transduce train --data data/mine --run-dir runs/mine --init runs/base",
-    "torchrun --nproc_per_node 8 -m transduce train --data DIR --run-dir runs/base",
-) + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: run again to continue"
+EPILOG = (
+    epilog(
+        "transduce train --data DIR --run-dir runs/multi30k-en-de --preset multi30k",
+        "transduce train --data data/mine --run-dir runs/mine --init runs/base",
+        "torchrun --nproc_per_node 8 -m transduce train --data DIR --run-dir runs/base",
+    )
+    + "\n\nexit status: 0 done; 2 bad input; 75 stopped by a signal: run again to continue"
+)
 
 CONFIG_FLAGS = {  # flag's dest -> (the config.train field it sets, its type, metavar, help); unset: the preset's value
     "max_steps": ("max_steps", int, "N", "optimizer steps (default: the preset's; base 100K)"),
@@ -53,8 +56,15 @@ SCHEDULE = ("warmup", "lr_scale", "cooldown", "seed")  # declared by options.add
 GROUPS = {  # the sections of --help: TrainOptions fields and CONFIG_FLAGS, in this order
     "batching (5.1) and hardware (5.2)": ("max_tokens", "update_freq", "max_steps", "max_minutes", "compile"),
     "optimizer (5.3) and regularization (5.4)": ("label_smoothing", "clip_norm"),  # after SCHEDULE
-    "validation, checkpoints (6.1), logs":
-        ("valid_every", "save_every_steps", "save_every_minutes", "keep_last", "log_every", "tensorboard", "progress"),
+    "validation, checkpoints (6.1), logs": (
+        "valid_every",
+        "save_every_steps",
+        "save_every_minutes",
+        "keep_last",
+        "log_every",
+        "tensorboard",
+        "progress",
+    ),
 }
 HARDWARE = ("device", "precision", "threads")
 """TrainOptions fields whose flags are the shared group (`options.add_hardware_args`)."""
@@ -66,8 +76,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--data", type=Path, metavar="DIR", help="a `transduce prepare` output (resuming: the run's)")
     g.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="where everything the run writes goes")
     g.add_argument("--preset", metavar="NAME", help="model and regime (default base; `info --all`)")
-    g.add_argument("--set", action="append", default=[], metavar="S.F=V",
-                   help="override a config field, e.g. model.n_layers=3")
+    g.add_argument(
+        "--set", action="append", default=[], metavar="S.F=V", help="override a config field, e.g. model.n_layers=3"
+    )
     add_field_flags(g, TrainOptions, ["init"], RENAMED)
     add_field_flags(g, TrainOptions, ["restart"], RENAMED)
     parser.set_defaults(**NO_FLAG)
@@ -76,7 +87,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group(title)
         if title.startswith("optimizer"):
             add_schedule_args(g)
-            g.add_argument("--lr", type=float, metavar="PEAK", help=f"peak rate at step --warmup (--init: {FINETUNE_LR:g}, warmup {FINETUNE_WARMUP})")
+            g.add_argument(
+                "--lr",
+                type=float,
+                metavar="PEAK",
+                help=f"peak rate at step --warmup (--init: {FINETUNE_LR:g}, warmup {FINETUNE_WARMUP})",
+            )
         for name in names:
             if name in CONFIG_FLAGS:
                 _, kind, metavar, help = CONFIG_FLAGS[name]
@@ -143,8 +159,10 @@ def resolve_config(args: argparse.Namespace) -> tuple[Config, Path]:
             t.warmup_steps = FINETUNE_WARMUP
         if args.lr is None and args.lr_scale is None:
             peak = FINETUNE_LR
-            print(f"fine-tuning at --init's default rate: peak {peak:g} at step {t.warmup_steps} (--lr PEAK to change it)",
-                  flush=True)
+            print(
+                f"fine-tuning at --init's default rate: peak {peak:g} at step {t.warmup_steps} (--lr PEAK to change it)",
+                flush=True,
+            )
     if peak is not None:  # the schedule's peak, as Hugging Face's and fairseq's --lr: equation 3 scaled to reach it
         t.lr_scale = lr_scale_for_peak(peak, config.model.d_model, t.warmup_steps)
     return config, data_dir
@@ -165,9 +183,12 @@ def say_if_sized_for_gpus(config: Config, options: TrainOptions) -> None:
     hours = cpu_hours(config, threads)
     if hours > 24:
         t = config.train
-        print(f"note: {t.max_steps:,} steps of {t.max_tokens:,} tokens are sized for GPUs (the paper's base: 12 hours "
-              f"on 8 GPUs); on {threads} CPU threads, about {hours / 24:,.0f} days: on a CPU, --preset multi30k "
-              "is the paper's architecture at laptop size (5,200 steps of 2,048 tokens: 26 to 100 minutes on 2 cores)", flush=True)
+        print(
+            f"note: {t.max_steps:,} steps of {t.max_tokens:,} tokens are sized for GPUs (the paper's base: 12 hours "
+            f"on 8 GPUs); on {threads} CPU threads, about {hours / 24:,.0f} days: on a CPU, --preset multi30k "
+            "is the paper's architecture at laptop size (5,200 steps of 2,048 tokens: 26 to 100 minutes on 2 cores)",
+            flush=True,
+        )
 
 
 def run(args: argparse.Namespace) -> int:

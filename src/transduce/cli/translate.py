@@ -9,8 +9,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from .common import (LineStreams, check_decoding_args, decoding_options, exit_on_sigterm, fill_model_search_defaults,
-                     library_length_penalty, load_from_args, model_default, to_file, warner)
+from .common import (
+    LineStreams,
+    check_decoding_args,
+    decoding_options,
+    exit_on_sigterm,
+    fill_model_search_defaults,
+    library_length_penalty,
+    load_from_args,
+    model_default,
+    to_file,
+    warner,
+)
 from ..defaults import ALPHA, BATCH_SIZE, BEAM, MAX_LEN_OFFSET
 from .options import add_decoding_args, add_line_args, add_quiet, epilog
 
@@ -36,19 +46,32 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     """The options of `transduce translate`."""
     g = add_line_args(parser, "a run directory or a model directory", "translations")
     add_quiet(g, "no progress bar, no notes")
-    g.add_argument("--file", "-f", type=Path, metavar="DOC",
-                   help="a document: docx pptx odt html srt txt epub")
-    g.add_argument("--engine", choices=("torch", "ct2"), default="torch", metavar="E",
-                   help="torch or ct2 (an `export ct2` dir; default torch)")
+    g.add_argument("--file", "-f", type=Path, metavar="DOC", help="a document: docx pptx odt html srt txt epub")
+    g.add_argument(
+        "--engine",
+        choices=("torch", "ct2"),
+        default="torch",
+        metavar="E",
+        help="torch or ct2 (an `export ct2` dir; default torch)",
+    )
     g.add_argument("--ct2-compute-type", metavar="TYPE", help="ct2: its precision (default: the exported)")
     decoding = add_decoding_args(parser, beam=BEAM, alpha=ALPHA, max_len_offset=MAX_LEN_OFFSET, batch_size=BATCH_SIZE)
-    parser.set_defaults(beam=model_default(BEAM), length_penalty=model_default("gnmt"),  # an imported
-                        alpha=model_default(ALPHA))  # model's own replace them (fill_model_search_defaults)
+    parser.set_defaults(
+        beam=model_default(BEAM),
+        length_penalty=model_default("gnmt"),  # an imported
+        alpha=model_default(ALPHA),
+    )  # model's own replace them (fill_model_search_defaults)
     decoding.add_argument("--n-best", type=int, metavar="K", help="the K best per line, as TSV (default: the best)")
-    g.add_argument("--split-sentences", choices=SPLIT_MODES, default="off", metavar="S",
-                   help="on: each of a line's sentences alone (default off)")
-    decoding.add_argument("--shortlist", nargs="?", const="", metavar="FILE",
-                          help="faster, not exact (default MODEL's)")
+    g.add_argument(
+        "--split-sentences",
+        choices=SPLIT_MODES,
+        default="off",
+        metavar="S",
+        help="on: each of a line's sentences alone (default off)",
+    )
+    decoding.add_argument(
+        "--shortlist", nargs="?", const="", metavar="FILE", help="faster, not exact (default MODEL's)"
+    )
 
 
 SPLIT_MODES = ("on", "off", "nonewlines")
@@ -67,11 +90,15 @@ def check_args(args: argparse.Namespace) -> None:
     if args.engine == "ct2" and args.precision != "auto":
         compute_type = CT2_COMPUTE_TYPES.get(args.precision)
         if compute_type is None:
-            raise ValueError(f"--precision {args.precision} does not apply to --engine ct2: choose CTranslate2's "
-                             "precision with --ct2-compute-type (int8, float32, bfloat16, ...)")
+            raise ValueError(
+                f"--precision {args.precision} does not apply to --engine ct2: choose CTranslate2's "
+                "precision with --ct2-compute-type (int8, float32, bfloat16, ...)"
+            )
         if args.ct2_compute_type not in (None, compute_type):
-            raise ValueError(f"--precision {args.precision} is --ct2-compute-type {compute_type}, not "
-                             f"{args.ct2_compute_type}: give one of them")
+            raise ValueError(
+                f"--precision {args.precision} is --ct2-compute-type {compute_type}, not "
+                f"{args.ct2_compute_type}: give one of them"
+            )
         args.ct2_compute_type = compute_type
     args.penalty = library_length_penalty(args, f"--engine {args.engine}", ENGINE_PENALTIES[args.engine])
     if args.engine != "ct2" and args.ct2_compute_type is not None:
@@ -86,7 +113,9 @@ def check_args(args: argparse.Namespace) -> None:
             if getattr(args, flag) is not None:
                 raise ValueError(f"--{flag.replace('_', '-')} does not apply to --file (a document in, a document out)")
     if args.split_sentences != "off" and args.n_best is not None:
-        raise ValueError("--n-best gives a line's own hypotheses: with --split-sentences on, a line is several sentences")
+        raise ValueError(
+            "--n-best gives a line's own hypotheses: with --split-sentences on, a line is several sentences"
+        )
     if to_file(args.out):
         from ..checkpoint.files import check_output
 
@@ -119,15 +148,22 @@ def run(args: argparse.Namespace) -> int:
         write, flush = streams.output()
         bar = None
         if to_file(args.input) and not args.quiet and sys.stderr.isatty():
-            bar = stack.enter_context(tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines",
-                                           mininterval=1))
+            bar = stack.enter_context(
+                tqdm(total=_count_lines(Path(args.input)), desc="translate", unit=" lines", mininterval=1)
+            )
         split = args.split_sentences != "off"
-        options = dict(streams.options(), n_best=args.n_best or 1, warn=warn, shortlist=shortlist,
-                       advance=bar.update if bar is not None and not split else None)
+        options = dict(
+            streams.options(),
+            n_best=args.n_best or 1,
+            warn=warn,
+            shortlist=shortlist,
+            advance=bar.update if bar is not None and not split else None,
+        )
 
         def decode(lines):
-            return translate.translate_stream(_model(args, loaded), loaded.src_vocab, loaded.tgt_vocab, lines, **options,
-                                              length_penalty=args.penalty)
+            return translate.translate_stream(
+                _model(args, loaded), loaded.src_vocab, loaded.tgt_vocab, lines, **options, length_penalty=args.penalty
+            )
 
         stream = _split_lines(args, decode, streams.lines(), bar) if split else decode(streams.lines())
         _write(stream, args.n_best, write, flush if streams.interactive else None)
@@ -146,9 +182,13 @@ def _split_lines(args: argparse.Namespace, decode, lines, bar):
     from .common import model_metadata
 
     meta = (model_metadata(args.model_path) or {}) if args.engine == "torch" else {}
-    texts = translate_lines_split(lambda sentences: (cands[0].text for cands in decode(sentences)), lines,
-                                  meta.get("src_lang") or "en", args.split_sentences,
-                                  bar.update if bar is not None else None)
+    texts = translate_lines_split(
+        lambda sentences: (cands[0].text for cands in decode(sentences)),
+        lines,
+        meta.get("src_lang") or "en",
+        args.split_sentences,
+        bar.update if bar is not None else None,
+    )
     return ([SimpleNamespace(text=t)] for t in texts)
 
 
@@ -182,12 +222,23 @@ def _run_file(args: argparse.Namespace, warn, shortlist=None) -> int:
     def batch(sentences: list[str]) -> list[str]:
         from tqdm import tqdm
 
-        options = dict(decoding_options(args), warn=warn, source_name=str(args.file), length_penalty=args.penalty,
-                       shortlist=shortlist)
-        with tqdm(total=len(sentences), desc="translate", unit=" sentences", mininterval=1,
-                  disable=args.quiet or not sys.stderr.isatty()) as bar:
-            stream = translate.translate_stream(_model(args, loaded), loaded.src_vocab, loaded.tgt_vocab, sentences,
-                                                **options, advance=bar.update)
+        options = dict(
+            decoding_options(args),
+            warn=warn,
+            source_name=str(args.file),
+            length_penalty=args.penalty,
+            shortlist=shortlist,
+        )
+        with tqdm(
+            total=len(sentences),
+            desc="translate",
+            unit=" sentences",
+            mininterval=1,
+            disable=args.quiet or not sys.stderr.isatty(),
+        ) as bar:
+            stream = translate.translate_stream(
+                _model(args, loaded), loaded.src_vocab, loaded.tgt_vocab, sentences, **options, advance=bar.update
+            )
             return [cands[0].text for cands in stream]
 
     align = None
@@ -210,16 +261,24 @@ def _load_ct2(args: argparse.Namespace):
 
     for flag in ("checkpoint", "average", "vocab", "src_vocab", "tgt_vocab"):
         if getattr(args, flag) is not None:
-            raise ValueError(f"--{flag.replace('_', '-')} does not apply to --engine ct2 (the directory holds one model "
-                             "and its vocabulary)")
+            raise ValueError(
+                f"--{flag.replace('_', '-')} does not apply to --engine ct2 (the directory holds one model "
+                "and its vocabulary)"
+            )
     args.bf16 = False
     if args.workers == "auto":
         args.workers = 1  # CTranslate2 decodes in its own worker
-    return load_ct2(args.model_path, device=args.device, compute_type=args.ct2_compute_type or "default", threads=args.threads or 0)
+    return load_ct2(
+        args.model_path, device=args.device, compute_type=args.ct2_compute_type or "default", threads=args.threads or 0
+    )
 
 
-def _write(stream: Iterable[list[Candidate]], n_best: int | None, write: Callable[[bytes], None],
-           flush: Callable[[], None] | None) -> None:
+def _write(
+    stream: Iterable[list[Candidate]],
+    n_best: int | None,
+    write: Callable[[bytes], None],
+    flush: Callable[[], None] | None,
+) -> None:
     """One line per input line (the best text), or with `n_best` the TSV lines of the N-best
     output; `flush` after each input line, if given (an interactive session)."""
     for line_no, cands in enumerate(stream, start=1):

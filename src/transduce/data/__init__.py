@@ -21,13 +21,25 @@ _HOMES = {
 _MODULE_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
-    "PAD", "UNK", "BOS", "EOS",
-    "DataError", "FilterReport", "read_lines", "read_parallel",
-    "Vocab", "train_vocab",
-    "IndexedWriter", "IndexedDataset",
-    "batch_by_tokens", "collate", "ParallelDataset",
-    "DATASETS", "fetch",
-    "read_metadata", "load_vocabs",
+    "PAD",
+    "UNK",
+    "BOS",
+    "EOS",
+    "DataError",
+    "FilterReport",
+    "read_lines",
+    "read_parallel",
+    "Vocab",
+    "train_vocab",
+    "IndexedWriter",
+    "IndexedDataset",
+    "batch_by_tokens",
+    "collate",
+    "ParallelDataset",
+    "DATASETS",
+    "fetch",
+    "read_metadata",
+    "load_vocabs",
 ]
 
 

@@ -80,8 +80,9 @@ def batch_by_tokens(
     return _shard(batches, num_shards, shard_id)
 
 
-def _pack(order: np.ndarray, src: Sequence[int], tgt: Sequence[int], max_tokens: int,
-          max_sentences: int | None = None) -> list[np.ndarray]:
+def _pack(
+    order: np.ndarray, src: Sequence[int], tgt: Sequence[int], max_tokens: int, max_sentences: int | None = None
+) -> list[np.ndarray]:
     """Cut `order` (pair indices, with their sizes `src`, `tgt`) greedily into batches of at most
     `max_tokens` padded tokens per side and `max_sentences` pairs (a longer pair alone)."""
     batches = []
@@ -125,8 +126,9 @@ def _shard(batches: list[np.ndarray], num_shards: int, shard_id: int) -> list[np
     return padded[shard_id::num_shards]
 
 
-def collate(src_list: Sequence[np.ndarray], tgt_list: Sequence[np.ndarray], pad_id: int = DEFAULT.pad,
-            bos_id: int = DEFAULT.bos) -> dict:
+def collate(
+    src_list: Sequence[np.ndarray], tgt_list: Sequence[np.ndarray], pad_id: int = DEFAULT.pad, bos_id: int = DEFAULT.bos
+) -> dict:
     """The model's LongTensors (module docstring), padded with `pad_id`, the decoder's input starting
     with `bos_id` (`ParallelDataset.collate`: the data's ids); and "ntokens": the non-pad target tokens."""
     if len(src_list) != len(tgt_list) or not src_list:
@@ -182,8 +184,9 @@ class ParallelDataset:
 
     def collate(self, indices: Sequence[int]) -> dict:
         """The tensors of the pairs `indices` (see `collate`), with this data's special ids."""
-        return collate([self.src[int(i)] for i in indices], [self.tgt[int(i)] for i in indices], self.ids.pad,
-                       self.ids.bos)
+        return collate(
+            [self.src[int(i)] for i in indices], [self.tgt[int(i)] for i in indices], self.ids.pad, self.ids.bos
+        )
 
 
 def read_metadata(data_dir: str | Path) -> dict:
@@ -215,6 +218,9 @@ def load_vocabs(data_dir: str | Path) -> tuple[Vocab, Vocab]:
     data.json (the same object if shared; `vocab.open_vocabs`)."""
     meta = read_metadata(data_dir)
     if not isinstance(meta.get("vocab"), dict):
-        raise DataError("no vocabulary named in it (its \"vocab\" entry): pass --vocab PATH (a sentencepiece model "
-                        "or a model directory)", Path(data_dir) / METADATA)
+        raise DataError(
+            'no vocabulary named in it (its "vocab" entry): pass --vocab PATH (a sentencepiece model '
+            "or a model directory)",
+            Path(data_dir) / METADATA,
+        )
     return open_vocabs(meta["vocab"], data_dir, meta.get("special_ids"))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import DataError
 
+
 @dataclass(frozen=True)
 class Source:
     """One text file of a dataset: its origin, its checksum and its name in a mirror."""
@@ -124,7 +125,9 @@ WMT14_DEV = "http://www.statmt.org/wmt14/dev.tgz"
 WMT14_TEST_FULL = "http://www.statmt.org/wmt14/test-full.tgz"
 WMT14_TEST_FILTERED = "http://www.statmt.org/wmt14/test-filtered.tgz"
 HF_WMT14 = "wmt/wmt14"  # the Hugging Face hub id of the former "wmt14" dataset
-SEQ2SEQ_ATTN_URL = "https://raw.githubusercontent.com/harvardnlp/seq2seq-attn/2d36b4348dad5a18571495feacddcf8c6620a678/data"
+SEQ2SEQ_ATTN_URL = (
+    "https://raw.githubusercontent.com/harvardnlp/seq2seq-attn/2d36b4348dad5a18571495feacddcf8c6620a678/data"
+)
 
 # sha256 of the plain text (shared/data/wmt14-en-*/PROVENANCE.md; Helsinki-NLP/OPUS-MT-testsets)
 WMT14_SHA256 = {

@@ -28,7 +28,9 @@ from .corpora import DATASETS, DatasetInfo
 from .text import open_text
 
 ENV_DATA_DIR = "TRANSDUCE_DATA_DIR"
-ENV_NO_SHARED_DATA = "TRANSDUCE_NO_SHARED_DATA"  # set (not "" or "0"): `shared/data` beside the repository is not looked for
+ENV_NO_SHARED_DATA = (
+    "TRANSDUCE_NO_SHARED_DATA"  # set (not "" or "0"): `shared/data` beside the repository is not looked for
+)
 ENV_CACHE_DIR = "TRANSDUCE_CACHE_DIR"
 
 
@@ -87,8 +89,10 @@ def fetch(
 
     if source.url is None and not source.hf:  # licensed data: there is nowhere to download it from
         where = mirror / name if mirror is not None else Path(f"<data-dir>/{name}")
-        raise DataError(f"{info.description}: not downloadable; put {source.mirror} in {where} "
-                        f"(or give --data-dir / ${ENV_DATA_DIR})")
+        raise DataError(
+            f"{info.description}: not downloadable; put {source.mirror} in {where} "
+            f"(or give --data-dir / ${ENV_DATA_DIR})"
+        )
     cache_root = Path(cache_dir or default_cache_dir())
     cached = cache_root / name / source.cache_name
     if cached.is_file():
@@ -108,8 +112,11 @@ def fetch(
     except DataError as e:
         if not e.message.startswith("download failed"):
             raise
-        raise DataError(f"{e.message}; without network, put {source.mirror} in DIR/{name}/ and pass --data-dir DIR "
-                        f"(or set ${ENV_DATA_DIR}=DIR)", e.path) from None
+        raise DataError(
+            f"{e.message}; without network, put {source.mirror} in DIR/{name}/ and pass --data-dir DIR "
+            f"(or set ${ENV_DATA_DIR}=DIR)",
+            e.path,
+        ) from None
     return cached
 
 
@@ -196,14 +203,17 @@ def _extract_sgml(archive: Path, member: str, dest: Path, sha256: str | None) ->
         raise DataError(f"text extracted from {member} does not match: {e.message}", archive) from None
 
 
-def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_dir: Path,
-                       mirror: Path | None = None) -> None:
+def _fetch_huggingface(
+    info: DatasetInfo, split: str, hf: tuple[str, str], out_dir: Path, mirror: Path | None = None
+) -> None:
     """Write both sides of a Hugging Face translation dataset split as plain text files."""
     folder = f"{mirror / info.name}/" if mirror is not None else f"DIR/{info.name}/ with --data-dir DIR"
     try:
         import datasets  # optional dependency
     except ImportError:
-        sample = " (or --train-split train-sample for a 10,000-pair smoke test)" if "train-sample" in info.splits else ""
+        sample = (
+            " (or --train-split train-sample for a 10,000-pair smoke test)" if "train-sample" in info.splits else ""
+        )
         raise DataError(
             f"{info.name} {split} is the full WMT14 training corpus, which is not downloaded here: "
             f"install Hugging Face `datasets` (pip install datasets) to load {hf[0]} {hf[1]}, "
@@ -213,8 +223,10 @@ def _fetch_huggingface(info: DatasetInfo, split: str, hf: tuple[str, str], out_d
     try:
         corpus = datasets.load_dataset(hf[0], hf[1], split=split)
     except Exception as e:  # network, hub or cache errors of an optional package
-        raise DataError(f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed ({e}); "
-                        f"without network, put train-full.<lang>.gz files in {folder}") from None
+        raise DataError(
+            f"loading {hf[0]} {hf[1]} {split} with Hugging Face datasets failed ({e}); "
+            f"without network, put train-full.<lang>.gz files in {folder}"
+        ) from None
     with contextlib.ExitStack() as stack:  # each file closed, then renamed into place (removed on error)
         files = {}
         for lang in info.langs:

@@ -56,8 +56,16 @@ class GivenVocabulary:
     tgt: Vocab
 
 
-def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train_split: str | None = None,
-                   data_dir: str | None = None, cache_dir: str | None = None) -> list[Split]:
+def dataset_splits(
+    name: str,
+    src: str,
+    tgt: str,
+    *,
+    variant: str = "raw",
+    train_split: str | None = None,
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
+) -> list[Split]:
     """The splits of a registered dataset, fetched: train, valid, test, then its other tests."""
     info = get_dataset(name)
     wanted = [("train", train_split or info.train), ("valid", info.valid), ("test", info.tests[0])]
@@ -69,7 +77,9 @@ def dataset_splits(name: str, src: str, tgt: str, *, variant: str = "raw", train
     def fetched(origin: str, lang: str) -> Path:
         return fetch(info.name, origin, lang, variant=variant, data_dir=data_dir, cache_dir=cache_dir)
 
-    return [Split(split, fetched(origin, src), fetched(origin, tgt), f"{info.name}:{origin}") for split, origin in wanted]
+    return [
+        Split(split, fetched(origin, src), fetched(origin, tgt), f"{info.name}:{origin}") for split, origin in wanted
+    ]
 
 
 def prepare(
@@ -108,13 +118,27 @@ def prepare(
             vocab_meta, src_vocab, tgt_vocab = vocab.record, vocab.src, vocab.tgt
         else:
             vocab_meta, src_vocab, tgt_vocab = _train_vocabularies(
-                splits[0], tmp, vocab_size, separate_vocab, sample_size, character_coverage, seed, progress, tgt_vocab_type
+                splits[0],
+                tmp,
+                vocab_size,
+                separate_vocab,
+                sample_size,
+                character_coverage,
+                seed,
+                progress,
+                tgt_vocab_type,
             )
         split_meta = {}
         for split in splits:
             split_meta[split.name] = _binarize(
-                split, src_vocab, tgt_vocab, tmp, filter_pairs=split.name == "train",
-                max_len=max_len, max_ratio=max_ratio, progress=progress,
+                split,
+                src_vocab,
+                tgt_vocab,
+                tmp,
+                filter_pairs=split.name == "train",
+                max_len=max_len,
+                max_ratio=max_ratio,
+                progress=progress,
             )
         if split_meta["train"]["pairs"] == 0:
             raise DataError("every training pair was filtered out (see --max-len, --max-ratio)", splits[0].src)
@@ -145,8 +169,9 @@ def check_output_dir(out: Path, overwrite: bool) -> None:
 WORD_VOCAB_LIMIT = 100_000  # A closed word-level target vocabulary: every symbol of the training targets, up to this
 
 
-def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sample_size, coverage, seed, progress,
-                        tgt_type: str = "bpe"):
+def _train_vocabularies(
+    train: Split, out_dir: Path, vocab_size, separate, sample_size, coverage, seed, progress, tgt_type: str = "bpe"
+):
     """Train the shared (or the two separate) sentencepiece models on the training split."""
     if tgt_type not in ("bpe", "word"):
         raise ValueError(f"target vocabulary type must be 'bpe' or 'word', not {tgt_type!r}")
@@ -161,10 +186,14 @@ def _train_vocabularies(train: Split, out_dir: Path, vocab_size, separate, sampl
         model = train_vocab(out_dir / "spm", lines(both_sides, "vocab: read train (both sides)"), **options)
         src_vocab = tgt_vocab = Vocab(model)
     else:
-        src_model = train_vocab(out_dir / "spm.src", lines(read_lines(train.src), "vocab: read train source"), **options)
+        src_model = train_vocab(
+            out_dir / "spm.src", lines(read_lines(train.src), "vocab: read train source"), **options
+        )
         word = {"vocab_size": WORD_VOCAB_LIMIT, "sample_size": 0, "model_type": "word"}
         tgt_options = {**options, **word} if tgt_type == "word" else options
-        tgt_model = train_vocab(out_dir / "spm.tgt", lines(read_lines(train.tgt), "vocab: read train target"), **tgt_options)
+        tgt_model = train_vocab(
+            out_dir / "spm.tgt", lines(read_lines(train.tgt), "vocab: read train target"), **tgt_options
+        )
         src_vocab, tgt_vocab = Vocab(src_model), Vocab(tgt_model)
     meta = {
         "type": "sentencepiece-bpe",
@@ -185,7 +214,9 @@ def _chunks(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def _binarize(split: Split, src_vocab: Vocab, tgt_vocab: Vocab, out_dir: Path, *, filter_pairs, max_len, max_ratio, progress) -> dict:
+def _binarize(
+    split: Split, src_vocab: Vocab, tgt_vocab: Vocab, out_dir: Path, *, filter_pairs, max_len, max_ratio, progress
+) -> dict:
     """Encode one split into {name}.src / {name}.tgt token arrays; return its metadata."""
     report = FilterReport(max_len=max_len, max_ratio=max_ratio)
     bar = tqdm(desc=f"binarize {split.name}", unit=" lines", unit_scale=True, disable=not progress, mininterval=1)

@@ -76,6 +76,7 @@ def read_parallel(src_path: str | Path, tgt_path: str | Path) -> Iterator[tuple[
 # --- the length filter: subword tokens without EOS, training pairs only (BLEU needs whole test sets);
 # its defaults, `transduce.defaults.MAX_LEN` and `MAX_RATIO`
 
+
 def filter_reason(src_len: int, tgt_len: int, max_len: int, max_ratio: float) -> str | None:
     """Why a pair of these token lengths is dropped ("empty", "too_long", "bad_ratio"), or None."""
     if src_len == 0 or tgt_len == 0:

@@ -57,10 +57,19 @@ def train_vocab(
 
     if model_type not in ("bpe", "word"):
         raise ValueError(f"model_type must be 'bpe' or 'word', not {model_type!r}")
-    word = {} if model_type == "bpe" else dict(
-        normalization_rule_name="identity", split_by_unicode_script=False, split_by_number=False,
-        split_digits=False, hard_vocab_limit=False, use_all_vocab=True, max_sentencepiece_length=64,
-        max_sentence_length=1 << 16,
+    word = (
+        {}
+        if model_type == "bpe"
+        else dict(
+            normalization_rule_name="identity",
+            split_by_unicode_script=False,
+            split_by_number=False,
+            split_digits=False,
+            hard_vocab_limit=False,
+            use_all_vocab=True,
+            max_sentencepiece_length=64,
+            max_sentence_length=1 << 16,
+        )
     )
     spm.set_random_generator_seed(seed)
     try:
@@ -91,8 +100,10 @@ def train_vocab(
         if "smaller than required_chars" in message:  # "... required_chars. 10 vs 83. Increase ..."
             need = re.search(r"(\d+) vs (\d+)", message)
             least = f"at least {need.group(2)}, " if need else ""
-            raise DataError(f"vocabulary size {vocab_size} is too small for the characters of this corpus ({least}"
-                            "the special pieces and one per character; or lower --character-coverage)") from None
+            raise DataError(
+                f"vocabulary size {vocab_size} is too small for the characters of this corpus ({least}"
+                "the special pieces and one per character; or lower --character-coverage)"
+            ) from None
         raise DataError(f"sentencepiece training failed: {message}") from None
     return model_prefix.with_name(model_prefix.name + ".model")
 
@@ -106,8 +117,11 @@ class Vocab:
         if not self.path.is_file():
             raise DataError("no such vocabulary file", self.path)
         if _is_old_marian_vocab(self.path):
-            raise DataError("the vocabulary of a model imported by an earlier transduce: import the model again "
-                            "(`transduce import`), which keeps Marian's own files", self.path)
+            raise DataError(
+                "the vocabulary of a model imported by an earlier transduce: import the model again "
+                "(`transduce import`), which keeps Marian's own files",
+                self.path,
+            )
         try:
             self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
         except (OSError, RuntimeError):
@@ -115,8 +129,10 @@ class Vocab:
         found = SpecialIds(self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
         missing = [name for name, i in found.to_dict().items() if i < 0]
         if missing:
-            raise DataError(f"no {', '.join(missing)} piece (special ids {found.to_dict()}): "
-                            "train the vocabulary with transduce", self.path)
+            raise DataError(
+                f"no {', '.join(missing)} piece (special ids {found.to_dict()}): train the vocabulary with transduce",
+                self.path,
+            )
         self.ids = found
         self.files = [self.path]  # what the vocabulary is, on disk (copied by the exports and imports)
 
@@ -211,8 +227,9 @@ class MarianVocab(Vocab):
             raise DataError("not a sentencepiece model", self.path) from None
         self.pieces = sorted(self.ids_of, key=self.ids_of.__getitem__)
         get = self.ids_of.get
-        self.ids = SpecialIds(pad=get("<pad>"), unk=get("<unk>"), bos=get("<s>", get("<pad>")) if bos is None else bos,
-                              eos=get("</s>"))
+        self.ids = SpecialIds(
+            pad=get("<pad>"), unk=get("<unk>"), bos=get("<s>", get("<pad>")) if bos is None else bos, eos=get("</s>")
+        )
         if not 0 <= self.ids.bos < len(self.pieces):
             raise DataError(f"the decoder's start id {self.ids.bos} is not an id of this vocabulary", self.pieces_path)
         self.files = [self.path, self.pieces_path]
@@ -271,7 +288,7 @@ class MarianVocab(Vocab):
 def _language_code(text: str) -> tuple[list[str], str]:
     """MarianTokenizer's `remove_language_code`: ([">>xx<<"], the rest) where the text starts with one."""
     if text.startswith(">>") and (end := text.find("<<")) != -1:
-        return [text[: end + 2]], text[end + 2:]
+        return [text[: end + 2]], text[end + 2 :]
     return [], text
 
 
@@ -293,8 +310,11 @@ def vocab_record(src: Vocab, tgt: Vocab, names: dict[str, str] | None = None) ->
     shared = shares_ids(src, tgt)
     record: dict = {"shared": shared, "size": {"src": len(src), "tgt": len(tgt)}}
     if isinstance(src, MarianVocab) and isinstance(tgt, MarianVocab):
-        record.update(type="marian", files={"src": src.path.name, "tgt": tgt.path.name},
-                      pieces={"src": src.pieces_path.name, "tgt": tgt.pieces_path.name})
+        record.update(
+            type="marian",
+            files={"src": src.path.name, "tgt": tgt.path.name},
+            pieces={"src": src.pieces_path.name, "tgt": tgt.pieces_path.name},
+        )
         copies = {f: f.name for f in src.files + tgt.files}
         if len(set(copies.values())) != len(copies):
             raise ValueError(f"two of the vocabulary files have one name: {', '.join(map(str, copies))}")

@@ -46,15 +46,28 @@ class TorchSearch:
         if self.shortlist is not None:
             vocab = self.shortlist.candidates(sources, model.config.special_ids.to_dict().values()).to(param.device)
             model = Shortlisted(model, vocab)
-        autocast = (torch.autocast(device_type=param.device.type, dtype=torch.bfloat16)
-                    if self.bf16 and param.dtype != torch.bfloat16 else contextlib.nullcontext())  # bf16 weights need none
+        autocast = (
+            torch.autocast(device_type=param.device.type, dtype=torch.bfloat16)
+            if self.bf16 and param.dtype != torch.bfloat16
+            else contextlib.nullcontext()
+        )  # bf16 weights need none
         with torch.inference_mode(), autocast:
             if s.greedy:
-                outs = greedy_decode(model, src, max_len_offset=s.max_len_offset, vocab=vocab)  # the model's special ids
+                outs = greedy_decode(
+                    model, src, max_len_offset=s.max_len_offset, vocab=vocab
+                )  # the model's special ids
                 return [[Candidate(o, math.nan, math.nan, one_line(self.tgt_vocab.decode(o)))] for o in outs]
-            hyps = beam_search(model, src, beam_size=s.beam, alpha=s.alpha, max_len_offset=s.max_len_offset,
-                               n_best=s.n_best, constraint=self.constraint,
-                               penalty=s.length_penalty, vocab=vocab)
+            hyps = beam_search(
+                model,
+                src,
+                beam_size=s.beam,
+                alpha=s.alpha,
+                max_len_offset=s.max_len_offset,
+                n_best=s.n_best,
+                constraint=self.constraint,
+                penalty=s.length_penalty,
+                vocab=vocab,
+            )
         for hs in hyps:
             for h in hs:
                 h.text = one_line(self.tgt_vocab.decode(h.tokens))
@@ -80,9 +93,10 @@ class CT2Model:
         from ..cpu import has_vnni
 
         saturates = self.compute_type.startswith("int8") and not has_vnni()  # docs/export.md, "int8 without VNNI"
-        return _Precision(f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})"
-                          + ("; no VNNI on this CPU: int8 scores move, a trained model's BLEU holds" if saturates else ""))
-
+        return _Precision(
+            f"precision {self.compute_type} (CTranslate2; exported as {self.quantization})"
+            + ("; no VNNI on this CPU: int8 scores move, a trained model's BLEU holds" if saturates else "")
+        )
 
 
 @dataclass
@@ -94,14 +108,16 @@ class _Precision:
         return self.text
 
 
-def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str = "default",
-             threads: int = 0) -> CT2Model:
+def load_ct2(
+    path: str | os.PathLike, *, device: str = "cpu", compute_type: str = "default", threads: int = 0
+) -> CT2Model:
     """Load a directory written by `export_ct2` (`compute_type`, `threads`: CTranslate2's)."""
     ctranslate2 = require("ctranslate2", "the ct2 engine")
     path = Path(path)
     if not is_ct2_dir(path):
-        raise FileNotFoundError(f"{path}: not a CTranslate2 model written by `transduce export ct2` "
-                                f"(no {INFO} and model.bin)")
+        raise FileNotFoundError(
+            f"{path}: not a CTranslate2 model written by `transduce export ct2` (no {INFO} and model.bin)"
+        )
     info = json.loads((path / INFO).read_text(encoding="utf-8"))
     config = Config.from_dict(info["config"])
     sv, tv = open_vocabs(info["vocab"], path, {"bos": config.model.bos_id})
@@ -112,40 +128,67 @@ def load_ct2(path: str | os.PathLike, *, device: str = "cpu", compute_type: str 
         except Exception:  # noqa: BLE001 - no CUDA runtime at all
             device = "cpu"
     index = int(device.split(":")[1]) if device.startswith("cuda:") else 0
-    translator = ctranslate2.Translator(str(path), device=device.split(":")[0], device_index=index,
-                                        compute_type=compute_type, intra_threads=threads)
-    return CT2Model(translator, config, sv, tv, f"CTranslate2 model {path} ({info['quantization']}"
-                    f"{'' if compute_type == 'default' else ', computed ' + compute_type})", int(info["max_positions"]),
-                    info["quantization"], translator.compute_type)
+    translator = ctranslate2.Translator(
+        str(path), device=device.split(":")[0], device_index=index, compute_type=compute_type, intra_threads=threads
+    )
+    return CT2Model(
+        translator,
+        config,
+        sv,
+        tv,
+        f"CTranslate2 model {path} ({info['quantization']}"
+        f"{'' if compute_type == 'default' else ', computed ' + compute_type})",
+        int(info["max_positions"]),
+        info["quantization"],
+        translator.compute_type,
+    )
 
 
-def engine_search(model, src_vocab: Vocab, tgt_vocab: Vocab, settings: SearchSettings, *, bf16: bool = False,
-                  constraint=None, workers: int = 1, shortlist: Shortlist | None = None) -> tuple[BatchSearch, int | None]:
+def engine_search(
+    model,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    settings: SearchSettings,
+    *,
+    bf16: bool = False,
+    constraint=None,
+    workers: int = 1,
+    shortlist: Shortlist | None = None,
+) -> tuple[BatchSearch, int | None]:
     """(the search of `model`'s engine on a batch of source ids, the rows of the position table
     that input and output must fit: None for none): transduce's (`TorchSearch`) for a PyTorch
     model, CTranslate2's (`CT2Search`) for a `CT2Model`; what the engine cannot do refused in one line."""
     penalty = settings.length_penalty
     if isinstance(model, CT2Model):
         if workers != 1:
-            raise ValueError("--workers is for transduce's engine; CTranslate2 decodes in one worker with --threads "
-                             "intra-op threads")
+            raise ValueError(
+                "--workers is for transduce's engine; CTranslate2 decodes in one worker with --threads intra-op threads"
+            )
         if constraint is not None:
             raise ValueError("constrained decoding is transduce's engine's, not CTranslate2's")
         if shortlist is not None:
-            raise ValueError("a shortlist is transduce's engine's: CTranslate2 takes its own (vocabulary map) at export")
+            raise ValueError(
+                "a shortlist is transduce's engine's: CTranslate2 takes its own (vocabulary map) at export"
+            )
         if penalty not in ("paper", "ct2"):
-            raise ValueError(f"CTranslate2's engine ranks by the paper's length penalty or its own (ct2), not {penalty!r}")
+            raise ValueError(
+                f"CTranslate2's engine ranks by the paper's length penalty or its own (ct2), not {penalty!r}"
+            )
         return CT2Search(model, src_vocab, tgt_vocab, settings), model.max_positions
     if penalty not in ("paper", "hf"):
-        raise ValueError(f"transduce's engine ranks by the paper's length penalty or Hugging Face's (hf), not {penalty!r}")
+        raise ValueError(
+            f"transduce's engine ranks by the paper's length penalty or Hugging Face's (hf), not {penalty!r}"
+        )
     if settings.greedy and constraint is not None:
         raise ValueError("constrained decoding is a beam search: use beam 1 instead of greedy")
     if shortlist is not None:
         if constraint is not None:
             raise ValueError("a constrained search is over the whole vocabulary: no shortlist")
         if shortlist.target_size != len(tgt_vocab):
-            raise ValueError(f"the shortlist is of a target vocabulary of {shortlist.target_size:,} tokens, this model's "
-                             f"has {len(tgt_vocab):,}: make it with `transduce shortlist` for this model")
+            raise ValueError(
+                f"the shortlist is of a target vocabulary of {shortlist.target_size:,} tokens, this model's "
+                f"has {len(tgt_vocab):,}: make it with `transduce shortlist` for this model"
+            )
     if workers > 1 and next(model.parameters()).device.type != "cpu":
         raise ValueError("workers are for the CPU: on a GPU, decode with one process (workers=1)")
     mc = model.config
@@ -172,16 +215,25 @@ class CT2Search:
         tgt_ids = {p: i for i, p in enumerate(tgt_pieces)}
         ids = model.config.model.special_ids
         eos_piece = tgt_pieces[ids.eos]
-        suppress = [[tgt_pieces[ids.pad]], [tgt_pieces[ids.bos]]]  # never real output tokens (as transduce.decoding.search)
+        suppress = [
+            [tgt_pieces[ids.pad]],
+            [tgt_pieces[ids.bos]],
+        ]  # never real output tokens (as transduce.decoding.search)
         source = [[src_pieces[t] for t in toks[:-1]] for toks in sources]  # CT2 adds the EOS
         max_lens = [len(toks) + s.max_len_offset for toks in sources]  # tokens with EOS, per sentence
         lp = 0.0 if greedy or alpha == 0 else alpha
         paper = s.length_penalty == "paper"
         out = model.translator.translate_batch(
-            source, beam_size=1 if greedy else s.beam,
+            source,
+            beam_size=1 if greedy else s.beam,
             num_hypotheses=1 if greedy else (s.beam if paper else s.n_best),
-            length_penalty=lp, return_scores=True, return_end_token=True, max_input_length=0,
-            max_decoding_length=max(max_lens), min_decoding_length=0, suppress_sequences=suppress,
+            length_penalty=lp,
+            return_scores=True,
+            return_end_token=True,
+            max_input_length=0,
+            max_decoding_length=max(max_lens),
+            min_decoding_length=0,
+            suppress_sequences=suppress,
         )
         nan = float("nan")
         results = []
@@ -195,11 +247,11 @@ class CT2Search:
                 if greedy:  # the sentence's own maximum (exact for greedy)
                     cands.append(Candidate(tokens=toks[:max_len], score=nan, logprob=nan, text=text))
                     continue
-                logprob = score * (length ** lp if length else 1.0)
+                logprob = score * (length**lp if length else 1.0)
                 if paper:
                     score = logprob / paper_length_penalty(length, alpha)
                 cands.append(Candidate(tokens=toks, score=score, logprob=logprob, text=text))
             if paper:
                 cands.sort(key=lambda c: -c.score)
-            results.append(cands[:s.n_best] or [Candidate(tokens=[], score=-math.inf, logprob=-math.inf, text="")])
+            results.append(cands[: s.n_best] or [Candidate(tokens=[], score=-math.inf, logprob=-math.inf, text="")])
         return results

@@ -20,10 +20,19 @@ def search_chunk_elements(device: torch.device) -> int:
     return CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
 
 
-def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int], eos_id: int,
-                     allowed: Tensor | None = None, only_eos: Tensor | None = None, block: int = 64,
-                     chunk_elements: int | None = None, consume: bool = False,
-                     forced_eos_lp: float | None = None) -> tuple[Tensor, Tensor, Tensor]:
+def _best_extensions(
+    logits: Tensor,
+    alive_lp: Tensor,
+    n: int,
+    banned: list[int],
+    eos_id: int,
+    allowed: Tensor | None = None,
+    only_eos: Tensor | None = None,
+    block: int = 64,
+    chunk_elements: int | None = None,
+    consume: bool = False,
+    forced_eos_lp: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The n best one-token extensions of each sentence's live hypotheses, by log-probability.
 
     logits (b * r, V): the next-token logits of r hypotheses for each of b sentences (consecutive
@@ -46,11 +55,22 @@ def _best_extensions(logits: Tensor, alive_lp: Tensor, n: int, banned: list[int]
         chunk_elements = search_chunk_elements(logits.device)
     per = max(1, chunk_elements // (r * V)) if chunk_elements else b  # sentences per chunk
     if b > per:
-        parts = [_best_extensions(logits[i * r:(i + per) * r], alive_lp[i:i + per], n, banned, eos_id,
-                                  None if allowed is None else allowed[i * r:(i + per) * r],
-                                  None if only_eos is None else only_eos[i:i + per], block=block,
-                                  chunk_elements=chunk_elements, consume=consume, forced_eos_lp=forced_eos_lp)
-                 for i in range(0, b, per)]
+        parts = [
+            _best_extensions(
+                logits[i * r : (i + per) * r],
+                alive_lp[i : i + per],
+                n,
+                banned,
+                eos_id,
+                None if allowed is None else allowed[i * r : (i + per) * r],
+                None if only_eos is None else only_eos[i : i + per],
+                block=block,
+                chunk_elements=chunk_elements,
+                consume=consume,
+                forced_eos_lp=forced_eos_lp,
+            )
+            for i in range(0, b, per)
+        ]
         return tuple(torch.cat(p) for p in zip(*parts))
     if consume and logits.dtype == torch.float32 and logits.is_contiguous():
         lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32, out=logits)  # in place, row by row

@@ -27,7 +27,9 @@ from ..checkpoint.generation import Generation, find_generation
 from .streaming import choose_workers
 
 
-def make_ready(model: nn.Module, choice: Choice | None = None, *, pack: bool = True, keep: bool = True) -> Callable[[], None]:
+def make_ready(
+    model: nn.Module, choice: Choice | None = None, *, pack: bool = True, keep: bool = True
+) -> Callable[[], None]:
     """Make `model` ready to decode: cast to bf16 (faster than autocast) or quantized to int8 as
     `choice` says (None: as it is); on the CPU, with `pack`, the weights packed; everywhere the
     decoder's steps as one flat loop (`fast.step.FastDecoder`, set as `model.decoder`). Layers
@@ -67,11 +69,21 @@ class LoadedModel:
     generation: Generation | None = None  # An imported model's own settings, its languages (generation.json)
 
 
-def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", device: str | torch.device = "cpu",
-                      threads: int | None = None, workers: int | str | None = None, checkpoint: str | None = None,
-                      average: int | None = None, vocab: str | os.PathLike | None = None,
-                      src_vocab: str | os.PathLike | None = None, tgt_vocab: str | os.PathLike | None = None,
-                      keep: bool = False, keep_freed: bool = True) -> LoadedModel:
+def load_for_decoding(
+    path: str | os.PathLike,
+    *,
+    precision: str = "auto",
+    device: str | torch.device = "cpu",
+    threads: int | None = None,
+    workers: int | str | None = None,
+    checkpoint: str | None = None,
+    average: int | None = None,
+    vocab: str | os.PathLike | None = None,
+    src_vocab: str | os.PathLike | None = None,
+    tgt_vocab: str | os.PathLike | None = None,
+    keep: bool = False,
+    keep_freed: bool = True,
+) -> LoadedModel:
     """`load_translation_model` on `device` (`threads` CPU threads where given), `make_ready` in
     `precision`, the CPU decoding processes chosen from `workers` (a number or "auto"); oneDNN's
     kernel caches bounded first, before the first product; large blocks mapped on their own while
@@ -88,8 +100,16 @@ def load_for_decoding(path: str | os.PathLike, *, precision: str = "auto", devic
     device = resolve_device(device) if isinstance(device, str) else device
     choice = choose_decoding_precision(precision, device)
     bf16 = choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")
-    loaded = load_translation_model(path, checkpoint=checkpoint, average=average, vocab=vocab, src_vocab=src_vocab,
-                                    tgt_vocab=tgt_vocab, device=device, dtype=torch.bfloat16 if bf16 else None)
+    loaded = load_translation_model(
+        path,
+        checkpoint=checkpoint,
+        average=average,
+        vocab=vocab,
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        device=device,
+        dtype=torch.bfloat16 if bf16 else None,
+    )
     if workers is not None:
         n = torch.get_num_threads()
         loaded.workers, why = choose_workers(workers, device, n, loaded.config.model.d_model)
@@ -142,10 +162,17 @@ def vocabulary_of(path: str | os.PathLike) -> tuple[Vocab, Vocab]:
     return found
 
 
-def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = None, average: int | None = None,
-                           vocab: str | os.PathLike | None = None, src_vocab: str | os.PathLike | None = None,
-                           tgt_vocab: str | os.PathLike | None = None, device: str | torch.device = "cpu",
-                           dtype: torch.dtype | None = None) -> LoadedModel:
+def load_translation_model(
+    path: str | os.PathLike,
+    *,
+    checkpoint: str | None = None,
+    average: int | None = None,
+    vocab: str | os.PathLike | None = None,
+    src_vocab: str | os.PathLike | None = None,
+    tgt_vocab: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> LoadedModel:
     """The model and vocabularies `transduce translate MODEL` uses, on `device` (a name for
     `resolve_device` or a torch.device), as stored (or in `dtype`; not made ready). Raises
     FileNotFoundError, ValueError or DataError."""
@@ -166,8 +193,10 @@ def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = 
     else:
         found = find_vocabs(resolved.search_dirs)
         if found is None:
-            raise FileNotFoundError(f"no vocabulary found beside {what} (no data.json or spm.model): "
-                                    "pass --vocab PATH (a sentencepiece model or a model directory)")
+            raise FileNotFoundError(
+                f"no vocabulary found beside {what} (no data.json or spm.model): "
+                "pass --vocab PATH (a sentencepiece model or a model directory)"
+            )
         sv, tv = found
     mc = config.model
     if len(sv) != mc.src_vocab_size or len(tv) != mc.target_vocab_size:
@@ -177,7 +206,16 @@ def load_translation_model(path: str | os.PathLike, *, checkpoint: str | None = 
         )
     ids = mc.special_ids
     if (tv.pad, tv.eos) != (ids.pad, ids.eos):
-        raise ValueError(f"the target vocabulary's PAD and EOS are ids {tv.pad} and {tv.eos}, the model's {ids.pad} and "
-                         f"{ids.eos}: wrong --vocab?")
-    return LoadedModel(model, config, sv, tv, what, metadata=find_metadata(resolved.search_dirs),
-                       generation=find_generation(resolved.search_dirs))
+        raise ValueError(
+            f"the target vocabulary's PAD and EOS are ids {tv.pad} and {tv.eos}, the model's {ids.pad} and "
+            f"{ids.eos}: wrong --vocab?"
+        )
+    return LoadedModel(
+        model,
+        config,
+        sv,
+        tv,
+        what,
+        metadata=find_metadata(resolved.search_dirs),
+        generation=find_generation(resolved.search_dirs),
+    )

@@ -84,7 +84,7 @@ def length_penalty(length: Tensor | float, alpha: float, kind: str = "paper") ->
     """GNMT's length penalty lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), the one 6.1 cites
     (not fairseq's |Y|^alpha); |Y| counts the tokens generated including EOS, as tensor2tensor.
     `kind` "hf" (not the paper): |Y|^alpha, Hugging Face generate's (|Y| counting EOS there too)."""
-    return length ** alpha if kind == "hf" else ((5.0 + length) / 6.0) ** alpha
+    return length**alpha if kind == "hf" else ((5.0 + length) / 6.0) ** alpha
 
 
 @dataclass
@@ -183,8 +183,14 @@ class Beams:
         """Per sentence, the `n_best` best finished hypotheses, best first."""
         seqs = self.fin_seq[:, :n_best, 1:].tolist()  # without BOS, EOS-padded
         scores, lps = self.fin_score.tolist(), self.fin_lp.tolist()  # best first: -inf (none) last
-        return [[Hypothesis(seq[: seq.index(self.eos_id)] if self.eos_id in seq else seq, scores[i][j], lps[i][j])
-                 for j, seq in enumerate(seqs[i]) if scores[i][j] != float("-inf")] for i in range(len(seqs))]
+        return [
+            [
+                Hypothesis(seq[: seq.index(self.eos_id)] if self.eos_id in seq else seq, scores[i][j], lps[i][j])
+                for j, seq in enumerate(seqs[i])
+                if scores[i][j] != float("-inf")
+            ]
+            for i in range(len(seqs))
+        ]
 
 
 def prefill(model, src: Tensor, k: int, max_len_offset: int, bos_id: int, eos_id: int, constraint=None) -> Beams:
@@ -199,11 +205,19 @@ def prefill(model, src: Tensor, k: int, max_len_offset: int, bos_id: int, eos_id
     alive_lp = torch.full((B, k), float("-inf"), device=device)
     alive_lp[:, 0] = 0.0  # one initial hypothesis, not k copies of it
     return Beams(
-        k=k, eos_id=eos_id, banned=[model.config.pad_id, bos_id], max_lens=max_lens, cache=cache,
-        active=torch.arange(B, device=device), alive_seq=torch.full((B, k, 1), bos_id, dtype=torch.long, device=device),
-        alive_lp=alive_lp, fin_seq=torch.full((B, k, T + 1), eos_id, dtype=torch.long, device=device),
-        fin_score=torch.full((B, k), float("-inf"), device=device), fin_lp=torch.full((B, k), float("-inf"), device=device),
-        constraint=constraint, cstate=constraint.start(src, k) if constraint is not None else None,
+        k=k,
+        eos_id=eos_id,
+        banned=[model.config.pad_id, bos_id],
+        max_lens=max_lens,
+        cache=cache,
+        active=torch.arange(B, device=device),
+        alive_seq=torch.full((B, k, 1), bos_id, dtype=torch.long, device=device),
+        alive_lp=alive_lp,
+        fin_seq=torch.full((B, k, T + 1), eos_id, dtype=torch.long, device=device),
+        fin_score=torch.full((B, k), float("-inf"), device=device),
+        fin_lp=torch.full((B, k), float("-inf"), device=device),
+        constraint=constraint,
+        cstate=constraint.start(src, k) if constraint is not None else None,
     )
 
 
@@ -216,7 +230,9 @@ def beam_step(model, beams: Beams, t: int, alpha: float, early_stop: bool = True
     cand_seq = torch.cat([beams.alive_seq.gather(1, beam_idx[:, :, None].expand(-1, -1, t + 1)), token[:, :, None]], 2)
     is_eos = token == beams.eos_id
     # "hf" (Hugging Face generate's search): only the k best extensions may finish
-    finishing = is_eos if beams.penalty == "paper" else is_eos & (torch.arange(is_eos.size(1), device=is_eos.device) < beams.k)
+    finishing = (
+        is_eos if beams.penalty == "paper" else is_eos & (torch.arange(is_eos.size(1), device=is_eos.device) < beams.k)
+    )
     _add_finished(beams, t, alpha, cand_lp, cand_seq, finishing)
     # Live: the k best extensions that did not end in EOS.
     live_lp = torch.where(is_eos, torch.full_like(cand_lp, float("-inf")), cand_lp)
@@ -247,11 +263,28 @@ def _extensions(model, beams: Beams, t: int) -> tuple[Tensor, Tensor, Tensor]:
     at_max = t + 1 >= beams.max_lens[active]  # (b,): only EOS may follow
     n = min(2 * k, k * logits.size(-1))
     if beams.vocab is None:
-        return _best_extensions(logits, alive_lp, n, beams.banned, beams.eos_id, allowed=allowed, only_eos=at_max,
-                                consume=True, forced_eos_lp=None if beams.penalty == "paper" else 0.0)
+        return _best_extensions(
+            logits,
+            alive_lp,
+            n,
+            beams.banned,
+            beams.eos_id,
+            allowed=allowed,
+            only_eos=at_max,
+            consume=True,
+            forced_eos_lp=None if beams.penalty == "paper" else 0.0,
+        )
     (eos,) = _local(beams.vocab, [beams.eos_id])  # a shortlist always holds EOS
-    lp, beam, token = _best_extensions(logits, alive_lp, n, _local(beams.vocab, beams.banned), eos, only_eos=at_max,
-                                       consume=True, forced_eos_lp=None if beams.penalty == "paper" else 0.0)
+    lp, beam, token = _best_extensions(
+        logits,
+        alive_lp,
+        n,
+        _local(beams.vocab, beams.banned),
+        eos,
+        only_eos=at_max,
+        consume=True,
+        forced_eos_lp=None if beams.penalty == "paper" else 0.0,
+    )
     return lp, beam, beams.vocab[token]
 
 

@@ -32,4 +32,6 @@ class SearchSettings:
         if not self.greedy and not 1 <= self.n_best <= self.beam:
             raise ValueError(f"n_best must be between 1 and the beam size ({self.beam}), not {self.n_best}")
         if self.length_penalty not in LENGTH_PENALTIES:
-            raise ValueError(f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, not {self.length_penalty!r}")
+            raise ValueError(
+                f"length_penalty must be one of {', '.join(LENGTH_PENALTIES)}, not {self.length_penalty!r}"
+            )

@@ -45,15 +45,20 @@ class Shortlist:
     def describe(self) -> str:
         """One line for the user: what the shortlist holds, and that it is not exact."""
         i = self.info
-        return (f"shortlist {self.path or ''} ({i.get('frequent', self.frequent.numel())} frequent target tokens and up to "
-                f"{self.table.size(1)} per source token, from {i.get('pairs', 0):,} sentence pairs): each batch "
-                "searched over its candidates only (not exact)").replace("shortlist  (", "shortlist (")
+        return (
+            f"shortlist {self.path or ''} ({i.get('frequent', self.frequent.numel())} frequent target tokens and up to "
+            f"{self.table.size(1)} per source token, from {i.get('pairs', 0):,} sentence pairs): each batch "
+            "searched over its candidates only (not exact)"
+        ).replace("shortlist  (", "shortlist (")
 
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file
 
-        save_file({"table": self.table.contiguous(), "frequent": self.frequent.contiguous()}, str(path),
-                  metadata={"target_size": str(self.target_size), "info": json.dumps(self.info)})
+        save_file(
+            {"table": self.table.contiguous(), "frequent": self.frequent.contiguous()},
+            str(path),
+            metadata={"target_size": str(self.target_size), "info": json.dumps(self.info)},
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> "Shortlist":
@@ -61,17 +66,31 @@ class Shortlist:
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no shortlist (make one with `transduce shortlist MODEL --train-src FILE --train-tgt FILE`)")
+            raise FileNotFoundError(
+                f"{path}: no shortlist (make one with `transduce shortlist MODEL --train-src FILE --train-tgt FILE`)"
+            )
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if "target_size" not in meta:
                 raise ValueError(f"{path}: not a shortlist written by `transduce shortlist` (no target_size)")
-            return cls(f.get_tensor("table"), f.get_tensor("frequent"), int(meta["target_size"]),
-                       json.loads(meta.get("info", "{}")), path)
+            return cls(
+                f.get_tensor("table"),
+                f.get_tensor("frequent"),
+                int(meta["target_size"]),
+                json.loads(meta.get("info", "{}")),
+                path,
+            )
 
 
-def build(pairs: Iterable[tuple[list[int], list[int]]], source_size: int, target_size: int, *,
-          per_source: int = 64, frequent: int = 256, chunk: int = 20_000) -> Shortlist:
+def build(
+    pairs: Iterable[tuple[list[int], list[int]]],
+    source_size: int,
+    target_size: int,
+    *,
+    per_source: int = 64,
+    frequent: int = 256,
+    chunk: int = 20_000,
+) -> Shortlist:
     """The shortlist of a parallel corpus of id lists (source, target). A pair counts once per
     sentence: c(s), c(t), c(s, t) are numbers of sentence pairs; a source id's row holds the
     `per_source` targets t (not among the `frequent`) with the highest 2 c(s, t) / (c(s) + c(t))."""
@@ -133,8 +152,10 @@ def restricted_logits(model, ids: Tensor):
     tied = model.config.share_embeddings or model.config.tie_output
     weight = getattr(embed if tied else proj, "weight", None)  # the embedding matrix (3.4), or the projection's own
     if weight is None:
-        raise ValueError("this model's pre-softmax projection keeps no float rows to shortlist (untied, and packed for "
-                         "decoding only: load it with keep=True)")
+        raise ValueError(
+            "this model's pre-softmax projection keeps no float rows to shortlist (untied, and packed for "
+            "decoding only: load it with keep=True)"
+        )
     w = weight.detach()[ids]
     b = None if bias is None else bias.detach()[ids]
 

@@ -18,7 +18,9 @@ from .search import Hypothesis
 from ..memory import Trimmer
 
 Candidate = Hypothesis  # one hypothesis of one input line (`transduce.decoding.search.Hypothesis`, with its text)
-BatchSearch = Callable[[list[list[int]]], list[list[Candidate]]]  # a batch of source ids (with EOS) -> candidates per row
+BatchSearch = Callable[
+    [list[list[int]]], list[list[Candidate]]
+]  # a batch of source ids (with EOS) -> candidates per row
 
 
 def one_line(text: str) -> str:
@@ -26,8 +28,9 @@ def one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ").replace("\t", " ")
 
 
-def input_token_limit(max_input_tokens: int | None = MAX_INPUT_TOKENS,
-                      max_len_offset: int = MAX_LEN_OFFSET, positions: int | None = None) -> int:
+def input_token_limit(
+    max_input_tokens: int | None = MAX_INPUT_TOKENS, max_len_offset: int = MAX_LEN_OFFSET, positions: int | None = None
+) -> int:
     """The most subword tokens (EOS not counted) a source line may have: `max_input_tokens`, and
     with a table of `positions` (learned positions, a CTranslate2 export) what it allows for the
     source (its EOS included) and for the longest output (source length + max_len_offset)."""
@@ -35,15 +38,27 @@ def input_token_limit(max_input_tokens: int | None = MAX_INPUT_TOKENS,
     if positions is not None:
         limit = min(limit, positions - 1 - max_len_offset)
     if limit < 1:
-        raise ValueError(f"no input fits: the position table has {positions} rows and --max-len-offset is "
-                         f"{max_len_offset}; lower --max-len-offset")
+        raise ValueError(
+            f"no input fits: the position table has {positions} rows and --max-len-offset is "
+            f"{max_len_offset}; lower --max-len-offset"
+        )
     return limit
 
 
-def stream_lines(search: BatchSearch, src_vocab: Vocab, lines: Iterable[str], *, limit: int, chunk_lines: int,
-                 batch_tokens: int, batch_size: int, workers: int = 1, source_name: str = "input",
-                 warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
-                 ) -> Iterator[list[Candidate]]:
+def stream_lines(
+    search: BatchSearch,
+    src_vocab: Vocab,
+    lines: Iterable[str],
+    *,
+    limit: int,
+    chunk_lines: int,
+    batch_tokens: int,
+    batch_size: int,
+    workers: int = 1,
+    source_name: str = "input",
+    warn: Callable[[str], None] | None = None,
+    advance: Callable[[int], None] | None = None,
+) -> Iterator[list[Candidate]]:
     """`chunk_lines` lines at a time, their ids with EOS (cut to `limit` with a warning through
     `warn("SOURCE:LINE: ...")`), batches of similar length, `search(sources)` on each (with
     `workers` > 1 in that many forked `Workers`, the output unchanged), the candidates yielded in
@@ -58,12 +73,16 @@ def stream_lines(search: BatchSearch, src_vocab: Vocab, lines: Iterable[str], *,
     try:
         while chunk := list(islice(it, chunk_lines)):
             ids = _source_ids(src_vocab, chunk, limit, source_name, first_line, warn)
-            results: list[list[Candidate] | None] = [[Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids]
+            results: list[list[Candidate] | None] = [
+                [Candidate([], 0.0, 0.0, "")] if not toks else None for toks in ids
+            ]
             work = [i for i, toks in enumerate(ids) if toks]
             if advance is not None and len(work) < len(ids):
                 advance(len(ids) - len(work))
-            batches = [[work[j] for j in batch.tolist()] for batch in
-                       batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)]
+            batches = [
+                [work[j] for j in batch.tolist()]
+                for batch in batch_for_decoding([len(ids[i]) for i in work], batch_tokens, batch_size)
+            ]
             sources = ([ids[i] for i in rows] for rows in batches)
             for rows, cands in zip(batches, map_batches(sources)):
                 for i, c in zip(rows, cands):
@@ -77,16 +96,24 @@ def stream_lines(search: BatchSearch, src_vocab: Vocab, lines: Iterable[str], *,
             pool.close()
 
 
-def _source_ids(src_vocab: Vocab, chunk: list[str], limit: int, source_name: str, first_line: int,
-                warn: Callable[[str], None] | None) -> list[list[int]]:
+def _source_ids(
+    src_vocab: Vocab,
+    chunk: list[str],
+    limit: int,
+    source_name: str,
+    first_line: int,
+    warn: Callable[[str], None] | None,
+) -> list[list[int]]:
     """The lines' subword ids with EOS ([] for an empty line), each cut to `limit` with a warning."""
     ids = src_vocab.encode_batch(chunk) if len(chunk) > 1 else [src_vocab.encode(chunk[0])]
     out = []
     for i, toks in enumerate(ids):
         if len(toks) > limit:
             if warn is not None:
-                warn(f"{source_name}:{first_line + i}: {len(toks)} subword tokens, more than the limit "
-                     f"of {limit}: translating the first {limit} only")
+                warn(
+                    f"{source_name}:{first_line + i}: {len(toks)} subword tokens, more than the limit "
+                    f"of {limit}: translating the first {limit} only"
+                )
             toks = toks[:limit]
         out.append(toks + [src_vocab.eos] if toks else [])
     return out

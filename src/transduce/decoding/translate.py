@@ -19,14 +19,30 @@ from .settings import SearchSettings
 from .streaming import Candidate, input_token_limit, stream_lines
 
 
-def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[str], *, beam: int = BEAM,
-                     alpha: float = ALPHA, length_penalty: str = "paper",
-                     max_len_offset: int = MAX_LEN_OFFSET, n_best: int = 1, greedy: bool = False,
-                     batch_tokens: int = BATCH_TOKENS, batch_size: int = BATCH_SIZE,
-                     max_input_tokens: int | None = MAX_INPUT_TOKENS, bf16: bool = False,
-                     chunk_lines: int = CHUNK_LINES, source_name: str = "input",
-                     warn: Callable[[str], None] | None = None, advance: Callable[[int], None] | None = None,
-                     constraint=None, workers: int = 1, shortlist=None) -> Iterator[list[Candidate]]:
+def translate_stream(
+    model,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    lines: Iterable[str],
+    *,
+    beam: int = BEAM,
+    alpha: float = ALPHA,
+    length_penalty: str = "paper",
+    max_len_offset: int = MAX_LEN_OFFSET,
+    n_best: int = 1,
+    greedy: bool = False,
+    batch_tokens: int = BATCH_TOKENS,
+    batch_size: int = BATCH_SIZE,
+    max_input_tokens: int | None = MAX_INPUT_TOKENS,
+    bf16: bool = False,
+    chunk_lines: int = CHUNK_LINES,
+    source_name: str = "input",
+    warn: Callable[[str], None] | None = None,
+    advance: Callable[[int], None] | None = None,
+    constraint=None,
+    workers: int = 1,
+    shortlist=None,
+) -> Iterator[list[Candidate]]:
     """Translate `lines` (any iterable); yield, for every line in order, its `n_best` best
     candidates (best first; one empty candidate for an empty line). Lines over the limit
     (`streaming.input_token_limit`: `max_input_tokens`, and a position table's) are cut and
@@ -43,27 +59,52 @@ def translate_stream(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Iterable[
     searched over the target tokens its sources make likely. Or `model` a CTranslate2 export (`engines.CT2Model`, with its own vocabularies):
     the same input handling, its precision the export's, no `constraint`, one worker.
     """
-    settings = SearchSettings(beam=beam, alpha=alpha, length_penalty=length_penalty, max_len_offset=max_len_offset,
-                              n_best=n_best, greedy=greedy)
+    settings = SearchSettings(
+        beam=beam,
+        alpha=alpha,
+        length_penalty=length_penalty,
+        max_len_offset=max_len_offset,
+        n_best=n_best,
+        greedy=greedy,
+    )
     if batch_tokens < 1 or batch_size < 1 or chunk_lines < 1 or workers < 1:
         raise ValueError("batch_tokens, batch_size, chunk_lines and workers must be positive")
-    search, positions = engine_search(model, src_vocab, tgt_vocab, settings, bf16=bf16, constraint=constraint,
-                                      workers=workers, shortlist=shortlist)
+    search, positions = engine_search(
+        model, src_vocab, tgt_vocab, settings, bf16=bf16, constraint=constraint, workers=workers, shortlist=shortlist
+    )
     limit = input_token_limit(max_input_tokens, max_len_offset, positions)
     was_training = getattr(model, "training", None)  # None: a CTranslate2 model, which has no training mode
     if was_training is not None:
         model.eval()
     try:
-        yield from stream_lines(search, src_vocab, lines, limit=limit, chunk_lines=chunk_lines, batch_tokens=batch_tokens,
-                                batch_size=batch_size, workers=workers, source_name=source_name, warn=warn,
-                                advance=advance)
+        yield from stream_lines(
+            search,
+            src_vocab,
+            lines,
+            limit=limit,
+            chunk_lines=chunk_lines,
+            batch_tokens=batch_tokens,
+            batch_size=batch_size,
+            workers=workers,
+            source_name=source_name,
+            warn=warn,
+            advance=advance,
+        )
     finally:
         if was_training is not None:
             model.train(was_training)
 
 
-def translate_lines(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Sequence[str] | Iterable[str], *,
-                    warn: Callable[[str], None] | None = None, progress: bool = False, **options) -> list[str]:
+def translate_lines(
+    model,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    lines: Sequence[str] | Iterable[str],
+    *,
+    warn: Callable[[str], None] | None = None,
+    progress: bool = False,
+    **options,
+) -> list[str]:
     """The best translation of each line, in order ("" for an empty line), as `translate_stream`
     decodes it with `options` (its keyword arguments). `warn` defaults to printing on stderr;
     `progress` shows a tqdm bar."""
@@ -71,5 +112,7 @@ def translate_lines(model, src_vocab: Vocab, tgt_vocab: Vocab, lines: Sequence[s
     if warn is None:
         warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
     with tqdm(total=len(lines), desc="translate", unit=" lines", mininterval=1, disable=not progress) as bar:
-        return [c[0].text for c in translate_stream(model, src_vocab, tgt_vocab, lines, warn=warn, advance=bar.update,
-                                                    **options)]
+        return [
+            c[0].text
+            for c in translate_stream(model, src_vocab, tgt_vocab, lines, warn=warn, advance=bar.update, **options)
+        ]

@@ -8,5 +8,14 @@ MODEL --file IN` and the server's /translate_file; docs/serve.md, "Documents".""
 from .base import Document, DocumentError
 from .files import FORMATS, Translator, format_of, installed_formats, output_name, read, translate_document
 
-__all__ = ["FORMATS", "Document", "DocumentError", "Translator", "format_of", "installed_formats", "output_name",
-           "read", "translate_document"]
+__all__ = [
+    "FORMATS",
+    "Document",
+    "DocumentError",
+    "Translator",
+    "format_of",
+    "installed_formats",
+    "output_name",
+    "read",
+    "translate_document",
+]

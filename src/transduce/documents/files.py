@@ -10,9 +10,16 @@ from typing import Callable
 from .base import Document, DocumentError
 
 FORMATS = {
-    ".txt": ("plain", "Text"), ".srt": ("plain", "Subtitles"), ".html": ("html", "Html"), ".htm": ("html", "Html"),
-    ".xhtml": ("html", "Html"), ".docx": ("office", "Docx"), ".pptx": ("office", "Pptx"), ".odt": ("odf", "Odf"),
-    ".odp": ("odf", "Odf"), ".epub": ("html", "Epub"),
+    ".txt": ("plain", "Text"),
+    ".srt": ("plain", "Subtitles"),
+    ".html": ("html", "Html"),
+    ".htm": ("html", "Html"),
+    ".xhtml": ("html", "Html"),
+    ".docx": ("office", "Docx"),
+    ".pptx": ("office", "Pptx"),
+    ".odt": ("odf", "Odf"),
+    ".odp": ("odf", "Odf"),
+    ".epub": ("html", "Epub"),
 }
 """Extension -> (the module of this package, the Document class) that reads and writes it."""
 

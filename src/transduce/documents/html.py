@@ -27,8 +27,9 @@ def decode_html(data: bytes, name: str) -> tuple[str, str]:
         raise DocumentError(f"unknown character set {encoding!r} in its <meta charset>", name) from None
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise DocumentError(f"not {encoding} text (byte {e.start}): give the file's character set in <meta charset>",
-                            name, line) from None
+        raise DocumentError(
+            f"not {encoding} text (byte {e.start}): give the file's character set in <meta charset>", name, line
+        ) from None
 
 
 class Html(Document):
@@ -75,8 +76,10 @@ class Epub(Document):
 
     def fill(self, translations: list[str]) -> None:
         # XHTML is XML: no &nbsp; (an HTML entity) but its number
-        self.documents = {path: (text.replace("&nbsp;", "&#160;"), encoding)
-                          for (path, (_, encoding)), text in zip(self.documents.items(), translations, strict=True)}
+        self.documents = {
+            path: (text.replace("&nbsp;", "&#160;"), encoding)
+            for (path, (_, encoding)), text in zip(self.documents.items(), translations, strict=True)
+        }
 
     def save(self) -> bytes:
         out = BytesIO()

@@ -68,7 +68,7 @@ def untagged(text: str, pairs: set[int], atoms: set[int]) -> list[Piece]:
 
     at = 0
     for m in _TAG.finditer(text):
-        add(text[at:m.start()])
+        add(text[at : m.start()])
         at = m.end()
         closing, k, empty = m.group(1) == "/", int(m.group(2)), m.group(3) == "/"
         if k in atoms:
@@ -79,7 +79,7 @@ def untagged(text: str, pairs: set[int], atoms: set[int]) -> list[Piece]:
             if not closing:
                 stack.append(k)
             elif k in stack:
-                del stack[stack.index(k):]
+                del stack[stack.index(k) :]
     add(text[at:])
     pieces += [Piece(atom=k) for k in sorted(atoms - placed)]
     return pieces
@@ -94,10 +94,10 @@ def strip_space(pieces: list[Piece]) -> tuple[str, list[Piece], str]:
     if texts:
         first, last = pieces[texts[0]], pieces[texts[-1]]
         lead = first.text[: len(first.text) - len(first.text.lstrip())]
-        pieces[texts[0]] = first = Piece(first.text[len(lead):], first.stack)
+        pieces[texts[0]] = first = Piece(first.text[len(lead) :], first.stack)
         if texts[-1] == texts[0]:
             last = first
-        trail = last.text[len(last.text.rstrip()):]
+        trail = last.text[len(last.text.rstrip()) :]
         pieces[texts[-1]] = Piece(last.text[: len(last.text) - len(trail)], last.stack)
     return lead, [p for p in pieces if p.atom is not None or p.text], trail
 

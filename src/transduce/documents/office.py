@@ -151,8 +151,10 @@ def _fill(shell):
 
 _W_CONTAINERS = {W + t for t in ("hyperlink", "smartTag", "ins", "sdt", "sdtContent", "customXml", "moveTo")}
 _W_TEXT = {W + t for t in ("rPr", "t", "tab", "br", "cr", "noBreakHyphen", "softHyphen", "lastRenderedPageBreak")}
-_W_MARKS = {W + t for t in ("pPr", "bookmarkStart", "bookmarkEnd", "commentRangeStart", "commentRangeEnd",
-                            "permStart", "permEnd")}
+_W_MARKS = {
+    W + t
+    for t in ("pPr", "bookmarkStart", "bookmarkEnd", "commentRangeStart", "commentRangeEnd", "permStart", "permEnd")
+}
 
 
 def _word_items(p) -> list[tuple]:
@@ -167,8 +169,10 @@ def _word_items(p) -> list[tuple]:
                 walk(child, chain + (child,))
             elif child.tag == W + "r":
                 chars = [f.get(W + "fldCharType") for f in child.iter(W + "fldChar")]
-                textual = all(c.tag in _W_TEXT and (c.tag != W + "br" or c.get(W + "type") in (None, "textWrapping"))
-                              for c in child)
+                textual = all(
+                    c.tag in _W_TEXT and (c.tag != W + "br" or c.get(W + "type") in (None, "textWrapping"))
+                    for c in child
+                )
                 if depth == 0 and not chars and textual:
                     items.append(("text", child, chain, _key(child.find(W + "rPr")), child.text))
                 else:

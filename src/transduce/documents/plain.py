@@ -52,8 +52,10 @@ class Subtitles(Document):
             raise DocumentError(f"not a readable SubRip file: {str(e).splitlines()[0]}", name, line) from None
         for k, cue in enumerate(self.cues):
             lines = cue.content.splitlines() or [""]
-            self.add(_markup(" ".join(line.strip() for line in lines)),
-                     lambda paragraph, pieces, k=k, n=len(lines): self._put(k, n, paragraph, pieces))
+            self.add(
+                _markup(" ".join(line.strip() for line in lines)),
+                lambda paragraph, pieces, k=k, n=len(lines): self._put(k, n, paragraph, pieces),
+            )
 
     def _put(self, k: int, n: int, paragraph: Paragraph, pieces: list[Piece]) -> None:
         self.cues[k].content = "\n".join(balanced(_render(pieces, paragraph.payloads), n))
@@ -70,7 +72,7 @@ def _markup(content: str) -> Paragraph:
     at = 0
     for m in _MARKUP.finditer(content):
         stack = tuple(k for _, k in open_)
-        paragraph.text(content[at:m.start()], stack)
+        paragraph.text(content[at : m.start()], stack)
         at = m.end()
         name = (m.group(2) or "").lower()
         if m.group(2) is None:

@@ -30,7 +30,9 @@ class Report:
     interrupted: bool = False
 
 
-def prepare(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine) -> tuple[dict, list[Variant]]:
+def prepare(
+    data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine
+) -> tuple[dict, list[Variant]]:
     """(metadata, variants), every check made first: the data, the names, OUT's runs' recipes."""
     meta = check_data(data_dir)
     variants = plan(names, recipe)
@@ -46,9 +48,17 @@ def dry_run(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine
     return [shlex.join(train_command(v, recipe, data_dir, out, machine)) for v in variants]
 
 
-def run_experiment(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine, *,
-                   average: bool = False, peak_flops: float | None = None,
-                   say: Callable[[str], None] = print) -> Report:
+def run_experiment(
+    data_dir: Path,
+    out: Path,
+    names: list[str],
+    recipe: Recipe,
+    machine: Machine,
+    *,
+    average: bool = False,
+    peak_flops: float | None = None,
+    say: Callable[[str], None] = print,
+) -> Report:
     """Train and measure every variant in turn (Table 3), writing the table after each; stops at
     an interrupted run (a signal), which the same call resumes."""
     meta, variants = prepare(data_dir, out, names, recipe, machine)
@@ -73,20 +83,34 @@ def run_experiment(data_dir: Path, out: Path, names: list[str], recipe: Recipe, 
     return report
 
 
-def submit_slurm(data_dir: Path, out: Path, names: list[str], recipe: Recipe, machine: Machine, *,
-                 partition: str | None, minutes: int, cpus_per_task: int | None = None, cluster: str | None = None) -> dict:
+def submit_slurm(
+    data_dir: Path,
+    out: Path,
+    names: list[str],
+    recipe: Recipe,
+    machine: Machine,
+    *,
+    partition: str | None,
+    minutes: int,
+    cpus_per_task: int | None = None,
+    cluster: str | None = None,
+) -> dict:
     """Submit each variant not yet trained as a Slurm job running its `transduce train` command,
     through submitit (logs in OUT/slurm); returns {variant: submitit job}."""
     submitit = require("submitit", "--slurm")
     if cluster is None:  # submitit's own choice would be its local executor where there is no Slurm
         if shutil.which("sbatch") is None:
-            raise UsageError("--slurm: no Slurm here (sbatch is not on PATH); train here without --slurm, "
-                             "or run --dry-run's commands where you can")
+            raise UsageError(
+                "--slurm: no Slurm here (sbatch is not on PATH); train here without --slurm, "
+                "or run --dry-run's commands where you can"
+            )
         cluster = "slurm"
     _, variants = prepare(data_dir, out, names, recipe, machine)
     open_experiment(out, data_dir, recipe)
     executor = submitit.AutoExecutor(folder=str(out / "slurm"), cluster=cluster)
-    params = dict(timeout_min=minutes, tasks_per_node=1, nodes=1, gpus_per_node=machine.nproc if machine.device != "cpu" else 0)
+    params = dict(
+        timeout_min=minutes, tasks_per_node=1, nodes=1, gpus_per_node=machine.nproc if machine.device != "cpu" else 0
+    )
     if partition:
         params["slurm_partition"] = partition
     if cpus_per_task:
@@ -96,5 +120,7 @@ def submit_slurm(data_dir: Path, out: Path, names: list[str], recipe: Recipe, ma
         if trained(v.run_dir(out), v.max_steps):
             continue
         executor.update_parameters(name=f"transduce-{v.name}", **params)
-        jobs[v.name] = executor.submit(submitit.helpers.CommandFunction(train_command(v, recipe, data_dir, out, machine)))
+        jobs[v.name] = executor.submit(
+            submitit.helpers.CommandFunction(train_command(v, recipe, data_dir, out, machine))
+        )
     return jobs

@@ -26,8 +26,9 @@ def preset_of(name: str) -> str:
     for candidate in (name, f"table3-{name}"):
         if candidate in PRESETS:
             return candidate
-    raise UsageError(f"unknown variant {name!r}: Table 3's rows are {', '.join(TABLE3)} "
-                     "(or a preset: transduce info --all)")
+    raise UsageError(
+        f"unknown variant {name!r}: Table 3's rows are {', '.join(TABLE3)} (or a preset: transduce info --all)"
+    )
 
 
 @dataclass
@@ -63,8 +64,10 @@ class Recipe:
         """One line saying the scale: whether these are the paper's sizes."""
         if not self.reduced:
             return "the paper's scale (Table 3's sizes)"
-        return (f"REDUCED SCALE, not the paper's: every width (d_model, d_ff, d_k, d_v) x {self.scale:g} and every "
-                f"depth (N) x {self.depth_scale:g}, rounded; heads, dropout and label smoothing as in Table 3")
+        return (
+            f"REDUCED SCALE, not the paper's: every width (d_model, d_ff, d_k, d_v) x {self.scale:g} and every "
+            f"depth (N) x {self.depth_scale:g}, rounded; heads, dropout and label smoothing as in Table 3"
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -106,9 +109,13 @@ def scaled_sets(preset: str, scale: float, depth_scale: float) -> list[str]:
     def width(x: int) -> int:
         return max(1, int(x * scale + 0.5))
 
-    return [f"model.n_layers={max(1, int(m.n_layers * depth_scale + 0.5))}",
-            f"model.d_model={max(2, 2 * int(m.d_model * scale / 2 + 0.5))}", f"model.d_ff={width(m.d_ff)}",
-            f"model.d_k={width(m.head_dim_k)}", f"model.d_v={width(m.head_dim_v)}"]
+    return [
+        f"model.n_layers={max(1, int(m.n_layers * depth_scale + 0.5))}",
+        f"model.d_model={max(2, 2 * int(m.d_model * scale / 2 + 0.5))}",
+        f"model.d_ff={width(m.d_ff)}",
+        f"model.d_k={width(m.head_dim_k)}",
+        f"model.d_v={width(m.head_dim_v)}",
+    ]
 
 
 def plan(names: list[str], recipe: Recipe) -> list[Variant]:
@@ -137,7 +144,8 @@ def _refuse_twins(variants: list[Variant], recipe: Recipe) -> None:
             raise UsageError(
                 f"variants {twin.name} and {v.name} become the same model at --scale {recipe.scale:g} --depth-scale "
                 f"{recipe.depth_scale:g} (N={m['n_layers']}, d_model {m['d_model']}, d_ff {m['d_ff']}): "
-                f"a larger --depth-scale or --scale keeps them apart ({MIN_DEPTH_SCALE:g} keeps Table 3's depths apart)")
+                f"a larger --depth-scale or --scale keeps them apart ({MIN_DEPTH_SCALE:g} keeps Table 3's depths apart)"
+            )
         seen[key] = v
 
 
@@ -156,17 +164,34 @@ def valid_every(variant: Variant) -> int:
 
 def train_command(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, machine: Machine) -> list[str]:
     """The `transduce train` command line of a variant (a torchrun line for several processes)."""
-    head = (["transduce"] if machine.nproc == 1 else
-            ["torchrun", f"--nproc_per_node={machine.nproc}", "-m", "transduce"])
-    cmd = head + ["train", "--data", str(data_dir), "--run-dir", str(variant.run_dir(out)),
-                  "--preset", variant.preset]
+    head = ["transduce"] if machine.nproc == 1 else ["torchrun", f"--nproc_per_node={machine.nproc}", "-m", "transduce"]
+    cmd = head + ["train", "--data", str(data_dir), "--run-dir", str(variant.run_dir(out)), "--preset", variant.preset]
     for s in variant.sets + [f"train.max_tokens={recipe.max_tokens}"]:
         cmd += ["--set", s]
-    cmd += ["--max-steps", str(variant.max_steps), "--warmup", str(recipe.warmup), "--lr-scale", f"{recipe.lr_scale:g}",
-            "--cooldown", f"{recipe.cooldown:g}", "--seed", str(recipe.seed),
-            "--save-every-steps", str(recipe.save_every), "--save-every-minutes", "0",
-            "--keep-last", str(keep_last(variant)), "--valid-every", str(valid_every(variant)),
-            "--device", machine.device, "--precision", machine.precision]
+    cmd += [
+        "--max-steps",
+        str(variant.max_steps),
+        "--warmup",
+        str(recipe.warmup),
+        "--lr-scale",
+        f"{recipe.lr_scale:g}",
+        "--cooldown",
+        f"{recipe.cooldown:g}",
+        "--seed",
+        str(recipe.seed),
+        "--save-every-steps",
+        str(recipe.save_every),
+        "--save-every-minutes",
+        "0",
+        "--keep-last",
+        str(keep_last(variant)),
+        "--valid-every",
+        str(valid_every(variant)),
+        "--device",
+        machine.device,
+        "--precision",
+        machine.precision,
+    ]
     if machine.update_freq != 1:
         cmd += ["--update-freq", str(machine.update_freq)]
     if machine.threads:
@@ -179,11 +204,22 @@ def train_setup(variant: Variant, recipe: Recipe, meta: dict, machine: Machine) 
     config = config_for_data(variant.preset, variant.sets + [f"train.max_tokens={recipe.max_tokens}"], meta)
     t = config.train
     t.max_steps, t.warmup_steps, t.lr_scale, t.checkpoint_minutes = (
-        variant.max_steps, recipe.warmup, recipe.lr_scale, 0.0)
+        variant.max_steps,
+        recipe.warmup,
+        recipe.lr_scale,
+        0.0,
+    )
     options = TrainOptions(
-        update_freq=machine.update_freq, cooldown=recipe.cooldown, precision=machine.precision, seed=recipe.seed,
-        valid_every=valid_every(variant), save_every_steps=recipe.save_every,
-        keep_last=keep_last(variant), resume=True, threads=machine.threads, device=machine.device,
+        update_freq=machine.update_freq,
+        cooldown=recipe.cooldown,
+        precision=machine.precision,
+        seed=recipe.seed,
+        valid_every=valid_every(variant),
+        save_every_steps=recipe.save_every,
+        keep_last=keep_last(variant),
+        resume=True,
+        threads=machine.threads,
+        device=machine.device,
         progress=machine.progress,
     )
     return config, options

@@ -49,12 +49,17 @@ def check_data(data_dir: Path) -> dict:
         raise UsageError(f"{data_dir}: a treebank; Table 3's experiment is translation")
     valid = meta.get("splits", {}).get("valid")
     if valid is None or not (data_dir / "valid.src.idx").is_file():
-        raise UsageError(f"{data_dir}: no validation split: Table 3 reports perplexity and BLEU on the development "
-                         "set; prepare the data with one (--valid-src/--valid-tgt, or a dataset that has one)")
+        raise UsageError(
+            f"{data_dir}: no validation split: Table 3 reports perplexity and BLEU on the development "
+            "set; prepare the data with one (--valid-src/--valid-tgt, or a dataset that has one)"
+        )
     for side in ("src_file", "tgt_file"):
         if not valid.get(side) or not Path(valid[side]).is_file():
-            raise DataError(f"the validation split's text {valid.get(side)!r} (recorded at prepare time) is missing: "
-                            "dev BLEU needs it", data_dir / "data.json")
+            raise DataError(
+                f"the validation split's text {valid.get(side)!r} (recorded at prepare time) is missing: "
+                "dev BLEU needs it",
+                data_dir / "data.json",
+            )
     return meta
 
 
@@ -64,13 +69,16 @@ def open_experiment(out: Path, data_dir: Path, recipe: Recipe, *, write: bool = 
     mine = {"recipe": recipe.to_dict(), "data_dir": str(data_dir.absolute()), "decoding": DECODING}
     if path.is_file():
         have = json.loads(path.read_text(encoding="utf-8"))
-        diff = [f"{k} {have['recipe'].get(k)!r}, not {v!r}" for k, v in mine["recipe"].items()
-                if have["recipe"].get(k) != v]
+        diff = [
+            f"{k} {have['recipe'].get(k)!r}, not {v!r}" for k, v in mine["recipe"].items() if have["recipe"].get(k) != v
+        ]
         if have.get("data_dir") != mine["data_dir"]:
             diff.append(f"data {have.get('data_dir')}, not {mine['data_dir']}")
         if diff:
-            raise UsageError(f"{path}: an experiment of another recipe ({'; '.join(diff)}); nothing was changed: "
-                             "give the same flags, or another --out")
+            raise UsageError(
+                f"{path}: an experiment of another recipe ({'; '.join(diff)}); nothing was changed: "
+                "give the same flags, or another --out"
+            )
     elif write:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, json.dumps(mine, indent=2) + "\n")
@@ -113,8 +121,10 @@ def check_run_dir(variant: Variant, config: Config, recipe: Recipe, out: Path) -
             if start["options"].get(name) != getattr(recipe, name):
                 diffs.append(f"{name} {start['options'].get(name)!r}, not {getattr(recipe, name)!r}")
     if diffs:
-        raise UsageError(f"{path}: a run of another recipe ({'; '.join(diffs[:4])}); nothing was changed: "
-                         "use another --out, or move that run away")
+        raise UsageError(
+            f"{path}: a run of another recipe ({'; '.join(diffs[:4])}); nothing was changed: "
+            "use another --out, or move that run away"
+        )
 
 
 # --- one variant: train, then measure -----------------------------------------------------------
@@ -131,8 +141,14 @@ def checkpoint_state(path: Path) -> TrainingState:
 
 def made_with(variant: Variant, recipe: Recipe, average: bool) -> dict:
     """What a row's numbers depend on: reused only when this is equal."""
-    return {"recipe": recipe.to_dict(), "decoding": DECODING, "average": average, "preset": variant.preset,
-            "sets": variant.sets, "steps": variant.max_steps}
+    return {
+        "recipe": recipe.to_dict(),
+        "decoding": DECODING,
+        "average": average,
+        "preset": variant.preset,
+        "sets": variant.sets,
+        "steps": variant.max_steps,
+    }
 
 
 def rows_measured_beside(out: Path, names: list[str], recipe: Recipe, average: bool) -> list[dict]:
@@ -147,8 +163,11 @@ def rows_measured_beside(out: Path, names: list[str], recipe: Recipe, average: b
         except (OSError, ValueError):
             continue
         made = row.get("made_with") if isinstance(row, dict) else None
-        if isinstance(made, dict) and (made.get("recipe"), made.get("decoding"), made.get("average")) \
-                == (recipe.to_dict(), DECODING, average) and row.get("variant") == path.parent.name:
+        if (
+            isinstance(made, dict)
+            and (made.get("recipe"), made.get("decoding"), made.get("average")) == (recipe.to_dict(), DECODING, average)
+            and row.get("variant") == path.parent.name
+        ):
             rows.append(row)
     return rows
 
@@ -159,9 +178,18 @@ class Outcome:
     what: str  # 'skipped' (done before), 'measured' (trained before), 'trained', 'resumed' or 'interrupted'
 
 
-def run_variant(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, machine: Machine, meta: dict,
-                *, average: bool = False, peak_flops: float | None = None,
-                say: Callable[[str], None] = print) -> Outcome:
+def run_variant(
+    variant: Variant,
+    recipe: Recipe,
+    data_dir: Path,
+    out: Path,
+    machine: Machine,
+    meta: dict,
+    *,
+    average: bool = False,
+    peak_flops: float | None = None,
+    say: Callable[[str], None] = print,
+) -> Outcome:
     """Train `variant` (resuming what was interrupted, skipping what is done), then measure it."""
     run_dir = variant.run_dir(out)
     row_path = run_dir / ROW
@@ -174,49 +202,87 @@ def run_variant(variant: Variant, recipe: Recipe, data_dir: Path, out: Path, mac
         latest = latest_checkpoint(run_dir)
         what = "resumed" if latest is not None else "trained"
         config, options = train_setup(variant, recipe, meta, machine)
-        say(f"{variant.name}: {'resuming at step ' + str(checkpoint_state(latest).step) if latest else 'training'} "
-            f"-> {variant.max_steps} in {run_dir}")
+        say(
+            f"{variant.name}: {'resuming at step ' + str(checkpoint_state(latest).step) if latest else 'training'} "
+            f"-> {variant.max_steps} in {run_dir}"
+        )
         result = train(config, data_dir, run_dir, options, log_extra={"experiment": variant.name})
         if result.interrupted:
             return Outcome(None, "interrupted")
-    say(f"{variant.name}: measuring ({'the average of the last checkpoints' if average else 'the final model'}: "
-        "dev perplexity, dev BLEU with beam 4; training FLOPs)")
+    say(
+        f"{variant.name}: measuring ({'the average of the last checkpoints' if average else 'the final model'}: "
+        "dev perplexity, dev BLEU with beam 4; training FLOPs)"
+    )
     row = measure(variant, run_dir, data_dir, meta, machine, average=average, peak_flops=peak_flops)
     row["made_with"] = made_with(variant, recipe, average)
     atomic_write_text(row_path, json.dumps(row, indent=2, ensure_ascii=False) + "\n")
     return Outcome(row, what)
 
 
-def measure(variant: Variant, run_dir: Path, data_dir: Path, meta: dict, machine: Machine,
-            *, average: bool = False, peak_flops: float | None = None) -> dict:
+def measure(
+    variant: Variant,
+    run_dir: Path,
+    data_dir: Path,
+    meta: dict,
+    machine: Machine,
+    *,
+    average: bool = False,
+    peak_flops: float | None = None,
+) -> dict:
     """Table 3's row (dev perplexity and BLEU of the final model, 6.2: "no checkpoint averaging";
     with `average`, of the last checkpoints' average) and Table 2's cost (FLOPs, time, MFU)."""
     device = resolve_device(machine.device)
     loaded = load_translation_model(run_dir, checkpoint=None if average else "model", device=device)
     config, m = loaded.config, loaded.config.model
     precision = "fp32" if machine.precision == "fp16" else machine.precision
-    valid = validation_loss(loaded.model, ParallelDataset.load(data_dir, "valid"), max_tokens=config.train.max_tokens,
-                            label_smoothing=config.train.label_smoothing,
-                            precision=choose_precision(precision, device).precision)
+    valid = validation_loss(
+        loaded.model,
+        ParallelDataset.load(data_dir, "valid"),
+        max_tokens=config.train.max_tokens,
+        label_smoothing=config.train.label_smoothing,
+        precision=choose_precision(precision, device).precision,
+    )
     split = meta["splits"]["valid"]
     srcs, refs = list(read_lines(split["src_file"])), list(read_lines(split["tgt_file"]))
     if len(srcs) != len(refs):
-        raise DataError(f"{len(srcs)} source lines but {len(refs)} references in {split['tgt_file']}", split["src_file"])
+        raise DataError(
+            f"{len(srcs)} source lines but {len(refs)} references in {split['tgt_file']}", split["src_file"]
+        )
     choice = choose_decoding_precision(precision, device)
     make_ready(loaded.model, choice)  # as `transduce translate --precision` decodes
-    hyps = translate_lines(loaded.model, loaded.src_vocab, loaded.tgt_vocab, srcs, **DECODING,
-                           bf16=choice.precision == "bf16",
-                           progress=machine.progress, source_name=split["src_file"], warn=lambda _: None)
+    hyps = translate_lines(
+        loaded.model,
+        loaded.src_vocab,
+        loaded.tgt_vocab,
+        srcs,
+        **DECODING,
+        bf16=choice.precision == "bf16",
+        progress=machine.progress,
+        source_name=split["src_file"],
+        warn=lambda _: None,
+    )
     atomic_write_text(run_dir / "dev.hyp", "".join(h + "\n" for h in hyps))
     scores = bleu.score(hyps, refs, lang=meta.get("tgt_lang") or "en")
     return {
-        "variant": variant.name, "preset": variant.preset,
-        "N": m.n_layers, "d_model": m.d_model, "d_ff": m.d_ff, "h": m.n_heads, "d_k": m.head_dim_k,
-        "d_v": m.head_dim_v, "P_drop": m.dropout, "eps_ls": config.train.label_smoothing,
-        "positional": m.positional, "train_steps": variant.max_steps,
-        "dev_ppl": valid["ppl"], "dev_bleu": scores["sacrebleu"]["score"], "dev_bleu_paper": scores["paper_bleu"]["score"],
-        "params": count_parameters(loaded.model), "model": loaded.description,
-        "decoding_precision": choice.precision, **cost(config, run_dir, data_dir, peak_flops),
+        "variant": variant.name,
+        "preset": variant.preset,
+        "N": m.n_layers,
+        "d_model": m.d_model,
+        "d_ff": m.d_ff,
+        "h": m.n_heads,
+        "d_k": m.head_dim_k,
+        "d_v": m.head_dim_v,
+        "P_drop": m.dropout,
+        "eps_ls": config.train.label_smoothing,
+        "positional": m.positional,
+        "train_steps": variant.max_steps,
+        "dev_ppl": valid["ppl"],
+        "dev_bleu": scores["sacrebleu"]["score"],
+        "dev_bleu_paper": scores["paper_bleu"]["score"],
+        "params": count_parameters(loaded.model),
+        "model": loaded.description,
+        "decoding_precision": choice.precision,
+        **cost(config, run_dir, data_dir, peak_flops),
     }
 
 
@@ -268,11 +334,22 @@ def cost(config: Config, run_dir: Path, data_dir: Path, peak_flops: float | None
         peak, source = peak_flops, "stated (--peak-tflops)"
     else:
         peak = measured_peak(device, precision, last.get("threads")) if sessions else None
-        source = (f"measured: best {precision} matmul (2048^3) on this machine, {last.get('threads')} threads"
-                  if peak else "unknown (the device is not here: give --peak-tflops)")
+        source = (
+            f"measured: best {precision} matmul (2048^3) on this machine, {last.get('threads')} threads"
+            if peak
+            else "unknown (the device is not here: give --peak-tflops)"
+        )
     seconds = state.train_seconds
     mfu = flops / seconds / (peak * state.world_size) if peak and seconds > 0 else None
-    return {"training_flops": flops, "train_seconds": seconds, "device": device,
-            "precision": "+".join(precisions) if len(precisions) > 1 else precision, "processes": state.world_size,
-            "target_tokens": state.target_tokens, "mfu": mfu, "peak_flops": peak, "peak_source": source,
-            "flops_per_s": flops / seconds if seconds > 0 else math.nan}
+    return {
+        "training_flops": flops,
+        "train_seconds": seconds,
+        "device": device,
+        "precision": "+".join(precisions) if len(precisions) > 1 else precision,
+        "processes": state.world_size,
+        "target_tokens": state.target_tokens,
+        "mfu": mfu,
+        "peak_flops": peak,
+        "peak_source": source,
+        "flops_per_s": flops / seconds if seconds > 0 else math.nan,
+    }

@@ -83,25 +83,31 @@ def _set_stack_inputs(spec, stack, config, rows: int) -> None:
     spec.scale_embeddings = bool(config.scale_embeddings)  # True: x sqrt(d_model) (3.4)
     # the positions as an explicit table: 3.5's sinusoids, or the learned table
     sinusoidal = config.positional == "sinusoidal"
-    spec.position_encodings.encodings = _np(sinusoidal_positions(rows, config.d_model) if sinusoidal
-                                            else stack.positions.weight)
+    spec.position_encodings.encodings = _np(
+        sinusoidal_positions(rows, config.d_model) if sinusoidal else stack.positions.weight
+    )
     if stack.final_norm is not None:  # pre-norm only
         _set_layer_norm(spec.layer_norm, stack.final_norm)
 
 
-def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pieces: list[str],
-               max_positions: int | None = None):
+def build_spec(
+    model: Transformer, config: Config, src_pieces: list[str], tgt_pieces: list[str], max_positions: int | None = None
+):
     """The CTranslate2 TransformerSpec holding `model`: one setter per part (3.1-3.5 to its names)."""
     require("ctranslate2", "exporting to CTranslate2")
     from ctranslate2.specs import transformer_spec
 
     c = config.model
     if c.word_positions:
-        raise ValueError("CTranslate2 has no word positions (model.word_positions, not in the paper): "
-                         "decode this model with transduce")
+        raise ValueError(
+            "CTranslate2 has no word positions (model.word_positions, not in the paper): "
+            "decode this model with transduce"
+        )
     if c.attention_window is not None:
-        raise ValueError(f"CTranslate2 has no restricted self-attention (model.attention_window {c.attention_window}, "
-                         "Table 1): decode this model with transduce")
+        raise ValueError(
+            f"CTranslate2 has no restricted self-attention (model.attention_window {c.attention_window}, "
+            "Table 1): decode this model with transduce"
+        )
     if c.head_dim_k != c.head_dim_v:
         raise ValueError(f"CTranslate2 needs d_k == d_v (this model: d_k {c.head_dim_k}, d_v {c.head_dim_v})")
     if max_positions is None:
@@ -112,10 +118,12 @@ def build_spec(model: Transformer, config: Config, src_pieces: list[str], tgt_pi
     from ctranslate2.specs.common_spec import Activation
 
     act = {"relu": Activation.RELU, "swish": Activation.SWISH}[c.activation]  # swish: OPUS-MT's (not the paper)
-    encoder = transformer_spec.TransformerEncoderSpec(c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim,
-                                                      activation=act)
-    decoder = transformer_spec.TransformerDecoderSpec(c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim,
-                                                      activation=act)
+    encoder = transformer_spec.TransformerEncoderSpec(
+        c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim, activation=act
+    )
+    decoder = transformer_spec.TransformerDecoderSpec(
+        c.n_layers, c.n_heads, pre_norm=c.norm_first, head_dim=head_dim, activation=act
+    )
     spec = transformer_spec.TransformerSpec(encoder, decoder)
 
     _set_stack_inputs(spec.encoder, model.encoder, c, max_positions)
@@ -148,8 +156,14 @@ def TransduceConverter(*args, **kwargs):
     from ctranslate2.converters.converter import Converter
 
     class TransduceConverter(Converter):
-        def __init__(self, model: Transformer, config: Config, src_vocab: Vocab | list[str], tgt_vocab: Vocab | list[str],
-                     max_positions: int | None = None):
+        def __init__(
+            self,
+            model: Transformer,
+            config: Config,
+            src_vocab: Vocab | list[str],
+            tgt_vocab: Vocab | list[str],
+            max_positions: int | None = None,
+        ):
             """The vocabularies as `Vocab`s, or as their pieces in id order (benchmarks' synthetic ones)."""
             self.model, self.config, self.max_positions = model, config, max_positions
             self.src_pieces, self.tgt_pieces = (v if isinstance(v, list) else pieces(v) for v in (src_vocab, tgt_vocab))
@@ -161,16 +175,27 @@ def TransduceConverter(*args, **kwargs):
     return TransduceConverter(*args, **kwargs)
 
 
-def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: Vocab, out: str | os.PathLike, *,
-               quantization: str = "float32", max_positions: int | None = None, force: bool = False,
-               description: str = "") -> Path:
+def export_ct2(
+    model: Transformer,
+    config: Config,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    out: str | os.PathLike,
+    *,
+    quantization: str = "float32",
+    max_positions: int | None = None,
+    force: bool = False,
+    description: str = "",
+) -> Path:
     """Write `model` as a CTranslate2 model directory `out`, whole or not at all. Returns `out`."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     from ..fast.step import FastDecoder
 
     if isinstance(model.decoder, FastDecoder):  # its weights packed or quantized, the originals let go
-        raise ValueError("the model is made ready for decoding: export it as loaded (decoding.ready.load_translation_model)")
+        raise ValueError(
+            "the model is made ready for decoding: export it as loaded (decoding.ready.load_translation_model)"
+        )
     out = Path(out)
     if out.exists() and not force:
         raise FileExistsError(f"{out}: exists (use --overwrite to replace it)")
@@ -180,8 +205,15 @@ def export_ct2(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: 
         record = copy_vocabs(src_vocab, tgt_vocab, tmp)
         c = config.model
         rows = max_positions or (c.max_positions if c.positional == "learned" else DEFAULT_SINUSOID_POSITIONS)
-        info = {"format": "transduce-ct2", "version": 1, "quantization": quantization, "max_positions": rows,
-                "vocab": record, "exported_from": description, "config": config.to_dict()}
+        info = {
+            "format": "transduce-ct2",
+            "version": 1,
+            "quantization": quantization,
+            "max_positions": rows,
+            "vocab": record,
+            "exported_from": description,
+            "config": config.to_dict(),
+        }
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return out
 

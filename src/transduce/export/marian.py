@@ -63,8 +63,10 @@ def _check_exportable(c: ModelConfig) -> None:
     if c.word_positions:
         raise ValueError("MarianMT has no word positions (model.word_positions, not in the paper)")
     if c.attention_window is not None:
-        raise ValueError(f"MarianMT has no restricted self-attention (model.attention_window {c.attention_window}, "
-                         "Table 1): decode this model with transduce")
+        raise ValueError(
+            f"MarianMT has no restricted self-attention (model.attention_window {c.attention_window}, "
+            "Table 1): decode this model with transduce"
+        )
     if c.norm_first:
         raise ValueError("MarianMT is post-norm (the paper's); this model is pre-norm (norm_first)")
     if c.positional != "sinusoidal":
@@ -113,7 +115,9 @@ def marian_state_dict(model: Transformer, permute_hidden: bool = True) -> dict[s
     sd["model.decoder.embed_tokens.weight"] = tgt_embed
     sd["lm_head.weight"] = tgt_embed if model.output_proj is None else reads(model.output_proj.weight)
     bias = model.output_bias
-    sd["final_logits_bias"] = torch.zeros(1, c.target_vocab_size) if bias is None else bias.detach().reshape(1, -1).clone()
+    sd["final_logits_bias"] = (
+        torch.zeros(1, c.target_vocab_size) if bias is None else bias.detach().reshape(1, -1).clone()
+    )
     return sd
 
 
@@ -127,20 +131,37 @@ def marian_config(c: ModelConfig, max_positions: int = DEFAULT_MAX_POSITIONS):
         tie_word_embeddings=c.share_embeddings or c.tie_output,
         max_position_embeddings=max_positions,
         d_model=c.d_model,
-        encoder_layers=c.n_layers, decoder_layers=c.n_layers,
-        encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
-        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff,
+        encoder_layers=c.n_layers,
+        decoder_layers=c.n_layers,
+        encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads,
+        encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff,
         activation_function=c.activation,
         scale_embedding=c.scale_embeddings,
-        dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=0.0,
-        pad_token_id=c.pad_id, eos_token_id=c.eos_id, decoder_start_token_id=c.bos_id, bos_token_id=c.bos_id,
+        dropout=c.dropout,
+        attention_dropout=c.attention_dropout,
+        activation_dropout=0.0,
+        pad_token_id=c.pad_id,
+        eos_token_id=c.eos_id,
+        decoder_start_token_id=c.bos_id,
+        bos_token_id=c.bos_id,
         forced_eos_token_id=None,
     )
 
 
-def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_vocab: Vocab, out: str | os.PathLike, *,
-                  max_positions: int = DEFAULT_MAX_POSITIONS, force: bool = False, permute_hidden: bool = True,
-                  description: str = "") -> Path:
+def export_marian(
+    model: Transformer,
+    config: Config,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    out: str | os.PathLike,
+    *,
+    max_positions: int = DEFAULT_MAX_POSITIONS,
+    force: bool = False,
+    permute_hidden: bool = True,
+    description: str = "",
+) -> Path:
     """Write a MarianMT directory with its tokenizer files, whole or not at all. Returns `out`."""
     transformers = require("transformers", "exporting to Hugging Face")
     out = Path(out)
@@ -154,7 +175,9 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
         missing, unexpected = hf.load_state_dict(sd, strict=False)
         missing = [k for k in missing if not k.endswith("embed_positions.weight")]
         if missing or unexpected:
-            raise ValueError(f"MarianMTModel's parameters do not match (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise ValueError(
+                f"MarianMTModel's parameters do not match (missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
         hf.generation_config.decoder_start_token_id = c.bos_id
         hf.generation_config.bad_words_ids = [[i] for i in dict.fromkeys((c.pad_id, c.bos_id))]  # as decoding.search
         hf.generation_config.max_length = max_positions  # not generate's default 20, which cuts outputs
@@ -168,10 +191,22 @@ def export_marian(model: Transformer, config: Config, src_vocab: Vocab, tgt_voca
                 continue
             mapping = {v.sp.id_to_piece(i): i for i in range(len(v))}
             (tmp / name).write_text(json.dumps(mapping, ensure_ascii=False, indent=1), encoding="utf-8")
-        tok_config = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": not shared, "model_max_length": max_positions,
-                      "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>"}
+        tok_config = {
+            "tokenizer_class": "MarianTokenizer",
+            "separate_vocabs": not shared,
+            "model_max_length": max_positions,
+            "unk_token": "<unk>",
+            "eos_token": "</s>",
+            "pad_token": "<pad>",
+        }
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
-        info = {"format": "transduce-marian", "version": 1, "shared_vocab": shared, "hidden_permuted": permute_hidden,
-                "exported_from": description, "config": config.to_dict()}
+        info = {
+            "format": "transduce-marian",
+            "version": 1,
+            "shared_vocab": shared,
+            "hidden_permuted": permute_hidden,
+            "exported_from": description,
+            "config": config.to_dict(),
+        }
         (tmp / INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return out

@@ -25,12 +25,28 @@ ACTIVATIONS = {"relu": "relu", "swish": "swish", "silu": "swish"}
 """Marian's `activation_function` names transduce runs, as `ModelConfig.activation`."""
 
 MARIAN_DEFAULTS = {
-    "vocab_size": 58101, "decoder_vocab_size": None, "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12,
-    "encoder_ffn_dim": 4096, "decoder_ffn_dim": 4096, "encoder_attention_heads": 16, "decoder_attention_heads": 16,
-    "activation_function": "gelu", "dropout": 0.1, "attention_dropout": 0.0, "scale_embedding": False,
-    "pad_token_id": 58100, "eos_token_id": 0, "decoder_start_token_id": 58100, "share_encoder_decoder_embeddings": True,
-    "tie_word_embeddings": True, "normalize_before": False, "normalize_embedding": False,
-    "static_position_embeddings": True, "add_bias_logits": False,
+    "vocab_size": 58101,
+    "decoder_vocab_size": None,
+    "d_model": 1024,
+    "encoder_layers": 12,
+    "decoder_layers": 12,
+    "encoder_ffn_dim": 4096,
+    "decoder_ffn_dim": 4096,
+    "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16,
+    "activation_function": "gelu",
+    "dropout": 0.1,
+    "attention_dropout": 0.0,
+    "scale_embedding": False,
+    "pad_token_id": 58100,
+    "eos_token_id": 0,
+    "decoder_start_token_id": 58100,
+    "share_encoder_decoder_embeddings": True,
+    "tie_word_embeddings": True,
+    "normalize_before": False,
+    "normalize_embedding": False,
+    "static_position_embeddings": True,
+    "add_bias_logits": False,
 }
 """transformers' MarianConfig defaults for what a config.json may leave out (`decoder_vocab_size` None: the
 `vocab_size`, as MarianConfig reads it), and the four keys of the older BART-based config that OPUS-MT's config.json
@@ -43,25 +59,51 @@ def config_from_marian(mc: dict, unk_id: int, output_bias: bool) -> Config:
     """A Config of a Marian model's config.json (`read_marian_config`): Hugging Face's settings (swish,
     attention biases, epsilon 1e-5, the final logits bias with `output_bias`) and Marian's special ids
     (`pad_token_id`, `eos_token_id`, the decoder's start `decoder_start_token_id`, and `unk_id`, its vocabulary's)."""
-    if mc["encoder_layers"] != mc["decoder_layers"] or mc["encoder_ffn_dim"] != mc["decoder_ffn_dim"] \
-            or mc["encoder_attention_heads"] != mc["decoder_attention_heads"]:
+    if (
+        mc["encoder_layers"] != mc["decoder_layers"]
+        or mc["encoder_ffn_dim"] != mc["decoder_ffn_dim"]
+        or mc["encoder_attention_heads"] != mc["decoder_attention_heads"]
+    ):
         raise ValueError("transduce's encoder and decoder have the same N, d_ff and h; this Marian model's differ")
     if mc["activation_function"] not in ACTIVATIONS:
-        raise ValueError(f"transduce's FFN is ReLU (eq. 2) or swish; this Marian model uses {mc['activation_function']}")
-    if mc["normalize_before"] or mc["normalize_embedding"] or not mc["static_position_embeddings"] or mc["add_bias_logits"]:
-        raise ValueError("transduce runs Marian's post-norm models with static sinusoids (normalize_before, "
-                         "normalize_embedding, add_bias_logits false; static_position_embeddings true)")
+        raise ValueError(
+            f"transduce's FFN is ReLU (eq. 2) or swish; this Marian model uses {mc['activation_function']}"
+        )
+    if (
+        mc["normalize_before"]
+        or mc["normalize_embedding"]
+        or not mc["static_position_embeddings"]
+        or mc["add_bias_logits"]
+    ):
+        raise ValueError(
+            "transduce runs Marian's post-norm models with static sinusoids (normalize_before, "
+            "normalize_embedding, add_bias_logits false; static_position_embeddings true)"
+        )
     shared = bool(mc["share_encoder_decoder_embeddings"])
     tgt = mc["decoder_vocab_size"] if mc["decoder_vocab_size"] is not None else mc["vocab_size"]
     eos = mc["eos_token_id"][0] if isinstance(mc["eos_token_id"], list) else mc["eos_token_id"]
     start = mc["decoder_start_token_id"] if mc["decoder_start_token_id"] is not None else mc["pad_token_id"]
-    model = ModelConfig(src_vocab_size=mc["vocab_size"], tgt_vocab_size=None if shared else tgt,
-                        n_layers=mc["encoder_layers"], d_model=mc["d_model"], d_ff=mc["encoder_ffn_dim"],
-                        n_heads=mc["encoder_attention_heads"], dropout=float(mc["dropout"]),
-                        attention_dropout=float(mc["attention_dropout"]), attention_bias=True, share_embeddings=shared,
-                        tie_output=bool(mc["tie_word_embeddings"]), scale_embeddings=bool(mc["scale_embedding"]),
-                        layer_norm_eps=1e-5, activation=ACTIVATIONS[mc["activation_function"]], output_bias=output_bias,
-                        pad_id=int(mc["pad_token_id"]), unk_id=int(unk_id), bos_id=int(start), eos_id=int(eos))
+    model = ModelConfig(
+        src_vocab_size=mc["vocab_size"],
+        tgt_vocab_size=None if shared else tgt,
+        n_layers=mc["encoder_layers"],
+        d_model=mc["d_model"],
+        d_ff=mc["encoder_ffn_dim"],
+        n_heads=mc["encoder_attention_heads"],
+        dropout=float(mc["dropout"]),
+        attention_dropout=float(mc["attention_dropout"]),
+        attention_bias=True,
+        share_embeddings=shared,
+        tie_output=bool(mc["tie_word_embeddings"]),
+        scale_embeddings=bool(mc["scale_embedding"]),
+        layer_norm_eps=1e-5,
+        activation=ACTIVATIONS[mc["activation_function"]],
+        output_bias=output_bias,
+        pad_id=int(mc["pad_token_id"]),
+        unk_id=int(unk_id),
+        bos_id=int(start),
+        eos_id=int(eos),
+    )
     return Config(model=model)
 
 
@@ -82,17 +124,21 @@ def read_marian_config(path: Path) -> dict:
     if config.get("model_type") != "marian" and "MarianMTModel" not in (config.get("architectures") or []):
         if isinstance(config.get("model"), dict):  # transduce's config.json
             kind = "run" if (path / "checkpoints").is_dir() else "model"
-            raise DataError(f"a transduce {kind} directory, not a MarianMT one "
-                            "(`transduce export marian` turns it into one)", path)
+            raise DataError(
+                f"a transduce {kind} directory, not a MarianMT one (`transduce export marian` turns it into one)", path
+            )
         if (path / "model.bin").is_file():
             raise DataError("a CTranslate2 model directory, not a MarianMT one", path)
         if config.get("model_type"):
             raise DataError(f"a Hugging Face {config['model_type']!r} model, not a MarianMT one", path)
-        raise DataError("not a MarianMT model directory (no config.json saying model_type \"marian\")", path)
+        raise DataError('not a MarianMT model directory (no config.json saying model_type "marian")', path)
     missing = [name for name in MARIAN_FILES if not (path / name).is_file()]
     if missing:
-        raise DataError(f"a MarianMT model without {', '.join(missing)}: its tokenizer's files ("
-                        f"{', '.join(MARIAN_FILES[1:])}) must be beside it", path)
+        raise DataError(
+            f"a MarianMT model without {', '.join(missing)}: its tokenizer's files ("
+            f"{', '.join(MARIAN_FILES[1:])}) must be beside it",
+            path,
+        )
     if not any((path / name).is_file() for name in WEIGHT_FILES):
         raise DataError(f"a MarianMT model without its weights (no {' or '.join(WEIGHT_FILES)})", path)
     generation = read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}
@@ -121,9 +167,11 @@ class MarianWeights:
     `torch.load(weights_only=True)` (tensors only: never unpickled code). `get` follows the names
     Marian ties (the embeddings to model.shared, the output layer to the decoder's embedding)."""
 
-    TIED = {"model.encoder.embed_tokens.weight": ("model.shared.weight",),
-            "model.decoder.embed_tokens.weight": ("model.shared.weight",),
-            "lm_head.weight": ("model.decoder.embed_tokens.weight", "model.shared.weight")}
+    TIED = {
+        "model.encoder.embed_tokens.weight": ("model.shared.weight",),
+        "model.decoder.embed_tokens.weight": ("model.shared.weight",),
+        "lm_head.weight": ("model.decoder.embed_tokens.weight", "model.shared.weight"),
+    }
 
     def __init__(self, path: Path):
         from safetensors import safe_open
@@ -198,11 +246,20 @@ def tensor_plan(w: MarianWeights, c: ModelConfig, permuted: bool) -> dict[str, C
             unused.extend(biases)
 
     def norm(dst, src):
-        plan[f"{dst}.weight"], plan[f"{dst}.bias"] = lambda: writes(w.get(f"{src}.weight")), lambda: writes(w.get(f"{src}.bias"))
+        plan[f"{dst}.weight"], plan[f"{dst}.bias"] = (
+            lambda: writes(w.get(f"{src}.weight")),
+            lambda: writes(w.get(f"{src}.bias")),
+        )
 
     def ffn(dst, src):
-        plan[f"{dst}.w_1.weight"], plan[f"{dst}.w_1.bias"] = lambda: reads(w.get(f"{src}.fc1.weight")), lambda: w.get(f"{src}.fc1.bias")
-        plan[f"{dst}.w_2.weight"], plan[f"{dst}.w_2.bias"] = lambda: writes(w.get(f"{src}.fc2.weight")), lambda: writes(w.get(f"{src}.fc2.bias"))
+        plan[f"{dst}.w_1.weight"], plan[f"{dst}.w_1.bias"] = (
+            lambda: reads(w.get(f"{src}.fc1.weight")),
+            lambda: w.get(f"{src}.fc1.bias"),
+        )
+        plan[f"{dst}.w_2.weight"], plan[f"{dst}.w_2.bias"] = (
+            lambda: writes(w.get(f"{src}.fc2.weight")),
+            lambda: writes(w.get(f"{src}.fc2.bias")),
+        )
 
     setters = {"attention": attention, "norm": norm, "ffn": ffn}
     for kind, name, marian_name in layer_parts(c.n_layers):
@@ -227,13 +284,26 @@ def _check_shapes(w: MarianWeights, c: ModelConfig) -> None:
     """Every stored tensor the import reads has the shape MarianMTModel gives it for `c`, or a
     one-line DataError naming the directory (read from the headers: nothing loaded)."""
     d, f, V, T = c.d_model, c.d_ff, c.src_vocab_size, c.target_vocab_size
-    want = {"model.encoder.embed_tokens.weight": (V, d), "model.decoder.embed_tokens.weight": (T, d),
-            "lm_head.weight": (T, d), "final_logits_bias": (1, T)}
-    shapes = {"attention": {"q_proj.weight": (d, d), "k_proj.weight": (d, d), "v_proj.weight": (d, d),
-                            "out_proj.weight": (d, d), "q_proj.bias": (d,), "k_proj.bias": (d,), "v_proj.bias": (d,),
-                            "out_proj.bias": (d,)},
-              "norm": {"weight": (d,), "bias": (d,)},
-              "ffn": {"fc1.weight": (f, d), "fc1.bias": (f,), "fc2.weight": (d, f), "fc2.bias": (d,)}}
+    want = {
+        "model.encoder.embed_tokens.weight": (V, d),
+        "model.decoder.embed_tokens.weight": (T, d),
+        "lm_head.weight": (T, d),
+        "final_logits_bias": (1, T),
+    }
+    shapes = {
+        "attention": {
+            "q_proj.weight": (d, d),
+            "k_proj.weight": (d, d),
+            "v_proj.weight": (d, d),
+            "out_proj.weight": (d, d),
+            "q_proj.bias": (d,),
+            "k_proj.bias": (d,),
+            "v_proj.bias": (d,),
+            "out_proj.bias": (d,),
+        },
+        "norm": {"weight": (d,), "bias": (d,)},
+        "ffn": {"fc1.weight": (f, d), "fc1.bias": (f,), "fc2.weight": (d, f), "fc2.bias": (d,)},
+    }
     for kind, _, marian_name in layer_parts(c.n_layers):
         want.update({f"{marian_name}.{k}": v for k, v in shapes[kind].items()})
     for name, shape in want.items():
@@ -241,8 +311,10 @@ def _check_shapes(w: MarianWeights, c: ModelConfig) -> None:
         if found is None and name not in ("lm_head.weight", "final_logits_bias"):
             raise DataError(f"its weights have no {name}", w.path)
         if found is not None and found != shape:
-            raise DataError(f"the shapes of its weights do not fit its config.json ({name}: {list(found)}, "
-                            f"not {list(shape)})", w.path)
+            raise DataError(
+                f"the shapes of its weights do not fit its config.json ({name}: {list(found)}, not {list(shape)})",
+                w.path,
+            )
 
 
 def in_transduce_layout(path: Path) -> bool:
@@ -250,8 +322,10 @@ def in_transduce_layout(path: Path) -> bool:
     own are (what `transduce export marian` writes of a model transduce trained): vocab.json (and
     target_vocab.json) give every piece its sentencepiece id. Such a directory is imported with its
     sentencepiece models alone; any other keeps Marian's vocab.json (`data.vocab.MarianVocab`)."""
-    sides = [("source.spm", "vocab.json"), ("target.spm", "target_vocab.json" if (path / "target_vocab.json").is_file()
-                                                       else "vocab.json")]
+    sides = [
+        ("source.spm", "vocab.json"),
+        ("target.spm", "target_vocab.json" if (path / "target_vocab.json").is_file() else "vocab.json"),
+    ]
     for spm_file, pieces_file in sides:
         try:
             v = Vocab(path / spm_file)

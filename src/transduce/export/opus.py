@@ -40,7 +40,14 @@ from ..checkpoint.generation import GENERATION, Generation
 from ..errors import DataError, UsageError
 from ..model import Transformer
 from .marian import INFO
-from .marian_dir import MarianWeights, config_from_marian, in_transduce_layout, read_json, read_marian_config, tensor_plan
+from .marian_dir import (
+    MarianWeights,
+    config_from_marian,
+    in_transduce_layout,
+    read_json,
+    read_marian_config,
+    tensor_plan,
+)
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """A Hugging Face hub id, owner/name (Helsinki-NLP/opus-mt-en-de)."""
@@ -79,7 +86,10 @@ def read_import(path: Path) -> Iterator[Imported]:
         if info is not None:
             config, permuted = Config.from_dict(info["config"]), bool(info.get("hidden_permuted", True))
         else:
-            bias = weights.name("final_logits_bias") is not None and float(weights.get("final_logits_bias").abs().max()) != 0
+            bias = (
+                weights.name("final_logits_bias") is not None
+                and float(weights.get("final_logits_bias").abs().max()) != 0
+            )
             config, permuted = config_from_marian(mc, tv.unk, output_bias=bias), True
         _check_vocabularies(path, config, sv, tv, separate)
         yield Imported(config, tensor_plan(weights, config.model, permuted), sv, tv, isinstance(tv, MarianVocab))
@@ -91,16 +101,23 @@ def _check_vocabularies(path: Path, config: Config, sv: Vocab, tv: Vocab, separa
     """The vocabularies' sizes and ids are the config's, or a one-line DataError naming the file."""
     c = config.model
     tgt_file = path / ("target_vocab.json" if separate else "vocab.json")
-    for side, v, n, file in (("source", sv, c.src_vocab_size, path / "vocab.json"), ("target", tv, c.target_vocab_size, tgt_file)):
+    for side, v, n, file in (
+        ("source", sv, c.src_vocab_size, path / "vocab.json"),
+        ("target", tv, c.target_vocab_size, tgt_file),
+    ):
         if len(v) != n:
             raise DataError(f"{len(v)} pieces, but config.json says the {side} vocabulary has {n}", file)
     for name in ("pad", "eos"):
         if getattr(tv.ids, name) != getattr(c, f"{name}_id"):
-            raise DataError(f"its {name} piece is id {getattr(tv.ids, name)}, config.json's {name} id "
-                            f"{getattr(c, f'{name}_id')}", tgt_file)
+            raise DataError(
+                f"its {name} piece is id {getattr(tv.ids, name)}, config.json's {name} id {getattr(c, f'{name}_id')}",
+                tgt_file,
+            )
     if sv.pad != c.pad_id:  # sources are padded, and their padding masked, by the model's one pad id
-        raise DataError(f"its <pad> is id {sv.pad}, the target's {c.pad_id}: transduce pads both sides with one id",
-                        path / "vocab.json")
+        raise DataError(
+            f"its <pad> is id {sv.pad}, the target's {c.pad_id}: transduce pads both sides with one id",
+            path / "vocab.json",
+        )
 
 
 def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, Vocab]:
@@ -113,7 +130,9 @@ def import_marian(path: str | os.PathLike) -> tuple[Transformer, Config, Vocab, 
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     missing = [k for k in missing if not (k == "decoder.embed.weight" and imported.config.model.share_embeddings)]
     if missing or unexpected:
-        raise ValueError(f"{path}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise ValueError(
+            f"{path}: the weights do not fit the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return model.eval(), imported.config, imported.src_vocab, imported.tgt_vocab
 
 
@@ -128,8 +147,13 @@ def write_model_dir(marian_dir: str | os.PathLike, out: str | os.PathLike, *, na
         save_made_tensors_as_model(imported.plan, imported.config, tmp)
         record = copy_vocabs(imported.src_vocab, imported.tgt_vocab, tmp)
         languages = model_languages(marian_dir, name, imported.src_vocab)
-        meta = {"format": 1, **{k: v for k, v in languages.items() if k != "target_tokens"}, "vocab": record,
-                "special_ids": c.special_ids.to_dict(), "imported_from": name or str(marian_dir.absolute())}
+        meta = {
+            "format": 1,
+            **{k: v for k, v in languages.items() if k != "target_tokens"},
+            "vocab": record,
+            "special_ids": c.special_ids.to_dict(),
+            "imported_from": name or str(marian_dir.absolute()),
+        }
         (tmp / "data.json").write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         generation = generation_settings(marian_dir, c.special_ids.pad, c.bos_id, languages)
         generation.write(tmp / GENERATION)
@@ -140,8 +164,15 @@ def write_model_dir(marian_dir: str | os.PathLike, out: str | os.PathLike, *, na
 GENERATE_DEFAULTS = {"num_beams": 1, "length_penalty": 1.0, "max_length": 20, "early_stopping": False}
 """Hugging Face generate's defaults for what the model's files leave out."""
 
-NOT_APPLIED = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "renormalize_logits": False, "min_length": 0,
-               "do_sample": False, "num_beam_groups": 1, "encoder_no_repeat_ngram_size": 0}
+NOT_APPLIED = {
+    "no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0,
+    "renormalize_logits": False,
+    "min_length": 0,
+    "do_sample": False,
+    "num_beam_groups": 1,
+    "encoder_no_repeat_ngram_size": 0,
+}
 """generate's settings transduce's search does not apply, at their neutral values: another value is
 kept in generation.json under "not_applied" and said at import."""
 
@@ -150,16 +181,25 @@ def generation_settings(path: Path, pad_id: int, start_id: int, languages: dict)
     """The model's generation settings (generation_config.json over config.json's, generate's defaults
     for the rest) as transduce's search takes them (`checkpoint.generation.Generation`)."""
     config = read_json(path / "config.json")
-    given = {**{k: v for k, v in config.items() if k in (*GENERATE_DEFAULTS, *NOT_APPLIED, "bad_words_ids")},
-             **(read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {})}
+    given = {
+        **{k: v for k, v in config.items() if k in (*GENERATE_DEFAULTS, *NOT_APPLIED, "bad_words_ids")},
+        **(read_json(path / "generation_config.json") if (path / "generation_config.json").is_file() else {}),
+    }
     s = {**GENERATE_DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
     bad = [list(ids) for ids in s.get("bad_words_ids") or []]
     unapplied = {k: given[k] for k, neutral in NOT_APPLIED.items() if given.get(k) not in (None, neutral)}
     if any(ids not in ([pad_id], [start_id]) for ids in bad):  # the search bans PAD and the start token, no others
         unapplied["bad_words_ids"] = bad
-    return Generation(beam=int(s["num_beams"]), length_penalty=float(s["length_penalty"]), max_length=int(s["max_length"]),
-                      bad_words_ids=bad, src_lang=languages.get("src_lang"), tgt_lang=languages.get("tgt_lang"),
-                      target_tokens=languages.get("target_tokens", []), not_applied=unapplied)
+    return Generation(
+        beam=int(s["num_beams"]),
+        length_penalty=float(s["length_penalty"]),
+        max_length=int(s["max_length"]),
+        bad_words_ids=bad,
+        src_lang=languages.get("src_lang"),
+        tgt_lang=languages.get("tgt_lang"),
+        target_tokens=languages.get("target_tokens", []),
+        not_applied=unapplied,
+    )
 
 
 def model_languages(path: Path, name: str | None, src_vocab: Vocab) -> dict:
@@ -167,8 +207,11 @@ def model_languages(path: Path, name: str | None, src_vocab: Vocab) -> dict:
     and target_lang, else the model's name (opus-mt-SRC-TGT, tc-big's too); a multilingual model's
     `>>xx<<` pieces."""
     tok = read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").is_file() else {}
-    found = {f"{k}_lang": tok[f"{full}_lang"] for k, full in (("src", "source"), ("tgt", "target"))
-             if isinstance(tok.get(f"{full}_lang"), str)}
+    found = {
+        f"{k}_lang": tok[f"{full}_lang"]
+        for k, full in (("src", "source"), ("tgt", "target"))
+        if isinstance(tok.get(f"{full}_lang"), str)
+    }
     parts = (name or path.name).rsplit("/", 1)[-1].split("-")
     if len(parts) >= 4 and parts[:2] == ["opus", "mt"]:
         found = {"src_lang": parts[-2], "tgt_lang": parts[-1], **found}
@@ -192,6 +235,7 @@ def resolve_source(source: str) -> tuple[Path, str | None]:
 
     hub = require("huggingface_hub", f"importing {source} from the Hugging Face hub")
     from huggingface_hub import constants
+
     patterns = ["*.json", "*.spm", "model.safetensors*", "pytorch_model.bin"]
     elsewhere = f"download it where the hub is reachable (hf download {source}) and pass its directory"
     try:
@@ -201,9 +245,13 @@ def resolve_source(source: str) -> tuple[Path, str | None]:
         if kind in ("RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError"):
             raise UsageError(f"{source}: not a model the Hugging Face hub gives ({kind})") from None
         if constants.HF_HUB_OFFLINE:
-            raise UsageError(f"{source}: not in huggingface_hub's cache, and HF_HUB_OFFLINE is set: {elsewhere}, "
-                             "or unset HF_HUB_OFFLINE") from None
+            raise UsageError(
+                f"{source}: not in huggingface_hub's cache, and HF_HUB_OFFLINE is set: {elsewhere}, "
+                "or unset HF_HUB_OFFLINE"
+            ) from None
         first = next((line.strip() for line in str(e).splitlines() if line.strip()), kind)
-        raise UsageError(f"{source}: the Hugging Face hub cannot be reached ({first[:120]}), and the model is not in its "
-                         f"cache: {elsewhere} (one in the cache already: HF_HUB_OFFLINE=1)") from None
+        raise UsageError(
+            f"{source}: the Hugging Face hub cannot be reached ({first[:120]}), and the model is not in its "
+            f"cache: {elsewhere} (one in the cache already: HF_HUB_OFFLINE=1)"
+        ) from None
     return Path(listed), source

@@ -56,9 +56,13 @@ class PackedWeight:
 
     def usable(self, x: Tensor) -> bool:
         """Whether this copy computes what F.linear would for `x` now."""
-        return (not torch.is_grad_enabled() and x.dtype == self.dtype and x.device.type == "cpu"
-                and (self.source is None or (self.source._version == self.version and self.source.data_ptr() == self.ptr))
-                and not torch.is_autocast_enabled("cpu"))
+        return (
+            not torch.is_grad_enabled()
+            and x.dtype == self.dtype
+            and x.device.type == "cpu"
+            and (self.source is None or (self.source._version == self.version and self.source.data_ptr() == self.ptr))
+            and not torch.is_autocast_enabled("cpu")
+        )
 
     def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
         """x W^T + b, and `activation` (`torch_ops.linear`): bit for bit the same as a separate ReLU."""
@@ -79,8 +83,9 @@ class PackedLinear(nn.Module):
     make = PackedWeight
     """What stands for each weight block: `PackedWeight` (fp32/bf16, exact) or `int8.Int8Weight`."""
 
-    def __init__(self, layer: nn.Linear | None, weight: Tensor | None = None, blocks: tuple[slice, ...] = (),
-                 whole: bool = True):
+    def __init__(
+        self, layer: nn.Linear | None, weight: Tensor | None = None, blocks: tuple[slice, ...] = (), whole: bool = True
+    ):
         super().__init__()
         self.original = (layer,)  # a tuple: not registered as a submodule
         if layer is not None:
@@ -88,7 +93,9 @@ class PackedLinear(nn.Module):
         else:
             self.__dict__["weight"], self.bias = weight, None
         with torch.no_grad():  # `whole` False: only the blocks are multiplied by (encoder-decoder attention's)
-            self.packed = {block_key(r): self.make(self.weight, r, self.bias) for r in ((None,) if whole else ()) + blocks}
+            self.packed = {
+                block_key(r): self.make(self.weight, r, self.bias) for r in ((None,) if whole else ()) + blocks
+            }
 
     def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:
         b = self.bias if rows is None or self.bias is None else self.bias[rows]
@@ -101,8 +108,10 @@ class PackedLinear(nn.Module):
 
     def _weight(self, rows: slice | None) -> Tensor:
         if self.weight is None:
-            raise RuntimeError("this layer was made for decoding only (its float weights dropped once packed): "
-                               "it runs in inference mode, without autocast, in the dtype it was packed in")
+            raise RuntimeError(
+                "this layer was made for decoding only (its float weights dropped once packed): "
+                "it runs in inference mode, without autocast, in the dtype it was packed in"
+            )
         return self.weight if rows is None else self.weight[rows]
 
     def drop_weight(self) -> None:
@@ -149,7 +158,9 @@ def is_packed(model: nn.Module) -> bool:
     return any(type(m) is PackedLinear for m in model.modules())
 
 
-def replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = True, keep: bool = True, **options) -> int:
+def replace_linears(
+    model: nn.Module, cls: type[PackedLinear], output: bool = True, keep: bool = True, **options
+) -> int:
     """Replace every `nn.Linear` of `model` (not replaced already) by a `cls` (made with `options`),
     with `output` the tied pre-softmax projection too; `keep=False`: each layer's float weights
     dropped as soon as it is replaced (`PackedLinear.drop_weight`). Returns how many were replaced."""
@@ -159,7 +170,9 @@ def replace_linears(model: nn.Module, cls: type[PackedLinear], output: bool = Tr
     for parent, name in found:  # by name, so that a replaced layer is held by nothing once dropped
         # encoder-decoder attention multiplies by W^Q's block and [W^K; W^V]'s, self-attention by all three at once
         split = isinstance(parent, MultiHeadAttention) and name == "in_proj" and id(parent) in cross
-        new = cls(getattr(parent, name), blocks=(parent.q_rows, parent.kv_rows) if split else (), whole=not split, **options)
+        new = cls(
+            getattr(parent, name), blocks=(parent.q_rows, parent.kv_rows) if split else (), whole=not split, **options
+        )
         setattr(parent, name, new)
         if not keep:
             new.drop_weight()
@@ -196,8 +209,11 @@ def restore_linears(model: nn.Module, cls: type[PackedLinear]) -> None:
 def fuse_relu(model: nn.Module) -> None:
     """Every ReLU `PositionwiseFeedForward` whose W_1 is packed (or int8) becomes a `PackedFeedForward`."""
     for parent, name, child in _children(model):
-        if (isinstance(child, PositionwiseFeedForward) and isinstance(child.w_1, PackedLinear)
-                and child.activation == "relu"):  # swish (not the paper) stays after W_1's packed product
+        if (
+            isinstance(child, PositionwiseFeedForward)
+            and isinstance(child.w_1, PackedLinear)
+            and child.activation == "relu"
+        ):  # swish (not the paper) stays after W_1's packed product
             setattr(parent, name, PackedFeedForward(child))
     _swapped()
 

@@ -12,7 +12,16 @@ from torch import Tensor, nn
 from .. import torch_ops
 from ..cpu import int8_saturates, x86_64
 from ..model import Embeddings, Transformer
-from .decode import PackedLinear, PackedWeight, block_key, can_pack, fuse_relu, replace_linears, restore_linears, unpack_weights
+from .decode import (
+    PackedLinear,
+    PackedWeight,
+    block_key,
+    can_pack,
+    fuse_relu,
+    replace_linears,
+    restore_linears,
+    unpack_weights,
+)
 
 
 def can_int8() -> bool:
@@ -57,10 +66,10 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(w.size(0), dtype=torch.float32)
     for i in range(0, w.size(0), 4096):
-        block = w[i:i + 4096].float()
+        block = w[i : i + 4096].float()
         s = block.abs().amax(dim=1).clamp_min(1e-12) / top
-        q[i:i + 4096] = torch.round(block / s[:, None]).clamp_(-top, top).to(torch.int8)
-        scales[i:i + 4096] = s
+        q[i : i + 4096] = torch.round(block / s[:, None]).clamp_(-top, top).to(torch.int8)
+        scales[i : i + 4096] = s
     return q, scales
 
 
@@ -105,8 +114,11 @@ class Int8Weight:
 
     def usable(self, x: Tensor) -> bool:
         """Whether this copy applies to `x` now (an empty `x` goes to F.linear)."""
-        return (PackedWeight.usable(self, x) and (self.bias is None or self.bias._version == self.bias_version)
-                and x.numel() > 0)
+        return (
+            PackedWeight.usable(self, x)
+            and (self.bias is None or self.bias._version == self.bias_version)
+            and x.numel() > 0
+        )
 
     def __call__(self, x: Tensor, bias: Tensor | None, activation: str = "none") -> Tensor:
         """x W^T + b (`activation` "relu": max(0, x W^T + b), applied by the kernel as it writes).
@@ -114,8 +126,9 @@ class Int8Weight:
         if self.kernel == "fbgemm":
             return torch_ops.fbgemm_linear(x, self.weight, activation)
         q, scale, zero = quantize_activations(x)
-        return torch_ops.int8_linear(q, scale, zero, self.weight, self.scales, self.zeros, bias, self.out_dtype or x.dtype,
-                               activation)
+        return torch_ops.int8_linear(
+            q, scale, zero, self.weight, self.scales, self.zeros, bias, self.out_dtype or x.dtype, activation
+        )
 
 
 class Int8Linear(PackedLinear):
@@ -173,13 +186,17 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
     them back (where `keep`)."""
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})")
+        raise ValueError(
+            f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})"
+        )
     if not can_int8():
         raise ValueError(f"int8 decoding {int8_needs()}")
     unpack_weights(model)  # int8 replaces what would be packed
     n = 0
     for m in [m for m in model.modules() if isinstance(m, Transformer)]:
-        for layer in m.decoder.layers if decoder else ():  # one layer at a time: its float weights dropped before the next
+        for layer in (
+            m.decoder.layers if decoder else ()
+        ):  # one layer at a time: its float weights dropped before the next
             n += replace_linears(layer, Int8Linear, output=False)
             attn, key = layer.cross_attn, block_key(layer.cross_attn.kv_rows)
             if isinstance(attn.in_proj, Int8Linear):  # encoder-decoder attention's keys and values: once per source

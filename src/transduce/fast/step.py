@@ -57,8 +57,10 @@ values (the paper's); any other decodes through the model's own `Decoder`."""
 def covers(config: ModelConfig) -> bool:
     """Whether the step computes what the model's own does for models of `config`: every field
     in `HANDLED`, or in `FALLBACK` at its covered value."""
-    return all(getattr(config, f.name) == FALLBACK[f.name] if f.name in FALLBACK else f.name in HANDLED
-               for f in dataclasses.fields(config))
+    return all(
+        getattr(config, f.name) == FALLBACK[f.name] if f.name in FALLBACK else f.name in HANDLED
+        for f in dataclasses.fields(config)
+    )
 
 
 class FastDecoder(Decoder):
@@ -71,7 +73,11 @@ class FastDecoder(Decoder):
         """A `FastDecoder` holding `decoder`'s modules (itself kept as `original`)."""
         fast = cls.__new__(cls)
         fast.__dict__.update(decoder.__dict__)
-        fast._modules, fast._parameters, fast._buffers = dict(decoder._modules), dict(decoder._parameters), dict(decoder._buffers)
+        fast._modules, fast._parameters, fast._buffers = (
+            dict(decoder._modules),
+            dict(decoder._parameters),
+            dict(decoder._buffers),
+        )
         fast.__dict__["original"] = decoder  # not a submodule
         fast.__dict__["norm_first"], fast.__dict__["swish"] = config.norm_first, config.activation == "swish"
         fast.__dict__["_plan"], fast.__dict__["_built"] = None, -1
@@ -85,17 +91,32 @@ class FastDecoder(Decoder):
         layers = []
         for layer in self.layers:
             sa, ca, ffn = layer.self_attn, layer.cross_attn, layer.feed_forward
-            norms = tuple((n.normalized_shape, n.weight, n.bias, n.eps, True) for n in (layer.norm1, layer.norm2, layer.norm3))
-            layers.append((
-                self._linear(sa.in_proj), self._linear(sa.out_proj), self._linear(ca.in_proj, ca.q_rows),
-                self._linear(ca.out_proj), self._linear(ffn.w_1), self._linear(ffn.w_2), norms, sa.n_heads, sa.d_k, sa.d_v,
-            ))
+            norms = tuple(
+                (n.normalized_shape, n.weight, n.bias, n.eps, True) for n in (layer.norm1, layer.norm2, layer.norm3)
+            )
+            layers.append(
+                (
+                    self._linear(sa.in_proj),
+                    self._linear(sa.out_proj),
+                    self._linear(ca.in_proj, ca.q_rows),
+                    self._linear(ca.out_proj),
+                    self._linear(ffn.w_1),
+                    self._linear(ffn.w_2),
+                    norms,
+                    sa.n_heads,
+                    sa.d_k,
+                    sa.d_v,
+                )
+            )
         embed = self.embed  # a `model.Embeddings`, or an `int8.Int8Embeddings` (its `dtype`)
         self.activations = embed.weight.dtype if hasattr(embed, "weight") else embed.dtype
         dtypes = {c.dtype for c in self.checks}
         self.dtype = dtypes.pop() if len(dtypes) == 1 else (None if not dtypes else "mixed")
-        self._versions = [(c.source, c.version, c.ptr, getattr(c, "bias", None), getattr(c, "bias_version", None))
-                          for c in self.checks if c.source is not None]  # None: a copy for decoding only (no original)
+        self._versions = [
+            (c.source, c.version, c.ptr, getattr(c, "bias", None), getattr(c, "bias_version", None))
+            for c in self.checks
+            if c.source is not None
+        ]  # None: a copy for decoding only (no original)
         self._plan, self._built = layers, swaps()
 
     def _linear(self, layer, rows: slice | None = None):
@@ -109,6 +130,7 @@ class FastDecoder(Decoder):
             def plain(x: Tensor, activation: str = "none") -> Tensor:
                 y = F.linear(x, w, b)
                 return F.relu(y) if activation == "relu" else y
+
             return plain
         self.checks.append(packed)
         return lambda x, activation="none": packed(x, b, activation)
@@ -117,8 +139,15 @@ class FastDecoder(Decoder):
         """Whether the flat loop computes what the `Decoder` would: one position with a cache, eval
         mode, no weights asked for, no autograd or autocast, activations in the packed weights'
         dtype, every packed copy current."""
-        if (cache is None or need_weights or tgt.size(1) != 1 or tgt.numel() == 0 or self.training
-                or torch.is_grad_enabled() or torch.is_autocast_enabled(tgt.device.type)):
+        if (
+            cache is None
+            or need_weights
+            or tgt.size(1) != 1
+            or tgt.numel() == 0
+            or self.training
+            or torch.is_grad_enabled()
+            or torch.is_autocast_enabled(tgt.device.type)
+        ):
             return False
         from .decode import swaps
 
@@ -126,12 +155,20 @@ class FastDecoder(Decoder):
             self._build()
         if self.dtype not in (None, self.activations):
             return False
-        return all(source._version == version and source.data_ptr() == ptr
-                   and (bias is None or bias._version == bias_version)
-                   for source, version, ptr, bias, bias_version in self._versions)
+        return all(
+            source._version == version and source.data_ptr() == ptr and (bias is None or bias._version == bias_version)
+            for source, version, ptr, bias, bias_version in self._versions
+        )
 
-    def forward(self, tgt: Tensor, memory: Tensor | None, src_mask: Tensor, tgt_mask: Tensor | None,
-                cache=None, need_weights: bool = False):
+    def forward(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None,
+        src_mask: Tensor,
+        tgt_mask: Tensor | None,
+        cache=None,
+        need_weights: bool = False,
+    ):
         if not self.usable(tgt, cache, need_weights):
             return Decoder.forward(self, tgt, memory, src_mask, tgt_mask, cache, need_weights)
         return self.step(tgt, cache), [], []
@@ -158,7 +195,9 @@ class FastDecoder(Decoder):
             x = x + a if pre else norm(x + a, *n2)
             # the position-wise FFN (equation 2)
             f = norm(x, *n3) if pre else x
-            f = w_2(F.silu(w_1(f)) if self.swish else w_1(f, "relu"))  # W_1's ReLU inside a packed product, else after it
+            f = w_2(
+                F.silu(w_1(f)) if self.swish else w_1(f, "relu")
+            )  # W_1's ReLU inside a packed product, else after it
             x = x + f if pre else norm(x + f, *n3)
         cache.length += 1
         if self.final_norm is not None:
@@ -169,8 +208,12 @@ class FastDecoder(Decoder):
 def install(model: Transformer) -> bool:
     """Set a `FastDecoder` as `model.decoder` where it covers the model (returns whether it did);
     `uninstall` puts the `Decoder` back."""
-    if (isinstance(model.decoder, FastDecoder) or not covers(model.config) or model.word_positions is not None
-            or model.decoder.words is not None):
+    if (
+        isinstance(model.decoder, FastDecoder)
+        or not covers(model.config)
+        or model.word_positions is not None
+        or model.decoder.words is not None
+    ):
         return False
     model.decoder = FastDecoder.wrap(model.decoder, model.config)
     return True

@@ -59,8 +59,12 @@ def keep_freed_memory() -> bool:
 def fast_dropout(model: nn.Module) -> int:
     """Replace every `nn.Dropout` in `model` by a `BitDropout` of the same p (in place; `state_dict`
     is unchanged), before the first step. Returns how many were replaced."""
-    swaps = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-             if isinstance(child, nn.Dropout)]
+    swaps = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Dropout)
+    ]
     for parent, name, child in swaps:
         setattr(parent, name, BitDropout(child.p).train(child.training))
     return len(swaps)

@@ -30,8 +30,9 @@ class ConstraintState:
 
     def select(self, keep: Tensor) -> "ConstraintState":
         """The sentences `keep` (indices into b)."""
-        return ConstraintState(self.n_words[keep], self.depth[keep], self.words[keep], self.done[keep],
-                               self.labels[keep], self.sizes[keep])
+        return ConstraintState(
+            self.n_words[keep], self.depth[keep], self.words[keep], self.done[keep], self.labels[keep], self.sizes[keep]
+        )
 
 
 def leaf_symbols(tgt_vocab, tags: bool) -> Tensor:
@@ -68,9 +69,14 @@ class TreeConstraint:
         n_words = self._word_start.to(dev)[src].sum(1)
         zeros = torch.zeros(B, k, dtype=torch.long, device=dev)
         D = self.max_depth
-        return ConstraintState(n_words, zeros.clone(), zeros.clone(), zeros.bool(),
-                               torch.full((B, k, D), -1, dtype=torch.long, device=dev),
-                               torch.zeros(B, k, D, dtype=torch.long, device=dev))
+        return ConstraintState(
+            n_words,
+            zeros.clone(),
+            zeros.clone(),
+            zeros.bool(),
+            torch.full((B, k, D), -1, dtype=torch.long, device=dev),
+            torch.zeros(B, k, D, dtype=torch.long, device=dev),
+        )
 
     def allowed(self, s: ConstraintState) -> Tensor:
         """(b, k, V) bool: the symbols each hypothesis may take next: ``(X`` before the root has

@@ -56,8 +56,9 @@ def prepare_treebank(
             src, tgt = text_dir / f"{name}.words", text_dir / f"{name}.lin"
             n = 0
             with open(src, "w", encoding="utf-8") as fs, open(tgt, "w", encoding="utf-8") as ft:
-                for tree in tqdm(read_trees(path), desc=f"linearize {name}", unit=" trees", disable=not progress,
-                                 mininterval=1):
+                for tree in tqdm(
+                    read_trees(path), desc=f"linearize {name}", unit=" trees", disable=not progress, mininterval=1
+                ):
                     n += 1
                     t = clean(tree)
                     if t is None:
@@ -68,8 +69,17 @@ def prepare_treebank(
                 raise DataError("no trees", path)
             pairs.append(Split(name, src, tgt, origin, files={"trees_file": str(Path(path).absolute()), "trees": n}))
         meta = prepare(
-            pairs, out, src_lang="words", tgt_lang="trees", vocab_size=vocab_size, separate_vocab=True,
-            max_len=max_len, max_ratio=MAX_RATIO, overwrite=overwrite, progress=progress, tgt_vocab_type="word",
+            pairs,
+            out,
+            src_lang="words",
+            tgt_lang="trees",
+            vocab_size=vocab_size,
+            separate_vocab=True,
+            max_len=max_len,
+            max_ratio=MAX_RATIO,
+            overwrite=overwrite,
+            progress=progress,
+            tgt_vocab_type="word",
             extra={**(extra or {}), "task": "parsing", "linearization": {"tags": tags, "scheme": "vinyals2015"}},
             **prepare_options,
         )

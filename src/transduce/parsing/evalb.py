@@ -245,24 +245,33 @@ class EvalbResult:
     c_program_stops_at: int | None = None  # where evalb.c would exit without a summary
 
     def as_dict(self) -> dict:
-        return {"all": self.all.as_dict(), f"len<={self.cutoff_len}": self.short.as_dict(),
-                "c_program_stops_at": self.c_program_stops_at,
-                "errors": [{"line": s.line, "error": s.error} for s in self.sentences if s.status == 1]}
+        return {
+            "all": self.all.as_dict(),
+            f"len<={self.cutoff_len}": self.short.as_dict(),
+            "c_program_stops_at": self.c_program_stops_at,
+            "errors": [{"line": s.line, "error": s.error} for s in self.sentences if s.status == 1],
+        }
 
 
-def score_sentence(gold_line: str, test_line: str, line: int = 0, params: EvalbParams = COLLINS) -> tuple[SentenceResult, int]:
+def score_sentence(
+    gold_line: str, test_line: str, line: int = 0, params: EvalbParams = COLLINS
+) -> tuple[SentenceResult, int]:
     """evalb.c's calc_result for one pair of lines; also the number of errors it reports. A test
     tree with no word is skipped; other words, or an unreadable line, an error."""
     gold, test = read_sentence(gold_line, params), read_sentence(test_line, params)
     errors = gold.errors + test.errors
     result = SentenceResult(line, gold.length, 1 if errors else 0)
-    unmatched = [f"Words unmatch ({gw}|{tw})" for (gw, _), (tw, _) in zip(gold.words, test.words)
-                 if not params.word_eq(gw, tw)]
+    unmatched = [
+        f"Words unmatch ({gw}|{tw})" for (gw, _), (tw, _) in zip(gold.words, test.words) if not params.word_eq(gw, tw)
+    ]
     if not test.words:
         result.status = 2
     elif len(gold.words) != len(test.words) or unmatched:
-        errors.append(unmatched[0] if len(gold.words) == len(test.words) else
-                      f"Length unmatch ({len(gold.words)}|{len(test.words)})")
+        errors.append(
+            unmatched[0]
+            if len(gold.words) == len(test.words)
+            else f"Length unmatch ({len(gold.words)}|{len(test.words)})"
+        )
         result.status = 1
     else:
         _score_brackets(gold, test, params, result)
@@ -285,7 +294,12 @@ def _score_brackets(gold: _Sentence, test: _Sentence, params: EvalbParams, resul
         if g.result == 5:
             continue
         for t in test.brackets:
-            if t.result == 0 and g.start == t.start and g.end == t.end and (not params.labeled or params.label_eq(g.label, t.label)):
+            if (
+                t.result == 0
+                and g.start == t.start
+                and g.end == t.end
+                and (not params.labeled or params.label_eq(g.label, t.label))
+            ):
                 g.result = t.result = 1
                 result.matched += 1
                 break
@@ -301,8 +315,9 @@ def _score_brackets(gold: _Sentence, test: _Sentence, params: EvalbParams, resul
     result.correct_tags = sum(params.label_eq(gt, tt) for (_, gt), (_, tt) in zip(gold.words, test.words))
 
 
-def evalb(gold: Sequence[str], test: Sequence[str], params: EvalbParams = COLLINS,
-          names: tuple[str, str] = ("gold", "test")) -> EvalbResult:
+def evalb(
+    gold: Sequence[str], test: Sequence[str], params: EvalbParams = COLLINS, names: tuple[str, str] = ("gold", "test")
+) -> EvalbResult:
     """Score `test` trees against `gold` trees, one bracketed tree per line, line for line."""
     gold, test = list(gold), list(test)
     if len(gold) != len(test):
@@ -353,6 +368,8 @@ def format_report(result: EvalbResult) -> str:
             "",
         ]
     if result.c_program_stops_at is not None:
-        out.append(f"note: evalb.c would have stopped at line {result.c_program_stops_at} (past its MAX_ERROR), "
-                   "printing no summary")
+        out.append(
+            f"note: evalb.c would have stopped at line {result.c_program_stops_at} (past its MAX_ERROR), "
+            "printing no summary"
+        )
     return "\n".join(out).rstrip("\n")

@@ -70,8 +70,18 @@ def parse_stream(
         from .constrain import TreeConstraint
 
         search = TreeConstraint(tgt_vocab, tags=tags, src_vocab=src_vocab)
-    stream = translate_stream(model, src_vocab, tgt_vocab, lines(), beam=beam, alpha=alpha,
-                              max_len_offset=max_len_offset, batch_size=batch_size, constraint=search, **options)
+    stream = translate_stream(
+        model,
+        src_vocab,
+        tgt_vocab,
+        lines(),
+        beam=beam,
+        alpha=alpha,
+        max_len_offset=max_len_offset,
+        batch_size=batch_size,
+        constraint=search,
+        **options,
+    )
     for cands in stream:
         words = pending.popleft()
         if not words:
@@ -93,27 +103,41 @@ class ParserScores:
     sentences: int
 
     def as_dict(self) -> dict:
-        d = {"evalb_gold_tags": self.gold_tags.as_dict(), "repairs": self.repairs and self.repairs.as_dict(),
-             "repaired_sentences": self.repaired_sentences, "sentences": self.sentences}
+        d = {
+            "evalb_gold_tags": self.gold_tags.as_dict(),
+            "repairs": self.repairs and self.repairs.as_dict(),
+            "repaired_sentences": self.repaired_sentences,
+            "sentences": self.sentences,
+        }
         if self.own_tags is not None:
             d["evalb_own_tags"] = self.own_tags.as_dict()
         return d
 
 
-def score_parses(gold: Sequence[Tree], parsed: Sequence[Tree | None], *, own_tags: bool,
-                 repairs: Sequence[Repairs] | None = None, params: EvalbParams = COLLINS) -> ParserScores:
+def score_parses(
+    gold: Sequence[Tree],
+    parsed: Sequence[Tree | None],
+    *,
+    own_tags: bool,
+    repairs: Sequence[Repairs] | None = None,
+    params: EvalbParams = COLLINS,
+) -> ParserScores:
     """EVALB of `parsed` against `gold`, the gold tags put back (and with their own if `own_tags`)."""
     gold_lines = [str(t) for t in gold]
     # a parse of other words keeps its own tags: EVALB counts it as an error
-    with_gold_tags = ["" if p is None else str(p.with_tags(g.tags()) if p.leaves() == g.leaves() else p)
-                      for g, p in zip(gold, parsed)]
+    with_gold_tags = [
+        "" if p is None else str(p.with_tags(g.tags()) if p.leaves() == g.leaves() else p) for g, p in zip(gold, parsed)
+    ]
     total = sum(repairs, Repairs()) if repairs is not None else None
     repairs = list(repairs or [])
     return ParserScores(
         gold_tags=evalb(gold_lines, with_gold_tags, params, ("gold", "parses")),
         own_tags=evalb(gold_lines, ["" if p is None else str(p) for p in parsed], params, ("gold", "parses"))
-        if own_tags else None,
-        repairs=total, repaired_sentences=sum(r.total > 0 for r in repairs), sentences=len(gold),
+        if own_tags
+        else None,
+        repairs=total,
+        repaired_sentences=sum(r.total > 0 for r in repairs),
+        sentences=len(gold),
     )
 
 
@@ -124,26 +148,48 @@ def format_scores(s: ParserScores, cutoff: int = 40) -> str:
         if r is None:
             continue
         for name, t in (("all", r.all), (f"len<={cutoff}", r.short)):
-            lines.append(f"EVALB (COLLINS.prm), {title}, {name}: F1 {t.f1:.2f} (recall {t.recall:.2f}, precision "
-                         f"{t.precision:.2f}; matched {t.matched:,} / gold {t.gold:,} / test {t.test:,} brackets; "
-                         f"{t.sentences:,} sentences, {t.errors} errors, {t.skipped} skipped; tagging "
-                         f"{t.tagging_accuracy:.2f})")
+            lines.append(
+                f"EVALB (COLLINS.prm), {title}, {name}: F1 {t.f1:.2f} (recall {t.recall:.2f}, precision "
+                f"{t.precision:.2f}; matched {t.matched:,} / gold {t.gold:,} / test {t.test:,} brackets; "
+                f"{t.sentences:,} sentences, {t.errors} errors, {t.skipped} skipped; tagging "
+                f"{t.tagging_accuracy:.2f})"
+            )
     if s.repairs is not None:
-        lines.append(f"repairs: {s.repaired_sentences} of {s.sentences:,} outputs were not well-formed trees; "
-                     f"{s.repairs.summary()}")
+        lines.append(
+            f"repairs: {s.repaired_sentences} of {s.sentences:,} outputs were not well-formed trees; "
+            f"{s.repairs.summary()}"
+        )
     return "\n".join(lines)
 
 
-def evaluate_parser(loaded, gold: Sequence[Tree], *, progress: bool = False,
-                    warn: Callable[[str], None] | None = None, source_name: str = "treebank",
-                    **options) -> tuple[ParserScores, list[Parse]]:
+def evaluate_parser(
+    loaded,
+    gold: Sequence[Tree],
+    *,
+    progress: bool = False,
+    warn: Callable[[str], None] | None = None,
+    source_name: str = "treebank",
+    **options,
+) -> tuple[ParserScores, list[Parse]]:
     """Parse the words of `gold` with `loaded` (a `LoadedModel`) and score the parses."""
     from tqdm import tqdm
 
     tags = predicts_tags(loaded.metadata)
-    with tqdm(total=len(gold), desc="parse", unit=" sentences", mininterval=1, file=sys.stderr,
-              disable=not progress) as bar:
-        parses = list(parse_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, (t.leaves() for t in gold),
-                                   tags=tags, warn=warn, source_name=source_name, advance=bar.update, **options))
+    with tqdm(
+        total=len(gold), desc="parse", unit=" sentences", mininterval=1, file=sys.stderr, disable=not progress
+    ) as bar:
+        parses = list(
+            parse_stream(
+                loaded.model,
+                loaded.src_vocab,
+                loaded.tgt_vocab,
+                (t.leaves() for t in gold),
+                tags=tags,
+                warn=warn,
+                source_name=source_name,
+                advance=bar.update,
+                **options,
+            )
+        )
     scores = score_parses(gold, [p.tree for p in parses], own_tags=tags, repairs=[p.repairs for p in parses])
     return scores, parses

@@ -51,14 +51,18 @@ def tree_svg(tree: Tree, title: str | None = None) -> str:
     def y(row: int) -> float:
         return top + row * ROW_H + FONT
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-           f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="{FONT}">',
-           '<rect width="100%" height="100%" fill="white"/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="{FONT}">',
+        '<rect width="100%" height="100%" fill="white"/>',
+    ]
     if title:
         out.append(f'<text x="{PAD}" y="{PAD + FONT}" fill="#333">{escape(title)}</text>')
     for x1, r1, x2, r2 in edges:
-        out.append(f'<line x1="{x1:.1f}" y1="{y(r1) + 4:.1f}" x2="{x2:.1f}" y2="{y(r2) - FONT:.1f}" '
-                   'stroke="#999" stroke-width="1"/>')
+        out.append(
+            f'<line x1="{x1:.1f}" y1="{y(r1) + 4:.1f}" x2="{x2:.1f}" y2="{y(r2) - FONT:.1f}" '
+            'stroke="#999" stroke-width="1"/>'
+        )
     for x, row, text, is_word in nodes:
         style = 'fill="#000"' if is_word else 'fill="#1f4e9c" font-weight="bold"'
         out.append(f'<text x="{x:.1f}" y="{y(row):.1f}" text-anchor="middle" {style}>{escape(text)}</text>')

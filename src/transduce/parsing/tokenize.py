@@ -10,37 +10,43 @@ from __future__ import annotations
 
 import re
 
-_RULES: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p, r in [
-    # opening double quotes
-    (r'^"', r"`` "),
-    (r'([ (\[{<])"', r"\1 `` "),
-    # ellipsis, then punctuation: , and : only when not inside a number
-    (r"\.\.\.", r" ... "),
-    (r"([,:])([^\d])", r" \1 \2"),
-    (r"([,:])$", r" \1 "),
-    (r"[;@#$%&]", r" \g<0> "),
-    # a final period (with the closing brackets and quotes after it)
-    (r"([^.])([.])([\])}>\"']*)\s*$", r"\1 \2\3 "),
-    (r"[?!]", r" \g<0> "),
-    (r"[\]\[(){}<>]", r" \g<0> "),
-    (r"--", r" -- "),
-]]
-_END_RULES: list[tuple[re.Pattern, str]] = [(re.compile(p), r) for p, r in [
-    (r'"', r" '' "),
-    (r"([^'])' ", r"\1 ' "),
-    (r"'([sSmMdD]) ", r" '\1 "),
-    (r"('ll|'re|'ve|n't|'LL|'RE|'VE|N'T) ", r" \1 "),
-    (r" ([Cc])annot ", r" \1an not "),
-    (r" ([Dd])'ye ", r" \1' ye "),
-    (r" ([Gg])imme ", r" \1im me "),
-    (r" ([Gg])onna ", r" \1on na "),
-    (r" ([Gg])otta ", r" \1ot ta "),
-    (r" ([Ll])emme ", r" \1em me "),
-    (r" ([Mm])ore'n ", r" \1ore 'n "),
-    (r" '([Tt])is ", r" '\1 is "),
-    (r" '([Tt])was ", r" '\1 was "),
-    (r" ([Ww])anna ", r" \1an na "),
-]]
+_RULES: list[tuple[re.Pattern, str]] = [
+    (re.compile(p), r)
+    for p, r in [
+        # opening double quotes
+        (r'^"', r"`` "),
+        (r'([ (\[{<])"', r"\1 `` "),
+        # ellipsis, then punctuation: , and : only when not inside a number
+        (r"\.\.\.", r" ... "),
+        (r"([,:])([^\d])", r" \1 \2"),
+        (r"([,:])$", r" \1 "),
+        (r"[;@#$%&]", r" \g<0> "),
+        # a final period (with the closing brackets and quotes after it)
+        (r"([^.])([.])([\])}>\"']*)\s*$", r"\1 \2\3 "),
+        (r"[?!]", r" \g<0> "),
+        (r"[\]\[(){}<>]", r" \g<0> "),
+        (r"--", r" -- "),
+    ]
+]
+_END_RULES: list[tuple[re.Pattern, str]] = [
+    (re.compile(p), r)
+    for p, r in [
+        (r'"', r" '' "),
+        (r"([^'])' ", r"\1 ' "),
+        (r"'([sSmMdD]) ", r" '\1 "),
+        (r"('ll|'re|'ve|n't|'LL|'RE|'VE|N'T) ", r" \1 "),
+        (r" ([Cc])annot ", r" \1an not "),
+        (r" ([Dd])'ye ", r" \1' ye "),
+        (r" ([Gg])imme ", r" \1im me "),
+        (r" ([Gg])onna ", r" \1on na "),
+        (r" ([Gg])otta ", r" \1ot ta "),
+        (r" ([Ll])emme ", r" \1em me "),
+        (r" ([Mm])ore'n ", r" \1ore 'n "),
+        (r" '([Tt])is ", r" '\1 is "),
+        (r" '([Tt])was ", r" '\1 was "),
+        (r" ([Ww])anna ", r" \1an na "),
+    ]
+]
 BRACKETS = {"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"}
 """How the treebank writes brackets: sections 02-21 have -LRB- -RRB- (about 1,150 each) and
 -LCB- -RCB- (about 215 each), no square brackets; those get the later convention, -LSB- -RSB-."""

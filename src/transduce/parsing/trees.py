@@ -75,8 +75,9 @@ class Tree:
             raise ValueError(f"{len(tags)} tags for {len(self.leaves())} words")
         copies: dict[int, Tree] = {}
         for node in self.bottom_up():
-            copies[id(node)] = Tree(node.label, list(node.children) if node.is_preterminal else
-                                    [copies[id(c)] for c in node.children])  # type: ignore[arg-type]
+            copies[id(node)] = Tree(
+                node.label, list(node.children) if node.is_preterminal else [copies[id(c)] for c in node.children]
+            )  # type: ignore[arg-type]
         copy = copies[id(self)]
         for p, tag in zip(copy.preterminals(), tags):
             p.label = tag
@@ -143,8 +144,9 @@ class _Reader:
 
     def finish(self) -> None:
         if self.stack:
-            raise DataError(f"{len(self.stack)} bracket(s) never closed in the tree that starts here",
-                            self.path, self.start)
+            raise DataError(
+                f"{len(self.stack)} bracket(s) never closed in the tree that starts here", self.path, self.start
+            )
 
 
 def parse_tree(text: str) -> Tree:
@@ -214,6 +216,7 @@ def linearize(tree: Tree, tags: bool = False) -> list[str]:
     """Vinyals et al.'s sequence for `tree`: ``(LABEL`` entering a constituent, ``)LABEL`` leaving
     it, ``XX`` for a word (with `tags`, its part-of-speech tag); an outer TOP over one constituent
     is left out."""
+
     def children(node: Tree) -> list[Tree]:
         for c in node.children:
             if not isinstance(c, Tree):

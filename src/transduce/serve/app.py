@@ -34,8 +34,10 @@ log = logging.getLogger("transduce.serve")
 
 
 class ErrorResponse(BaseModel):
-    error: str = Field(description="invalid_json, unauthorized, unsupported_media_type, invalid_request, "
-                                   "limit_exceeded, queue_full, decoding_failed, not_supported, loading or shutting_down")
+    error: str = Field(
+        description="invalid_json, unauthorized, unsupported_media_type, invalid_request, "
+        "limit_exceeded, queue_full, decoding_failed, not_supported, loading or shutting_down"
+    )
     message: str
     limit: str | None = Field(None, description="the limit exceeded (see /info)")
     value: int | None = Field(None, description="the limit's value")
@@ -82,11 +84,25 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _too_big(self, send):
-        content = json.dumps({"error": "limit_exceeded", "message": f"the body is larger than {self.max_bytes} bytes",
-                              "limit": "max_body_bytes", "value": self.max_bytes}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(content)).encode()),
-                                (b"connection", b"close")]})
+        content = json.dumps(
+            {
+                "error": "limit_exceeded",
+                "message": f"the body is larger than {self.max_bytes} bytes",
+                "limit": "max_body_bytes",
+                "value": self.max_bytes,
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(content)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": content})
 
 
@@ -108,7 +124,9 @@ def _add_error_handlers(app, limits: Limits) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        code = {400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {400: "invalid_json", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http_error"
+        )
         message = "the body is not valid JSON in UTF-8" if exc.status_code == 400 else str(exc.detail)
         return Problem(exc.status_code, code, message, headers=getattr(exc, "headers", None)).response()
 
@@ -132,30 +150,52 @@ def _add_status_routes(app, server: Server, max_batch_tokens: int, max_wait: flo
         return JSONResponse({"status": status}, status_code=503)
 
     for path in ("/health", PREFIX + "/health"):
-        app.get(path, response_model=Health, responses={503: {"model": Health}}, summary="is the model loaded?",
-                include_in_schema=path == "/health")(health)
+        app.get(
+            path,
+            response_model=Health,
+            responses={503: {"model": Health}},
+            summary="is the model loaded?",
+            include_in_schema=path == "/health",
+        )(health)
 
     @app.get("/info", summary="the model, the engine, the search defaults and the limits")
     async def info() -> dict:
         e, b = state.engine, state.batcher
-        return {"loaded": e is not None, **(e.info if e is not None else {}), "defaults": asdict(server.defaults),
-                "limits": asdict(server.limits), "batching": {"max_batch_tokens": max_batch_tokens,
-                                                              "max_wait_ms": max_wait * 1000},
-                "api_key_required": server.api_key is not None, "queue": b.queued if b is not None else 0,
-                "memory": memory_info(), "stats": asdict(b.stats) if b is not None else {}}
+        return {
+            "loaded": e is not None,
+            **(e.info if e is not None else {}),
+            "defaults": asdict(server.defaults),
+            "limits": asdict(server.limits),
+            "batching": {"max_batch_tokens": max_batch_tokens, "max_wait_ms": max_wait * 1000},
+            "api_key_required": server.api_key is not None,
+            "queue": b.queued if b is not None else 0,
+            "memory": memory_info(),
+            "stats": asdict(b.stats) if b is not None else {},
+        }
 
-    @app.get("/metrics", response_class=Response, summary="metrics in Prometheus's text format",
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        summary="metrics in Prometheus's text format",
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def prometheus():
         content, media_type = metrics.exposition()
         return Response(content, media_type=media_type)
 
 
-def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None = None,
-               defaults: SearchSettings | None = None, max_batch_tokens: int = BATCH_TOKENS,
-               max_wait: float = SERVE_MAX_WAIT, poll_disconnect: float = 0.05,
-               on_load_error: Callable[[BaseException], None] | None = None, api_key: str | None = None,
-               cors_origins: Sequence[str] = ()):
+def create_app(
+    engine: Engine | Callable[[], Engine],
+    *,
+    limits: Limits | None = None,
+    defaults: SearchSettings | None = None,
+    max_batch_tokens: int = BATCH_TOKENS,
+    max_wait: float = SERVE_MAX_WAIT,
+    poll_disconnect: float = 0.05,
+    on_load_error: Callable[[BaseException], None] | None = None,
+    api_key: str | None = None,
+    cors_origins: Sequence[str] = (),
+):
     """The ASGI app: the FastAPI app (`.fastapi`) inside the request log and the body-size limit;
     `.state` (a `ServerState`: its batcher, its loader thread), `.metrics`, `.begin_drain(grace)`
     (what a shutdown calls) and `.end_grace(forced=True)`. `engine`: an Engine, or a function that
@@ -178,9 +218,14 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
     metrics = Metrics(lambda: state.batcher.queued if state.batcher is not None else 0)
 
     def install(e: Engine) -> None:
-        batcher = Batcher(e.translate, max_batch_tokens=max_batch_tokens,
-                          max_wait=max_wait, max_queue=limits.max_queue, on_round=metrics.round,
-                          after_round=Trimmer()).start()
+        batcher = Batcher(
+            e.translate,
+            max_batch_tokens=max_batch_tokens,
+            max_wait=max_wait,
+            max_queue=limits.max_queue,
+            on_round=metrics.round,
+            after_round=Trimmer(),
+        ).start()
         state.batcher, state.engine = batcher, e
         warm(source_language(e))  # the sentence splitters loaded before the first request needs them
         if e.models is not None:  # several models: each one's memory, loads and requests
@@ -205,11 +250,15 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
             left = 10.0 if state.deadline is None else max(0.5, state.deadline - time.monotonic())
             state.batcher.stop(timeout=0.5 if state.expired else left)
 
-    app = FastAPI(title="transduce", version="1",
-                  description="Translation with a Transformer of 'Attention Is All You Need' (Vaswani et al., 2017): "
-                              "beam search with the paper's length penalty, requests batched dynamically.",
-                  lifespan=lifespan,
-                  docs_url=None, redoc_url=None)  # their pages load scripts from a CDN
+    app = FastAPI(
+        title="transduce",
+        version="1",
+        description="Translation with a Transformer of 'Attention Is All You Need' (Vaswani et al., 2017): "
+        "beam search with the paper's length penalty, requests batched dynamically.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )  # their pages load scripts from a CDN
     app.state.transduce = state
     if isinstance(engine, Engine):
         install(engine)
@@ -231,7 +280,9 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
             return
         state.draining, state.grace, state.deadline = True, grace, time.monotonic() + grace
         b = state.batcher
-        log.info("shutting down: finishing the requests in flight (%d queued) for at most %g s", b.queued if b else 0, grace)
+        log.info(
+            "shutting down: finishing the requests in flight (%d queued) for at most %g s", b.queued if b else 0, grace
+        )
         asyncio.get_running_loop().call_later(grace, end_grace)
 
     def end_grace(forced: bool = False) -> None:
@@ -242,16 +293,25 @@ def create_app(engine: Engine | Callable[[], Engine], *, limits: Limits | None =
         b = state.batcher
         failed = b.fail_queued(ShuttingDown("the grace period is over")) if b is not None else 0
         why = "was cut short (Ctrl-C again)" if forced else "is over"
-        log.warning("the grace period (%g s) %s: unfinished requests are answered 503 (%d were queued)",
-                    state.grace or 0, why, failed)
+        log.warning(
+            "the grace period (%g s) %s: unfinished requests are answered 503 (%d were queued)",
+            state.grace or 0,
+            why,
+            failed,
+        )
 
     inner = BodyLimit(app, limits.max_body_bytes)
     if cors_origins:  # a browser's preflight and every answer (a 413 too) say which sites may read it
         from starlette.middleware.cors import CORSMiddleware
 
-        inner = CORSMiddleware(inner, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                               allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-ID"],
-                               expose_headers=["Retry-After", "X-Request-ID"], max_age=86400)
+        inner = CORSMiddleware(
+            inner,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "X-API-Key", "X-Request-ID"],
+            expose_headers=["Retry-After", "X-Request-ID"],
+            max_age=86400,
+        )
     wrapped = RequestLog(inner, metrics)
     wrapped.fastapi, wrapped.state, wrapped.metrics = app, state, metrics
     wrapped.begin_drain, wrapped.end_grace = begin_drain, end_grace
@@ -264,5 +324,6 @@ def _answer_head(app) -> None:
     from fastapi.routing import APIRoute
 
     for route in [r for r in app.routes if isinstance(r, APIRoute) and r.methods == {"GET"}]:
-        app.add_api_route(route.path, route.endpoint, methods=["HEAD"], response_class=route.response_class,
-                          include_in_schema=False)
+        app.add_api_route(
+            route.path, route.endpoint, methods=["HEAD"], response_class=route.response_class, include_in_schema=False
+        )

@@ -41,8 +41,14 @@ class Engine:
     align: Callable[[list[str], list[str]], list] | None = None
 
 
-def torch_engine(loaded, *, batch_tokens: int = BATCH_TOKENS, batch_size: int = BATCH_SIZE,
-                 max_tokens: int = SERVE_MAX_TOKENS, bf16: bool = False) -> Engine:
+def torch_engine(
+    loaded,
+    *,
+    batch_tokens: int = BATCH_TOKENS,
+    batch_size: int = BATCH_SIZE,
+    max_tokens: int = SERVE_MAX_TOKENS,
+    bf16: bool = False,
+) -> Engine:
     """An engine over a `LoadedModel` (made ready once, by `transduce.decoding.ready.load_for_decoding`, for the
     server's life): `translate_stream` as `transduce translate` (or `parse`) runs it."""
     from ..parsing.parse import is_parsing_model, predicts_tags
@@ -61,52 +67,109 @@ def torch_engine(loaded, *, batch_tokens: int = BATCH_TOKENS, batch_size: int = 
         from ..views.weights import attention_data
 
         try:
-            _, data = attention_data(loaded, [prepare(source)], [target], beam=s.beam, alpha=s.alpha, greedy=s.greedy,
-                                     max_len_offset=s.max_len_offset)
+            _, data = attention_data(
+                loaded,
+                [prepare(source)],
+                [target],
+                beam=s.beam,
+                alpha=s.alpha,
+                greedy=s.greedy,
+                max_len_offset=s.max_len_offset,
+            )
         except ValueError as e:  # too many weights for a page, an empty sentence: the request's fault
             raise RequestError(str(e)) from None
         data["sentences"][0]["source_text"] = source
         data["model"] = public["model"]  # its name, not where it lies on the server's disk
         return data
 
-    precision = getattr(loaded.precision, "precision", None) or ("bf16" if bf16 else str(next(loaded.model.parameters()).dtype).replace("torch.", ""))
+    precision = getattr(loaded.precision, "precision", None) or (
+        "bf16" if bf16 else str(next(loaded.model.parameters()).dtype).replace("torch.", "")
+    )
     public = public_model(loaded.description, loaded.config, loaded.metadata, precision)
-    info = {"engine": "torch", **public, "task": "parsing" if parsing else "translation", "attention": True,
-            "config": asdict(loaded.config.model), "vocab": _vocab_info(loaded.src_vocab, loaded.tgt_vocab)}
-    translate = decoder(loaded.model, loaded.src_vocab, loaded.tgt_vocab, batch_tokens=batch_tokens,
-                        batch_size=batch_size, max_tokens=max_tokens, bf16=bf16, prepare=prepare)
+    info = {
+        "engine": "torch",
+        **public,
+        "task": "parsing" if parsing else "translation",
+        "attention": True,
+        "config": asdict(loaded.config.model),
+        "vocab": _vocab_info(loaded.src_vocab, loaded.tgt_vocab),
+    }
+    translate = decoder(
+        loaded.model,
+        loaded.src_vocab,
+        loaded.tgt_vocab,
+        batch_tokens=batch_tokens,
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        bf16=bf16,
+        prepare=prepare,
+    )
     align = None
     if not parsing:  # tags placed by the encoder-decoder attention, as `transduce translate --file` places them
         from ..text.align import AttentionAligner
 
         align = AttentionAligner(loaded.model, loaded.src_vocab, loaded.tgt_vocab).align
-    return Engine(translate, lambda x: loaded.src_vocab.encode(prepare(x)), info, attention=attention,
-                  tree=tree if parsing else None, encode_target=loaded.tgt_vocab.encode, align=align)
+    return Engine(
+        translate,
+        lambda x: loaded.src_vocab.encode(prepare(x)),
+        info,
+        attention=attention,
+        tree=tree if parsing else None,
+        encode_target=loaded.tgt_vocab.encode,
+        align=align,
+    )
 
 
-def ct2_engine(model, *, batch_tokens: int = BATCH_TOKENS, batch_size: int = BATCH_SIZE,
-               max_tokens: int = SERVE_MAX_TOKENS) -> Engine:
+def ct2_engine(
+    model, *, batch_tokens: int = BATCH_TOKENS, batch_size: int = BATCH_SIZE, max_tokens: int = SERVE_MAX_TOKENS
+) -> Engine:
     """An engine over a `transduce.decoding.engines.CT2Model` (CTranslate2 gives no attention weights;
     the length penalty it ranks by is the search settings': "paper" or its own, "ct2")."""
-    info = {"engine": "ct2", **public_model(model.description, model.config, None, model.compute_type),
-            "task": "translation", "attention": False, "config": asdict(model.config.model),
-            "vocab": _vocab_info(model.src_vocab, model.tgt_vocab)}
-    translate = decoder(model, model.src_vocab, model.tgt_vocab, batch_tokens=batch_tokens, batch_size=batch_size,
-                        max_tokens=max_tokens)
+    info = {
+        "engine": "ct2",
+        **public_model(model.description, model.config, None, model.compute_type),
+        "task": "translation",
+        "attention": False,
+        "config": asdict(model.config.model),
+        "vocab": _vocab_info(model.src_vocab, model.tgt_vocab),
+    }
+    translate = decoder(
+        model, model.src_vocab, model.tgt_vocab, batch_tokens=batch_tokens, batch_size=batch_size, max_tokens=max_tokens
+    )
     return Engine(translate, model.src_vocab.encode, info)
 
 
-def decoder(model, src_vocab, tgt_vocab, *, batch_tokens: int, batch_size: int, max_tokens: int, bf16: bool = False,
-            prepare: Callable[[str], str] | None = None) -> Callable[[list[str], SearchSettings], list]:
+def decoder(
+    model,
+    src_vocab,
+    tgt_vocab,
+    *,
+    batch_tokens: int,
+    batch_size: int,
+    max_tokens: int,
+    bf16: bool = False,
+    prepare: Callable[[str], str] | None = None,
+) -> Callable[[list[str], SearchSettings], list]:
     """`Engine.translate` for either engine's model: a round's sentences (each `prepare`d) decoded
     with its settings by `translate_stream`, as `transduce translate` decodes them, in one chunk."""
     from ..decoding.translate import translate_stream
 
     def translate(sentences: list[str], s: SearchSettings) -> list:
         lines = [prepare(x) for x in sentences] if prepare is not None else sentences
-        return list(translate_stream(model, src_vocab, tgt_vocab, lines, **asdict(s), batch_tokens=batch_tokens,
-                                     batch_size=batch_size, max_input_tokens=max_tokens, bf16=bf16,
-                                     chunk_lines=max(1, len(sentences))))
+        return list(
+            translate_stream(
+                model,
+                src_vocab,
+                tgt_vocab,
+                lines,
+                **asdict(s),
+                batch_tokens=batch_tokens,
+                batch_size=batch_size,
+                max_input_tokens=max_tokens,
+                bf16=bf16,
+                chunk_lines=max(1, len(sentences)),
+            )
+        )
 
     return translate
 
@@ -167,8 +230,14 @@ def public_model(description: str, config, metadata: dict | None, precision: str
         n = None
     meta = metadata or {}
     languages = {"src": meta.get("src_lang"), "tgt": meta.get("tgt_lang")} if meta.get("src_lang") else None
-    return {"model": name, "model_detail": detail, "languages": languages, "parameters": n,
-            "size": _size(n) if n else None, "precision": precision}
+    return {
+        "model": name,
+        "model_detail": detail,
+        "languages": languages,
+        "parameters": n,
+        "size": _size(n) if n else None,
+        "precision": precision,
+    }
 
 
 def _vocab_info(src, tgt) -> dict:

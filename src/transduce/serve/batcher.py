@@ -59,10 +59,16 @@ class Batcher:
     of every round (metrics); `after_round(idle)` runs after every round and call (`idle`: no job
     waits)."""
 
-    def __init__(self, translate: Callable[[list[str], Hashable], Sequence], *, max_batch_tokens: int = BATCH_TOKENS,
-                 max_wait: float = SERVE_MAX_WAIT, max_queue: int = SERVE_MAX_QUEUE,
-                 on_round: Callable[[list[Job], float, Sequence | None, BaseException | None], None] | None = None,
-                 after_round: Callable[[bool], None] | None = None):
+    def __init__(
+        self,
+        translate: Callable[[list[str], Hashable], Sequence],
+        *,
+        max_batch_tokens: int = BATCH_TOKENS,
+        max_wait: float = SERVE_MAX_WAIT,
+        max_queue: int = SERVE_MAX_QUEUE,
+        on_round: Callable[[list[Job], float, Sequence | None, BaseException | None], None] | None = None,
+        after_round: Callable[[bool], None] | None = None,
+    ):
         if max_batch_tokens < 1 or not 0 <= max_wait <= threading.TIMEOUT_MAX or max_queue < 1:
             raise ValueError("max_batch_tokens and max_queue must be positive, max_wait a finite number >= 0")
         self.translate, self.on_round, self.after_round = translate, on_round, after_round
@@ -221,8 +227,14 @@ class Batcher:
                 log.exception("on_round failed")
         if error is not None:
             self.stats.failed_rounds += 1
-            log.error("decoding failed for %d request(s), %d sentence(s): %s: %s", len(jobs), len(sentences),
-                      type(error).__name__, error, exc_info=error)
+            log.error(
+                "decoding failed for %d request(s), %d sentence(s): %s: %s",
+                len(jobs),
+                len(sentences),
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
             return _fail(jobs, error)
         if jobs[0].call is not None:
             return jobs[0].future.set_result(value)

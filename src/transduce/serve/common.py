@@ -16,8 +16,15 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..decoding.settings import SearchSettings
-from ..defaults import (SERVE_MAX_BEAM, SERVE_MAX_BODY_BYTES, SERVE_MAX_CHARS, SERVE_MAX_LEN_OFFSET, SERVE_MAX_QUEUE,
-                        SERVE_MAX_SENTENCES, SERVE_MAX_TOKENS)
+from ..defaults import (
+    SERVE_MAX_BEAM,
+    SERVE_MAX_BODY_BYTES,
+    SERVE_MAX_CHARS,
+    SERVE_MAX_LEN_OFFSET,
+    SERVE_MAX_QUEUE,
+    SERVE_MAX_SENTENCES,
+    SERVE_MAX_TOKENS,
+)
 from .backend import Engine, RequestError, scrub
 from .batcher import Batcher, QueueFull, ShuttingDown
 
@@ -57,8 +64,18 @@ class Problem(Exception):
     path of the server's in it: `backend.scrub`), the limit it exceeds, where in the request, the
     decoding failure's exception, the headers to send (Retry-After)."""
 
-    def __init__(self, status: int, code: str, message: str, *, headers: dict | None = None, limit: str | None = None,
-                 value: int | None = None, field: str | None = None, exception: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict | None = None,
+        limit: str | None = None,
+        value: int | None = None,
+        field: str | None = None,
+        exception: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.code, self.message, self.headers = status, code, scrub(message), headers
         self.extra = {"limit": limit, "value": value, "field": field, "exception": exception}
@@ -106,11 +123,16 @@ class Server:
     def require_key(self, given: list) -> None:
         """The native API's check: 401 (with WWW-Authenticate) unless the server's key is among `given`."""
         if self.key_problem(given) is not None:
-            raise Problem(401, "unauthorized", "an API key is required: send Authorization: Bearer KEY or X-API-Key: "
-                          "KEY", headers={"WWW-Authenticate": "Bearer"})
+            raise Problem(
+                401,
+                "unauthorized",
+                "an API key is required: send Authorization: Bearer KEY or X-API-Key: KEY",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
-    def lookup(self, source: str | None = None, target: str | None = None,
-               texts: Sequence[str] = ()) -> tuple[Engine, Batcher]:
+    def lookup(
+        self, source: str | None = None, target: str | None = None, texts: Sequence[str] = ()
+    ) -> tuple[Engine, Batcher]:
         """The engine that translates `source` into `target` (None: whatever it serves), and its
         batcher: the one place a request's languages choose what decodes it. 503 while the model
         loads or the server shuts down; `unsupported_language` for a pair the model does not serve
@@ -130,31 +152,53 @@ class Server:
             if str(source).lower() not in ("auto", src.lower()):
                 raise Problem(422, "unsupported_language", f"{source} is not supported: {serves}", field="source")
             if str(target).lower() != tgt.lower():
-                raise Problem(422, "unsupported_language", f"{name(target)} ({target}) is not available as a target "
-                              f"language from {name(src)} ({src}): {serves}", field="target")
+                raise Problem(
+                    422,
+                    "unsupported_language",
+                    f"{name(target)} ({target}) is not available as a target "
+                    f"language from {name(src)} ({src}): {serves}",
+                    field="target",
+                )
         return state.engine, state.batcher
 
-    def count_tokens(self, encode: Callable[[str], list[int]], sentences: list[str],
-                     where: Callable[[int], str] = lambda i: f"sentences.{i}", extra: int = 0) -> int:
+    def count_tokens(
+        self,
+        encode: Callable[[str], list[int]],
+        sentences: list[str],
+        where: Callable[[int], str] = lambda i: f"sentences.{i}",
+        extra: int = 0,
+    ) -> int:
         """The source tokens of the sentences with EOS (what a job costs the batcher's budget):
         at most max_sentences sentences, each valid Unicode and within max_tokens (+ `extra`)
         subword tokens (`encode`: sentence -> ids; `where(i)`: how to name sentence i)."""
         limits = self.limits
         if len(sentences) > limits.max_sentences:
-            raise Problem(422, "limit_exceeded", f"{len(sentences)} sentences, more than the {limits.max_sentences} "
-                          "a request may have", limit="max_sentences", value=limits.max_sentences)
+            raise Problem(
+                422,
+                "limit_exceeded",
+                f"{len(sentences)} sentences, more than the {limits.max_sentences} a request may have",
+                limit="max_sentences",
+                value=limits.max_sentences,
+            )
         tokens, most = 0, limits.max_tokens + extra
         for i, s in enumerate(sentences):
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError:
-                raise Problem(422, "invalid_request", f"{where(i)}: not valid Unicode (a lone surrogate)",
-                              field=where(i)) from None
+                raise Problem(
+                    422, "invalid_request", f"{where(i)}: not valid Unicode (a lone surrogate)", field=where(i)
+                ) from None
             n = len(encode(s))
             if n > most:
                 how = " (max_tokens + max_len_offset: the longest output the server gives)" if extra else ""
-                raise Problem(422, "limit_exceeded", f"{where(i)}: {n} subword tokens, more than {most}{how}",
-                              limit="max_tokens", value=limits.max_tokens, field=where(i))
+                raise Problem(
+                    422,
+                    "limit_exceeded",
+                    f"{where(i)}: {n} subword tokens, more than {most}{how}",
+                    limit="max_tokens",
+                    value=limits.max_tokens,
+                    field=where(i),
+                )
             tokens += n + 1
         return tokens
 
@@ -177,8 +221,14 @@ class Server:
             job = submit()
         except QueueFull as exc:
             retry_after = max(1, math.ceil(batcher.queued * batcher.max_wait))
-            raise Problem(429, "queue_full", str(exc), headers={"Retry-After": str(retry_after)}, limit="max_queue",
-                          value=limits.max_queue) from None
+            raise Problem(
+                429,
+                "queue_full",
+                str(exc),
+                headers={"Retry-After": str(retry_after)},
+                limit="max_queue",
+                value=limits.max_queue,
+            ) from None
         except ShuttingDown:
             raise shutting_down(state) from None
         except RuntimeError as exc:
@@ -212,23 +262,72 @@ def shutting_down(state: ServerState) -> Problem:
         why = f"its grace period ({state.grace:g} s) is over"
     else:
         why = "it takes no new work"
-    return Problem(503, "shutting_down", f"the server is shutting down and {why}: send the request again (to another "
-                   "instance)", headers={"Retry-After": "1", "Connection": "close"})
+    return Problem(
+        503,
+        "shutting_down",
+        f"the server is shutting down and {why}: send the request again (to another instance)",
+        headers={"Retry-After": "1", "Connection": "close"},
+    )
 
 
 # -- languages ---------------------------------------------------------------------------------------
 
 # English names of ISO 639-1 codes (a code not here is named by itself)
 NAMES = {
-    "af": "Afrikaans", "ar": "Arabic", "az": "Azerbaijani", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan",
-    "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek", "en": "English", "eo": "Esperanto",
-    "es": "Spanish", "et": "Estonian", "eu": "Basque", "fa": "Persian", "fi": "Finnish", "fr": "French",
-    "ga": "Irish", "gl": "Galician", "gu": "Gujarati", "he": "Hebrew", "hi": "Hindi", "hr": "Croatian",
-    "hu": "Hungarian", "id": "Indonesian", "is": "Icelandic", "it": "Italian", "ja": "Japanese", "kk": "Kazakh",
-    "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "ms": "Malay", "nb": "Norwegian", "nl": "Dutch",
-    "pl": "Polish", "ps": "Pashto", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
-    "sl": "Slovenian", "sq": "Albanian", "sr": "Serbian", "sv": "Swedish", "ta": "Tamil", "th": "Thai",
-    "tl": "Tagalog", "tr": "Turkish", "uk": "Ukrainian", "ur": "Urdu", "vi": "Vietnamese", "zh": "Chinese",
+    "af": "Afrikaans",
+    "ar": "Arabic",
+    "az": "Azerbaijani",
+    "bg": "Bulgarian",
+    "bn": "Bengali",
+    "ca": "Catalan",
+    "cs": "Czech",
+    "da": "Danish",
+    "de": "German",
+    "el": "Greek",
+    "en": "English",
+    "eo": "Esperanto",
+    "es": "Spanish",
+    "et": "Estonian",
+    "eu": "Basque",
+    "fa": "Persian",
+    "fi": "Finnish",
+    "fr": "French",
+    "ga": "Irish",
+    "gl": "Galician",
+    "gu": "Gujarati",
+    "he": "Hebrew",
+    "hi": "Hindi",
+    "hr": "Croatian",
+    "hu": "Hungarian",
+    "id": "Indonesian",
+    "is": "Icelandic",
+    "it": "Italian",
+    "ja": "Japanese",
+    "kk": "Kazakh",
+    "ko": "Korean",
+    "lt": "Lithuanian",
+    "lv": "Latvian",
+    "ms": "Malay",
+    "nb": "Norwegian",
+    "nl": "Dutch",
+    "pl": "Polish",
+    "ps": "Pashto",
+    "pt": "Portuguese",
+    "ro": "Romanian",
+    "ru": "Russian",
+    "sk": "Slovak",
+    "sl": "Slovenian",
+    "sq": "Albanian",
+    "sr": "Serbian",
+    "sv": "Swedish",
+    "ta": "Tamil",
+    "th": "Thai",
+    "tl": "Tagalog",
+    "tr": "Turkish",
+    "uk": "Ukrainian",
+    "ur": "Urdu",
+    "vi": "Vietnamese",
+    "zh": "Chinese",
 }
 
 

@@ -36,8 +36,14 @@ class Downloads:
     this object, unless given), each file kept `ttl` seconds, at most `max_files` files and
     `max_bytes` bytes in all (the oldest go first to make room)."""
 
-    def __init__(self, directory: str | os.PathLike | None = None, *, ttl: float = 1800.0, max_files: int = 100,
-                 max_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        directory: str | os.PathLike | None = None,
+        *,
+        ttl: float = 1800.0,
+        max_files: int = 100,
+        max_bytes: int = 256 << 20,
+    ):
         if directory is None:
             directory = tempfile.mkdtemp(prefix="transduce-files-")
             weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
@@ -49,8 +55,12 @@ class Downloads:
     def put(self, name: str, data: bytes) -> str:
         """Keep `data` for download as `name`: its id (a UUID, then the name made safe)."""
         if len(data) > self.max_bytes:
-            raise Problem(413, "limit_exceeded", f"the translated file ({len(data)} bytes) is larger than the "
-                          f"{self.max_bytes} bytes the server keeps for download")
+            raise Problem(
+                413,
+                "limit_exceeded",
+                f"the translated file ({len(data)} bytes) is larger than the "
+                f"{self.max_bytes} bytes the server keeps for download",
+            )
         ident = f"{uuid.uuid4()}.{safe_name(name)}"
         with self._lock:
             files = self._files()
@@ -130,8 +140,16 @@ async def translate_file(server: Server, downloads: Downloads, request, given: l
             engine, batcher = server.lookup(source, target, doc.segments)
         job = await off_loop(plan, doc.segments, source_language(engine, source), html=doc.html)
         files = replace(server, limits=replace(server.limits, max_sentences=MAX_FILE_SENTENCES))
-        outputs, links = await decode_job(server, engine, batcher, job, replace(server.defaults, n_best=1), request,
-                                          counter=files, where=lambda i: f"the file's sentence {i + 1}")
+        outputs, links = await decode_job(
+            server,
+            engine,
+            batcher,
+            job,
+            replace(server.defaults, n_best=1),
+            request,
+            counter=files,
+            where=lambda i: f"the file's sentence {i + 1}",
+        )
         doc.fill(await off_loop(job.render, outputs, links))
         data = await asyncio.to_thread(doc.save)
         ident = downloads.put(translated_name(upload.filename, target), data)

@@ -54,8 +54,15 @@ async def read_fields(request) -> Fields:
     for k, v in parse_qsl(request.url.query, keep_blank_values=True):
         fields.setdefault(k, v)  # the first of a repeated field, as LibreTranslate reads it
     if media == "multipart/form-data":
-        return Fields(False, fields, Problem(400, "invalid_request", "multipart/form-data is not read here: send the "
-                                             f"fields as JSON, as {FORM} or in the query string"))
+        return Fields(
+            False,
+            fields,
+            Problem(
+                400,
+                "invalid_request",
+                f"multipart/form-data is not read here: send the fields as JSON, as {FORM} or in the query string",
+            ),
+        )
     try:
         form = body.decode("utf-8") if media == FORM else ""
     except UnicodeDecodeError:
@@ -71,20 +78,33 @@ def validation_problem(errors: list[dict], content_type: str | None, limits: Lim
     422 invalid_request."""
     if not is_json(content_type):  # FastAPI reads no body that is not declared JSON
         given = f"this request's is {content_type}" if content_type else "this request has none"
-        return Problem(415, "unsupported_media_type",
-                       f"the body must be JSON, sent with Content-Type: application/json ({given})")
+        return Problem(
+            415, "unsupported_media_type", f"the body must be JSON, sent with Content-Type: application/json ({given})"
+        )
     errors = errors or [{}]
     where = [".".join(str(x) for x in e.get("loc", ()) if x != "body") for e in errors]
     for e, loc in zip(errors, where):
         if e.get("type") == "json_invalid":
-            return Problem(400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            return Problem(
+                400, "invalid_json", f"the body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}"
+            )
         if e.get("type") in ("too_long", "string_too_long", "less_than_equal") and loc:
             limit = "max_chars" if e.get("type") == "string_too_long" else LIMIT_OF_FIELD.get(loc.split(".")[0])
             if limit is not None:
-                return Problem(422, "limit_exceeded", f"{loc}: {e.get('msg')}", limit=limit, value=getattr(limits, limit),
-                               field=loc)
-    return Problem(422, "invalid_request", f"{where[0] or 'body'}: {errors[0].get('msg', 'invalid request')}",
-                   field=where[0] or None)
+                return Problem(
+                    422,
+                    "limit_exceeded",
+                    f"{loc}: {e.get('msg')}",
+                    limit=limit,
+                    value=getattr(limits, limit),
+                    field=loc,
+                )
+    return Problem(
+        422,
+        "invalid_request",
+        f"{where[0] or 'body'}: {errors[0].get('msg', 'invalid request')}",
+        field=where[0] or None,
+    )
 
 
 def request_model(name: str, limits: Limits, defaults: SearchSettings, first: dict, last: dict):
@@ -98,16 +118,38 @@ def request_model(name: str, limits: Limits, defaults: SearchSettings, first: di
     sentence = Annotated[str, StringConstraints(max_length=limits.max_chars)]
     first = {k: (list[sentence] if t == list[str] else sentence if t is str else t, f) for k, (t, f) in first.items()}
     return create_model(
-        name, __config__=ConfigDict(extra="forbid", strict=True), **first,
+        name,
+        __config__=ConfigDict(extra="forbid", strict=True),
+        **first,
         beam=(int, Field(defaults.beam, ge=1, le=limits.max_beam, description="beam size (6.1: 4)")),
-        alpha=(float, Field(defaults.alpha, ge=0.0, le=10.0, allow_inf_nan=False,
-                            description="length penalty ((5+|Y|)/6)^alpha (6.1: 0.6)")),
-        max_len_offset=(int, Field(defaults.max_len_offset, ge=0, le=limits.max_len_offset,
-                                   description="maximum output length = input length + this (6.1: 50)")),
+        alpha=(
+            float,
+            Field(
+                defaults.alpha,
+                ge=0.0,
+                le=10.0,
+                allow_inf_nan=False,
+                description="length penalty ((5+|Y|)/6)^alpha (6.1: 0.6)",
+            ),
+        ),
+        max_len_offset=(
+            int,
+            Field(
+                defaults.max_len_offset,
+                ge=0,
+                le=limits.max_len_offset,
+                description="maximum output length = input length + this (6.1: 50)",
+            ),
+        ),
         greedy=(bool, Field(False, description="greedy decoding (beam and alpha ignored)")),
         **last,
     )
 
 
 # Pydantic errors over a limit, by the field: the limit each names (a string too long: max_chars)
-LIMIT_OF_FIELD = {"sentences": "max_sentences", "beam": "max_beam", "max_len_offset": "max_len_offset", "n_best": "max_beam"}
+LIMIT_OF_FIELD = {
+    "sentences": "max_sentences",
+    "beam": "max_beam",
+    "max_len_offset": "max_len_offset",
+    "n_best": "max_beam",
+}

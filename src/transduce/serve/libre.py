@@ -151,8 +151,9 @@ async def translate(server: Server, request, fields: Fields, given: list):
             return fail(400, f"{fmt} format is not supported")
         lang = source_language(engine, values["source"])
         if fmt == "html":
-            answer = [(doc, []) for doc in await translate_html(server, engine, batcher, texts, lang, mode, search,
-                                                                 request)]
+            answer = [
+                (doc, []) for doc in await translate_html(server, engine, batcher, texts, lang, mode, search, request)
+            ]
         else:
             candidates = await decode_texts(server, engine, batcher, texts, lang, mode, search, request)
             answer = [(cands[0].text, unique([c.text for c in cands[1:]], cands[0].text)) for cands in candidates]
@@ -184,7 +185,8 @@ async def languages_route(server: Server):
         return []
     src, tgt = pair
     return [{"code": src, "name": name(src), "targets": [tgt]}] + (
-        [{"code": tgt, "name": name(tgt), "targets": []}] if tgt.lower() != src.lower() else [])
+        [{"code": tgt, "name": name(tgt), "targets": []}] if tgt.lower() != src.lower() else []
+    )
 
 
 async def detect(server: Server, request, given: list):
@@ -197,8 +199,10 @@ async def detect(server: Server, request, given: list):
         engine, _ = server.lookup()
         if engine.models is not None:
             q = fields.value["q"]
-            return [{"confidence": c, "language": lang}
-                    for lang, c in engine.models.detect(" ".join(q) if isinstance(q, list) else str(q))]
+            return [
+                {"confidence": c, "language": lang}
+                for lang, c in engine.models.detect(" ".join(q) if isinstance(q, list) else str(q))
+            ]
     except Problem as p:
         return render(p)
     pair = languages(engine)
@@ -216,10 +220,19 @@ async def settings(server: Server):
     pair = languages(engine)
     key = server.api_key is not None
     files = installed_formats(upload=True)  # serve.documents translates them
-    answer = {"charLimit": server.limits.max_chars, "frontendTimeout": 500, "apiKeys": key, "keyRequired": key,
-              "suggestions": False, "filesTranslation": bool(files), "supportedFilesFormat": files}
+    answer = {
+        "charLimit": server.limits.max_chars,
+        "frontendTimeout": 500,
+        "apiKeys": key,
+        "keyRequired": key,
+        "suggestions": False,
+        "filesTranslation": bool(files),
+        "supportedFilesFormat": files,
+    }
     if pair is not None:
-        answer["language"] = {side: {"code": code, "name": name(code)} for side, code in zip(("source", "target"), pair)}
+        answer["language"] = {
+            side: {"code": code, "name": name(code)} for side, code in zip(("source", "target"), pair)
+        }
     return answer
 
 

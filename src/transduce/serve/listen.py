@@ -41,8 +41,13 @@ def bind_sockets(host: str, port: int) -> list:
     return sockets
 
 
-def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-           graceful_timeout: float = SERVE_GRACEFUL_TIMEOUT):
+def server(
+    app,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    graceful_timeout: float = SERVE_GRACEFUL_TIMEOUT,
+):
     """A uvicorn server for the app (its own request log, not uvicorn's): `.run()` blocks until
     Ctrl-C / SIGTERM or `.should_exit`. A shutdown gives the requests in flight `graceful_timeout`
     seconds (`app.begin_drain`), then answers them 503; Ctrl-C again answers them 503 at once."""
@@ -65,8 +70,16 @@ def server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "inf
                 await self.lifespan.shutdown()
 
     _log_requests(log_level)
-    return Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                 timeout_graceful_shutdown=graceful_timeout + 5))
+    return Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=graceful_timeout + 5,
+        )
+    )
 
 
 def _log_requests(level: str) -> None:

@@ -52,15 +52,24 @@ class ModelSet:
     which two models translate a pair no model serves; `detector` for `source: "auto"` (made on
     first use where None). The first model is the default: the native API and the demo page use it."""
 
-    def __init__(self, models: list[Served], load: Callable[[Served], Engine], *, max_memory: int | None = None,
-                 pivot: str | None = None, detector: Detector | None = None):
+    def __init__(
+        self,
+        models: list[Served],
+        load: Callable[[Served], Engine],
+        *,
+        max_memory: int | None = None,
+        pivot: str | None = None,
+        detector: Detector | None = None,
+    ):
         if not models:
             raise ValueError("no model to serve")
         if len(models) > 1:
             for m in models:
                 if m.source is None or not m.targets:
-                    raise ValueError(f"{m.path}: the model names no languages (its data.json has no src_lang and "
-                                     "tgt_lang), so no request can choose it among several: serve it alone")
+                    raise ValueError(
+                        f"{m.path}: the model names no languages (its data.json has no src_lang and "
+                        "tgt_lang), so no request can choose it among several: serve it alone"
+                    )
         self.models = {m.name: m for m in models}
         self.default = models[0]
         self.max_memory, self.pivot = max_memory, (code(pivot) if pivot else None)
@@ -129,16 +138,23 @@ class ModelSet:
         if str(source).lower() == "auto":
             among = self.sources_for(target)
             if not among:
-                raise Problem(422, "unsupported_language", f"{language_name(code(target))} ({code(target)}) is not a "
-                              "target language of this server", field="target")
+                raise Problem(
+                    422,
+                    "unsupported_language",
+                    f"{language_name(code(target))} ({code(target)}) is not a target language of this server",
+                    field="target",
+                )
             source, confidence = self.detect(" ".join(texts), among)[0]
         try:
             route = self.route(source, target, None)
         except RouteError as e:
             field = "source" if code(source) not in self.sources() else "target"
             raise Problem(422, "unsupported_language", str(e), field=field) from None
-        info = {"languages": {"src": code(source), "tgt": code(target)}, "pivot": route.pivot,
-                "models": [leg.model for leg in route.legs]}
+        info = {
+            "languages": {"src": code(source), "tgt": code(target)},
+            "pivot": route.pivot,
+            "models": [leg.model for leg in route.legs],
+        }
         if confidence is not None:
             info["confidence"] = confidence
         engine = Engine(self.translate, lambda s: self.encode(route, s), info, models=self, align=self.aligner(route))
@@ -167,12 +183,16 @@ class ModelSet:
 
     def _no_route(self, source: str, target: str) -> str:
         if source not in self.sources():
-            return (f"{language_name(source)} ({source}) is not a source language of this server: it translates from "
-                    + ", ".join(f"{language_name(s)} ({s})" for s in self.sources()))
+            return (
+                f"{language_name(source)} ({source}) is not a source language of this server: it translates from "
+                + ", ".join(f"{language_name(s)} ({s})" for s in self.sources())
+            )
         via = f", directly or through {language_name(self.pivot)} ({self.pivot})" if self.pivot else ""
-        return (f"{language_name(target)} ({target}) is not available as a target language from {language_name(source)} "
-                f"({source}){via}: from it this server translates into "
-                + ", ".join(f"{language_name(t)} ({t})" for t in self.targets_of(source)))
+        return (
+            f"{language_name(target)} ({target}) is not available as a target language from {language_name(source)} "
+            f"({source}){via}: from it this server translates into "
+            + ", ".join(f"{language_name(t)} ({t})" for t in self.targets_of(source))
+        )
 
     def detect(self, text: str, among: list[str] | None = None) -> list[tuple[str, float]]:
         """(language, confidence 0-100), best first, among `among` (default: every source served);
@@ -248,8 +268,13 @@ class ModelSet:
             m.rss_delta = after - before if before is not None and after is not None else None
             m.memory = max(m.rss_delta or 0, m.parameter_bytes or 0)
             m.loads += 1
-        log.info("model %s loaded in %.1f s: %s MB (the resident set grew by %s MB)", m.name, m.load_seconds,
-                 _mb(m.memory), _mb(m.rss_delta))
+        log.info(
+            "model %s loaded in %.1f s: %s MB (the resident set grew by %s MB)",
+            m.name,
+            m.load_seconds,
+            _mb(m.memory),
+            _mb(m.rss_delta),
+        )
         self._make_room(0, keep)  # measured, it may be larger than estimated
         self._refresh()
 
@@ -265,8 +290,12 @@ class ModelSet:
             idle = [m for m in self.models.values() if m.engine is not None and m not in keep]
             if not idle:
                 if extra or len(keep) > 1 or self.loaded_memory() > self.max_memory:
-                    log.warning("models %s need %s MB, more than --max-memory (%s MB): they are served over it",
-                                ", ".join(m.name for m in keep), _mb(self.loaded_memory() + extra), _mb(self.max_memory))
+                    log.warning(
+                        "models %s need %s MB, more than --max-memory (%s MB): they are served over it",
+                        ", ".join(m.name for m in keep),
+                        _mb(self.loaded_memory() + extra),
+                        _mb(self.max_memory),
+                    )
                 return
             self.unload(min(idle, key=lambda m: m.last_used))
 
@@ -282,8 +311,12 @@ class ModelSet:
         release_free_memory()
         after = resident()
         m.rss_freed = before - after if before is not None and after is not None else None
-        log.info("model %s unloaded (least recently used, under --max-memory %s MB): the resident set fell by %s MB",
-                 m.name, _mb(self.max_memory), _mb(m.rss_freed))
+        log.info(
+            "model %s unloaded (least recently used, under --max-memory %s MB): the resident set fell by %s MB",
+            m.name,
+            _mb(self.max_memory),
+            _mb(m.rss_freed),
+        )
         self._refresh()
 
     # -- what /info says ----------------------------------------------------------------------------------
@@ -294,10 +327,18 @@ class ModelSet:
             entries = [m.entry() for m in self.models.values()]
             loaded = self.loaded_memory()
         d = self.default
-        self.info.update({**({k: v for k, v in d.info.items()} if d.info else {}),
-                          "model": d.name, "languages": {"src": d.source, "tgt": d.targets[0]} if d.source else None,
-                          "models": entries, "max_memory_mb": _mb(self.max_memory), "loaded_memory_mb": _mb(loaded),
-                          "pivot": self.pivot, "resident_mb": _mb(resident())})
+        self.info.update(
+            {
+                **({k: v for k, v in d.info.items()} if d.info else {}),
+                "model": d.name,
+                "languages": {"src": d.source, "tgt": d.targets[0]} if d.source else None,
+                "models": entries,
+                "max_memory_mb": _mb(self.max_memory),
+                "loaded_memory_mb": _mb(loaded),
+                "pivot": self.pivot,
+                "resident_mb": _mb(resident()),
+            }
+        )
         self.info.setdefault("engine", "torch")
         self.info.setdefault("task", "parsing" if d.parsing else "translation")
         self.info.setdefault("attention", True)
@@ -305,6 +346,7 @@ class ModelSet:
     def engine(self, attention: bool = True) -> Engine:
         """The Engine the server's plumbing decodes with: `translate` takes a Route or a Search
         (the default model's), `encode` and `attention` are the default model's, `models` is this."""
+
         def attend(source: str, target: str | None, s: SearchSettings) -> dict:
             engine = self.acquire([self.default.name])[0]
             if engine.attention is None:
@@ -315,15 +357,23 @@ class ModelSet:
             engine = self.default.engine or self.acquire([self.default.name])[0]
             return engine.tree(source, output) if engine.tree is not None else None
 
-        return Engine(self.translate, lambda s: self.encode(None, s), self.info, attention=attend if attention else None,
-                      tree=tree if self.default.parsing else None, models=self,
-                      align=None if self.default.parsing else self.aligner(None))
+        return Engine(
+            self.translate,
+            lambda s: self.encode(None, s),
+            self.info,
+            attention=attend if attention else None,
+            tree=tree if self.default.parsing else None,
+            models=self,
+            align=None if self.default.parsing else self.aligner(None),
+        )
 
 
-def open_models(paths: list[Path], load: Callable[[Served], Engine], *, max_memory: int | None = None,
-                pivot: str | None = None) -> ModelSet:
+def open_models(
+    paths: list[Path], load: Callable[[Served], Engine], *, max_memory: int | None = None, pivot: str | None = None
+) -> ModelSet:
     """The set `transduce serve MODEL [MODEL ...]` serves: every model the arguments name (a
     directory of model directories gives each), read without loading."""
     found = model_paths(paths)
-    return ModelSet([describe(p, n) for p, n in zip(found, model_names(found))], load, max_memory=max_memory,
-                    pivot=pivot)
+    return ModelSet(
+        [describe(p, n) for p, n in zip(found, model_names(found))], load, max_memory=max_memory, pivot=pivot
+    )

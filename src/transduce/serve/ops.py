@@ -13,9 +13,23 @@ import uuid
 from collections import deque
 
 # Paths counted by name in the metrics; any other is counted as "other"
-ENDPOINTS = ("/", "/translate", "/attention", "/health", "/info", "/metrics", "/openapi.json", "/languages", "/detect",
-             "/frontend/settings", "/libretranslate/translate", "/libretranslate/languages", "/libretranslate/detect",
-             "/libretranslate/frontend/settings", "/libretranslate/health")
+ENDPOINTS = (
+    "/",
+    "/translate",
+    "/attention",
+    "/health",
+    "/info",
+    "/metrics",
+    "/openapi.json",
+    "/languages",
+    "/detect",
+    "/frontend/settings",
+    "/libretranslate/translate",
+    "/libretranslate/languages",
+    "/libretranslate/detect",
+    "/libretranslate/frontend/settings",
+    "/libretranslate/health",
+)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -34,24 +48,48 @@ class Metrics:
 
         r = self.registry = CollectorRegistry()
         ProcessCollector(registry=r)  # resident and virtual memory, CPU seconds, open files
-        self.requests = Counter("transduce_requests", "HTTP requests answered, by endpoint and status code",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram("transduce_request_duration_seconds", "Time to answer a request, by endpoint",
-                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "transduce_requests",
+            "HTTP requests answered, by endpoint and status code",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "transduce_request_duration_seconds",
+            "Time to answer a request, by endpoint",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge("transduce_requests_in_flight", "Requests being answered", registry=r)
         Gauge("transduce_queue_depth", "Requests waiting for the decoding thread", registry=r).set_function(queue_depth)
-        self.batch_sentences = Histogram("transduce_batch_sentences", "Sentences decoded together in one round of "
-                                         "the decoding thread", buckets=BATCH_BUCKETS, registry=r)
-        self.batch_requests = Histogram("transduce_batch_requests", "Requests decoded together in one round",
-                                        buckets=BATCH_BUCKETS, registry=r)
-        self.source_tokens = Counter("transduce_source_tokens", "Source subword tokens decoded, EOS included", registry=r)
-        self.output_tokens = Counter("transduce_output_tokens", "Output tokens of the best hypothesis of each "
-                                     "sentence decoded, EOS included", registry=r)
-        self.decode_seconds = Counter("transduce_decode_seconds", "Seconds the decoding thread spent decoding", registry=r)
+        self.batch_sentences = Histogram(
+            "transduce_batch_sentences",
+            "Sentences decoded together in one round of the decoding thread",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "transduce_batch_requests", "Requests decoded together in one round", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.source_tokens = Counter(
+            "transduce_source_tokens", "Source subword tokens decoded, EOS included", registry=r
+        )
+        self.output_tokens = Counter(
+            "transduce_output_tokens",
+            "Output tokens of the best hypothesis of each sentence decoded, EOS included",
+            registry=r,
+        )
+        self.decode_seconds = Counter(
+            "transduce_decode_seconds", "Seconds the decoding thread spent decoding", registry=r
+        )
         self.failures = Counter("transduce_decode_failures", "Decoding rounds that failed", registry=r)
         self._recent: deque[tuple[float, int, float]] = deque()  # (ended, output tokens, seconds)
-        Gauge("transduce_output_tokens_per_second", f"Output tokens per second of decoding, over the rounds of the "
-              f"last {SPEED_WINDOW:g} s (0 when idle)", registry=r).set_function(self._speed)
+        Gauge(
+            "transduce_output_tokens_per_second",
+            f"Output tokens per second of decoding, over the rounds of the last {SPEED_WINDOW:g} s (0 when idle)",
+            registry=r,
+        ).set_function(self._speed)
 
     def round(self, jobs, seconds: float, results, error) -> None:
         """A round of the decoding thread (`Batcher(on_round=...)`)."""
@@ -115,8 +153,16 @@ class RequestLog:
             self.metrics.latency.labels(endpoint).observe(seconds)
             client = scope.get("client") or ("-", 0)
             extra = " ".join(x for x in (state.get("log_sentences"), state.get("log_note")) if x)
-            request_log.info("id=%s %s %s %d %.3fs client=%s%s", rid, scope.get("method", "-"), path, status[0],
-                             seconds, client[0], f" {extra}" if extra else "")
+            request_log.info(
+                "id=%s %s %s %d %.3fs client=%s%s",
+                rid,
+                scope.get("method", "-"),
+                path,
+                status[0],
+                seconds,
+                client[0],
+                f" {extra}" if extra else "",
+            )
 
 
 def key_reader(key: str | None):
@@ -131,8 +177,9 @@ def key_reader(key: str | None):
     bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer KEY (--api-key, $TRANSDUCE_API_KEY)")
     header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key (--api-key, $TRANSDUCE_API_KEY)")
 
-    async def keys(credentials: HTTPAuthorizationCredentials | None = Depends(bearer),
-                   given: str | None = Depends(header)) -> list:
+    async def keys(
+        credentials: HTTPAuthorizationCredentials | None = Depends(bearer), given: str | None = Depends(header)
+    ) -> list:
         return [k for k in (credentials.credentials if credentials else None, given) if k is not None]
 
     return keys
@@ -146,17 +193,39 @@ def models_collector(models):
     class Collector:
         def collect(self):
             with models._lock:
-                rows = [(m.name, m.engine is not None, m.memory if m.engine is not None else 0, m.loads, m.unloads,
-                         m.requests, m.sentences) for m in models.models.values()]
+                rows = [
+                    (
+                        m.name,
+                        m.engine is not None,
+                        m.memory if m.engine is not None else 0,
+                        m.loads,
+                        m.unloads,
+                        m.requests,
+                        m.sentences,
+                    )
+                    for m in models.models.values()
+                ]
             families = [
-                GaugeMetricFamily("transduce_model_loaded", "Whether the model is loaded (1) or not (0)", labels=["model"]),
-                GaugeMetricFamily("transduce_model_memory_bytes", "Memory of the model while loaded: the resident set's "
-                                  "growth at its load, at least its parameters' bytes (0 when unloaded)", labels=["model"]),
+                GaugeMetricFamily(
+                    "transduce_model_loaded", "Whether the model is loaded (1) or not (0)", labels=["model"]
+                ),
+                GaugeMetricFamily(
+                    "transduce_model_memory_bytes",
+                    "Memory of the model while loaded: the resident set's "
+                    "growth at its load, at least its parameters' bytes (0 when unloaded)",
+                    labels=["model"],
+                ),
                 CounterMetricFamily("transduce_model_loads", "Times the model was loaded", labels=["model"]),
-                CounterMetricFamily("transduce_model_unloads", "Times the model was unloaded (least recently used, "
-                                    "under the memory cap)", labels=["model"]),
-                CounterMetricFamily("transduce_model_requests", "Requests routed to the model (a pivoted one to "
-                                    "both of its models)", labels=["model"]),
+                CounterMetricFamily(
+                    "transduce_model_unloads",
+                    "Times the model was unloaded (least recently used, under the memory cap)",
+                    labels=["model"],
+                ),
+                CounterMetricFamily(
+                    "transduce_model_requests",
+                    "Requests routed to the model (a pivoted one to both of its models)",
+                    labels=["model"],
+                ),
                 CounterMetricFamily("transduce_model_sentences", "Sentences the model decoded", labels=["model"]),
             ]
             for name, loaded, memory, *counts in rows:
@@ -164,7 +233,10 @@ def models_collector(models):
                     family.add_metric([name], value)
             yield from families
             if models.max_memory is not None:
-                yield GaugeMetricFamily("transduce_models_memory_cap_bytes", "The cap on the loaded models' memory "
-                                        "(--max-memory)", value=models.max_memory)
+                yield GaugeMetricFamily(
+                    "transduce_models_memory_cap_bytes",
+                    "The cap on the loaded models' memory (--max-memory)",
+                    value=models.max_memory,
+                )
 
     return Collector()

@@ -81,10 +81,12 @@ def combine(pieces, ranked: Sequence[Sequence], k: int):
 
     chosen = [r[min(k, len(r) - 1)] for r in ranked]
     nan = float("nan")
-    return Hypothesis(tokens=[t for c in chosen for t in c.tokens],
-                      score=sum(c.score for c in chosen) if chosen else nan,
-                      logprob=sum(c.logprob for c in chosen) if chosen else nan,
-                      text=rejoin(pieces, [c.text for c in chosen]))
+    return Hypothesis(
+        tokens=[t for c in chosen for t in c.tokens],
+        score=sum(c.score for c in chosen) if chosen else nan,
+        logprob=sum(c.logprob for c in chosen) if chosen else nan,
+        text=rejoin(pieces, [c.text for c in chosen]),
+    )
 
 
 def per_text(layouts: Sequence, results: Sequence[Sequence]) -> list[list]:
@@ -94,14 +96,23 @@ def per_text(layouts: Sequence, results: Sequence[Sequence]) -> list[list]:
     out, k = [], 0
     for pieces in layouts:
         n = sum(p.translate for p in pieces)
-        ranked = results[k:k + n]
+        ranked = results[k : k + n]
         k += n
         out.append([combine(pieces, ranked, i) for i in range(max((len(r) for r in ranked), default=1))])
     return out
 
 
-async def decode_texts(server: Server, engine, batcher, texts: list[str], lang: str, mode: str, search, request,
-                       where: Callable[[int, int, int], str] = lambda k, i, j: f"sentence {k + 1}") -> list[list]:
+async def decode_texts(
+    server: Server,
+    engine,
+    batcher,
+    texts: list[str],
+    lang: str,
+    mode: str,
+    search,
+    request,
+    where: Callable[[int, int, int], str] = lambda k, i, j: f"sentence {k + 1}",
+) -> list[list]:
     """The candidates of each text, best first (`per_text`): its sentences (`mode`) decoded with
     those of every other text as one job, each within the limits (`Server.count_tokens`; `where(k,
     i, j)` names the k-th sentence of all, the j-th of text i, in its errors)."""
@@ -114,15 +125,24 @@ async def decode_texts(server: Server, engine, batcher, texts: list[str], lang: 
     return per_text(layouts, results)
 
 
-async def decode_job(server: Server, engine, batcher, job, search, request, counter: Server | None = None,
-                     where: Callable[[int], str] = lambda i: f"sentence {i + 1}") -> tuple[list[str], list]:
+async def decode_job(
+    server: Server,
+    engine,
+    batcher,
+    job,
+    search,
+    request,
+    counter: Server | None = None,
+    where: Callable[[int], str] = lambda i: f"sentence {i + 1}",
+) -> tuple[list[str], list]:
     """A `text.markup.Job`'s outputs and links: its sentences decoded as one job, then those with
     tags aligned by the engine (`alignments`). `counter`: the server whose limits count them."""
     tokens = (counter or server).count_tokens(engine.encode, job.sentences, where=where)
     results = await server.decode(batcher, job.sentences, search, tokens, request)
     outputs = [cands[0].text for cands in results]
-    links = await alignments(server, engine, batcher, [job.sentences[j] for j in job.aligned],
-                             [outputs[j] for j in job.aligned], request)
+    links = await alignments(
+        server, engine, batcher, [job.sentences[j] for j in job.aligned], [outputs[j] for j in job.aligned], request
+    )
     return outputs, links
 
 
@@ -144,8 +164,9 @@ async def alignments(server: Server, engine, batcher, sources: list[str], output
     return await server.wait(batcher, lambda: batcher.call(run), request)
 
 
-async def translate_html(server: Server, engine, batcher, docs: list[str], lang: str, mode: str, search,
-                         request) -> list[str]:
+async def translate_html(
+    server: Server, engine, batcher, docs: list[str], lang: str, mode: str, search, request
+) -> list[str]:
     """HTML documents (or fragments) translated a sentence at a time (`text.markup`): every
     sentence of every document one job, the tags placed by the engine's alignment, the markup
     outside the sentences, and the elements never translated (script, style, pre, code, ...,

@@ -67,7 +67,7 @@ class AttentionAligner:
         links: list[list[Link]] = [[] for _ in sources]
         todo = [i for i in range(len(sources)) if src_ids[i] and tgt_ids[i]]
         for k in range(0, len(todo), BATCH):
-            chunk = todo[k:k + BATCH]
+            chunk = todo[k : k + BATCH]
             batch = compute_attention(self.model, [src_ids[i] for i in chunk], [tgt_ids[i] for i in chunk])
             weights = batch.weights["decoder_cross"][self.layer]  # (B, h, T, S): row j predicts target token j
             for b, i in enumerate(chunk):

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
-INLINE = frozenset("a abbr b bdi bdo big br cite code data del dfn em font i img ins kbd label mark q s samp small span "
-                   "strike strong sub sup time tt u var wbr".split())
+INLINE = frozenset(
+    "a abbr b bdi bdo big br cite code data del dfn em font i img ins kbd label mark q s samp small span "
+    "strike strong sub sup time tt u var wbr".split()
+)
 """Elements inside a sentence: their tags are carried over to the translation."""
 OPAQUE = frozenset("code kbd samp var".split())
 """Inline elements whose text is not translated: kept whole, put where the model places their text."""
@@ -47,7 +49,6 @@ class Block:
     shown: str = ""
     tags: list[Tag] = field(default_factory=list)
     raw: str = ""
-
 
 
 class _Events(HTMLParser):
@@ -113,16 +114,24 @@ def parse(doc: str, html: bool = True) -> list[str | Block]:
         elif kind == "other" or inline and (kind == "void" or tag in VOID):
             char = tag == "br" and kind != "other"
             block.raw += raw
-            block.tags.append(Tag(len(block.text), len(block.text) + char, raw, None, stack[-1] if stack else None,
-                                  char=char))
+            block.tags.append(
+                Tag(len(block.text), len(block.text) + char, raw, None, stack[-1] if stack else None, char=char)
+            )
             block.text += "\n" * char
             block.shown += "\n" * char
         elif kind == "start" and inline and (tag in OPAQUE or kept):
             k, whole = _element(events, k)
-            text = "".join(e[4] for e in events[k - len(whole) + 1:k + 1] if e[0] == "data")
+            text = "".join(e[4] for e in events[k - len(whole) + 1 : k + 1] if e[0] == "data")
             block.raw += "".join(whole)
-            block.tags.append(Tag(len(block.text), len(block.text) + len(text), None, parent=stack[-1] if stack else None,
-                                  whole="".join(whole)))
+            block.tags.append(
+                Tag(
+                    len(block.text),
+                    len(block.text) + len(text),
+                    None,
+                    parent=stack[-1] if stack else None,
+                    whole="".join(whole),
+                )
+            )
             block.text += " ".join(text.split("\n")) if html else text
             block.shown += text
         elif kind == "start" and inline:

@@ -57,8 +57,10 @@ class Job:
     def render(self, outputs: Sequence[str], links: Sequence[Sequence[Link]]) -> list[str]:
         """The documents with `outputs` (one per sentence) and `links` (one list per `aligned` sentence)."""
         if len(outputs) != len(self.sentences) or len(links) != len(self.aligned):
-            raise ValueError(f"{len(outputs)} outputs and {len(links)} alignments for {len(self.sentences)} sentences, "
-                             f"{len(self.aligned)} of them aligned")
+            raise ValueError(
+                f"{len(outputs)} outputs and {len(links)} alignments for {len(self.sentences)} sentences, "
+                f"{len(self.aligned)} of them aligned"
+            )
         linked = dict(zip(self.aligned, links))
         docs, k = [], 0
         for d, parts in enumerate(self.parts):
@@ -69,8 +71,11 @@ class Job:
                     out.append(part if isinstance(part, str) else part.raw)
                     continue
                 n = sum(p.translate for p in pieces)
-                out.append(_render_block(part, pieces, outputs[k:k + n], [linked.get(j, []) for j in range(k, k + n)],
-                                         self.html))
+                out.append(
+                    _render_block(
+                        part, pieces, outputs[k : k + n], [linked.get(j, []) for j in range(k, k + n)], self.html
+                    )
+                )
                 k += n
             docs.append("".join(out))
         return docs
@@ -100,7 +105,11 @@ def run(job: Job, translator: Translator) -> list[str]:
     outputs = list(translator.translate(job.sentences)) if job.sentences else []
     if len(outputs) != len(job.sentences):
         raise ValueError(f"the translator gave {len(outputs)} translations for {len(job.sentences)} sentences")
-    links = translator.align([job.sentences[j] for j in job.aligned], [outputs[j] for j in job.aligned]) if job.aligned else []
+    links = (
+        translator.align([job.sentences[j] for j in job.aligned], [outputs[j] for j in job.aligned])
+        if job.aligned
+        else []
+    )
     return job.render(outputs, list(links))
 
 
@@ -131,7 +140,7 @@ def _outside_kept(block: Block) -> str:
     """The block's text less that of the elements kept whole."""
     text = block.text
     for t in sorted((t for t in block.tags if t.whole is not None), key=lambda t: -t.start):
-        text = text[:t.start] + text[t.end:]
+        text = text[: t.start] + text[t.end :]
     return text
 
 
@@ -193,8 +202,9 @@ class _Placed:
                 hit = [(t0, t1) for t0, t1, s0, s1 in self.links[k] if s0 < nb and s1 > na]
                 if hit:
                     out = self.text[os_:oe]
-                    found.append((os_ + _word_start(out, min(h[0] for h in hit)),
-                                  os_ + _word_end(out, max(h[1] for h in hit))))
+                    found.append(
+                        (os_ + _word_start(out, min(h[0] for h in hit)), os_ + _word_end(out, max(h[1] for h in hit)))
+                    )
         return (min(f[0] for f in found), max(f[1] for f in found)) if found else None
 
 
@@ -210,8 +220,9 @@ def _word_end(text: str, i: int) -> int:
     return i
 
 
-def _render_block(block: Block, pieces: list[Piece], outputs: Sequence[str], links: list[Sequence[Link]],
-                  html: bool) -> str:
+def _render_block(
+    block: Block, pieces: list[Piece], outputs: Sequence[str], links: list[Sequence[Link]], html: bool
+) -> str:
     """The block's translation with its tags in place (nested as they were, each within its parent,
     siblings in the order the translation puts them, none overlapping)."""
     text, spans, positions, at, k = "", [], [], 0, 0
@@ -226,15 +237,21 @@ def _render_block(block: Block, pieces: list[Piece], outputs: Sequence[str], lin
             spans.append((at, end, len(text), len(text) + len(p.text), None))
             text += block.shown[at:end]
         at = end
-    links = [found or proportional_links(pieces_source, out) for found, pieces_source, out in
-             zip(links, [p.source for p in pieces if p.translate], outputs)]
+    links = [
+        found or proportional_links(pieces_source, out)
+        for found, pieces_source, out in zip(links, [p.source for p in pieces if p.translate], outputs)
+    ]
     placed = _Placed(text, spans, positions, links)
     where: list[tuple[int, int]] = []
     for t in block.tags:
         if t.start == t.end or t.char:
             s = placed.point(t.start)
-            verbatim = t.char and s < len(text) and text[s] == "\n" and any(
-                k is None and ps <= t.start < pe for ps, pe, _, _, k in spans)
+            verbatim = (
+                t.char
+                and s < len(text)
+                and text[s] == "\n"
+                and any(k is None and ps <= t.start < pe for ps, pe, _, _, k in spans)
+            )
             where.append((s, s + 1 if verbatim else s))
         else:
             where.append(placed.span(t.start, t.end) or (placed.point(t.start),) * 2)

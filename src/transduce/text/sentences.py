@@ -89,13 +89,14 @@ def rejoin_all(layouts: Sequence[Sequence[Piece]], outputs: Sequence[str]) -> li
         raise ValueError(f"{len(outputs)} outputs for {sum(counts)} sentences: give one per sentence")
     texts, k = [], 0
     for pieces, n in zip(layouts, counts):
-        texts.append(rejoin(pieces, outputs[k:k + n]))
+        texts.append(rejoin(pieces, outputs[k : k + n]))
         k += n
     return texts
 
 
-def translate_texts(translate_batch: Callable[[list[str]], list[str]], texts: Sequence[str], lang: str,
-                    mode: str = "on") -> list[str]:
+def translate_texts(
+    translate_batch: Callable[[list[str]], list[str]], texts: Sequence[str], lang: str, mode: str = "on"
+) -> list[str]:
     """Translate `texts` sentence by sentence: every sentence of every text in ONE call of
     `translate_batch` (a list of sentences in, their translations in the same order out), each
     text put back together with its own whitespace and line breaks."""
@@ -111,8 +112,13 @@ def translate_text(translate_batch: Callable[[list[str]], list[str]], text: str,
     return translate_texts(translate_batch, [text], lang, mode)[0]
 
 
-def translate_lines_split(translate_stream: Callable[[Iterable[str]], Iterable[str]], lines: Iterable[str], lang: str,
-                          mode: str = "on", advance: Callable[[int], None] | None = None) -> Iterator[str]:
+def translate_lines_split(
+    translate_stream: Callable[[Iterable[str]], Iterable[str]],
+    lines: Iterable[str],
+    lang: str,
+    mode: str = "on",
+    advance: Callable[[int], None] | None = None,
+) -> Iterator[str]:
     """Each of `lines` (any iterable, read as needed) translated sentence by sentence, in order:
     `translate_stream` is given the sentences of all lines as one stream and yields their
     translations in order (as `decoding.translate.translate_stream` does, batching as it reads);
@@ -215,7 +221,7 @@ def _locate(text: str, sentences: list[str]) -> list[tuple[int, int]]:
 
 
 def _language(lang: str) -> str:
-    """"de-DE", "pt_BR", "EN" -> "de", "pt", "en"."""
+    """ "de-DE", "pt_BR", "EN" -> "de", "pt", "en"."""
     return re.split(r"[-_]", lang.strip().lower(), maxsplit=1)[0]
 
 

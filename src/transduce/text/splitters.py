@@ -36,8 +36,11 @@ def _syntok(lang: str) -> Splitter:
     import syntok.segmenter
 
     def split(text: str) -> list[str]:
-        return ["".join(t.spacing + t.value for t in sentence)
-                for paragraph in syntok.segmenter.analyze(text) for sentence in paragraph]
+        return [
+            "".join(t.spacing + t.value for t in sentence)
+            for paragraph in syntok.segmenter.analyze(text)
+            for sentence in paragraph
+        ]
 
     return split
 
@@ -127,7 +130,7 @@ def paragraphs(path: str | Path, size: int = 5, limit: int = 200) -> list[list[s
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         lines = [line.strip() for line in f if line.strip()]
-    return [lines[i:i + size] for i in range(0, min(len(lines), size * limit), size)]
+    return [lines[i : i + size] for i in range(0, min(len(lines), size * limit), size)]
 
 
 def boundary_scores(splitter: Splitter, groups: list[list[str]]) -> tuple[float, float]:
@@ -180,13 +183,21 @@ def report(cases_path: str | Path = "tests/data/sentence_splits.json", newstest:
 
     cases = load_cases(cases_path)
     if newstest is None:
-        newstest = {"en": fetch("wmt14-en-de", "newstest2014", "en"), "de": fetch("wmt14-en-de", "newstest2014", "de"),
-                    "fr": fetch("wmt14-en-fr", "newstest2014", "fr")}
+        newstest = {
+            "en": fetch("wmt14-en-de", "newstest2014", "en"),
+            "de": fetch("wmt14-en-de", "newstest2014", "de"),
+            "fr": fetch("wmt14-en-fr", "newstest2014", "fr"),
+        }
     groups = {lang: paragraphs(path) for lang, path in newstest.items()}
     unseen = {lang: [" ".join(g) for g in paragraphs(path, limit=400)[200:]] for lang, path in newstest.items()}
-    rows = ["| splitter | package | " + " | ".join(f"{lang} cases" for lang in cases) + " | all cases | "
-            + " | ".join(f"{lang} newstest P/R" for lang in groups) + " | ms / 1,000 chars |",
-            "|---|---|" + "---|" * (len(cases) + 1 + len(groups) + 1)]
+    rows = [
+        "| splitter | package | "
+        + " | ".join(f"{lang} cases" for lang in cases)
+        + " | all cases | "
+        + " | ".join(f"{lang} newstest P/R" for lang in groups)
+        + " | ms / 1,000 chars |",
+        "|---|---|" + "---|" * (len(cases) + 1 + len(groups) + 1),
+    ]
     for name, (package, make) in CANDIDATES.items():
         try:
             splitters = {lang: make(lang) for lang in {*cases, *groups}}
@@ -198,13 +209,24 @@ def report(cases_path: str | Path = "tests/data/sentence_splits.json", newstest:
         total = sum(accs[lang] * len(cs) for lang, cs in cases.items()) / sum(len(cs) for cs in cases.values())
         pr = {lang: boundary_scores(splitters[lang], g) for lang, g in groups.items()}
         cost = sum(cost_ms_per_1000_chars(splitters[lang], unseen[lang]) for lang in groups)
-        rows.append(f"| {name} | {package} | " + " | ".join(f"{a:.1%}" for a in accs.values()) + f" | {total:.1%} | "
-                    + " | ".join(f"{p:.3f} / {r:.3f}" for p, r in pr.values()) + f" | {cost / len(groups):.2f} |")
+        rows.append(
+            f"| {name} | {package} | "
+            + " | ".join(f"{a:.1%}" for a in accs.values())
+            + f" | {total:.1%} | "
+            + " | ".join(f"{p:.3f} / {r:.3f}" for p, r in pr.values())
+            + f" | {cost / len(groups):.2f} |"
+        )
     return "\n".join(rows)
 
 
-def decode_share(lang: str = "en", preset: str = "small", n: int = 20, size: int = 5,
-                 splitter: str = "pysbd & sentencex (transduce's)", threads: int = 1) -> dict:
+def decode_share(
+    lang: str = "en",
+    preset: str = "small",
+    n: int = 20,
+    size: int = 5,
+    splitter: str = "pysbd & sentencex (transduce's)",
+    threads: int = 1,
+) -> dict:
     """The splitter's time against a request's decoding time, in one process with `threads` threads
     (one: the two compared on the same core, the splitter's share on one core), one after the
     other per request: a request is a newstest paragraph of `size` lines (WMT14 newstest2014,
@@ -234,8 +256,11 @@ def decode_share(lang: str = "en", preset: str = "small", n: int = 20, size: int
         vocab = Vocab(train_vocab(Path(tmp) / "spm", [s for g in groups for s in g], vocab_size=4000, num_threads=1))
     texts = [" ".join(g) for g in groups[-n:]]
     torch.manual_seed(0)
-    model = Transformer(replace(get_preset(preset).model, src_vocab_size=len(vocab), tgt_vocab_size=None,
-                                share_embeddings=True, dropout=0.0))
+    model = Transformer(
+        replace(
+            get_preset(preset).model, src_vocab_size=len(vocab), tgt_vocab_size=None, share_embeddings=True, dropout=0.0
+        )
+    )
     precision = choose_decoding_precision("auto")
     make_ready(model, precision)
     split = CANDIDATES[splitter][1](lang)
@@ -251,6 +276,16 @@ def decode_share(lang: str = "en", preset: str = "small", n: int = 20, size: int
                 split_ms.append((middle - start) * 1000)
                 decode_ms.append((time.perf_counter() - middle) * 1000)
     s, d = statistics.median(split_ms), statistics.median(decode_ms)
-    return {"splitter": splitter, "preset": preset, "precision": precision.line(), "threads": threads, "lang": lang,
-            "requests": n, "chars": statistics.median(map(len, texts)), "split_ms": round(s, 2),
-            "decode_ms": round(d, 1), "share": f"{s / d:.2%}", "load": os.getloadavg()[0]}
+    return {
+        "splitter": splitter,
+        "preset": preset,
+        "precision": precision.line(),
+        "threads": threads,
+        "lang": lang,
+        "requests": n,
+        "chars": statistics.median(map(len, texts)),
+        "split_ms": round(s, 2),
+        "decode_ms": round(d, 1),
+        "share": f"{s / d:.2%}",
+        "load": os.getloadavg()[0],
+    }

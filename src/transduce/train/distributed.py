@@ -81,8 +81,9 @@ def attempt_store(world: int, local_world: int, restart: int) -> dist.Store | No
     nodes: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, docs/cluster.md)."""
     if restart == 0 or local_world != world or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
-                          timeout=default_pg_timeout)
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=default_pg_timeout
+    )
     return dist.PrefixStore(f"transduce/attempt_{restart}", store)
 
 

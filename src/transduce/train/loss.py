@@ -10,7 +10,11 @@ from ..special_ids import DEFAULT
 
 
 def label_smoothed_nll(
-    logits: Tensor, target: Tensor, epsilon: float, pad_id: int = DEFAULT.pad, reduction: str = "sum",
+    logits: Tensor,
+    target: Tensor,
+    epsilon: float,
+    pad_id: int = DEFAULT.pad,
+    reduction: str = "sum",
     exclude: tuple[int, ...] | list[int] = (),
 ) -> tuple[Tensor, Tensor]:
     """Cross-entropy against the smoothed distribution q = (1 - eps) * onehot + eps / K on the
@@ -123,7 +127,10 @@ class _FusedSmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, pad_id: int, exclude: tuple[int, ...]):
         N, V = logits.shape
         dtype = torch.promote_types(logits.dtype, torch.float32)
-        nll, smooth = torch.empty(N, dtype=dtype, device=logits.device), torch.empty(N, dtype=dtype, device=logits.device)
+        nll, smooth = (
+            torch.empty(N, dtype=dtype, device=logits.device),
+            torch.empty(N, dtype=dtype, device=logits.device),
+        )
         starts, rows, z_buf = _row_blocks(logits, dtype)
         excluded, K = list(exclude), V - len(exclude)
         for s in starts:

@@ -20,37 +20,48 @@ class TrainOptions:
     flag of `transduce train` (`--no-NAME` turns off a boolean on by default), its help, metavar and
     choices the field's metadata (`transduce.cli.fields`)."""
 
-    max_tokens: int | None = field(default=None, metadata={"metavar": "N", "help": (
-        "padded tokens per micro-batch (default: the preset's)")})
+    max_tokens: int | None = field(
+        default=None, metadata={"metavar": "N", "help": ("padded tokens per micro-batch (default: the preset's)")}
+    )
     """Per micro-batch per process, each side; unset: train.max_tokens (25000 in the paper) divided by
     processes x update_freq."""
-    update_freq: int = field(default=1, metadata={"metavar": "K", "help": "micro-batches per optimizer step (default 1)"})
+    update_freq: int = field(
+        default=1, metadata={"metavar": "K", "help": "micro-batches per optimizer step (default 1)"}
+    )
     """8 on one device emulates the paper's 8 GPUs."""
-    max_minutes: float | None = field(default=None, metadata={"metavar": "M", "help": "stop after M minutes (a cap; default none)"})
+    max_minutes: float | None = field(
+        default=None, metadata={"metavar": "M", "help": "stop after M minutes (a cap; default none)"}
+    )
     """Said when it binds before max_steps (the model is then not the recipe's). Validation and
     checkpoints on the way count; the final validation and checkpoint follow."""
-    clip_norm: float = field(default=0.0, metadata={"metavar": "X", "help": "clip the gradient norm (default 0: off, the paper)"})
+    clip_norm: float = field(
+        default=0.0, metadata={"metavar": "X", "help": "clip the gradient norm (default 0: off, the paper)"}
+    )
     cooldown: float = 0.0
     """Not in the paper: decay the rate linearly to 0 over this last fraction of max_steps (0: equation 3
     alone). A fraction of steps, never of the clock: the same schedule on a fast and a slow machine."""
     precision: str = "auto"  # one of PRECISIONS: docs/precision.md
     seed: int = 1
-    valid_every: int = field(default=1000, metadata={"metavar": "N", "help": (
-        "validation every N steps (default 1000; 0: at the end)")})
-    save_every_steps: int = field(default=0, metadata={"metavar": "N", "help": "checkpoint every N steps (default 0: off)"})
-    keep_last: int | None = field(default=None, metadata={"metavar": "K", "help": (
-        "checkpoints kept (default: the preset's; 0: all)")})
+    valid_every: int = field(
+        default=1000, metadata={"metavar": "N", "help": ("validation every N steps (default 1000; 0: at the end)")}
+    )
+    save_every_steps: int = field(
+        default=0, metadata={"metavar": "N", "help": "checkpoint every N steps (default 0: off)"}
+    )
+    keep_last: int | None = field(
+        default=None, metadata={"metavar": "K", "help": ("checkpoints kept (default: the preset's; 0: all)")}
+    )
     """Checkpoints written at the interval kept besides the newest; unset: train.average_last (5 base,
     20 big: what `transduce average` averages)."""
     resume: bool = field(default=True, metadata={"help": "continue RUN_DIR's newest intact checkpoint (the default)"})
     """True (the default): a run directory with checkpoints is continued exactly, when its config is
     the one asked for; False: such a directory is refused (unless `restart`)."""
-    restart: bool = field(default=False, metadata={"help": (
-        "start over, replacing RUN_DIR's checkpoints")})
+    restart: bool = field(default=False, metadata={"help": ("start over, replacing RUN_DIR's checkpoints")})
     """Start at step 0 even if RUN_DIR has checkpoints: they (and its model/) are removed only once
     the new run is set up (data read, model built), just before it writes anything."""
-    init: str | None = field(default=None, metadata={"metavar": "MODEL", "help": (
-        "fine-tune: start from MODEL's weights and architecture")})
+    init: str | None = field(
+        default=None, metadata={"metavar": "MODEL", "help": ("fine-tune: start from MODEL's weights and architecture")}
+    )
     """Fine-tuning (`transduce.finetune`, not in the paper): a run that starts at step 0 starts from
     MODEL's weights, as `transduce translate` loads them (the config is MODEL's architecture); a
     fresh optimizer and schedule. A run that continues its checkpoints ignores it."""
@@ -62,8 +73,9 @@ class TrainOptions:
     """Also, with several processes, the interval at which the time-based decisions (max_minutes,
     train.checkpoint_minutes) are made."""
     tensorboard: bool = field(default=True, metadata={"help": "no TensorBoard event files"})
-    max_nonfinite: int = field(default=5, metadata={"metavar": "N", "help": (
-        "stop after N non-finite steps in a row (default 5)")})
+    max_nonfinite: int = field(
+        default=5, metadata={"metavar": "N", "help": ("stop after N non-finite steps in a row (default 5)")}
+    )
     """Each such step is skipped (no update); the stop comes with a checkpoint of the weights from
     before them."""
 
@@ -98,12 +110,14 @@ class TrainOptions:
         t = config.train
         per_batch = self.max_tokens or t.max_tokens // (world_size * self.update_freq)
         if per_batch < 1:
-            raise UsageError(f"train.max_tokens {t.max_tokens} is less than one token per micro-batch "
-                             f"({world_size} processes x --update-freq {self.update_freq})")
+            raise UsageError(
+                f"train.max_tokens {t.max_tokens} is less than one token per micro-batch "
+                f"({world_size} processes x --update-freq {self.update_freq})"
+            )
         t.max_tokens = per_batch * world_size * self.update_freq
         return dataclasses.replace(
-            self, max_tokens=per_batch,
-            keep_last=t.average_last if self.keep_last is None else self.keep_last)
+            self, max_tokens=per_batch, keep_last=t.average_last if self.keep_last is None else self.keep_last
+        )
 
 
 def lr_scale_for_peak(peak: float, d_model: int, warmup_steps: int) -> float:

@@ -19,8 +19,19 @@ from pathlib import Path
 from torch import Tensor
 
 from ..checkpoint import (
-    CHECKPOINTS, CONFIG, DamagedCheckpoint, LoadedCheckpoint, RunLock, TrainingState, checkpoint_step, latest_checkpoint,
-    list_checkpoints, load_checkpoint, load_config, save_checkpoint, set_aside,
+    CHECKPOINTS,
+    CONFIG,
+    DamagedCheckpoint,
+    LoadedCheckpoint,
+    RunLock,
+    TrainingState,
+    checkpoint_step,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    load_config,
+    save_checkpoint,
+    set_aside,
 )
 from ..config import Config
 from ..errors import TrainingStopped, UsageError
@@ -59,8 +70,10 @@ def restore(run: Run) -> Start:
     env, opts = run.env, run.opts
     latest = latest_checkpoint(run.run_dir) if opts.continues else None
     if latest is None and list_checkpoints(run.run_dir) and not opts.restart:
-        raise UsageError(f"{run.run_dir} already has checkpoints: continue it (run the same command again), start over "
-                         "with --restart (its checkpoints replaced), or use another --run-dir")
+        raise UsageError(
+            f"{run.run_dir} already has checkpoints: continue it (run the same command again), start over "
+            "with --restart (its checkpoints replaced), or use another --run-dir"
+        )
     if latest is None:
         seed_dropout(opts.seed, env.rank)
         if opts.init is not None:  # fine-tuning: MODEL's weights; Adam and equation 3 start afresh
@@ -73,12 +86,20 @@ def restore(run: Run) -> Start:
     check_same_config(run, latest)
     ckpt = load_newest_intact(run, latest)
     s = ckpt.state
-    start = Start(step=s.step, epoch=s.epoch, position=s.position, train_seconds=s.train_seconds,
-                  target_tokens=s.target_tokens, saved_at=s.step)
+    start = Start(
+        step=s.step,
+        epoch=s.epoch,
+        position=s.position,
+        train_seconds=s.train_seconds,
+        target_tokens=s.target_tokens,
+        saved_at=s.step,
+    )
     same_batches = (s.world_size, s.max_tokens, s.seed) == (env.world_size, opts.max_tokens, opts.seed)
     if not same_batches:  # the saved position indexes another batch list: go on with a fresh epoch
         start.epoch, start.position = s.epoch + 1, 0
-        env.say(f"note: batching changed since the checkpoint (world size, max tokens or seed): continuing at epoch {start.epoch}")
+        env.say(
+            f"note: batching changed since the checkpoint (world size, max tokens or seed): continuing at epoch {start.epoch}"
+        )
     if run.scaler is not None and s.scaler:
         run.scaler.load_state_dict(s.scaler)
     if not (same_batches and restore_rng_states(ckpt.rng, env)):
@@ -95,9 +116,12 @@ def config_differences(run_config: Config, config: Config) -> list[str]:
     """'FIELD VALUE (the run's VALUE)' for each field of `config` that differs from the run's,
     `RESUMABLE_CHANGES` aside."""
     ours, theirs = config.to_dict(), run_config.to_dict()
-    return [f"{section}.{name} {value!r} (the run's {theirs[section].get(name)!r})"
-            for section in ("model", "train") for name, value in ours[section].items()
-            if f"{section}.{name}" not in RESUMABLE_CHANGES and value != theirs[section].get(name)]
+    return [
+        f"{section}.{name} {value!r} (the run's {theirs[section].get(name)!r})"
+        for section in ("model", "train")
+        for name, value in ours[section].items()
+        if f"{section}.{name}" not in RESUMABLE_CHANGES and value != theirs[section].get(name)
+    ]
 
 
 def run_config(run_dir: Path, latest: Path) -> Config:
@@ -110,9 +134,11 @@ def check_same_config(run: Run, latest: Path) -> None:
     or written), naming the fields that differ and how to start over."""
     differences = config_differences(run_config(run.run_dir, latest), run.config)
     if differences:
-        raise UsageError(f"{run.run_dir} was trained with another config: {'; '.join(differences)}; to continue it, "
-                         "drop the flags that change these; to start over in it, add --restart (its checkpoints "
-                         "are replaced); or use another --run-dir")
+        raise UsageError(
+            f"{run.run_dir} was trained with another config: {'; '.join(differences)}; to continue it, "
+            "drop the flags that change these; to start over in it, add --restart (its checkpoints "
+            "are replaced); or use another --run-dir"
+        )
 
 
 def replace_previous(run_dir: Path, env: DistEnv) -> None:
@@ -125,7 +151,9 @@ def replace_previous(run_dir: Path, env: DistEnv) -> None:
         os.replace(run_dir / name, aside)
         shutil.rmtree(aside, ignore_errors=True)
     if gone:
-        env.say(f"--restart: the earlier run's {' and '.join(n + '/' for n in gone)} in {run_dir} removed; starting at step 0")
+        env.say(
+            f"--restart: the earlier run's {' and '.join(n + '/' for n in gone)} in {run_dir} removed; starting at step 0"
+        )
 
 
 def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
@@ -145,8 +173,10 @@ def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
         if damaged:
             newest = max(checkpoint_step(p) for p in damaged)
             lost = newest - ckpt.state.step
-            env.say(f"resuming from {path.name}, the newest intact checkpoint: {lost} step{'s' * (lost != 1)} "
-                    f"lost; set aside as *.damaged: {', '.join(p.name for p in damaged)}")
+            env.say(
+                f"resuming from {path.name}, the newest intact checkpoint: {lost} step{'s' * (lost != 1)} "
+                f"lost; set aside as *.damaged: {', '.join(p.name for p in damaged)}"
+            )
             agree(env, [True])  # a barrier: every rank has read its checkpoint before the renames
             if env.is_main:
                 for p in damaged:
@@ -154,8 +184,10 @@ def load_newest_intact(run: Run, latest: Path) -> LoadedCheckpoint:
         else:
             env.say(f"resuming {run.run_dir} from {path.name}, its newest checkpoint (step {ckpt.state.step})")
         return ckpt
-    raise TrainingStopped(f"{run.run_dir / 'checkpoints'}: every checkpoint is damaged "
-                          f"({', '.join(p.name for p in damaged)}); nothing to resume from")
+    raise TrainingStopped(
+        f"{run.run_dir / 'checkpoints'}: every checkpoint is damaged "
+        f"({', '.join(p.name for p in damaged)}); nothing to resume from"
+    )
 
 
 def skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list, indices: list) -> None:
@@ -167,23 +199,36 @@ def skipped(run: Run, state: LoopState, sums: Tensor, norm: Tensor, where: list,
     loss, grad_norm = float(sums[0]), float(norm)
     batches = ", ".join(f"epoch {e} #{i}" for e, i in where)
     if run.log is not None:
-        run.log.write("skipped", state.step + 1, reason="fp16 overflow" if overflow else "non-finite",
-                      loss=loss, grad_norm=grad_norm, in_a_row=state.skipped_in_a_row,
-                      batches=[{"epoch": e, "index": i, "pairs": [int(x) for x in ix[:8]]} for (e, i), ix in zip(where, indices)],
-                      **({"loss_scale": float(run.scaler.get_scale())} if overflow else {}))
+        run.log.write(
+            "skipped",
+            state.step + 1,
+            reason="fp16 overflow" if overflow else "non-finite",
+            loss=loss,
+            grad_norm=grad_norm,
+            in_a_row=state.skipped_in_a_row,
+            batches=[{"epoch": e, "index": i, "pairs": [int(x) for x in ix[:8]]} for (e, i), ix in zip(where, indices)],
+            **({"loss_scale": float(run.scaler.get_scale())} if overflow else {}),
+        )
     if overflow:
-        env.say(f"step {state.step + 1}: fp16 overflow, skipped by the loss scaler (scale now "
-                f"{run.scaler.get_scale():g}); batches {batches}", run.bar)
+        env.say(
+            f"step {state.step + 1}: fp16 overflow, skipped by the loss scaler (scale now "
+            f"{run.scaler.get_scale():g}); batches {batches}",
+            run.bar,
+        )
         return
-    env.say(f"step {state.step + 1}: non-finite loss ({loss:g}) or gradient norm ({grad_norm:g}) on batches {batches}: "
-            f"skipped, no update ({state.skipped_in_a_row} in a row)", run.bar)
+    env.say(
+        f"step {state.step + 1}: non-finite loss ({loss:g}) or gradient norm ({grad_norm:g}) on batches {batches}: "
+        f"skipped, no update ({state.skipped_in_a_row} in a row)",
+        run.bar,
+    )
     if state.skipped_in_a_row >= run.opts.max_nonfinite:
         checkpoint(run, state, on_interval=False)
         raise TrainingStopped(
             f"{state.skipped_in_a_row} steps in a row had a non-finite loss or gradient (the last on batches {batches}); "
             f"the weights from before them, after step {state.step}, are in "
             f"{run.run_dir / 'checkpoints'} (the batch order continues after them): lower the rate (--lr-scale), "
-            "check the data, then run the same command again: it resumes")
+            "check the data, then run the same command again: it resumes"
+        )
 
 
 def checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
@@ -195,9 +240,13 @@ def checkpoint(run: Run, state: LoopState, on_interval: bool = True) -> None:
         previous = latest_checkpoint(run.run_dir)
         raise TrainingStopped(
             f"the checkpoint of step {state.step} could not be written ({error or 'on rank 0'}); "
-            + (f"{previous.name} and `latest` are intact: free space, then run the same command again: it resumes "
-               f"(from step {checkpoint_step(previous)}: {state.step - checkpoint_step(previous)} steps lost)" if previous is not None
-               else "no earlier checkpoint: the run starts again"))
+            + (
+                f"{previous.name} and `latest` are intact: free space, then run the same command again: it resumes "
+                f"(from step {checkpoint_step(previous)}: {state.step - checkpoint_step(previous)} steps lost)"
+                if previous is not None
+                else "no earlier checkpoint: the run starts again"
+            )
+        )
 
 
 def write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -> str | None:
@@ -205,14 +254,27 @@ def write_checkpoint(run: Run, state: LoopState, rng: dict, on_interval: bool) -
     previous checkpoints and `latest` left as they were (`save_checkpoint` writes beside them)."""
     config, opts, t = run.config, run.opts, run.config.train
     training = TrainingState(
-        step=state.step, epoch=state.stream.epoch, position=state.stream.position, world_size=run.env.world_size,
-        max_tokens=opts.max_tokens, update_freq=opts.update_freq, seed=opts.seed, lr=state.lr,
-        train_seconds=state.train_seconds + (time.perf_counter() - state.start), target_tokens=state.tokens_seen,
+        step=state.step,
+        epoch=state.stream.epoch,
+        position=state.stream.position,
+        world_size=run.env.world_size,
+        max_tokens=opts.max_tokens,
+        update_freq=opts.update_freq,
+        seed=opts.seed,
+        lr=state.lr,
+        train_seconds=state.train_seconds + (time.perf_counter() - state.start),
+        target_tokens=state.tokens_seen,
         scaler=run.scaler.state_dict() if run.scaler is not None else None,
-        schedule={"kind": "noam", "d_model": config.model.d_model, "warmup_steps": t.warmup_steps, "scale": t.lr_scale,
-                  "cooldown": opts.cooldown},
+        schedule={
+            "kind": "noam",
+            "d_model": config.model.d_model,
+            "warmup_steps": t.warmup_steps,
+            "scale": t.lr_scale,
+            "cooldown": opts.cooldown,
+        },
         optimizer={k: v for k, v in run.optimizer.param_groups[0].items() if k != "params"},
-        on_interval=on_interval, precision=run.precision,
+        on_interval=on_interval,
+        precision=run.precision,
     )
     try:
         path = save_checkpoint(run.run_dir, run.model, config, run.optimizer, training, rng, opts.keep_last)
@@ -236,5 +298,7 @@ def interrupted(run: Run, state: LoopState) -> None:
         run.log.close()
     if run.bar is not None:
         run.bar.close()
-    env.say(f"interrupted at step {step} by {state.interrupted}; the checkpoint is in {run.run_dir / 'checkpoints'}: "
-            "run the same command again to continue")
+    env.say(
+        f"interrupted at step {step} by {state.interrupted}; the checkpoint is in {run.run_dir / 'checkpoints'}: "
+        "run the same command again to continue"
+    )

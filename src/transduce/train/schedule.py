@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def learning_rate(step: int, d_model: int, warmup_steps: int = 4000, scale: float = 1.0, *, cooldown: float = 0.0,
-                  max_steps: int = 1) -> float:
+def learning_rate(
+    step: int, d_model: int, warmup_steps: int = 4000, scale: float = 1.0, *, cooldown: float = 0.0, max_steps: int = 1
+) -> float:
     """The rate of optimizer step `step` (counted from 1; step 0 is treated as 1):
 
         lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5)   (equation 3)

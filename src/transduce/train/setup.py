@@ -41,7 +41,9 @@ def config_for_data(preset: str, overrides: list[str], meta: dict) -> Config:
     src_size, tgt_size = int(vocab["size"]["src"]), int(vocab["size"]["tgt"])
     shared = bool(vocab.get("shared", vocab["files"]["src"] == vocab["files"]["tgt"]))
     config.model = dataclasses.replace(
-        config.model, src_vocab_size=src_size, tgt_vocab_size=None if shared else tgt_size,
+        config.model,
+        src_vocab_size=src_size,
+        tgt_vocab_size=None if shared else tgt_size,
         share_embeddings=config.model.share_embeddings and shared,
         **{f"{name}_id": i for name, i in data_special_ids(meta).to_dict().items()},
     )
@@ -69,12 +71,14 @@ def word_symbols(data_dir: Path, meta: dict) -> tuple[Tensor, Tensor]:
     return src_vocab.word_starts(), tgt_vocab.word_starts()
 
 
-def set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, env: DistEnv,
-           signals: StopSignals) -> Run:
+def set_up(
+    config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, env: DistEnv, signals: StopSignals
+) -> Run:
     """Device threads, precision, the data, the model made ready to train, Adam, the GradScaler."""
     set_threads(env, given.threads)
-    precision = resolve_precision(env, given.precision, config.model,
-                                  recorded=recorded_precision(run_dir) if given.continues else None)
+    precision = resolve_precision(
+        env, given.precision, config.model, recorded=recorded_precision(run_dir) if given.continues else None
+    )
     opts = given.resolve(config, env.world_size)
 
     # Data (5.1).
@@ -84,8 +88,10 @@ def set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, e
     train_set = ParallelDataset.load(data_dir, "train")
     valid_set = ParallelDataset.load(data_dir, "valid") if (data_dir / "valid.src.idx").is_file() else None
     if train_set.ids != config.model.special_ids:
-        raise UsageError(f"{data_dir}: its special ids {train_set.ids.to_dict()} are not the model's "
-                         f"{config.model.special_ids.to_dict()}: prepare the data with the model's vocabulary")
+        raise UsageError(
+            f"{data_dir}: its special ids {train_set.ids.to_dict()} are not the model's "
+            f"{config.model.special_ids.to_dict()}: prepare the data with the model's vocabulary"
+        )
 
     # Model, optimizer (5.3), precision.
     torch.manual_seed(opts.seed)
@@ -97,10 +103,20 @@ def set_up(config: Config, data_dir: Path, run_dir: Path, given: TrainOptions, e
         keep_freed_memory()  # no page faults on the large tensors every step allocates afresh
     ids = config.model.special_ids
     return Run(
-        config=config, opts=opts, env=env, data_dir=data_dir, run_dir=run_dir, precision=precision,
+        config=config,
+        opts=opts,
+        env=env,
+        data_dir=data_dir,
+        run_dir=run_dir,
+        precision=precision,
         smooth_exclude=() if config.train.smooth_all_classes else (ids.pad, ids.bos),  # 5.4: what is never emitted
-        meta=meta, train_set=train_set, valid_set=valid_set, model=model, optimizer=build_optimizer(model, config),
-        scaler=make_grad_scaler(env.device, precision), signals=signals,
+        meta=meta,
+        train_set=train_set,
+        valid_set=valid_set,
+        model=model,
+        optimizer=build_optimizer(model, config),
+        scaler=make_grad_scaler(env.device, precision),
+        signals=signals,
     )
 
 
@@ -111,10 +127,19 @@ def open_run(run: Run, start: recovery.Start, given: TrainOptions, log_extra: di
     env, opts, config = run.env, run.opts, run.config
     t = config.train
     if start.step > t.max_steps:  # before anything is written: the run is not rewound, nor its model rewritten
-        raise UsageError(f"{run.run_dir} is already at step {start.step}, past --max-steps {t.max_steps}: nothing "
-                         "was trained (a larger --max-steps continues it)")
-    stream = BatchStream(run.train_set, opts.max_tokens, seed=opts.seed, num_shards=env.world_size, shard_id=env.rank,
-                         epoch=start.epoch, position=start.position)  # first: it refuses an empty split
+        raise UsageError(
+            f"{run.run_dir} is already at step {start.step}, past --max-steps {t.max_steps}: nothing "
+            "was trained (a larger --max-steps continues it)"
+        )
+    stream = BatchStream(
+        run.train_set,
+        opts.max_tokens,
+        seed=opts.seed,
+        num_shards=env.world_size,
+        shard_id=env.rank,
+        epoch=start.epoch,
+        position=start.position,
+    )  # first: it refuses an empty split
     if env.is_main:
         if opts.restart:  # the new run has started: the earlier run's checkpoints go now, not before
             recovery.replace_previous(run.run_dir, env)
@@ -123,21 +148,35 @@ def open_run(run: Run, start: recovery.Start, given: TrainOptions, log_extra: di
     train_model: nn.Module = torch.compile(run.model) if opts.compile else run.model
     if env.distributed:
         train_model = nn.parallel.DistributedDataParallel(
-            train_model, device_ids=[env.device.index] if env.device.type == "cuda" else None, gradient_as_bucket_view=True)
-    run = dataclasses.replace(run, train_model=train_model,
-                              log=RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None)
+            train_model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+        )
+    run = dataclasses.replace(
+        run, train_model=train_model, log=RunLog(run.run_dir / "logs", opts.tensorboard) if env.is_main else None
+    )
     _announce(run, stream, start.step, given, log_extra)  # before the bar: on a terminal, not on the bar's line
     if env.is_main and opts.progress and sys.stderr.isatty():
         from tqdm import tqdm
 
-        run = dataclasses.replace(run, bar=tqdm(total=t.max_steps, initial=start.step, unit="step", dynamic_ncols=True,
-                                                desc="train"))
+        run = dataclasses.replace(
+            run, bar=tqdm(total=t.max_steps, initial=start.step, unit="step", dynamic_ncols=True, desc="train")
+        )
     now = time.perf_counter()
     return run, LoopState(
-        step=start.step, stream=stream, lr=learning_rate(start.step, config.model.d_model, t.warmup_steps, t.lr_scale,
-                                                         cooldown=opts.cooldown, max_steps=t.max_steps),
-        stop=start.step >= t.max_steps, train_seconds=start.train_seconds, tokens_seen=start.target_tokens,
-        saved_at=start.saved_at, first_step=start.step, start=now, last_save=now, last_log=now,
+        step=start.step,
+        stream=stream,
+        lr=learning_rate(
+            start.step, config.model.d_model, t.warmup_steps, t.lr_scale, cooldown=opts.cooldown, max_steps=t.max_steps
+        ),
+        stop=start.step >= t.max_steps,
+        train_seconds=start.train_seconds,
+        tokens_seen=start.target_tokens,
+        saved_at=start.saved_at,
+        first_step=start.step,
+        start=now,
+        last_save=now,
+        last_log=now,
         interval_sums=torch.zeros(2, device=env.device),
     )
 
@@ -147,16 +186,35 @@ def _announce(run: Run, stream: BatchStream, step: int, given: TrainOptions, log
     env, opts, config = run.env, run.opts, run.config
     n_params = count_parameters(run.model)
     if not config.model.share_embeddings:  # 3.4's three-way tying needs one vocabulary: say what is shared
-        env.say("note: separate source and target vocabularies (or model.share_embeddings=false): the source "
-                "embedding is its own matrix; the target embedding and the pre-softmax projection are "
-                + ("tied (model.tie_output)" if config.model.tie_output else "separate too (model.tie_output=false)"))
+        env.say(
+            "note: separate source and target vocabularies (or model.share_embeddings=false): the source "
+            "embedding is its own matrix; the target embedding and the pre-softmax projection are "
+            + ("tied (model.tie_output)" if config.model.tie_output else "separate too (model.tie_output=false)")
+        )
     if run.log is not None:
-        run.log.write("start", step, parameters=n_params, world_size=env.world_size, device=str(env.device),
-                      precision=run.precision, max_tokens_per_batch=opts.max_tokens, update_freq=opts.update_freq,
-                      batches_per_epoch=len(stream) * env.world_size, threads=torch.get_num_threads(),
-                      restart=env.restart, config=config.to_dict(), options=dataclasses.asdict(given), **log_extra)
+        run.log.write(
+            "start",
+            step,
+            parameters=n_params,
+            world_size=env.world_size,
+            device=str(env.device),
+            precision=run.precision,
+            max_tokens_per_batch=opts.max_tokens,
+            update_freq=opts.update_freq,
+            batches_per_epoch=len(stream) * env.world_size,
+            threads=torch.get_num_threads(),
+            restart=env.restart,
+            config=config.to_dict(),
+            options=dataclasses.asdict(given),
+            **log_extra,
+        )
     if env.restart:  # torchrun --max-restarts: the workers were started again after a failure
-        env.say(f"torchrun restart {env.restart}: " + (f"resuming at step {step}" if step else "starting afresh (no checkpoint)"))
-    env.say(f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {env.device} ({run.precision}), "
-            f"step {step} -> {config.train.max_steps}, {opts.max_tokens} tokens x {opts.update_freq} micro-batches x "
-            f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch")
+        env.say(
+            f"torchrun restart {env.restart}: "
+            + (f"resuming at step {step}" if step else "starting afresh (no checkpoint)")
+        )
+    env.say(
+        f"training {n_params / 1e6:.1f}M parameters on {env.world_size} x {env.device} ({run.precision}), "
+        f"step {step} -> {config.train.max_steps}, {opts.max_tokens} tokens x {opts.update_freq} micro-batches x "
+        f"{env.world_size} processes per step; {len(stream) * env.world_size} batches per epoch"
+    )

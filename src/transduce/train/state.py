@@ -32,16 +32,31 @@ class BatchStream:
     taking every world-th one. The position (epoch, index of the next batch) is all a checkpoint
     needs to continue the same order."""
 
-    def __init__(self, dataset: ParallelDataset, max_tokens: int, *, seed: int, num_shards: int = 1,
-                 shard_id: int = 0, epoch: int = 0, position: int = 0):
+    def __init__(
+        self,
+        dataset: ParallelDataset,
+        max_tokens: int,
+        *,
+        seed: int,
+        num_shards: int = 1,
+        shard_id: int = 0,
+        epoch: int = 0,
+        position: int = 0,
+    ):
         self.dataset, self.max_tokens, self.seed = dataset, max_tokens, seed
         self.num_shards, self.shard_id = num_shards, shard_id
         self.epoch, self.position = epoch, position
         self._batches = self._load(epoch)
 
     def _load(self, epoch: int) -> list[np.ndarray]:
-        batches = self.dataset.batches(self.max_tokens, seed=self.seed, epoch=epoch, shuffle=True,
-                                       num_shards=self.num_shards, shard_id=self.shard_id)
+        batches = self.dataset.batches(
+            self.max_tokens,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=True,
+            num_shards=self.num_shards,
+            shard_id=self.shard_id,
+        )
         if not batches:
             raise DataError("the training split is empty")
         return batches

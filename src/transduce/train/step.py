@@ -33,8 +33,9 @@ def autocast_for(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
-                      recorded: tuple[str, Path] | None = None) -> str:
+def resolve_precision(
+    env: DistEnv, requested: str, model: ModelConfig, recorded: tuple[str, Path] | None = None
+) -> str:
     """The precision this run trains in: `requested`, or for 'auto' the choice of the device's row
     of the table (`transduce.precision.choose_precision`: CPU flags, or a GPU's compute capability),
     said on one line. Rank 0 decides and every rank follows, so that a job whose ranks run on
@@ -52,11 +53,16 @@ def resolve_precision(env: DistEnv, requested: str, model: ModelConfig,
     if recorded is not None and recorded[0] in PRECISIONS:
         kept, where = recorded
         if requested == "auto" and _computes_natively(env.device, kept):
-            choice = Choice(kept, f"auto: this run's precision, recorded in its checkpoint {where.name}; "
-                                  "kept on resuming, not chosen again")
+            choice = Choice(
+                kept,
+                f"auto: this run's precision, recorded in its checkpoint {where.name}; "
+                "kept on resuming, not chosen again",
+            )
         elif requested == "auto":
-            note = (f"note: this run trained in {kept} until {where.name}, which this {'GPU' if env.device.type == 'cuda' else 'CPU'} "
-                    "does not compute natively: choosing again")
+            note = (
+                f"note: this run trained in {kept} until {where.name}, which this {'GPU' if env.device.type == 'cuda' else 'CPU'} "
+                "does not compute natively: choosing again"
+            )
         elif requested != kept:
             note = f"note: this run trained in {kept} until {where.name}; it continues in {requested}, as asked"
     if choice is None:
@@ -194,7 +200,9 @@ def train_step(
         with model.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast_for(env.device, precision):
                 logits = model(batch["src"], batch["tgt_in"])  # (B, T, V)
-            loss, nll = label_smoothed_nll(logits, batch["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)  # sums, fp32
+            loss, nll = label_smoothed_nll(
+                logits, batch["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude
+            )  # sums, fp32
             scaled = loss * loss_scale
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         sums += torch.stack([loss.detach(), nll.detach()])
@@ -222,8 +230,10 @@ def train_step(
 def loss_ids(model: nn.Module, pad_id: int | None, smooth_exclude: tuple[int, ...] | None) -> tuple[int, tuple]:
     """The loss's ignored id and unsmoothed classes: those given, else the model's (PAD; PAD and BOS, 5.4)."""
     c = getattr(getattr(model, "module", model), "_orig_mod", getattr(model, "module", model)).config  # DDP, compile
-    return (c.pad_id if pad_id is None else pad_id,
-            (c.pad_id, c.bos_id) if smooth_exclude is None else tuple(smooth_exclude))
+    return (
+        c.pad_id if pad_id is None else pad_id,
+        (c.pad_id, c.bos_id) if smooth_exclude is None else tuple(smooth_exclude),
+    )
 
 
 def gradient_norm(params: list[Tensor]) -> Tensor:
@@ -264,9 +274,16 @@ def evaluate(
         with autocast_for(env.device, precision):
             logits = model(b["src"], b["tgt_in"])
         loss, nll = label_smoothed_nll(logits, b["tgt_out"], label_smoothing, pad_id, exclude=smooth_exclude)
-        sums += torch.stack([loss.double(), nll.double(), torch.tensor(float(b["ntokens"]), dtype=torch.float64, device=env.device)])
+        sums += torch.stack(
+            [loss.double(), nll.double(), torch.tensor(float(b["ntokens"]), dtype=torch.float64, device=env.device)]
+        )
     all_reduce_(sums, env)
     loss, nll, tokens = sums.tolist()
     model.train(was_training)
     tokens = max(tokens, 1.0)
-    return {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 700.0)), "tokens": int(tokens)}
+    return {
+        "loss": loss / tokens,
+        "nll": nll / tokens,
+        "ppl": math.exp(min(nll / tokens, 700.0)),
+        "tokens": int(tokens),
+    }

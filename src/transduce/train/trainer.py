@@ -89,11 +89,25 @@ def train(
             while not state.stop:
                 drawn = state.stream.take(opts.update_freq)  # update_freq micro-batches on every rank (5.1)
                 batches = [to_device(run.train_set.collate(indices), env.device) for indices, _ in drawn]
-                state.lr = learning_rate(state.step + 1, config.model.d_model, t.warmup_steps, t.lr_scale,  # equation 3
-                                         cooldown=opts.cooldown, max_steps=t.max_steps)
+                state.lr = learning_rate(
+                    state.step + 1,
+                    config.model.d_model,
+                    t.warmup_steps,
+                    t.lr_scale,  # equation 3
+                    cooldown=opts.cooldown,
+                    max_steps=t.max_steps,
+                )
                 sums, norm, updated = train_step(
-                    run.train_model, run.optimizer, batches, lr=state.lr, label_smoothing=t.label_smoothing, env=env,
-                    precision=run.precision, scaler=run.scaler, clip_norm=opts.clip_norm, smooth_exclude=run.smooth_exclude,
+                    run.train_model,
+                    run.optimizer,
+                    batches,
+                    lr=state.lr,
+                    label_smoothing=t.label_smoothing,
+                    env=env,
+                    precision=run.precision,
+                    scaler=run.scaler,
+                    clip_norm=opts.clip_norm,
+                    smooth_exclude=run.smooth_exclude,
                 )
                 if not updated:  # not taken: logged; max_nonfinite in a row stop the run
                     state.skipped_in_a_row += 0 if run.scaler is not None else 1  # an fp16 overflow is not counted
@@ -142,7 +156,9 @@ def _decide(run: Run, state: LoopState, log_now: bool) -> tuple[float, bool]:
     # every rank stops at the same step, whichever got the signal
     signalled = any_rank(run.env, run.signals is not None and run.signals.requested is not None)
     if signalled and state.interrupted is None:
-        state.interrupted = (run.signals.requested if run.signals and run.signals.requested else "a signal to another rank")
+        state.interrupted = (
+            run.signals.requested if run.signals and run.signals.requested else "a signal to another rank"
+        )
     state.stop = state.step >= t.max_steps or time_up or signalled
     if time_up and state.step < t.max_steps:
         state.capped_at = state.step
@@ -153,8 +169,12 @@ def _log_interval(run: Run, state: LoopState, now: float) -> None:
     """The interval's loss and throughput over all ranks (one all-reduce: the one host sync per
     log interval); rank 0 writes the "train" record and a line (or the progress bar's postfix)."""
     env, opts, t = run.env, run.opts, run.config.train
-    stats = torch.cat([state.interval_sums.double(),
-                       torch.tensor([float(state.interval_tokens)], dtype=torch.float64, device=env.device)])
+    stats = torch.cat(
+        [
+            state.interval_sums.double(),
+            torch.tensor([float(state.interval_tokens)], dtype=torch.float64, device=env.device),
+        ]
+    )
     loss_sum, nll_sum, ntok = all_reduce_(stats, env).tolist()
     tokens_per_s = ntok / max(now - state.last_log, 1e-9)
     state.tokens_seen += int(ntok)
@@ -162,8 +182,13 @@ def _log_interval(run: Run, state: LoopState, now: float) -> None:
     state.step_seconds += now - state.last_log
     if env.is_main:
         record = dict(
-            epoch=state.stream.epoch, loss=loss_sum / ntok, nll=nll_sum / ntok, ppl=math.exp(min(nll_sum / ntok, 700.0)),
-            lr=state.lr, target_tokens_per_s=tokens_per_s, target_tokens=int(ntok),
+            epoch=state.stream.epoch,
+            loss=loss_sum / ntok,
+            nll=nll_sum / ntok,
+            ppl=math.exp(min(nll_sum / ntok, 700.0)),
+            lr=state.lr,
+            target_tokens_per_s=tokens_per_s,
+            target_tokens=int(ntok),
             elapsed_s=round(now - state.start, 2),
         )
         if state.grad_norm is not None:
@@ -172,13 +197,21 @@ def _log_interval(run: Run, state: LoopState, now: float) -> None:
             record["loss_scale"] = float(run.scaler.get_scale())
         run.log.write("train", state.step, **record)
         if run.bar is not None:
-            run.bar.set_postfix(dict(loss=f"{record['loss']:.3f}", lr=f"{state.lr:.2e}", tok_s=f"{tokens_per_s:,.0f}"),
-                                refresh=False)
+            run.bar.set_postfix(
+                dict(loss=f"{record['loss']:.3f}", lr=f"{state.lr:.2e}", tok_s=f"{tokens_per_s:,.0f}"), refresh=False
+            )
         else:
-            eta = _remaining(state.step, t.max_steps, now - state.start, session_steps=state.step - state.first_step,
-                             minutes_left=opts.max_minutes and opts.max_minutes - (now - state.start) / 60)
-            env.say(f"step {state.step}/{t.max_steps} | epoch {state.stream.epoch} | loss {record['loss']:.4f} | "
-                    f"ppl {record['ppl']:.2f} | lr {state.lr:.3e} | {tokens_per_s:,.0f} target tokens/s | {eta}")
+            eta = _remaining(
+                state.step,
+                t.max_steps,
+                now - state.start,
+                session_steps=state.step - state.first_step,
+                minutes_left=opts.max_minutes and opts.max_minutes - (now - state.start) / 60,
+            )
+            env.say(
+                f"step {state.step}/{t.max_steps} | epoch {state.stream.epoch} | loss {record['loss']:.4f} | "
+                f"ppl {record['ppl']:.2f} | lr {state.lr:.3e} | {tokens_per_s:,.0f} target tokens/s | {eta}"
+            )
     state.interval_sums.zero_()
     state.interval_tokens, state.grad_norm, state.last_log = 0, None, time.perf_counter()
 
@@ -187,12 +220,21 @@ def _validate(run: Run, state: LoopState) -> dict | None:
     """The loss on the validation split (None without one), logged and said."""
     if run.valid_set is None:
         return None
-    r = evaluate(run.model, run.valid_set, max_tokens=run.opts.max_tokens, label_smoothing=run.config.train.label_smoothing,
-                 env=run.env, precision=run.precision, smooth_exclude=run.smooth_exclude)
+    r = evaluate(
+        run.model,
+        run.valid_set,
+        max_tokens=run.opts.max_tokens,
+        label_smoothing=run.config.train.label_smoothing,
+        env=run.env,
+        precision=run.precision,
+        smooth_exclude=run.smooth_exclude,
+    )
     if run.log is not None:
         run.log.write("valid", state.step, **r)
-    run.env.say(f"step {state.step}: valid loss {r['loss']:.4f}, nll {r['nll']:.4f}, ppl {r['ppl']:.2f} "
-                f"({r['tokens']} tokens)", run.bar)
+    run.env.say(
+        f"step {state.step}: valid loss {r['loss']:.4f}, nll {r['nll']:.4f}, ppl {r['ppl']:.2f} ({r['tokens']} tokens)",
+        run.bar,
+    )
     return r
 
 
@@ -200,13 +242,17 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
     """The final validation, checkpoint and model directory (an interrupted run: its checkpoint)."""
     env, opts, t, step = run.env, run.opts, run.config.train, state.step
     if state.capped_at is not None:
-        env.say(f"note: --max-minutes {opts.max_minutes:g} stopped training at step {step} of {t.max_steps}: "
-                "this model is not the recipe's (run the same command again to finish it)")
+        env.say(
+            f"note: --max-minutes {opts.max_minutes:g} stopped training at step {step} of {t.max_steps}: "
+            "this model is not the recipe's (run the same command again to finish it)"
+        )
         if run.log is not None:
             run.log.write("capped", step, max_steps=t.max_steps, max_minutes=opts.max_minutes)
     if state.interrupted is not None:
         recovery.interrupted(run, state)
-        return TrainResult(run.model, step, state.valid, run.run_dir, _tokens_per_s(state), interrupted=state.interrupted)
+        return TrainResult(
+            run.model, step, state.valid, run.run_dir, _tokens_per_s(state), interrupted=state.interrupted
+        )
     if state.validated_at != step:
         state.valid = _validate(run, state)
     if state.saved_at != step:
@@ -215,16 +261,29 @@ def _finish(run: Run, state: LoopState) -> TrainResult:
     tokens_per_s = _tokens_per_s(state)
     if env.is_main:
         save_model(run.model, run.config, run.run_dir / "model")
-        run.log.write("end", step, valid=state.valid, target_tokens_per_s=tokens_per_s,
-                      step_seconds=round(state.step_seconds, 2), wall_seconds=round(time.perf_counter() - state.start, 2))
+        run.log.write(
+            "end",
+            step,
+            valid=state.valid,
+            target_tokens_per_s=tokens_per_s,
+            step_seconds=round(state.step_seconds, 2),
+            wall_seconds=round(time.perf_counter() - state.start, 2),
+        )
         run.log.close()
     if run.bar is not None:
         run.bar.close()
-    session = "" if state.first_step == 0 else (
-        f" in this session (from step {state.first_step}; the run's training time over all sessions, validation "
-        f"and checkpoints included: {(state.train_seconds + time.perf_counter() - state.start) / 60:.1f} min)")
-    env.say(f"done at step {step}: {tokens_per_s:,.0f} target tokens/s over {state.step_seconds:.1f} s of training "
-            f"steps{session}; final model in {run.run_dir / 'model'}")
+    session = (
+        ""
+        if state.first_step == 0
+        else (
+            f" in this session (from step {state.first_step}; the run's training time over all sessions, validation "
+            f"and checkpoints included: {(state.train_seconds + time.perf_counter() - state.start) / 60:.1f} min)"
+        )
+    )
+    env.say(
+        f"done at step {step}: {tokens_per_s:,.0f} target tokens/s over {state.step_seconds:.1f} s of training "
+        f"steps{session}; final model in {run.run_dir / 'model'}"
+    )
     return TrainResult(run.model, step, state.valid, run.run_dir, tokens_per_s)
 
 
@@ -246,4 +305,3 @@ def _remaining(step: int, max_steps: int, step_seconds: float, session_steps: in
     h, m = divmod(m, 60)
     text = f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
     return f"ETA {text}" + (" (--max-minutes)" if capped else "")
-

@@ -12,8 +12,24 @@ from .weights import TYPE_NAMES, TYPES
 
 DPI = 150
 # One colour per head (head 1 first); more heads than colours reuse them
-HEAD_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-               "#bcbd22", "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
+HEAD_COLORS = [
+    "#1f77b4",
+    "#d62728",
+    "#2ca02c",
+    "#ff7f0e",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+    "#3182bd",
+]
 
 MASK_COLORS = {"allowed": "#2b6cb0", "padding": "#d0d0d0", "causal": "#fbd38d", "both": "#a0a0a0", "window": "#606060"}
 STYLE = {"font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 9, "figure.titlesize": 10}
@@ -58,8 +74,11 @@ def _side_tokens(data: dict, sentence: int, kind: str) -> tuple[list[str], list[
 
 
 def _title(data: dict, kind: str, layer: int, heads: list[int], query: int | None, q_tokens: list[str]) -> str:
-    hs = "all heads" if len(heads) == data["n_heads"] else ("head " if len(heads) == 1 else "heads ") + ", ".join(
-        str(h + 1) for h in heads)
+    hs = (
+        "all heads"
+        if len(heads) == data["n_heads"]
+        else ("head " if len(heads) == 1 else "heads ") + ", ".join(str(h + 1) for h in heads)
+    )
     t = f"{TYPE_NAMES[kind]}, layer {layer + 1} of {data['n_layers']}, {hs}"
     if query is not None:
         t += f"; query {query + 1} \u201c{q_tokens[query]}\u201d only"
@@ -85,8 +104,16 @@ def _chosen(data: dict, sentence: int, kind: str, layer: int, heads: list[int] |
     return (heads, *_side_tokens(data, sentence, kind), data["sentences"][sentence]["attention"][kind][layer])
 
 
-def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer: int = 0, heads: list[int] | None = None,
-                 query: int | None = None, layout: str = "columns") -> bytes:
+def lines_figure(
+    data: dict,
+    *,
+    sentence: int = 0,
+    kind: str = "encoder",
+    layer: int = 0,
+    heads: list[int] | None = None,
+    query: int | None = None,
+    layout: str = "columns",
+) -> bytes:
     """The paper's figure: PNG bytes (layer, heads, query, sentence from 0)."""
     heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)  # matplotlib checked first
     from matplotlib import rc_context
@@ -113,18 +140,35 @@ def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer:
                 for j, v in enumerate(w[h][i]):
                     if v > 0.005:
                         (x0, y0), (x1, y1) = at(0, i), at(1, j)
-                        ax.plot([x0, x1], [y0, y1], color=head_color(h), alpha=min(1.0, v), linewidth=2.0,
-                                solid_capstyle="butt")
+                        ax.plot(
+                            [x0, x1],
+                            [y0, y1],
+                            color=head_color(h),
+                            alpha=min(1.0, v),
+                            linewidth=2.0,
+                            solid_capstyle="butt",
+                        )
         for side, toks in ((0, q_tok), (1, k_tok)):
             for i, t in enumerate(toks):
                 x, y = at(side, i)
                 strong = query is None or side == 1 or i == query
-                kw = dict(color="black" if strong else "#999999", fontweight="bold" if query == i and side == 0 else "normal")
+                kw = dict(
+                    color="black" if strong else "#999999", fontweight="bold" if query == i and side == 0 else "normal"
+                )
                 if layout == "columns":
-                    ax.text(x + (-0.01 if side == 0 else 0.01), y, t, ha="right" if side == 0 else "left", va="center", **kw)
+                    ax.text(
+                        x + (-0.01 if side == 0 else 0.01), y, t, ha="right" if side == 0 else "left", va="center", **kw
+                    )
                 else:
-                    ax.text(x, y + (0.03 if side == 0 else -0.03), t, rotation=90, ha="center",
-                            va="bottom" if side == 0 else "top", **kw)
+                    ax.text(
+                        x,
+                        y + (0.03 if side == 0 else -0.03),
+                        t,
+                        rotation=90,
+                        ha="center",
+                        va="bottom" if side == 0 else "top",
+                        **kw,
+                    )
         side_kw = dict(color="#666666", fontstyle="italic", fontsize=7)
         if layout == "columns":  # each column headed by what it is
             ax.text(0.29, n + 0.75, "queries", ha="right", va="center", **side_kw)
@@ -139,14 +183,27 @@ def lines_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer:
         from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], color=head_color(h), linewidth=3, label=f"head {h + 1}") for h in heads]
-        fig.legend(handles=handles, loc="upper center", ncol=min(len(heads), 8), frameon=False, fontsize=7,
-                   bbox_to_anchor=(0.5, 0.96))
+        fig.legend(
+            handles=handles,
+            loc="upper center",
+            ncol=min(len(heads), 8),
+            frameon=False,
+            fontsize=7,
+            bbox_to_anchor=(0.5, 0.96),
+        )
         fig.suptitle(_title(data, kind, layer, heads, query, q_tok), y=0.995, va="top", fontsize=8)
         return _png(fig)
 
 
-def heatmap_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", layer: int = 0,
-                   heads: list[int] | None = None, query: int | None = None) -> bytes:
+def heatmap_figure(
+    data: dict,
+    *,
+    sentence: int = 0,
+    kind: str = "encoder",
+    layer: int = 0,
+    heads: list[int] | None = None,
+    query: int | None = None,
+) -> bytes:
     """One query x key heatmap per head: PNG bytes (a query is outlined, all rows shown)."""
     heads, q_tok, k_tok, w = _chosen(data, sentence, kind, layer, heads, query)  # matplotlib checked first
     from matplotlib import rc_context
@@ -168,14 +225,27 @@ def heatmap_figure(data: dict, *, sentence: int = 0, kind: str = "encoder", laye
             for i in range(len(q_tok)):  # restricted self-attention: the cells the window masks, hatched grey
                 for j in range(len(k_tok)):
                     if outside_window(data, kind, i, j):
-                        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d0d0d0", hatch="////",
-                                               edgecolor="#808080", linewidth=0))
+                        ax.add_patch(
+                            Rectangle(
+                                (j - 0.5, i - 0.5),
+                                1,
+                                1,
+                                facecolor="#d0d0d0",
+                                hatch="////",
+                                edgecolor="#808080",
+                                linewidth=0,
+                            )
+                        )
             if query is not None:
-                ax.add_patch(Rectangle((-0.5, query - 0.5), len(k_tok), 1, fill=False, edgecolor="#d62728", linewidth=1.2))
+                ax.add_patch(
+                    Rectangle((-0.5, query - 0.5), len(k_tok), 1, fill=False, edgecolor="#d62728", linewidth=1.2)
+                )
         fig.colorbar(im, ax=fig.axes, shrink=0.6, label="weight")
         window = data.get("attention_window")
         note = f"; hatched: outside the window r = {window}" if window is not None and kind != "decoder_cross" else ""
-        fig.suptitle(_title(data, kind, layer, heads, None, q_tok) + f"  (rows: queries, columns: keys{note})", fontsize=8)
+        fig.suptitle(
+            _title(data, kind, layer, heads, None, q_tok) + f"  (rows: queries, columns: keys{note})", fontsize=8
+        )
         return _png(fig)
 
 
@@ -199,8 +269,19 @@ def mask_categories(data: dict, sentence: int, kind: str) -> tuple[list[list[str
         out = []
         for j, allowed in enumerate(row):
             causal = kind == "decoder_self" and j > i
-            out.append("allowed" if allowed else "both" if k_pad[j] and causal else "padding" if k_pad[j]
-                       else "causal" if causal else "window" if outside_window(data, kind, i, j) else "other")
+            out.append(
+                "allowed"
+                if allowed
+                else "both"
+                if k_pad[j] and causal
+                else "padding"
+                if k_pad[j]
+                else "causal"
+                if causal
+                else "window"
+                if outside_window(data, kind, i, j)
+                else "other"
+            )
         cats.append(out)
     return cats, q_pad
 
@@ -224,16 +305,23 @@ def masks_figure(data: dict, sentences: list[int] | None = None) -> bytes:
     with rc_context({**STYLE, "font.size": 6.5}):
         fig = _figure(1.2 + cell * (sum(widths) + 12), 1.0 + len(sentences) * (cell * max(S, T) + 1.3))
         kinds = ["encoder", "decoder_cross", "decoder_self"]
-        grid = fig.add_gridspec(len(sentences), 3, width_ratios=widths, left=0.06, right=0.98, top=0.9, bottom=0.08,
-                                wspace=0.35, hspace=0.6)
+        grid = fig.add_gridspec(
+            len(sentences), 3, width_ratios=widths, left=0.06, right=0.98, top=0.9, bottom=0.08, wspace=0.35, hspace=0.6
+        )
         for r, s in enumerate(sentences):
             src = [readable(p) for p in b["source"][s]]
             tgt = [readable(p) for p in b["target"][s]]
             for c, kind in enumerate(kinds):
                 cats, q_pad = mask_categories(data, s, kind)
                 ax = fig.add_subplot(grid[r, c])
-                ax.imshow([[order.index(x) for x in row] for row in cats], cmap=cmap, vmin=-0.5, vmax=len(order) - 0.5,
-                          interpolation="nearest", aspect="equal")
+                ax.imshow(
+                    [[order.index(x) for x in row] for row in cats],
+                    cmap=cmap,
+                    vmin=-0.5,
+                    vmax=len(order) - 0.5,
+                    interpolation="nearest",
+                    aspect="equal",
+                )
                 q_tok = src if kind == "encoder" else tgt
                 k_tok = tgt if kind == "decoder_self" else src
                 ax.set_xticks(range(len(k_tok)), k_tok, rotation=90)
@@ -245,19 +333,35 @@ def masks_figure(data: dict, sentences: list[int] | None = None) -> bytes:
                 ax.tick_params(which="minor", length=0)
                 for i, p in enumerate(q_pad):
                     if p:
-                        ax.add_patch(Rectangle((-0.5, i - 0.5), len(k_tok), 1, fill=False, hatch="////",
-                                               edgecolor="#555555", linewidth=0))
+                        ax.add_patch(
+                            Rectangle(
+                                (-0.5, i - 0.5),
+                                len(k_tok),
+                                1,
+                                fill=False,
+                                hatch="////",
+                                edgecolor="#555555",
+                                linewidth=0,
+                            )
+                        )
                 ax.set_title(f"sentence {s + 1}: {TYPE_NAMES[kind]}", fontsize=7)
                 ax.set_xlabel("keys (may be attended)")
                 if c == 0:
                     ax.set_ylabel("queries")
-        legend = [Patch(facecolor=MASK_COLORS["allowed"], label="may attend (True)"),
-                  Patch(facecolor=MASK_COLORS["padding"], label="blocked: key is padding"),
-                  Patch(facecolor=MASK_COLORS["causal"], label="blocked: later position (causal)"),
-                  Patch(facecolor=MASK_COLORS["both"], label="blocked: both"),
-                  Patch(facecolor="white", edgecolor="#555555", hatch="////", label="query is padding: computed, ignored")]
+        legend = [
+            Patch(facecolor=MASK_COLORS["allowed"], label="may attend (True)"),
+            Patch(facecolor=MASK_COLORS["padding"], label="blocked: key is padding"),
+            Patch(facecolor=MASK_COLORS["causal"], label="blocked: later position (causal)"),
+            Patch(facecolor=MASK_COLORS["both"], label="blocked: both"),
+            Patch(facecolor="white", edgecolor="#555555", hatch="////", label="query is padding: computed, ignored"),
+        ]
         if data.get("attention_window") is not None:
-            legend.insert(4, Patch(facecolor=MASK_COLORS["window"],
-                                   label=f"blocked: outside the window (r = {data['attention_window']})"))
+            legend.insert(
+                4,
+                Patch(
+                    facecolor=MASK_COLORS["window"],
+                    label=f"blocked: outside the window (r = {data['attention_window']})",
+                ),
+            )
         fig.legend(handles=legend, loc="upper center", ncol=len(legend), frameon=False, bbox_to_anchor=(0.5, 0.995))
         return _png(fig)

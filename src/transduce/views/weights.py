@@ -17,8 +17,11 @@ from ..data.batching import pad_batch
 
 TYPES = ATTENTION_TYPES  # the three uses of attention (3.2.3)
 
-TYPE_NAMES = {"encoder": "encoder self-attention", "decoder_self": "decoder self-attention (masked)",
-              "decoder_cross": "encoder-decoder attention"}
+TYPE_NAMES = {
+    "encoder": "encoder self-attention",
+    "decoder_self": "decoder self-attention (masked)",
+    "decoder_cross": "encoder-decoder attention",
+}
 
 DECIMALS = 4  # Weights in the JSON and the page are rounded to this many decimals
 
@@ -88,8 +91,9 @@ def compute_attention(model, sources: list[list[int]], targets: list[list[int]])
         "decoder_cross": src_mask[:, 0].expand(B, T, S),
     }
     weights = {kind: [w.float().cpu() for w in attention[kind]] for kind in TYPES}
-    return AttentionBatch(src, tgt, weights, masks, [len(s) + 1 for s in sources], [len(t) + 1 for t in targets],
-                          [[] for _ in sources], r)
+    return AttentionBatch(
+        src, tgt, weights, masks, [len(s) + 1 for s in sources], [len(t) + 1 for t in targets], [[] for _ in sources], r
+    )
 
 
 def _rounded(t: Tensor):
@@ -108,6 +112,7 @@ def _rounded(t: Tensor):
 def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", texts: list[dict] | None = None) -> dict:
     """The batch as a JSON-able dict (see the module docstring); `texts[i]` adds sentence i's
     texts ({"source": ..., "target": ..., "target_from": ...})."""
+
     def pieces(vocab, ids):
         return [vocab.sp.id_to_piece(int(i)) for i in ids]
 
@@ -118,13 +123,17 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
         src_p, tgt_p = pieces(src_vocab, s_ids), pieces(tgt_vocab, t_ids)
         predicts = tgt_p[1:] + [tgt_vocab.sp.id_to_piece(tgt_vocab.eos)]
         entry = dict(texts[i]) if texts else {}
-        entry.update({
-            "source": [readable(p) for p in src_p], "source_pieces": src_p,
-            "target": [readable(p) for p in tgt_p], "target_pieces": tgt_p,
-            "predicts": [readable(p) for p in predicts],
-            "notes": batch.notes[i] if batch.notes else [],
-            "attention": {kind: _rounded(batch.sentence(i, kind)) for kind in TYPES},
-        })
+        entry.update(
+            {
+                "source": [readable(p) for p in src_p],
+                "source_pieces": src_p,
+                "target": [readable(p) for p in tgt_p],
+                "target_pieces": tgt_p,
+                "predicts": [readable(p) for p in predicts],
+                "notes": batch.notes[i] if batch.notes else [],
+                "attention": {kind: _rounded(batch.sentence(i, kind)) for kind in TYPES},
+            }
+        )
         sentences.append(entry)
     return {
         "format": FORMAT,
@@ -136,8 +145,8 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
         "decimals": DECIMALS,
         "attention_window": batch.attention_window,
         "layout": "attention[type][layer][head][query][key], layers and heads from 0 (the page and the "
-                  "figures number them from 1); source = subword pieces + </s>; target = decoder inputs "
-                  "(<s> + target), position i predicting predicts[i]",
+        "figures number them from 1); source = subword pieces + </s>; target = decoder inputs "
+        "(<s> + target), position i predicting predicts[i]",
         "sentences": sentences,
         "batch": {
             "source": [pieces(src_vocab, row) for row in batch.src.tolist()],
@@ -146,7 +155,7 @@ def to_json(batch: AttentionBatch, src_vocab, tgt_vocab, *, model: str = "", tex
             "target_lengths": batch.tgt_lengths,
             "masks": {kind: batch.masks[kind].int().tolist() for kind in TYPES},
             "masks_layout": "masks[type][sentence][query][key]: 1 = may attend, 0 = blocked; the same for "
-                            "every layer and head (transduce.masks.make_masks)",
+            "every layer and head (transduce.masks.make_masks)",
         },
     }
 
@@ -155,9 +164,17 @@ MAX_SENTENCES = 8  # Sentences in one batch (one page) at most
 MAX_WEIGHTS = 4_000_000  # weights in one page at most (about 25 MB of text)
 
 
-def attention_data(loaded, sources: list[str], targets: list[str | None] | None = None, *, beam: int = BEAM,
-                   alpha: float = ALPHA, greedy: bool = False, max_len_offset: int = MAX_LEN_OFFSET,
-                   max_tokens: int = ATTENTION_MAX_TOKENS) -> tuple[AttentionBatch, dict]:
+def attention_data(
+    loaded,
+    sources: list[str],
+    targets: list[str | None] | None = None,
+    *,
+    beam: int = BEAM,
+    alpha: float = ALPHA,
+    greedy: bool = False,
+    max_len_offset: int = MAX_LEN_OFFSET,
+    max_tokens: int = ATTENTION_MAX_TOKENS,
+) -> tuple[AttentionBatch, dict]:
     """Weights and JSON for `sources` with their `targets` (None: the model's own translation, as
     `transduce translate` decodes) from a `transduce.decoding.ready.LoadedModel`: what `transduce attention` does."""
     from ..decoding.translate import translate_stream
@@ -175,9 +192,18 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
     own = [i for i, t in enumerate(targets) if t is None]
     translations = {}
     if own:
-        stream = translate_stream(loaded.model, loaded.src_vocab, loaded.tgt_vocab, [sources[i] for i in own],
-                                  beam=beam, alpha=alpha, greedy=greedy, max_len_offset=max_len_offset,
-                                  max_input_tokens=max_tokens, warn=lambda m: None)
+        stream = translate_stream(
+            loaded.model,
+            loaded.src_vocab,
+            loaded.tgt_vocab,
+            [sources[i] for i in own],
+            beam=beam,
+            alpha=alpha,
+            greedy=greedy,
+            max_len_offset=max_len_offset,
+            max_input_tokens=max_tokens,
+            warn=lambda m: None,
+        )
         translations = dict(zip(own, (cands[0] for cands in stream)))
     how = "the model's greedy translation" if greedy else f"the model's translation (beam {beam}, alpha {alpha})"
     for i, (source, target) in enumerate(zip(sources, targets)):
@@ -190,7 +216,9 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
         note = []
         for side, ids, out in (("source", loaded.src_vocab.encode(source), src_ids), ("target", t_ids, tgt_ids)):
             if len(ids) > max_tokens:
-                note.append(f"{side} cut to its first {max_tokens} of {len(ids)} subword tokens (the cap, --keep-tokens)")
+                note.append(
+                    f"{side} cut to its first {max_tokens} of {len(ids)} subword tokens (the cap, --keep-tokens)"
+                )
             out.append(ids[:max_tokens])
         texts.append({"source_text": source, "target_text": t_text, "target_from": t_from})
         notes.append(note)
@@ -198,8 +226,10 @@ def attention_data(loaded, sources: list[str], targets: list[str | None] | None 
     lengths = [(len(a) + 1, len(b) + 1) for a, b in zip(src_ids, tgt_ids)]  # with </s>, with <s>
     n = mc.n_layers * mc.n_heads * sum(S * S + T * T + T * S for S, T in lengths)
     if n > MAX_WEIGHTS:
-        raise ValueError(f"{n:,} weights would be more than a page should hold ({MAX_WEIGHTS:,}): give fewer or "
-                         "shorter sentences, or a lower --keep-tokens")
+        raise ValueError(
+            f"{n:,} weights would be more than a page should hold ({MAX_WEIGHTS:,}): give fewer or "
+            "shorter sentences, or a lower --keep-tokens"
+        )
     batch = compute_attention(loaded.model, src_ids, tgt_ids)
     batch.notes = notes
     data = to_json(batch, loaded.src_vocab, loaded.tgt_vocab, model=loaded.description, texts=texts)
@@ -228,5 +258,6 @@ def find_token(labels: list[str], pieces: list[str], spec: str, side: str) -> in
     listing = " ".join(f"{i + 1}:{t}" for i, t in enumerate(labels))
     if not hits:
         raise ValueError(f"--query {spec!r} is not a token of the {side} ({listing}): give a position or a token")
-    raise ValueError(f"--query {spec!r} occurs at positions {', '.join(str(i + 1) for i in hits)} of the {side}: "
-                     "give the position")
+    raise ValueError(
+        f"--query {spec!r} occurs at positions {', '.join(str(i + 1) for i in hits)} of the {side}: give the position"
+    )
