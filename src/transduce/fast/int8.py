@@ -75,9 +75,9 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
 
 def int8_kernel(dtype: torch.dtype) -> str:
     """Whose int8 product `Int8Weight` runs: FBGEMM's where the CPU adds u8 x s8 pairs in int16
-    (`int8_saturates`: AVX2 without VNNI) and the activations are fp32, else oneDNN's. There
-    FBGEMM's is as accurate (the same 7-bit weights, 8-bit activations) and faster: 4-8x for the
-    few rows of one sentence's beams, up to 1.2x for a batch's (docs/speed.md, "int8 decoding")."""
+    (`int8_saturates`: x86 without VNNI) and the activations are fp32, else oneDNN's. There
+    FBGEMM's is as accurate (the same 7-bit weights, 8-bit activations) and much faster for the
+    few rows of one sentence's beams (docs/speed.md, "int8 decoding")."""
     if dtype == torch.float32 and torch_ops.has("fbgemm") and int8_saturates():
         return "fbgemm"
     return "onednn"
