@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -22,6 +23,18 @@ def test_save_load_round_trip(tmp_path):
     assert loaded.encoder.embed is loaded.decoder.embed
     src = torch.tensor([[5, 6, 3]])
     assert torch.equal(model(src, src), loaded(src, src))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads the process's mappings from /proc (Linux)")
+def test_a_loaded_model_holds_no_mapping_of_its_weights_file(tmp_path):
+    # each tensor safetensors reads keeps the file mapped, with the pages it touched, while it lives
+    config = Config(model=ModelConfig(src_vocab_size=30, n_layers=1, d_model=16, d_ff=32, n_heads=2))
+    save_model(Transformer(config.model), config, tmp_path / "m")
+    loaded, _ = load_model(tmp_path / "m")
+    weights = str((tmp_path / "m" / "model.safetensors").resolve())
+    with open("/proc/self/maps") as f:
+        assert not [line for line in f if line.rstrip().endswith(weights)]
+    assert loaded.decoder.layers[0].feed_forward.w_1.weight.abs().sum() > 0
 
 
 def test_weights_file_is_safetensors_not_pickle(tmp_path):

@@ -140,9 +140,12 @@ def skeleton(config: Config) -> Transformer:
 
 def read_tensor(path: Path, name: str) -> torch.Tensor:
     """One tensor of a safetensors file, the file mapped only while it is read: a model is read
-    tensor by tensor without all of its pages in memory at once."""
+    tensor by tensor without all of its pages in memory at once. Copied out of the mapping, which
+    safetensors' tensor would otherwise hold for as long as it lives, with every page it brought
+    in: a model's small tensors held a fifth of a gigabyte of OPUS-MT's file resident after
+    decoding had dropped its large ones (docs/speed.md, "Memory at OPUS-MT's size")."""
     with safe_open(str(path), "pt") as f:
-        return f.get_tensor(name)
+        return f.get_tensor(name).clone()
 
 
 def build_model(
