@@ -348,3 +348,47 @@ def test_fbgemm_product_matches_onednn_within_a_step(monkeypatch):
             yf, yo = f(x, bias, act), o(x, bias, act)
             assert yf.shape == yo.shape == (3, 7, 96 if rows is None else 32)
             assert (yf - yo).abs().max() < 0.05, act
+
+
+def test_int8_quantized_as_read_decodes_as_quantized_after_loading(model_dir):
+    # load_for_decoding quantizes each part as it is read (fast.int8.quantize_part): when a decoder
+    # layer is read, the layers before it hold no float linear weight, and the ones after are not read yet
+    from transduce.decoding.ready import load_for_decoding
+    from transduce.fast.decode import PackedLinear
+
+    seen = []
+    real = int8.quantize_part
+
+    def spy(part, decoder=True):
+        if isinstance(part, Transformer):
+            spy.model = part
+            seen.append(("Transformer", 0, 0))
+        elif part in list(spy.model.decoder.layers):
+            layers = spy.model.decoder.layers
+            i = next(i for i, layer in enumerate(layers) if layer is part)
+            before = [m for layer in layers[:i] for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+            after = [p for layer in layers[i + 1 :] for p in layer.parameters() if not p.is_meta]
+            seen.append(("DecoderLayer", len(before), len(after)))
+        real(part, decoder)
+
+    int8.quantize_part = spy
+    try:
+        loaded = load_for_decoding(model_dir, precision="int8", threads=1, keep_freed=False)
+    finally:
+        int8.quantize_part = real
+    n = loaded.config.model.n_layers
+    assert seen[0] == ("Transformer", 0, 0)
+    assert [s for s in seen if s[0] == "DecoderLayer"] == [("DecoderLayer", 0, 0)] * n
+    assert isinstance(loaded.model.decoder.embed, int8.Int8Embeddings)
+
+    later = load_translation_model(model_dir)  # read whole in fp32, then quantized: the same int8 model
+    make_ready(later.model, loaded.precision, keep=False)
+    assert all(
+        isinstance(m, PackedLinear) for m in loaded.model.encoder.layers[0].modules() if "Linear" in type(m).__name__
+    )
+    lines = sentences(SRC_WORDS, 12, seed=9)
+    outputs = [
+        translate_lines(m, later.src_vocab, later.tgt_vocab, lines, beam=3, max_len_offset=6)
+        for m in (loaded.model, later.model)
+    ]
+    assert outputs[0] == outputs[1]

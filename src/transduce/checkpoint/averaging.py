@@ -140,11 +140,13 @@ def load_for_inference(
     average: int | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    as_filled=None,
 ) -> Resolved:
     """The model a MODEL argument names: a model directory; or, for a run directory, the average
     of its last `average` checkpoints (by default `default_average`, as for Table 2), one
     `checkpoint` (`resolve_checkpoint`), or its model/ when it has no checkpoints. `dtype`: its
-    floating-point tensors in that type, cast as they are read (`model_dir.build_model`)."""
+    floating-point tensors in that type, cast as they are read; `as_filled`: called on each part
+    read (`model_dir.build_model`)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such directory (a training run directory or a model directory)")
@@ -157,7 +159,9 @@ def load_for_inference(
             raise ValueError("--average must be at least 1")
         paths = last_checkpoints(path, average, flag="--average")
         names, read, config = guarded(averaged_reader, paths)
-        model = guarded(build_model, config, names, read, device=device, dtype=dtype, where=paths[-1]).eval()
+        model = guarded(
+            build_model, config, names, read, device=device, dtype=dtype, where=paths[-1], as_filled=as_filled
+        ).eval()
         what = f"average of the last {len(paths)} checkpoints ({paths[0].name} .. {paths[-1].name}) of {path}"
         return Resolved(model, config, what, [path])
     if checkpoint is not None:
@@ -168,7 +172,7 @@ def load_for_inference(
         model_dir = path / "model"
     else:
         raise FileNotFoundError(f"{path}: {NOT_A_MODEL}")
-    model, config = guarded(load_model, model_dir, device=device, dtype=dtype)
+    model, config = guarded(load_model, model_dir, device=device, dtype=dtype, as_filled=as_filled)
     # A run directory holds data.json; a checkpoint's is two levels up (RUN_DIR/checkpoints/step_*).
     return Resolved(
         model, config, str(model_dir), list(dict.fromkeys([path, model_dir, model_dir.parent, model_dir.parent.parent]))

@@ -103,11 +103,14 @@ def load_config(directory: str | os.PathLike) -> Config:
 
 
 def load_model(
-    directory: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+    directory: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    as_filled: Callable[[torch.nn.Module], None] | None = None,
 ) -> tuple[Transformer, Config]:
     """(the model in eval mode, its config), its weights loaded strictly from a model directory;
     with `dtype`, its floating-point tensors in that type (as `model.to(dtype)` would give them),
-    read and cast one at a time (`build_model`)."""
+    read and cast one at a time, `as_filled` called on each part read (`build_model`)."""
     directory = Path(directory)
     config = load_config(directory)
     weights = directory / WEIGHTS
@@ -117,7 +120,13 @@ def load_model(
     with safe_open(str(weights), "pt") as f:
         names = set(f.keys())
     model = build_model(
-        config, names, lambda name: read_tensor(weights, name), device=device, dtype=dtype, where=weights
+        config,
+        names,
+        lambda name: read_tensor(weights, name),
+        device=device,
+        dtype=dtype,
+        where=weights,
+        as_filled=as_filled,
     )
     return model.eval(), config
 
@@ -156,12 +165,18 @@ def build_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     where: object = "the weights",
+    as_filled: Callable[[torch.nn.Module], None] | None = None,
 ) -> Transformer:
     """A Transformer whose every parameter and persistent buffer is `read(name)` for a name in
     `names` (the weights file's: a tensor tied to another is stored under one of its names), each
     cast to `dtype` where floating (None: as stored) and moved to `device` as soon as read; built
     without memory of its own first (the meta device), so that loading holds the model once, plus
-    one tensor. Raises ValueError naming `where` when the weights do not fit the model."""
+    one tensor. Read in parts: what lies outside the layers (embeddings, final norms, output
+    projection and bias), then each decoder layer, then each encoder layer; `as_filled(part)` is
+    called as each is read (the model for the first, each layer for the others), so that a model
+    made for decoding only can be quantized or packed a part at a time, never all in its float
+    type at once (`decoding.ready.load_for_decoding`). Raises ValueError naming `where` when the
+    weights do not fit the model."""
     model = skeleton(config)
     aliases: dict[int, list[str]] = {}
     for prefix, module in model.named_modules(remove_duplicate=False):
@@ -179,7 +194,7 @@ def build_model(
             raise ValueError(f"{where}: {found[0]} has shape {tuple(t.shape)}, the model's {tuple(old.shape)}")
         return t.to(device=device, dtype=dtype if dtype is not None and t.is_floating_point() else t.dtype)
 
-    for module in model.modules():
+    def fill(module: torch.nn.Module) -> None:
         for key, p in list(module._parameters.items()):
             if p is not None and (t := load(module, key, p)) is not None:
                 module._parameters[key] = torch.nn.Parameter(t, requires_grad=p.requires_grad)
@@ -194,6 +209,14 @@ def build_model(
                 )
             elif (t := load(module, key, b)) is not None:
                 module._buffers[key] = t
+
+    in_layers = {id(m) for stack in (model.encoder, model.decoder) for m in stack.layers.modules()}
+    for part in [model, *model.decoder.layers, *model.encoder.layers]:
+        for module in part.modules():  # nothing held past the part: `as_filled` may let its tensors go
+            if part is not model or id(module) not in in_layers:
+                fill(module)
+        if as_filled is not None:
+            as_filled(part)
     unexpected = sorted(names - used)
     if missing or unexpected:
         raise ValueError(

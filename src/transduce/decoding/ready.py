@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -91,7 +92,8 @@ def load_for_decoding(
     (`fast.train.keep_freed_memory`: no page faults a step; docs/speed.md, "Memory at OPUS-MT's size"),
     unless `keep_freed` is False (a server of several models, whose unloaded models' memory goes back). The model is held once: its tensors
     are read and cast one at a time, and (unless `keep`) the float weights of the layers packed
-    or quantized are dropped, so it decodes only (inference mode, no autocast). Raises
+    or quantized are dropped, so it decodes only (inference mode, no autocast); in int8, each part
+    is quantized as it is read (`fast.int8.quantize_part`), never all of it in float at once. Raises
     FileNotFoundError, ValueError or DataError."""
     bound_kernel_caches()
     map_large_blocks()  # large blocks given back when freed: the loading's peak, and a server's rounds
@@ -100,6 +102,11 @@ def load_for_decoding(
     device = resolve_device(device) if isinstance(device, str) else device
     choice = choose_decoding_precision(precision, device)
     bf16 = choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")
+    as_filled = None
+    if choice.precision == "int8" and not keep:  # quantized a part at a time as read: never all of it in float
+        from ..fast.int8 import quantize_part
+
+        as_filled = functools.partial(quantize_part, decoder=choice.int8_decoder)
     loaded = load_translation_model(
         path,
         checkpoint=checkpoint,
@@ -109,6 +116,7 @@ def load_for_decoding(
         tgt_vocab=tgt_vocab,
         device=device,
         dtype=torch.bfloat16 if bf16 else None,
+        as_filled=as_filled,
     )
     if workers is not None:
         n = torch.get_num_threads()
@@ -172,15 +180,19 @@ def load_translation_model(
     tgt_vocab: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    as_filled=None,
 ) -> LoadedModel:
     """The model and vocabularies `transduce translate MODEL` uses, on `device` (a name for
-    `resolve_device` or a torch.device), as stored (or in `dtype`; not made ready). Raises
-    FileNotFoundError, ValueError or DataError."""
+    `resolve_device` or a torch.device), as stored (or in `dtype`; not made ready; `as_filled`
+    called on each part read: `checkpoint.model_dir.build_model`). Raises FileNotFoundError,
+    ValueError or DataError."""
     from ..checkpoint import load_for_inference
 
     if isinstance(device, str):
         device = resolve_device(device)
-    resolved = load_for_inference(path, checkpoint=checkpoint, average=average, device=device, dtype=dtype)
+    resolved = load_for_inference(
+        path, checkpoint=checkpoint, average=average, device=device, dtype=dtype, as_filled=as_filled
+    )
     model, config, what = resolved.model, resolved.config, resolved.description
     if vocab is not None and (src_vocab is not None or tgt_vocab is not None):
         raise ValueError("give --vocab (shared) or --src-vocab/--tgt-vocab, not both")

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from .. import torch_ops
 from ..cpu import int8_saturates, x86_64
-from ..model import Embeddings, Transformer
+from ..model import DecoderLayer, Embeddings, Transformer
 from .decode import (
     PackedLinear,
     PackedWeight,
@@ -182,52 +182,85 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
     unchanged. `keep=False` (a model for decoding only): each layer's float weights dropped once
     quantized, and with `embeddings` the tied embedding matrix too, looked up from the projection's
     int8 rows (`Int8Embeddings`), and the logits bias (`ModelConfig.output_bias`) added by oneDNN as
-    the projection writes the logits. Returns how many layers were replaced; `dequantize_int8` puts
-    them back (where `keep`)."""
+    the projection writes the logits. What `quantize_part` did already, as the model was read, is
+    kept. Returns how many layers were replaced; `dequantize_int8` puts them back (where `keep`)."""
     p = next(model.parameters())
-    if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(
-            f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})"
-        )
-    if not can_int8():
-        raise ValueError(f"int8 decoding {int8_needs()}")
+    _check(p)
     unpack_weights(model)  # int8 replaces what would be packed
     n = 0
     for m in [m for m in model.modules() if isinstance(m, Transformer)]:
         for layer in (
             m.decoder.layers if decoder else ()
         ):  # one layer at a time: its float weights dropped before the next
-            n += replace_linears(layer, Int8Linear, output=False)
-            attn, key = layer.cross_attn, block_key(layer.cross_attn.kv_rows)
-            if isinstance(attn.in_proj, Int8Linear):  # encoder-decoder attention's keys and values: once per source
-                if can_pack(p.dtype, p.device):
-                    attn.in_proj.packed[key] = PackedWeight(attn.in_proj.weight, attn.kv_rows, attn.in_proj.bias)
-                else:  # F.linear
-                    del attn.in_proj.packed[key]
-            if not keep:
-                for lin in [x for x in layer.modules() if isinstance(x, Int8Linear)]:
-                    if lin is not attn.in_proj or key in lin.packed:  # else its keys and values need F.linear
-                        lin.drop_weight()
-        tied = m.output_proj is None
-        if tied and embeddings and not keep and isinstance(m.decoder.embed, Embeddings):
-            embed = m.decoder.embed
-            q, scales = quantize_rows(embed.weight.detach())
-            small = Int8Embeddings(q, scales, embed.scale, embed.weight.dtype)
-            for parent in (m.encoder, m.decoder):
-                if parent.embed is embed:
-                    parent.embed = small
-            del embed  # the float matrix let go before its int8 rows are packed: never both at once
-            bias = None if m.output_bias is None else m.output_bias.detach().float()
-            m.output_proj = Int8Linear.from_rows(q, scales, small.dtype, bias)
-            m.output_bias = None  # the logits bias inside the projection's product: no second pass over the logits
-            n += 1
-        elif tied or isinstance(m.output_proj, nn.Linear):  # tied: the embedding matrix
-            m.output_proj, n = Int8Linear(m.output_proj, weight=m.decoder.embed.weight), n + 1
-            if not keep:
-                m.output_proj.drop_weight()
-        for w in m.output_proj.packed.values():
-            w.out_dtype = torch.float32  # fp32 logits (see above)
+            n += _quantize_decoder_layer(layer, keep, can_pack(p.dtype, p.device))
+        n += _quantize_output(m, keep, embeddings)
     fuse_relu(model)
+    return n
+
+
+def quantize_part(part: nn.Module, decoder: bool = True) -> None:
+    """`quantize_int8(keep=False, embeddings=True)` for one part of a model as it is read
+    (`checkpoint.model_dir.build_model`'s `as_filled`): the model (its layers not read yet) gets
+    its int8 embeddings and projection, a decoder layer (with `decoder`) its int8 products; each
+    part's float weights are let go before the next is read, so a model made for decoding only is
+    never held whole in its float type. `quantize_int8` then finishes the model."""
+    if isinstance(part, Transformer):
+        _check(part.decoder.embed.weight)
+        _quantize_output(part, keep=False, embeddings=True)
+    elif decoder and isinstance(part, DecoderLayer):
+        p = part.feed_forward.w_2.weight
+        _quantize_decoder_layer(part, keep=False, pack=can_pack(p.dtype, p.device))
+
+
+def _check(p: Tensor) -> None:
+    if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(
+            f"int8 decoding runs on the CPU from fp32 or bf16 weights (this model: {p.dtype} on {p.device})"
+        )
+    if not can_int8():
+        raise ValueError(f"int8 decoding {int8_needs()}")
+
+
+def _quantize_decoder_layer(layer: nn.Module, keep: bool, pack: bool) -> int:
+    """One decoder layer's linear layers in int8 (nothing where that is done); returns how many."""
+    if not any(isinstance(x, nn.Linear) for x in layer.modules()):
+        return 0
+    n = replace_linears(layer, Int8Linear, output=False)
+    attn, key = layer.cross_attn, block_key(layer.cross_attn.kv_rows)
+    if isinstance(attn.in_proj, Int8Linear):  # encoder-decoder attention's keys and values: once per source
+        if pack:
+            attn.in_proj.packed[key] = PackedWeight(attn.in_proj.weight, attn.kv_rows, attn.in_proj.bias)
+        else:  # F.linear
+            del attn.in_proj.packed[key]
+    if not keep:
+        for lin in [x for x in layer.modules() if isinstance(x, Int8Linear)]:
+            if lin is not attn.in_proj or key in lin.packed:  # else its keys and values need F.linear
+                lin.drop_weight()
+    return n
+
+
+def _quantize_output(m: Transformer, keep: bool, embeddings: bool) -> int:
+    """The pre-softmax projection in int8, with `embeddings` (and not `keep`) the tied matrix held
+    as its int8 rows; returns 1, or 0 where that is done."""
+    n, tied = 0, m.output_proj is None
+    if tied and embeddings and not keep and isinstance(m.decoder.embed, Embeddings):
+        embed = m.decoder.embed
+        q, scales = quantize_rows(embed.weight.detach())
+        small = Int8Embeddings(q, scales, embed.scale, embed.weight.dtype)
+        for parent in (m.encoder, m.decoder):
+            if parent.embed is embed:
+                parent.embed = small
+        del embed  # the float matrix let go before its int8 rows are packed: never both at once
+        bias = None if m.output_bias is None else m.output_bias.detach().float()
+        m.output_proj = Int8Linear.from_rows(q, scales, small.dtype, bias)
+        m.output_bias = None  # the logits bias inside the projection's product: no second pass over the logits
+        n = 1
+    elif tied or isinstance(m.output_proj, nn.Linear):  # tied: the embedding matrix
+        m.output_proj, n = Int8Linear(m.output_proj, weight=m.decoder.embed.weight), 1
+        if not keep:
+            m.output_proj.drop_weight()
+    for w in m.output_proj.packed.values():
+        w.out_dtype = torch.float32  # fp32 logits (see above)
     return n
 
 
