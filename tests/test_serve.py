@@ -646,3 +646,17 @@ def test_transduce_serve_refuses_a_directory_that_is_not_a_model_before_listenin
         "nor a run directory with a model/ or checkpoints/\n"
     )
     assert out == ""  # no URL announced, nothing loaded
+
+
+def test_a_serve_engine_loads_no_python_decompositions(model_dir):
+    # initialising a model built on the meta device runs PyTorch's Python decompositions, which
+    # import sympy (about 70 MB); the engine's parameter count builds it as the loader does, uninitialised
+    code = (
+        "import sys; from transduce.decoding.ready import load_for_decoding; from transduce.serve.app import torch_engine; "
+        f"e = torch_engine(load_for_decoding({str(model_dir)!r}, precision='fp32', threads=1)); "
+        "print(e.info['parameters'], sorted(m for m in sys.modules if m.startswith(('sympy', 'mpmath')))[:3])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    count, modules = out.split(" ", 1)
+    assert int(count) == sum(p.numel() for p in load_translation_model(model_dir).model.parameters())
+    assert modules.strip() == "[]"

@@ -57,8 +57,7 @@ def save_made_tensors_as_model(
     the model's largest tensor, not the model. Every parameter of `config`'s model is made once (of
     those it shares, any one name), at its shape: checked against the model built on the meta
     device, which allocates nothing."""
-    with torch.device("meta"):
-        shapes = Transformer(config.model).state_dict(keep_vars=True)
+    shapes = skeleton(config).state_dict(keep_vars=True)
     groups: dict[int, list[str]] = {}
     for name, t in shapes.items():
         groups.setdefault(id(t), []).append(name)

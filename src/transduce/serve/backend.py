@@ -207,13 +207,13 @@ def model_name(description: str) -> tuple[str, str]:
 
 
 def parameter_count(config) -> int:
-    """Parameters of a model of this configuration (built on the meta device: no memory)."""
-    import torch
+    """Parameters of a model of this configuration (built on the meta device, without initialising
+    it: `checkpoint.model_dir.skeleton`, which spares the process PyTorch's Python decompositions,
+    about 70 MB)."""
+    from ..checkpoint.model_dir import skeleton
+    from ..model import count_parameters
 
-    from ..model import Transformer, count_parameters
-
-    with torch.device("meta"):
-        return count_parameters(Transformer(config.model))
+    return count_parameters(skeleton(config))
 
 
 def _size(n: int) -> str:
