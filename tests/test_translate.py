@@ -681,3 +681,24 @@ def test_precision_with_engine_ct2_is_its_compute_type():
         args = build_parser().parse_args(["translate", "m", "--engine", "ct2", *flags])
         check_args(args)
         assert args.ct2_compute_type == compute_type, flags
+
+
+def test_auto_workers_keep_one_process_where_a_large_models_products_scale_over_the_threads():
+    # at OPUS-MT's sizes fp32's and FBGEMM's int8 products use all the threads well, oneDNN's int8 ones less (docs/speed.md)
+    from transduce.config import ModelConfig
+    from transduce.decoding.streaming import choose_workers, one_process_reason
+
+    large = ModelConfig(src_vocab_size=58_101, d_model=512, d_ff=2048, n_heads=8, n_layers=6)
+    small = ModelConfig(src_vocab_size=8_000, d_model=256, d_ff=1024, n_heads=4, n_layers=3)
+    cpu = torch.device("cpu")
+    assert one_process_reason(large, "fp32", None) == "fp32 at this size"
+    assert one_process_reason(large, "int8", "fbgemm") == "int8 through FBGEMM at this size"
+    assert one_process_reason(large, "int8", "onednn") == one_process_reason(large, "bf16", None) == ""
+    assert one_process_reason(small, "fp32", None) == one_process_reason(small, "int8", "fbgemm") == ""
+    reason = one_process_reason(large, "fp32", None)
+    assert choose_workers("auto", cpu, 2, 512, reason) == (
+        1,
+        "auto: fp32 at this size: one process, its products on all 2 threads",
+    )
+    assert choose_workers(2, cpu, 2, 512, reason) == (2, "as asked")
+    assert choose_workers("auto", cpu, 2, 512, "")[0] == 2

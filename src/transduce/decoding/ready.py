@@ -25,7 +25,7 @@ from ..memory import bound_kernel_caches, map_large_blocks, release_free_memory
 from ..model import Transformer
 from ..precision import Choice, choose_decoding_precision
 from ..checkpoint.generation import Generation, find_generation
-from .streaming import choose_workers
+from .streaming import choose_workers, one_process_reason
 
 
 def make_ready(
@@ -120,7 +120,13 @@ def load_for_decoding(
     )
     if workers is not None:
         n = torch.get_num_threads()
-        loaded.workers, why = choose_workers(workers, device, n, loaded.config.model.d_model)
+        kernel = None
+        if choice.precision == "int8":
+            from ..fast.int8 import int8_kernel
+
+            kernel = int8_kernel(torch.bfloat16 if bf16 else torch.float32)
+        one = one_process_reason(loaded.config.model, choice.precision, kernel) if device.type == "cpu" else ""
+        loaded.workers, why = choose_workers(workers, device, n, loaded.config.model.d_model, one)
         loaded.workers_line = f"workers: {loaded.workers} x {max(1, n // loaded.workers)} thread(s) ({why})"
     loaded.precision = choice
     make_ready(loaded.model, loaded.precision, keep=keep)

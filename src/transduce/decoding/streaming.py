@@ -150,18 +150,37 @@ def thread_workers(config) -> bool:
     return weights >= THREAD_WORKERS_FROM
 
 
-def choose_workers(requested: int | str, device: torch.device, threads: int, d_model: int) -> tuple[int, str]:
+def choose_workers(
+    requested: int | str, device: torch.device, threads: int, d_model: int, one_process: str = ""
+) -> tuple[int, str]:
     """(how many CPU workers decode, why in words): `requested`, or for "auto" one per CPU thread
-    for models up to `WORKERS_MAX_D_MODEL` wide, else 1."""
+    for models up to `WORKERS_MAX_D_MODEL` wide, else 1; 1 where `one_process` gives a reason
+    (`one_process_reason`)."""
     if requested != "auto":
         return int(requested), "as asked"
     if device.type != "cpu":
         return 1, "auto: one process on a GPU"
     if threads < 2:
         return 1, "auto: one CPU thread"
+    if one_process:
+        return 1, f"auto: {one_process}: one process, its products on all {threads} threads"
     if d_model > WORKERS_MAX_D_MODEL:
         return 1, f"auto: d_model {d_model} > {WORKERS_MAX_D_MODEL}: one process, its products on all {threads} threads"
     return threads, f"auto: CPU, d_model {d_model} <= {WORKERS_MAX_D_MODEL}: one worker per thread"
+
+
+def one_process_reason(config, precision: str, int8_kernel: str | None) -> str:
+    """Why a model of `config` (a `ModelConfig`) decodes faster in one process of all the threads
+    than in one-thread workers, or "": at OPUS-MT's sizes (`thread_workers`) in fp32, and in int8
+    through FBGEMM, a product scales over the threads; int8 through oneDNN does not (docs/speed.md,
+    "CPU threads")."""
+    if not thread_workers(config):
+        return ""
+    if precision == "fp32":
+        return "fp32 at this size"
+    if precision == "int8" and int8_kernel == "fbgemm":
+        return "int8 through FBGEMM at this size"
+    return ""
 
 
 class Workers:
