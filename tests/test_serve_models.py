@@ -206,7 +206,8 @@ def test_metrics_label_each_models_memory_loads_and_requests(server):
         requests = float(re.search(rf"transduce_model_requests_total{re.escape(label)} (\S+)", text).group(1))
         assert requests == info[name]["requests"] >= 1
         memory = float(re.search(rf"transduce_model_memory_bytes{re.escape(label)} (\S+)", text).group(1))
-        assert memory >= info[name]["parameter_mb"] * 2**20 * 0.99 > 0  # at least its parameters' bytes
+        # at least its parameters' bytes (/info gives them in MB to one decimal: 0.18 MB reads 0.2)
+        assert memory >= (info[name]["parameter_mb"] - 0.05) * 2**20 > 0
     assert "transduce_models_memory_cap_bytes" not in text
 
 
