@@ -392,3 +392,31 @@ def test_int8_quantized_as_read_decodes_as_quantized_after_loading(model_dir):
         for m in (loaded.model, later.model)
     ]
     assert outputs[0] == outputs[1]
+
+
+def test_int8_over_bf16_quantized_as_read_holds_what_quantizing_after_loading_holds(model_dir):
+    # where bf16 is native (Zen 4, AMX) int8 runs over bf16: the model is read in bf16 and quantized as read,
+    # before `make_ready` casts it; every tensor held, and its dtype, as when the whole model is quantized after loading
+    import dataclasses
+    import functools
+
+    from transduce.precision import choose_decoding_precision
+
+    choice = dataclasses.replace(choose_decoding_precision("int8", torch.device("cpu")), base="bf16")
+    after = load_translation_model(model_dir, dtype=torch.bfloat16)
+    make_ready(after.model, choice, keep=False)
+    read = load_translation_model(
+        model_dir, dtype=torch.bfloat16, as_filled=functools.partial(int8.quantize_part, decoder=choice.int8_decoder)
+    )
+    make_ready(read.model, choice, keep=False)
+
+    def held(model):
+        out = {}
+        for name, module in model.named_modules():
+            tensors = {**vars(module), **module._parameters, **module._buffers}
+            out.update({f"{name}.{k}": v for k, v in tensors.items() if isinstance(v, torch.Tensor)})
+        return out
+
+    a, b = held(after.model), held(read.model)
+    assert a.keys() == b.keys() and a
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
