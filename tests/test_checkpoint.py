@@ -71,3 +71,22 @@ def test_atomic_dir_errors_name_the_users_path_not_the_temporary_one(tmp_path):
                 raise AssertionError("not reached")
         assert f"{e.value.filename}: {e.value.strerror}" == f"{out}: {what}"
     assert [p.name for p in tmp_path.iterdir()] == ["a_file"] and (tmp_path / "a_file").read_text() == "x\n"
+
+
+@pytest.mark.parametrize("damage", ["a flipped bit", "truncated"])
+def test_a_damaged_weights_file_is_named_whether_or_not_it_still_reads(tmp_path, damage):
+    # the checksum is computed in a thread while the model is read: a flipped bit reads (and is
+    # found as the read ends), a truncated file fails to read (and the damage is named instead)
+    from transduce.checkpoint.files import DamagedCheckpoint
+
+    config = Config(model=ModelConfig(src_vocab_size=30, n_layers=1, d_model=16, d_ff=32, n_heads=2))
+    save_model(Transformer(config.model), config, tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) - 64]
+    else:
+        data[len(data) - 8] ^= 0x10  # inside the last tensor
+    path.write_bytes(bytes(data))
+    with pytest.raises(DamagedCheckpoint, match="model.safetensors: damaged"):
+        load_model(tmp_path / "m")

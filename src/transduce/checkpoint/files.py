@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import stat
+import threading
 from pathlib import Path
 from typing import BinaryIO
 
@@ -251,3 +252,30 @@ def verify(directory: str | os.PathLike, names=None) -> None:
             raise DamagedCheckpoint(f"{path}: damaged ({size:,} bytes, {want['bytes']:,} written: truncated?)")
         if file_digest(path)["sha256"] != want["sha256"]:
             raise DamagedCheckpoint(f"{path}: damaged (its SHA-256 differs from the one written with it)")
+
+
+@contextlib.contextmanager
+def verifying(directory: str | os.PathLike, names=None):
+    """`verify` in a thread while the body reads the files (hashing a model's weights took as long as
+    quantizing them): DamagedCheckpoint is raised as the body ends, or in place of the body's own
+    error where a file is damaged (a truncated file's read fails first)."""
+    errors: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            verify(directory, names)
+        except BaseException as e:  # raised in the caller's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=check, name="transduce-verify", daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException:
+        thread.join()
+        if errors:
+            raise errors[0] from None
+        raise
+    thread.join()
+    if errors:
+        raise errors[0]

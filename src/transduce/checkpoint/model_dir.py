@@ -15,7 +15,7 @@ from safetensors.torch import save_model as _st_save_model
 
 from ..config import Config
 from ..model import Transformer
-from .files import CHECKSUMS, CONFIG, METADATA, WEIGHTS, atomic_write_text, digests, synced, verify
+from .files import CHECKSUMS, CONFIG, METADATA, WEIGHTS, atomic_write_text, digests, synced, verifying
 
 
 def is_model_dir(path: Path) -> bool:
@@ -115,18 +115,18 @@ def load_model(
     weights = directory / WEIGHTS
     if not weights.is_file():
         raise FileNotFoundError(f"{weights}: no such file")
-    verify(directory, (WEIGHTS, CONFIG))
-    with safe_open(str(weights), "pt") as f:
-        names = set(f.keys())
-    model = build_model(
-        config,
-        names,
-        lambda name: read_tensor(weights, name),
-        device=device,
-        dtype=dtype,
-        where=weights,
-        as_filled=as_filled,
-    )
+    with verifying(directory, (WEIGHTS, CONFIG)):  # checksummed as it is read
+        with safe_open(str(weights), "pt") as f:
+            names = set(f.keys())
+        model = build_model(
+            config,
+            names,
+            lambda name: read_tensor(weights, name),
+            device=device,
+            dtype=dtype,
+            where=weights,
+            as_filled=as_filled,
+        )
     return model.eval(), config
 
 
