@@ -108,6 +108,8 @@ def test_the_imported_model_is_marians_ids_and_files_as_they_are(imported):
     assert torch.equal(imported.model.output_bias.detach(), imported.hf.final_logits_bias.reshape(-1))
     assert isinstance(imported.src_vocab, MarianVocab) and isinstance(imported.tgt_vocab, MarianVocab)
     assert (imported.src_vocab is imported.tgt_vocab) is False  # two sentencepiece models, as MarianTokenizer has
+    # one vocab.json read once: the two sides share its look-up (a separate target_vocab.json: their own)
+    assert (imported.src_vocab.ids_of is imported.tgt_vocab.ids_of) is (not m.tgt_vocab_size)
     names = ["source.spm", "target.spm", "vocab.json"] + (["target_vocab.json"] if m.tgt_vocab_size else [])
     for name in names:
         assert _digest(imported.model_dir / name) == _digest(imported.marian / name), name

@@ -216,9 +216,13 @@ class MarianVocab(Vocab):
     the vocabulary has one, else `<pad>`, as OPUS-MT's models start). `sp` is the vocabulary
     itself, for the piece look-ups callers make on a sentencepiece processor."""
 
-    def __init__(self, spm_path: str | Path, pieces_path: str | Path, bos: int | None = None):
+    def __init__(
+        self, spm_path: str | Path, pieces_path: str | Path, bos: int | None = None, shares: "MarianVocab | None" = None
+    ):
         self.path, self.pieces_path = Path(spm_path), Path(pieces_path)
-        self.ids_of = read_marian_pieces(self.pieces_path)
+        # the other side's look-up where it read the same vocab.json (12 MB of Python for 58k pieces)
+        same = shares is not None and shares.pieces_path == self.pieces_path
+        self.ids_of = shares.ids_of if same else read_marian_pieces(self.pieces_path)
         if not self.path.is_file():
             raise DataError("no such vocabulary file", self.path)
         try:
@@ -345,6 +349,6 @@ def open_vocabs(record: dict, home: str | Path, special_ids: dict | None = None)
         pieces = record["pieces"]
         src = MarianVocab(home / files["src"], home / pieces["src"], bos)
         same = (files["tgt"], pieces["tgt"]) == (files["src"], pieces["src"])
-        return src, src if same else MarianVocab(home / files["tgt"], home / pieces["tgt"], bos)
+        return src, src if same else MarianVocab(home / files["tgt"], home / pieces["tgt"], bos, shares=src)
     src = Vocab(home / files["src"])
     return src, src if files["tgt"] == files["src"] else Vocab(home / files["tgt"])

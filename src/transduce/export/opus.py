@@ -80,7 +80,9 @@ def read_import(path: Path) -> Iterator[Imported]:
     else:
         start = mc["decoder_start_token_id"] if mc["decoder_start_token_id"] is not None else mc["pad_token_id"]
         sv = MarianVocab(path / "source.spm", path / "vocab.json", start)
-        tv = MarianVocab(path / "target.spm", path / ("target_vocab.json" if separate else "vocab.json"), start)
+        tv = MarianVocab(
+            path / "target.spm", path / ("target_vocab.json" if separate else "vocab.json"), start, shares=sv
+        )
     weights = MarianWeights(path)
     try:
         if info is not None:
