@@ -37,20 +37,18 @@ def test_int8_logits_are_close_to_fp32_and_undoing_it_is_exact():
     with torch.inference_mode():
         ref, memory = model(src, tgt), model.encode(src)
         n = int8.quantize_int8(model)
-        # the decoder's nn.Linear layers ([W^Q; W^K; W^V], W^O, the FFN's two, the cross-attention's
-        # two) and the tied pre-softmax projection; the source side stays in the float type
-        assert n == 2 * 6 + 1 and isinstance(model.output_proj, int8.Int8Linear)
+        # every nn.Linear: the decoder's ([W^Q; W^K; W^V], W^O, the FFN's two, the cross-attention's
+        # two), the encoder's (its attention's two, the FFN's two), and the tied pre-softmax projection
+        assert n == 2 * 6 + 2 * 4 + 1 and isinstance(model.output_proj, int8.Int8Linear)
         assert int8.is_int8(model) and not kernels.is_packed(model)
-        assert not any(isinstance(m, int8.Int8Linear) for m in model.encoder.modules())
-        assert torch.equal(model.encode(src), memory)  # the encoder untouched
-        for layer in model.decoder.layers:  # encoder-decoder attention's keys/values: packed floats
+        linears = [m for m in model.encoder.modules() if isinstance(m, (torch.nn.Linear, kernels.PackedLinear))]
+        assert len(linears) == 2 * 4 and all(isinstance(m, int8.Int8Linear) for m in linears)
+        q_memory = model.encode(src)
+        assert not torch.equal(q_memory, memory) and (q_memory - memory).abs().max() < 0.05 * memory.abs().max()
+        for layer in model.decoder.layers:  # encoder-decoder attention's query block and key/value block
             blocks = layer.cross_attn.in_proj.packed
-            assert isinstance(
-                blocks[(layer.cross_attn.kv_rows.start, layer.cross_attn.kv_rows.stop, None)], kernels.PackedWeight
-            )
-            assert isinstance(
-                blocks[(layer.cross_attn.q_rows.start, layer.cross_attn.q_rows.stop, None)], int8.Int8Weight
-            )
+            for rows in (layer.cross_attn.kv_rows, layer.cross_attn.q_rows):
+                assert isinstance(blocks[(rows.start, rows.stop, None)], int8.Int8Weight)
         q = model(src, tgt)
         assert not torch.equal(q, ref)  # the int8 kernels ran
         assert (q - ref).abs().max().item() < 0.05 * ref.abs().max().item()

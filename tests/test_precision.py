@@ -77,8 +77,8 @@ def test_explicit_choices_are_obeyed_and_unknown_ones_rejected():
 def test_explicit_int8_follows_the_row():
     amx, zen3 = choose_decoding_precision("int8", capability=AMX), choose_decoding_precision("int8", capability=ZEN3)
     assert (amx.int8_decoder, amx.base, zen3.int8_decoder, zen3.base) == (False, "bf16", True, "fp32")
-    assert "the output projection in int8, the decoder's linear layers in bf16" in amx.reason
-    assert "the decoder's linear layers and the output projection in int8" in zen3.reason
+    assert "the output projection in int8, the other linear layers in bf16" in amx.reason
+    assert "every linear layer in int8 (the encoder's, the decoder's, the output projection)" in zen3.reason
 
 
 def test_this_machine_gets_the_same_choice_every_time():

@@ -40,7 +40,7 @@ class Row:
     needs: frozenset
     auto: str
     auto_int8: str
-    # int8: the decoder's linear layers in int8 too (False: the pre-softmax projection alone)
+    # int8: the encoder's and decoder's linear layers in int8 too (False: the pre-softmax projection alone)
     int8_decoder: bool
     why: str  # Why `auto`, in words
     why_int8: str  # Why `auto-int8` (and `--precision int8`'s layers), in words
@@ -84,7 +84,7 @@ class Choice:
     reason: str
     warning: str | None = None
     base: str = "fp32"  # int8: the dtype of all but the int8 products (bf16 where native, else fp32)
-    int8_decoder: bool = True  # int8: the decoder's linear layers too (else the output projection alone)
+    int8_decoder: bool = True  # int8: the encoder's and decoder's linear layers too (else the output projection alone)
 
     def line(self) -> str:
         """One line for the user: 'precision: bf16 (...)'."""
@@ -166,15 +166,14 @@ def int8_choice(
         else "8-bit activations"
     )
     layers = (
-        "the decoder's linear layers and the output projection in int8"
+        "every linear layer in int8 (the encoder's, the decoder's, the output projection)"
         if row.int8_decoder
-        else f"the output projection in int8, the decoder's linear layers in {base} ({row.why_int8})"
+        else f"the output projection in int8, the other linear layers in {base} ({row.why_int8})"
     )
     kernel = "FBGEMM" if int8_kernel(torch.bfloat16 if base == "bf16" else torch.float32) == "fbgemm" else "oneDNN"
     return Choice(
         "int8",
-        f"{why}; {cap.name}: {layers} through {kernel} ({bits}), the source side and the rest in "
-        f"{base} ({cap.detail}); the search in fp32",
+        f"{why}; {cap.name}: {layers} through {kernel} ({bits}), the rest in {base} ({cap.detail}); the search in fp32",
         base=base,
         int8_decoder=row.int8_decoder,
     )

@@ -11,12 +11,10 @@ from torch import Tensor, nn
 
 from .. import torch_ops
 from ..cpu import int8_saturates, x86_64
-from ..model import DecoderLayer, Embeddings, Transformer
+from ..model import DecoderLayer, Embeddings, EncoderLayer, Transformer
 from .decode import (
     PackedLinear,
     PackedWeight,
-    block_key,
-    can_pack,
     fuse_relu,
     replace_linears,
     restore_linears,
@@ -194,13 +192,14 @@ class Int8Embeddings(nn.Module):
 
 
 def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, embeddings: bool = False) -> int:
-    """Replace the linear layers of every decoding step of `model` by `Int8Linear`s (the FFN's ReLU
-    inside the first product): the decoder's and the pre-softmax projection (tied or not), or with
-    `decoder=False` the projection alone (`transduce.precision` chooses). On the CPU, after loading,
-    with the weights in fp32 or bf16, the dtype the int8 products then take and give. The source
-    side (the encoder, and encoder-decoder attention's keys and values), computed once per
-    sentence, stays in the float type, where `ready.make_ready` packs it (docs/RESULTS.md, "int8
-    quality"). The pre-softmax projection writes fp32 logits whatever the model's dtype (bf16
+    """Replace the linear layers of `model` by `Int8Linear`s (the FFN's ReLU inside the first
+    product): every one, the source side's (the encoder, encoder-decoder attention's keys and
+    values) too, as CTranslate2's int8 does, and the pre-softmax projection (tied or not); or with
+    `decoder=False` the projection alone, the rest left to `ready.make_ready` to pack in the float
+    type (`transduce.precision` chooses). On the CPU, after loading, with the weights in fp32 or
+    bf16, the dtype the int8 products then take and give (docs/RESULTS.md, "int8 quality": at
+    OPUS-MT's size the source side in fp32 was a tenth of the time and 85 MB; docs/speed.md,
+    "What int8 costs in accuracy"). The pre-softmax projection writes fp32 logits whatever the model's dtype (bf16
     logits moved beam search's choices as much as a quantized layer does). `state_dict` is
     unchanged. `keep=False` (a model for decoding only): each layer's float weights dropped once
     quantized, and with `embeddings` the tied embedding matrix too, looked up from the projection's
@@ -213,9 +212,9 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
     n = 0
     for m in [m for m in model.modules() if isinstance(m, Transformer)]:
         for layer in (
-            m.decoder.layers if decoder else ()
-        ):  # one layer at a time: its float weights dropped before the next
-            n += _quantize_decoder_layer(layer, keep, can_pack(p.dtype, p.device))
+            [*m.decoder.layers, *m.encoder.layers] if decoder else ()
+        ):  # its float weights dropped before the next
+            n += _quantize_layer(layer, keep)
         n += _quantize_output(m, keep, embeddings)
     fuse_relu(model)
     return n
@@ -224,15 +223,14 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
 def quantize_part(part: nn.Module, decoder: bool = True) -> None:
     """`quantize_int8(keep=False, embeddings=True)` for one part of a model as it is read
     (`checkpoint.model_dir.build_model`'s `as_filled`): the model (its layers not read yet) gets
-    its int8 embeddings and projection, a decoder layer (with `decoder`) its int8 products; each
+    its int8 embeddings and projection, a decoder or encoder layer (with `decoder`) its int8 products; each
     part's float weights are let go before the next is read, so a model made for decoding only is
     never held whole in its float type. `quantize_int8` then finishes the model."""
     if isinstance(part, Transformer):
         _check(part.decoder.embed.weight)
         _quantize_output(part, keep=False, embeddings=True)
-    elif decoder and isinstance(part, DecoderLayer):
-        p = part.feed_forward.w_2.weight
-        _quantize_decoder_layer(part, keep=False, pack=can_pack(p.dtype, p.device))
+    elif decoder and isinstance(part, (DecoderLayer, EncoderLayer)):
+        _quantize_layer(part, keep=False)
 
 
 def _check(p: Tensor) -> None:
@@ -244,22 +242,11 @@ def _check(p: Tensor) -> None:
         raise ValueError(f"int8 decoding {int8_needs()}")
 
 
-def _quantize_decoder_layer(layer: nn.Module, keep: bool, pack: bool) -> int:
-    """One decoder layer's linear layers in int8 (nothing where that is done); returns how many."""
-    if not any(isinstance(x, nn.Linear) for x in layer.modules()):
-        return 0
-    n = replace_linears(layer, Int8Linear, output=False)
-    attn, key = layer.cross_attn, block_key(layer.cross_attn.kv_rows)
-    if isinstance(attn.in_proj, Int8Linear):  # encoder-decoder attention's keys and values: once per source
-        if pack:
-            attn.in_proj.packed[key] = PackedWeight(attn.in_proj.weight, attn.kv_rows, attn.in_proj.bias)
-        else:  # F.linear
-            del attn.in_proj.packed[key]
-    if not keep:
-        for lin in [x for x in layer.modules() if isinstance(x, Int8Linear)]:
-            if lin is not attn.in_proj or key in lin.packed:  # else its keys and values need F.linear
-                lin.drop_weight()
-    return n
+def _quantize_layer(layer: nn.Module, keep: bool) -> int:
+    """An encoder or decoder layer's linear layers in int8 (nothing where that is done; encoder-decoder
+    attention's [W^Q; W^K; W^V] as `replace_linears` splits it: its query block, every step, and its
+    key/value block, once per source); returns how many. Without `keep`, each one's float weights dropped."""
+    return replace_linears(layer, Int8Linear, output=False, keep=keep)
 
 
 def _quantize_output(m: Transformer, keep: bool, embeddings: bool) -> int:
