@@ -314,29 +314,7 @@ def test_int8_lets_no_deprecation_warning_out_and_holds_no_quantized_tensor_outs
         if w.kernel == "onednn":
             assert not w.weight.is_quantized and w.weight.dtype == torch.int8
         else:
-            assert all(isinstance(part, torch.ScriptObject) for part in w.weight) and w.zeros is None
-
-
-def test_fbgemm_wide_weight_in_parts_gives_the_same_bits(monkeypatch):
-    """A weight of 2 x `FBGEMM_COLUMNS` rows or more (a pre-softmax projection) is packed and
-    multiplied in parts of that many output columns: the products, bias and ReLU are those of one
-    product of the whole, bit for bit (each column's sums are its own, from the same activations).
-    Runs where this torch has FBGEMM, on any CPU (FBGEMM picked here whatever `int8_kernel` says)."""
-    from transduce import torch_ops
-
-    if not (torch_ops.has("fbgemm") and int8.can_int8()):
-        pytest.skip("needs FBGEMM's int8 kernels in this torch build")
-    monkeypatch.setattr(int8, "int8_kernel", lambda dtype: "fbgemm")
-    monkeypatch.setattr(int8, "FBGEMM_COLUMNS", 64)
-    torch.manual_seed(0)
-    w, b, x = torch.randn(64 * 3 + 13, 32) * 0.1, torch.randn(64 * 3 + 13), torch.randn(5, 1, 32)
-    parts = int8.Int8Weight(w, None, b)
-    assert len(parts.weight) == 4
-    monkeypatch.setattr(int8, "FBGEMM_COLUMNS", 1 << 20)
-    whole = int8.Int8Weight(w, None, b)
-    assert len(whole.weight) == 1
-    for act in ("none", "relu"):
-        assert torch.equal(parts(x, b, act), whole(x, b, act)), act
+            assert isinstance(w.weight, torch.ScriptObject) and w.zeros is None
 
 
 def test_int8_kernel_follows_the_saturation_test():

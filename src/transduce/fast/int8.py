@@ -81,13 +81,6 @@ def int8_kernel(dtype: torch.dtype) -> str:
     return "onednn"
 
 
-FBGEMM_COLUMNS = 8192
-"""Output columns per FBGEMM product of a weight of twice as many or more (the pre-softmax projection):
-the same sums bit for bit (each column's are its own, from the same activations), each part's int32
-sums and output still in the CPU's cache when rescaled and copied out, so that the logits are
-written once, not through a second buffer as large (docs/speed.md, "int8 decoding")."""
-
-
 class Int8Weight:
     """W (out, in), or the block `rows` of it, for y = x W^T + b in int8: each output channel i
     quantized symmetrically, W_i ~ s_i q_i with s_i = max|W_i| / Q, Q = 127 (63 where
@@ -106,19 +99,10 @@ class Int8Weight:
         self._pack(q, None if bias is None else bias.detach() if rows is None else bias.detach()[rows])
 
     def _pack(self, q: Tensor, bias: Tensor | None) -> None:
-        """The int8 rows packed for the kernel `int8_kernel` picks (FBGEMM's holds `bias`, and a wide
-        weight in parts of `FBGEMM_COLUMNS` rows)."""
+        """The int8 rows packed for the kernel `int8_kernel` picks (FBGEMM's holds `bias`)."""
         self.out_features, self.kernel = q.size(0), int8_kernel(self.dtype)
         if self.kernel == "fbgemm":
-            n = q.size(0)
-            step = FBGEMM_COLUMNS if n >= 2 * FBGEMM_COLUMNS else n
-            self.weight = [
-                torch_ops.fbgemm_pack(
-                    q[i : i + step], self.scales[i : i + step], None if bias is None else bias[i : i + step]
-                )
-                for i in range(0, n, step)
-            ]
-            self.zeros = None
+            self.weight, self.zeros = torch_ops.fbgemm_pack(q, self.scales, bias), None
         else:
             self.weight, self.zeros = torch_ops.int8_pack(q), torch.zeros(q.size(0), dtype=torch.long)
 
@@ -138,14 +122,7 @@ class Int8Weight:
         """x W^T + b (`activation` "relu": max(0, x W^T + b), applied by the kernel as it writes).
         FBGEMM adds the bias packed with the weights: `bias` itself while `usable`."""
         if self.kernel == "fbgemm":
-            if len(self.weight) == 1:
-                return torch_ops.fbgemm_linear(x, self.weight[0], activation)
-            out, j = x.new_empty(*x.shape[:-1], self.out_features), 0
-            for part in self.weight:  # each part's output copied while it is in the cache
-                y = torch_ops.fbgemm_linear(x, part, activation)
-                out[..., j : j + y.size(-1)] = y
-                j += y.size(-1)
-            return out
+            return torch_ops.fbgemm_linear(x, self.weight, activation)
         q, scale, zero = quantize_activations(x)
         return torch_ops.int8_linear(
             q, scale, zero, self.weight, self.scales, self.zeros, bias, self.out_dtype or x.dtype, activation
