@@ -418,3 +418,18 @@ def test_int8_over_bf16_quantized_as_read_holds_what_quantizing_after_loading_ho
     a, b = held(after.model), held(read.model)
     assert a.keys() == b.keys() and a
     assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_rows_is_the_symmetric_per_row_formula(dtype):
+    """q_i = round(W_i / s_i) with s_i = max|W_i| / Q (Q 63 where `int8_saturates`, else 127), a
+    zero row kept finite, for a matrix of more rows than one block; in the dtype's own values."""
+    torch.manual_seed(0)
+    w = (torch.randn(4096 + 37, 48) * 0.05).to(dtype)
+    w[5] = 0
+    q, s = int8.quantize_rows(w)
+    top = 63 if int8.int8_saturates() else 127
+    want_s = w.float().abs().amax(dim=1).clamp_min(1e-12) / top
+    assert torch.equal(s, want_s)
+    assert torch.equal(q, torch.round(w.float() / want_s[:, None]).clamp(-top, top).to(torch.int8))
+    assert q.dtype == torch.int8 and int(q.abs().max()) == top and not q[5].any()

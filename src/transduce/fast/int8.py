@@ -60,14 +60,15 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     """W (out, in) as int8 rows and their fp32 scales, W_i ~ s_i q_i, s_i = max|W_i| / Q, Q = 127
     (63 where `int8_saturates`: 7-bit weights where pairs add in int16). Row by row in fp32 blocks,
     so that a large matrix (an embedding) is never copied whole in fp32."""
-    top = 63 if int8_saturates() else 127
+    top, n = 63 if int8_saturates() else 127, 4096
     q = torch.empty(w.shape, dtype=torch.int8)
     scales = torch.empty(w.size(0), dtype=torch.float32)
-    for i in range(0, w.size(0), 4096):
-        block = w[i : i + 4096].float()
-        s = block.abs().amax(dim=1).clamp_min(1e-12) / top
-        q[i : i + 4096] = torch.round(block / s[:, None]).clamp_(-top, top).to(torch.int8)
-        scales[i : i + 4096] = s
+    buf = torch.empty(min(n, w.size(0)), w.size(1), dtype=torch.float32)  # one block's q_i, reused
+    for i in range(0, w.size(0), n):
+        block = w[i : i + n].float()
+        s = torch.maximum(block.amax(dim=1), block.amin(dim=1).neg_()).clamp_min_(1e-12).div_(top)  # max|W_i| / Q
+        q[i : i + n] = torch.div(block, s[:, None], out=buf[: block.size(0)]).round_().clamp_(-top, top)
+        scales[i : i + n] = s
     return q, scales
 
 
