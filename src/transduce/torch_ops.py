@@ -97,20 +97,33 @@ def int8_linear(
 
 
 def fbgemm_pack(q: Tensor, w_scales: Tensor, bias: Tensor | None) -> object:
-    """An int8 weight (out, in) with its per-row scales and fp32 bias, packed for `fbgemm_linear`.
-    FBGEMM takes its weights as a quantized tensor, whose creation torch 2.13 announces as
-    deprecated: made here, under that warning alone, and held only inside the packed weight."""
-    engine = torch.backends.quantized.engine
+    """An int8 weight (out, in) with its per-row scales and fp32 bias, packed for `fbgemm_linear`:
+    `fbgemm_prepack(fbgemm_weight(...))`."""
+    return fbgemm_prepack(fbgemm_weight(q, w_scales), bias)
+
+
+def fbgemm_weight(q: Tensor, w_scales: Tensor) -> Tensor:
+    """The quantized tensor FBGEMM takes its weights as, whose creation torch 2.13 announces as
+    deprecated: made here, under that warning alone (in the thread that filters warnings: Python's
+    filters are the process's), to be held only inside the packed weight (`fbgemm_prepack`)."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message=".*quantized tensor creation functions.*deprecated", category=UserWarning
         )
-        w = torch._make_per_channel_quantized_tensor(q, w_scales.double(), torch.zeros(q.size(0), dtype=torch.long), 0)
-        try:
-            torch.backends.quantized.engine = "fbgemm"
-            return torch.ops.quantized.linear_prepack(w, None if bias is None else bias.float().contiguous())
-        finally:
-            torch.backends.quantized.engine = engine
+        return torch._make_per_channel_quantized_tensor(
+            q, w_scales.double(), torch.zeros(q.size(0), dtype=torch.long), 0
+        )
+
+
+def fbgemm_prepack(w: Tensor, bias: Tensor | None) -> object:
+    """`fbgemm_weight`'s tensor and an fp32 bias packed for `fbgemm_linear` (FBGEMM's packing is
+    single-threaded; it lets go of Python's lock: `fast.int8.packing_behind` runs it in a thread)."""
+    engine = torch.backends.quantized.engine
+    try:
+        torch.backends.quantized.engine = "fbgemm"
+        return torch.ops.quantized.linear_prepack(w, None if bias is None else bias.float().contiguous())
+    finally:
+        torch.backends.quantized.engine = engine
 
 
 def fbgemm_linear(x: Tensor, packed, activation: str = "none") -> Tensor:

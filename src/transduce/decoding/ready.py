@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -102,22 +103,24 @@ def load_for_decoding(
     device = resolve_device(device) if isinstance(device, str) else device
     choice = choose_decoding_precision(precision, device)
     bf16 = choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")
-    as_filled = None
+    as_filled, packing = None, contextlib.nullcontext()
     if choice.precision == "int8" and not keep:  # quantized a part at a time as read: never all of it in float
-        from ..fast.int8 import quantize_part
+        from ..fast.int8 import packing_behind, quantize_part
 
         as_filled = functools.partial(quantize_part, decoder=choice.int8_decoder)
-    loaded = load_translation_model(
-        path,
-        checkpoint=checkpoint,
-        average=average,
-        vocab=vocab,
-        src_vocab=src_vocab,
-        tgt_vocab=tgt_vocab,
-        device=device,
-        dtype=torch.bfloat16 if bf16 else None,
-        as_filled=as_filled,
-    )
+        packing = packing_behind()  # each part packed while the next is read
+    with packing:
+        loaded = load_translation_model(
+            path,
+            checkpoint=checkpoint,
+            average=average,
+            vocab=vocab,
+            src_vocab=src_vocab,
+            tgt_vocab=tgt_vocab,
+            device=device,
+            dtype=torch.bfloat16 if bf16 else None,
+            as_filled=as_filled,
+        )
     if workers is not None:
         n = torch.get_num_threads()
         kernel = None
