@@ -241,6 +241,32 @@ def test_search_chunks_on_the_cpu_only():
         assert torch.equal(a, b)
 
 
+def test_projected_rows_rank_as_the_whole_logits():
+    """A step's logits projected a part at a time (`ranking.ProjectedRows`, parts of 1-13 sentences'
+    rows, each ranked as it is made) give the candidates of the whole logits ranked at once, where
+    each row's logits depend on that row alone (here each row's index looks its logits up); PAD/BOS
+    banned, the constraint's `allowed` and `only_eos` split with the rows."""
+    from transduce.decoding.ranking import ProjectedRows
+
+    torch.manual_seed(0)
+    table, hidden = torch.randn(12 * 4, 3000) * 4, torch.arange(12 * 4)
+    project = lambda rows: table[rows]  # noqa: E731
+    alive = -torch.rand(12, 4) * 3
+    allowed = torch.rand(12 * 4, 3000) > 0.1
+    only_eos = torch.zeros(12, dtype=torch.bool)
+    only_eos[[2, 7]] = True
+    whole = _best_extensions(project(hidden), alive, 8, [0, 2], 3, allowed=allowed, only_eos=only_eos)
+    for rows in (4, 8, 12, 32, 52):  # 1, 2, 3, 8 and 13 sentences a part (the last part shorter)
+        parts = _best_extensions(
+            ProjectedRows(project, hidden, rows), alive, 8, [0, 2], 3, allowed=allowed, only_eos=only_eos
+        )
+        for a, b in zip(parts, whole):
+            assert torch.equal(a, b), rows
+    step0 = _best_extensions(ProjectedRows(project, hidden[:12], 5), alive[:, :1], 8, [0, 2], 3)
+    for a, b in zip(step0, _best_extensions(project(hidden[:12]), alive[:, :1], 8, [0, 2], 3)):
+        assert torch.equal(a, b)
+
+
 # -- block ranking at vocabulary sizes that are not multiples of the block (64) -----------------
 
 # 37000 (the paper's) and 8001 leave a short last block; 257 / 513 / 1025 / 2049 are just above

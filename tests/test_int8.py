@@ -461,3 +461,28 @@ def test_packing_behind_packs_every_weight_by_its_end_and_raises_its_errors(monk
     with pytest.raises(RuntimeError, match="packing failed"):
         with int8.packing_behind():
             int8.Int8Weight(w, None, b)
+
+
+def test_fbgemm_projection_in_parts_of_rows_decodes_as_one_product_when_one_part_holds_them(model_dir, monkeypatch):
+    """Where FBGEMM runs the pre-softmax projection (`Int8Linear.rows_per_call`), the search projects
+    `FBGEMM_ROWS` rows at a time, each part ranked as made (`decoding.ranking.ProjectedRows`); with
+    one part holding every row it decodes exactly as the whole step's logits at once (FBGEMM's
+    activations quantized per call: smaller parts quantize each part's rows on their own). Runs
+    where this torch has FBGEMM, on any CPU (FBGEMM picked here whatever `int8_kernel` says)."""
+    from transduce import torch_ops
+    from transduce.decoding import search
+    from transduce.decoding.ready import load_for_decoding
+
+    if not (torch_ops.has("fbgemm") and int8.can_int8()):
+        pytest.skip("needs FBGEMM's int8 kernels in this torch build")
+    monkeypatch.setattr(int8, "int8_kernel", lambda dtype: "fbgemm")
+    loaded = load_for_decoding(model_dir, precision="int8", threads=1, keep_freed=False)
+    model = loaded.model
+    assert search.projection_rows(model) == int8.FBGEMM_ROWS
+    src = torch.tensor([loaded.src_vocab.encode(line) + [loaded.src_vocab.eos] for line in ["a b c d", "b c d a"]])
+    monkeypatch.setattr(int8, "FBGEMM_ROWS", 1 << 20)
+    with torch.inference_mode():
+        parts = search.beam_search(model, src, beam_size=3, max_len_offset=5)
+        monkeypatch.setattr(search, "projection_rows", lambda model: None)
+        whole = search.beam_search(model, src, beam_size=3, max_len_offset=5)
+    assert [[(h.tokens, h.score) for h in hs] for hs in parts] == [[(h.tokens, h.score) for h in hs] for hs in whole]

@@ -20,8 +20,23 @@ def search_chunk_elements(device: torch.device) -> int:
     return CPU_CHUNK_ELEMENTS if device.type == "cpu" else 0
 
 
+class ProjectedRows:
+    """A step's logits (R, V), not computed yet: `project(hidden[a:b])`, `rows` rows at a time, each
+    part ranked as soon as it is made (`_best_extensions`), so that all R x V of them are never
+    held at once (a step of 128 rows at OPUS-MT's 58k vocabulary: 30 MB, and through FBGEMM as
+    much again for its int32 sums). For a projection whose kernel does as well on a few rows as on
+    many (`decoding.search.projection_rows`); the same logits, row for row, where each row's do not
+    depend on the others' (not so for dynamic int8, whose activations are quantized per call)."""
+
+    def __init__(self, project, hidden: Tensor, rows: int):
+        self.project, self.hidden, self.rows = project, hidden, rows
+
+    def part(self, start: int, stop: int) -> Tensor:
+        return self.project(self.hidden[start:stop])
+
+
 def _best_extensions(
-    logits: Tensor,
+    logits: Tensor | ProjectedRows,
     alive_lp: Tensor,
     n: int,
     banned: list[int],
@@ -50,6 +65,25 @@ def _best_extensions(
     log-probability where `only_eos` is set (None: its own; 0.0: generate's forced EOS).
     """
     b, r = alive_lp.shape
+    if isinstance(logits, ProjectedRows):  # projected a few sentences' rows at a time, each part ranked at once
+        per = max(1, logits.rows // r)
+        parts = [
+            _best_extensions(
+                logits.part(i * r, (i + per) * r),
+                alive_lp[i : i + per],
+                n,
+                banned,
+                eos_id,
+                None if allowed is None else allowed[i * r : (i + per) * r],
+                None if only_eos is None else only_eos[i : i + per],
+                block=block,
+                chunk_elements=chunk_elements,
+                consume=consume,
+                forced_eos_lp=forced_eos_lp,
+            )
+            for i in range(0, b, per)
+        ]
+        return tuple(torch.cat(p) for p in zip(*parts))
     V = logits.size(-1)
     if chunk_elements is None:
         chunk_elements = search_chunk_elements(logits.device)
