@@ -106,3 +106,35 @@ def test_the_pieces_are_the_text(text, mode, lang):
             if mode == "on":
                 assert sentences._LINE_BREAK.search(p.text) is None
     assert rejoin(pieces, [p.text for p in pieces if p.translate]) == text
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u3000", "\u2009"])
+def test_a_multi_byte_space_before_a_period_does_not_break_the_splitter(space):
+    # sentencex 1.0.32 panics (a Rust slice inside a multi-byte character) on a capital, such a space and
+    # a period; the splitter sees ASCII spaces there, and the pieces are still the text
+    text = f"Dr. Z{space}. Then another one. And a third."
+    for mode in sentences.MODES:
+        pieces = split(text, "en", mode)
+        assert "".join(p.text for p in pieces) == text
+    assert [p.text for p in split(text, "en", "on") if p.translate][-1] == "And a third."
+
+
+def test_a_splitter_panic_keeps_the_text_whole_and_other_errors_pass(monkeypatch):
+    import sentencex
+
+    class PanicException(BaseException):  # as pyo3 names a Rust panic
+        pass
+
+    def panics(lang, text):
+        raise PanicException("byte index is not a char boundary")
+
+    sentences._splitters.cache_clear()
+    monkeypatch.setattr(sentencex, "segment", panics)
+    try:
+        pieces = split("One here. Two there.", "xx", "on")  # sentencex alone: no end found, one piece
+        assert [p.text for p in pieces if p.translate] == ["One here. Two there."]
+        monkeypatch.setattr(sentencex, "segment", lambda lang, text: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            split("One here. Two there.", "xx", "on")
+    finally:
+        sentences._splitters.cache_clear()

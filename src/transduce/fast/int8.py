@@ -88,9 +88,9 @@ _PACKER: list = []  # while `packing_behind` runs: [its thread, the weights it p
 
 @contextlib.contextmanager
 def packing_behind():
-    """FBGEMM's packing of each int8 weight (single-threaded: 1.3 s of opus-mt-tc-big's 3.2 s load) in
-    a thread of its own while the model's next part is read and quantized; every weight packed, or
-    its error raised, as the block ends."""
+    """FBGEMM's packing of each int8 weight (single-threaded: the largest part of loading an OPUS-MT
+    model) in a thread of its own while the model's next part is read and quantized; every weight
+    packed, or its error raised, as the block ends (docs/speed.md, "Memory at OPUS-MT's size")."""
     from concurrent.futures import ThreadPoolExecutor
 
     if _PACKER:  # one already runs
@@ -172,7 +172,7 @@ class Int8Weight:
 
 FBGEMM_ROWS = 32
 """Rows per FBGEMM product of the pre-softmax projection in a beam search (`rows_per_call`): as fast as
-128 at once (27.5 against 31.3 ms for 58,101 x 512, Zen 3), the logits and int32 sums a quarter as large."""
+128 rows at once, the logits and int32 sums a quarter as large (docs/speed.md, "int8 decoding")."""
 
 
 class Int8Linear(PackedLinear):

@@ -225,6 +225,9 @@ def _language(lang: str) -> str:
     return re.split(r"[-_]", lang.strip().lower(), maxsplit=1)[0]
 
 
+_NON_ASCII_SPACE = re.compile(r"[^\S\x00-\x7f]")
+
+
 @lru_cache(maxsize=None)
 def _splitters(lang: str) -> tuple[Callable[[str], list[str]], ...]:
     """pysbd's segmenter and sentencex's for `lang`, or sentencex's alone where pysbd has no rules
@@ -236,7 +239,15 @@ def _splitters(lang: str) -> tuple[Callable[[str], list[str]], ...]:
     from pysbd.languages import LANGUAGE_CODES
 
     def by_sentencex(text: str) -> list[str]:
-        return list(sentencex.segment(lang, text))
+        # sentencex 1.0.32 slices a string by bytes where a capital and a period have a multi-byte space
+        # between them ("Z\u00a0."), and panics: its spaces as ASCII ones (`_locate` maps back by the
+        # other characters), and a panic of another text as no sentence end found by it
+        try:
+            return list(sentencex.segment(lang, _NON_ASCII_SPACE.sub(" ", text)))
+        except BaseException as e:  # pyo3's PanicException derives from BaseException
+            if type(e).__name__ != "PanicException":
+                raise
+            return [text]
 
     if lang not in LANGUAGE_CODES:
         return (by_sentencex,)
