@@ -469,13 +469,17 @@ def test_fbgemm_projection_in_parts_of_rows_decodes_as_one_product_when_one_part
     one part holding every row it decodes exactly as the whole step's logits at once (FBGEMM's
     activations quantized per call: smaller parts quantize each part's rows on their own). Runs
     where this torch has FBGEMM, on any CPU (FBGEMM picked here whatever `int8_kernel` says)."""
-    from transduce import torch_ops
+    import dataclasses
+
+    from transduce import precision, torch_ops
     from transduce.decoding import search
     from transduce.decoding.ready import load_for_decoding
 
     if not (torch_ops.has("fbgemm") and int8.can_int8()):
         pytest.skip("needs FBGEMM's int8 kernels in this torch build")
     monkeypatch.setattr(int8, "int8_kernel", lambda dtype: "fbgemm")
+    real = precision.read_capability  # FBGEMM takes fp32 activations: the rest in fp32, as where bf16 is not native
+    monkeypatch.setattr(precision, "read_capability", lambda device="cpu": dataclasses.replace(real(device), features=frozenset()))
     loaded = load_for_decoding(model_dir, precision="int8", threads=1, keep_freed=False)
     model = loaded.model
     assert search.projection_rows(model) == int8.FBGEMM_ROWS
