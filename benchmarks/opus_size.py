@@ -963,6 +963,8 @@ def run(args) -> int:
     }
     source = Path(args.source) if args.source else fetch("wmt14-en-de", "newstest2014", "en", data_dir=args.data_dir)
     text = [line for line in read_text(source) if line.strip()]
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="opus-size-", dir=args.workdir) as tmp:
         for key in args.shapes.split(","):
             shape, work = SHAPES[key], Path(tmp) / key
