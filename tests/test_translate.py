@@ -273,6 +273,31 @@ def test_workers_leave_fewer_batches_than_workers_to_this_process():
         pool.close()
 
 
+def test_worker_threads_share_each_batch():
+    """Worker threads (a large model's) decode each batch as n parts at once, one per thread, so
+    that one batch's cache and logits are in flight whatever n; the candidates come back per batch,
+    in order, as one search of the whole batch would give them."""
+    import threading
+
+    calls = []
+    lock = threading.Lock()
+
+    def search(sources):
+        with lock:
+            calls.append((threading.current_thread().name, len(sources)))
+        return [[(s[0], len(s))] for s in sources]
+
+    pool = Workers(search, 2, threads=2, threads_not_processes=True)
+    try:
+        batches = [[[i, j] for j in range(n)] for i, n in enumerate([5, 4, 1, 3])]
+        out = list(pool.map(batches))
+    finally:
+        pool.close()
+    assert out == [[[(i, 2)] for _ in b] for i, b in enumerate(batches)]  # per batch, in order
+    assert sorted(n for _, n in calls) == [1, 1, 2, 2, 2, 2, 3]  # 5 -> 3 + 2, 4 -> 2 + 2, 1 -> 1, 3 -> 2 + 1
+    assert all(name.startswith("transduce-worker") for name, _ in calls)
+
+
 def test_cli_workers_write_the_same_file(model_dir, tmp_path, capsys):
     rng = random.Random(4)
     src = write(tmp_path / "in.txt", [sentence(rng, rng.randint(1, 10)) for _ in range(9)] + [""])

@@ -26,7 +26,7 @@ from ..memory import bound_kernel_caches, map_large_blocks, release_free_memory
 from ..model import Transformer
 from ..precision import Choice, choose_decoding_precision
 from ..checkpoint.generation import Generation, find_generation
-from .streaming import choose_workers, one_process_reason
+from .streaming import choose_workers, one_process_reason, thread_workers
 
 
 def make_ready(
@@ -130,6 +130,8 @@ def load_for_decoding(
             kernel = int8_kernel(torch.bfloat16 if bf16 else torch.float32)
         one = one_process_reason(loaded.config.model, choice.precision, kernel) if device.type == "cpu" else ""
         loaded.workers, why = choose_workers(workers, device, n, loaded.config.model.d_model, one)
+        if loaded.workers > 1 and thread_workers(loaded.config.model):
+            why += "; threads of one process, each batch shared among them"
         loaded.workers_line = f"workers: {loaded.workers} x {max(1, n // loaded.workers)} thread(s) ({why})"
     loaded.precision = choice
     make_ready(loaded.model, loaded.precision, keep=keep)

@@ -188,7 +188,7 @@ class Workers:
     batches, PyTorch's `threads` divided among them: `n` processes forked from this one (the model,
     made ready before, shared copy-on-write), since a small model's step holds Python's lock between
     products, or, with `threads_not_processes` (a large model: `thread_workers`), `n` threads of
-    this process, which hold the model once (docs/speed.md)."""
+    this process, which hold the model once and share each batch, a part each (docs/speed.md)."""
 
     def __init__(self, search: BatchSearch, n: int, threads: int | None = None, threads_not_processes: bool = False):
         global _WORKER_SEARCH
@@ -216,10 +216,22 @@ class Workers:
         if self._threads is not None:
             if len(batches) < self.n:  # a worker would idle: one thread with every thread's products
                 return self._alone(batches)
-            return self._pool.map(self._search, batches)
+            return self._shared(batches)
         if len(batches) < self.n:  # a worker would idle: one process with every thread is faster
             return map(self._search, batches)
         return self._pool.imap(_worker_search, batches)
+
+    def _shared(self, batches: list) -> Iterator[list[list[Candidate]]]:
+        """Each batch cut into `n` consecutive parts, one per worker thread, decoded at once: one
+        batch's cache and logits in flight, not `n` batches' (docs/speed.md, "Memory at OPUS-MT's size")."""
+        counts, parts = [], []
+        for batch in batches:
+            per = -(-len(batch) // min(self.n, len(batch)))
+            counts.append(len(range(0, len(batch), per)))
+            parts += [batch[i : i + per] for i in range(0, len(batch), per)]
+        results = self._pool.map(self._search, parts)
+        for count in counts:
+            yield [c for _ in range(count) for c in next(results)]
 
     def _alone(self, batches: list) -> Iterator[list[list[Candidate]]]:
         n = torch.get_num_threads()
