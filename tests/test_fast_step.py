@@ -105,6 +105,38 @@ def _same_as_the_model(model, src):
     assert [[(h.tokens, h.score) for h in hs] for hs in got] == [[(h.tokens, h.score) for h in hs] for hs in want]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_bf16_step_attends_over_a_multiple_of_positions(dtype, monkeypatch):
+    """bf16 on the CPU: a step's self-attention runs over its positions rounded up to
+    `POSITIONS_MULTIPLE`, those past the last zero and masked, so that oneDNN builds its kernels for a
+    few shapes, not one a step (the logits bit for bit the model's: the test above); the cache keeps
+    the positions decoded. fp32 (the exact path): over the positions themselves."""
+    model = _model(dtype)
+    make_ready(model)
+    seen = []
+    original = fast_step.step_attention
+    monkeypatch.setattr(
+        fast_step, "step_attention", lambda q, k, v, mask, kf: seen.append((k.size(2), mask)) or original(q, k, v, mask, kf)
+    )
+    src = padded_batch([7, 3, 5], vocab=60, seed=1)
+    with torch.inference_mode():
+        mask = padding_mask(src, model.config.pad_id)
+        cache = model.init_cache(model.encode(src, mask), mask)
+        tokens = torch.full((src.size(0), 1), 2)
+        for t in range(10):
+            model.decode_step(tokens, cache)
+            self_attention = seen[0 :: 2]  # each layer's self-attention, then its encoder-decoder attention
+            n, step_mask = self_attention[-1]
+            padded = dtype == torch.bfloat16
+            assert n == (-(-(t + 1) // fast_step.POSITIONS_MULTIPLE) * fast_step.POSITIONS_MULTIPLE if padded else t + 1)
+            assert (step_mask is None) == (n == t + 1)
+            if step_mask is not None:
+                assert step_mask.flatten().tolist() == [i <= t for i in range(n)]
+            layer = cache.layers[0]
+            assert layer.self_k.size(2) == layer.self_v.size(2) == t + 1  # what was decoded, not the padding
+    assert {n for n, _ in seen[0 :: 2]} == ({8, 16} if dtype == torch.bfloat16 else set(range(1, 11)))
+
+
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -18,6 +18,7 @@ pytest.importorskip("prometheus_client")
 from serving import SRC  # noqa: E402
 from tiny_models import make_model  # noqa: E402
 
+from transduce import memory  # noqa: E402
 from transduce.serve.app import create_app, torch_engine  # noqa: E402
 from transduce.serve.batcher import Batcher  # noqa: E402
 from transduce.serve.backend import model_name, public_model, scrub  # noqa: E402
@@ -86,9 +87,10 @@ def test_building_the_app_sets_the_bound_and_keeps_the_users_own():
             timeout=120,
         ).stdout.split()
 
-    assert run() == ["256", "256"]  # transduce's training default (16384) replaced
+    default = str(memory.DEFAULT_KERNEL_CACHE)
+    assert run() == [default, default]  # transduce's training default (16384) replaced
     assert run(TRANSDUCE_KERNEL_CACHE="1000") == ["1000", "1000"]
-    assert run(ONEDNN_PRIMITIVE_CACHE_CAPACITY="4096") == ["4096", "256"]  # the user's own value stays
+    assert run(ONEDNN_PRIMITIVE_CACHE_CAPACITY="4096") == ["4096", default]  # the user's own value stays
 
 
 def test_after_round_runs_on_the_decoding_thread_saying_whether_the_queue_is_empty():

@@ -42,16 +42,19 @@ class LayerCache:
     # a step's attention scores as K q^T (`attention.decode_attention`): where oneDNN runs AMX (`cpu_keys_first`)
     keys_first: bool = False
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def append(self, k: Tensor, v: Tensor, positions: int | None = None) -> tuple[Tensor, Tensor]:
         """Add the new positions' keys/values (B, h, n, d); return all positions so far,
         (B, h, length + n, d), contiguous. The pending reorder (which old row each row
-        continues) is applied in the same copy."""
+        continues) is applied in the same copy. `positions` (at least length + n): the tensors
+        returned hold that many, the ones past length + n zero (a step's products then have one
+        shape for several steps: `fast.step`), for the caller to mask."""
         rows, self.pending = self.pending, None
-        spare = self._spare
-        self.self_k, flat_k = _extend(self.self_k, k, rows, spare[0])
-        self.self_v, flat_v = _extend(self.self_v, v, rows, spare[1])
+        spare, n = self._spare, k.size(2) + (0 if self.self_k is None else self.self_k.size(2))
+        k, flat_k = _extend(self.self_k, k, rows, spare[0], positions)
+        v, flat_v = _extend(self.self_v, v, rows, spare[1], positions)
         spare[:], self._flat = self._flat, [flat_k, flat_v]  # the old buffers are free now: the next layer's
-        return self.self_k, self.self_v
+        self.self_k, self.self_v = (k, v) if k.size(2) == n else (k[:, :, :n], v[:, :, :n])
+        return k, v
 
 
 @functools.cache
@@ -120,32 +123,37 @@ class DecoderCache:
 
 
 def _extend(
-    cached: Tensor | None, new: Tensor, rows: Tensor | None, spare: Tensor | None
+    cached: Tensor | None, new: Tensor, rows: Tensor | None, spare: Tensor | None, positions: int | None = None
 ) -> tuple[Tensor, Tensor | None]:
     """cached[rows] (all of it if rows is None) followed by `new` along the position axis (2), in
     one contiguous tensor, a view of `spare` (flat) when it is large enough: one copy of the cache
-    per step. Returns the tensor and the flat buffer it is a view of (None where autograd may
-    still need the memory)."""
+    per step; with `positions`, that many positions, zeros after the last. Returns the tensor and
+    the flat buffer it is a view of (None where autograd may still need the memory)."""
     tracked = torch.is_grad_enabled() and (new.requires_grad or (cached is not None and cached.requires_grad))
-    if cached is None:  # a copy (never a view of `new`: its memory becomes a spare later)
+    n = 0 if cached is None else cached.size(2)
+    total = n + new.size(2)
+    P = max(total, positions or 0)
+    if cached is None and P == total:  # a copy (never a view of `new`: its memory becomes a spare later)
         out = new.clone(memory_format=torch.contiguous_format)
         return out, None if tracked else out.view(-1)
-    B, h, n, d = cached.shape
-    shape = (new.size(0), h, n + new.size(2), d)
-    size = shape[0] * h * shape[2] * d
+    h, d = new.size(1), new.size(3)
+    shape = (new.size(0), h, P, d)
+    size = shape[0] * h * P * d
     if tracked:  # autograd keeps the old tensors for backward: never reuse their memory
         out, spare = new.new_empty(shape), None
     else:
         if spare is None or spare.numel() < size or spare.dtype != new.dtype:
             spare = new.new_empty(size + shape[0] * h * 32 * d)  # room for 32 more positions
         out = spare[:size].view(shape)
-    if rows is None:
+    if cached is not None and rows is None:
         out[:, :, :n] = cached
-    elif tracked:  # out= does not record gradients
+    elif cached is not None and tracked:  # out= does not record gradients
         out[:, :, :n] = cached.index_select(0, rows)
-    else:
+    elif cached is not None:
         torch.index_select(cached, 0, rows, out=out[:, :, :n])
-    out[:, :, n:] = new
+    out[:, :, n:total] = new
+    if P > total:
+        out[:, :, total:] = 0
     return out, spare
 
 

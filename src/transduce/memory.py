@@ -2,8 +2,9 @@
 
 oneDNN (PyTorch's bf16 and pre-packed products) keeps a primitive of about half a megabyte for
 every product shape in two caches, its own (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`) and ideep's
-(`LRU_CACHE_CAPACITY`); decoding sees a new shape at almost every step, so unbounded they fill
-for thousands of requests. `bound_kernel_caches` bounds both before the process's first product
+(`LRU_CACHE_CAPACITY`); decoding sees new shapes with every source length and batch size (and a
+bf16 step's attention every `fast.step.POSITIONS_MULTIPLE` steps), so unbounded they fill for
+thousands of requests. `bound_kernel_caches` bounds both before the process's first product
 (`transduce.decoding.ready.load_for_decoding` and importing `transduce.serve` call it). glibc's arenas keep
 what a round freed: `release_free_memory` (`malloc_trim(0)`) gives the free pages back, and
 `map_large_blocks` keeps large blocks out of them.
@@ -18,7 +19,7 @@ import os
 
 KERNEL_CACHE_ENV = "TRANSDUCE_KERNEL_CACHE"  # product shapes oneDNN's two caches keep
 
-DEFAULT_KERNEL_CACHE = 256  # The bound: a decode's steps and the common batch sizes fit; about 130 MB at most
+DEFAULT_KERNEL_CACHE = 64  # The bound: a batch's shapes fit (a bf16 step's attention rounded up: `fast.step`); about 33 MB at most
 
 _CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 _TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}  # `widen_kernel_cache`'s, for training

@@ -180,11 +180,12 @@ class FastDecoder(Decoder):
         norm = torch.layer_norm  # F.layer_norm's own call, without its Python wrapper
         x = self.embed(tgt) + self.positions(1, offset=cache.length)  # (R, 1, d_model)
         R = x.size(0)
+        positions, mask = _padded(cache.length + 1, x)  # the same shape for several steps (bf16 on the CPU)
         for (qkv, w_o, q_c, w_oc, w_1, w_2, (n1, n2, n3), h, d_k, d_v), lc in zip(self._plan, cache.begin_step()):
             # masked self-attention over the cache (3.2.3)
             q, k, v = qkv(norm(x, *n1) if pre else x).split([h * d_k, h * d_k, h * d_v], -1)
-            k, v = lc.append(k.view(R, 1, h, d_k).transpose(1, 2), v.view(R, 1, h, d_v).transpose(1, 2))
-            a = step_attention(q.view(R, 1, h, d_k).transpose(1, 2), k, v, None, lc.keys_first)
+            k, v = lc.append(k.view(R, 1, h, d_k).transpose(1, 2), v.view(R, 1, h, d_v).transpose(1, 2), positions)
+            a = step_attention(q.view(R, 1, h, d_k).transpose(1, 2), k, v, mask, lc.keys_first)
             a = a.transpose(1, 2).reshape(R, 1, h * d_v)
             x = x + w_o(a) if pre else norm(x + w_o(a), *n1)
             # encoder-decoder attention: the g beams of a source folded into one row's queries,
@@ -203,6 +204,21 @@ class FastDecoder(Decoder):
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x
+
+
+POSITIONS_MULTIPLE = 8
+"""The positions a bf16 step's self-attention runs over on the CPU, rounded up to a multiple of this:
+oneDNN builds and keeps a kernel for every shape of product (`transduce.memory`), and a step whose
+shape is its length would need a new one at every step (docs/speed.md, "Memory at OPUS-MT's size")."""
+
+
+def _padded(length: int, x: Tensor) -> tuple[int | None, Tensor | None]:
+    """(the positions a step attends over, the mask of those past `length`), or (None, None) where
+    the step attends over `length` exactly: fp32 (exact, and no oneDNN kernels to keep) or off the CPU."""
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or length % POSITIONS_MULTIPLE == 0:
+        return None, None
+    positions = -(-length // POSITIONS_MULTIPLE) * POSITIONS_MULTIPLE
+    return positions, (torch.arange(positions) < length).view(1, 1, 1, positions)
 
 
 def install(model: Transformer) -> bool:
