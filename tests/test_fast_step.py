@@ -116,7 +116,9 @@ def test_a_bf16_step_attends_over_a_multiple_of_positions(dtype, monkeypatch):
     seen = []
     original = fast_step.step_attention
     monkeypatch.setattr(
-        fast_step, "step_attention", lambda q, k, v, mask, kf: seen.append((k.size(2), mask)) or original(q, k, v, mask, kf)
+        fast_step,
+        "step_attention",
+        lambda q, k, v, mask, kf: seen.append((k.size(2), mask)) or original(q, k, v, mask, kf),
     )
     src = padded_batch([7, 3, 5], vocab=60, seed=1)
     with torch.inference_mode():
@@ -125,16 +127,18 @@ def test_a_bf16_step_attends_over_a_multiple_of_positions(dtype, monkeypatch):
         tokens = torch.full((src.size(0), 1), 2)
         for t in range(10):
             model.decode_step(tokens, cache)
-            self_attention = seen[0 :: 2]  # each layer's self-attention, then its encoder-decoder attention
+            self_attention = seen[0::2]  # each layer's self-attention, then its encoder-decoder attention
             n, step_mask = self_attention[-1]
             padded = dtype == torch.bfloat16
-            assert n == (-(-(t + 1) // fast_step.POSITIONS_MULTIPLE) * fast_step.POSITIONS_MULTIPLE if padded else t + 1)
+            assert n == (
+                -(-(t + 1) // fast_step.POSITIONS_MULTIPLE) * fast_step.POSITIONS_MULTIPLE if padded else t + 1
+            )
             assert (step_mask is None) == (n == t + 1)
             if step_mask is not None:
                 assert step_mask.flatten().tolist() == [i <= t for i in range(n)]
             layer = cache.layers[0]
             assert layer.self_k.size(2) == layer.self_v.size(2) == t + 1  # what was decoded, not the padding
-    assert {n for n, _ in seen[0 :: 2]} == ({8, 16} if dtype == torch.bfloat16 else set(range(1, 11)))
+    assert {n for n, _ in seen[0::2]} == ({8, 16} if dtype == torch.bfloat16 else set(range(1, 11)))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

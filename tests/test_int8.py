@@ -479,7 +479,9 @@ def test_fbgemm_projection_in_parts_of_rows_decodes_as_one_product_when_one_part
         pytest.skip("needs FBGEMM's int8 kernels in this torch build")
     monkeypatch.setattr(int8, "int8_kernel", lambda dtype: "fbgemm")
     real = precision.read_capability  # FBGEMM takes fp32 activations: the rest in fp32, as where bf16 is not native
-    monkeypatch.setattr(precision, "read_capability", lambda device="cpu": dataclasses.replace(real(device), features=frozenset()))
+    monkeypatch.setattr(
+        precision, "read_capability", lambda device="cpu": dataclasses.replace(real(device), features=frozenset())
+    )
     loaded = load_for_decoding(model_dir, precision="int8", threads=1, keep_freed=False)
     model = loaded.model
     assert search.projection_rows(model) == int8.FBGEMM_ROWS

@@ -19,7 +19,8 @@ import os
 
 KERNEL_CACHE_ENV = "TRANSDUCE_KERNEL_CACHE"  # product shapes oneDNN's two caches keep
 
-DEFAULT_KERNEL_CACHE = 64  # The bound: a batch's shapes fit (a bf16 step's attention rounded up: `fast.step`); about 33 MB at most
+# The bound: a batch's shapes fit (a bf16 step's attention rounded up: `fast.step`); about 33 MB at most
+DEFAULT_KERNEL_CACHE = 64
 
 _CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 _TRANSDUCE_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "16384"}  # `widen_kernel_cache`'s, for training
