@@ -435,15 +435,16 @@ def test_quantize_rows_is_the_symmetric_per_row_formula(dtype):
     assert q.dtype == torch.int8 and int(q.abs().max()) == top and not q[5].any()
 
 
-def test_packing_behind_packs_every_weight_by_its_end_and_raises_its_errors(monkeypatch):
-    """`packing_behind`: FBGEMM's packing in a thread while the model is read, every weight packed
-    (or its error raised) as the block ends, the products those of packing in place. Runs where
-    this torch has FBGEMM (picked here whatever `int8_kernel` says for this CPU)."""
+@pytest.mark.parametrize("kernel", ["fbgemm", "onednn"])
+def test_packing_behind_packs_every_weight_by_its_end_and_raises_its_errors(kernel, monkeypatch):
+    """`packing_behind`: each kernel's packing in a thread while the model is read, every weight
+    packed (or its error raised) as the block ends, the products those of packing in place. Runs
+    where this torch has the kernel (picked here whatever `int8_kernel` says for this CPU)."""
     from transduce import torch_ops
 
-    if not (torch_ops.has("fbgemm") and int8.can_int8()):
-        pytest.skip("needs FBGEMM's int8 kernels in this torch build")
-    monkeypatch.setattr(int8, "int8_kernel", lambda dtype: "fbgemm")
+    if not (int8.can_int8() and (kernel == "onednn" or torch_ops.has("fbgemm"))):
+        pytest.skip(f"needs {kernel}'s int8 kernels in this torch build")
+    monkeypatch.setattr(int8, "int8_kernel", lambda dtype: kernel)
     torch.manual_seed(0)
     w, b, x = torch.randn(96, 64) * 0.1, torch.randn(96), torch.randn(3, 64)
     with int8.packing_behind():
@@ -454,10 +455,10 @@ def test_packing_behind_packs_every_weight_by_its_end_and_raises_its_errors(monk
         bias = b if rows is None else b[rows]
         assert torch.equal(v(x, bias), here(x, bias))
 
-    def broken(weight, bias):
+    def broken(*args):
         raise RuntimeError("packing failed")
 
-    monkeypatch.setattr(torch_ops, "fbgemm_prepack", broken)
+    monkeypatch.setattr(torch_ops, "fbgemm_prepack" if kernel == "fbgemm" else "int8_pack", broken)
     with pytest.raises(RuntimeError, match="packing failed"):
         with int8.packing_behind():
             int8.Int8Weight(w, None, b)

@@ -122,6 +122,11 @@ class DecoderCache:
         return self.layers
 
 
+ROOM = 32
+"""The positions a self-attention buffer holds are a multiple of this: a decode grows it once every
+`ROOM` positions, and holds at most `ROOM` - 1 positions it has not reached."""
+
+
 def _extend(
     cached: Tensor | None, new: Tensor, rows: Tensor | None, spare: Tensor | None, positions: int | None = None
 ) -> tuple[Tensor, Tensor | None]:
@@ -143,7 +148,7 @@ def _extend(
         out, spare = new.new_empty(shape), None
     else:
         if spare is None or spare.numel() < size or spare.dtype != new.dtype:
-            spare = new.new_empty(size + shape[0] * h * 32 * d)  # room for 32 more positions
+            spare = new.new_empty(shape[0] * h * -(-P // ROOM) * ROOM * d)  # room up to a multiple of ROOM positions
         out = spare[:size].view(shape)
     if cached is not None and rows is None:
         out[:, :, :n] = cached

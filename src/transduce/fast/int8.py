@@ -88,9 +88,10 @@ _PACKER: list = []  # while `packing_behind` runs: [its thread, the weights it p
 
 @contextlib.contextmanager
 def packing_behind():
-    """FBGEMM's packing of each int8 weight (single-threaded: the largest part of loading an OPUS-MT
-    model) in a thread of its own while the model's next part is read and quantized; every weight
-    packed, or its error raised, as the block ends (docs/speed.md, "Memory at OPUS-MT's size")."""
+    """The packing of each int8 weight for its kernel (FBGEMM's, single-threaded, or oneDNN's: the
+    largest part of loading an OPUS-MT model) in a thread of its own while the model's next part is
+    read and quantized; every weight packed, or its error raised, as the block ends (docs/speed.md,
+    "Memory at OPUS-MT's size")."""
     from concurrent.futures import ThreadPoolExecutor
 
     if _PACKER:  # one already runs
@@ -129,17 +130,18 @@ class Int8Weight:
         """The int8 rows packed for the kernel `int8_kernel` picks (FBGEMM's holds `bias`; packed in
         `packing_behind`'s thread where one is packing)."""
         self.out_features, self.kernel = q.size(0), int8_kernel(self.dtype)
-        if self.kernel == "fbgemm":
-            self.zeros = None
-            if _PACKER:
+        fbgemm = self.kernel == "fbgemm"
+        self.zeros = None if fbgemm else torch.zeros(q.size(0), dtype=torch.long)
+        if _PACKER:
+            if fbgemm:
                 self._packing = _PACKER[0].submit(
                     torch_ops.fbgemm_prepack, torch_ops.fbgemm_weight(q, self.scales), bias
                 )
-                _PACKER[1].append(self)
             else:
-                self.weight = torch_ops.fbgemm_pack(q, self.scales, bias)
+                self._packing = _PACKER[0].submit(torch_ops.int8_pack, q)
+            _PACKER[1].append(self)
         else:
-            self.weight, self.zeros = torch_ops.int8_pack(q), torch.zeros(q.size(0), dtype=torch.long)
+            self.weight = torch_ops.fbgemm_pack(q, self.scales, bias) if fbgemm else torch_ops.int8_pack(q)
 
     def __getattr__(self, name: str):
         if name == "weight" and "_packing" in self.__dict__:  # packed in `packing_behind`'s thread
