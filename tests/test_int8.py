@@ -357,7 +357,7 @@ def test_int8_quantized_as_read_decodes_as_quantized_after_loading(model_dir):
     seen = []
     real = int8.quantize_part
 
-    def spy(part, decoder=True):
+    def spy(part, decoder=True, dtype=None):
         if isinstance(part, Transformer):
             spy.model = part
             seen.append(("Transformer", 0, 0))
@@ -367,7 +367,7 @@ def test_int8_quantized_as_read_decodes_as_quantized_after_loading(model_dir):
             before = [m for layer in layers[:i] for m in layer.modules() if isinstance(m, torch.nn.Linear)]
             after = [p for layer in layers[i + 1 :] for p in layer.parameters() if not p.is_meta]
             seen.append(("DecoderLayer", len(before), len(after)))
-        real(part, decoder)
+        real(part, decoder, dtype)
 
     int8.quantize_part = spy
     try:

@@ -39,12 +39,15 @@ def make_ready(
     after. What is set already is kept. `keep=False`: the float weights each packed or quantized
     layer replaces are dropped (a model for decoding only, held once: `load_for_decoding`).
     Returns what undoes the speed-ups (not the cast or quantization; nothing where `keep` is False)."""
-    if choice is not None and (choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")):
+    int8 = choice is not None and choice.precision == "int8"
+    # a model for decoding only, every linear layer in int8: quantized from its weights as they are, the rest cast after
+    after = torch.bfloat16 if int8 and choice.base == "bf16" and choice.int8_decoder and not keep else None
+    if choice is not None and (choice.precision == "bf16" or (int8 and choice.base == "bf16")) and after is None:
         model.to(torch.bfloat16)
-    if choice is not None and choice.precision == "int8":
+    if int8:
         from ..fast.int8 import quantize_int8
 
-        quantize_int8(model, decoder=choice.int8_decoder, keep=keep, embeddings=not keep)
+        quantize_int8(model, decoder=choice.int8_decoder, keep=keep, embeddings=not keep, dtype=after)
     packed_here = pack and pack_weights(model, keep=keep)
     stepped = isinstance(model, Transformer) and step.install(model)
 
@@ -103,11 +106,14 @@ def load_for_decoding(
     device = resolve_device(device) if isinstance(device, str) else device
     choice = choose_decoding_precision(precision, device)
     bf16 = choice.precision == "bf16" or (choice.precision == "int8" and choice.base == "bf16")
-    as_filled, packing = None, contextlib.nullcontext()
+    as_filled, packing, dtype = None, contextlib.nullcontext(), torch.bfloat16 if bf16 else None
     if choice.precision == "int8" and not keep:  # quantized a part at a time as read: never all of it in float
         from ..fast.int8 import packing_behind, quantize_part
 
-        as_filled = functools.partial(quantize_part, decoder=choice.int8_decoder)
+        # every linear layer quantized as read: from the weights as stored, each part cast to bf16 after
+        to = dtype if choice.int8_decoder else None
+        as_filled = functools.partial(quantize_part, decoder=choice.int8_decoder, dtype=to)
+        dtype = None if to is not None else dtype
         packing = packing_behind()  # each part packed while the next is read
     with packing:
         loaded = load_translation_model(
@@ -118,7 +124,7 @@ def load_for_decoding(
             src_vocab=src_vocab,
             tgt_vocab=tgt_vocab,
             device=device,
-            dtype=torch.bfloat16 if bf16 else None,
+            dtype=dtype,
             as_filled=as_filled,
         )
     if workers is not None:

@@ -84,6 +84,7 @@ def int8_kernel(dtype: torch.dtype) -> str:
 
 
 _PACKER: list = []  # while `packing_behind` runs: [its thread, the weights it packs]
+_AS: list = []  # while `quantize_part` runs with a dtype: [the dtype its int8 layers take and give]
 
 
 @contextlib.contextmanager
@@ -122,7 +123,7 @@ class Int8Weight:
     def __init__(self, source: Tensor, rows: slice | None = None, bias: Tensor | None = None):
         self.source, self.version, self.ptr = source, source._version, source.data_ptr()
         self.bias, self.bias_version = bias, None if bias is None else bias._version
-        self.dtype = source.dtype
+        self.dtype = _AS[0] if _AS else source.dtype
         q, self.scales = quantize_rows(source.detach() if rows is None else source.detach()[rows])
         self._pack(q, None if bias is None else bias.detach() if rows is None else bias.detach()[rows])
 
@@ -223,7 +224,13 @@ class Int8Embeddings(nn.Module):
         return (self.q.to(torch.float32) * self.scales[:, None]).to(self.dtype)
 
 
-def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, embeddings: bool = False) -> int:
+def quantize_int8(
+    model: nn.Module,
+    decoder: bool = True,
+    keep: bool = True,
+    embeddings: bool = False,
+    dtype: torch.dtype | None = None,
+) -> int:
     """Replace the linear layers of `model` by `Int8Linear`s (the FFN's ReLU inside the first
     product): every one, the source side's (the encoder, encoder-decoder attention's keys and
     values) too, as CTranslate2's int8 does, and the pre-softmax projection (tied or not); or with
@@ -237,32 +244,54 @@ def quantize_int8(model: nn.Module, decoder: bool = True, keep: bool = True, emb
     quantized, and with `embeddings` the tied embedding matrix too, looked up from the projection's
     int8 rows (`Int8Embeddings`), and the logits bias (`ModelConfig.output_bias`) added by oneDNN as
     the projection writes the logits. What `quantize_part` did already, as the model was read, is
-    kept. Returns how many layers were replaced; `dequantize_int8` puts them back (where `keep`)."""
+    kept. `dtype` (bf16, with `keep=False`): quantized from the weights as they are, the other float
+    tensors cast to `dtype` after, as `quantize_part` does. Returns how many layers were replaced;
+    `dequantize_int8` puts them back (where `keep`)."""
     p = next(model.parameters())
     _check(p)
     unpack_weights(model)  # int8 replaces what would be packed
     n = 0
-    for m in [m for m in model.modules() if isinstance(m, Transformer)]:
-        for layer in (
-            [*m.decoder.layers, *m.encoder.layers] if decoder else ()
-        ):  # its float weights dropped before the next
-            n += _quantize_layer(layer, keep)
-        n += _quantize_output(m, keep, embeddings)
+    _AS[:] = [] if dtype is None else [dtype]
+    try:
+        for m in [m for m in model.modules() if isinstance(m, Transformer)]:
+            for layer in (
+                [*m.decoder.layers, *m.encoder.layers] if decoder else ()
+            ):  # its float weights dropped before the next
+                n += _quantize_layer(layer, keep)
+            n += _quantize_output(m, keep, embeddings)
+    finally:
+        _AS.clear()
+    if dtype is not None:
+        model.to(dtype)
     fuse_relu(model)
     return n
 
 
-def quantize_part(part: nn.Module, decoder: bool = True) -> None:
+def quantize_part(part: nn.Module, decoder: bool = True, dtype: torch.dtype | None = None) -> None:
     """`quantize_int8(keep=False, embeddings=True)` for one part of a model as it is read
     (`checkpoint.model_dir.build_model`'s `as_filled`): the model (its layers not read yet) gets
     its int8 embeddings and projection, a decoder or encoder layer (with `decoder`) its int8 products; each
     part's float weights are let go before the next is read, so a model made for decoding only is
-    never held whole in its float type. `quantize_int8` then finishes the model."""
-    if isinstance(part, Transformer):
-        _check(part.decoder.embed.weight)
-        _quantize_output(part, keep=False, embeddings=True)
-    elif decoder and isinstance(part, (DecoderLayer, EncoderLayer)):
-        _quantize_layer(part, keep=False)
+    never held whole in its float type. With `dtype` (bf16), the weights are quantized as read (fp32,
+    as stored: no bf16 copy made to be quantized, nor its rounding) and the part's other float
+    tensors then cast to `dtype`, which its int8 products take and give. `quantize_int8` then
+    finishes the model."""
+    if dtype is not None and any(
+        t.is_floating_point() and not t.is_meta and t.dtype not in (torch.float32, torch.bfloat16)
+        for t in part.parameters()
+    ):
+        part.to(torch.float32)  # stored in another float type (fp16): quantized from fp32
+    _AS[:] = [] if dtype is None else [dtype]
+    try:
+        if isinstance(part, Transformer):
+            _check(part.decoder.embed.weight)
+            _quantize_output(part, keep=False, embeddings=True)
+        elif decoder and isinstance(part, (DecoderLayer, EncoderLayer)):
+            _quantize_layer(part, keep=False)
+    finally:
+        _AS.clear()
+    if dtype is not None:
+        part.to(dtype)  # the layers not read yet are on the meta device: only their dtype changes
 
 
 def _check(p: Tensor) -> None:
@@ -288,7 +317,7 @@ def _quantize_output(m: Transformer, keep: bool, embeddings: bool) -> int:
     if tied and embeddings and not keep and isinstance(m.decoder.embed, Embeddings):
         embed = m.decoder.embed
         q, scales = quantize_rows(embed.weight.detach())
-        small = Int8Embeddings(q, scales, embed.scale, embed.weight.dtype)
+        small = Int8Embeddings(q, scales, embed.scale, _AS[0] if _AS else embed.weight.dtype)
         for parent in (m.encoder, m.decoder):
             if parent.embed is embed:
                 parent.embed = small
