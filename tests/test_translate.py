@@ -291,11 +291,16 @@ def test_worker_threads_share_each_batch():
     try:
         batches = [[[i, j] for j in range(n)] for i, n in enumerate([5, 4, 1, 3])]
         out = list(pool.map(batches))
+        one = list(pool.map([[[7, 0], [7, 1], [7, 2]]]))  # one batch: shared too
+        calls_one, calls[:] = calls[7:], calls[:7]
+        alone = list(pool.map([[[8, 0]]]))  # one sentence: this thread, with every thread
     finally:
         pool.close()
     assert out == [[[(i, 2)] for _ in b] for i, b in enumerate(batches)]  # per batch, in order
-    assert sorted(n for _, n in calls) == [1, 1, 2, 2, 2, 2, 3]  # 5 -> 3 + 2, 4 -> 2 + 2, 1 -> 1, 3 -> 2 + 1
-    assert all(name.startswith("transduce-worker") for name, _ in calls)
+    assert sorted(n for _, n in calls[:7]) == [1, 1, 2, 2, 2, 2, 3]  # 5 -> 3 + 2, 4 -> 2 + 2, 1 -> 1, 3 -> 2 + 1
+    assert all(name.startswith("transduce-worker") for name, _ in calls[:7])
+    assert one == [[[(7, 2)]] * 3] and sorted(n for _, n in calls_one) == [1, 2]
+    assert alone == [[[(8, 2)]]] and calls[-1] == (threading.current_thread().name, 1)
 
 
 def test_cli_workers_write_the_same_file(model_dir, tmp_path, capsys):

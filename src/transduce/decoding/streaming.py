@@ -214,7 +214,7 @@ class Workers:
         """`search` of every batch, in order."""
         batches = list(batches)
         if self._threads is not None:
-            if len(batches) < self.n:  # a worker would idle: one thread with every thread's products
+            if sum(map(len, batches)) < self.n:  # a worker would idle: one thread with every thread's products
                 return self._alone(batches)
             return self._shared(batches)
         if len(batches) < self.n:  # a worker would idle: one process with every thread is faster
