@@ -90,3 +90,36 @@ def test_a_damaged_weights_file_is_named_whether_or_not_it_still_reads(tmp_path,
     path.write_bytes(bytes(data))
     with pytest.raises(DamagedCheckpoint, match="model.safetensors: damaged"):
         load_model(tmp_path / "m")
+
+
+def test_read_tensor_reads_what_safetensors_reads_without_mapping_the_file(tmp_path):
+    """`model_dir.read_tensor` reads a tensor's bytes itself (the file never mapped, whose pages would
+    count in the process's memory): every dtype a model holds, 0-d and empty tensors, bit for bit
+    safetensors' own; the file's header read once while the file is unchanged."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from transduce.checkpoint import model_dir
+
+    torch.manual_seed(0)
+    tensors = {
+        "f32": torch.randn(5, 3),
+        "bf16": torch.randn(4, 2).bfloat16(),
+        "f16": torch.randn(3).half(),
+        "i64": torch.arange(7),
+        "i8": torch.randint(-128, 127, (2, 3), dtype=torch.int8),
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+    }
+    path = tmp_path / "w.safetensors"
+    save_file(tensors, str(path))
+    with safe_open(str(path), "pt") as f:
+        theirs = {name: f.get_tensor(name).clone() for name in f.keys()}  # not held mapped
+    model_dir._header.cache_clear()
+    for name, want in theirs.items():
+        got = model_dir.read_tensor(path, name)
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), name
+    assert model_dir._header.cache_info().misses == 1
+    maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+    assert str(path) not in maps

@@ -3,6 +3,7 @@ for training and inference alike."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -146,14 +147,57 @@ def skeleton(config: Config) -> Transformer:
         torch.nn.init.normal_ = normal
 
 
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+"""safetensors' names of the dtypes `read_tensor` reads itself (any other: through safetensors)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _header(path: str, mtime_ns: int, size: int) -> tuple[int, dict]:
+    """(where the data starts, the header) of a safetensors file, read once for a file as it is now."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        return 8 + n, json.loads(f.read(n))
+
+
 def read_tensor(path: Path, name: str) -> torch.Tensor:
-    """One tensor of a safetensors file, the file mapped only while it is read: a model is read
-    tensor by tensor without all of its pages in memory at once. Copied out of the mapping, which
-    safetensors' tensor would otherwise hold for as long as it lives, with every page it brought
-    in: a model's small tensors held a fifth of a gigabyte of OPUS-MT's file resident after
-    decoding had dropped its large ones (docs/speed.md, "Memory at OPUS-MT's size")."""
-    with safe_open(str(path), "pt") as f:
-        return f.get_tensor(name).clone()
+    """One tensor of a safetensors file, its bytes read into a tensor of its own: a model is read
+    tensor by tensor, nothing of the file mapped. A mapped file's pages count in the process's
+    memory for as long as they are mapped: a tensor copied out of the mapping held twice its size
+    while it was read (the 119 MB embedding matrix of opus-mt-en-de's shape, the peak of loading
+    it), and a tensor kept from it held a fifth of a gigabyte of OPUS-MT's file resident after
+    decoding had dropped the large ones (docs/speed.md, "Memory at OPUS-MT's size")."""
+    stat = os.stat(path)
+    start, header = _header(str(path), stat.st_mtime_ns, stat.st_size)
+    info = header.get(name)
+    dtype = SAFETENSORS_DTYPES.get(info["dtype"]) if isinstance(info, dict) else None
+    if dtype is None:  # a name or dtype of safetensors' own to explain
+        with safe_open(str(path), "pt") as f:
+            return f.get_tensor(name).clone()
+    begin, end = info["data_offsets"]
+    tensor = torch.empty(info["shape"], dtype=dtype)
+    data = memoryview(tensor.view(-1).view(torch.uint8).numpy())
+    if end - begin != len(data):
+        raise ValueError(f"{path}: {name} holds {end - begin} bytes, not the {len(data)} of its shape and dtype")
+    with open(path, "rb", buffering=0) as f:
+        f.seek(start + begin)
+        done = 0
+        while done < len(data):
+            n = f.readinto(data[done:])
+            if not n:
+                raise ValueError(f"{path}: ends inside {name}")
+            done += n
+    return tensor
 
 
 def build_model(
