@@ -30,16 +30,17 @@ FUSED_MAX_HEADS = 64
 """Rows x heads up to which a step's self-attention takes the fused kernel without AMX (docs/speed.md)."""
 
 
+def fused_step(rows: int, heads: int, keys_first: bool) -> bool:
+    """Whether `decode_attention` gives one unmasked query per row of `rows` x `heads` to PyTorch's
+    fused kernel: on one thread, with oneDNN's AMX (`keys_first`) or for at most `FUSED_MAX_HEADS`
+    rows x heads (one sentence's beams), where it is the faster (docs/speed.md)."""
+    return torch.get_num_threads() == 1 and (keys_first or rows * heads <= FUSED_MAX_HEADS)
+
+
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, keys_first: bool = False) -> Tensor:
     """A CPU decoding step's few queries: `product_attention`, or PyTorch's fused kernel for one
-    unmasked query per row on one thread where it is the faster (docs/speed.md): with oneDNN's AMX
-    (`keys_first`), or for at most `FUSED_MAX_HEADS` rows x heads (one sentence's beams)."""
-    if (
-        q.size(2) == 1
-        and mask is None
-        and torch.get_num_threads() == 1
-        and (keys_first or q.size(0) * q.size(1) <= FUSED_MAX_HEADS)
-    ):
+    unmasked query per row where `fused_step` says."""
+    if q.size(2) == 1 and mask is None and fused_step(q.size(0), q.size(1), keys_first):
         return F.scaled_dot_product_attention(q, k, v)
     return product_attention(q, k, v, mask, keys_first)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..attention import concat_heads, fold_beams, step_attention
+from ..attention import concat_heads, fold_beams, fused_step, step_attention
 from ..config import ModelConfig
 from ..model import Decoder, Transformer
 
@@ -180,8 +180,12 @@ class FastDecoder(Decoder):
         norm = torch.layer_norm  # F.layer_norm's own call, without its Python wrapper
         x = self.embed(tgt) + self.positions(1, offset=cache.length)  # (R, 1, d_model)
         R = x.size(0)
-        positions, mask = _padded(cache.length + 1, x)  # the same shape for several steps (bf16 on the CPU)
-        for (qkv, w_o, q_c, w_oc, w_1, w_2, (n1, n2, n3), h, d_k, d_v), lc in zip(self._plan, cache.begin_step()):
+        plan, layers = self._plan, cache.begin_step()
+        # the same shape for several steps (bf16's products on the CPU; not where the fused kernel takes them)
+        positions, mask = _padded(
+            cache.length + 1, x, fused_step(R, plan[0][7], layers[0].keys_first) if plan else True
+        )
+        for (qkv, w_o, q_c, w_oc, w_1, w_2, (n1, n2, n3), h, d_k, d_v), lc in zip(plan, layers):
             # masked self-attention over the cache (3.2.3)
             q, k, v = qkv(norm(x, *n1) if pre else x).split([h * d_k, h * d_k, h * d_v], -1)
             k, v = lc.append(k.view(R, 1, h, d_k).transpose(1, 2), v.view(R, 1, h, d_v).transpose(1, 2), positions)
@@ -212,10 +216,11 @@ oneDNN builds and keeps a kernel for every shape of product (`transduce.memory`)
 shape is its length would need a new one at every step (docs/speed.md, "Memory at OPUS-MT's size")."""
 
 
-def _padded(length: int, x: Tensor) -> tuple[int | None, Tensor | None]:
+def _padded(length: int, x: Tensor, fused: bool) -> tuple[int | None, Tensor | None]:
     """(the positions a step attends over, the mask of those past `length`), or (None, None) where
-    the step attends over `length` exactly: fp32 (exact, and no oneDNN kernels to keep) or off the CPU."""
-    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or length % POSITIONS_MULTIPLE == 0:
+    the step attends over `length` exactly: fp32 (exact, and no oneDNN kernels to keep), off the
+    CPU, and where PyTorch's fused kernel takes the step (`attention.fused_step`: no oneDNN kernels)."""
+    if fused or x.dtype != torch.bfloat16 or x.device.type != "cpu" or length % POSITIONS_MULTIPLE == 0:
         return None, None
     positions = -(-length // POSITIONS_MULTIPLE) * POSITIONS_MULTIPLE
     return positions, (torch.arange(positions) < length).view(1, 1, 1, positions)
